@@ -1,0 +1,9 @@
+//! vramlab: a GPU compute engine on wgpu that makes GPU memory visible.
+//!
+//! Layers, each importing only those below it:
+//! - [`memory`]: the caching allocator (no wgpu), its statistics and traces;
+//! - [`device`]: wgpu adapter/device/queue, pipelines, dispatch, readback, and
+//!   the segment source that backs the allocator with wgpu buffers;
+//! - [`tensor`] and [`ops`]: tensors living in allocator blocks, and kernels.
+
+pub mod memory;

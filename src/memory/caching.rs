@@ -1,0 +1,800 @@
+//! The caching allocator: PyTorch's CUDA caching allocator, rule for rule, over
+//! any [`SegmentSource`].
+//!
+//! The rules (see the module docs of `memory` for the why):
+//! 1. A request of `n` bytes is rounded up to a multiple of 512 B, or with
+//!    `roundup_power2_divisions` to the next of `d` equal steps between powers of
+//!    two ([`round_size`]).
+//! 2. Rounded sizes ≤ 1 MiB use the small pool, larger ones the large pool.
+//! 3. The free block with the smallest (size, address) at least as large is
+//!    taken (best fit). A block of at least `max_split_size` is never given to a
+//!    smaller request, nor to a request more than 20 MiB smaller than it.
+//! 4. With no fitting block, a new segment is obtained: 2 MiB for the small pool,
+//!    20 MiB for requests under 10 MiB, else the request rounded to 2 MiB. If the
+//!    device refuses (or the memory limit would be passed): free oversize cached
+//!    blocks and retry, then free every cached whole segment and retry once more
+//!    (counted in `num_alloc_retries`), then fail with out-of-memory.
+//! 5. A found block is split when the rest is ≥ 512 B (small pool) or > 1 MiB
+//!    (large pool, and only for requests under `max_split_size`).
+//! 6. A freed block merges with free neighbours; a segment goes back to the
+//!    device only when it is one whole free block and the cache is emptied.
+//! 7. With a memory limit and `garbage_collection_threshold`, cached whole
+//!    segments older than average are released before growing past the threshold.
+
+use super::config::AllocatorConfig;
+use super::constants::*;
+use super::error::{AllocError, OomReport};
+use super::source::{SegmentId, SegmentSource, SourceError};
+use super::stats::{DeviceStats, StatType};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+/// PyTorch's `round_size`: the block size a request of `size` bytes gets.
+pub fn round_size(size: u64, config: &AllocatorConfig) -> u64 {
+    if size < K_MIN_BLOCK_SIZE {
+        return K_MIN_BLOCK_SIZE;
+    }
+    let divisions = config.divisions_for(size);
+    if divisions > 1 && size > K_MIN_BLOCK_SIZE * divisions {
+        roundup_power2_next_division(size, divisions)
+    } else {
+        size.div_ceil(K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE
+    }
+}
+
+/// Rounds `size` up to the next of `divisions` equal steps between the powers of
+/// two around it: 1200 with 4 divisions lies between 1024 and 2048, whose steps
+/// are 1024, 1280, 1536, 1792, so it becomes 1280.
+pub fn roundup_power2_next_division(size: u64, divisions: u64) -> u64 {
+    if size <= 4 || divisions <= 1 || size.is_power_of_two() {
+        return size;
+    }
+    let power2_floor = 1u64 << (63 - size.leading_zeros());
+    let power2_division = power2_floor >> (63 - divisions.leading_zeros());
+    if power2_division == 0 {
+        return power2_floor << 1;
+    }
+    let floor = size & !(power2_division - 1);
+    if floor == size {
+        size
+    } else {
+        floor + power2_division
+    }
+}
+
+/// PyTorch's `get_allocation_size`: the segment size for a rounded request.
+pub fn allocation_size(size: u64) -> u64 {
+    if size <= K_SMALL_SIZE {
+        K_SMALL_BUFFER
+    } else if size < K_MIN_LARGE_ALLOC {
+        K_LARGE_BUFFER
+    } else {
+        size.div_ceil(K_ROUND_LARGE) * K_ROUND_LARGE
+    }
+}
+
+/// Which pool a rounded size belongs to.
+pub fn pool_for(size: u64) -> PoolKind {
+    if size <= K_SMALL_SIZE {
+        PoolKind::Small
+    } else {
+        PoolKind::Large
+    }
+}
+
+/// The two pools. Blocks never move between them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PoolKind {
+    Small,
+    Large,
+}
+
+impl PoolKind {
+    pub fn stat_type(self) -> StatType {
+        match self {
+            PoolKind::Small => StatType::SmallPool,
+            PoolKind::Large => StatType::LargePool,
+        }
+    }
+}
+
+/// A live allocation: which block, and where its bytes are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Allocation {
+    pub handle: BlockHandle,
+    pub segment: SegmentId,
+    /// Byte offset of the block inside its segment.
+    pub offset: u64,
+    /// The block's size (the request rounded).
+    pub size: u64,
+    /// The bytes asked for.
+    pub requested: u64,
+}
+
+/// Names one allocated block. The generation makes a stale handle (a double
+/// free) detectable instead of freeing whatever reused the slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BlockHandle {
+    index: u32,
+    generation: u32,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Block {
+    pub(crate) segment: SegmentId,
+    /// A virtual address: segments get disjoint ranges so (size, address)
+    /// ordering works across segments as cudaMalloc pointers do.
+    pub(crate) address: u64,
+    pub(crate) size: u64,
+    pub(crate) requested: u64,
+    pub(crate) allocated: bool,
+    pub(crate) pool: PoolKind,
+    pub(crate) prev: Option<usize>,
+    pub(crate) next: Option<usize>,
+    pub(crate) label: Option<Arc<str>>,
+    gc_count_base: u64,
+    generation: u32,
+    pub(crate) live: bool,
+}
+
+impl Block {
+    fn is_split(&self) -> bool {
+        self.prev.is_some() || self.next.is_some()
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Segment {
+    pub(crate) address: u64,
+    pub(crate) size: u64,
+    pub(crate) pool: PoolKind,
+}
+
+/// Free blocks of one pool, ordered by (size, address) for best fit.
+#[derive(Debug, Default)]
+struct BlockPool {
+    blocks: BTreeSet<(u64, u64, usize)>,
+    /// Calls of `get_free_block` on this pool: the clock that ages blocks for
+    /// garbage collection.
+    get_free_blocks_call_count: u64,
+}
+
+/// The caching allocator.
+pub struct CachingAllocator<S: SegmentSource> {
+    config: AllocatorConfig,
+    source: S,
+    pub(crate) blocks: Vec<Block>,
+    free_slots: Vec<usize>,
+    small: BlockPool,
+    large: BlockPool,
+    pub(crate) segments: BTreeMap<SegmentId, Segment>,
+    stats: DeviceStats,
+    /// Bytes held in segments (PyTorch's `total_allocated_memory`).
+    total_reserved: u64,
+    next_segment_id: u64,
+    next_address: u64,
+}
+
+/// First virtual address handed out; looks like a device pointer in reports.
+const BASE_ADDRESS: u64 = 0x7f00_0000_0000;
+
+impl<S: SegmentSource> CachingAllocator<S> {
+    pub fn new(source: S, config: AllocatorConfig) -> Self {
+        let stats = DeviceStats {
+            max_split_size: config.max_split_size.min(i64::MAX as u64) as i64,
+            ..Default::default()
+        };
+        CachingAllocator {
+            config,
+            source,
+            blocks: Vec::new(),
+            free_slots: Vec::new(),
+            small: BlockPool::default(),
+            large: BlockPool::default(),
+            segments: BTreeMap::new(),
+            stats,
+            total_reserved: 0,
+            next_segment_id: 0,
+            next_address: BASE_ADDRESS,
+        }
+    }
+
+    pub fn config(&self) -> &AllocatorConfig {
+        &self.config
+    }
+
+    pub fn source(&self) -> &S {
+        &self.source
+    }
+
+    pub fn source_mut(&mut self) -> &mut S {
+        &mut self.source
+    }
+
+    pub fn stats(&self) -> &DeviceStats {
+        &self.stats
+    }
+
+    /// `torch.cuda.memory_allocated()`.
+    pub fn memory_allocated(&self) -> u64 {
+        self.stats.allocated_bytes.get(StatType::Aggregate).current as u64
+    }
+
+    /// `torch.cuda.memory_reserved()`.
+    pub fn memory_reserved(&self) -> u64 {
+        self.stats.reserved_bytes.get(StatType::Aggregate).current as u64
+    }
+
+    /// `torch.cuda.max_memory_allocated()`.
+    pub fn max_memory_allocated(&self) -> u64 {
+        self.stats.allocated_bytes.get(StatType::Aggregate).peak as u64
+    }
+
+    /// `torch.cuda.max_memory_reserved()`.
+    pub fn max_memory_reserved(&self) -> u64 {
+        self.stats.reserved_bytes.get(StatType::Aggregate).peak as u64
+    }
+
+    /// `torch.cuda.reset_peak_memory_stats()`.
+    pub fn reset_peak_memory_stats(&mut self) {
+        self.stats.reset_peak();
+    }
+
+    /// `torch.cuda.reset_accumulated_memory_stats()`.
+    pub fn reset_accumulated_memory_stats(&mut self) {
+        self.stats.reset_accumulated();
+    }
+
+    /// `torch.cuda.empty_cache()`: returns every cached whole segment.
+    pub fn empty_cache(&mut self) {
+        self.release_cached_blocks();
+    }
+
+    /// Sets or clears the memory limit (`set_per_process_memory_fraction`).
+    pub fn set_memory_limit(&mut self, limit: Option<u64>) {
+        self.config.memory_limit = limit;
+    }
+
+    /// The label of an allocated block.
+    pub fn label(&self, handle: BlockHandle) -> Option<&str> {
+        self.blocks
+            .get(handle.index as usize)
+            .filter(|b| b.live && b.generation == handle.generation)
+            .and_then(|b| b.label.as_deref())
+    }
+
+    /// Allocates `size` bytes for a tensor called `label`.
+    pub fn malloc(&mut self, orig_size: u64, label: &str) -> Result<Allocation, AllocError> {
+        if orig_size == 0 {
+            return Err(AllocError::ZeroSize);
+        }
+        let size = round_size(orig_size, &self.config);
+        let pool = pool_for(size);
+        let alloc_size = allocation_size(size);
+        let max_segment = self.source.max_segment_size();
+        if alloc_size > max_segment && size > max_segment {
+            return Err(AllocError::TooLarge {
+                requested: orig_size,
+                segment: alloc_size,
+                max: max_segment,
+            });
+        }
+        // A 20 MiB segment may be too big for a small device even though the
+        // request itself fits: ask for exactly the request then.
+        let alloc_size = alloc_size.min(max_segment);
+
+        let mut found = self.get_free_block(pool, size);
+        if found.is_none() {
+            if self.config.memory_limit.is_some() && self.config.garbage_collection_threshold > 0.0 {
+                self.garbage_collect_cached_blocks();
+            }
+            found = self.alloc_block(pool, alloc_size, false)?;
+            if found.is_none() && self.release_available_cached_blocks(pool, size) {
+                found = self.alloc_block(pool, alloc_size, false)?;
+            }
+            if found.is_none() {
+                self.release_cached_blocks();
+                found = self.alloc_block(pool, alloc_size, true)?;
+            }
+        }
+        let Some(index) = found else {
+            self.stats.num_ooms += 1;
+            return Err(AllocError::OutOfMemory(Box::new(OomReport {
+                requested: orig_size,
+                rounded: size,
+                alloc_size,
+                limit: self.config.memory_limit,
+                capacity: self.source.total_capacity(),
+                device_free: self.source.free_capacity(),
+                allocated: self.memory_allocated(),
+                reserved: self.memory_reserved(),
+            })));
+        };
+        let split = self.should_split(index, size);
+        let index = self.alloc_found_block(index, size, orig_size, split, label);
+        let b = &self.blocks[index];
+        let seg = &self.segments[&b.segment];
+        Ok(Allocation {
+            handle: BlockHandle {
+                index: index as u32,
+                generation: b.generation,
+            },
+            segment: b.segment,
+            offset: b.address - seg.address,
+            size: b.size,
+            requested: b.requested,
+        })
+    }
+
+    /// Returns a block to the cache.
+    pub fn free(&mut self, handle: BlockHandle) -> Result<(), AllocError> {
+        let index = handle.index as usize;
+        match self.blocks.get(index) {
+            Some(b) if b.live && b.generation == handle.generation && b.allocated => {}
+            _ => {
+                return Err(AllocError::InvalidFree(
+                    "this block is not allocated (freed twice, or never allocated by this allocator)"
+                        .into(),
+                ))
+            }
+        }
+        let (size, pool) = {
+            let b = &mut self.blocks[index];
+            b.allocated = false;
+            b.label = None;
+            (b.size, b.pool)
+        };
+        let st = pool.stat_type();
+        self.stats.allocation.decrease(st, 1);
+        self.stats.allocated_bytes.decrease(st, size as i64);
+        if size >= self.config.max_split_size {
+            self.stats.oversize_allocations.decrease(1);
+        }
+        self.free_block(index);
+        Ok(())
+    }
+
+    // ----- internals, named after their PyTorch counterparts -----
+
+    fn pool_mut(&mut self, kind: PoolKind) -> &mut BlockPool {
+        match kind {
+            PoolKind::Small => &mut self.small,
+            PoolKind::Large => &mut self.large,
+        }
+    }
+
+    fn insert_into_pool(&mut self, index: usize) {
+        let (size, address, kind) = {
+            let b = &self.blocks[index];
+            (b.size, b.address, b.pool)
+        };
+        let clock = self.pool_mut(kind).get_free_blocks_call_count;
+        self.blocks[index].gc_count_base = clock;
+        let inserted = self.pool_mut(kind).blocks.insert((size, address, index));
+        debug_assert!(inserted);
+    }
+
+    fn remove_from_pool(&mut self, index: usize) {
+        let (size, address, kind) = {
+            let b = &self.blocks[index];
+            (b.size, b.address, b.pool)
+        };
+        let removed = self.pool_mut(kind).blocks.remove(&(size, address, index));
+        debug_assert!(removed);
+    }
+
+    fn new_block(&mut self, block: Block) -> usize {
+        if let Some(i) = self.free_slots.pop() {
+            let generation = self.blocks[i].generation.wrapping_add(1);
+            self.blocks[i] = Block { generation, ..block };
+            i
+        } else {
+            self.blocks.push(block);
+            self.blocks.len() - 1
+        }
+    }
+
+    fn delete_block(&mut self, index: usize) {
+        self.blocks[index].live = false;
+        self.blocks[index].label = None;
+        self.free_slots.push(index);
+    }
+
+    fn gc_count(&self, index: usize) -> u64 {
+        let b = &self.blocks[index];
+        let clock = match b.pool {
+            PoolKind::Small => self.small.get_free_blocks_call_count,
+            PoolKind::Large => self.large.get_free_blocks_call_count,
+        };
+        clock - b.gc_count_base
+    }
+
+    fn get_free_block(&mut self, kind: PoolKind, size: u64) -> Option<usize> {
+        let gc_on =
+            self.config.memory_limit.is_some() && self.config.garbage_collection_threshold > 0.0;
+        let max_split = self.config.max_split_size;
+        let pool = self.pool_mut(kind);
+        if gc_on {
+            pool.get_free_blocks_call_count += 1;
+        }
+        let &(bsize, addr, index) = pool.blocks.range((size, 0, 0)..).next()?;
+        // Do not hand an oversize block to a request that would split it...
+        if size < max_split && bsize >= max_split {
+            return None;
+        }
+        // ...nor one much larger than an oversize request.
+        if size >= max_split && bsize >= size.saturating_add(K_LARGE_BUFFER) {
+            return None;
+        }
+        pool.blocks.remove(&(bsize, addr, index));
+        Some(index)
+    }
+
+    fn garbage_collect_cached_blocks(&mut self) {
+        let Some(limit) = self.config.memory_limit else {
+            return;
+        };
+        let gc_threshold = (self.config.garbage_collection_threshold * limit as f64) as u64;
+        if self.total_reserved <= gc_threshold {
+            return;
+        }
+        let target = self.total_reserved - gc_threshold;
+        let mut reclaimed = 0u64;
+        let candidates: Vec<usize> = self
+            .large
+            .blocks
+            .iter()
+            .map(|&(_, _, i)| i)
+            .filter(|&i| !self.blocks[i].is_split())
+            .collect();
+        if candidates.is_empty() {
+            return;
+        }
+        let mut total_age: f64 = candidates.iter().map(|&i| self.gc_count(i) as f64).sum();
+        let mut count = candidates.len();
+        let mut released = vec![false; candidates.len()];
+        let mut block_freed = true;
+        while reclaimed < target && block_freed && count > 0 {
+            let age_threshold = total_age / count as f64;
+            block_freed = false;
+            for (k, &i) in candidates.iter().enumerate() {
+                if released[k] {
+                    continue;
+                }
+                let age = self.gc_count(i) as f64;
+                if age >= age_threshold {
+                    block_freed = true;
+                    reclaimed += self.blocks[i].size;
+                    total_age -= age;
+                    count -= 1;
+                    released[k] = true;
+                    self.release_block(i);
+                }
+            }
+        }
+    }
+
+    /// Obtains a new segment; `Ok(None)` means the device (or the limit) said no.
+    fn alloc_block(
+        &mut self,
+        kind: PoolKind,
+        size: u64,
+        is_retry: bool,
+    ) -> Result<Option<usize>, AllocError> {
+        if is_retry {
+            self.stats.num_alloc_retries += 1;
+        }
+        if let Some(limit) = self.config.memory_limit {
+            if self.total_reserved + size > limit {
+                return Ok(None);
+            }
+        }
+        let id = SegmentId(self.next_segment_id);
+        match self.source.allocate(id, size) {
+            Ok(()) => {}
+            Err(SourceError::OutOfMemory) => return Ok(None),
+            Err(SourceError::Other(msg)) => return Err(AllocError::Device(msg)),
+        }
+        self.next_segment_id += 1;
+        self.total_reserved += size;
+        let address = self.next_address;
+        // Leave a gap so neighbouring segments never look contiguous.
+        self.next_address += size.div_ceil(K_ROUND_LARGE) * K_ROUND_LARGE + K_ROUND_LARGE;
+        self.segments.insert(id, Segment { address, size, pool: kind });
+        let index = self.new_block(Block {
+            segment: id,
+            address,
+            size,
+            requested: 0,
+            allocated: false,
+            pool: kind,
+            prev: None,
+            next: None,
+            label: None,
+            gc_count_base: 0,
+            generation: 0,
+            live: true,
+        });
+        let st = kind.stat_type();
+        self.stats.segment.increase(st, 1);
+        self.stats.reserved_bytes.increase(st, size as i64);
+        if size >= self.config.max_split_size {
+            self.stats.oversize_segments.increase(1);
+        }
+        self.stats.num_device_alloc += 1;
+        Ok(Some(index))
+    }
+
+    /// Frees oversize cached blocks, largest first, until `size` is covered.
+    fn release_available_cached_blocks(&mut self, kind: PoolKind, size: u64) -> bool {
+        let max_split = self.config.max_split_size;
+        if max_split == u64::MAX {
+            return false;
+        }
+        let key = size.max(max_split);
+        let pool = match kind {
+            PoolKind::Small => &self.small,
+            PoolKind::Large => &self.large,
+        };
+        if let Some(&(_, _, index)) = pool.blocks.range((key, 0, 0)..).next() {
+            self.release_block(index);
+            return true;
+        }
+        let descending: Vec<(u64, usize)> =
+            pool.blocks.iter().rev().map(|&(s, _, i)| (s, i)).collect();
+        if descending.is_empty() {
+            return false;
+        }
+        let mut total = 0u64;
+        for (bsize, index) in descending {
+            if total >= key || bsize < max_split {
+                break;
+            }
+            total += bsize;
+            self.release_block(index);
+        }
+        total >= key
+    }
+
+    /// Frees every cached whole segment (`empty_cache`).
+    fn release_cached_blocks(&mut self) {
+        // PyTorch synchronizes all streams here and counts it.
+        self.stats.num_sync_all_streams += 1;
+        for kind in [PoolKind::Large, PoolKind::Small] {
+            let pool = match kind {
+                PoolKind::Small => &self.small,
+                PoolKind::Large => &self.large,
+            };
+            let whole: Vec<usize> = pool
+                .blocks
+                .iter()
+                .map(|&(_, _, i)| i)
+                .filter(|&i| !self.blocks[i].is_split())
+                .collect();
+            for i in whole {
+                self.release_block(i);
+            }
+        }
+    }
+
+    /// Gives a whole free segment back to the device.
+    fn release_block(&mut self, index: usize) {
+        debug_assert!(!self.blocks[index].is_split() && !self.blocks[index].allocated);
+        let (segment, size, kind) = {
+            let b = &self.blocks[index];
+            (b.segment, b.size, b.pool)
+        };
+        self.remove_from_pool(index);
+        self.stats.num_device_free += 1;
+        self.source.release(segment, size);
+        self.total_reserved -= size;
+        let st = kind.stat_type();
+        self.stats.segment.decrease(st, 1);
+        self.stats.reserved_bytes.decrease(st, size as i64);
+        if size >= self.config.max_split_size {
+            self.stats.oversize_segments.decrease(1);
+        }
+        self.segments.remove(&segment);
+        self.delete_block(index);
+    }
+
+    fn should_split(&self, index: usize, size: u64) -> bool {
+        let b = &self.blocks[index];
+        let remaining = b.size - size;
+        match b.pool {
+            PoolKind::Small => remaining >= K_MIN_BLOCK_SIZE,
+            PoolKind::Large => size < self.config.max_split_size && remaining > K_SMALL_SIZE,
+        }
+    }
+
+    fn alloc_found_block(
+        &mut self,
+        index: usize,
+        size: u64,
+        orig_size: u64,
+        split: bool,
+        label: &str,
+    ) -> usize {
+        let already_split = self.blocks[index].is_split();
+        let st = self.blocks[index].pool.stat_type();
+        let mut block = index;
+        if split {
+            let remaining = index;
+            let (segment, address, pool, prev) = {
+                let r = &self.blocks[remaining];
+                (r.segment, r.address, r.pool, r.prev)
+            };
+            block = self.new_block(Block {
+                segment,
+                address,
+                size,
+                requested: 0,
+                allocated: false,
+                pool,
+                prev,
+                next: Some(remaining),
+                label: None,
+                gc_count_base: 0,
+                generation: 0,
+                live: true,
+            });
+            if let Some(p) = prev {
+                self.blocks[p].next = Some(block);
+            }
+            {
+                let r = &mut self.blocks[remaining];
+                r.prev = Some(block);
+                r.address += size;
+                r.size -= size;
+            }
+            self.insert_into_pool(remaining);
+            if already_split {
+                // An already-split inactive block shrinks by `size`.
+                self.stats.inactive_split_bytes.decrease(st, size as i64);
+            } else {
+                // A new inactive split block appears.
+                let rsize = self.blocks[remaining].size as i64;
+                self.stats.inactive_split_bytes.increase(st, rsize);
+                self.stats.inactive_split.increase(st, 1);
+            }
+        } else if already_split {
+            let bsize = self.blocks[block].size as i64;
+            self.stats.inactive_split_bytes.decrease(st, bsize);
+            self.stats.inactive_split.decrease(st, 1);
+        }
+        let bsize = {
+            let b = &mut self.blocks[block];
+            b.allocated = true;
+            b.requested = orig_size;
+            b.label = Some(Arc::from(label));
+            b.size
+        };
+        self.stats.allocation.increase(st, 1);
+        self.stats.allocated_bytes.increase(st, bsize as i64);
+        self.stats.active.increase(st, 1);
+        self.stats.active_bytes.increase(st, bsize as i64);
+        self.stats.requested_bytes.increase(st, orig_size as i64);
+        if bsize >= self.config.max_split_size {
+            self.stats.oversize_allocations.increase(1);
+        }
+        block
+    }
+
+    fn free_block(&mut self, index: usize) {
+        let (orig_size, requested, st) = {
+            let b = &self.blocks[index];
+            (b.size, b.requested, b.pool.stat_type())
+        };
+        let mut net_blocks: i64 = 0;
+        let mut net_bytes: i64 = 0;
+        let candidates = [self.blocks[index].prev, self.blocks[index].next];
+        for candidate in candidates {
+            let subsumed = self.try_merge_blocks(index, candidate);
+            if subsumed > 0 {
+                net_blocks -= 1;
+                net_bytes -= subsumed as i64;
+            }
+        }
+        self.insert_into_pool(index);
+        if self.blocks[index].is_split() {
+            net_blocks += 1;
+            net_bytes += self.blocks[index].size as i64;
+        }
+        if net_blocks > 0 {
+            self.stats.inactive_split.increase(st, net_blocks);
+        } else if net_blocks < 0 {
+            self.stats.inactive_split.decrease(st, -net_blocks);
+        }
+        if net_bytes > 0 {
+            self.stats.inactive_split_bytes.increase(st, net_bytes);
+        } else if net_bytes < 0 {
+            self.stats.inactive_split_bytes.decrease(st, -net_bytes);
+        }
+        self.stats.active.decrease(st, 1);
+        self.stats.active_bytes.decrease(st, orig_size as i64);
+        self.stats.requested_bytes.decrease(st, requested as i64);
+    }
+
+    /// Merges free neighbour `src` into `dst`; returns the bytes taken over.
+    fn try_merge_blocks(&mut self, dst: usize, src: Option<usize>) -> u64 {
+        let Some(src) = src else { return 0 };
+        if self.blocks[src].allocated {
+            return 0;
+        }
+        self.remove_from_pool(src);
+        let (s_addr, s_size, s_prev, s_next) = {
+            let s = &self.blocks[src];
+            (s.address, s.size, s.prev, s.next)
+        };
+        if self.blocks[dst].prev == Some(src) {
+            self.blocks[dst].address = s_addr;
+            self.blocks[dst].prev = s_prev;
+            if let Some(p) = s_prev {
+                self.blocks[p].next = Some(dst);
+            }
+        } else {
+            self.blocks[dst].next = s_next;
+            if let Some(n) = s_next {
+                self.blocks[n].prev = Some(dst);
+            }
+        }
+        self.blocks[dst].size += s_size;
+        self.delete_block(src);
+        s_size
+    }
+
+    pub(crate) fn live_blocks(&self) -> impl Iterator<Item = (usize, &Block)> {
+        self.blocks.iter().enumerate().filter(|(_, b)| b.live)
+    }
+
+    pub(crate) fn in_pool(&self, index: usize) -> bool {
+        let b = &self.blocks[index];
+        let pool = match b.pool {
+            PoolKind::Small => &self.small,
+            PoolKind::Large => &self.large,
+        };
+        pool.blocks.contains(&(b.size, b.address, index))
+    }
+
+    pub(crate) fn pool_len(&self) -> usize {
+        self.small.blocks.len() + self.large.blocks.len()
+    }
+
+    pub(crate) fn total_reserved(&self) -> u64 {
+        self.total_reserved
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roundup_examples_from_pytorch_comments() {
+        // "1200 ... 4 divisions ... 1024, 1280, 1536, 1792 ... return 1280"
+        assert_eq!(roundup_power2_next_division(1200, 4), 1280);
+        assert_eq!(roundup_power2_next_division(1024, 4), 1024);
+        assert_eq!(roundup_power2_next_division(1537, 4), 1792);
+        assert_eq!(roundup_power2_next_division(1793, 4), 2048);
+    }
+
+    #[test]
+    fn default_rounding_is_512() {
+        let c = AllocatorConfig::default();
+        assert_eq!(round_size(1, &c), 512);
+        assert_eq!(round_size(512, &c), 512);
+        assert_eq!(round_size(513, &c), 1024);
+        assert_eq!(round_size(1200, &c), 1536);
+    }
+
+    #[test]
+    fn segment_sizes() {
+        assert_eq!(allocation_size(512), 2 << 20);
+        assert_eq!(allocation_size(1 << 20), 2 << 20);
+        assert_eq!(allocation_size((1 << 20) + 512), 20 << 20);
+        assert_eq!(allocation_size((10 << 20) - 512), 20 << 20);
+        assert_eq!(allocation_size(10 << 20), 10 << 20);
+        assert_eq!(allocation_size((10 << 20) + 1), 12 << 20);
+    }
+}

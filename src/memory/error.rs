@@ -1,0 +1,81 @@
+//! What can go wrong when asking the allocator for memory, as values, never
+//! panics. The out-of-memory message follows PyTorch's wording so people who
+//! know "CUDA out of memory. Tried to allocate ..." can read it at a glance.
+
+use super::size::format_size;
+use std::fmt;
+
+/// Everything the allocator knew when it gave up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OomReport {
+    /// Bytes asked for.
+    pub requested: u64,
+    /// The request after rounding (the block size it would have had).
+    pub rounded: u64,
+    /// The segment size it tried to obtain from the device.
+    pub alloc_size: u64,
+    /// The memory limit in force (`--memory-limit` / `--memory-fraction`).
+    pub limit: Option<u64>,
+    /// The device's total capacity, when the source knows it.
+    pub capacity: Option<u64>,
+    /// The device's free bytes, when the source knows it.
+    pub device_free: Option<u64>,
+    /// Bytes in allocated blocks.
+    pub allocated: u64,
+    /// Bytes held in segments.
+    pub reserved: u64,
+}
+
+impl fmt::Display for OomReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "out of memory. Tried to allocate {} (a request of {} rounded to {}).",
+            format_size(self.alloc_size),
+            format_size(self.requested),
+            format_size(self.rounded),
+        )?;
+        if let (Some(cap), Some(free)) = (self.capacity, self.device_free) {
+            write!(
+                f,
+                " Device has a total capacity of {} of which {} is free.",
+                format_size(cap),
+                format_size(free)
+            )?;
+        }
+        if let Some(limit) = self.limit {
+            write!(f, " {} allowed (memory limit).", format_size(limit))?;
+        }
+        write!(
+            f,
+            " Of the allocated memory {} is allocated by vramlab, and {} is reserved by vramlab but unallocated.",
+            format_size(self.allocated),
+            format_size(self.reserved.saturating_sub(self.allocated)),
+        )?;
+        write!(
+            f,
+            " To fit: free tensors, use a smaller batch, or raise --memory-limit; if reserved but unallocated memory is large, try VRAMLAB_ALLOC_CONF=max_split_size_mb:128 to limit fragmentation."
+        )
+    }
+}
+
+/// Why an allocation or a free failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AllocError {
+    #[error("{0}")]
+    OutOfMemory(Box<OomReport>),
+    #[error("cannot allocate {requested} bytes: it needs a segment of {segment} bytes, larger than this device's largest buffer ({max} bytes, max_buffer_size); split the tensor or use a smaller batch")]
+    TooLarge { requested: u64, segment: u64, max: u64 },
+    #[error("cannot allocate 0 bytes: a tensor needs at least one element")]
+    ZeroSize,
+    #[error("invalid free: {0}")]
+    InvalidFree(String),
+    #[error("the device failed to allocate memory: {0}")]
+    Device(String),
+}
+
+impl AllocError {
+    pub fn is_oom(&self) -> bool {
+        matches!(self, AllocError::OutOfMemory(_))
+    }
+}

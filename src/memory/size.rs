@@ -1,0 +1,97 @@
+//! Byte sizes as people write them (`2GiB`, `512MiB`, `1.5GB`, `4096`) and as
+//! PyTorch prints them (`20.00 MiB`), so CLI flags and messages agree with torch.
+
+use std::fmt;
+
+/// A size string that could not be understood.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("cannot read {input:?} as a size: {reason} (write e.g. 2GiB, 512MiB, 1.5GB or a plain number of bytes)")]
+pub struct SizeParseError {
+    pub input: String,
+    pub reason: String,
+}
+
+/// Parses a byte size. Binary suffixes (KiB, MiB, GiB, TiB) are powers of 1024;
+/// decimal ones (KB, MB, GB, TB) powers of 1000, as their names say. A bare
+/// number is bytes; `B` may follow it.
+pub fn parse_size(input: &str) -> Result<u64, SizeParseError> {
+    let err = |reason: &str| SizeParseError {
+        input: input.to_string(),
+        reason: reason.to_string(),
+    };
+    let s = input.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    if num.is_empty() {
+        return Err(err("no number"));
+    }
+    let value: f64 = num.parse().map_err(|_| err("bad number"))?;
+    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "kib" | "k" => 1024.0,
+        "mib" | "m" => 1024.0 * 1024.0,
+        "gib" | "g" => 1024.0 * 1024.0 * 1024.0,
+        "tib" | "t" => 1024.0f64.powi(4),
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        other => return Err(err(&format!("unknown unit {other:?}"))),
+    };
+    let bytes = value * mult;
+    if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
+        return Err(err("out of range"));
+    }
+    Ok(bytes.round() as u64)
+}
+
+/// PyTorch's `format_size` (CUDACachingAllocator.cpp): "1024 bytes", "1.50 KiB",
+/// "20.00 MiB", "2.00 GiB". Used in out-of-memory messages.
+pub fn format_size(size: u64) -> String {
+    let s = size as f64;
+    if size <= 1024 {
+        format!("{size} bytes")
+    } else if size <= 1 << 20 {
+        format!("{:.2} KiB", s / 1024.0)
+    } else if size <= 1 << 30 {
+        format!("{:.2} MiB", s / 1048576.0)
+    } else {
+        format!("{:.2} GiB", s / 1073741824.0)
+    }
+}
+
+/// Bytes shown in MiB with two decimals, the way the articles print
+/// `memory_allocated() / 1024**2`.
+pub struct Mib(pub u64);
+
+impl fmt::Display for Mib {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:.2} MiB", self.0 as f64 / 1048576.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_binary_and_decimal_units() {
+        assert_eq!(parse_size("2GiB").unwrap(), 2 << 30);
+        assert_eq!(parse_size("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_size("1.5GB").unwrap(), 1_500_000_000);
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size(" 7 B ").unwrap(), 7);
+        assert!(parse_size("GiB").is_err());
+        assert!(parse_size("3 parsecs").unwrap_err().to_string().contains("parsecs"));
+    }
+
+    #[test]
+    fn formats_like_pytorch() {
+        assert_eq!(format_size(1024), "1024 bytes");
+        assert_eq!(format_size(1536), "1.50 KiB");
+        assert_eq!(format_size(20 << 20), "20.00 MiB");
+        assert_eq!(format_size(3 << 30), "3.00 GiB");
+    }
+}
