@@ -1,0 +1,151 @@
+//! Choosing an adapter: by `--backend`, `--adapter SUBSTRING`, or
+//! `WGPU_BACKEND`, preferring real GPUs over software ones, and saying why.
+
+use super::error::{install_hint, DeviceError};
+use serde::Serialize;
+
+/// Backends a user can ask for by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendChoice {
+    Vulkan,
+    Metal,
+    Dx12,
+    Gl,
+}
+
+impl BackendChoice {
+    pub fn backends(self) -> wgpu::Backends {
+        match self {
+            BackendChoice::Vulkan => wgpu::Backends::VULKAN,
+            BackendChoice::Metal => wgpu::Backends::METAL,
+            BackendChoice::Dx12 => wgpu::Backends::DX12,
+            BackendChoice::Gl => wgpu::Backends::GL,
+        }
+    }
+}
+
+/// How to pick the adapter.
+#[derive(Debug, Clone, Default)]
+pub struct AdapterOptions {
+    /// Only this backend (overrides `WGPU_BACKEND`).
+    pub backend: Option<BackendChoice>,
+    /// Only adapters whose name contains this (case-insensitive).
+    pub adapter: Option<String>,
+}
+
+/// What `info` shows about one adapter.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AdapterSummary {
+    pub name: String,
+    pub backend: String,
+    pub device_type: String,
+    pub driver: String,
+    pub driver_info: String,
+    pub vendor: u32,
+    pub device: u32,
+}
+
+impl AdapterSummary {
+    pub fn from_info(info: &wgpu::AdapterInfo) -> Self {
+        AdapterSummary {
+            name: info.name.clone(),
+            backend: info.backend.to_str().to_string(),
+            device_type: format!("{:?}", info.device_type),
+            driver: info.driver.clone(),
+            driver_info: info.driver_info.clone(),
+            vendor: info.vendor,
+            device: info.device,
+        }
+    }
+}
+
+/// The backends to search: `--backend`, else `WGPU_BACKEND`, else all.
+pub fn backends_for(options: &AdapterOptions) -> (wgpu::Backends, String) {
+    if let Some(b) = options.backend {
+        return (b.backends(), format!("--backend {b:?}").to_lowercase());
+    }
+    match wgpu::Backends::from_env() {
+        Some(b) => (
+            b,
+            format!(
+                "WGPU_BACKEND={}",
+                std::env::var("WGPU_BACKEND").unwrap_or_default()
+            ),
+        ),
+        None => (wgpu::Backends::all(), "all backends".to_string()),
+    }
+}
+
+fn type_rank(t: wgpu::DeviceType) -> u8 {
+    match t {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Other => 3,
+        wgpu::DeviceType::Cpu => 4,
+    }
+}
+
+fn backend_rank(b: wgpu::Backend) -> u8 {
+    match b {
+        wgpu::Backend::Vulkan | wgpu::Backend::Metal | wgpu::Backend::Dx12 => 0,
+        _ => 1,
+    }
+}
+
+/// Picks the best adapter among `adapters` and explains the choice.
+pub fn choose(
+    adapters: Vec<wgpu::Adapter>,
+    options: &AdapterOptions,
+    searched: &str,
+) -> Result<(wgpu::Adapter, String), DeviceError> {
+    if adapters.is_empty() {
+        return Err(DeviceError::NoAdapter {
+            tried: format!(" (searched {searched})"),
+            hint: install_hint(),
+        });
+    }
+    let names: Vec<String> = adapters
+        .iter()
+        .map(|a| {
+            let i = a.get_info();
+            format!("{} ({})", i.name, i.backend.to_str())
+        })
+        .collect();
+    let mut candidates: Vec<wgpu::Adapter> = match &options.adapter {
+        Some(wanted) => {
+            let w = wanted.to_lowercase();
+            adapters
+                .into_iter()
+                .filter(|a| a.get_info().name.to_lowercase().contains(&w))
+                .collect()
+        }
+        None => adapters,
+    };
+    if candidates.is_empty() {
+        return Err(DeviceError::NoMatchingAdapter {
+            wanted: options.adapter.clone().unwrap_or_default(),
+            found: names.join(", "),
+        });
+    }
+    let n = candidates.len();
+    candidates.sort_by_key(|a| {
+        let i = a.get_info();
+        (type_rank(i.device_type), backend_rank(i.backend))
+    });
+    let best = candidates.swap_remove(0);
+    let info = best.get_info();
+    let mut reason = if n == 1 {
+        format!("the only adapter found in {searched}")
+    } else {
+        format!(
+            "best of {n} adapters in {searched}: {:?} ranks first (discrete > integrated > virtual > CPU; Vulkan/Metal/DX12 over GL)",
+            info.device_type
+        )
+    };
+    if let Some(w) = &options.adapter {
+        reason.push_str(&format!(", matching --adapter {w:?}"));
+    }
+    Ok((best, reason))
+}

@@ -1,0 +1,398 @@
+//! The wgpu device, its queue and the one ordered command stream everything
+//! goes through.
+//!
+//! Why one open encoder: the caching allocator hands a freed block to the next
+//! tensor at once, while commands that still read the old tensor may not have
+//! run yet. That is safe only if the new tensor's data reaches the block
+//! *after* those commands, in the same ordered stream. So uploads are recorded
+//! as buffer-to-buffer copies into the open encoder (never a
+//! `queue.write_buffer`, which would jump ahead of unsubmitted work), and the
+//! encoder is submitted in order.
+//!
+//! Why every storage binding is `read_write` in the shaders: many tensors share
+//! one segment buffer, and wgpu tracks usage per buffer, not per range. A
+//! read-only binding of one tensor next to a read-write binding of another in
+//! the same buffer is a usage conflict; the same exclusive usage twice is not.
+//! Bound ranges never overlap, so nothing aliases.
+
+use super::adapter::{backends_for, choose, AdapterOptions, AdapterSummary};
+use super::error::DeviceError;
+use super::grid::{grid_for, Workgroups};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use wgpu::util::DeviceExt;
+
+/// A compute kernel: WGSL source and entry point, compiled once per device.
+#[derive(Debug, Clone, Copy)]
+pub struct Kernel {
+    /// Unique name; the pipeline cache key.
+    pub name: &'static str,
+    pub source: &'static str,
+    pub entry: &'static str,
+}
+
+/// A range of a buffer bound to a kernel: a tensor's block.
+#[derive(Debug, Clone)]
+pub struct BufferSlice {
+    pub buffer: wgpu::Buffer,
+    pub offset: u64,
+    pub size: u64,
+}
+
+/// Commands recorded but not yet submitted.
+struct Pending {
+    encoder: Option<wgpu::CommandEncoder>,
+    commands: usize,
+}
+
+/// Submit after this many recorded commands, so per-dispatch parameter buffers
+/// do not pile up between synchronisation points.
+const MAX_PENDING_COMMANDS: usize = 256;
+
+/// One GPU: device, queue, limits, compiled pipelines, the open encoder.
+pub struct Gpu {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub info: wgpu::AdapterInfo,
+    pub limits: wgpu::Limits,
+    pub adapter_features: wgpu::Features,
+    pub features: wgpu::Features,
+    /// Why this adapter was chosen, in words.
+    pub choice_reason: String,
+    /// Every adapter that was found, for `info`.
+    pub adapters: Vec<AdapterSummary>,
+    pipelines: Mutex<HashMap<&'static str, wgpu::ComputePipeline>>,
+    pending: Mutex<Pending>,
+    errors: Arc<Mutex<Vec<String>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic elsewhere cannot leave these maps half-updated in a way that
+    // matters more than losing the whole run; keep going.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Features vramlab uses when the adapter has them.
+pub fn wanted_features() -> wgpu::Features {
+    wgpu::Features::SHADER_F16 | wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::SUBGROUP
+}
+
+impl Gpu {
+    /// Finds an adapter and opens a device with every limit it offers.
+    pub fn new(options: &AdapterOptions) -> Result<Gpu, DeviceError> {
+        pollster::block_on(Self::new_async(options))
+    }
+
+    async fn new_async(options: &AdapterOptions) -> Result<Gpu, DeviceError> {
+        let (backends, mut searched) = backends_for(options);
+        // GL is the fallback: probing it (through EGL) is slow and noisy, so it
+        // is searched only when asked for or when nothing else was found.
+        let primary = if backends == wgpu::Backends::all() {
+            wgpu::Backends::PRIMARY
+        } else {
+            backends
+        };
+        let mut adapters = Self::enumerate(primary).await;
+        if adapters.is_empty() && primary != backends {
+            adapters = Self::enumerate(backends).await;
+            searched = format!("{searched} (no Vulkan/Metal/DX12 adapter, so GL was searched too)");
+        } else if primary != backends {
+            searched = format!("{searched} (Vulkan/Metal/DX12 first; GL not probed, use --backend gl for it)");
+        }
+        let summaries: Vec<AdapterSummary> = adapters
+            .iter()
+            .map(|a| AdapterSummary::from_info(&a.get_info()))
+            .collect();
+        let (adapter, choice_reason) = choose(adapters, options, &searched)?;
+        let info = adapter.get_info();
+        let limits = adapter.limits();
+        let adapter_features = adapter.features();
+        let features = adapter_features & wanted_features();
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("vramlab"),
+                required_features: features,
+                required_limits: limits.clone(),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| DeviceError::RequestDevice {
+                adapter: info.name.clone(),
+                reason: e.to_string(),
+            })?;
+        let errors: Arc<Mutex<Vec<String>>> = Arc::default();
+        let sink = errors.clone();
+        // Never let wgpu panic on an error we did not scope: record it and
+        // report it at the next synchronisation point.
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            lock(&sink).push(e.to_string());
+        }));
+        Ok(Gpu {
+            device,
+            queue,
+            info,
+            limits,
+            adapter_features,
+            features,
+            choice_reason,
+            adapters: summaries,
+            pipelines: Mutex::default(),
+            pending: Mutex::new(Pending {
+                encoder: None,
+                commands: 0,
+            }),
+            errors,
+        })
+    }
+
+    async fn enumerate(backends: wgpu::Backends) -> Vec<wgpu::Adapter> {
+        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+        desc.backends = backends;
+        desc.flags = wgpu::InstanceFlags::empty().with_env();
+        let instance = wgpu::Instance::new(desc);
+        instance.enumerate_adapters(backends).await
+    }
+
+    /// The adapter in `info`'s words.
+    pub fn summary(&self) -> AdapterSummary {
+        AdapterSummary::from_info(&self.info)
+    }
+
+    /// wgpu's own allocator report (Vulkan, DX12), or `None` where the backend
+    /// does not give one (Metal, GL).
+    pub fn allocator_report(&self) -> Option<wgpu::AllocatorReport> {
+        self.device.generate_allocator_report()
+    }
+
+    fn take_errors(&self) -> Result<(), DeviceError> {
+        let mut errs = lock(&self.errors);
+        if errs.is_empty() {
+            Ok(())
+        } else {
+            let msg = errs.join("; ");
+            errs.clear();
+            Err(DeviceError::Wgpu(msg))
+        }
+    }
+
+    fn pipeline(&self, kernel: &Kernel) -> wgpu::ComputePipeline {
+        let mut cache = lock(&self.pipelines);
+        if let Some(p) = cache.get(kernel.name) {
+            return p.clone();
+        }
+        let module = self
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(kernel.name),
+                source: wgpu::ShaderSource::Wgsl(kernel.source.into()),
+            });
+        let pipeline = self
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(kernel.name),
+                layout: None,
+                module: &module,
+                entry_point: Some(kernel.entry),
+                compilation_options: Default::default(),
+                cache: None,
+            });
+        cache.insert(kernel.name, pipeline.clone());
+        pipeline
+    }
+
+    /// Number of pipelines compiled so far (each kernel compiles once).
+    pub fn pipelines_compiled(&self) -> usize {
+        lock(&self.pipelines).len()
+    }
+
+    fn with_encoder(&self, f: impl FnOnce(&mut wgpu::CommandEncoder)) {
+        let mut p = lock(&self.pending);
+        let enc = p.encoder.get_or_insert_with(|| {
+            self.device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("vramlab") })
+        });
+        f(enc);
+        p.commands += 1;
+        if p.commands >= MAX_PENDING_COMMANDS {
+            Self::submit_locked(&self.queue, &mut p);
+        }
+    }
+
+    fn submit_locked(queue: &wgpu::Queue, p: &mut Pending) {
+        if let Some(enc) = p.encoder.take() {
+            queue.submit(Some(enc.finish()));
+        }
+        p.commands = 0;
+    }
+
+    /// Submits everything recorded so far.
+    pub fn flush(&self) {
+        let mut p = lock(&self.pending);
+        Self::submit_locked(&self.queue, &mut p);
+    }
+
+    /// Submits and waits until the GPU has finished all of it.
+    pub fn synchronize(&self) -> Result<(), DeviceError> {
+        self.flush();
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| DeviceError::Wgpu(e.to_string()))?;
+        self.take_errors()
+    }
+
+    /// Checks a binding against `max_storage_buffer_binding_size`.
+    pub fn check_binding(&self, what: &str, size: u64) -> Result<(), DeviceError> {
+        let limit = self.limits.max_storage_buffer_binding_size as u64;
+        if size > limit {
+            return Err(DeviceError::BindingTooLarge {
+                what: what.to_string(),
+                needed: size,
+                limit,
+            });
+        }
+        Ok(())
+    }
+
+    /// Records one dispatch of `kernel`: storage bindings 0..n in order, then
+    /// `params` as a uniform at binding n (if not empty).
+    pub fn dispatch(
+        &self,
+        kernel: &Kernel,
+        bindings: &[&BufferSlice],
+        params: &[u8],
+        workgroups: Workgroups,
+    ) -> Result<(), DeviceError> {
+        let max_dim = self.limits.max_compute_workgroups_per_dimension;
+        let grid = match workgroups {
+            Workgroups::Linear(n) => grid_for(n, max_dim).ok_or(DeviceError::GridTooLarge {
+                kernel: kernel.name.to_string(),
+                groups: n,
+            })?,
+            Workgroups::Grid(g) => {
+                if g.iter().any(|&d| d > max_dim) {
+                    return Err(DeviceError::GridTooLarge {
+                        kernel: kernel.name.to_string(),
+                        groups: g.iter().map(|&d| d as u64).product(),
+                    });
+                }
+                g
+            }
+        };
+        if grid.contains(&0) {
+            return Ok(());
+        }
+        for (i, b) in bindings.iter().enumerate() {
+            self.check_binding(&format!("binding {i} of {}", kernel.name), b.size)?;
+        }
+        let pipeline = self.pipeline(kernel);
+        let layout = pipeline.get_bind_group_layout(0);
+        let uniform = (!params.is_empty()).then(|| {
+            let mut padded = params.to_vec();
+            padded.resize(params.len().div_ceil(16) * 16, 0);
+            self.device
+                .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                    label: Some("params"),
+                    contents: &padded,
+                    usage: wgpu::BufferUsages::UNIFORM,
+                })
+        });
+        let mut entries: Vec<wgpu::BindGroupEntry> = bindings
+            .iter()
+            .enumerate()
+            .map(|(i, b)| wgpu::BindGroupEntry {
+                binding: i as u32,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: &b.buffer,
+                    offset: b.offset,
+                    size: wgpu::BufferSize::new(b.size),
+                }),
+            })
+            .collect();
+        if let Some(u) = &uniform {
+            entries.push(wgpu::BindGroupEntry {
+                binding: bindings.len() as u32,
+                resource: u.as_entire_binding(),
+            });
+        }
+        let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(kernel.name),
+            layout: &layout,
+            entries: &entries,
+        });
+        self.with_encoder(|enc| {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some(kernel.name),
+                timestamp_writes: None,
+            });
+            pass.set_pipeline(&pipeline);
+            pass.set_bind_group(0, &bind_group, &[]);
+            pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+        });
+        Ok(())
+    }
+
+    /// Records a copy of `bytes` into `dst`, ordered after every command
+    /// recorded before it (see the module docs for why this matters).
+    pub fn upload(&self, dst: &BufferSlice, bytes: &[u8]) {
+        if bytes.is_empty() {
+            return;
+        }
+        let len = (bytes.len() as u64).div_ceil(wgpu::COPY_BUFFER_ALIGNMENT) * wgpu::COPY_BUFFER_ALIGNMENT;
+        let mut padded;
+        let contents = if len as usize == bytes.len() {
+            bytes
+        } else {
+            padded = bytes.to_vec();
+            padded.resize(len as usize, 0);
+            &padded
+        };
+        let staging = self
+            .device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("upload"),
+                contents,
+                usage: wgpu::BufferUsages::COPY_SRC,
+            });
+        self.with_encoder(|enc| {
+            enc.copy_buffer_to_buffer(&staging, 0, &dst.buffer, dst.offset, len);
+        });
+    }
+
+    /// Copies `len` bytes of `src` back to the CPU, waiting for all recorded
+    /// work first.
+    pub fn download(&self, src: &BufferSlice, len: u64) -> Result<Vec<u8>, DeviceError> {
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        let padded = len.div_ceil(wgpu::COPY_BUFFER_ALIGNMENT) * wgpu::COPY_BUFFER_ALIGNMENT;
+        let readback = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("readback"),
+            size: padded,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        self.with_encoder(|enc| {
+            enc.copy_buffer_to_buffer(&src.buffer, src.offset, &readback, 0, padded);
+        });
+        self.flush();
+        let (tx, rx) = std::sync::mpsc::channel();
+        readback.map_async(wgpu::MapMode::Read, .., move |r| {
+            let _ = tx.send(r);
+        });
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| DeviceError::Readback(e.to_string()))?;
+        self.take_errors()?;
+        rx.recv()
+            .map_err(|e| DeviceError::Readback(e.to_string()))?
+            .map_err(|e| DeviceError::Readback(e.to_string()))?;
+        let bytes = {
+            let view = readback
+                .get_mapped_range(..)
+                .map_err(|e| DeviceError::Readback(format!("{e:?}")))?;
+            view[..len as usize].to_vec()
+        };
+        readback.unmap();
+        Ok(bytes)
+    }
+}

@@ -1,0 +1,92 @@
+//! What `vramlab info` reports: adapters, the chosen one and why, the limits
+//! that decide what fits, the features, and the driver's own allocator.
+
+use super::adapter::AdapterSummary;
+use super::gpu::Gpu;
+use serde::Serialize;
+
+/// The limits that matter for memory and kernels.
+#[derive(Debug, Clone, Serialize)]
+pub struct LimitsSummary {
+    pub max_buffer_size: u64,
+    pub max_storage_buffer_binding_size: u64,
+    pub min_storage_buffer_offset_alignment: u32,
+    pub max_storage_buffers_per_shader_stage: u32,
+    pub max_compute_workgroup_size_x: u32,
+    pub max_compute_workgroup_size_y: u32,
+    pub max_compute_workgroup_size_z: u32,
+    pub max_compute_invocations_per_workgroup: u32,
+    pub max_compute_workgroup_storage_size: u32,
+    pub max_compute_workgroups_per_dimension: u32,
+}
+
+/// wgpu's allocator report, summarised.
+#[derive(Debug, Clone, Serialize)]
+pub struct DriverAllocator {
+    pub total_allocated_bytes: u64,
+    pub total_reserved_bytes: u64,
+    pub blocks: usize,
+    pub allocations: usize,
+}
+
+/// Everything `info` prints.
+#[derive(Debug, Clone, Serialize)]
+pub struct InfoReport {
+    pub adapters: Vec<AdapterSummary>,
+    pub adapter: AdapterSummary,
+    pub choice_reason: String,
+    pub limits: LimitsSummary,
+    /// Every feature the adapter offers, in wgpu's names (lowercase).
+    pub features: Vec<String>,
+    /// The features vramlab enabled on its device.
+    pub enabled_features: Vec<String>,
+    /// `null` where the backend gives no report (Metal, GL).
+    pub driver_allocator: Option<DriverAllocator>,
+    pub driver_allocator_note: String,
+}
+
+fn feature_names(f: wgpu::Features) -> Vec<String> {
+    f.iter_names()
+        .map(|(name, _)| name.to_lowercase().replace('_', "-"))
+        .collect()
+}
+
+impl InfoReport {
+    pub fn from_gpu(gpu: &Gpu) -> Self {
+        let l = &gpu.limits;
+        let report = gpu.allocator_report();
+        let driver_allocator_note = match &report {
+            Some(_) => "wgpu's own allocator (gpu-allocator) under vramlab's segments".to_string(),
+            None => format!(
+                "not reported by this backend ({})",
+                gpu.info.backend.to_str()
+            ),
+        };
+        InfoReport {
+            adapters: gpu.adapters.clone(),
+            adapter: gpu.summary(),
+            choice_reason: gpu.choice_reason.clone(),
+            limits: LimitsSummary {
+                max_buffer_size: l.max_buffer_size,
+                max_storage_buffer_binding_size: l.max_storage_buffer_binding_size as u64,
+                min_storage_buffer_offset_alignment: l.min_storage_buffer_offset_alignment,
+                max_storage_buffers_per_shader_stage: l.max_storage_buffers_per_shader_stage,
+                max_compute_workgroup_size_x: l.max_compute_workgroup_size_x,
+                max_compute_workgroup_size_y: l.max_compute_workgroup_size_y,
+                max_compute_workgroup_size_z: l.max_compute_workgroup_size_z,
+                max_compute_invocations_per_workgroup: l.max_compute_invocations_per_workgroup,
+                max_compute_workgroup_storage_size: l.max_compute_workgroup_storage_size,
+                max_compute_workgroups_per_dimension: l.max_compute_workgroups_per_dimension,
+            },
+            features: feature_names(gpu.adapter_features),
+            enabled_features: feature_names(gpu.features),
+            driver_allocator: report.map(|r| DriverAllocator {
+                total_allocated_bytes: r.total_allocated_bytes,
+                total_reserved_bytes: r.total_reserved_bytes,
+                blocks: r.blocks.len(),
+                allocations: r.allocations.len(),
+            }),
+            driver_allocator_note,
+        }
+    }
+}

@@ -1,0 +1,18 @@
+//! The wgpu side: adapter choice, the device and its one ordered command
+//! stream, kernel dispatch, transfers, and the segment source that backs the
+//! allocator with wgpu buffers. Ops never call wgpu directly; they go through
+//! [`Gpu::dispatch`], [`Gpu::upload`] and [`Gpu::download`].
+
+pub mod adapter;
+pub mod buffer_source;
+pub mod error;
+pub mod gpu;
+pub mod grid;
+pub mod info;
+
+pub use adapter::{AdapterOptions, AdapterSummary, BackendChoice};
+pub use buffer_source::WgpuSource;
+pub use error::DeviceError;
+pub use gpu::{BufferSlice, Gpu, Kernel};
+pub use grid::{grid_for, Workgroups};
+pub use info::InfoReport;

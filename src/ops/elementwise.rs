@@ -1,0 +1,35 @@
+//! Elementwise `add` and `mul` of same-shaped tensors.
+
+use super::{check_u32, same_shape, CountParams, ELEMENTWISE_WORKGROUP};
+use crate::device::{Kernel, Workgroups};
+use crate::tensor::{DType, Tensor, TensorError};
+
+const SOURCE: &str = include_str!("../../shaders/binary.wgsl");
+const ADD: Kernel = Kernel { name: "add", source: SOURCE, entry: "add" };
+const MUL: Kernel = Kernel { name: "mul", source: SOURCE, entry: "mul" };
+
+fn binary(kernel: &Kernel, op: &'static str, a: &Tensor, b: &Tensor) -> Result<Tensor, TensorError> {
+    same_shape(op, a, b)?;
+    a.require_f32(op)?;
+    b.require_f32(op)?;
+    check_u32(op, a)?;
+    let out = Tensor::empty(a.engine(), a.shape(), DType::F32, &format!("{op}.out"))?;
+    let n = a.numel();
+    a.engine().gpu().dispatch(
+        kernel,
+        &[&a.slice(), &b.slice(), &out.slice()],
+        bytemuck::bytes_of(&CountParams::new(n)),
+        Workgroups::Linear((n as u64).div_ceil(ELEMENTWISE_WORKGROUP)),
+    )?;
+    Ok(out)
+}
+
+/// `a + b`, elementwise.
+pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor, TensorError> {
+    binary(&ADD, "add", a, b)
+}
+
+/// `a * b`, elementwise.
+pub fn mul(a: &Tensor, b: &Tensor) -> Result<Tensor, TensorError> {
+    binary(&MUL, "mul", a, b)
+}

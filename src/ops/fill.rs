@@ -1,0 +1,46 @@
+//! `fill`: set every element to a value, on the GPU (ordered with other work).
+
+use super::{check_u32, ELEMENTWISE_WORKGROUP};
+use crate::device::{Kernel, Workgroups};
+use crate::tensor::{DType, Engine, Tensor, TensorError};
+
+const FILL: Kernel = Kernel {
+    name: "fill",
+    source: include_str!("../../shaders/fill.wgsl"),
+    entry: "main",
+};
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct FillParams {
+    n: u32,
+    value: f32,
+    _pad: [u32; 2],
+}
+
+/// Writes `value` into every element of `t`.
+pub fn fill(t: &Tensor, value: f32) -> Result<(), TensorError> {
+    t.require_f32("fill")?;
+    check_u32("fill", t)?;
+    let n = t.numel();
+    let params = FillParams { n: n as u32, value, _pad: [0; 2] };
+    t.engine().gpu().dispatch(
+        &FILL,
+        &[&t.slice()],
+        bytemuck::bytes_of(&params),
+        Workgroups::Linear((n as u64).div_ceil(ELEMENTWISE_WORKGROUP)),
+    )?;
+    Ok(())
+}
+
+/// A new f32 tensor full of `value`.
+pub fn full(engine: &Engine, shape: &[usize], value: f32, label: &str) -> Result<Tensor, TensorError> {
+    let t = Tensor::empty(engine, shape, DType::F32, label)?;
+    fill(&t, value)?;
+    Ok(t)
+}
+
+/// A new f32 tensor of zeros.
+pub fn zeros(engine: &Engine, shape: &[usize], label: &str) -> Result<Tensor, TensorError> {
+    full(engine, shape, 0.0, label)
+}

@@ -1,0 +1,53 @@
+//! Ops: each file holds one op's kernel binding (and, as autograd arrives, its
+//! backward beside it). Ops never call wgpu; they ask the device layer to
+//! dispatch a named kernel with bindings and a small params struct.
+
+pub mod elementwise;
+pub mod fill;
+pub mod matmul;
+pub mod relu;
+
+use crate::tensor::{Tensor, TensorError};
+
+/// 256 threads per workgroup for elementwise kernels (WGSL `@workgroup_size(256)`).
+pub(crate) const ELEMENTWISE_WORKGROUP: u64 = 256;
+
+/// Params for kernels that only need a count, padded to 16 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+pub(crate) struct CountParams {
+    pub n: u32,
+    pub _pad: [u32; 3],
+}
+
+impl CountParams {
+    pub fn new(n: usize) -> Self {
+        CountParams { n: n as u32, _pad: [0; 3] }
+    }
+}
+
+/// Errors unless both tensors have the same shape and engine.
+pub(crate) fn same_shape(op: &'static str, a: &Tensor, b: &Tensor) -> Result<(), TensorError> {
+    if !a.engine().same(b.engine()) {
+        return Err(TensorError::DifferentEngines { op });
+    }
+    if a.shape() != b.shape() {
+        return Err(TensorError::ShapeMismatch {
+            op,
+            lhs: a.shape().to_vec(),
+            rhs: b.shape().to_vec(),
+        });
+    }
+    Ok(())
+}
+
+/// Kernels index with u32.
+pub(crate) fn check_u32(op: &'static str, t: &Tensor) -> Result<(), TensorError> {
+    if t.numel() > u32::MAX as usize {
+        return Err(TensorError::InvalidShape {
+            op,
+            message: format!("{} elements exceed the 2^32 a kernel can index", t.numel()),
+        });
+    }
+    Ok(())
+}

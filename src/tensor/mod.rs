@@ -1,0 +1,13 @@
+//! Tensors: a shape, a dtype, a label and a block of allocator memory, on one
+//! [`Engine`] (a GPU with its caching allocator).
+
+pub mod dtype;
+pub mod engine;
+pub mod error;
+#[allow(clippy::module_inception)]
+pub mod tensor;
+
+pub use dtype::DType;
+pub use engine::{Engine, Storage};
+pub use error::TensorError;
+pub use tensor::Tensor;

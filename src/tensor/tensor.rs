@@ -1,0 +1,138 @@
+//! The tensor handle: shape, dtype, label, and shared storage in an allocator
+//! block.
+
+use super::dtype::DType;
+use super::engine::{Engine, Storage};
+use super::error::TensorError;
+use crate::device::BufferSlice;
+use std::sync::Arc;
+
+/// A tensor on the GPU. Clones share storage.
+#[derive(Clone)]
+pub struct Tensor {
+    storage: Arc<Storage>,
+    shape: Vec<usize>,
+    dtype: DType,
+    label: Arc<str>,
+}
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Tensor({:?}, {}, {:?})", self.shape, self.dtype, self.label)
+    }
+}
+
+fn numel_of(op: &'static str, shape: &[usize]) -> Result<usize, TensorError> {
+    let n: usize = shape.iter().product();
+    if n == 0 {
+        return Err(TensorError::Empty {
+            op,
+            shape: shape.to_vec(),
+        });
+    }
+    Ok(n)
+}
+
+impl Tensor {
+    /// An uninitialised tensor (its block may hold an earlier tensor's bytes).
+    pub fn empty(engine: &Engine, shape: &[usize], dtype: DType, label: &str) -> Result<Tensor, TensorError> {
+        let n = numel_of("empty", shape)?;
+        let storage = engine.allocate((n * dtype.size_in_bytes()) as u64, label)?;
+        Ok(Tensor {
+            storage: Arc::new(storage),
+            shape: shape.to_vec(),
+            dtype,
+            label: Arc::from(label),
+        })
+    }
+
+    /// A tensor holding `data` (row-major), f32.
+    pub fn from_slice(engine: &Engine, data: &[f32], shape: &[usize], label: &str) -> Result<Tensor, TensorError> {
+        let n = numel_of("from_slice", shape)?;
+        if data.len() != n {
+            return Err(TensorError::DataLength {
+                got: data.len(),
+                want: n,
+                shape: shape.to_vec(),
+            });
+        }
+        let t = Tensor::empty(engine, shape, DType::F32, label)?;
+        engine.gpu().upload(&t.slice(), bytemuck::cast_slice(data));
+        Ok(t)
+    }
+
+    /// A tensor holding `data` stored as f16.
+    pub fn from_f16(engine: &Engine, data: &[half::f16], shape: &[usize], label: &str) -> Result<Tensor, TensorError> {
+        let n = numel_of("from_f16", shape)?;
+        if data.len() != n {
+            return Err(TensorError::DataLength {
+                got: data.len(),
+                want: n,
+                shape: shape.to_vec(),
+            });
+        }
+        let t = Tensor::empty(engine, shape, DType::F16, label)?;
+        engine.gpu().upload(&t.slice(), bytemuck::cast_slice(data));
+        Ok(t)
+    }
+
+    /// Reads the values back (waits for pending GPU work).
+    pub fn to_vec(&self) -> Result<Vec<f32>, TensorError> {
+        let bytes = self.download()?;
+        Ok(match self.dtype {
+            DType::F32 => bytemuck::pod_collect_to_vec(&bytes),
+            DType::F16 => bytemuck::pod_collect_to_vec::<u8, half::f16>(&bytes)
+                .into_iter()
+                .map(f32::from)
+                .collect(),
+        })
+    }
+
+    fn download(&self) -> Result<Vec<u8>, TensorError> {
+        let len = (self.numel() * self.dtype.size_in_bytes()) as u64;
+        Ok(self.engine().gpu().download(&self.slice(), len)?)
+    }
+
+    pub fn engine(&self) -> &Engine {
+        self.storage.engine()
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Bytes of data (not counting the allocator's rounding).
+    pub fn nbytes(&self) -> usize {
+        self.numel() * self.dtype.size_in_bytes()
+    }
+
+    /// Where the tensor lives, for binding to a kernel.
+    pub fn slice(&self) -> BufferSlice {
+        self.storage.slice()
+    }
+
+    /// The allocator block behind this tensor.
+    pub fn storage(&self) -> &Storage {
+        &self.storage
+    }
+
+    /// Requires f32 for ops that only have f32 kernels.
+    pub(crate) fn require_f32(&self, op: &'static str) -> Result<(), TensorError> {
+        if self.dtype != DType::F32 {
+            return Err(TensorError::UnsupportedDType { op, dtype: self.dtype });
+        }
+        Ok(())
+    }
+}

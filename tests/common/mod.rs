@@ -1,0 +1,79 @@
+//! Helpers shared by the GPU tests: a seeded generator and f64 references.
+#![allow(dead_code)]
+
+use vramlab::device::AdapterOptions;
+use vramlab::memory::AllocatorConfig;
+use vramlab::tensor::Engine;
+
+/// A small deterministic generator (SplitMix64), so failures reproduce.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E3779B97F4A7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58476D1CE4E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D049BB133111EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [-1, 1).
+    pub fn uniform(&mut self) -> f32 {
+        ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    pub fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.uniform()).collect()
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+}
+
+/// An engine on whatever adapter this machine has (lavapipe in CI).
+pub fn engine() -> Engine {
+    engine_with(AllocatorConfig::default())
+}
+
+pub fn engine_with(config: AllocatorConfig) -> Engine {
+    match Engine::new(&AdapterOptions::default(), config) {
+        Ok(e) => e,
+        Err(e) => panic!("GPU tests need an adapter: {e}"),
+    }
+}
+
+/// Largest relative error, measured against max(|ref|, 1e-2 * scale) so tiny
+/// reference values near zero do not blow the ratio up.
+pub fn max_rel_err(got: &[f32], want: &[f64]) -> f64 {
+    assert_eq!(got.len(), want.len(), "length mismatch");
+    let scale = want.iter().fold(0.0f64, |m, v| m.max(v.abs())).max(1e-30);
+    got.iter()
+        .zip(want)
+        .map(|(&g, &w)| (g as f64 - w).abs() / w.abs().max(1e-2 * scale))
+        .fold(0.0, f64::max)
+}
+
+/// f64 reference matmul of row-major [m,k]·[k,n].
+pub fn matmul_ref(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f64> {
+    let mut c = vec![0.0f64; m * n];
+    for i in 0..m {
+        for p in 0..k {
+            let av = a[i * k + p] as f64;
+            for j in 0..n {
+                c[i * n + j] += av * b[p * n + j] as f64;
+            }
+        }
+    }
+    c
+}
+
+pub fn transpose(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut t = vec![0.0; x.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            t[c * rows + r] = x[r * cols + c];
+        }
+    }
+    t
+}

@@ -1,0 +1,147 @@
+//! Every kernel against an f64 CPU reference on random inputs of awkward
+//! sizes (1, 7, 33, 257, non-square), relative error under 1e-4.
+
+mod common;
+use common::*;
+use vramlab::ops::{elementwise, fill, matmul, relu};
+use vramlab::tensor::{Tensor, TensorError};
+
+const TOL: f64 = 1e-4;
+const SIZES: &[usize] = &[1, 7, 33, 257, 1000, 65_537];
+
+#[test]
+fn upload_download_round_trip() {
+    let e = engine();
+    let mut rng = Rng::new(1);
+    for &n in SIZES {
+        let x = rng.vec(n);
+        let t = Tensor::from_slice(&e, &x, &[n], "x").unwrap();
+        assert_eq!(t.to_vec().unwrap(), x);
+    }
+    let h: Vec<half::f16> = (0..7).map(|i| half::f16::from_f32(i as f32 * 0.5)).collect();
+    let t = Tensor::from_f16(&e, &h, &[7], "h").unwrap();
+    assert_eq!(t.to_vec().unwrap(), (0..7).map(|i| i as f32 * 0.5).collect::<Vec<_>>());
+}
+
+#[test]
+fn fill_writes_every_element() {
+    let e = engine();
+    for &n in SIZES {
+        let t = fill::full(&e, &[n], -2.5, "f").unwrap();
+        assert!(t.to_vec().unwrap().iter().all(|&v| v == -2.5), "n={n}");
+    }
+}
+
+#[test]
+fn add_mul_relu_match_f64() {
+    let e = engine();
+    let mut rng = Rng::new(2);
+    for &n in SIZES {
+        let (a, b) = (rng.vec(n), rng.vec(n));
+        let ta = Tensor::from_slice(&e, &a, &[n], "a").unwrap();
+        let tb = Tensor::from_slice(&e, &b, &[n], "b").unwrap();
+        let sum: Vec<f64> = a.iter().zip(&b).map(|(x, y)| *x as f64 + *y as f64).collect();
+        let prod: Vec<f64> = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).collect();
+        let r: Vec<f64> = a.iter().map(|x| (*x as f64).max(0.0)).collect();
+        assert!(max_rel_err(&elementwise::add(&ta, &tb).unwrap().to_vec().unwrap(), &sum) < TOL);
+        assert!(max_rel_err(&elementwise::mul(&ta, &tb).unwrap().to_vec().unwrap(), &prod) < TOL);
+        assert!(max_rel_err(&relu::relu(&ta).unwrap().to_vec().unwrap(), &r) < TOL);
+    }
+}
+
+#[test]
+fn elementwise_past_65535_workgroups_uses_a_2d_grid() {
+    // 256 * 65,535 + 1000 elements: one more workgroup than one dimension holds.
+    let n = 256 * 65_535 + 1000;
+    let e = engine();
+    let a = fill::full(&e, &[n], 1.5, "a").unwrap();
+    let b = fill::full(&e, &[n], 2.0, "b").unwrap();
+    let c = elementwise::mul(&a, &b).unwrap().to_vec().unwrap();
+    assert!(c.iter().all(|&v| v == 3.0));
+}
+
+#[test]
+fn matmul_matches_f64_on_awkward_shapes() {
+    let e = engine();
+    let mut rng = Rng::new(3);
+    let shapes = [
+        (1, 1, 1),
+        (7, 7, 7),
+        (33, 33, 33),
+        (1, 257, 7),
+        (257, 1, 33),
+        (7, 33, 257),
+        (65, 129, 63),
+        (130, 70, 200),
+    ];
+    for kernel in [matmul::MatmulKernel::Tiled, matmul::MatmulKernel::Naive] {
+        for &(m, k, n) in &shapes {
+            let a = rng.vec(m * k);
+            let b = rng.vec(k * n);
+            let want = matmul_ref(&a, &b, m, k, n);
+            let ta = Tensor::from_slice(&e, &a, &[m, k], "a").unwrap();
+            let tb = Tensor::from_slice(&e, &b, &[k, n], "b").unwrap();
+            let got = matmul::matmul_ex(&ta, &tb, false, false, kernel).unwrap();
+            assert_eq!(got.shape(), &[m, n]);
+            let err = max_rel_err(&got.to_vec().unwrap(), &want);
+            assert!(err < TOL, "{kernel:?} {m}x{k}x{n}: rel err {err}");
+        }
+    }
+}
+
+#[test]
+fn matmul_transposed_operands_and_batches() {
+    let e = engine();
+    let mut rng = Rng::new(4);
+    let (m, k, n) = (33, 7, 65);
+    let a = rng.vec(m * k);
+    let b = rng.vec(k * n);
+    let want = matmul_ref(&a, &b, m, k, n);
+    // Store Aᵀ ([k, m]) and Bᵀ ([n, k]) and ask for the transposes.
+    let at = Tensor::from_slice(&e, &transpose(&a, m, k), &[k, m], "at").unwrap();
+    let bt = Tensor::from_slice(&e, &transpose(&b, k, n), &[n, k], "bt").unwrap();
+    let got = matmul::matmul_ex(&at, &bt, true, true, matmul::MatmulKernel::Tiled).unwrap();
+    assert!(max_rel_err(&got.to_vec().unwrap(), &want) < TOL);
+
+    // Batched: 3 independent products; and a shared right operand.
+    let batch = 3;
+    let a3 = rng.vec(batch * m * k);
+    let b3 = rng.vec(batch * k * n);
+    let ta = Tensor::from_slice(&e, &a3, &[batch, m, k], "a3").unwrap();
+    let tb = Tensor::from_slice(&e, &b3, &[batch, k, n], "b3").unwrap();
+    let got = matmul::matmul(&ta, &tb).unwrap();
+    assert_eq!(got.shape(), &[batch, m, n]);
+    let got = got.to_vec().unwrap();
+    let shared = Tensor::from_slice(&e, &b3[..k * n], &[k, n], "b").unwrap();
+    let got_shared = matmul::matmul(&ta, &shared).unwrap().to_vec().unwrap();
+    for i in 0..batch {
+        let want = matmul_ref(&a3[i * m * k..(i + 1) * m * k], &b3[i * k * n..(i + 1) * k * n], m, k, n);
+        assert!(max_rel_err(&got[i * m * n..(i + 1) * m * n], &want) < TOL);
+        let want = matmul_ref(&a3[i * m * k..(i + 1) * m * k], &b3[..k * n], m, k, n);
+        assert!(max_rel_err(&got_shared[i * m * n..(i + 1) * m * n], &want) < TOL);
+    }
+}
+
+#[test]
+fn shape_errors_name_both_shapes() {
+    let e = engine();
+    let a = fill::zeros(&e, &[2, 3], "a").unwrap();
+    let b = fill::zeros(&e, &[4, 5], "b").unwrap();
+    let err = matmul::matmul(&a, &b).unwrap_err();
+    assert!(err.to_string().contains("[2, 3]") && err.to_string().contains("[4, 5]"), "{err}");
+    let err = elementwise::add(&a, &b).unwrap_err();
+    assert!(matches!(err, TensorError::ShapeMismatch { .. }));
+    assert!(matches!(Tensor::empty(&e, &[0, 3], vramlab::tensor::DType::F32, "z"), Err(TensorError::Empty { .. })));
+    assert!(matches!(Tensor::from_slice(&e, &[1.0; 5], &[2, 3], "x"), Err(TensorError::DataLength { .. })));
+}
+
+#[test]
+fn each_kernel_compiles_once() {
+    let e = engine();
+    let a = fill::full(&e, &[10], 1.0, "a").unwrap();
+    for _ in 0..5 {
+        let _ = relu::relu(&a).unwrap();
+    }
+    e.gpu().synchronize().unwrap();
+    assert_eq!(e.gpu().pipelines_compiled(), 2, "fill and relu");
+}
