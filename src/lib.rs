@@ -6,6 +6,7 @@
 //!   the segment source that backs the allocator with wgpu buffers;
 //! - [`tensor`] and [`ops`]: tensors living in allocator blocks, and kernels.
 
+pub mod cli;
 pub mod device;
 pub mod memory;
 pub mod ops;

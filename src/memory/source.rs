@@ -36,10 +36,10 @@ pub trait SegmentSource {
     fn describe(&self) -> String;
 }
 
-/// A device that exists only as a capacity in bytes.
+/// A device that exists only as a capacity in bytes (or without limit).
 #[derive(Debug, Clone)]
 pub struct SimulatedSource {
-    capacity: u64,
+    capacity: Option<u64>,
     used: u64,
     max_segment: u64,
 }
@@ -47,7 +47,17 @@ pub struct SimulatedSource {
 impl SimulatedSource {
     pub fn new(capacity: u64) -> Self {
         SimulatedSource {
-            capacity,
+            capacity: Some(capacity),
+            used: 0,
+            max_segment: u64::MAX,
+        }
+    }
+
+    /// A device that never runs out (limits come from the allocator's memory
+    /// limit only).
+    pub fn unlimited() -> Self {
+        SimulatedSource {
+            capacity: None,
             used: 0,
             max_segment: u64::MAX,
         }
@@ -73,7 +83,7 @@ impl SegmentSource for SimulatedSource {
             )));
         }
         match self.used.checked_add(size) {
-            Some(total) if total <= self.capacity => {
+            Some(total) if self.capacity.is_none_or(|c| total <= c) => {
                 self.used = total;
                 Ok(())
             }
@@ -86,11 +96,11 @@ impl SegmentSource for SimulatedSource {
     }
 
     fn total_capacity(&self) -> Option<u64> {
-        Some(self.capacity)
+        self.capacity
     }
 
     fn free_capacity(&self) -> Option<u64> {
-        Some(self.capacity - self.used)
+        self.capacity.map(|c| c - self.used)
     }
 
     fn max_segment_size(&self) -> u64 {
@@ -98,6 +108,9 @@ impl SegmentSource for SimulatedSource {
     }
 
     fn describe(&self) -> String {
-        format!("simulated device of {}", super::size::format_size(self.capacity))
+        match self.capacity {
+            Some(c) => format!("simulated device of {}", super::size::format_size(c)),
+            None => "simulated device without a capacity limit".to_string(),
+        }
     }
 }

@@ -1,0 +1,89 @@
+//! Flags shared by several commands: which GPU, and how the allocator behaves.
+
+use crate::device::{AdapterOptions, BackendChoice};
+use crate::memory::{parse_size, AllocatorConfig, ALLOC_CONF_ENV};
+use clap::Args;
+
+/// Choosing the GPU.
+#[derive(Debug, Clone, Args)]
+pub struct DeviceArgs {
+    /// Only this backend (default: WGPU_BACKEND if set, else Vulkan/Metal/DX12,
+    /// falling back to GL).
+    #[arg(long, value_enum)]
+    pub backend: Option<BackendChoice>,
+    /// Only adapters whose name contains this text (case-insensitive), e.g.
+    /// "llvmpipe" or "RTX".
+    #[arg(long, value_name = "SUBSTRING")]
+    pub adapter: Option<String>,
+}
+
+impl DeviceArgs {
+    pub fn options(&self) -> AdapterOptions {
+        AdapterOptions {
+            backend: self.backend,
+            adapter: self.adapter.clone(),
+        }
+    }
+}
+
+/// Configuring the caching allocator.
+#[derive(Debug, Clone, Args)]
+pub struct AllocArgs {
+    /// Allocator options in PyTorch's PYTORCH_CUDA_ALLOC_CONF syntax, e.g.
+    /// "max_split_size_mb:128,roundup_power2_divisions:4,garbage_collection_threshold:0.8".
+    /// Default: the VRAMLAB_ALLOC_CONF environment variable, else PyTorch's defaults.
+    #[arg(long, value_name = "OPTIONS")]
+    pub alloc_conf: Option<String>,
+    /// Most memory the allocator may reserve, e.g. 2GiB, 512MiB, 1.5GB
+    /// (PyTorch's set_per_process_memory_fraction, as a size).
+    #[arg(long, value_name = "SIZE", conflicts_with = "memory_fraction")]
+    pub memory_limit: Option<String>,
+    /// Most memory the allocator may reserve, as a fraction (0..1] of the
+    /// device capacity (--capacity).
+    #[arg(long, value_name = "FRACTION")]
+    pub memory_fraction: Option<f64>,
+}
+
+/// A flag value that cannot be used, with what to write instead.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ArgError(pub String);
+
+impl AllocArgs {
+    /// The allocator configuration these flags describe; `capacity` is the
+    /// device size that `--memory-fraction` is a fraction of, if known.
+    pub fn config(&self, capacity: Option<u64>) -> Result<AllocatorConfig, ArgError> {
+        let mut cfg = match &self.alloc_conf {
+            Some(s) => AllocatorConfig::parse(s),
+            None => AllocatorConfig::from_env(),
+        }
+        .map_err(|e| {
+            let from = if self.alloc_conf.is_some() { "--alloc-conf" } else { ALLOC_CONF_ENV };
+            ArgError(format!("{from}: {e}"))
+        })?;
+        if let Some(s) = &self.memory_limit {
+            cfg.memory_limit = Some(parse_size(s).map_err(|e| ArgError(format!("--memory-limit: {e}")))?);
+        }
+        if let Some(f) = self.memory_fraction {
+            if !(f > 0.0 && f <= 1.0) {
+                return Err(ArgError(format!(
+                    "--memory-fraction must be in (0, 1], got {f}"
+                )));
+            }
+            let cap = capacity.ok_or_else(|| {
+                ArgError(
+                    "--memory-fraction needs a capacity to take a fraction of: add --capacity SIZE (wgpu does not report how much memory a GPU has)".into(),
+                )
+            })?;
+            cfg.memory_limit = Some((cap as f64 * f) as u64);
+        }
+        Ok(cfg)
+    }
+}
+
+/// Parses an optional `--capacity`.
+pub fn parse_capacity(s: &Option<String>) -> Result<Option<u64>, ArgError> {
+    s.as_ref()
+        .map(|s| parse_size(s).map_err(|e| ArgError(format!("--capacity: {e}"))))
+        .transpose()
+}

@@ -1,0 +1,58 @@
+//! `vramlab info`: adapters, limits, features and the driver's allocator.
+
+use super::args::DeviceArgs;
+use crate::device::{Gpu, InfoReport};
+use crate::memory::format_size;
+use clap::Args;
+
+#[derive(Debug, Args)]
+pub struct InfoArgs {
+    #[command(flatten)]
+    pub device: DeviceArgs,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: &InfoArgs) -> anyhow::Result<()> {
+    let gpu = Gpu::new(&args.device.options())?;
+    let report = InfoReport::from_gpu(&gpu);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    println!("Adapters found:");
+    for a in &report.adapters {
+        let mark = if a == &report.adapter { "*" } else { " " };
+        println!("  {mark} {} ({}, {}, driver: {} {})", a.name, a.backend, a.device_type, a.driver, a.driver_info);
+    }
+    println!();
+    println!("Chosen: {} on {}", report.adapter.name, report.adapter.backend);
+    println!("  why: {}", report.choice_reason);
+    println!();
+    let l = &report.limits;
+    println!("Limits that decide what fits:");
+    println!("  max_buffer_size                      {:>14}  (largest segment)", format_size(l.max_buffer_size));
+    println!("  max_storage_buffer_binding_size      {:>14}  (largest tensor)", format_size(l.max_storage_buffer_binding_size));
+    println!("  min_storage_buffer_offset_alignment  {:>14}  (blocks are 512 B aligned)", format!("{} B", l.min_storage_buffer_offset_alignment));
+    println!("  max_compute_workgroup_size           {:>14}", format!("{}x{}x{}", l.max_compute_workgroup_size_x, l.max_compute_workgroup_size_y, l.max_compute_workgroup_size_z));
+    println!("  max_compute_invocations_per_workgroup{:>14}", l.max_compute_invocations_per_workgroup);
+    println!("  max_compute_workgroup_storage_size   {:>14}", format_size(l.max_compute_workgroup_storage_size as u64));
+    println!("  max_compute_workgroups_per_dimension {:>14}", l.max_compute_workgroups_per_dimension);
+    println!();
+    let has = |f: &str| if report.features.iter().any(|x| x == f) { "yes" } else { "no" };
+    println!("Features: shader-f16 {}, timestamp-query {}, subgroup {}", has("shader-f16"), has("timestamp-query"), has("subgroup"));
+    println!("  enabled on vramlab's device: {}", report.enabled_features.join(", "));
+    println!();
+    match &report.driver_allocator {
+        Some(d) => println!(
+            "Driver allocator: {} allocated in {} blocks, {} reserved ({})",
+            format_size(d.total_allocated_bytes),
+            d.blocks,
+            format_size(d.total_reserved_bytes),
+            report.driver_allocator_note
+        ),
+        None => println!("Driver allocator: {}", report.driver_allocator_note),
+    }
+    Ok(())
+}

@@ -1,0 +1,37 @@
+//! The command line: parsing, and one file per command.
+
+pub mod args;
+pub mod info;
+pub mod replay;
+
+use clap::{Parser, Subcommand};
+
+/// vramlab: a GPU compute engine on wgpu that makes GPU memory visible.
+///
+/// Every tensor lives in memory handed out by vramlab's own caching allocator,
+/// which follows PyTorch's CUDA caching allocator rule for rule and reports the
+/// same statistics (allocated, reserved, peaks, fragmentation).
+#[derive(Debug, Parser)]
+#[command(name = "vramlab", version, about, long_about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Show the GPU adapters, the one chosen and why, the limits that decide
+    /// what fits, the features, and the driver's own allocator report.
+    Info(info::InfoArgs),
+    /// Run an allocation trace (JSON Lines) through the caching allocator on a
+    /// simulated device, and print the statistics PyTorch would report.
+    Replay(replay::ReplayArgs),
+}
+
+/// Runs the parsed command.
+pub fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Info(a) => info::run(&a),
+        Command::Replay(a) => replay::run(&a),
+    }
+}

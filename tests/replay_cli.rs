@@ -1,0 +1,141 @@
+//! `vramlab replay` on traces derived from PyTorch's allocator tests
+//! (test_cuda.py), checked against the numbers PyTorch asserts, through the
+//! real binary and its `--json` output.
+
+use serde_json::Value;
+use std::process::Command;
+
+const MIB: i64 = 1 << 20;
+
+fn replay(trace: &str, extra: &[&str]) -> (i32, Value, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .args(["replay", &format!("tests/fixtures/traces/{trace}"), "--json"])
+        .args(extra)
+        .env_remove("VRAMLAB_ALLOC_CONF")
+        .output()
+        .expect("run vramlab");
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let json: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("bad JSON ({e}): {stdout}"));
+    (out.status.code().unwrap_or(-1), json, String::from_utf8_lossy(&out.stderr).to_string())
+}
+
+fn stat(v: &Value, key: &str) -> i64 {
+    v["stats"][key].as_i64().unwrap_or_else(|| panic!("missing {key}"))
+}
+
+#[test]
+fn roundup_power2_divisions_gives_pytorchs_numbers() {
+    // PyTorch: pow2_div4_mem - reg_mem == power2_div(nbytes, 4) == 96 MiB,
+    // current_requested - start_requested == nbytes == 84 MiB.
+    let (rc, v, _) = replay("roundup_power2_divisions.jsonl", &["--alloc-conf", "roundup_power2_divisions:4"]);
+    assert_eq!(rc, 0);
+    assert_eq!(stat(&v, "active_bytes.all.allocated"), 96 * MIB);
+    assert_eq!(stat(&v, "requested_bytes.all.allocated"), 84 * MIB);
+    assert_eq!(stat(&v, "reserved_bytes.all.current"), 96 * MIB);
+    // Without the option: exactly nbytes, in an 84 MiB segment.
+    let (_, v, _) = replay("roundup_power2_divisions.jsonl", &[]);
+    assert_eq!(stat(&v, "allocated_bytes.all.current"), 84 * MIB);
+    assert_eq!(stat(&v, "segment.large_pool.current"), 1);
+}
+
+#[test]
+fn memory_fraction_gives_oom_past_the_limit() {
+    let (rc, v, _) = replay(
+        "memory_fraction.jsonl",
+        &["--capacity", "1000MiB", "--memory-fraction", "0.5"],
+    );
+    assert_eq!(rc, 0);
+    let ooms = v["ooms"].as_array().unwrap();
+    assert_eq!(ooms.len(), 1, "{v}");
+    assert_eq!(ooms[0]["line"], 4);
+    assert_eq!(ooms[0]["size"], 500 * MIB + 1);
+    assert_eq!(stat(&v, "num_ooms"), 1);
+    // The small allocation after the OOM succeeded: one 2 MiB segment is left.
+    assert_eq!(stat(&v, "reserved_bytes.all.current"), 2 * MIB);
+    assert_eq!(stat(&v, "allocation.all.current"), 1);
+    assert_eq!(v["memory_limit"], 500 * MIB);
+}
+
+#[test]
+fn split_merge_counts_like_pytorch() {
+    let (rc, v, _) = replay("split_merge.jsonl", &[]);
+    assert_eq!(rc, 0);
+    // Small pool: a, (free b), c, free rest: two non-releasable blocks.
+    assert_eq!(stat(&v, "inactive_split.small_pool.current"), 2);
+    assert_eq!(stat(&v, "inactive_split_bytes.small_pool.current"), 2 * MIB - 2048);
+    // empty_cache could not release the split small segment.
+    assert_eq!(stat(&v, "segment.small_pool.current"), 1);
+    // 19 MiB in a 20 MiB segment: the 1 MiB rest is not split off.
+    assert_eq!(stat(&v, "allocated_bytes.large_pool.current"), 20 * MIB);
+    assert_eq!(stat(&v, "requested_bytes.large_pool.current"), 19 * MIB);
+    // reset_peak after the last alloc: peaks equal current.
+    assert_eq!(stat(&v, "allocated_bytes.all.peak"), stat(&v, "allocated_bytes.all.current"));
+    // a, b, c live (3000 B), then b freed before the 19 MiB tensor.
+    assert_eq!(v["peak_live_requested_bytes"], 19 * MIB + 2000);
+}
+
+#[test]
+fn oom_retry_frees_the_cache() {
+    let (rc, v, _) = replay("oom_retry.jsonl", &["--capacity", "64MiB"]);
+    assert_eq!(rc, 0);
+    assert_eq!(stat(&v, "num_alloc_retries"), 2, "{}", v["stats"]);
+    assert_eq!(stat(&v, "num_device_free"), 1);
+    // id 3 (40 MiB beside 50 MiB) ran out; id 4 fit after id 2 was freed.
+    let ooms = v["ooms"].as_array().unwrap();
+    assert_eq!(ooms.len(), 1);
+    assert_eq!(ooms[0]["id"], 3);
+    // id 4 reuses the cached 50 MiB block, split (the 10 MiB rest is > 1 MiB).
+    assert_eq!(stat(&v, "reserved_bytes.all.current"), 50 * MIB);
+    assert_eq!(stat(&v, "allocated_bytes.all.current"), 40 * MIB);
+    assert_eq!(stat(&v, "inactive_split_bytes.all.current"), 10 * MIB);
+}
+
+#[test]
+fn timeline_has_one_point_per_event() {
+    let (_, v, _) = replay("split_merge.jsonl", &["--timeline"]);
+    let t = v["timeline"].as_array().unwrap();
+    assert_eq!(t.len(), 7);
+    assert_eq!(t[0]["reserved_bytes"], 2 * MIB);
+    assert_eq!(t[5]["allocated_bytes"], 20 * MIB + 2048);
+}
+
+#[test]
+fn malformed_line_is_named_and_earlier_stats_kept() {
+    let (rc, v, stderr) = replay("bad_line.jsonl", &[]);
+    assert_eq!(rc, 1);
+    assert_eq!(v["error"]["line"], 4);
+    assert_eq!(v["events"], 3);
+    assert_eq!(stat(&v, "allocation.all.current"), 1);
+    assert!(stderr.contains("line 4"), "{stderr}");
+}
+
+#[test]
+fn double_free_is_named() {
+    let (rc, v, stderr) = replay("double_free.jsonl", &[]);
+    assert_eq!(rc, 1);
+    assert_eq!(v["error"]["line"], 4);
+    assert!(stderr.contains("not live"), "{stderr}");
+}
+
+#[test]
+fn bad_flags_say_what_is_wrong() {
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_vramlab"))
+            .args(args)
+            .output()
+            .unwrap();
+        (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).to_string())
+    };
+    let (rc, err) = run(&["replay", "tests/fixtures/traces/split_merge.jsonl", "--alloc-conf", "max_split_size_md:128"]);
+    assert_eq!(rc, 1);
+    assert!(err.contains("max_split_size_md") && err.contains("known options"), "{err}");
+    let (rc, err) = run(&["replay", "tests/fixtures/traces/split_merge.jsonl", "--memory-fraction", "0.8"]);
+    assert_eq!(rc, 1);
+    assert!(err.contains("--capacity"), "{err}");
+    let (rc, err) = run(&["replay", "tests/fixtures/traces/split_merge.jsonl", "--memory-limit", "2 parsecs"]);
+    assert_eq!(rc, 1);
+    assert!(err.contains("parsecs"), "{err}");
+    let (rc, err) = run(&["replay", "no/such/trace.jsonl"]);
+    assert_eq!(rc, 1);
+    assert!(err.contains("cannot open trace"), "{err}");
+}
