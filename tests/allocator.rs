@@ -50,7 +50,10 @@ fn roundup_power2_divisions_matches_test_allocator_settings() {
     a.malloc(nbytes, "y").unwrap();
     assert_eq!(flat(&a, key) as u64, power2_div(nbytes, 4));
     assert_eq!(power2_div(nbytes, 4), 96 * MIB);
-    assert_eq!((flat(&a, "requested_bytes.all.allocated") - start_req) as u64, nbytes);
+    assert_eq!(
+        (flat(&a, "requested_bytes.all.allocated") - start_req) as u64,
+        nbytes
+    );
 
     let mut a = alloc(
         64 << 30,
@@ -119,7 +122,10 @@ fn large_pool_split_threshold_is_more_than_1_mib() {
     let mut a = alloc(1 << 30, "");
     a.malloc(19 * MIB - 512, "t").unwrap();
     assert_eq!(a.memory_allocated(), 19 * MIB - 512);
-    assert_eq!(flat(&a, "inactive_split_bytes.large_pool.current") as u64, MIB + 512);
+    assert_eq!(
+        flat(&a, "inactive_split_bytes.large_pool.current") as u64,
+        MIB + 512
+    );
     assert_eq!(flat(&a, "inactive_split.large_pool.current"), 1);
     a.check_invariants().unwrap();
 }
@@ -184,13 +190,20 @@ fn oom_then_success_after_a_free() {
     assert!(err.is_oom());
     assert!(msg.contains("Tried to allocate 40.00 MiB"), "{msg}");
     assert!(msg.contains("40.00 MiB is allocated by vramlab"), "{msg}");
-    assert!(msg.contains("0 bytes is reserved by vramlab but unallocated"), "{msg}");
+    assert!(
+        msg.contains("0 bytes is reserved by vramlab but unallocated"),
+        "{msg}"
+    );
     assert!(msg.contains("total capacity of 64.00 MiB"), "{msg}");
     assert_eq!(flat(&a, "num_ooms"), 1);
     assert_eq!(flat(&a, "num_alloc_retries"), 1);
     a.free(first.handle).unwrap();
     a.malloc(40 * MIB, "second").unwrap();
-    assert_eq!(flat(&a, "num_device_alloc"), 1, "the cached block was reused");
+    assert_eq!(
+        flat(&a, "num_device_alloc"),
+        1,
+        "the cached block was reused"
+    );
     a.check_invariants().unwrap();
 }
 
@@ -335,7 +348,10 @@ fn errors_are_values() {
 fn snapshot_names_tensors_and_offsets_are_aligned() {
     let mut a = alloc(1 << 30, "");
     let mut handles = Vec::new();
-    for (i, size) in [1usize, 7, 33, 257, 4000, 70_000, 2_000_001].iter().enumerate() {
+    for (i, size) in [1usize, 7, 33, 257, 4000, 70_000, 2_000_001]
+        .iter()
+        .enumerate()
+    {
         handles.push(a.malloc(*size as u64 * 4, &format!("t{i}")).unwrap());
     }
     for h in &handles {

@@ -18,9 +18,14 @@ fn upload_download_round_trip() {
         let t = Tensor::from_slice(&e, &x, &[n], "x").unwrap();
         assert_eq!(t.to_vec().unwrap(), x);
     }
-    let h: Vec<half::f16> = (0..7).map(|i| half::f16::from_f32(i as f32 * 0.5)).collect();
+    let h: Vec<half::f16> = (0..7)
+        .map(|i| half::f16::from_f32(i as f32 * 0.5))
+        .collect();
     let t = Tensor::from_f16(&e, &h, &[7], "h").unwrap();
-    assert_eq!(t.to_vec().unwrap(), (0..7).map(|i| i as f32 * 0.5).collect::<Vec<_>>());
+    assert_eq!(
+        t.to_vec().unwrap(),
+        (0..7).map(|i| i as f32 * 0.5).collect::<Vec<_>>()
+    );
 }
 
 #[test]
@@ -40,11 +45,24 @@ fn add_mul_relu_match_f64() {
         let (a, b) = (rng.vec(n), rng.vec(n));
         let ta = Tensor::from_slice(&e, &a, &[n], "a").unwrap();
         let tb = Tensor::from_slice(&e, &b, &[n], "b").unwrap();
-        let sum: Vec<f64> = a.iter().zip(&b).map(|(x, y)| *x as f64 + *y as f64).collect();
-        let prod: Vec<f64> = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).collect();
+        let sum: Vec<f64> = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| *x as f64 + *y as f64)
+            .collect();
+        let prod: Vec<f64> = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| *x as f64 * *y as f64)
+            .collect();
         let r: Vec<f64> = a.iter().map(|x| (*x as f64).max(0.0)).collect();
         assert!(max_rel_err(&elementwise::add(&ta, &tb).unwrap().to_vec().unwrap(), &sum) < TOL);
-        assert!(max_rel_err(&elementwise::mul(&ta, &tb).unwrap().to_vec().unwrap(), &prod) < TOL);
+        assert!(
+            max_rel_err(
+                &elementwise::mul(&ta, &tb).unwrap().to_vec().unwrap(),
+                &prod
+            ) < TOL
+        );
         assert!(max_rel_err(&relu::relu(&ta).unwrap().to_vec().unwrap(), &r) < TOL);
     }
 }
@@ -115,7 +133,13 @@ fn matmul_transposed_operands_and_batches() {
     let shared = Tensor::from_slice(&e, &b3[..k * n], &[k, n], "b").unwrap();
     let got_shared = matmul::matmul(&ta, &shared).unwrap().to_vec().unwrap();
     for i in 0..batch {
-        let want = matmul_ref(&a3[i * m * k..(i + 1) * m * k], &b3[i * k * n..(i + 1) * k * n], m, k, n);
+        let want = matmul_ref(
+            &a3[i * m * k..(i + 1) * m * k],
+            &b3[i * k * n..(i + 1) * k * n],
+            m,
+            k,
+            n,
+        );
         assert!(max_rel_err(&got[i * m * n..(i + 1) * m * n], &want) < TOL);
         let want = matmul_ref(&a3[i * m * k..(i + 1) * m * k], &b3[..k * n], m, k, n);
         assert!(max_rel_err(&got_shared[i * m * n..(i + 1) * m * n], &want) < TOL);
@@ -128,11 +152,20 @@ fn shape_errors_name_both_shapes() {
     let a = fill::zeros(&e, &[2, 3], "a").unwrap();
     let b = fill::zeros(&e, &[4, 5], "b").unwrap();
     let err = matmul::matmul(&a, &b).unwrap_err();
-    assert!(err.to_string().contains("[2, 3]") && err.to_string().contains("[4, 5]"), "{err}");
+    assert!(
+        err.to_string().contains("[2, 3]") && err.to_string().contains("[4, 5]"),
+        "{err}"
+    );
     let err = elementwise::add(&a, &b).unwrap_err();
     assert!(matches!(err, TensorError::ShapeMismatch { .. }));
-    assert!(matches!(Tensor::empty(&e, &[0, 3], vramlab::tensor::DType::F32, "z"), Err(TensorError::Empty { .. })));
-    assert!(matches!(Tensor::from_slice(&e, &[1.0; 5], &[2, 3], "x"), Err(TensorError::DataLength { .. })));
+    assert!(matches!(
+        Tensor::empty(&e, &[0, 3], vramlab::tensor::DType::F32, "z"),
+        Err(TensorError::Empty { .. })
+    ));
+    assert!(matches!(
+        Tensor::from_slice(&e, &[1.0; 5], &[2, 3], "x"),
+        Err(TensorError::DataLength { .. })
+    ));
 }
 
 #[test]

@@ -9,25 +9,39 @@ const MIB: i64 = 1 << 20;
 
 fn replay(trace: &str, extra: &[&str]) -> (i32, Value, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args(["replay", &format!("tests/fixtures/traces/{trace}"), "--json"])
+        .args([
+            "replay",
+            &format!("tests/fixtures/traces/{trace}"),
+            "--json",
+        ])
         .args(extra)
         .env_remove("VRAMLAB_ALLOC_CONF")
         .output()
         .expect("run vramlab");
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    let json: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("bad JSON ({e}): {stdout}"));
-    (out.status.code().unwrap_or(-1), json, String::from_utf8_lossy(&out.stderr).to_string())
+    let json: Value =
+        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("bad JSON ({e}): {stdout}"));
+    (
+        out.status.code().unwrap_or(-1),
+        json,
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
 }
 
 fn stat(v: &Value, key: &str) -> i64 {
-    v["stats"][key].as_i64().unwrap_or_else(|| panic!("missing {key}"))
+    v["stats"][key]
+        .as_i64()
+        .unwrap_or_else(|| panic!("missing {key}"))
 }
 
 #[test]
 fn roundup_power2_divisions_gives_pytorchs_numbers() {
     // PyTorch: pow2_div4_mem - reg_mem == power2_div(nbytes, 4) == 96 MiB,
     // current_requested - start_requested == nbytes == 84 MiB.
-    let (rc, v, _) = replay("roundup_power2_divisions.jsonl", &["--alloc-conf", "roundup_power2_divisions:4"]);
+    let (rc, v, _) = replay(
+        "roundup_power2_divisions.jsonl",
+        &["--alloc-conf", "roundup_power2_divisions:4"],
+    );
     assert_eq!(rc, 0);
     assert_eq!(stat(&v, "active_bytes.all.allocated"), 96 * MIB);
     assert_eq!(stat(&v, "requested_bytes.all.allocated"), 84 * MIB);
@@ -62,14 +76,20 @@ fn split_merge_counts_like_pytorch() {
     assert_eq!(rc, 0);
     // Small pool: a, (free b), c, free rest: two non-releasable blocks.
     assert_eq!(stat(&v, "inactive_split.small_pool.current"), 2);
-    assert_eq!(stat(&v, "inactive_split_bytes.small_pool.current"), 2 * MIB - 2048);
+    assert_eq!(
+        stat(&v, "inactive_split_bytes.small_pool.current"),
+        2 * MIB - 2048
+    );
     // empty_cache could not release the split small segment.
     assert_eq!(stat(&v, "segment.small_pool.current"), 1);
     // 19 MiB in a 20 MiB segment: the 1 MiB rest is not split off.
     assert_eq!(stat(&v, "allocated_bytes.large_pool.current"), 20 * MIB);
     assert_eq!(stat(&v, "requested_bytes.large_pool.current"), 19 * MIB);
     // reset_peak after the last alloc: peaks equal current.
-    assert_eq!(stat(&v, "allocated_bytes.all.peak"), stat(&v, "allocated_bytes.all.current"));
+    assert_eq!(
+        stat(&v, "allocated_bytes.all.peak"),
+        stat(&v, "allocated_bytes.all.current")
+    );
     // a, b, c live (3000 B), then b freed before the 19 MiB tensor.
     assert_eq!(v["peak_live_requested_bytes"], 19 * MIB + 2000);
 }
@@ -124,15 +144,36 @@ fn bad_flags_say_what_is_wrong() {
             .args(args)
             .output()
             .unwrap();
-        (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).to_string())
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
     };
-    let (rc, err) = run(&["replay", "tests/fixtures/traces/split_merge.jsonl", "--alloc-conf", "max_split_size_md:128"]);
+    let (rc, err) = run(&[
+        "replay",
+        "tests/fixtures/traces/split_merge.jsonl",
+        "--alloc-conf",
+        "max_split_size_md:128",
+    ]);
     assert_eq!(rc, 1);
-    assert!(err.contains("max_split_size_md") && err.contains("known options"), "{err}");
-    let (rc, err) = run(&["replay", "tests/fixtures/traces/split_merge.jsonl", "--memory-fraction", "0.8"]);
+    assert!(
+        err.contains("max_split_size_md") && err.contains("known options"),
+        "{err}"
+    );
+    let (rc, err) = run(&[
+        "replay",
+        "tests/fixtures/traces/split_merge.jsonl",
+        "--memory-fraction",
+        "0.8",
+    ]);
     assert_eq!(rc, 1);
     assert!(err.contains("--capacity"), "{err}");
-    let (rc, err) = run(&["replay", "tests/fixtures/traces/split_merge.jsonl", "--memory-limit", "2 parsecs"]);
+    let (rc, err) = run(&[
+        "replay",
+        "tests/fixtures/traces/split_merge.jsonl",
+        "--memory-limit",
+        "2 parsecs",
+    ]);
     assert_eq!(rc, 1);
     assert!(err.contains("parsecs"), "{err}");
     let (rc, err) = run(&["replay", "no/such/trace.jsonl"]);

@@ -15,7 +15,9 @@ use vramlab::ops::{elementwise, fill};
 use vramlab::tensor::Tensor;
 
 fn pattern(id: u64, n: usize) -> Vec<f32> {
-    (0..n).map(|i| (id % 997) as f32 + (i % 8) as f32 * 0.25).collect()
+    (0..n)
+        .map(|i| (id % 997) as f32 + (i % 8) as f32 * 0.25)
+        .collect()
 }
 
 fn random_len(rng: &mut Rng) -> usize {
@@ -76,7 +78,11 @@ fn live_tensors_keep_their_data_under_random_reuse() {
         }
         if step % 250 == 249 {
             for (t, want) in &live {
-                assert_eq!(&t.to_vec().unwrap(), want, "tensor corrupted by step {step}");
+                assert_eq!(
+                    &t.to_vec().unwrap(),
+                    want,
+                    "tensor corrupted by step {step}"
+                );
             }
             e.allocator().check_invariants().unwrap();
         }
@@ -85,9 +91,16 @@ fn live_tensors_keep_their_data_under_random_reuse() {
         assert_eq!(&t.to_vec().unwrap(), want);
     }
     assert!(derived > 300, "the hazard path ran {derived} times");
-    assert!(reused_immediately > 100, "blocks were reused at once only {reused_immediately} times");
+    assert!(
+        reused_immediately > 100,
+        "blocks were reused at once only {reused_immediately} times"
+    );
     let a = e.allocator();
-    assert!(a.stats().num_device_alloc < 200, "the cache did its job: {} device allocations", a.stats().num_device_alloc);
+    assert!(
+        a.stats().num_device_alloc < 200,
+        "the cache did its job: {} device allocations",
+        a.stats().num_device_alloc
+    );
     a.check_invariants().unwrap();
     eprintln!(
         "{derived} read-drop-rewrite steps, {reused_immediately} reused the freed block at once; {} segments allocated",

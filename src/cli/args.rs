@@ -58,11 +58,16 @@ impl AllocArgs {
             None => AllocatorConfig::from_env(),
         }
         .map_err(|e| {
-            let from = if self.alloc_conf.is_some() { "--alloc-conf" } else { ALLOC_CONF_ENV };
+            let from = if self.alloc_conf.is_some() {
+                "--alloc-conf"
+            } else {
+                ALLOC_CONF_ENV
+            };
             ArgError(format!("{from}: {e}"))
         })?;
         if let Some(s) = &self.memory_limit {
-            cfg.memory_limit = Some(parse_size(s).map_err(|e| ArgError(format!("--memory-limit: {e}")))?);
+            cfg.memory_limit =
+                Some(parse_size(s).map_err(|e| ArgError(format!("--memory-limit: {e}")))?);
         }
         if let Some(f) = self.memory_fraction {
             if !(f > 0.0 && f <= 1.0) {

@@ -24,25 +24,71 @@ pub fn run(args: &InfoArgs) -> anyhow::Result<()> {
     println!("Adapters found:");
     for a in &report.adapters {
         let mark = if a == &report.adapter { "*" } else { " " };
-        println!("  {mark} {} ({}, {}, driver: {} {})", a.name, a.backend, a.device_type, a.driver, a.driver_info);
+        println!(
+            "  {mark} {} ({}, {}, driver: {} {})",
+            a.name, a.backend, a.device_type, a.driver, a.driver_info
+        );
     }
     println!();
-    println!("Chosen: {} on {}", report.adapter.name, report.adapter.backend);
+    println!(
+        "Chosen: {} on {}",
+        report.adapter.name, report.adapter.backend
+    );
     println!("  why: {}", report.choice_reason);
     println!();
     let l = &report.limits;
     println!("Limits that decide what fits:");
-    println!("  max_buffer_size                      {:>14}  (largest segment)", format_size(l.max_buffer_size));
-    println!("  max_storage_buffer_binding_size      {:>14}  (largest tensor)", format_size(l.max_storage_buffer_binding_size));
-    println!("  min_storage_buffer_offset_alignment  {:>14}  (blocks are 512 B aligned)", format!("{} B", l.min_storage_buffer_offset_alignment));
-    println!("  max_compute_workgroup_size           {:>14}", format!("{}x{}x{}", l.max_compute_workgroup_size_x, l.max_compute_workgroup_size_y, l.max_compute_workgroup_size_z));
-    println!("  max_compute_invocations_per_workgroup{:>14}", l.max_compute_invocations_per_workgroup);
-    println!("  max_compute_workgroup_storage_size   {:>14}", format_size(l.max_compute_workgroup_storage_size as u64));
-    println!("  max_compute_workgroups_per_dimension {:>14}", l.max_compute_workgroups_per_dimension);
+    println!(
+        "  max_buffer_size                      {:>14}  (largest segment)",
+        format_size(l.max_buffer_size)
+    );
+    println!(
+        "  max_storage_buffer_binding_size      {:>14}  (largest tensor)",
+        format_size(l.max_storage_buffer_binding_size)
+    );
+    println!(
+        "  min_storage_buffer_offset_alignment  {:>14}  (blocks are 512 B aligned)",
+        format!("{} B", l.min_storage_buffer_offset_alignment)
+    );
+    println!(
+        "  max_compute_workgroup_size           {:>14}",
+        format!(
+            "{}x{}x{}",
+            l.max_compute_workgroup_size_x,
+            l.max_compute_workgroup_size_y,
+            l.max_compute_workgroup_size_z
+        )
+    );
+    println!(
+        "  max_compute_invocations_per_workgroup{:>14}",
+        l.max_compute_invocations_per_workgroup
+    );
+    println!(
+        "  max_compute_workgroup_storage_size   {:>14}",
+        format_size(l.max_compute_workgroup_storage_size as u64)
+    );
+    println!(
+        "  max_compute_workgroups_per_dimension {:>14}",
+        l.max_compute_workgroups_per_dimension
+    );
     println!();
-    let has = |f: &str| if report.features.iter().any(|x| x == f) { "yes" } else { "no" };
-    println!("Features: shader-f16 {}, timestamp-query {}, subgroup {}", has("shader-f16"), has("timestamp-query"), has("subgroup"));
-    println!("  enabled on vramlab's device: {}", report.enabled_features.join(", "));
+    let has = |f: &str| {
+        if report.features.iter().any(|x| x == f) {
+            "yes"
+        } else {
+            "no"
+        }
+    };
+    println!(
+        "Features: shader-f16 {}, timestamp-query {}, subgroup {}",
+        has("shader-f16"),
+        has("timestamp-query"),
+        has("subgroup")
+    );
+    println!(
+        "  enabled on vramlab's device: {}",
+        report.enabled_features.join(", ")
+    );
     println!();
     match &report.driver_allocator {
         Some(d) => println!(

@@ -2,9 +2,7 @@
 //! allocator on a simulated device and print the statistics it reaches.
 
 use super::args::{parse_capacity, AllocArgs};
-use crate::memory::{
-    memory_summary, replay, CachingAllocator, Mib, SimulatedSource,
-};
+use crate::memory::{memory_summary, replay, CachingAllocator, Mib, SimulatedSource};
 use clap::Args;
 use std::io::BufReader;
 use std::path::PathBuf;
@@ -31,9 +29,8 @@ pub struct ReplayArgs {
 pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
     let capacity = parse_capacity(&args.capacity)?;
     let config = args.alloc.config(capacity)?;
-    let file = std::fs::File::open(&args.trace).map_err(|e| {
-        anyhow::anyhow!("cannot open trace {}: {e}", args.trace.display())
-    })?;
+    let file = std::fs::File::open(&args.trace)
+        .map_err(|e| anyhow::anyhow!("cannot open trace {}: {e}", args.trace.display()))?;
     let source = match capacity {
         Some(c) => SimulatedSource::new(c),
         None => SimulatedSource::unlimited(),
@@ -60,22 +57,40 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
         }
         println!("{}", serde_json::to_string_pretty(&obj)?);
     } else {
-        println!("Replayed {} events of {} on a {describe}", outcome.events, args.trace.display());
+        println!(
+            "Replayed {} events of {} on a {describe}",
+            outcome.events,
+            args.trace.display()
+        );
         println!("  allocator: {}", alloc.config().describe());
         if let Some(limit) = alloc.config().memory_limit {
             println!("  memory limit: {}", Mib(limit));
         }
         println!();
-        println!("  memory_allocated      {:>14}   peak {:>14}", Mib(alloc.memory_allocated()).to_string(), Mib(alloc.max_memory_allocated()).to_string());
-        println!("  memory_reserved       {:>14}   peak {:>14}", Mib(alloc.memory_reserved()).to_string(), Mib(alloc.max_memory_reserved()).to_string());
-        println!("  peak live requested   {:>14}   (the least any allocator could need)", Mib(outcome.peak_live_requested_bytes).to_string());
+        println!(
+            "  memory_allocated      {:>14}   peak {:>14}",
+            Mib(alloc.memory_allocated()).to_string(),
+            Mib(alloc.max_memory_allocated()).to_string()
+        );
+        println!(
+            "  memory_reserved       {:>14}   peak {:>14}",
+            Mib(alloc.memory_reserved()).to_string(),
+            Mib(alloc.max_memory_reserved()).to_string()
+        );
+        println!(
+            "  peak live requested   {:>14}   (the least any allocator could need)",
+            Mib(outcome.peak_live_requested_bytes).to_string()
+        );
         if outcome.peak_live_requested_bytes > 0 {
             println!(
                 "  fragmentation         {:>14.3}   (peak reserved / peak live requested)",
                 alloc.max_memory_reserved() as f64 / outcome.peak_live_requested_bytes as f64
             );
         }
-        println!("  device allocs/frees   {:>7} / {:<7}", stats["num_device_alloc"], stats["num_device_free"]);
+        println!(
+            "  device allocs/frees   {:>7} / {:<7}",
+            stats["num_device_alloc"], stats["num_device_free"]
+        );
         println!("  out-of-memory events  {:>7}", outcome.ooms.len());
         for o in outcome.ooms.iter().take(10) {
             println!("    line {}: id {} asked for {}", o.line, o.id, Mib(o.size));
@@ -85,9 +100,15 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
         }
         if args.timeline {
             println!();
-            println!("{:>8} {:>6}  {:<12} {:>14} {:>14}", "event", "line", "op", "allocated", "reserved");
+            println!(
+                "{:>8} {:>6}  {:<12} {:>14} {:>14}",
+                "event", "line", "op", "allocated", "reserved"
+            );
             for p in &outcome.timeline {
-                println!("{:>8} {:>6}  {:<12} {:>14} {:>14}", p.event, p.line, p.op, p.allocated_bytes, p.reserved_bytes);
+                println!(
+                    "{:>8} {:>6}  {:<12} {:>14} {:>14}",
+                    p.event, p.line, p.op, p.allocated_bytes, p.reserved_bytes
+                );
             }
         }
         println!();

@@ -10,7 +10,11 @@ pub enum DeviceError {
     #[error("the adapter {adapter:?} refused to create a device: {reason}")]
     RequestDevice { adapter: String, reason: String },
     #[error("{what} needs {needed} bytes but this device binds at most {limit} bytes per buffer binding (max_storage_buffer_binding_size); use smaller tensors")]
-    BindingTooLarge { what: String, needed: u64, limit: u64 },
+    BindingTooLarge {
+        what: String,
+        needed: u64,
+        limit: u64,
+    },
     #[error("dispatch of {kernel} needs a grid of {groups} workgroups, more than this device can launch; split the work")]
     GridTooLarge { kernel: String, groups: u64 },
     #[error("reading results back from the GPU failed: {0}")]

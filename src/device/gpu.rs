@@ -97,7 +97,9 @@ impl Gpu {
             adapters = Self::enumerate(backends).await;
             searched = format!("{searched} (no Vulkan/Metal/DX12 adapter, so GL was searched too)");
         } else if primary != backends {
-            searched = format!("{searched} (Vulkan/Metal/DX12 first; GL not probed, use --backend gl for it)");
+            searched = format!(
+                "{searched} (Vulkan/Metal/DX12 first; GL not probed, use --backend gl for it)"
+            );
         }
         let summaries: Vec<AdapterSummary> = adapters
             .iter()
@@ -209,7 +211,9 @@ impl Gpu {
         let mut p = lock(&self.pending);
         let enc = p.encoder.get_or_insert_with(|| {
             self.device
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("vramlab") })
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("vramlab"),
+                })
         });
         f(enc);
         p.commands += 1;
@@ -242,7 +246,7 @@ impl Gpu {
 
     /// Checks a binding against `max_storage_buffer_binding_size`.
     pub fn check_binding(&self, what: &str, size: u64) -> Result<(), DeviceError> {
-        let limit = self.limits.max_storage_buffer_binding_size as u64;
+        let limit = self.limits.max_storage_buffer_binding_size;
         if size > limit {
             return Err(DeviceError::BindingTooLarge {
                 what: what.to_string(),
@@ -337,7 +341,8 @@ impl Gpu {
         if bytes.is_empty() {
             return;
         }
-        let len = (bytes.len() as u64).div_ceil(wgpu::COPY_BUFFER_ALIGNMENT) * wgpu::COPY_BUFFER_ALIGNMENT;
+        let len = (bytes.len() as u64).div_ceil(wgpu::COPY_BUFFER_ALIGNMENT)
+            * wgpu::COPY_BUFFER_ALIGNMENT;
         let mut padded;
         let contents = if len as usize == bytes.len() {
             bytes

@@ -41,13 +41,24 @@ mod tests {
 
     #[test]
     fn covers_and_respects_the_limit() {
-        for (n, max) in [(1u64, 65535u32), (65535, 65535), (65536, 65535), (78125, 65535), (10, 3), (28, 3), (27, 3), (1_000_000, 100)] {
+        for (n, max) in [
+            (1u64, 65535u32),
+            (65535, 65535),
+            (65536, 65535),
+            (78125, 65535),
+            (10, 3),
+            (27, 3),
+            (1_000_000, 100),
+        ] {
             let g = grid_for(n, max).unwrap();
             let total: u64 = g.iter().map(|&d| d as u64).product();
             assert!(total >= n, "{n} {max} {g:?}");
             assert!(g.iter().all(|&d| d <= max), "{n} {max} {g:?}");
             // No more than one extra row of waste per dimension.
-            assert!(total < n + (g[0] as u64) * (g[1] as u64) + g[0] as u64, "{n} {g:?}");
+            assert!(
+                total < n + (g[0] as u64) * (g[1] as u64) + g[0] as u64,
+                "{n} {g:?}"
+            );
         }
         assert_eq!(grid_for(65536, 65535), Some([32768, 2, 1]));
         assert_eq!(grid_for(28, 3), None);

@@ -68,7 +68,7 @@ impl InfoReport {
             choice_reason: gpu.choice_reason.clone(),
             limits: LimitsSummary {
                 max_buffer_size: l.max_buffer_size,
-                max_storage_buffer_binding_size: l.max_storage_buffer_binding_size as u64,
+                max_storage_buffer_binding_size: l.max_storage_buffer_binding_size,
                 min_storage_buffer_offset_alignment: l.min_storage_buffer_offset_alignment,
                 max_storage_buffers_per_shader_stage: l.max_storage_buffers_per_shader_stage,
                 max_compute_workgroup_size_x: l.max_compute_workgroup_size_x,

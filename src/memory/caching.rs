@@ -286,7 +286,8 @@ impl<S: SegmentSource> CachingAllocator<S> {
 
         let mut found = self.get_free_block(pool, size);
         if found.is_none() {
-            if self.config.memory_limit.is_some() && self.config.garbage_collection_threshold > 0.0 {
+            if self.config.memory_limit.is_some() && self.config.garbage_collection_threshold > 0.0
+            {
                 self.garbage_collect_cached_blocks();
             }
             found = self.alloc_block(pool, alloc_size, false)?;
@@ -332,12 +333,10 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let index = handle.index as usize;
         match self.blocks.get(index) {
             Some(b) if b.live && b.generation == handle.generation && b.allocated => {}
-            _ => {
-                return Err(AllocError::InvalidFree(
-                    "this block is not allocated (freed twice, or never allocated by this allocator)"
-                        .into(),
-                ))
-            }
+            _ => return Err(AllocError::InvalidFree(
+                "this block is not allocated (freed twice, or never allocated by this allocator)"
+                    .into(),
+            )),
         }
         let (size, pool) = {
             let b = &mut self.blocks[index];
@@ -387,7 +386,10 @@ impl<S: SegmentSource> CachingAllocator<S> {
     fn new_block(&mut self, block: Block) -> usize {
         if let Some(i) = self.free_slots.pop() {
             let generation = self.blocks[i].generation.wrapping_add(1);
-            self.blocks[i] = Block { generation, ..block };
+            self.blocks[i] = Block {
+                generation,
+                ..block
+            };
             i
         } else {
             self.blocks.push(block);
@@ -501,7 +503,14 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let address = self.next_address;
         // Leave a gap so neighbouring segments never look contiguous.
         self.next_address += size.div_ceil(K_ROUND_LARGE) * K_ROUND_LARGE + K_ROUND_LARGE;
-        self.segments.insert(id, Segment { address, size, pool: kind });
+        self.segments.insert(
+            id,
+            Segment {
+                address,
+                size,
+                pool: kind,
+            },
+        );
         let index = self.new_block(Block {
             segment: id,
             address,

@@ -275,13 +275,17 @@ mod tests {
         assert_eq!(c.max_split_size, 128 << 20);
         assert_eq!(c.roundup_power2_divisions, [4; 16]);
         assert_eq!(c.garbage_collection_threshold, 0.8);
-        assert_eq!(AllocatorConfig::parse("").unwrap(), AllocatorConfig::default());
+        assert_eq!(
+            AllocatorConfig::parse("").unwrap(),
+            AllocatorConfig::default()
+        );
     }
 
     #[test]
     fn parses_interval_array_like_pytorch() {
-        let c = AllocatorConfig::parse("roundup_power2_divisions:[64:8,128:2,256:2,512:2,1024:1,>:1]")
-            .unwrap();
+        let c =
+            AllocatorConfig::parse("roundup_power2_divisions:[64:8,128:2,256:2,512:2,1024:1,>:1]")
+                .unwrap();
         // Intervals up to and including 64 MiB take 8 (the first item fills below it).
         assert_eq!(c.divisions_for(84 << 20), 8);
         assert_eq!(c.divisions_for(1 << 20), 8);

@@ -65,7 +65,11 @@ pub enum AllocError {
     #[error("{0}")]
     OutOfMemory(Box<OomReport>),
     #[error("cannot allocate {requested} bytes: it needs a segment of {segment} bytes, larger than this device's largest buffer ({max} bytes, max_buffer_size); split the tensor or use a smaller batch")]
-    TooLarge { requested: u64, segment: u64, max: u64 },
+    TooLarge {
+        requested: u64,
+        segment: u64,
+        max: u64,
+    },
     #[error("cannot allocate 0 bytes: a tensor needs at least one element")]
     ZeroSize,
     #[error("invalid free: {0}")]

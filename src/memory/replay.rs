@@ -94,7 +94,10 @@ pub fn replay<S: SegmentSource, R: BufRead>(
         let event = match TraceEvent::parse_line(&text) {
             Ok(e) => e,
             Err(message) => {
-                out.error = Some(ReplayError { line: line_no, message });
+                out.error = Some(ReplayError {
+                    line: line_no,
+                    message,
+                });
                 break;
             }
         };
@@ -102,7 +105,9 @@ pub fn replay<S: SegmentSource, R: BufRead>(
         let result: Result<(), String> = match event {
             TraceEvent::Alloc { id, size, label } => {
                 if matches!(live.get(&id), Some(Live::Block(..)) | Some(Live::Empty)) {
-                    Err(format!("id {id} is allocated again while still live; free it first"))
+                    Err(format!(
+                        "id {id} is allocated again while still live; free it first"
+                    ))
                 } else if size == 0 {
                     live.insert(id, Live::Empty);
                     Ok(())
@@ -150,7 +155,10 @@ pub fn replay<S: SegmentSource, R: BufRead>(
             }
         };
         if let Err(message) = result {
-            out.error = Some(ReplayError { line: line_no, message });
+            out.error = Some(ReplayError {
+                line: line_no,
+                message,
+            });
             break;
         }
         if record_timeline {

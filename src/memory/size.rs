@@ -84,7 +84,10 @@ mod tests {
         assert_eq!(parse_size("4096").unwrap(), 4096);
         assert_eq!(parse_size(" 7 B ").unwrap(), 7);
         assert!(parse_size("GiB").is_err());
-        assert!(parse_size("3 parsecs").unwrap_err().to_string().contains("parsecs"));
+        assert!(parse_size("3 parsecs")
+            .unwrap_err()
+            .to_string()
+            .contains("parsecs"));
     }
 
     #[test]

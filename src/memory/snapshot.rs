@@ -56,7 +56,11 @@ impl<S: SegmentSource> CachingAllocator<S> {
                 offset: b.address - seg.address,
                 size: b.size,
                 requested_size: if b.allocated { b.requested } else { 0 },
-                state: if b.allocated { "active_allocated" } else { "inactive" },
+                state: if b.allocated {
+                    "active_allocated"
+                } else {
+                    "inactive"
+                },
                 label: if b.allocated {
                     b.label.as_deref().map(str::to_string)
                 } else {
@@ -177,7 +181,8 @@ impl<S: SegmentSource> CachingAllocator<S> {
                 StatType::SmallPool => s.segment_type == "small_pool",
                 StatType::LargePool => s.segment_type == "large_pool",
             });
-            let (mut reserved, mut segments, mut allocated, mut allocations) = (0i64, 0i64, 0i64, 0i64);
+            let (mut reserved, mut segments, mut allocated, mut allocations) =
+                (0i64, 0i64, 0i64, 0i64);
             let (mut requested, mut inactive_split, mut inactive_split_bytes) = (0i64, 0i64, 0i64);
             for s in segs {
                 segments += 1;
@@ -194,14 +199,30 @@ impl<S: SegmentSource> CachingAllocator<S> {
                 }
             }
             let checks = [
-                ("reserved_bytes", reserved, stats.reserved_bytes.get(t).current),
+                (
+                    "reserved_bytes",
+                    reserved,
+                    stats.reserved_bytes.get(t).current,
+                ),
                 ("segment", segments, stats.segment.get(t).current),
-                ("allocated_bytes", allocated, stats.allocated_bytes.get(t).current),
+                (
+                    "allocated_bytes",
+                    allocated,
+                    stats.allocated_bytes.get(t).current,
+                ),
                 ("active_bytes", allocated, stats.active_bytes.get(t).current),
                 ("allocation", allocations, stats.allocation.get(t).current),
                 ("active", allocations, stats.active.get(t).current),
-                ("requested_bytes", requested, stats.requested_bytes.get(t).current),
-                ("inactive_split", inactive_split, stats.inactive_split.get(t).current),
+                (
+                    "requested_bytes",
+                    requested,
+                    stats.requested_bytes.get(t).current,
+                ),
+                (
+                    "inactive_split",
+                    inactive_split,
+                    stats.inactive_split.get(t).current,
+                ),
                 (
                     "inactive_split_bytes",
                     inactive_split_bytes,

@@ -46,7 +46,11 @@ pub enum StatType {
 }
 
 impl StatType {
-    pub const ALL: [StatType; 3] = [StatType::Aggregate, StatType::SmallPool, StatType::LargePool];
+    pub const ALL: [StatType; 3] = [
+        StatType::Aggregate,
+        StatType::SmallPool,
+        StatType::LargePool,
+    ];
 
     /// The name used in flat keys: `all`, `small_pool`, `large_pool`.
     pub fn key(self) -> &'static str {
@@ -216,7 +220,15 @@ mod tests {
         s.increase(10);
         s.decrease(4);
         s.increase(1);
-        assert_eq!(s, Stat { current: 7, peak: 10, allocated: 11, freed: 4 });
+        assert_eq!(
+            s,
+            Stat {
+                current: 7,
+                peak: 10,
+                allocated: 11,
+                freed: 4
+            }
+        );
         s.reset_peak();
         assert_eq!(s.peak, 7);
     }

@@ -67,7 +67,11 @@ pub fn memory_summary(stats: &DeviceStats, device: &str, abbreviated: bool) -> S
         ("Active memory", &stats.active_bytes, format_size),
         ("Requested memory", &stats.requested_bytes, format_size),
         ("GPU reserved memory", &stats.reserved_bytes, format_size),
-        ("Non-releasable memory", &stats.inactive_split_bytes, format_size),
+        (
+            "Non-releasable memory",
+            &stats.inactive_split_bytes,
+            format_size,
+        ),
         ("Allocations", &stats.allocation, format_count),
         ("Active allocs", &stats.active, format_count),
         ("GPU reserved segments", &stats.segment, format_count),
@@ -78,8 +82,18 @@ pub fn memory_summary(stats: &DeviceStats, device: &str, abbreviated: bool) -> S
         let all = arr.get(StatType::Aggregate);
         lines.push(row(name, all, all, f));
         if !abbreviated {
-            lines.push(row("      from large pool", arr.get(StatType::LargePool), all, f));
-            lines.push(row("      from small pool", arr.get(StatType::SmallPool), all, f));
+            lines.push(row(
+                "      from large pool",
+                arr.get(StatType::LargePool),
+                all,
+                f,
+            ));
+            lines.push(row(
+                "      from small pool",
+                arr.get(StatType::SmallPool),
+                all,
+                f,
+            ));
         }
     }
     for (name, s) in [

@@ -63,8 +63,16 @@ mod tests {
     #[test]
     fn round_trips() {
         for e in [
-            TraceEvent::Alloc { id: 7, size: 1200, label: Some("x".into()) },
-            TraceEvent::Alloc { id: 8, size: 1, label: None },
+            TraceEvent::Alloc {
+                id: 7,
+                size: 1200,
+                label: Some("x".into()),
+            },
+            TraceEvent::Alloc {
+                id: 8,
+                size: 1,
+                label: None,
+            },
             TraceEvent::Free { id: 7 },
             TraceEvent::EmptyCache,
             TraceEvent::ResetPeak,
@@ -73,7 +81,11 @@ mod tests {
         }
         assert_eq!(
             TraceEvent::parse_line(r#"{"op":"alloc","id":7,"size":1200,"t":3.5}"#).unwrap(),
-            TraceEvent::Alloc { id: 7, size: 1200, label: None }
+            TraceEvent::Alloc {
+                id: 7,
+                size: 1200,
+                label: None
+            }
         );
     }
 

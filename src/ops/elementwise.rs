@@ -5,10 +5,23 @@ use crate::device::{Kernel, Workgroups};
 use crate::tensor::{DType, Tensor, TensorError};
 
 const SOURCE: &str = include_str!("../../shaders/binary.wgsl");
-const ADD: Kernel = Kernel { name: "add", source: SOURCE, entry: "add" };
-const MUL: Kernel = Kernel { name: "mul", source: SOURCE, entry: "mul" };
+const ADD: Kernel = Kernel {
+    name: "add",
+    source: SOURCE,
+    entry: "add",
+};
+const MUL: Kernel = Kernel {
+    name: "mul",
+    source: SOURCE,
+    entry: "mul",
+};
 
-fn binary(kernel: &Kernel, op: &'static str, a: &Tensor, b: &Tensor) -> Result<Tensor, TensorError> {
+fn binary(
+    kernel: &Kernel,
+    op: &'static str,
+    a: &Tensor,
+    b: &Tensor,
+) -> Result<Tensor, TensorError> {
     same_shape(op, a, b)?;
     a.require_f32(op)?;
     b.require_f32(op)?;

@@ -23,7 +23,11 @@ pub fn fill(t: &Tensor, value: f32) -> Result<(), TensorError> {
     t.require_f32("fill")?;
     check_u32("fill", t)?;
     let n = t.numel();
-    let params = FillParams { n: n as u32, value, _pad: [0; 2] };
+    let params = FillParams {
+        n: n as u32,
+        value,
+        _pad: [0; 2],
+    };
     t.engine().gpu().dispatch(
         &FILL,
         &[&t.slice()],
@@ -34,7 +38,12 @@ pub fn fill(t: &Tensor, value: f32) -> Result<(), TensorError> {
 }
 
 /// A new f32 tensor full of `value`.
-pub fn full(engine: &Engine, shape: &[usize], value: f32, label: &str) -> Result<Tensor, TensorError> {
+pub fn full(
+    engine: &Engine,
+    shape: &[usize],
+    value: f32,
+    label: &str,
+) -> Result<Tensor, TensorError> {
     let t = Tensor::empty(engine, shape, DType::F32, label)?;
     fill(&t, value)?;
     Ok(t)

@@ -81,7 +81,8 @@ pub fn matmul_ex(
     let (k2, n) = if transpose_b { (cb, rb) } else { (rb, cb) };
     let batch_shape_a = &a.shape()[..a.shape().len() - 2];
     let batch_shape_b = &b.shape()[..b.shape().len() - 2];
-    let batch_ok = batch_shape_a == batch_shape_b || batch_shape_a.is_empty() || batch_shape_b.is_empty();
+    let batch_ok =
+        batch_shape_a == batch_shape_b || batch_shape_a.is_empty() || batch_shape_b.is_empty();
     if k != k2 || !batch_ok {
         return Err(TensorError::ShapeMismatch {
             op: OP,
@@ -90,7 +91,11 @@ pub fn matmul_ex(
         });
     }
     let batch = ba.max(bb);
-    let batch_shape = if batch_shape_a.is_empty() { batch_shape_b } else { batch_shape_a };
+    let batch_shape = if batch_shape_a.is_empty() {
+        batch_shape_b
+    } else {
+        batch_shape_a
+    };
     let mut out_shape = batch_shape.to_vec();
     out_shape.extend([m, n]);
     let out = Tensor::empty(a.engine(), &out_shape, DType::F32, "matmul.out")?;
@@ -109,8 +114,16 @@ pub fn matmul_ex(
         a_cs: a_cs as u32,
         b_rs: b_rs as u32,
         b_cs: b_cs as u32,
-        a_bs: if ba == 1 && batch > 1 { 0 } else { (ra * ca) as u32 },
-        b_bs: if bb == 1 && batch > 1 { 0 } else { (rb * cb) as u32 },
+        a_bs: if ba == 1 && batch > 1 {
+            0
+        } else {
+            (ra * ca) as u32
+        },
+        b_bs: if bb == 1 && batch > 1 {
+            0
+        } else {
+            (rb * cb) as u32
+        },
         c_bs: (m * n) as u32,
         _pad: 0,
     };
@@ -118,7 +131,11 @@ pub fn matmul_ex(
         MatmulKernel::Tiled => (&TILED, 64),
         MatmulKernel::Naive => (&NAIVE, 16),
     };
-    let grid = [n.div_ceil(tile) as u32, m.div_ceil(tile) as u32, batch as u32];
+    let grid = [
+        n.div_ceil(tile) as u32,
+        m.div_ceil(tile) as u32,
+        batch as u32,
+    ];
     a.engine().gpu().dispatch(
         kernel,
         &[&a.slice(), &b.slice(), &out.slice()],

@@ -22,7 +22,10 @@ pub(crate) struct CountParams {
 
 impl CountParams {
     pub fn new(n: usize) -> Self {
-        CountParams { n: n as u32, _pad: [0; 3] }
+        CountParams {
+            n: n as u32,
+            _pad: [0; 3],
+        }
     }
 }
 

@@ -52,11 +52,10 @@ impl Engine {
         self.gpu().check_binding(label, bytes)?;
         let mut alloc = self.allocator();
         let a = alloc.malloc(bytes, label)?;
-        let buffer = alloc
-            .source()
-            .buffer(a.segment)
-            .cloned()
-            .ok_or_else(|| DeviceError::Wgpu(format!("segment {:?} has no buffer", a.segment)))?;
+        let buffer =
+            alloc.source().buffer(a.segment).cloned().ok_or_else(|| {
+                DeviceError::Wgpu(format!("segment {:?} has no buffer", a.segment))
+            })?;
         drop(alloc);
         Ok(Storage {
             engine: self.clone(),

@@ -18,7 +18,11 @@ pub struct Tensor {
 
 impl std::fmt::Debug for Tensor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Tensor({:?}, {}, {:?})", self.shape, self.dtype, self.label)
+        write!(
+            f,
+            "Tensor({:?}, {}, {:?})",
+            self.shape, self.dtype, self.label
+        )
     }
 }
 
@@ -35,7 +39,12 @@ fn numel_of(op: &'static str, shape: &[usize]) -> Result<usize, TensorError> {
 
 impl Tensor {
     /// An uninitialised tensor (its block may hold an earlier tensor's bytes).
-    pub fn empty(engine: &Engine, shape: &[usize], dtype: DType, label: &str) -> Result<Tensor, TensorError> {
+    pub fn empty(
+        engine: &Engine,
+        shape: &[usize],
+        dtype: DType,
+        label: &str,
+    ) -> Result<Tensor, TensorError> {
         let n = numel_of("empty", shape)?;
         let storage = engine.allocate((n * dtype.size_in_bytes()) as u64, label)?;
         Ok(Tensor {
@@ -47,7 +56,12 @@ impl Tensor {
     }
 
     /// A tensor holding `data` (row-major), f32.
-    pub fn from_slice(engine: &Engine, data: &[f32], shape: &[usize], label: &str) -> Result<Tensor, TensorError> {
+    pub fn from_slice(
+        engine: &Engine,
+        data: &[f32],
+        shape: &[usize],
+        label: &str,
+    ) -> Result<Tensor, TensorError> {
         let n = numel_of("from_slice", shape)?;
         if data.len() != n {
             return Err(TensorError::DataLength {
@@ -62,7 +76,12 @@ impl Tensor {
     }
 
     /// A tensor holding `data` stored as f16.
-    pub fn from_f16(engine: &Engine, data: &[half::f16], shape: &[usize], label: &str) -> Result<Tensor, TensorError> {
+    pub fn from_f16(
+        engine: &Engine,
+        data: &[half::f16],
+        shape: &[usize],
+        label: &str,
+    ) -> Result<Tensor, TensorError> {
         let n = numel_of("from_f16", shape)?;
         if data.len() != n {
             return Err(TensorError::DataLength {
@@ -131,7 +150,10 @@ impl Tensor {
     /// Requires f32 for ops that only have f32 kernels.
     pub(crate) fn require_f32(&self, op: &'static str) -> Result<(), TensorError> {
         if self.dtype != DType::F32 {
-            return Err(TensorError::UnsupportedDType { op, dtype: self.dtype });
+            return Err(TensorError::UnsupportedDType {
+                op,
+                dtype: self.dtype,
+            });
         }
         Ok(())
     }
