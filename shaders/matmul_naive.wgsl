@@ -5,7 +5,8 @@
 struct Params {
     m: u32, n: u32, k: u32, batch: u32,
     a_rs: u32, a_cs: u32, b_rs: u32, b_cs: u32,
-    a_bs: u32, b_bs: u32, c_bs: u32, _pad: u32,
+    a_bs: u32, b_bs: u32, c_bs: u32, accumulate: u32,
+    a_off: u32, b_off: u32, c_off: u32, _pad: u32,
 }
 
 @group(0) @binding(0) var<storage, read_write> a: array<f32>;
@@ -21,8 +22,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (row >= p.m || col >= p.n) { return; }
     var acc = 0.0;
     for (var kk = 0u; kk < p.k; kk++) {
-        acc = fma(a[bt * p.a_bs + row * p.a_rs + kk * p.a_cs],
-                  b[bt * p.b_bs + kk * p.b_rs + col * p.b_cs], acc);
+        acc = fma(a[p.a_off + bt * p.a_bs + row * p.a_rs + kk * p.a_cs],
+                  b[p.b_off + bt * p.b_bs + kk * p.b_rs + col * p.b_cs], acc);
     }
-    c[bt * p.c_bs + row * p.n + col] = acc;
+    let ci = p.c_off + bt * p.c_bs + row * p.n + col;
+    if (p.accumulate != 0u) { acc += c[ci]; }
+    c[ci] = acc;
 }

@@ -1,6 +1,6 @@
 // Inputs are bound read_write too: tensors share segment buffers, and wgpu
 // rejects a read-only and a read-write binding of one buffer in one dispatch.
-// C[b] = A[b] · B[b], with A (M×K) and B (K×N) read through strides, so
+// C[b] (+)= A[b] · B[b], with A (M×K) and B (K×N) read through strides, so
 // transposed operands (backward passes) need no copies.
 //
 // Each 16×16 workgroup computes a 64×64 tile of C; each thread a 4×4 block held
@@ -10,7 +10,8 @@
 struct Params {
     m: u32, n: u32, k: u32, batch: u32,
     a_rs: u32, a_cs: u32, b_rs: u32, b_cs: u32,
-    a_bs: u32, b_bs: u32, c_bs: u32, _pad: u32,
+    a_bs: u32, b_bs: u32, c_bs: u32, accumulate: u32,
+    a_off: u32, b_off: u32, c_off: u32, _pad: u32,
 }
 
 @group(0) @binding(0) var<storage, read_write> a: array<f32>;
@@ -44,9 +45,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     let row0 = wid.y * BM;
     let col0 = wid.x * BN;
     let tid = lid.y * 16u + lid.x;
-    let a_base = bt * p.a_bs;
-    let b_base = bt * p.b_bs;
-    let c_base = bt * p.c_bs;
+    let a_base = p.a_off + bt * p.a_bs;
+    let b_base = p.b_off + bt * p.b_bs;
+    let c_base = p.c_off + bt * p.c_bs;
 
     var acc0 = vec4<f32>(0.0);
     var acc1 = vec4<f32>(0.0);
@@ -92,7 +93,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         if (r >= p.m) { break; }
         let v = rows[i];
         for (var j = 0u; j < 4u; j++) {
-            if (c0 + j < p.n) { c[c_base + r * p.n + c0 + j] = v[j]; }
+            if (c0 + j < p.n) {
+                let ci = c_base + r * p.n + c0 + j;
+                if (p.accumulate != 0u) { c[ci] = c[ci] + v[j]; } else { c[ci] = v[j]; }
+            }
         }
     }
 }

@@ -39,7 +39,108 @@ struct MatmulParams {
     a_bs: u32,
     b_bs: u32,
     c_bs: u32,
+    accumulate: u32,
+    a_off: u32,
+    b_off: u32,
+    c_off: u32,
     _pad: u32,
+}
+
+/// Where a matrix (or a batch of matrices) sits inside a tensor, in elements:
+/// element (b, r, c) is at `offset + b*batch_stride + r*row_stride + c*col_stride`.
+/// Strides express transposes; a batch stride of 0 shares one matrix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MatView {
+    pub offset: usize,
+    pub row_stride: usize,
+    pub col_stride: usize,
+    pub batch_stride: usize,
+}
+
+impl MatView {
+    /// A row-major `rows × cols` matrix at `offset`, repeated every
+    /// `rows*cols` elements; transposed reading when `transpose`.
+    pub fn dense(offset: usize, rows: usize, cols: usize, transpose: bool) -> MatView {
+        let (row_stride, col_stride) = if transpose { (1, cols) } else { (cols, 1) };
+        MatView {
+            offset,
+            row_stride,
+            col_stride,
+            batch_stride: rows * cols,
+        }
+    }
+
+    pub fn shared(mut self) -> MatView {
+        self.batch_stride = 0;
+        self
+    }
+}
+
+/// One general matrix multiply: `C[b] (+)= A[b] · B[b]` for `batch` matrices,
+/// A viewed as m×k, B as k×n, C row-major m×n at `c_offset` + b·`c_batch_stride`.
+#[derive(Debug, Clone, Copy)]
+pub struct Gemm {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub batch: usize,
+    pub a: MatView,
+    pub b: MatView,
+    pub c_offset: usize,
+    pub c_batch_stride: usize,
+    /// Add to C instead of overwriting it.
+    pub accumulate: bool,
+}
+
+/// Runs `g` on existing tensors. The caller guarantees the views lie inside
+/// the tensors (ops build them from shapes they checked).
+pub fn gemm(
+    g: &Gemm,
+    a: &Tensor,
+    b: &Tensor,
+    c: &Tensor,
+    kernel: MatmulKernel,
+) -> Result<(), TensorError> {
+    const OP: &str = "matmul";
+    for t in [a, b, c] {
+        t.require_f32(OP)?;
+        super::check_u32(OP, t)?;
+    }
+    let u = |x: usize| x as u32;
+    let params = MatmulParams {
+        m: u(g.m),
+        n: u(g.n),
+        k: u(g.k),
+        batch: u(g.batch),
+        a_rs: u(g.a.row_stride),
+        a_cs: u(g.a.col_stride),
+        b_rs: u(g.b.row_stride),
+        b_cs: u(g.b.col_stride),
+        a_bs: u(g.a.batch_stride),
+        b_bs: u(g.b.batch_stride),
+        c_bs: u(g.c_batch_stride),
+        accumulate: g.accumulate as u32,
+        a_off: u(g.a.offset),
+        b_off: u(g.b.offset),
+        c_off: u(g.c_offset),
+        _pad: 0,
+    };
+    let (kernel, tile) = match kernel {
+        MatmulKernel::Tiled => (&TILED, 64),
+        MatmulKernel::Naive => (&NAIVE, 16),
+    };
+    let grid = [
+        g.n.div_ceil(tile) as u32,
+        g.m.div_ceil(tile) as u32,
+        g.batch as u32,
+    ];
+    a.engine().gpu().dispatch(
+        kernel,
+        &[&a.slice(), &b.slice(), &c.slice()],
+        bytemuck::bytes_of(&params),
+        Workgroups::Grid(grid),
+    )?;
+    Ok(())
 }
 
 /// Splits `[.., R, C]` into (batch, R, C).
@@ -99,48 +200,25 @@ pub fn matmul_ex(
     let mut out_shape = batch_shape.to_vec();
     out_shape.extend([m, n]);
     let out = Tensor::empty(a.engine(), &out_shape, DType::F32, "matmul.out")?;
-    for t in [a, b, &out] {
-        super::check_u32(OP, t)?;
+    let mut av = MatView::dense(0, ra, ca, transpose_a);
+    let mut bv = MatView::dense(0, rb, cb, transpose_b);
+    if ba == 1 && batch > 1 {
+        av = av.shared();
     }
-    // Row-major [R, C]: element (r, c) at r*C + c; transposed reads swap strides.
-    let (a_rs, a_cs) = if transpose_a { (1, ca) } else { (ca, 1) };
-    let (b_rs, b_cs) = if transpose_b { (1, cb) } else { (cb, 1) };
-    let params = MatmulParams {
-        m: m as u32,
-        n: n as u32,
-        k: k as u32,
-        batch: batch as u32,
-        a_rs: a_rs as u32,
-        a_cs: a_cs as u32,
-        b_rs: b_rs as u32,
-        b_cs: b_cs as u32,
-        a_bs: if ba == 1 && batch > 1 {
-            0
-        } else {
-            (ra * ca) as u32
-        },
-        b_bs: if bb == 1 && batch > 1 {
-            0
-        } else {
-            (rb * cb) as u32
-        },
-        c_bs: (m * n) as u32,
-        _pad: 0,
+    if bb == 1 && batch > 1 {
+        bv = bv.shared();
+    }
+    let g = Gemm {
+        m,
+        n,
+        k,
+        batch,
+        a: av,
+        b: bv,
+        c_offset: 0,
+        c_batch_stride: m * n,
+        accumulate: false,
     };
-    let (kernel, tile) = match kernel {
-        MatmulKernel::Tiled => (&TILED, 64),
-        MatmulKernel::Naive => (&NAIVE, 16),
-    };
-    let grid = [
-        n.div_ceil(tile) as u32,
-        m.div_ceil(tile) as u32,
-        batch as u32,
-    ];
-    a.engine().gpu().dispatch(
-        kernel,
-        &[&a.slice(), &b.slice(), &out.slice()],
-        bytemuck::bytes_of(&params),
-        Workgroups::Grid(grid),
-    )?;
+    gemm(&g, a, b, &out, kernel)?;
     Ok(out)
 }

@@ -2,11 +2,16 @@
 //! backward beside it). Ops never call wgpu; they ask the device layer to
 //! dispatch a named kernel with bindings and a small params struct.
 
+pub mod bias;
+pub mod conv2d;
+pub mod cross_entropy;
 pub mod elementwise;
 pub mod fill;
+pub mod linear;
 pub mod matmul;
 pub mod relu;
 
+use crate::device::{BufferSlice, Kernel, Workgroups};
 use crate::tensor::{Tensor, TensorError};
 
 /// 256 threads per workgroup for elementwise kernels (WGSL `@workgroup_size(256)`).
@@ -52,5 +57,22 @@ pub(crate) fn check_u32(op: &'static str, t: &Tensor) -> Result<(), TensorError>
             message: format!("{} elements exceed the 2^32 a kernel can index", t.numel()),
         });
     }
+    Ok(())
+}
+
+/// Dispatches an elementwise kernel (256 threads per group) over `n` items.
+pub(crate) fn launch(
+    t: &Tensor,
+    kernel: &Kernel,
+    bindings: &[&BufferSlice],
+    params: &[u8],
+    n: usize,
+) -> Result<(), TensorError> {
+    t.engine().gpu().dispatch(
+        kernel,
+        bindings,
+        params,
+        Workgroups::Linear((n as u64).div_ceil(ELEMENTWISE_WORKGROUP)),
+    )?;
     Ok(())
 }

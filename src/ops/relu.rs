@@ -24,3 +24,24 @@ pub fn relu(x: &Tensor) -> Result<Tensor, TensorError> {
     )?;
     Ok(out)
 }
+
+const RELU_BACKWARD: Kernel = Kernel {
+    name: "relu_backward",
+    source: include_str!("../../shaders/relu_backward.wgsl"),
+    entry: "main",
+};
+
+/// The gradient of ReLU from its saved output `y`: `dy` where `y > 0`.
+pub fn relu_backward(y: &Tensor, dy: &Tensor) -> Result<Tensor, TensorError> {
+    super::same_shape("relu backward", y, dy)?;
+    let dx = Tensor::empty(y.engine(), y.shape(), DType::F32, "relu.grad_input")?;
+    let n = y.numel();
+    super::launch(
+        y,
+        &RELU_BACKWARD,
+        &[&y.slice(), &dy.slice(), &dx.slice()],
+        bytemuck::bytes_of(&CountParams::new(n)),
+        n,
+    )?;
+    Ok(dx)
+}

@@ -95,6 +95,29 @@ impl Tensor {
         Ok(t)
     }
 
+    /// The same storage seen with another shape of the same size: a view,
+    /// allocating nothing (PyTorch's `view`/`reshape` on contiguous data).
+    pub fn reshape(&self, shape: &[usize]) -> Result<Tensor, TensorError> {
+        let n: usize = shape.iter().product();
+        if n != self.numel() {
+            return Err(TensorError::InvalidShape {
+                op: "reshape",
+                message: format!(
+                    "cannot view shape {:?} ({} elements) as {:?} ({n} elements)",
+                    self.shape,
+                    self.numel(),
+                    shape
+                ),
+            });
+        }
+        Ok(Tensor {
+            storage: self.storage.clone(),
+            shape: shape.to_vec(),
+            dtype: self.dtype,
+            label: self.label.clone(),
+        })
+    }
+
     /// Reads the values back (waits for pending GPU work).
     pub fn to_vec(&self) -> Result<Vec<f32>, TensorError> {
         let bytes = self.download()?;

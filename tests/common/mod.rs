@@ -77,3 +77,76 @@ pub fn transpose(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     }
     t
 }
+
+/// f64 reference conv2d: x [n,c,h,w], w [o,c,kh,kw], b [o] → [n,o,ho,wo].
+#[allow(clippy::too_many_arguments)]
+pub fn conv2d_ref(
+    x: &[f64],
+    w: &[f64],
+    b: &[f64],
+    (n, c, h, wd): (usize, usize, usize, usize),
+    (o, kh, kw): (usize, usize, usize),
+    stride: usize,
+    pad: usize,
+) -> (Vec<f64>, usize, usize) {
+    let ho = (h + 2 * pad - kh) / stride + 1;
+    let wo = (wd + 2 * pad - kw) / stride + 1;
+    let mut y = vec![0.0; n * o * ho * wo];
+    for ni in 0..n {
+        for oi in 0..o {
+            for oy in 0..ho {
+                for ox in 0..wo {
+                    let mut acc = b[oi];
+                    for ci in 0..c {
+                        for ky in 0..kh {
+                            for kx in 0..kw {
+                                let iy = (oy * stride + ky) as isize - pad as isize;
+                                let ix = (ox * stride + kx) as isize - pad as isize;
+                                if iy >= 0 && ix >= 0 && (iy as usize) < h && (ix as usize) < wd {
+                                    acc += x[((ni * c + ci) * h + iy as usize) * wd + ix as usize]
+                                        * w[((oi * c + ci) * kh + ky) * kw + kx];
+                                }
+                            }
+                        }
+                    }
+                    y[((ni * o + oi) * ho + oy) * wo + ox] = acc;
+                }
+            }
+        }
+    }
+    (y, ho, wo)
+}
+
+pub fn to_f64(v: &[f32]) -> Vec<f64> {
+    v.iter().map(|&x| x as f64).collect()
+}
+
+/// Mean cross-entropy in f64.
+pub fn cross_entropy_ref(logits: &[f64], labels: &[usize], classes: usize) -> f64 {
+    let n = labels.len();
+    let mut total = 0.0;
+    for r in 0..n {
+        let row = &logits[r * classes..(r + 1) * classes];
+        let m = row.iter().cloned().fold(f64::MIN, f64::max);
+        let lse = m + row.iter().map(|v| (v - m).exp()).sum::<f64>().ln();
+        total += lse - row[labels[r]];
+    }
+    total / n as f64
+}
+
+/// Central finite-difference gradient of a scalar f at x, in f64.
+pub fn numeric_grad(x: &[f64], f: impl Fn(&[f64]) -> f64) -> Vec<f64> {
+    let h = 1e-6;
+    let mut xp = x.to_vec();
+    (0..x.len())
+        .map(|i| {
+            let orig = xp[i];
+            xp[i] = orig + h;
+            let fp = f(&xp);
+            xp[i] = orig - h;
+            let fm = f(&xp);
+            xp[i] = orig;
+            (fp - fm) / (2.0 * h)
+        })
+        .collect()
+}

@@ -1,0 +1,38 @@
+// Inputs are bound read_write too: tensors share segment buffers, and wgpu
+// rejects a read-only and a read-write binding of one buffer in one dispatch.
+// One Adam/AdamW step, fused, in PyTorch's formulation (torch.optim.Adam,
+// single-tensor path):
+//   g += wd * p (Adam) | p *= 1 - lr * wd (AdamW)
+//   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g²
+//   p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps)
+struct Params {
+    n: u32, decoupled: u32, _p0: u32, _p1: u32,
+    lr: f32, beta1: f32, beta2: f32, eps: f32,
+    weight_decay: f32, bc1: f32, bc2_sqrt: f32, _p2: f32,
+}
+
+@group(0) @binding(0) var<storage, read_write> param: array<f32>;
+@group(0) @binding(1) var<storage, read_write> grad: array<f32>;
+@group(0) @binding(2) var<storage, read_write> m: array<f32>;
+@group(0) @binding(3) var<storage, read_write> v: array<f32>;
+@group(0) @binding(4) var<uniform> p: Params;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>,
+        @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lidx: u32) {
+    let i = (wid.x + wid.y * nwg.x + wid.z * nwg.x * nwg.y) * 256u + lidx;
+    if (i >= p.n) { return; }
+    var g = grad[i];
+    var w = param[i];
+    if (p.weight_decay != 0.0) {
+        if (p.decoupled != 0u) { w = w * (1.0 - p.lr * p.weight_decay); }
+        else { g = g + p.weight_decay * w; }
+    }
+    let mi = p.beta1 * m[i] + (1.0 - p.beta1) * g;
+    let vi = p.beta2 * v[i] + (1.0 - p.beta2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    let denom = sqrt(vi) / p.bc2_sqrt + p.eps;
+    param[i] = w - (p.lr / p.bc1) * mi / denom;
+}

@@ -1,0 +1,29 @@
+// Inputs are bound read_write too: tensors share segment buffers, and wgpu
+// rejects a read-only and a read-write binding of one buffer in one dispatch.
+// d(mean cross-entropy)/dx = (softmax(x) - onehot(label)) * dloss / rows.
+struct Params { rows: u32, classes: u32, _p0: u32, _p1: u32 }
+
+@group(0) @binding(0) var<storage, read_write> x: array<f32>;
+@group(0) @binding(1) var<storage, read_write> labels: array<f32>;
+@group(0) @binding(2) var<storage, read_write> dloss: array<f32>;
+@group(0) @binding(3) var<storage, read_write> dx: array<f32>;
+@group(0) @binding(4) var<uniform> p: Params;
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let r = gid.x;
+    if (r >= p.rows) { return; }
+    let base = r * p.classes;
+    var m = x[base];
+    for (var c = 1u; c < p.classes; c++) { m = max(m, x[base + c]); }
+    var s = 0.0;
+    for (var c = 0u; c < p.classes; c++) { s += exp(x[base + c] - m); }
+    // softmax = exp(x - max) / sum: x - max is exact, unlike x - logsumexp.
+    let label = u32(labels[r]);
+    let g = dloss[0] / f32(p.rows);
+    for (var c = 0u; c < p.classes; c++) {
+        var d = exp(x[base + c] - m) / s;
+        if (c == label) { d -= 1.0; }
+        dx[base + c] = d * g;
+    }
+}

@@ -1,0 +1,107 @@
+//! `linear(x, W, b) = x · Wᵀ + b` in PyTorch's layout (W `[out, in]`, b
+//! `[out]`), and its backward: `dx = dy · W`, `dW = dyᵀ · x`, `db = Σ_rows dy`.
+
+use super::bias::{add_bias, sum_channels};
+use super::matmul::{gemm, Gemm, MatView, MatmulKernel};
+use crate::tensor::{DType, Tensor, TensorError};
+
+fn dims(x: &Tensor, w: &Tensor) -> Result<(usize, usize, usize), TensorError> {
+    let (xs, ws) = (x.shape(), w.shape());
+    if xs.len() != 2 || ws.len() != 2 || xs[1] != ws[1] {
+        return Err(TensorError::ShapeMismatch {
+            op: "linear",
+            lhs: xs.to_vec(),
+            rhs: ws.to_vec(),
+        });
+    }
+    Ok((xs[0], xs[1], ws[0]))
+}
+
+fn plain(m: usize, n: usize, k: usize, a: MatView, b: MatView) -> Gemm {
+    Gemm {
+        m,
+        n,
+        k,
+        batch: 1,
+        a,
+        b,
+        c_offset: 0,
+        c_batch_stride: 0,
+        accumulate: false,
+    }
+}
+
+/// x `[N, in]` → `[N, out]`.
+pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor, TensorError> {
+    let (n, i, o) = dims(x, w)?;
+    let y = Tensor::empty(x.engine(), &[n, o], DType::F32, "linear.out")?;
+    gemm(
+        &plain(
+            n,
+            o,
+            i,
+            MatView::dense(0, n, i, false),
+            MatView::dense(0, o, i, true),
+        ),
+        x,
+        w,
+        &y,
+        MatmulKernel::Tiled,
+    )?;
+    if let Some(b) = b {
+        add_bias(&y, b, o, 1)?;
+    }
+    Ok(y)
+}
+
+/// `(dx, dW, db)` for upstream gradient `dy` `[N, out]`.
+pub fn linear_backward(
+    x: &Tensor,
+    w: &Tensor,
+    dy: &Tensor,
+    need_dx: bool,
+) -> Result<(Option<Tensor>, Tensor, Tensor), TensorError> {
+    let (n, i, o) = dims(x, w)?;
+    if dy.shape() != [n, o] {
+        return Err(TensorError::ShapeMismatch {
+            op: "linear backward",
+            lhs: dy.shape().to_vec(),
+            rhs: vec![n, o],
+        });
+    }
+    let dx = if need_dx {
+        let dx = Tensor::empty(x.engine(), &[n, i], DType::F32, "linear.grad_input")?;
+        gemm(
+            &plain(
+                n,
+                i,
+                o,
+                MatView::dense(0, n, o, false),
+                MatView::dense(0, o, i, false),
+            ),
+            dy,
+            w,
+            &dx,
+            MatmulKernel::Tiled,
+        )?;
+        Some(dx)
+    } else {
+        None
+    };
+    let dw = Tensor::empty(x.engine(), &[o, i], DType::F32, "linear.grad_weight")?;
+    gemm(
+        &plain(
+            o,
+            i,
+            n,
+            MatView::dense(0, n, o, true),
+            MatView::dense(0, n, i, false),
+        ),
+        dy,
+        x,
+        &dw,
+        MatmulKernel::Tiled,
+    )?;
+    let db = sum_channels(dy, o, 1, 1.0, "linear.grad_bias")?;
+    Ok((dx, dw, db))
+}

@@ -1,0 +1,170 @@
+//! Training ops (conv2d, linear, relu, cross-entropy) forward and backward on
+//! the GPU against f64 CPU references on awkward sizes, and the references'
+//! own gradients against finite differences in f64.
+
+mod common;
+use common::*;
+use vramlab::ops::conv2d::{conv2d, conv2d_backward, Conv2dConfig};
+use vramlab::ops::cross_entropy::{cross_entropy, cross_entropy_backward};
+use vramlab::ops::linear::{linear, linear_backward};
+use vramlab::ops::relu::{relu, relu_backward};
+use vramlab::tensor::Tensor;
+
+const TOL: f64 = 1e-4;
+
+/// Loss = Σ y·r for a fixed random r, so dL/dy = r: checks any backward.
+fn weighted_sum(y: &[f64], r: &[f64]) -> f64 {
+    y.iter().zip(r).map(|(a, b)| a * b).sum()
+}
+
+#[test]
+fn conv2d_forward_and_backward_match_f64() {
+    let e = engine();
+    let mut rng = Rng::new(10);
+    // (n, c, h, w), (o, kh, kw), stride, pad
+    let cases = [
+        ((1, 1, 1, 1), (1, 1, 1), 1, 0),
+        ((2, 3, 7, 5), (4, 3, 3), 1, 0),
+        ((3, 2, 9, 8), (5, 3, 2), 2, 1),
+        ((1, 7, 6, 6), (3, 1, 1), 1, 0),
+        ((2, 3, 11, 11), (33, 5, 5), 3, 2),
+    ];
+    for ((n, c, h, w), (o, kh, kw), stride, pad) in cases {
+        let x = rng.vec(n * c * h * w);
+        let wt = rng.vec(o * c * kh * kw);
+        let b = rng.vec(o);
+        let (want, ho, wo) = conv2d_ref(
+            &to_f64(&x),
+            &to_f64(&wt),
+            &to_f64(&b),
+            (n, c, h, w),
+            (o, kh, kw),
+            stride,
+            pad,
+        );
+        let tx = Tensor::from_slice(&e, &x, &[n, c, h, w], "x").unwrap();
+        let tw = Tensor::from_slice(&e, &wt, &[o, c, kh, kw], "w").unwrap();
+        let tb = Tensor::from_slice(&e, &b, &[o], "b").unwrap();
+        let cfg = Conv2dConfig {
+            stride,
+            padding: pad,
+        };
+        let y = conv2d(&tx, &tw, Some(&tb), cfg).unwrap();
+        assert_eq!(y.shape(), &[n, o, ho, wo]);
+        let err = max_rel_err(&y.to_vec().unwrap(), &want);
+        assert!(err < TOL, "forward {n}x{c}x{h}x{w} * {o}x{kh}x{kw}: {err}");
+
+        let r = rng.vec(y.numel());
+        let rf = to_f64(&r);
+        let dy = Tensor::from_slice(&e, &r, y.shape(), "dy").unwrap();
+        let (dx, dw, db) = conv2d_backward(&tx, &tw, &dy, cfg, true).unwrap();
+        let (xf, wf, bf) = (to_f64(&x), to_f64(&wt), to_f64(&b));
+        let loss = |xx: &[f64], ww: &[f64], bb: &[f64]| {
+            weighted_sum(
+                &conv2d_ref(xx, ww, bb, (n, c, h, w), (o, kh, kw), stride, pad).0,
+                &rf,
+            )
+        };
+        let gx = numeric_grad(&xf, |v| loss(v, &wf, &bf));
+        let gw = numeric_grad(&wf, |v| loss(&xf, v, &bf));
+        let gb = numeric_grad(&bf, |v| loss(&xf, &wf, v));
+        for (name, got, want) in [("dx", dx.unwrap(), gx), ("dw", dw, gw), ("db", db, gb)] {
+            let err = max_rel_err(&got.to_vec().unwrap(), &want);
+            assert!(
+                err < TOL,
+                "{name} for {n}x{c}x{h}x{w} * {o}x{kh}x{kw} s{stride} p{pad}: {err}"
+            );
+        }
+    }
+}
+
+#[test]
+fn linear_forward_and_backward_match_f64() {
+    let e = engine();
+    let mut rng = Rng::new(11);
+    for (n, i, o) in [(1, 1, 1), (7, 33, 5), (65, 257, 10), (3, 1, 70)] {
+        let (x, w, b) = (rng.vec(n * i), rng.vec(o * i), rng.vec(o));
+        let f = |xx: &[f64], ww: &[f64], bb: &[f64]| -> Vec<f64> {
+            let mut y = vec![0.0; n * o];
+            for r in 0..n {
+                for c in 0..o {
+                    y[r * o + c] =
+                        bb[c] + (0..i).map(|k| xx[r * i + k] * ww[c * i + k]).sum::<f64>();
+                }
+            }
+            y
+        };
+        let (xf, wf, bf) = (to_f64(&x), to_f64(&w), to_f64(&b));
+        let tx = Tensor::from_slice(&e, &x, &[n, i], "x").unwrap();
+        let tw = Tensor::from_slice(&e, &w, &[o, i], "w").unwrap();
+        let tb = Tensor::from_slice(&e, &b, &[o], "b").unwrap();
+        let y = linear(&tx, &tw, Some(&tb)).unwrap();
+        assert!(max_rel_err(&y.to_vec().unwrap(), &f(&xf, &wf, &bf)) < TOL);
+        let r = rng.vec(n * o);
+        let rf = to_f64(&r);
+        let dy = Tensor::from_slice(&e, &r, &[n, o], "dy").unwrap();
+        let (dx, dw, db) = linear_backward(&tx, &tw, &dy, true).unwrap();
+        let gx = numeric_grad(&xf, |v| weighted_sum(&f(v, &wf, &bf), &rf));
+        let gw = numeric_grad(&wf, |v| weighted_sum(&f(&xf, v, &bf), &rf));
+        let gb = numeric_grad(&bf, |v| weighted_sum(&f(&xf, &wf, v), &rf));
+        for (name, got, want) in [("dx", dx.unwrap(), gx), ("dw", dw, gw), ("db", db, gb)] {
+            let err = max_rel_err(&got.to_vec().unwrap(), &want);
+            assert!(err < TOL, "{name} {n}x{i}->{o}: {err}");
+        }
+    }
+}
+
+#[test]
+fn relu_backward_masks_by_output() {
+    let e = engine();
+    let mut rng = Rng::new(12);
+    for n in [1, 7, 257, 4097] {
+        let x = rng.vec(n);
+        let r = rng.vec(n);
+        let tx = Tensor::from_slice(&e, &x, &[n], "x").unwrap();
+        let y = relu(&tx).unwrap();
+        let dy = Tensor::from_slice(&e, &r, &[n], "dy").unwrap();
+        let dx = relu_backward(&y, &dy).unwrap().to_vec().unwrap();
+        let want: Vec<f64> = x
+            .iter()
+            .zip(&r)
+            .map(|(&a, &g)| if a > 0.0 { g as f64 } else { 0.0 })
+            .collect();
+        assert!(max_rel_err(&dx, &want) < TOL);
+    }
+}
+
+#[test]
+fn cross_entropy_matches_f64_and_is_stable() {
+    let e = engine();
+    let mut rng = Rng::new(13);
+    for (n, c) in [(1, 1), (1, 7), (33, 10), (257, 3)] {
+        let mut x = rng.vec(n * c);
+        // Large logits: a naive exp would overflow f32.
+        x.iter_mut().step_by(3).for_each(|v| *v *= 100.0);
+        let labels: Vec<usize> = (0..n).map(|_| rng.below(c as u64) as usize).collect();
+        let lf: Vec<f32> = labels.iter().map(|&l| l as f32).collect();
+        let xf = to_f64(&x);
+        let tx = Tensor::from_slice(&e, &x, &[n, c], "logits").unwrap();
+        let tl = Tensor::from_slice(&e, &lf, &[n], "labels").unwrap();
+        let loss = cross_entropy(&tx, &tl).unwrap().to_vec().unwrap();
+        let want = cross_entropy_ref(&xf, &labels, c);
+        assert!(
+            max_rel_err(&loss, &[want]) < TOL,
+            "{n}x{c}: {} vs {want}",
+            loss[0]
+        );
+        let g = 0.7f32;
+        let dl = Tensor::from_slice(&e, &[g], &[1], "dloss").unwrap();
+        let dx = cross_entropy_backward(&tx, &tl, &dl)
+            .unwrap()
+            .to_vec()
+            .unwrap();
+        let num: Vec<f64> = numeric_grad(&xf, |v| cross_entropy_ref(v, &labels, c))
+            .iter()
+            .map(|v| v * g as f64)
+            .collect();
+        let err = max_rel_err(&dx, &num);
+        assert!(err < TOL, "{n}x{c}: {err}");
+    }
+}
