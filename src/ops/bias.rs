@@ -29,7 +29,7 @@ struct Params {
 
 fn params(t: &Tensor, channels: usize, inner: usize, scale: f32) -> Result<Params, TensorError> {
     let n = t.numel();
-    if channels == 0 || inner == 0 || n % (channels * inner) != 0 {
+    if channels == 0 || inner == 0 || !n.is_multiple_of(channels * inner) {
         return Err(TensorError::InvalidShape {
             op: "bias",
             message: format!(
