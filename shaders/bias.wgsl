@@ -1,8 +1,13 @@
 // Bias along a channel axis of a tensor viewed as [outer, channels, inner]:
 // `add` adds b[c] in place (conv: [N, O, H*W]; linear: [N, O, 1]); `reduce`
 // sums over outer and inner (the bias gradient, or a plain sum when
-// channels = 1), times `scale`.
-struct Params { outer: u32, channels: u32, inner: u32, scale: f32 }
+// channels = 1). One `reduce` dispatch covers the flat (outer, inner)
+// positions [begin, end) and may add to b, because llvmpipe ends loops after
+// 65,535 iterations; `scale` multiplies the finished sums.
+struct Params {
+    outer: u32, channels: u32, inner: u32, scale: f32,
+    begin: u32, end: u32, accumulate: u32, _pad: u32,
+}
 
 @group(0) @binding(0) var<storage, read_write> t: array<f32>;
 @group(0) @binding(1) var<storage, read_write> b: array<f32>;
@@ -24,11 +29,20 @@ fn reduce(@builtin(workgroup_id) wid: vec3<u32>,
     let c = (wid.x + wid.y * nwg.x + wid.z * nwg.x * nwg.y) * 256u + lidx;
     if (c >= p.channels) { return; }
     var acc = 0.0;
-    for (var o = 0u; o < p.outer; o++) {
-        let base = (o * p.channels + c) * p.inner;
-        for (var i = 0u; i < p.inner; i++) {
-            acc += t[base + i];
-        }
+    for (var j = p.begin; j < p.end; j++) {
+        acc += t[((j / p.inner) * p.channels + c) * p.inner + j % p.inner];
     }
-    b[c] = acc * p.scale;
+    if (p.accumulate != 0u) { acc += b[c]; }
+    b[c] = acc;
+}
+
+@compute @workgroup_size(256)
+fn scale(@builtin(workgroup_id) wid: vec3<u32>,
+         @builtin(num_workgroups) nwg: vec3<u32>,
+         @builtin(local_invocation_index) lidx: u32) {
+    let c = (wid.x + wid.y * nwg.x + wid.z * nwg.x * nwg.y) * 256u + lidx;
+    if (c >= p.channels) { return; }
+    // `t` is unused here but must stay in this entry point's layout.
+    if (p.outer == 0xffffffffu) { b[c] = t[0]; return; }
+    b[c] = b[c] * p.scale;
 }

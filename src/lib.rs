@@ -6,8 +6,11 @@
 //!   the segment source that backs the allocator with wgpu buffers;
 //! - [`tensor`] and [`ops`]: tensors living in allocator blocks, and kernels.
 
+pub mod autograd;
 pub mod cli;
 pub mod device;
 pub mod memory;
+pub mod nn;
 pub mod ops;
+pub mod optim;
 pub mod tensor;

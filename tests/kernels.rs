@@ -178,3 +178,42 @@ fn each_kernel_compiles_once() {
     e.gpu().synchronize().unwrap();
     assert_eq!(e.gpu().pipelines_compiled(), 2, "fill and relu");
 }
+
+#[test]
+fn long_reductions_survive_llvmpipes_loop_limit() {
+    // llvmpipe ends any shader loop after 65,535 iterations; SimpleConvNet's
+    // fc layer reduces over 100,352 inputs. Both kernels must still be exact.
+    let e = engine();
+    let mut rng = Rng::new(5);
+    let (m, k, n) = (2, 100_352, 3);
+    let a = rng.vec(m * k);
+    let b = rng.vec(k * n);
+    let want = matmul_ref(&a, &b, m, k, n);
+    let ta = Tensor::from_slice(&e, &a, &[m, k], "a").unwrap();
+    let tb = Tensor::from_slice(&e, &b, &[k, n], "b").unwrap();
+    for kernel in [matmul::MatmulKernel::Tiled, matmul::MatmulKernel::Naive] {
+        let got = matmul::matmul_ex(&ta, &tb, false, false, kernel).unwrap();
+        let err = max_rel_err(&got.to_vec().unwrap(), &want);
+        assert!(err < TOL, "{kernel:?}: {err}");
+    }
+    // Channel sums over 3 x 2 x 70,001 positions, and a mean over 140,002.
+    let (outer, ch, inner) = (3, 2, 70_001);
+    let x = rng.vec(outer * ch * inner);
+    let t = Tensor::from_slice(&e, &x, &[outer, ch, inner], "x").unwrap();
+    let sums = vramlab::ops::bias::sum_channels(&t, ch, inner, 0.5, "s")
+        .unwrap()
+        .to_vec()
+        .unwrap();
+    let want: Vec<f64> = (0..ch)
+        .map(|c| {
+            0.5 * (0..outer)
+                .flat_map(|o| (0..inner).map(move |i| (o, i)))
+                .map(|(o, i)| x[(o * ch + c) * inner + i] as f64)
+                .sum::<f64>()
+        })
+        .collect();
+    assert!(max_rel_err(&sums, &want) < TOL, "{sums:?} vs {want:?}");
+    let mean = vramlab::ops::bias::mean(&t, "m").unwrap().to_vec().unwrap();
+    let want = x.iter().map(|&v| v as f64).sum::<f64>() / x.len() as f64;
+    assert!((mean[0] as f64 - want).abs() < 1e-5, "{mean:?} vs {want}");
+}

@@ -1,6 +1,7 @@
 //! The command line: parsing, and one file per command.
 
 pub mod args;
+pub mod demo;
 pub mod info;
 pub mod replay;
 
@@ -20,6 +21,9 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Train the articles' SimpleConvNet (batch 64, Adam, 2 steps) on the GPU
+    /// and show its memory next to the numbers the article printed.
+    Demo(demo::DemoArgs),
     /// Show the GPU adapters, the one chosen and why, the limits that decide
     /// what fits, the features, and the driver's own allocator report.
     Info(info::InfoArgs),
@@ -31,6 +35,7 @@ pub enum Command {
 /// Runs the parsed command.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
+        Command::Demo(a) => demo::run(&a),
         Command::Info(a) => info::run(&a),
         Command::Replay(a) => replay::run(&a),
     }

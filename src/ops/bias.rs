@@ -12,6 +12,11 @@ const ADD: Kernel = Kernel {
     source: SOURCE,
     entry: "add",
 };
+const SCALE: Kernel = Kernel {
+    name: "bias_scale",
+    source: SOURCE,
+    entry: "scale",
+};
 const REDUCE: Kernel = Kernel {
     name: "bias_reduce",
     source: SOURCE,
@@ -25,6 +30,10 @@ struct Params {
     channels: u32,
     inner: u32,
     scale: f32,
+    begin: u32,
+    end: u32,
+    accumulate: u32,
+    _pad: u32,
 }
 
 fn params(t: &Tensor, channels: usize, inner: usize, scale: f32) -> Result<Params, TensorError> {
@@ -43,6 +52,10 @@ fn params(t: &Tensor, channels: usize, inner: usize, scale: f32) -> Result<Param
         channels: channels as u32,
         inner: inner as u32,
         scale,
+        begin: 0,
+        end: 0,
+        accumulate: 0,
+        _pad: 0,
     })
 }
 
@@ -76,13 +89,31 @@ pub fn sum_channels(
 ) -> Result<Tensor, TensorError> {
     let p = params(t, channels, inner, scale)?;
     let out = Tensor::empty(t.engine(), &[channels], DType::F32, label)?;
-    launch(
-        t,
-        &REDUCE,
-        &[&t.slice(), &out.slice()],
-        bytemuck::bytes_of(&p),
-        channels,
-    )?;
+    let total = p.outer as usize * inner;
+    for begin in (0..total).step_by(super::MAX_LOOP_ITERATIONS) {
+        let part = Params {
+            begin: begin as u32,
+            end: (begin + super::MAX_LOOP_ITERATIONS).min(total) as u32,
+            accumulate: (begin > 0) as u32,
+            ..p
+        };
+        launch(
+            t,
+            &REDUCE,
+            &[&t.slice(), &out.slice()],
+            bytemuck::bytes_of(&part),
+            channels,
+        )?;
+    }
+    if scale != 1.0 {
+        launch(
+            t,
+            &SCALE,
+            &[&t.slice(), &out.slice()],
+            bytemuck::bytes_of(&p),
+            channels,
+        )?;
+    }
     Ok(out)
 }
 

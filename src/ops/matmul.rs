@@ -93,7 +93,8 @@ pub struct Gemm {
 }
 
 /// Runs `g` on existing tensors. The caller guarantees the views lie inside
-/// the tensors (ops build them from shapes they checked).
+/// the tensors (ops build them from shapes they checked). A long K is split
+/// into accumulating dispatches of at most [`super::MAX_LOOP_ITERATIONS`].
 pub fn gemm(
     g: &Gemm,
     a: &Tensor,
@@ -106,6 +107,25 @@ pub fn gemm(
         t.require_f32(OP)?;
         super::check_u32(OP, t)?;
     }
+    let step = super::MAX_LOOP_ITERATIONS;
+    for k0 in (0..g.k.max(1)).step_by(step) {
+        let mut part = *g;
+        part.k = step.min(g.k - k0);
+        part.a.offset += k0 * g.a.col_stride;
+        part.b.offset += k0 * g.b.row_stride;
+        part.accumulate = g.accumulate || k0 > 0;
+        gemm_once(&part, a, b, c, kernel)?;
+    }
+    Ok(())
+}
+
+fn gemm_once(
+    g: &Gemm,
+    a: &Tensor,
+    b: &Tensor,
+    c: &Tensor,
+    kernel: MatmulKernel,
+) -> Result<(), TensorError> {
     let u = |x: usize| x as u32;
     let params = MatmulParams {
         m: u(g.m),

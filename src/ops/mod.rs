@@ -14,6 +14,14 @@ pub mod relu;
 use crate::device::{BufferSlice, Kernel, Workgroups};
 use crate::tensor::{Tensor, TensorError};
 
+/// Most loop iterations one shader invocation may run in one dispatch.
+/// llvmpipe (Mesa's software rasterizer, CI's GPU) silently ends any shader
+/// loop after 65,535 iterations (gallivm's LP_MAX_TGSI_LOOP_ITERATIONS), which
+/// truncated a 100,352-long matmul reduction to garbage. Long reductions are
+/// therefore split across dispatches that accumulate; the cost elsewhere is a
+/// few extra dispatches.
+pub const MAX_LOOP_ITERATIONS: usize = 16_384;
+
 /// 256 threads per workgroup for elementwise kernels (WGSL `@workgroup_size(256)`).
 pub(crate) const ELEMENTWISE_WORKGROUP: u64 = 256;
 
@@ -61,7 +69,7 @@ pub(crate) fn check_u32(op: &'static str, t: &Tensor) -> Result<(), TensorError>
 }
 
 /// Dispatches an elementwise kernel (256 threads per group) over `n` items.
-pub(crate) fn launch(
+pub fn launch(
     t: &Tensor,
     kernel: &Kernel,
     bindings: &[&BufferSlice],

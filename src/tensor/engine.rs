@@ -3,12 +3,20 @@
 
 use super::error::TensorError;
 use crate::device::{AdapterOptions, BufferSlice, DeviceError, Gpu, WgpuSource};
-use crate::memory::{Allocation, AllocatorConfig, CachingAllocator};
-use std::sync::{Arc, Mutex, MutexGuard};
+use crate::memory::{Allocation, AllocatorConfig, BlockHandle, CachingAllocator};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
 struct EngineInner {
     gpu: Gpu,
     allocator: Mutex<CachingAllocator<WgpuSource>>,
+    /// Frees that found the allocator locked (a guard held while a tensor is
+    /// dropped, on this thread or another): applied at the next access, so
+    /// dropping a tensor never deadlocks.
+    deferred_frees: Mutex<Vec<BlockHandle>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A GPU plus its allocator.
@@ -27,6 +35,7 @@ impl Engine {
             inner: Arc::new(EngineInner {
                 gpu,
                 allocator: Mutex::new(CachingAllocator::new(source, config)),
+                deferred_frees: Mutex::new(Vec::new()),
             }),
         })
     }
@@ -35,12 +44,36 @@ impl Engine {
         &self.inner.gpu
     }
 
-    /// The allocator, for statistics, snapshots and `empty_cache`.
+    /// The allocator, for statistics, snapshots and `empty_cache`. Do not
+    /// hold the guard longer than needed: tensors dropped meanwhile have their
+    /// frees deferred until the next call.
     pub fn allocator(&self) -> MutexGuard<'_, CachingAllocator<WgpuSource>> {
-        self.inner
-            .allocator
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        let mut a = lock(&self.inner.allocator);
+        self.apply_deferred(&mut a);
+        a
+    }
+
+    fn apply_deferred(&self, a: &mut CachingAllocator<WgpuSource>) {
+        let pending = std::mem::take(&mut *lock(&self.inner.deferred_frees));
+        for h in pending {
+            // Handles come from live storages; a failure cannot happen and
+            // would have nothing to report to.
+            let _ = a.free(h);
+        }
+    }
+
+    /// Returns a block, now if the allocator is free, else at its next use.
+    fn release(&self, handle: BlockHandle) {
+        match self.inner.allocator.try_lock() {
+            Ok(mut a) => {
+                let _ = a.free(handle);
+                self.apply_deferred(&mut a);
+            }
+            Err(TryLockError::Poisoned(p)) => {
+                let _ = p.into_inner().free(handle);
+            }
+            Err(TryLockError::WouldBlock) => lock(&self.inner.deferred_frees).push(handle),
+        }
     }
 
     pub(crate) fn same(&self, other: &Engine) -> bool {
@@ -96,8 +129,6 @@ impl Storage {
 
 impl Drop for Storage {
     fn drop(&mut self) {
-        // A valid handle cannot fail to free; there is nothing to report from
-        // a destructor anyway.
-        let _ = self.engine.allocator().free(self.allocation.handle);
+        self.engine.release(self.allocation.handle);
     }
 }

@@ -1,0 +1,7 @@
+//! Reverse-mode autodiff: a tape of recorded ops ([`Tape`]), values that know
+//! their place in it ([`Value`]), and the differentiable functions.
+
+pub mod functions;
+pub mod tape;
+
+pub use tape::{Tape, Value};

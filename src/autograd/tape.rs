@@ -1,0 +1,223 @@
+//! The tape: ops record how to compute their inputs' gradients; `backward`
+//! replays those records in reverse.
+//!
+//! Memory follows PyTorch's rules because the tape holds only what backward
+//! needs: each record keeps the tensors its backward saved (and nothing else),
+//! is consumed by `backward` (so saved tensors are freed as soon as they have
+//! been used), and a parameter's gradient lands in its `.grad` as soon as the
+//! last op using it has run, staying there until `zero_grad`. Values the caller
+//! holds stay alive as long as the caller holds them, exactly as Python
+//! references do. With gradients disabled (`no_grad`) nothing is recorded and
+//! nothing is saved.
+
+use crate::nn::param::{ParamId, ParamStore};
+use crate::ops::{elementwise, fill};
+use crate::tensor::{Tensor, TensorError};
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+type VarId = usize;
+
+/// Computes input gradients from the output gradient; `None` where an input
+/// needs none.
+pub type BackwardFn = Box<dyn FnOnce(&Tensor) -> Result<Vec<Option<Tensor>>, TensorError>>;
+
+/// A tensor plus, when it is part of the recorded graph, its place there.
+#[derive(Clone, Debug)]
+pub struct Value {
+    tensor: Tensor,
+    var: Option<VarId>,
+}
+
+impl Value {
+    /// A value outside the graph (inputs, labels): no gradient flows into it.
+    pub fn constant(tensor: Tensor) -> Value {
+        Value { tensor, var: None }
+    }
+
+    pub fn tensor(&self) -> &Tensor {
+        &self.tensor
+    }
+
+    /// Whether a gradient will be computed for this value.
+    pub fn requires_grad(&self) -> bool {
+        self.var.is_some()
+    }
+}
+
+struct Node {
+    output: VarId,
+    inputs: Vec<Option<VarId>>,
+    backward: BackwardFn,
+}
+
+struct Inner {
+    nodes: Vec<Node>,
+    next_var: VarId,
+    params: HashMap<VarId, ParamId>,
+    grad_enabled: bool,
+}
+
+/// The recording of one forward pass.
+pub struct Tape {
+    inner: RefCell<Inner>,
+}
+
+impl Default for Tape {
+    fn default() -> Self {
+        Tape::new()
+    }
+}
+
+impl Tape {
+    pub fn new() -> Tape {
+        Tape {
+            inner: RefCell::new(Inner {
+                nodes: Vec::new(),
+                next_var: 0,
+                params: HashMap::new(),
+                grad_enabled: true,
+            }),
+        }
+    }
+
+    fn new_var(inner: &mut Inner) -> VarId {
+        inner.next_var += 1;
+        inner.next_var
+    }
+
+    /// A parameter as a graph leaf: its gradient goes to the parameter's `.grad`.
+    pub fn param(&self, store: &ParamStore, id: ParamId) -> Value {
+        let tensor = store.get(id).value.clone();
+        let mut inner = self.inner.borrow_mut();
+        if !inner.grad_enabled {
+            return Value::constant(tensor);
+        }
+        let var = Self::new_var(&mut inner);
+        inner.params.insert(var, id);
+        Value {
+            tensor,
+            var: Some(var),
+        }
+    }
+
+    /// Records an op's output. If gradients are off, or no input needs one,
+    /// the backward closure (and every tensor it saved) is dropped at once.
+    pub fn record(&self, output: Tensor, inputs: &[&Value], backward: BackwardFn) -> Value {
+        let mut inner = self.inner.borrow_mut();
+        if !inner.grad_enabled || inputs.iter().all(|v| v.var.is_none()) {
+            drop(backward);
+            return Value::constant(output);
+        }
+        let var = Self::new_var(&mut inner);
+        inner.nodes.push(Node {
+            output: var,
+            inputs: inputs.iter().map(|v| v.var).collect(),
+            backward,
+        });
+        Value {
+            tensor: output,
+            var: Some(var),
+        }
+    }
+
+    /// Whether ops record right now.
+    pub fn grad_enabled(&self) -> bool {
+        self.inner.borrow().grad_enabled
+    }
+
+    /// Runs `f` without recording (PyTorch's `torch.no_grad()`).
+    pub fn no_grad<R>(&self, f: impl FnOnce() -> R) -> R {
+        let before = std::mem::replace(&mut self.inner.borrow_mut().grad_enabled, false);
+        let r = f();
+        self.inner.borrow_mut().grad_enabled = before;
+        r
+    }
+
+    /// Number of recorded ops still waiting for backward.
+    pub fn len(&self) -> usize {
+        self.inner.borrow().nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Backpropagates from the scalar `loss`, accumulating into the `.grad` of
+    /// every parameter it depends on, and consumes the recording.
+    pub fn backward(&self, loss: &Value, store: &mut ParamStore) -> Result<(), TensorError> {
+        let Some(loss_var) = loss.var else {
+            return Err(TensorError::InvalidShape {
+                op: "backward",
+                message:
+                    "the loss does not depend on any parameter (was it computed under no_grad?)"
+                        .into(),
+            });
+        };
+        if loss.tensor.numel() != 1 {
+            return Err(TensorError::InvalidShape {
+                op: "backward",
+                message: format!(
+                    "backward needs a scalar loss, got shape {:?}",
+                    loss.tensor.shape()
+                ),
+            });
+        }
+        let (nodes, params) = {
+            let mut inner = self.inner.borrow_mut();
+            (
+                std::mem::take(&mut inner.nodes),
+                std::mem::take(&mut inner.params),
+            )
+        };
+        // How many recorded ops still have to deliver a gradient to each value.
+        let mut pending: HashMap<VarId, usize> = HashMap::new();
+        for n in &nodes {
+            for v in n.inputs.iter().flatten() {
+                *pending.entry(*v).or_default() += 1;
+            }
+        }
+        let mut grads: HashMap<VarId, Tensor> = HashMap::new();
+        grads.insert(
+            loss_var,
+            fill::full(loss.tensor.engine(), &[1], 1.0, "loss.grad")?,
+        );
+        for node in nodes.into_iter().rev() {
+            let Node {
+                output,
+                inputs,
+                backward,
+            } = node;
+            let input_grads = match grads.remove(&output) {
+                Some(g) => backward(&g)?,
+                None => Vec::new(),
+            };
+            let mut input_grads = input_grads.into_iter();
+            for var in inputs {
+                let g = input_grads.next().flatten();
+                let Some(var) = var else { continue };
+                if let Some(g) = g {
+                    let total = match grads.remove(&var) {
+                        Some(prev) => elementwise::add(&prev, &g)?,
+                        None => g,
+                    };
+                    grads.insert(var, total);
+                }
+                let left = pending.get_mut(&var).map(|c| {
+                    *c -= 1;
+                    *c
+                });
+                // A parameter's gradient is complete once its last user has
+                // run: move it into `.grad` now, as PyTorch's AccumulateGrad does.
+                if left == Some(0) {
+                    if let Some(&pid) = params.get(&var) {
+                        if let Some(g) = grads.remove(&var) {
+                            store.accumulate_grad(pid, g)?;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
