@@ -228,7 +228,12 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
     println!("    still alive; they are freed as backward uses them.");
     println!("  - The peak ({:.2} MiB) is well above the article's 55.73 MiB estimate: its hand method leaves out", mib(last.2));
     println!("    the ReLU outputs (saved for backward), the logits, the im2col workspace and backward's temporaries.");
-    println!("  - Reserved ({:.2} MiB) is rounded to 2 MiB / 20 MiB segments, so it rarely equals allocated.", mib(last.1));
+    println!(
+        "  - Reserved ({:.2} MiB, {:.2}x the peak allocated) is what the cache holds: segments of 2 MiB /",
+        mib(last.1),
+        last.1 as f64 / last.2.max(1) as f64
+    );
+    println!("    20 MiB or rounded sizes, kept after use and partly split, so it never equals allocated.");
     println!();
     print!("{}", memory_summary(alloc.stats(), &gpu.info.name, true));
     println!("finished in {:.1} s", start.elapsed().as_secs_f64());
