@@ -62,17 +62,7 @@ impl Tensor {
         shape: &[usize],
         label: &str,
     ) -> Result<Tensor, TensorError> {
-        let n = numel_of("from_slice", shape)?;
-        if data.len() != n {
-            return Err(TensorError::DataLength {
-                got: data.len(),
-                want: n,
-                shape: shape.to_vec(),
-            });
-        }
-        let t = Tensor::empty(engine, shape, DType::F32, label)?;
-        engine.gpu().upload(&t.slice(), bytemuck::cast_slice(data));
-        Ok(t)
+        Self::from_pod(engine, data, shape, DType::F32, label)
     }
 
     /// A tensor holding `data` stored as f16.
@@ -82,7 +72,17 @@ impl Tensor {
         shape: &[usize],
         label: &str,
     ) -> Result<Tensor, TensorError> {
-        let n = numel_of("from_f16", shape)?;
+        Self::from_pod(engine, data, shape, DType::F16, label)
+    }
+
+    fn from_pod<T: bytemuck::Pod>(
+        engine: &Engine,
+        data: &[T],
+        shape: &[usize],
+        dtype: DType,
+        label: &str,
+    ) -> Result<Tensor, TensorError> {
+        let n = numel_of("from_slice", shape)?;
         if data.len() != n {
             return Err(TensorError::DataLength {
                 got: data.len(),
@@ -90,7 +90,7 @@ impl Tensor {
                 shape: shape.to_vec(),
             });
         }
-        let t = Tensor::empty(engine, shape, DType::F16, label)?;
+        let t = Tensor::empty(engine, shape, dtype, label)?;
         engine.gpu().upload(&t.slice(), bytemuck::cast_slice(data));
         Ok(t)
     }

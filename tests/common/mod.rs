@@ -5,29 +5,18 @@ use vramlab::device::AdapterOptions;
 use vramlab::memory::AllocatorConfig;
 use vramlab::tensor::Engine;
 
-/// A small deterministic generator (SplitMix64), so failures reproduce.
-pub struct Rng(u64);
+/// The library's seeded generator (SplitMix64), so failures reproduce.
+pub use vramlab::nn::init::Rng;
 
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Rng(seed)
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E3779B97F4A7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58476D1CE4E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D049BB133111EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [-1, 1).
-    pub fn uniform(&mut self) -> f32 {
-        ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-    pub fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.uniform()).collect()
-    }
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n
+/// Test shorthands on top of the library's generator.
+pub trait RngExt {
+    /// `n` values uniform in [-1, 1).
+    fn vec(&mut self, n: usize) -> Vec<f32>;
+}
+
+impl RngExt for Rng {
+    fn vec(&mut self, n: usize) -> Vec<f32> {
+        self.uniform(n, 1.0)
     }
 }
 
