@@ -2,7 +2,9 @@
 //! allocator on a simulated device and print the statistics it reaches.
 
 use super::args::{parse_capacity, AllocArgs};
-use crate::memory::{memory_summary, replay, CachingAllocator, Mib, SimulatedSource};
+use crate::memory::{
+    memory_summary, replay, CachingAllocator, Mib, SegmentSource, SimulatedSource,
+};
 use clap::Args;
 use std::io::BufReader;
 use std::path::PathBuf;
@@ -35,7 +37,7 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
         Some(c) => SimulatedSource::new(c),
         None => SimulatedSource::unlimited(),
     };
-    let describe = source_description(&source);
+    let describe = source.describe();
     let mut alloc = CachingAllocator::new(source, config);
     let outcome = replay(&mut alloc, BufReader::new(file), args.timeline);
     let stats = alloc.stats().flat();
@@ -122,9 +124,4 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
-}
-
-fn source_description(s: &SimulatedSource) -> String {
-    use crate::memory::SegmentSource;
-    s.describe()
 }

@@ -66,7 +66,7 @@ pub struct Gpu {
     errors: Arc<Mutex<Vec<String>>>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic elsewhere cannot leave these maps half-updated in a way that
     // matters more than losing the whole run; keep going.
     m.lock().unwrap_or_else(|e| e.into_inner())

@@ -1,7 +1,7 @@
 //! Elementwise `add` and `mul` of same-shaped tensors.
 
-use super::{check_u32, same_shape, CountParams, ELEMENTWISE_WORKGROUP};
-use crate::device::{Kernel, Workgroups};
+use super::{check_u32, launch, same_shape, CountParams};
+use crate::device::Kernel;
 use crate::tensor::{DType, Tensor, TensorError};
 
 const SOURCE: &str = include_str!("../../shaders/binary.wgsl");
@@ -28,11 +28,12 @@ fn binary(
     check_u32(op, a)?;
     let out = Tensor::empty(a.engine(), a.shape(), DType::F32, &format!("{op}.out"))?;
     let n = a.numel();
-    a.engine().gpu().dispatch(
+    launch(
+        a,
         kernel,
         &[&a.slice(), &b.slice(), &out.slice()],
         bytemuck::bytes_of(&CountParams::new(n)),
-        Workgroups::Linear((n as u64).div_ceil(ELEMENTWISE_WORKGROUP)),
+        n,
     )?;
     Ok(out)
 }

@@ -1,7 +1,7 @@
 //! `fill`: set every element to a value, on the GPU (ordered with other work).
 
-use super::{check_u32, ELEMENTWISE_WORKGROUP};
-use crate::device::{Kernel, Workgroups};
+use super::{check_u32, launch};
+use crate::device::Kernel;
 use crate::tensor::{DType, Engine, Tensor, TensorError};
 
 const FILL: Kernel = Kernel {
@@ -28,13 +28,7 @@ pub fn fill(t: &Tensor, value: f32) -> Result<(), TensorError> {
         value,
         _pad: [0; 2],
     };
-    t.engine().gpu().dispatch(
-        &FILL,
-        &[&t.slice()],
-        bytemuck::bytes_of(&params),
-        Workgroups::Linear((n as u64).div_ceil(ELEMENTWISE_WORKGROUP)),
-    )?;
-    Ok(())
+    launch(t, &FILL, &[&t.slice()], bytemuck::bytes_of(&params), n)
 }
 
 /// A new f32 tensor full of `value`.

@@ -1,7 +1,7 @@
 //! `relu`: max(x, 0) into a new tensor.
 
-use super::{check_u32, CountParams, ELEMENTWISE_WORKGROUP};
-use crate::device::{Kernel, Workgroups};
+use super::{check_u32, CountParams};
+use crate::device::Kernel;
 use crate::tensor::{DType, Tensor, TensorError};
 
 const RELU: Kernel = Kernel {
@@ -16,11 +16,12 @@ pub fn relu(x: &Tensor) -> Result<Tensor, TensorError> {
     check_u32("relu", x)?;
     let out = Tensor::empty(x.engine(), x.shape(), DType::F32, "relu.out")?;
     let n = x.numel();
-    x.engine().gpu().dispatch(
+    super::launch(
+        x,
         &RELU,
         &[&x.slice(), &out.slice()],
         bytemuck::bytes_of(&CountParams::new(n)),
-        Workgroups::Linear((n as u64).div_ceil(ELEMENTWISE_WORKGROUP)),
+        n,
     )?;
     Ok(out)
 }

@@ -2,6 +2,7 @@
 //! memory. Cloning an engine is cheap; tensors keep theirs alive.
 
 use super::error::TensorError;
+use crate::device::gpu::lock;
 use crate::device::{AdapterOptions, BufferSlice, DeviceError, Gpu, WgpuSource};
 use crate::memory::{Allocation, AllocatorConfig, BlockHandle, CachingAllocator};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
@@ -13,10 +14,6 @@ struct EngineInner {
     /// dropped, on this thread or another): applied at the next access, so
     /// dropping a tensor never deadlocks.
     deferred_frees: Mutex<Vec<BlockHandle>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A GPU plus its allocator.
