@@ -197,10 +197,7 @@ impl Tape {
                 let g = input_grads.next().flatten();
                 let Some(var) = var else { continue };
                 if let Some(g) = g {
-                    let total = match grads.remove(&var) {
-                        Some(prev) => elementwise::add(&prev, &g)?,
-                        None => g,
-                    };
+                    let total = elementwise::accumulate(grads.remove(&var), g)?;
                     grads.insert(var, total);
                 }
                 let left = pending.get_mut(&var).map(|c| {

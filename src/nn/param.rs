@@ -68,10 +68,7 @@ impl ParamStore {
     /// Adds `g` into the parameter's `.grad` (sets it if there is none).
     pub fn accumulate_grad(&mut self, id: ParamId, g: Tensor) -> Result<(), TensorError> {
         let p = &mut self.params[id.0];
-        p.grad = Some(match p.grad.take() {
-            Some(prev) => elementwise::add(&prev, &g)?,
-            None => g,
-        });
+        p.grad = Some(elementwise::accumulate(p.grad.take(), g)?);
         Ok(())
     }
 

@@ -47,3 +47,11 @@ pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor, TensorError> {
 pub fn mul(a: &Tensor, b: &Tensor) -> Result<Tensor, TensorError> {
     binary(&MUL, "mul", a, b)
 }
+
+/// Gradient accumulation: `prev + g`, or `g` when there is nothing yet.
+pub fn accumulate(prev: Option<Tensor>, g: Tensor) -> Result<Tensor, TensorError> {
+    match prev {
+        Some(prev) => add(&prev, &g),
+        None => Ok(g),
+    }
+}
