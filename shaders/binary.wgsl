@@ -29,3 +29,23 @@ fn mul(@builtin(workgroup_id) wid: vec3<u32>,
     if (i >= p.n) { return; }
     out[i] = a[i] * b[i];
 }
+
+@compute @workgroup_size(256)
+fn sub(@builtin(workgroup_id) wid: vec3<u32>,
+       @builtin(num_workgroups) nwg: vec3<u32>,
+       @builtin(local_invocation_index) lidx: u32) {
+    let i = index(wid, nwg, lidx);
+    if (i >= p.n) { return; }
+    out[i] = a[i] - b[i];
+}
+
+// (a - b)², MSE's per-element term.
+@compute @workgroup_size(256)
+fn sqdiff(@builtin(workgroup_id) wid: vec3<u32>,
+          @builtin(num_workgroups) nwg: vec3<u32>,
+          @builtin(local_invocation_index) lidx: u32) {
+    let i = index(wid, nwg, lidx);
+    if (i >= p.n) { return; }
+    let d = a[i] - b[i];
+    out[i] = d * d;
+}

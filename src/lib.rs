@@ -9,6 +9,7 @@
 pub mod autograd;
 pub mod cli;
 pub mod device;
+pub mod io;
 pub mod memory;
 pub mod nn;
 pub mod ops;

@@ -8,9 +8,11 @@ use common::*;
 use vramlab::autograd::{functions as f, Tape, Value};
 use vramlab::nn::init::Rng as ModelRng;
 use vramlab::nn::simple_cnn::{CLASSES, INPUT};
+use vramlab::nn::Model;
 use vramlab::nn::{ParamStore, SimpleConvNet};
 use vramlab::ops::conv2d::Conv2dConfig;
 use vramlab::optim::Adam;
+use vramlab::optim::Optimizer;
 use vramlab::tensor::Tensor;
 
 const TOL: f64 = 1e-4;

@@ -213,7 +213,7 @@ fn long_reductions_survive_llvmpipes_loop_limit() {
         })
         .collect();
     assert!(max_rel_err(&sums, &want) < TOL, "{sums:?} vs {want:?}");
-    let mean = vramlab::ops::bias::mean(&t, "m").unwrap().to_vec().unwrap();
+    let mean = vramlab::ops::mean::mean(&t, "m").unwrap().to_vec().unwrap();
     let want = x.iter().map(|&v| v as f64).sum::<f64>() / x.len() as f64;
     assert!((mean[0] as f64 - want).abs() < 1e-5, "{mean:?} vs {want}");
 }

@@ -4,10 +4,16 @@
 //! them at once, so `no_grad` keeps nothing alive.
 
 use super::tape::{Tape, Value};
+use crate::nn::ParamStore;
 use crate::ops::conv2d::{conv2d as conv2d_fwd, conv2d_backward, Conv2dConfig};
 use crate::ops::cross_entropy::{cross_entropy as ce_fwd, cross_entropy_backward};
+use crate::ops::elementwise::add as add_fwd;
 use crate::ops::linear::{linear as linear_fwd, linear_backward};
+use crate::ops::matmul::{matmul_ex, MatmulKernel};
+use crate::ops::mean::{mean_axis, mean_axis_backward, Axis};
+use crate::ops::mse::{mse as mse_fwd, mse_backward};
 use crate::ops::relu::{relu as relu_fwd, relu_backward};
+use crate::ops::softmax::{softmax as softmax_fwd, softmax_backward};
 use crate::tensor::{Tensor, TensorError};
 
 /// conv2d; saves the input and the weight.
@@ -24,7 +30,7 @@ pub fn conv2d(
     Ok(tape.record(
         y,
         &[x, w, b],
-        Box::new(move |g| {
+        Box::new(move |g, _| {
             let (dx, dw, db) = conv2d_backward(&xs, &ws, g, cfg, need_dx)?;
             Ok(vec![dx, Some(dw), Some(db)])
         }),
@@ -38,7 +44,7 @@ pub fn relu(tape: &Tape, x: &Value) -> Result<Value, TensorError> {
     Ok(tape.record(
         y,
         &[x],
-        Box::new(move |g| Ok(vec![Some(relu_backward(&saved, g)?)])),
+        Box::new(move |g, _| Ok(vec![Some(relu_backward(&saved, g)?)])),
     ))
 }
 
@@ -49,7 +55,7 @@ pub fn reshape(tape: &Tape, x: &Value, shape: &[usize]) -> Result<Value, TensorE
     Ok(tape.record(
         y,
         &[x],
-        Box::new(move |g| Ok(vec![Some(g.reshape(&original)?)])),
+        Box::new(move |g, _| Ok(vec![Some(g.reshape(&original)?)])),
     ))
 }
 
@@ -68,7 +74,7 @@ pub fn linear(tape: &Tape, x: &Value, w: &Value, b: &Value) -> Result<Value, Ten
     Ok(tape.record(
         y,
         &[x, w, b],
-        Box::new(move |g| {
+        Box::new(move |g, _| {
             let (dx, dw, db) = linear_backward(&xs, &ws, g, need_dx)?;
             Ok(vec![dx, Some(dw), Some(db)])
         }),
@@ -82,6 +88,162 @@ pub fn cross_entropy(tape: &Tape, logits: &Value, labels: &Tensor) -> Result<Val
     Ok(tape.record(
         loss,
         &[logits],
-        Box::new(move |g| Ok(vec![Some(cross_entropy_backward(&l, &y, g)?)])),
+        Box::new(move |g, _| Ok(vec![Some(cross_entropy_backward(&l, &y, g)?)])),
+    ))
+}
+
+/// `a + b` (residual connections); saves nothing, passes the gradient to both.
+pub fn add(tape: &Tape, a: &Value, b: &Value) -> Result<Value, TensorError> {
+    let y = add_fwd(a.tensor(), b.tensor())?;
+    Ok(tape.record(
+        y,
+        &[a, b],
+        Box::new(move |g, _| Ok(vec![Some(g.clone()), Some(g.clone())])),
+    ))
+}
+
+/// Batched `op(a) · op(b)` over matching batch dimensions, where op
+/// transposes the last two axes when asked (attention's Q·Kᵀ); saves both
+/// operands. For C = op(A)·op(B): dA = G·op(B)ᵀ (or its transpose when A was
+/// read transposed), dB = op(A)ᵀ·G (likewise).
+pub fn matmul(
+    tape: &Tape,
+    a: &Value,
+    b: &Value,
+    transpose_a: bool,
+    transpose_b: bool,
+) -> Result<Value, TensorError> {
+    let (sa, sb) = (a.tensor().shape(), b.tensor().shape());
+    if sa.len() != sb.len() || sa[..sa.len().saturating_sub(2)] != sb[..sb.len().saturating_sub(2)]
+    {
+        return Err(TensorError::ShapeMismatch {
+            op: "matmul (autograd needs equal batch dimensions)",
+            lhs: sa.to_vec(),
+            rhs: sb.to_vec(),
+        });
+    }
+    let k = MatmulKernel::Tiled;
+    let y = matmul_ex(a.tensor(), b.tensor(), transpose_a, transpose_b, k)?;
+    let (at, bt) = (a.tensor().clone(), b.tensor().clone());
+    let (need_a, need_b) = (a.requires_grad(), b.requires_grad());
+    Ok(tape.record(
+        y,
+        &[a, b],
+        Box::new(move |g, _| {
+            let da = match (need_a, transpose_a) {
+                (false, _) => None,
+                (true, false) => Some(matmul_ex(g, &bt, false, !transpose_b, k)?),
+                (true, true) => Some(matmul_ex(&bt, g, transpose_b, true, k)?),
+            };
+            let db = match (need_b, transpose_b) {
+                (false, _) => None,
+                (true, false) => Some(matmul_ex(&at, g, !transpose_a, false, k)?),
+                (true, true) => Some(matmul_ex(g, &at, true, transpose_a, k)?),
+            };
+            Ok(vec![da, db])
+        }),
+    ))
+}
+
+/// `softmax(scale · x)` over the last axis; saves its output.
+pub fn softmax(tape: &Tape, x: &Value, scale: f32) -> Result<Value, TensorError> {
+    let y = softmax_fwd(x.tensor(), scale)?;
+    let saved = y.clone();
+    Ok(tape.record(
+        y,
+        &[x],
+        Box::new(move |g, _| Ok(vec![Some(softmax_backward(&saved, g, scale)?)])),
+    ))
+}
+
+/// Mean over axis `dim`, which disappears from the shape; saves nothing.
+pub fn mean_dim(tape: &Tape, x: &Value, dim: usize) -> Result<Value, TensorError> {
+    let shape = x.tensor().shape().to_vec();
+    if dim >= shape.len() {
+        return Err(TensorError::InvalidShape {
+            op: "mean",
+            message: format!("no axis {dim} in shape {shape:?}"),
+        });
+    }
+    let axis = Axis::of(&shape, dim);
+    let mut out_shape = shape.clone();
+    out_shape.remove(dim);
+    let y = mean_axis(x.tensor(), axis, &out_shape, "mean.out")?;
+    Ok(tape.record(
+        y,
+        &[x],
+        Box::new(move |g, _| Ok(vec![Some(mean_axis_backward(g, axis, &shape)?)])),
+    ))
+}
+
+/// The mean of all elements, shape `[1]`; saves nothing.
+pub fn mean(tape: &Tape, x: &Value) -> Result<Value, TensorError> {
+    let flat = reshape(tape, x, &[1, x.tensor().numel()])?;
+    mean_dim(tape, &flat, 1)
+}
+
+/// Global average pooling `[N, C, H, W] → [N, C]`; saves nothing.
+pub fn global_avg_pool(tape: &Tape, x: &Value) -> Result<Value, TensorError> {
+    let s = x.tensor().shape();
+    if s.len() != 4 {
+        return Err(TensorError::InvalidShape {
+            op: "global_avg_pool",
+            message: format!("needs [N, C, H, W], got {s:?}"),
+        });
+    }
+    let flat = reshape(tape, x, &[s[0], s[1], s[2] * s[3]])?;
+    mean_dim(tape, &flat, 2)
+}
+
+/// Mean squared error against a constant target; saves both.
+pub fn mse(tape: &Tape, pred: &Value, target: &Tensor) -> Result<Value, TensorError> {
+    let loss = mse_fwd(pred.tensor(), target)?;
+    let (p, t) = (pred.tensor().clone(), target.clone());
+    Ok(tape.record(
+        loss,
+        &[pred],
+        Box::new(move |g, _| Ok(vec![Some(mse_backward(&p, &t, g)?)])),
+    ))
+}
+
+/// A segment of a model: reads its parameters from the store, records on the
+/// tape it is given.
+pub trait Segment: Fn(&Tape, &ParamStore, &Value) -> Result<Value, TensorError> + 'static {}
+impl<F: Fn(&Tape, &ParamStore, &Value) -> Result<Value, TensorError> + 'static> Segment for F {}
+
+/// `torch.utils.checkpoint.checkpoint(f, x)`: runs `f` without recording, so
+/// only its input is kept (saved by this node) and its output; backward
+/// re-runs `f` on a fresh tape, backpropagates through it into the
+/// parameters, and hands on the input's gradient. Activation memory of the
+/// segment is traded for one extra forward.
+pub fn checkpoint(
+    tape: &Tape,
+    store: &ParamStore,
+    x: &Value,
+    f: impl Segment,
+) -> Result<Value, TensorError> {
+    if !tape.grad_enabled() {
+        return f(tape, store, x);
+    }
+    let quiet = Tape::new();
+    let input = Value::constant(x.tensor().clone());
+    let y = quiet.no_grad(|| f(&quiet, store, &input))?;
+    drop(input);
+    let saved = x.tensor().clone();
+    let need_dx = x.requires_grad();
+    Ok(tape.record_opaque(
+        y.tensor().clone(),
+        &[x],
+        Box::new(move |g, store| {
+            let sub = Tape::new();
+            let xin = if need_dx {
+                sub.leaf(saved.clone())
+            } else {
+                Value::constant(saved.clone())
+            };
+            let out = f(&sub, store, &xin)?;
+            let dx = sub.backward_from(&out, g.clone(), store, Some(&xin))?;
+            Ok(vec![dx])
+        }),
     ))
 }

@@ -8,7 +8,10 @@
 //! last op using it has run, staying there until `zero_grad`. Values the caller
 //! holds stay alive as long as the caller holds them, exactly as Python
 //! references do. With gradients disabled (`no_grad`) nothing is recorded and
-//! nothing is saved.
+//! nothing is saved. `backward_retain` (PyTorch's `retain_graph=True`) keeps
+//! every record and what it saved, so a graph kept across steps grows memory
+//! step after step; `checkpoint` (in functions.rs) records one node whose
+//! backward re-runs a segment on a fresh tape.
 
 use crate::nn::param::{ParamId, ParamStore};
 use crate::ops::{elementwise, fill};
@@ -19,8 +22,12 @@ use std::collections::HashMap;
 type VarId = usize;
 
 /// Computes input gradients from the output gradient; `None` where an input
-/// needs none.
-pub type BackwardFn = Box<dyn FnOnce(&Tensor) -> Result<Vec<Option<Tensor>>, TensorError>>;
+/// needs none. It gets the parameter store because a checkpointed segment
+/// re-runs its forward (reading parameters) and backpropagates into
+/// parameters inside its backward. `Fn`, not `FnOnce`, so a retained graph
+/// can run again.
+pub type BackwardFn =
+    Box<dyn Fn(&Tensor, &mut ParamStore) -> Result<Vec<Option<Tensor>>, TensorError>>;
 
 /// A tensor plus, when it is part of the recorded graph, its place there.
 #[derive(Clone, Debug)]
@@ -101,11 +108,42 @@ impl Tape {
         }
     }
 
+    /// A graph leaf that is not a parameter (a checkpointed segment's input):
+    /// its gradient is what `backward_from` returns.
+    pub fn leaf(&self, tensor: Tensor) -> Value {
+        let mut inner = self.inner.borrow_mut();
+        if !inner.grad_enabled {
+            return Value::constant(tensor);
+        }
+        let var = Self::new_var(&mut inner);
+        Value {
+            tensor,
+            var: Some(var),
+        }
+    }
+
     /// Records an op's output. If gradients are off, or no input needs one,
     /// the backward closure (and every tensor it saved) is dropped at once.
     pub fn record(&self, output: Tensor, inputs: &[&Value], backward: BackwardFn) -> Value {
+        self.record_node(output, inputs, backward, false)
+    }
+
+    /// Like `record`, but keeps the node even when no input needs a gradient,
+    /// because its backward reaches parameters the tape cannot see (a
+    /// checkpointed segment).
+    pub fn record_opaque(&self, output: Tensor, inputs: &[&Value], backward: BackwardFn) -> Value {
+        self.record_node(output, inputs, backward, true)
+    }
+
+    fn record_node(
+        &self,
+        output: Tensor,
+        inputs: &[&Value],
+        backward: BackwardFn,
+        opaque: bool,
+    ) -> Value {
         let mut inner = self.inner.borrow_mut();
-        if !inner.grad_enabled || inputs.iter().all(|v| v.var.is_none()) {
+        if !inner.grad_enabled || (!opaque && inputs.iter().all(|v| v.var.is_none())) {
             drop(backward);
             return Value::constant(output);
         }
@@ -144,16 +182,32 @@ impl Tape {
     }
 
     /// Backpropagates from the scalar `loss`, accumulating into the `.grad` of
-    /// every parameter it depends on, and consumes the recording.
+    /// every parameter it depends on, and consumes the recording (each saved
+    /// tensor is freed as soon as its op's backward has run).
     pub fn backward(&self, loss: &Value, store: &mut ParamStore) -> Result<(), TensorError> {
-        let Some(loss_var) = loss.var else {
+        self.backward_scalar(loss, store, false)
+    }
+
+    /// `backward(retain_graph=True)`: the recording and everything it saved
+    /// stay, so backward can run again (and memory stays held).
+    pub fn backward_retain(&self, loss: &Value, store: &mut ParamStore) -> Result<(), TensorError> {
+        self.backward_scalar(loss, store, true)
+    }
+
+    fn backward_scalar(
+        &self,
+        loss: &Value,
+        store: &mut ParamStore,
+        retain: bool,
+    ) -> Result<(), TensorError> {
+        if loss.var.is_none() {
             return Err(TensorError::InvalidShape {
                 op: "backward",
                 message:
                     "the loss does not depend on any parameter (was it computed under no_grad?)"
                         .into(),
             });
-        };
+        }
         if loss.tensor.numel() != 1 {
             return Err(TensorError::InvalidShape {
                 op: "backward",
@@ -163,12 +217,45 @@ impl Tape {
                 ),
             });
         }
-        let (nodes, params) = {
+        let seed = fill::full(loss.tensor.engine(), &[1], 1.0, "loss.grad")?;
+        self.run_backward(loss, seed, store, retain, None)?;
+        Ok(())
+    }
+
+    /// Backpropagates `grad` (shaped like `root`) from `root`, consuming the
+    /// recording, and returns the gradient of the leaf `wrt` if asked.
+    pub fn backward_from(
+        &self,
+        root: &Value,
+        grad: Tensor,
+        store: &mut ParamStore,
+        wrt: Option<&Value>,
+    ) -> Result<Option<Tensor>, TensorError> {
+        if root.var.is_none() {
+            return Ok(None);
+        }
+        self.run_backward(root, grad, store, false, wrt.and_then(|v| v.var))
+    }
+
+    fn run_backward(
+        &self,
+        root: &Value,
+        seed: Tensor,
+        store: &mut ParamStore,
+        retain: bool,
+        wrt: Option<VarId>,
+    ) -> Result<Option<Tensor>, TensorError> {
+        let Some(root_var) = root.var else {
+            return Ok(None);
+        };
+        let (mut nodes, params) = {
             let mut inner = self.inner.borrow_mut();
-            (
-                std::mem::take(&mut inner.nodes),
-                std::mem::take(&mut inner.params),
-            )
+            let params = if retain {
+                inner.params.clone()
+            } else {
+                std::mem::take(&mut inner.params)
+            };
+            (std::mem::take(&mut inner.nodes), params)
         };
         // How many recorded ops still have to deliver a gradient to each value.
         let mut pending: HashMap<VarId, usize> = HashMap::new();
@@ -178,43 +265,49 @@ impl Tape {
             }
         }
         let mut grads: HashMap<VarId, Tensor> = HashMap::new();
-        grads.insert(
-            loss_var,
-            fill::full(loss.tensor.engine(), &[1], 1.0, "loss.grad")?,
-        );
-        for node in nodes.into_iter().rev() {
-            let Node {
-                output,
-                inputs,
-                backward,
-            } = node;
-            let input_grads = match grads.remove(&output) {
-                Some(g) => backward(&g)?,
-                None => Vec::new(),
-            };
-            let mut input_grads = input_grads.into_iter();
-            for var in inputs {
-                let g = input_grads.next().flatten();
-                let Some(var) = var else { continue };
-                if let Some(g) = g {
-                    let total = elementwise::accumulate(grads.remove(&var), g)?;
-                    grads.insert(var, total);
-                }
-                let left = pending.get_mut(&var).map(|c| {
-                    *c -= 1;
-                    *c
-                });
-                // A parameter's gradient is complete once its last user has
-                // run: move it into `.grad` now, as PyTorch's AccumulateGrad does.
-                if left == Some(0) {
-                    if let Some(&pid) = params.get(&var) {
-                        if let Some(g) = grads.remove(&var) {
-                            store.accumulate_grad(pid, g)?;
+        grads.insert(root_var, seed);
+        let mut kept = Vec::new();
+        let result = (|| {
+            while let Some(node) = nodes.pop() {
+                let input_grads = match grads.remove(&node.output) {
+                    Some(g) => (node.backward)(&g, store)?,
+                    None => Vec::new(),
+                };
+                let mut input_grads = input_grads.into_iter();
+                for var in &node.inputs {
+                    let g = input_grads.next().flatten();
+                    let Some(var) = *var else { continue };
+                    if let Some(g) = g {
+                        let total = elementwise::accumulate(grads.remove(&var), g)?;
+                        grads.insert(var, total);
+                    }
+                    let left = pending.get_mut(&var).map(|c| {
+                        *c -= 1;
+                        *c
+                    });
+                    // A parameter's gradient is complete once its last user has
+                    // run: move it into `.grad` now, as PyTorch's AccumulateGrad does.
+                    if left == Some(0) {
+                        if let Some(&pid) = params.get(&var) {
+                            if let Some(g) = grads.remove(&var) {
+                                store.accumulate_grad(pid, g)?;
+                            }
                         }
                     }
                 }
+                if retain {
+                    kept.push(node);
+                }
+                // Otherwise the node, and every tensor its backward saved, drops here.
             }
+            Ok(wrt.and_then(|v| grads.remove(&v)))
+        })();
+        if retain {
+            kept.reverse();
+            let mut inner = self.inner.borrow_mut();
+            kept.append(&mut inner.nodes);
+            inner.nodes = kept;
         }
-        Ok(())
+        result
     }
 }

@@ -7,6 +7,7 @@ use crate::autograd::{functions as f, Tape, Value};
 use crate::memory::{memory_summary, Mib};
 use crate::nn::init::Rng;
 use crate::nn::simple_cnn::{CLASSES, INPUT};
+use crate::nn::Model;
 use crate::nn::{ParamStore, SimpleConvNet};
 use crate::optim::Adam;
 use crate::tensor::{Engine, Tensor};
@@ -124,7 +125,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
         let loss = f::cross_entropy(&tape, &logits, &y)?;
         drop(logits);
         tape.backward(&loss, &mut store)?;
-        adam.step(&mut store)?;
+        crate::optim::Optimizer::step(&mut adam, &mut store)?;
         let loss_value = loss.tensor().to_vec()?[0];
         drop(loss);
         gpu.synchronize()?;

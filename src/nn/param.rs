@@ -79,3 +79,64 @@ impl ParamStore {
         }
     }
 }
+
+impl ParamStore {
+    /// `load_state_dict(strict=True)`: every parameter must be in `st` with
+    /// its exact shape, and `st` may hold nothing else.
+    pub fn load(&mut self, st: &crate::io::SafeTensors) -> Result<(), String> {
+        let mut problems = Vec::new();
+        for p in &self.params {
+            match st.f32(&p.name) {
+                Err(e) => problems.push(e.to_string()),
+                Ok((_, shape)) if shape != p.value.shape() => problems.push(format!(
+                    "{}: the file has shape {shape:?}, the model expects {:?}",
+                    p.name,
+                    p.value.shape()
+                )),
+                Ok(_) => {}
+            }
+        }
+        let unexpected: Vec<&String> = st
+            .tensors
+            .keys()
+            .filter(|k| !self.params.iter().any(|p| &p.name == *k))
+            .collect();
+        if !unexpected.is_empty() {
+            problems.push(format!(
+                "unexpected tensors (not parameters of this model): {unexpected:?}"
+            ));
+        }
+        if !problems.is_empty() {
+            return Err(format!(
+                "cannot load {} into this model:\n  {}",
+                st.origin,
+                problems.join("\n  ")
+            ));
+        }
+        for p in &mut self.params {
+            let (values, shape) = st.f32(&p.name).map_err(|e| e.to_string())?;
+            p.value = Tensor::from_slice(p.value.engine(), &values, &shape, &p.name)
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// Adds `param.<name>` (and, where present, `grad.<name>`) to `out`.
+    pub fn dump(&self, out: &mut crate::io::SafeTensors) -> Result<(), TensorError> {
+        for p in &self.params {
+            let put = |out: &mut crate::io::SafeTensors, key: String, t: &Tensor| {
+                out.insert_f32(&key, t.shape(), &t.to_vec()?).map_err(|e| {
+                    TensorError::InvalidShape {
+                        op: "dump",
+                        message: e.to_string(),
+                    }
+                })
+            };
+            put(out, format!("param.{}", p.name), &p.value)?;
+            if let Some(g) = &p.grad {
+                put(out, format!("grad.{}", p.name), g)?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -2,20 +2,19 @@
 //! conv2 64→128 k3, ReLU, flatten, fc 128·28·28 = 25,088 → 10, on 3×32×32
 //! inputs. Parameter names are PyTorch's: conv1.weight, conv1.bias, ...
 
-use super::init::{default_bound, Rng};
-use super::param::{ParamId, ParamStore};
+use super::init::Rng;
+use super::layers::{Conv2d, Linear};
+use super::model::Model;
+use super::param::ParamStore;
 use crate::autograd::{functions as f, Tape, Value};
 use crate::ops::conv2d::Conv2dConfig;
-use crate::tensor::{Engine, Tensor, TensorError};
+use crate::tensor::{Engine, TensorError};
 
-/// The model's parameter handles.
+/// The model's layers.
 pub struct SimpleConvNet {
-    conv1_w: ParamId,
-    conv1_b: ParamId,
-    conv2_w: ParamId,
-    conv2_b: ParamId,
-    fc_w: ParamId,
-    fc_b: ParamId,
+    conv1: Conv2d,
+    conv2: Conv2d,
+    fc: Linear,
 }
 
 /// Input shape per sample.
@@ -29,42 +28,30 @@ impl SimpleConvNet {
         store: &mut ParamStore,
         rng: &mut Rng,
     ) -> Result<Self, TensorError> {
-        let mut param = |name: &str,
-                         shape: &[usize],
-                         fan_in: usize|
-         -> Result<ParamId, TensorError> {
-            let n: usize = shape.iter().product();
-            let t =
-                Tensor::from_slice(engine, &rng.uniform(n, default_bound(fan_in)), shape, name)?;
-            Ok(store.add(name, t))
-        };
+        let cfg = Conv2dConfig::default();
         Ok(SimpleConvNet {
-            conv1_w: param("conv1.weight", &[64, 3, 3, 3], 3 * 9)?,
-            conv1_b: param("conv1.bias", &[64], 3 * 9)?,
-            conv2_w: param("conv2.weight", &[128, 64, 3, 3], 64 * 9)?,
-            conv2_b: param("conv2.bias", &[128], 64 * 9)?,
-            fc_w: param("fc.weight", &[10, 128 * 28 * 28], 128 * 28 * 28)?,
-            fc_b: param("fc.bias", &[10], 128 * 28 * 28)?,
+            conv1: Conv2d::new(engine, store, rng, "conv1", 3, 64, 3, cfg)?,
+            conv2: Conv2d::new(engine, store, rng, "conv2", 64, 128, 3, cfg)?,
+            fc: Linear::new(engine, store, rng, "fc", 128 * 28 * 28, CLASSES)?,
         })
+    }
+}
+
+impl Model for SimpleConvNet {
+    fn input_shape(&self) -> Vec<usize> {
+        INPUT.to_vec()
     }
 
     /// Logits `[N, 10]` for `x` `[N, 3, 32, 32]`.
-    pub fn forward(
-        &self,
-        tape: &Tape,
-        store: &ParamStore,
-        x: &Value,
-    ) -> Result<Value, TensorError> {
-        let p = |id| tape.param(store, id);
-        let cfg = Conv2dConfig::default();
+    fn forward(&self, tape: &Tape, store: &ParamStore, x: &Value) -> Result<Value, TensorError> {
         // Assignment (not `let` shadowing) drops each previous activation as
         // soon as the next exists, as Python's rebinding does; only what the
         // tape saved stays alive.
-        let mut h = f::conv2d(tape, x, &p(self.conv1_w), &p(self.conv1_b), cfg)?;
+        let mut h = self.conv1.forward(tape, store, x)?;
         h = f::relu(tape, &h)?;
-        h = f::conv2d(tape, &h, &p(self.conv2_w), &p(self.conv2_b), cfg)?;
+        h = self.conv2.forward(tape, store, &h)?;
         h = f::relu(tape, &h)?;
         h = f::flatten(tape, &h)?;
-        f::linear(tape, &h, &p(self.fc_w), &p(self.fc_b))
+        self.fc.forward(tape, store, &h)
     }
 }

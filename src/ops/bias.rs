@@ -1,6 +1,6 @@
 //! Bias along a channel axis of a tensor viewed as `[outer, channels, inner]`
 //! (conv: `[N, O, H·W]`, linear: `[N, O, 1]`): add it in place in forward, sum
-//! over the other axes for its gradient. The sum doubles as `mean` (scale 1/n).
+//! over the other axes for its gradient.
 
 use super::launch;
 use crate::device::Kernel;
@@ -115,10 +115,4 @@ pub fn sum_channels(
         )?;
     }
     Ok(out)
-}
-
-/// The mean of all elements, as a one-element tensor.
-pub fn mean(t: &Tensor, label: &str) -> Result<Tensor, TensorError> {
-    let n = t.numel();
-    sum_channels(t, 1, n, 1.0 / n as f32, label)
 }

@@ -2,7 +2,7 @@
 //! tensor `[N]` of class indices, exact below 2²⁴), numerically stable
 //! (log-sum-exp with the row maximum subtracted), and its gradient.
 
-use super::bias::mean;
+use super::mean::mean;
 use crate::device::{Kernel, Workgroups};
 use crate::tensor::{DType, Tensor, TensorError};
 

@@ -1,4 +1,6 @@
-//! Elementwise `add` and `mul` of same-shaped tensors.
+//! Elementwise `add`, `sub`, `mul` and `sqdiff` of same-shaped tensors.
+//! `add`'s backward is the identity for both inputs (the tape passes the
+//! upstream gradient through), so it needs no kernel of its own.
 
 use super::{check_u32, launch, same_shape, CountParams};
 use crate::device::Kernel;
@@ -9,6 +11,16 @@ const ADD: Kernel = Kernel {
     name: "add",
     source: SOURCE,
     entry: "add",
+};
+const SUB: Kernel = Kernel {
+    name: "sub",
+    source: SOURCE,
+    entry: "sub",
+};
+const SQDIFF: Kernel = Kernel {
+    name: "sqdiff",
+    source: SOURCE,
+    entry: "sqdiff",
 };
 const MUL: Kernel = Kernel {
     name: "mul",
@@ -41,6 +53,16 @@ fn binary(
 /// `a + b`, elementwise.
 pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor, TensorError> {
     binary(&ADD, "add", a, b)
+}
+
+/// `a - b`, elementwise.
+pub fn sub(a: &Tensor, b: &Tensor) -> Result<Tensor, TensorError> {
+    binary(&SUB, "sub", a, b)
+}
+
+/// `(a - b)²`, elementwise (MSE's per-element term).
+pub fn sqdiff(a: &Tensor, b: &Tensor) -> Result<Tensor, TensorError> {
+    binary(&SQDIFF, "sqdiff", a, b)
 }
 
 /// `a * b`, elementwise.

@@ -9,7 +9,10 @@ pub mod elementwise;
 pub mod fill;
 pub mod linear;
 pub mod matmul;
+pub mod mean;
+pub mod mse;
 pub mod relu;
+pub mod softmax;
 
 use crate::device::{BufferSlice, Kernel, Workgroups};
 use crate::tensor::{Tensor, TensorError};

@@ -2,6 +2,7 @@
 //! `exp_avg_sq`, one of each per parameter) is allocated lazily at the first
 //! step, as PyTorch does, so memory steps up by 2× the parameters there.
 
+use super::Optimizer;
 use crate::device::Kernel;
 use crate::nn::ParamStore;
 use crate::ops::fill;
@@ -62,9 +63,18 @@ impl Adam {
             ..Adam::new(lr)
         }
     }
+}
 
-    /// Bytes of optimizer state held now.
-    pub fn state_bytes(&self) -> usize {
+impl Optimizer for Adam {
+    fn name(&self) -> &'static str {
+        if self.decoupled {
+            "adamw"
+        } else {
+            "adam"
+        }
+    }
+
+    fn state_bytes(&self) -> usize {
         self.state
             .iter()
             .flatten()
@@ -72,8 +82,7 @@ impl Adam {
             .sum()
     }
 
-    /// One update of every parameter that has a gradient.
-    pub fn step(&mut self, store: &mut ParamStore) -> Result<(), TensorError> {
+    fn step(&mut self, store: &mut ParamStore) -> Result<(), TensorError> {
         self.step += 1;
         let (b1, b2) = self.betas;
         let bc1 = 1.0 - b1.powi(self.step);

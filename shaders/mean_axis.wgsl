@@ -1,0 +1,45 @@
+// Inputs are bound read_write too: tensors share segment buffers, and wgpu
+// rejects a read-only and a read-write binding of one buffer in one dispatch.
+// Mean over the middle axis of a tensor viewed as [outer, mid, inner]:
+// `forward` sums mid positions [begin, end) for each (outer, inner) pair,
+// scales, and may add to what is there (llvmpipe ends loops after 65,535
+// iterations, so a long axis is split across dispatches). `backward` spreads
+// each gradient back over the axis: dx[o, m, i] = scale * g[o, i].
+struct Params {
+    outer: u32, mid: u32, inner: u32, scale: f32,
+    begin: u32, end: u32, accumulate: u32, _p: u32,
+}
+
+@group(0) @binding(0) var<storage, read_write> src: array<f32>;
+@group(0) @binding(1) var<storage, read_write> dst: array<f32>;
+@group(0) @binding(2) var<uniform> p: Params;
+
+fn index(wid: vec3<u32>, nwg: vec3<u32>, lidx: u32) -> u32 {
+    return (wid.x + wid.y * nwg.x + wid.z * nwg.x * nwg.y) * 256u + lidx;
+}
+
+@compute @workgroup_size(256)
+fn forward(@builtin(workgroup_id) wid: vec3<u32>,
+           @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_index) lidx: u32) {
+    let t = index(wid, nwg, lidx);
+    if (t >= p.outer * p.inner) { return; }
+    let o = t / p.inner;
+    let i = t % p.inner;
+    var acc = 0.0;
+    for (var m = p.begin; m < p.end; m++) { acc += src[(o * p.mid + m) * p.inner + i]; }
+    acc = acc * p.scale;
+    if (p.accumulate != 0u) { acc += dst[t]; }
+    dst[t] = acc;
+}
+
+@compute @workgroup_size(256)
+fn backward(@builtin(workgroup_id) wid: vec3<u32>,
+            @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_index) lidx: u32) {
+    let t = index(wid, nwg, lidx);
+    if (t >= p.outer * p.mid * p.inner) { return; }
+    let o = t / (p.mid * p.inner);
+    let i = t % p.inner;
+    dst[t] = p.scale * src[o * p.inner + i];
+}

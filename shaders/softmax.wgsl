@@ -1,0 +1,51 @@
+// Inputs are bound read_write too: tensors share segment buffers, and wgpu
+// rejects a read-only and a read-write binding of one buffer in one dispatch.
+// Row-wise softmax of `scale * x` over the last axis (rows × cols), one
+// thread per row, with the row maximum subtracted so exp never overflows.
+// `backward`: dx = scale * y * (g - Σ_j g_j y_j), from the saved output y.
+struct Params { rows: u32, cols: u32, scale: f32, _p: u32 }
+
+@group(0) @binding(0) var<storage, read_write> a: array<f32>;
+@group(0) @binding(1) var<storage, read_write> b: array<f32>;
+@group(0) @binding(2) var<storage, read_write> out: array<f32>;
+@group(0) @binding(3) var<uniform> p: Params;
+
+fn row(wid: vec3<u32>, nwg: vec3<u32>, lidx: u32) -> u32 {
+    return (wid.x + wid.y * nwg.x + wid.z * nwg.x * nwg.y) * 64u + lidx;
+}
+
+// a = x, out = y (b is unused but bound, to share one layout).
+@compute @workgroup_size(64)
+fn forward(@builtin(workgroup_id) wid: vec3<u32>,
+           @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_index) lidx: u32) {
+    let r = row(wid, nwg, lidx);
+    if (r >= p.rows) { return; }
+    let base = r * p.cols;
+    var m = p.scale * a[base];
+    for (var j = 1u; j < p.cols; j++) { m = max(m, p.scale * a[base + j]); }
+    var s = 0.0;
+    for (var j = 0u; j < p.cols; j++) {
+        let e = exp(p.scale * a[base + j] - m);
+        out[base + j] = e;
+        s += e;
+    }
+    let inv = 1.0 / s;
+    for (var j = 0u; j < p.cols; j++) { out[base + j] = out[base + j] * inv; }
+    if (p._p == 0xffffffffu) { out[0] = b[0]; }
+}
+
+// a = y (saved output), b = g (upstream gradient), out = dx.
+@compute @workgroup_size(64)
+fn backward(@builtin(workgroup_id) wid: vec3<u32>,
+            @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_index) lidx: u32) {
+    let r = row(wid, nwg, lidx);
+    if (r >= p.rows) { return; }
+    let base = r * p.cols;
+    var dot = 0.0;
+    for (var j = 0u; j < p.cols; j++) { dot += a[base + j] * b[base + j]; }
+    for (var j = 0u; j < p.cols; j++) {
+        out[base + j] = p.scale * a[base + j] * (b[base + j] - dot);
+    }
+}

@@ -1,0 +1,6 @@
+//! Files in and out: safetensors (weights from a PyTorch state_dict, batches,
+//! dumps of results). No wgpu here; tensors cross as host vectors.
+
+pub mod safetensors;
+
+pub use safetensors::{SafeTensors, SafetensorsError, StDtype};

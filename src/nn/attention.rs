@@ -1,0 +1,91 @@
+//! `attention`: one single-head self-attention block over `[N, S, D]`
+//! inputs, then a classifier:
+//!   q, k, v = attn.{q,k,v}_proj(x);  a = softmax(q·kᵀ/√D);  o = attn.out_proj(a·v)
+//!   h = x + o;  h = h + mlp.fc2(relu(mlp.fc1(h)));  logits = head(mean over S of h)
+//! The score and probability tensors are `[N, S, S]`, so activation memory
+//! grows with the square of the sequence length.
+
+use super::init::Rng;
+use super::layers::Linear;
+use super::model::Model;
+use super::param::ParamStore;
+use crate::autograd::{functions as f, Tape, Value};
+use crate::tensor::{Engine, TensorError};
+
+pub struct Attention {
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    out: Linear,
+    fc1: Linear,
+    fc2: Linear,
+    head: Linear,
+    seq_len: usize,
+    dim: usize,
+}
+
+impl Attention {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        engine: &Engine,
+        store: &mut ParamStore,
+        rng: &mut Rng,
+        seq_len: usize,
+        dim: usize,
+        hidden: usize,
+        classes: usize,
+    ) -> Result<Attention, TensorError> {
+        let mut lin = |name: &str, i, o| Linear::new(engine, store, rng, name, i, o);
+        Ok(Attention {
+            q: lin("attn.q_proj", dim, dim)?,
+            k: lin("attn.k_proj", dim, dim)?,
+            v: lin("attn.v_proj", dim, dim)?,
+            out: lin("attn.out_proj", dim, dim)?,
+            fc1: lin("mlp.fc1", dim, hidden)?,
+            fc2: lin("mlp.fc2", hidden, dim)?,
+            head: lin("head", dim, classes)?,
+            seq_len,
+            dim,
+        })
+    }
+}
+
+impl Model for Attention {
+    fn input_shape(&self) -> Vec<usize> {
+        vec![self.seq_len, self.dim]
+    }
+
+    fn forward(&self, tape: &Tape, store: &ParamStore, x: &Value) -> Result<Value, TensorError> {
+        let s = x.tensor().shape().to_vec();
+        if s.len() != 3 || s[2] != self.dim {
+            return Err(TensorError::InvalidShape {
+                op: "attention",
+                message: format!("needs input [N, S, {}], got {s:?}", self.dim),
+            });
+        }
+        let (n, len, d) = (s[0], s[1], s[2]);
+        let tokens = f::reshape(tape, x, &[n * len, d])?;
+        let proj = |l: &Linear| -> Result<Value, TensorError> {
+            let y = l.forward(tape, store, &tokens)?;
+            f::reshape(tape, &y, &[n, len, d])
+        };
+        let (q, k, v) = (proj(&self.q)?, proj(&self.k)?, proj(&self.v)?);
+        let mut a = f::matmul(tape, &q, &k, false, true)?;
+        drop((q, k));
+        a = f::softmax(tape, &a, 1.0 / (d as f32).sqrt())?;
+        let mut o = f::matmul(tape, &a, &v, false, false)?;
+        drop((a, v));
+        o = f::reshape(tape, &o, &[n * len, d])?;
+        o = self.out.forward(tape, store, &o)?;
+        let mut h = f::add(tape, &tokens, &o)?;
+        drop((tokens, o));
+        let mut m = self.fc1.forward(tape, store, &h)?;
+        m = f::relu(tape, &m)?;
+        m = self.fc2.forward(tape, store, &m)?;
+        h = f::add(tape, &h, &m)?;
+        drop(m);
+        h = f::reshape(tape, &h, &[n, len, d])?;
+        h = f::mean_dim(tape, &h, 1)?;
+        self.head.forward(tape, store, &h)
+    }
+}

@@ -1,0 +1,123 @@
+//! The two layers with parameters, as PyTorch modules: `Linear` and `Conv2d`,
+//! registered under `<prefix>.weight` / `<prefix>.bias` with PyTorch's
+//! default initialisation (uniform in ±1/√fan_in, weight then bias, which is
+//! the order the random draws are made in).
+
+use super::init::{default_bound, Rng};
+use super::param::{ParamId, ParamStore};
+use crate::autograd::{functions as f, Tape, Value};
+use crate::ops::conv2d::Conv2dConfig;
+use crate::tensor::{Engine, Tensor, TensorError};
+
+fn param(
+    engine: &Engine,
+    store: &mut ParamStore,
+    rng: &mut Rng,
+    name: String,
+    shape: &[usize],
+    fan_in: usize,
+) -> Result<ParamId, TensorError> {
+    let n: usize = shape.iter().product();
+    let t = Tensor::from_slice(engine, &rng.uniform(n, default_bound(fan_in)), shape, &name)?;
+    Ok(store.add(&name, t))
+}
+
+/// `nn.Linear(inputs, outputs)`: weight `[out, in]`, bias `[out]`.
+#[derive(Debug, Clone, Copy)]
+pub struct Linear {
+    pub weight: ParamId,
+    pub bias: ParamId,
+}
+
+impl Linear {
+    pub fn new(
+        engine: &Engine,
+        store: &mut ParamStore,
+        rng: &mut Rng,
+        prefix: &str,
+        inputs: usize,
+        outputs: usize,
+    ) -> Result<Linear, TensorError> {
+        Ok(Linear {
+            weight: param(
+                engine,
+                store,
+                rng,
+                format!("{prefix}.weight"),
+                &[outputs, inputs],
+                inputs,
+            )?,
+            bias: param(
+                engine,
+                store,
+                rng,
+                format!("{prefix}.bias"),
+                &[outputs],
+                inputs,
+            )?,
+        })
+    }
+
+    pub fn forward(
+        &self,
+        tape: &Tape,
+        store: &ParamStore,
+        x: &Value,
+    ) -> Result<Value, TensorError> {
+        let (w, b) = (tape.param(store, self.weight), tape.param(store, self.bias));
+        f::linear(tape, x, &w, &b)
+    }
+}
+
+/// `nn.Conv2d(in, out, k, stride, padding)`: weight `[out, in, k, k]`, bias `[out]`.
+#[derive(Debug, Clone, Copy)]
+pub struct Conv2d {
+    pub weight: ParamId,
+    pub bias: ParamId,
+    pub config: Conv2dConfig,
+}
+
+impl Conv2d {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        engine: &Engine,
+        store: &mut ParamStore,
+        rng: &mut Rng,
+        prefix: &str,
+        inputs: usize,
+        outputs: usize,
+        kernel: usize,
+        config: Conv2dConfig,
+    ) -> Result<Conv2d, TensorError> {
+        let fan_in = inputs * kernel * kernel;
+        Ok(Conv2d {
+            weight: param(
+                engine,
+                store,
+                rng,
+                format!("{prefix}.weight"),
+                &[outputs, inputs, kernel, kernel],
+                fan_in,
+            )?,
+            bias: param(
+                engine,
+                store,
+                rng,
+                format!("{prefix}.bias"),
+                &[outputs],
+                fan_in,
+            )?,
+            config,
+        })
+    }
+
+    pub fn forward(
+        &self,
+        tape: &Tape,
+        store: &ParamStore,
+        x: &Value,
+    ) -> Result<Value, TensorError> {
+        let (w, b) = (tape.param(store, self.weight), tape.param(store, self.bias));
+        f::conv2d(tape, x, &w, &b, self.config)
+    }
+}

@@ -1,0 +1,287 @@
+//! What every zoo model is to the training loop, and the zoo itself: names,
+//! configurations (with defaults), building one, and recovering a
+//! configuration from a PyTorch state_dict's shapes so that
+//! `train --load W.safetensors` needs no size flags.
+
+use super::attention::Attention;
+use super::init::Rng;
+use super::mlp::Mlp;
+use super::param::ParamStore;
+use super::resnet_mini::ResnetMini;
+use super::simple_cnn::SimpleConvNet;
+use crate::autograd::{Tape, Value};
+use crate::io::SafeTensors;
+use crate::tensor::{Engine, TensorError};
+use serde::Serialize;
+
+/// A model: parameters live in a [`ParamStore`], the model holds their ids.
+pub trait Model {
+    /// Shape of one sample (the batch axis is prepended).
+    fn input_shape(&self) -> Vec<usize>;
+    /// Logits `[N, classes]` for `x` `[N, ..input_shape]`.
+    fn forward(&self, tape: &Tape, store: &ParamStore, x: &Value) -> Result<Value, TensorError>;
+}
+
+/// Each zoo model with its size knobs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "model", rename_all = "kebab-case")]
+pub enum ModelSpec {
+    /// Linear layers of the given widths (input first, classes last), ReLU
+    /// between; `checkpoint_every` > 0 checkpoints runs of that many layers.
+    Mlp {
+        widths: Vec<usize>,
+        checkpoint_every: usize,
+    },
+    /// The documents' SimpleConvNet; fixed size.
+    SimpleCnn,
+    /// Residual blocks after a 3×3 stem; block 0 keeps `width` channels, each
+    /// later block doubles them with stride 2 and a 1×1 stride-2 shortcut.
+    ResnetMini {
+        width: usize,
+        depth: usize,
+        resolution: usize,
+        classes: usize,
+    },
+    /// One self-attention block over `seq_len` tokens of `dim` features.
+    Attention {
+        seq_len: usize,
+        dim: usize,
+        hidden: usize,
+        classes: usize,
+    },
+}
+
+/// The zoo: command-line name and what it is.
+pub const ZOO: [(&str, &str); 4] = [
+    (
+        "mlp",
+        "linear layers with ReLU between (--widths 784,256,256,10; --checkpoint-every K)",
+    ),
+    (
+        "simple-cnn",
+        "the documents' SimpleConvNet: conv 3→64 k3, ReLU, conv 64→128 k3, ReLU, fc 25,088→10 on 3×32×32",
+    ),
+    (
+        "resnet-mini",
+        "3×3 stem, residual blocks (identity or 1×1 stride-2 shortcut), global average pool, linear head (--width, --depth, --resolution)",
+    ),
+    (
+        "attention",
+        "self-attention block: Q/K/V projections, softmax(QKᵀ/√d)V, output projection, residual, MLP, residual, mean over tokens, head (--seq-len, --dim, --hidden)",
+    ),
+];
+
+impl ModelSpec {
+    /// The zoo model called `name` with default sizes.
+    pub fn default_for(name: &str) -> Result<ModelSpec, String> {
+        Ok(match name {
+            "mlp" => ModelSpec::Mlp {
+                widths: vec![784, 256, 256, 10],
+                checkpoint_every: 0,
+            },
+            "simple-cnn" => ModelSpec::SimpleCnn,
+            "resnet-mini" => ModelSpec::ResnetMini {
+                width: 16,
+                depth: 3,
+                resolution: 32,
+                classes: 10,
+            },
+            "attention" => ModelSpec::Attention {
+                seq_len: 128,
+                dim: 64,
+                hidden: 256,
+                classes: 10,
+            },
+            other => {
+                let names: Vec<&str> = ZOO.iter().map(|z| z.0).collect();
+                return Err(format!(
+                    "unknown model {other:?}; the zoo has: {} (see `vramlab models`)",
+                    names.join(", ")
+                ));
+            }
+        })
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            ModelSpec::Mlp { .. } => "mlp",
+            ModelSpec::SimpleCnn => "simple-cnn",
+            ModelSpec::ResnetMini { .. } => "resnet-mini",
+            ModelSpec::Attention { .. } => "attention",
+        }
+    }
+
+    /// A one-line description of the sizes.
+    pub fn describe(&self) -> String {
+        match self {
+            ModelSpec::Mlp {
+                widths,
+                checkpoint_every,
+            } => {
+                let w: Vec<String> = widths.iter().map(|w| w.to_string()).collect();
+                let ck = if *checkpoint_every > 0 {
+                    format!(", checkpoint every {checkpoint_every} layers")
+                } else {
+                    String::new()
+                };
+                format!("mlp widths {}{ck}", w.join("→"))
+            }
+            ModelSpec::SimpleCnn => "simple-cnn (3×32×32 → 10)".into(),
+            ModelSpec::ResnetMini {
+                width,
+                depth,
+                resolution,
+                classes,
+            } => format!(
+                "resnet-mini width {width}, {depth} blocks, {resolution}×{resolution} input, {classes} classes"
+            ),
+            ModelSpec::Attention {
+                seq_len,
+                dim,
+                hidden,
+                classes,
+            } => format!(
+                "attention seq_len {seq_len}, dim {dim}, MLP hidden {hidden}, {classes} classes"
+            ),
+        }
+    }
+
+    /// Checks the sizes make a model.
+    pub fn validate(&self) -> Result<(), String> {
+        let bad = |m: &str| Err(format!("{}: {m}", self.name()));
+        match self {
+            ModelSpec::Mlp { widths, .. } if widths.len() < 2 || widths.contains(&0) => {
+                bad("--widths needs at least two positive widths (input, …, classes)")
+            }
+            ModelSpec::ResnetMini {
+                width,
+                depth,
+                resolution,
+                classes,
+            } if *width == 0 || *depth == 0 || *classes == 0 || *resolution < 1 << depth => {
+                bad(&format!(
+                    "needs width, depth and classes ≥ 1 and a resolution of at least 2^depth = {}",
+                    1usize << depth.min(&30)
+                ))
+            }
+            ModelSpec::Attention {
+                seq_len,
+                dim,
+                hidden,
+                classes,
+            } if *seq_len == 0 || *dim == 0 || *hidden == 0 || *classes == 0 => {
+                bad("--seq-len, --dim, --hidden and --classes must be at least 1")
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Creates the parameters (PyTorch's default init, seeded) and the model.
+    pub fn build(
+        &self,
+        engine: &Engine,
+        store: &mut ParamStore,
+        rng: &mut Rng,
+    ) -> Result<Box<dyn Model>, TensorError> {
+        self.validate()
+            .map_err(|message| TensorError::InvalidShape {
+                op: "model",
+                message,
+            })?;
+        Ok(match self {
+            ModelSpec::Mlp {
+                widths,
+                checkpoint_every,
+            } => Box::new(Mlp::new(engine, store, rng, widths, *checkpoint_every)?),
+            ModelSpec::SimpleCnn => Box::new(SimpleConvNet::new(engine, store, rng)?),
+            ModelSpec::ResnetMini {
+                width,
+                depth,
+                resolution,
+                classes,
+            } => Box::new(ResnetMini::new(
+                engine,
+                store,
+                rng,
+                *width,
+                *depth,
+                *resolution,
+                *classes,
+            )?),
+            ModelSpec::Attention {
+                seq_len,
+                dim,
+                hidden,
+                classes,
+            } => Box::new(Attention::new(
+                engine, store, rng, *seq_len, *dim, *hidden, *classes,
+            )?),
+        })
+    }
+
+    /// Takes the sizes a state_dict's shapes imply (layer count and widths),
+    /// so a PyTorch-written weights file defines the model it belongs to.
+    pub fn adapt_to_weights(&mut self, st: &SafeTensors) -> Result<(), String> {
+        let shape = |name: &str| -> Result<Vec<usize>, String> {
+            Ok(st.get(name).map_err(|e| e.to_string())?.shape.clone())
+        };
+        let count = |pattern: &dyn Fn(usize) -> String| {
+            (0..)
+                .take_while(|i| st.tensors.contains_key(&pattern(*i)))
+                .count()
+        };
+        match self {
+            ModelSpec::Mlp { widths, .. } => {
+                let n = count(&|i| format!("layers.{i}.weight"));
+                if n == 0 {
+                    return Err(format!(
+                        "{} has no layers.0.weight, so it is not an mlp state_dict",
+                        st.origin
+                    ));
+                }
+                let first = shape("layers.0.weight")?;
+                let mut w = vec![first.get(1).copied().unwrap_or(0)];
+                for i in 0..n {
+                    w.push(shape(&format!("layers.{i}.weight"))?[0]);
+                }
+                *widths = w;
+            }
+            ModelSpec::SimpleCnn => {}
+            ModelSpec::ResnetMini {
+                width,
+                depth,
+                classes,
+                ..
+            } => {
+                *width = shape("stem.weight")?[0];
+                *depth = count(&|i| format!("blocks.{i}.conv1.weight"));
+                *classes = shape("fc.weight")?[0];
+            }
+            ModelSpec::Attention {
+                dim,
+                hidden,
+                classes,
+                ..
+            } => {
+                *dim = shape("attn.q_proj.weight")?[0];
+                *hidden = shape("mlp.fc1.weight")?[0];
+                *classes = shape("head.weight")?[0];
+            }
+        }
+        self.validate()
+    }
+
+    /// Takes the sizes a batch's input shape implies (resolution, sequence
+    /// length, input width).
+    pub fn adapt_to_input(&mut self, x_shape: &[usize]) -> Result<(), String> {
+        match self {
+            ModelSpec::Mlp { widths, .. } if x_shape.len() == 2 => widths[0] = x_shape[1],
+            ModelSpec::ResnetMini { resolution, .. } if x_shape.len() == 4 => {
+                *resolution = x_shape[2]
+            }
+            ModelSpec::Attention { seq_len, .. } if x_shape.len() == 3 => *seq_len = x_shape[1],
+            _ => {}
+        }
+        self.validate()
+    }
+}

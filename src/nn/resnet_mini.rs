@@ -1,0 +1,98 @@
+//! `resnet-mini`: `stem` (3×3 conv, padding 1) and ReLU, then `depth`
+//! residual blocks `blocks.i` — conv1 (3×3, stride s), ReLU, conv2 (3×3),
+//! plus a shortcut, then ReLU. Block 0 keeps `width` channels with an
+//! identity shortcut; each later block doubles the channels with stride 2
+//! and a 1×1 stride-2 `shortcut` conv. Then global average pooling and the
+//! linear head `fc`. Input `[N, 3, R, R]`; activation memory grows with R².
+
+use super::init::Rng;
+use super::layers::{Conv2d, Linear};
+use super::model::Model;
+use super::param::ParamStore;
+use crate::autograd::{functions as f, Tape, Value};
+use crate::ops::conv2d::Conv2dConfig;
+use crate::tensor::{Engine, TensorError};
+
+struct Block {
+    conv1: Conv2d,
+    conv2: Conv2d,
+    shortcut: Option<Conv2d>,
+}
+
+pub struct ResnetMini {
+    stem: Conv2d,
+    blocks: Vec<Block>,
+    fc: Linear,
+    resolution: usize,
+}
+
+impl ResnetMini {
+    pub fn new(
+        engine: &Engine,
+        store: &mut ParamStore,
+        rng: &mut Rng,
+        width: usize,
+        depth: usize,
+        resolution: usize,
+        classes: usize,
+    ) -> Result<ResnetMini, TensorError> {
+        let same = Conv2dConfig {
+            stride: 1,
+            padding: 1,
+        };
+        let stem = Conv2d::new(engine, store, rng, "stem", 3, width, 3, same)?;
+        let mut blocks = Vec::new();
+        let mut ch = width;
+        for i in 0..depth {
+            let p = format!("blocks.{i}");
+            let (out, stride) = if i == 0 { (ch, 1) } else { (ch * 2, 2) };
+            let down = Conv2dConfig { stride, padding: 1 };
+            let conv1 = Conv2d::new(engine, store, rng, &format!("{p}.conv1"), ch, out, 3, down)?;
+            let conv2 = Conv2d::new(engine, store, rng, &format!("{p}.conv2"), out, out, 3, same)?;
+            let shortcut = if i == 0 {
+                None
+            } else {
+                let cfg = Conv2dConfig { stride, padding: 0 };
+                let name = format!("{p}.shortcut");
+                Some(Conv2d::new(engine, store, rng, &name, ch, out, 1, cfg)?)
+            };
+            blocks.push(Block {
+                conv1,
+                conv2,
+                shortcut,
+            });
+            ch = out;
+        }
+        let fc = Linear::new(engine, store, rng, "fc", ch, classes)?;
+        Ok(ResnetMini {
+            stem,
+            blocks,
+            fc,
+            resolution,
+        })
+    }
+}
+
+impl Model for ResnetMini {
+    fn input_shape(&self) -> Vec<usize> {
+        vec![3, self.resolution, self.resolution]
+    }
+
+    fn forward(&self, tape: &Tape, store: &ParamStore, x: &Value) -> Result<Value, TensorError> {
+        let mut h = self.stem.forward(tape, store, x)?;
+        h = f::relu(tape, &h)?;
+        for b in &self.blocks {
+            let mut r = b.conv1.forward(tape, store, &h)?;
+            r = f::relu(tape, &r)?;
+            r = b.conv2.forward(tape, store, &r)?;
+            if let Some(s) = &b.shortcut {
+                h = s.forward(tape, store, &h)?;
+            }
+            h = f::add(tape, &r, &h)?;
+            drop(r);
+            h = f::relu(tape, &h)?;
+        }
+        h = f::global_avg_pool(tape, &h)?;
+        self.fc.forward(tape, store, &h)
+    }
+}

@@ -1,0 +1,83 @@
+//! Softmax over the last axis, of `scale · x` (attention folds its 1/√d into
+//! the scale, so the scaled scores are never a tensor of their own), and its
+//! backward from the saved output: dx = scale · y ⊙ (g − Σ g ⊙ y).
+
+use super::{check_u32, MAX_LOOP_ITERATIONS};
+use crate::device::{Kernel, Workgroups};
+use crate::tensor::{DType, Tensor, TensorError};
+
+const SOURCE: &str = include_str!("../../shaders/softmax.wgsl");
+const FORWARD: Kernel = Kernel {
+    name: "softmax_forward",
+    source: SOURCE,
+    entry: "forward",
+};
+const BACKWARD: Kernel = Kernel {
+    name: "softmax_backward",
+    source: SOURCE,
+    entry: "backward",
+};
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct Params {
+    rows: u32,
+    cols: u32,
+    scale: f32,
+    _p: u32,
+}
+
+fn params(op: &'static str, x: &Tensor, scale: f32) -> Result<Params, TensorError> {
+    x.require_f32(op)?;
+    check_u32(op, x)?;
+    let cols = *x.shape().last().unwrap_or(&0);
+    if cols == 0 || cols > MAX_LOOP_ITERATIONS {
+        return Err(TensorError::InvalidShape {
+            op,
+            message: format!(
+                "the last axis of {:?} must have 1..={MAX_LOOP_ITERATIONS} elements \
+                 (one thread walks each row)",
+                x.shape()
+            ),
+        });
+    }
+    Ok(Params {
+        rows: (x.numel() / cols) as u32,
+        cols: cols as u32,
+        scale,
+        _p: 0,
+    })
+}
+
+fn run(
+    kernel: &Kernel,
+    a: &Tensor,
+    b: &Tensor,
+    out: &Tensor,
+    p: Params,
+) -> Result<(), TensorError> {
+    a.engine().gpu().dispatch(
+        kernel,
+        &[&a.slice(), &b.slice(), &out.slice()],
+        bytemuck::bytes_of(&p),
+        Workgroups::Linear((p.rows as u64).div_ceil(64)),
+    )?;
+    Ok(())
+}
+
+/// `softmax(scale · x)` along the last axis.
+pub fn softmax(x: &Tensor, scale: f32) -> Result<Tensor, TensorError> {
+    let p = params("softmax", x, scale)?;
+    let y = Tensor::empty(x.engine(), x.shape(), DType::F32, "softmax.out")?;
+    run(&FORWARD, x, x, &y, p)?;
+    Ok(y)
+}
+
+/// The input gradient from the saved output `y` and the upstream gradient `g`.
+pub fn softmax_backward(y: &Tensor, g: &Tensor, scale: f32) -> Result<Tensor, TensorError> {
+    super::same_shape("softmax backward", y, g)?;
+    let p = params("softmax backward", y, scale)?;
+    let dx = Tensor::empty(y.engine(), y.shape(), DType::F32, "softmax.grad_input")?;
+    run(&BACKWARD, y, g, &dx, p)?;
+    Ok(dx)
+}
