@@ -28,10 +28,15 @@ fn reduce(@builtin(workgroup_id) wid: vec3<u32>,
           @builtin(local_invocation_index) lidx: u32) {
     let c = (wid.x + wid.y * nwg.x + wid.z * nwg.x * nwg.y) * 256u + lidx;
     if (c >= p.channels) { return; }
+    // Blocked summation (blocks of 64) keeps rounding error near PyTorch's
+    // for sums over N·H·W positions.
     var acc = 0.0;
+    var part = 0.0;
     for (var j = p.begin; j < p.end; j++) {
-        acc += t[((j / p.inner) * p.channels + c) * p.inner + j % p.inner];
+        part += t[((j / p.inner) * p.channels + c) * p.inner + j % p.inner];
+        if ((j - p.begin) % 64u == 63u) { acc += part; part = 0.0; }
     }
+    acc += part;
     if (p.accumulate != 0u) { acc += b[c]; }
     b[c] = acc;
 }

@@ -74,14 +74,26 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
             load_b(b_base, k0 + sk, bc + 2u),
             load_b(b_base, k0 + sk, bc + 3u));
         workgroupBarrier();
+        // Blocked summation: each K tile is summed on its own, then added to
+        // the running total, so rounding error grows with K/16 + 16 rather
+        // than with K (long reductions such as conv weight gradients over
+        // N·H·W positions stay as accurate as PyTorch's).
+        var part0 = vec4<f32>(0.0);
+        var part1 = vec4<f32>(0.0);
+        var part2 = vec4<f32>(0.0);
+        var part3 = vec4<f32>(0.0);
         for (var kk = 0u; kk < BK; kk++) {
             let av = a_tile[kk * 16u + lid.y];
             let bv = b_tile[kk * 16u + lid.x];
-            acc0 = fma(vec4<f32>(av.x), bv, acc0);
-            acc1 = fma(vec4<f32>(av.y), bv, acc1);
-            acc2 = fma(vec4<f32>(av.z), bv, acc2);
-            acc3 = fma(vec4<f32>(av.w), bv, acc3);
+            part0 = fma(vec4<f32>(av.x), bv, part0);
+            part1 = fma(vec4<f32>(av.y), bv, part1);
+            part2 = fma(vec4<f32>(av.z), bv, part2);
+            part3 = fma(vec4<f32>(av.w), bv, part3);
         }
+        acc0 += part0;
+        acc1 += part1;
+        acc2 += part2;
+        acc3 += part3;
         workgroupBarrier();
     }
 

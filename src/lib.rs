@@ -15,3 +15,4 @@ pub mod nn;
 pub mod ops;
 pub mod optim;
 pub mod tensor;
+pub mod train;

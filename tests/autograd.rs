@@ -82,7 +82,7 @@ fn gradients_through_a_chain_match_finite_differences() {
     .unwrap();
     let hdn = f::relu(&tape, &hdn).unwrap();
     let hdn = f::flatten(&tape, &hdn).unwrap();
-    let logits = f::linear(&tape, &hdn, &p(2), &p(3)).unwrap();
+    let logits = f::linear(&tape, &hdn, &p(2), Some(&p(3))).unwrap();
     let lt = Tensor::from_slice(
         &e,
         &labels.iter().map(|&l| l as f32).collect::<Vec<_>>(),

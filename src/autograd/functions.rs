@@ -66,17 +66,24 @@ pub fn flatten(tape: &Tape, x: &Value) -> Result<Value, TensorError> {
     reshape(tape, x, &[s[0], rest])
 }
 
-/// linear; saves the input and the weight.
-pub fn linear(tape: &Tape, x: &Value, w: &Value, b: &Value) -> Result<Value, TensorError> {
-    let y = linear_fwd(x.tensor(), w.tensor(), Some(b.tensor()))?;
+/// linear, with or without a bias; saves the input and the weight.
+pub fn linear(tape: &Tape, x: &Value, w: &Value, b: Option<&Value>) -> Result<Value, TensorError> {
+    let y = linear_fwd(x.tensor(), w.tensor(), b.map(|b| b.tensor()))?;
     let (xs, ws) = (x.tensor().clone(), w.tensor().clone());
     let need_dx = x.requires_grad();
+    let has_bias = b.is_some();
+    let mut inputs = vec![x, w];
+    inputs.extend(b);
     Ok(tape.record(
         y,
-        &[x, w, b],
+        &inputs,
         Box::new(move |g, _| {
-            let (dx, dw, db) = linear_backward(&xs, &ws, g, need_dx)?;
-            Ok(vec![dx, Some(dw), Some(db)])
+            let (dx, dw, db) = linear_backward(&xs, &ws, g, need_dx, has_bias)?;
+            let mut grads = vec![dx, Some(dw)];
+            if has_bias {
+                grads.push(db);
+            }
+            Ok(grads)
         }),
     ))
 }

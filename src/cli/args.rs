@@ -92,3 +92,112 @@ pub fn parse_capacity(s: &Option<String>) -> Result<Option<u64>, ArgError> {
         .map(|s| parse_size(s).map_err(|e| ArgError(format!("--capacity: {e}"))))
         .transpose()
 }
+
+/// Choosing a zoo model and its sizes (see `vramlab models`).
+#[derive(Debug, Clone, Args)]
+pub struct ModelArgs {
+    /// Zoo model: mlp, simple-cnn, resnet-mini, attention.
+    #[arg(long, default_value = "simple-cnn")]
+    pub model: String,
+    /// mlp: layer widths, input first and classes last (default 784,256,256,10).
+    #[arg(long, value_delimiter = ',', value_name = "W,W,..")]
+    pub widths: Option<Vec<usize>>,
+    /// mlp: checkpoint each run of this many layers (0: off).
+    #[arg(long, value_name = "K")]
+    pub checkpoint_every: Option<usize>,
+    /// resnet-mini: channels of the stem and first block (default 16).
+    #[arg(long)]
+    pub width: Option<usize>,
+    /// resnet-mini: residual blocks (default 3).
+    #[arg(long)]
+    pub depth: Option<usize>,
+    /// resnet-mini: input height = width in pixels (default 32).
+    #[arg(long)]
+    pub resolution: Option<usize>,
+    /// attention: tokens per sample (default 128).
+    #[arg(long)]
+    pub seq_len: Option<usize>,
+    /// attention: features per token (default 64).
+    #[arg(long)]
+    pub dim: Option<usize>,
+    /// attention: hidden width of the MLP (default 256).
+    #[arg(long)]
+    pub hidden: Option<usize>,
+    /// resnet-mini, attention: output classes (default 10).
+    #[arg(long)]
+    pub classes: Option<usize>,
+}
+
+impl ModelArgs {
+    /// The model these flags describe; a flag that does not apply to the
+    /// chosen model is an error rather than silently ignored.
+    pub fn spec(&self) -> Result<crate::nn::ModelSpec, ArgError> {
+        use crate::nn::ModelSpec;
+        let mut spec = ModelSpec::default_for(&self.model).map_err(ArgError)?;
+        let mut used: Vec<&str> = Vec::new();
+        match &mut spec {
+            ModelSpec::Mlp {
+                widths,
+                checkpoint_every,
+            } => {
+                if let Some(w) = &self.widths {
+                    *widths = w.clone();
+                }
+                if let Some(k) = self.checkpoint_every {
+                    *checkpoint_every = k;
+                }
+                used.extend(["widths", "checkpoint-every"]);
+            }
+            ModelSpec::SimpleCnn => {}
+            ModelSpec::ResnetMini {
+                width,
+                depth,
+                resolution,
+                classes,
+            } => {
+                set(width, self.width);
+                set(depth, self.depth);
+                set(resolution, self.resolution);
+                set(classes, self.classes);
+                used.extend(["width", "depth", "resolution", "classes"]);
+            }
+            ModelSpec::Attention {
+                seq_len,
+                dim,
+                hidden,
+                classes,
+            } => {
+                set(seq_len, self.seq_len);
+                set(dim, self.dim);
+                set(hidden, self.hidden);
+                set(classes, self.classes);
+                used.extend(["seq-len", "dim", "hidden", "classes"]);
+            }
+        }
+        let given = [
+            ("widths", self.widths.is_some()),
+            ("checkpoint-every", self.checkpoint_every.is_some()),
+            ("width", self.width.is_some()),
+            ("depth", self.depth.is_some()),
+            ("resolution", self.resolution.is_some()),
+            ("seq-len", self.seq_len.is_some()),
+            ("dim", self.dim.is_some()),
+            ("hidden", self.hidden.is_some()),
+            ("classes", self.classes.is_some()),
+        ];
+        if let Some((flag, _)) = given.iter().find(|(f, g)| *g && !used.contains(f)) {
+            return Err(ArgError(format!(
+                "--{flag} does not apply to {}; `vramlab models` lists each model's flags",
+                spec.name()
+            )));
+        }
+        spec.validate().map_err(ArgError)?;
+        Ok(spec)
+    }
+}
+
+fn set(slot: &mut usize, value: Option<usize>) {
+    if let Some(v) = value {
+        *slot = v;
+    }
+}

@@ -3,7 +3,9 @@
 pub mod args;
 pub mod demo;
 pub mod info;
+pub mod models;
 pub mod replay;
+pub mod train;
 
 use clap::{Parser, Subcommand};
 
@@ -27,6 +29,11 @@ pub enum Command {
     /// Show the GPU adapters, the one chosen and why, the limits that decide
     /// what fits, the features, and the driver's own allocator report.
     Info(info::InfoArgs),
+    /// Train a zoo model and print, per step, the loss and allocated /
+    /// reserved / peak memory; load PyTorch weights and batches, dump results.
+    Train(Box<train::TrainArgs>),
+    /// List the model zoo: each model, its sizes, parameter count and names.
+    Models(models::ModelsArgs),
     /// Run an allocation trace (JSON Lines) through the caching allocator on a
     /// simulated device, and print the statistics PyTorch would report.
     Replay(replay::ReplayArgs),
@@ -37,6 +44,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Demo(a) => demo::run(&a),
         Command::Info(a) => info::run(&a),
+        Command::Train(a) => train::run(&a),
+        Command::Models(a) => models::run(&a),
         Command::Replay(a) => replay::run(&a),
     }
 }

@@ -4,6 +4,12 @@
 //!   h = x + o;  h = h + mlp.fc2(relu(mlp.fc1(h)));  logits = head(mean over S of h)
 //! The score and probability tensors are `[N, S, S]`, so activation memory
 //! grows with the square of the sequence length.
+//!
+//! `k_proj` has no bias (as in many modern blocks): softmax ignores a
+//! constant added to a row of scores, and q·b_k is exactly that, so a key
+//! bias gets a gradient that is zero in exact arithmetic and float noise in
+//! practice — which Adam, dividing by √v ≈ |noise|, turns into updates of
+//! ±lr driven by rounding alone. Without it every parameter learns.
 
 use super::init::Rng;
 use super::layers::Linear;
@@ -35,10 +41,12 @@ impl Attention {
         hidden: usize,
         classes: usize,
     ) -> Result<Attention, TensorError> {
+        let q = Linear::new(engine, store, rng, "attn.q_proj", dim, dim)?;
+        let k = Linear::without_bias(engine, store, rng, "attn.k_proj", dim, dim)?;
         let mut lin = |name: &str, i, o| Linear::new(engine, store, rng, name, i, o);
         Ok(Attention {
-            q: lin("attn.q_proj", dim, dim)?,
-            k: lin("attn.k_proj", dim, dim)?,
+            q,
+            k,
             v: lin("attn.v_proj", dim, dim)?,
             out: lin("attn.out_proj", dim, dim)?,
             fc1: lin("mlp.fc1", dim, hidden)?,

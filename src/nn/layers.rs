@@ -22,11 +22,11 @@ fn param(
     Ok(store.add(&name, t))
 }
 
-/// `nn.Linear(inputs, outputs)`: weight `[out, in]`, bias `[out]`.
+/// `nn.Linear(inputs, outputs, bias)`: weight `[out, in]`, bias `[out]`.
 #[derive(Debug, Clone, Copy)]
 pub struct Linear {
     pub weight: ParamId,
-    pub bias: ParamId,
+    pub bias: Option<ParamId>,
 }
 
 impl Linear {
@@ -38,24 +38,24 @@ impl Linear {
         inputs: usize,
         outputs: usize,
     ) -> Result<Linear, TensorError> {
-        Ok(Linear {
-            weight: param(
-                engine,
-                store,
-                rng,
-                format!("{prefix}.weight"),
-                &[outputs, inputs],
-                inputs,
-            )?,
-            bias: param(
-                engine,
-                store,
-                rng,
-                format!("{prefix}.bias"),
-                &[outputs],
-                inputs,
-            )?,
-        })
+        let mut l = Self::without_bias(engine, store, rng, prefix, inputs, outputs)?;
+        let name = format!("{prefix}.bias");
+        l.bias = Some(param(engine, store, rng, name, &[outputs], inputs)?);
+        Ok(l)
+    }
+
+    /// `nn.Linear(inputs, outputs, bias=False)`.
+    pub fn without_bias(
+        engine: &Engine,
+        store: &mut ParamStore,
+        rng: &mut Rng,
+        prefix: &str,
+        inputs: usize,
+        outputs: usize,
+    ) -> Result<Linear, TensorError> {
+        let name = format!("{prefix}.weight");
+        let weight = param(engine, store, rng, name, &[outputs, inputs], inputs)?;
+        Ok(Linear { weight, bias: None })
     }
 
     pub fn forward(
@@ -64,8 +64,9 @@ impl Linear {
         store: &ParamStore,
         x: &Value,
     ) -> Result<Value, TensorError> {
-        let (w, b) = (tape.param(store, self.weight), tape.param(store, self.bias));
-        f::linear(tape, x, &w, &b)
+        let w = tape.param(store, self.weight);
+        let b = self.bias.map(|b| tape.param(store, b));
+        f::linear(tape, x, &w, b.as_ref())
     }
 }
 

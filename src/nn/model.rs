@@ -111,6 +111,88 @@ impl ModelSpec {
         }
     }
 
+    /// Number of output classes.
+    pub fn classes(&self) -> usize {
+        match self {
+            ModelSpec::Mlp { widths, .. } => widths.last().copied().unwrap_or(0),
+            ModelSpec::SimpleCnn => super::simple_cnn::CLASSES,
+            ModelSpec::ResnetMini { classes, .. } | ModelSpec::Attention { classes, .. } => {
+                *classes
+            }
+        }
+    }
+
+    /// Shape of one sample.
+    pub fn input_shape(&self) -> Vec<usize> {
+        match self {
+            ModelSpec::Mlp { widths, .. } => vec![widths[0]],
+            ModelSpec::SimpleCnn => super::simple_cnn::INPUT.to_vec(),
+            ModelSpec::ResnetMini { resolution, .. } => vec![3, *resolution, *resolution],
+            ModelSpec::Attention { seq_len, dim, .. } => vec![*seq_len, *dim],
+        }
+    }
+
+    /// Every parameter's state_dict name and shape, in registration order,
+    /// without building anything (what `models` lists and estimates count).
+    /// A test checks it against the built models.
+    pub fn parameter_shapes(&self) -> Vec<(String, Vec<usize>)> {
+        let mut out = Vec::new();
+        let lin = |out: &mut Vec<(String, Vec<usize>)>, p: &str, i: usize, o: usize| {
+            out.push((format!("{p}.weight"), vec![o, i]));
+            out.push((format!("{p}.bias"), vec![o]));
+        };
+        let conv = |out: &mut Vec<(String, Vec<usize>)>, p: &str, i: usize, o: usize, k: usize| {
+            out.push((format!("{p}.weight"), vec![o, i, k, k]));
+            out.push((format!("{p}.bias"), vec![o]));
+        };
+        match self {
+            ModelSpec::Mlp { widths, .. } => {
+                for (i, w) in widths.windows(2).enumerate() {
+                    lin(&mut out, &format!("layers.{i}"), w[0], w[1]);
+                }
+            }
+            ModelSpec::SimpleCnn => {
+                conv(&mut out, "conv1", 3, 64, 3);
+                conv(&mut out, "conv2", 64, 128, 3);
+                lin(&mut out, "fc", 128 * 28 * 28, super::simple_cnn::CLASSES);
+            }
+            ModelSpec::ResnetMini {
+                width,
+                depth,
+                classes,
+                ..
+            } => {
+                conv(&mut out, "stem", 3, *width, 3);
+                let mut ch = *width;
+                for i in 0..*depth {
+                    let o = if i == 0 { ch } else { ch * 2 };
+                    conv(&mut out, &format!("blocks.{i}.conv1"), ch, o, 3);
+                    conv(&mut out, &format!("blocks.{i}.conv2"), o, o, 3);
+                    if i > 0 {
+                        conv(&mut out, &format!("blocks.{i}.shortcut"), ch, o, 1);
+                    }
+                    ch = o;
+                }
+                lin(&mut out, "fc", ch, *classes);
+            }
+            ModelSpec::Attention {
+                dim,
+                hidden,
+                classes,
+                ..
+            } => {
+                lin(&mut out, "attn.q_proj", *dim, *dim);
+                out.push(("attn.k_proj.weight".into(), vec![*dim, *dim]));
+                lin(&mut out, "attn.v_proj", *dim, *dim);
+                lin(&mut out, "attn.out_proj", *dim, *dim);
+                lin(&mut out, "mlp.fc1", *dim, *hidden);
+                lin(&mut out, "mlp.fc2", *hidden, *dim);
+                lin(&mut out, "head", *dim, *classes);
+            }
+        }
+        out
+    }
+
     /// A one-line description of the sizes.
     pub fn describe(&self) -> String {
         match self {

@@ -54,13 +54,15 @@ pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor, Tens
     Ok(y)
 }
 
-/// `(dx, dW, db)` for upstream gradient `dy` `[N, out]`.
+/// `(dx, dW, db)` for upstream gradient `dy` `[N, out]`; `dx` only when
+/// `need_dx`, `db` only when the layer has a bias (`need_db`).
 pub fn linear_backward(
     x: &Tensor,
     w: &Tensor,
     dy: &Tensor,
     need_dx: bool,
-) -> Result<(Option<Tensor>, Tensor, Tensor), TensorError> {
+    need_db: bool,
+) -> Result<(Option<Tensor>, Tensor, Option<Tensor>), TensorError> {
     let (n, i, o) = dims(x, w)?;
     if dy.shape() != [n, o] {
         return Err(TensorError::ShapeMismatch {
@@ -102,6 +104,10 @@ pub fn linear_backward(
         &dw,
         MatmulKernel::Tiled,
     )?;
-    let db = sum_channels(dy, o, 1, 1.0, "linear.grad_bias")?;
+    let db = if need_db {
+        Some(sum_channels(dy, o, 1, 1.0, "linear.grad_bias")?)
+    } else {
+        None
+    };
     Ok((dx, dw, db))
 }

@@ -1,0 +1,67 @@
+//! `vramlab models`: the zoo, each model's default sizes, parameter count and
+//! parameter names (PyTorch's state_dict names), counted on the simulated
+//! shapes without a GPU.
+
+use crate::nn::{ModelSpec, ZOO};
+use clap::Args;
+
+#[derive(Debug, Args)]
+pub struct ModelsArgs {
+    /// Also list every parameter's name and shape.
+    #[arg(long)]
+    pub params: bool,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: &ModelsArgs) -> anyhow::Result<()> {
+    let mut out = Vec::new();
+    for (name, about) in ZOO {
+        let spec = ModelSpec::default_for(name).map_err(anyhow::Error::msg)?;
+        let params = spec.parameter_shapes();
+        let count: usize = params
+            .iter()
+            .map(|(_, s)| s.iter().product::<usize>())
+            .sum();
+        out.push((name, about, spec, params, count));
+    }
+    if args.json {
+        let v: Vec<_> = out
+            .iter()
+            .map(|(name, about, spec, params, count)| {
+                serde_json::json!({
+                    "name": name,
+                    "about": about,
+                    "default": spec,
+                    "input_shape": spec.input_shape(),
+                    "classes": spec.classes(),
+                    "parameters": count,
+                    "parameter_shapes": params.iter().map(|(n, s)| (n.clone(), s.clone())).collect::<std::collections::BTreeMap<_, _>>(),
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    for (name, about, spec, params, count) in &out {
+        println!("{name:<12} {about}");
+        println!(
+            "{:<12} default: {}; input {:?} per sample; {} parameters ({:.2} MiB in f32)",
+            "",
+            spec.describe(),
+            spec.input_shape(),
+            count,
+            (*count * 4) as f64 / 1048576.0
+        );
+        if args.params {
+            for (n, s) in params {
+                println!("{:<14}{n:<28} {s:?}", "");
+            }
+        }
+        println!();
+    }
+    println!("Choose one with `vramlab train --model NAME`; sizes with the flags named above.");
+    println!("With --load W.safetensors the sizes are read from the weights' shapes.");
+    Ok(())
+}

@@ -1,0 +1,208 @@
+//! `vramlab train`: trains a zoo model on the GPU and prints, per step, the
+//! loss and memory_allocated / memory_reserved / max_memory_allocated in MiB
+//! (what the documents print), then the memory summary. With `--load`,
+//! `--data` and `--dump` it reproduces a PyTorch step exactly: weights and
+//! batch come from safetensors files written by PyTorch, and the last step's
+//! logits, loss, gradients and updated parameters go out as safetensors.
+
+use super::args::{AllocArgs, DeviceArgs, ModelArgs};
+use crate::io::SafeTensors;
+use crate::memory::memory_summary;
+use crate::nn::init::Rng;
+use crate::nn::ParamStore;
+use crate::tensor::Engine;
+use crate::train::{Batch, OptimizerConfig, OptimizerKind, Trainer};
+use anyhow::Context;
+use clap::Args;
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(Debug, Args)]
+pub struct TrainArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Samples per batch (ignored with --data, which fixes it).
+    #[arg(long, default_value_t = 8)]
+    pub batch: usize,
+    /// Training steps, all on the same batch.
+    #[arg(long, default_value_t = 3)]
+    pub steps: usize,
+    /// Optimizer, as in torch.optim.
+    #[arg(long, value_enum, default_value = "adam")]
+    pub optimizer: OptimizerKind,
+    /// Learning rate (default: torch.optim's, 0.01 for sgd, 1e-3 for adam/adamw).
+    #[arg(long)]
+    pub lr: Option<f32>,
+    /// SGD momentum (default 0).
+    #[arg(long)]
+    pub momentum: Option<f32>,
+    /// Weight decay (default 0; adamw 0.01).
+    #[arg(long)]
+    pub weight_decay: Option<f32>,
+    /// Seed for the initial weights and the random batch.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Weights from a PyTorch state_dict saved with safetensors; the model's
+    /// sizes are read from their shapes.
+    #[arg(long, value_name = "W.safetensors")]
+    pub load: Option<PathBuf>,
+    /// The batch: `x` (float, [N, ..input]) and `y` (int64 labels, [N]).
+    #[arg(long, value_name = "BATCH.safetensors")]
+    pub data: Option<PathBuf>,
+    /// Write the last step's `logits`, `loss`, `grad.<name>` and
+    /// `param.<name>` (after the update) here.
+    #[arg(long, value_name = "OUT.safetensors")]
+    pub dump: Option<PathBuf>,
+    /// Keep the graph across steps (backward(retain_graph=True) on one
+    /// graph): shows memory growing step after step.
+    #[arg(long)]
+    pub retain_graph: bool,
+    #[command(flatten)]
+    pub device: DeviceArgs,
+    #[command(flatten)]
+    pub alloc: AllocArgs,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn mib(b: u64) -> f64 {
+    b as f64 / 1048576.0
+}
+
+pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
+    let start = Instant::now();
+    if args.steps == 0 {
+        anyhow::bail!("--steps must be at least 1");
+    }
+    let mut spec = args.model.spec()?;
+    let weights = match &args.load {
+        Some(p) => Some(SafeTensors::read(p)?),
+        None => None,
+    };
+    let data = match &args.data {
+        Some(p) => Some(SafeTensors::read(p)?),
+        None => None,
+    };
+    if let Some(w) = &weights {
+        spec.adapt_to_weights(w)
+            .map_err(anyhow::Error::msg)
+            .with_context(|| format!("reading the model's sizes from {}", w.origin))?;
+    }
+    if let Some(d) = &data {
+        let (_, xs) = d.f32("x")?;
+        spec.adapt_to_input(&xs)
+            .map_err(anyhow::Error::msg)
+            .with_context(|| format!("reading the input size from {}", d.origin))?;
+    }
+    if data.is_none() && args.batch == 0 {
+        anyhow::bail!("--batch must be at least 1");
+    }
+    let opt = OptimizerConfig::new(args.optimizer, args.lr, args.momentum, args.weight_decay);
+    opt.validate().map_err(anyhow::Error::msg)?;
+
+    let engine = Engine::new(&args.device.options(), args.alloc.config(None)?)?;
+    let mut rng = Rng::new(args.seed);
+    let mut store = ParamStore::new();
+    let model = spec.build(&engine, &mut store, &mut rng)?;
+    if let Some(w) = &weights {
+        store.load(w).map_err(anyhow::Error::msg)?;
+    }
+    let batch = match &data {
+        Some(d) => {
+            Batch::from_safetensors(&engine, d, spec.classes()).map_err(anyhow::Error::msg)?
+        }
+        None => Batch::random(
+            &engine,
+            &mut rng,
+            args.batch,
+            &spec.input_shape(),
+            spec.classes(),
+        )?,
+    };
+    let gpu_name = engine.gpu().info.name.clone();
+    let backend = engine.gpu().info.backend.to_str();
+    if !args.json {
+        println!("vramlab train: {}", spec.describe());
+        println!(
+            "batch {}, {:?} lr {}{}, {} steps, on {gpu_name} ({backend})",
+            batch.size(),
+            opt.kind,
+            opt.lr,
+            if opt.momentum != 0.0 {
+                format!(" momentum {}", opt.momentum)
+            } else {
+                String::new()
+            },
+            args.steps,
+        );
+        println!(
+            "parameters: {} elements = {:.2} MiB{}",
+            store.numel(),
+            mib((store.numel() * 4) as u64),
+            if args.retain_graph {
+                "; retain_graph: the graph of every step is kept"
+            } else {
+                ""
+            }
+        );
+        println!();
+    }
+    let mut trainer = Trainer::new(engine, model, store, opt.build(), args.retain_graph);
+    let mut records = Vec::new();
+    let mut last = None;
+    for _ in 0..args.steps {
+        let (r, out) = trainer.step(&batch)?;
+        if !args.json {
+            println!(
+                "step {:>3}  loss {:<10.6} memory_allocated {:>9.2} MiB  memory_reserved {:>9.2} MiB  max_memory_allocated {:>9.2} MiB",
+                r.step,
+                r.loss,
+                mib(r.allocated_bytes),
+                mib(r.reserved_bytes),
+                mib(r.peak_allocated_bytes)
+            );
+        }
+        records.push(r);
+        last = Some(out);
+    }
+    if let (Some(path), Some(out)) = (&args.dump, &last) {
+        let mut st = SafeTensors::new();
+        st.insert_f32("logits", out.logits.shape(), &out.logits.to_vec()?)?;
+        st.insert_f32("loss", &[], &out.loss.to_vec()?)?;
+        trainer.store.dump(&mut st)?;
+        st.metadata.insert("model".into(), spec.describe());
+        st.metadata
+            .insert("optimizer".into(), format!("{:?} lr {}", opt.kind, opt.lr));
+        st.write(path)?;
+        if !args.json {
+            println!(
+                "\nwrote {} ({} tensors: logits, loss, grad.*, param.*)",
+                path.display(),
+                st.tensors.len()
+            );
+        }
+    }
+    let alloc = trainer.engine.allocator();
+    if args.json {
+        let report = serde_json::json!({
+            "model": spec,
+            "batch": batch.size(),
+            "optimizer": opt,
+            "adapter": gpu_name,
+            "backend": backend,
+            "parameters": trainer.store.numel(),
+            "optimizer_state_bytes": trainer.optimizer.state_bytes(),
+            "retain_graph": args.retain_graph,
+            "steps": records,
+            "memory_stats": alloc.stats().flat(),
+            "seconds": start.elapsed().as_secs_f64(),
+        });
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    println!();
+    print!("{}", memory_summary(alloc.stats(), &gpu_name, true));
+    println!("finished in {:.1} s", start.elapsed().as_secs_f64());
+    Ok(())
+}

@@ -1,0 +1,85 @@
+//! A batch: inputs `x` `[N, ..]` (f32) and integer class labels `y` `[N]`,
+//! random (seeded) or read from a safetensors file written by PyTorch
+//! (`x` any float dtype, `y` int64 as `torch.long` writes it).
+
+use crate::io::SafeTensors;
+use crate::nn::init::Rng;
+use crate::tensor::{Engine, Tensor, TensorError};
+
+pub struct Batch {
+    pub x: Tensor,
+    /// Labels as f32 class indices (what the cross-entropy kernel reads).
+    pub labels: Tensor,
+    pub label_values: Vec<i64>,
+}
+
+impl Batch {
+    /// Standard-normal inputs and uniform labels.
+    pub fn random(
+        engine: &Engine,
+        rng: &mut Rng,
+        batch: usize,
+        input_shape: &[usize],
+        classes: usize,
+    ) -> Result<Batch, TensorError> {
+        let mut shape = vec![batch];
+        shape.extend_from_slice(input_shape);
+        let n: usize = shape.iter().product();
+        let x = Tensor::from_slice(engine, &rng.normal(n), &shape, "input")?;
+        let label_values: Vec<i64> = (0..batch)
+            .map(|_| rng.below(classes as u64) as i64)
+            .collect();
+        Self::with_labels(engine, x, label_values, classes).map_err(|message| {
+            TensorError::InvalidShape {
+                op: "batch",
+                message,
+            }
+        })
+    }
+
+    /// `x` and `y` from a safetensors file; labels must lie in 0..classes.
+    pub fn from_safetensors(
+        engine: &Engine,
+        st: &SafeTensors,
+        classes: usize,
+    ) -> Result<Batch, String> {
+        let (xv, xs) = st.f32("x").map_err(|e| e.to_string())?;
+        let (yv, ys) = st.i64("y").map_err(|e| e.to_string())?;
+        if xs.is_empty() || ys != [xs[0]] {
+            return Err(format!(
+                "{}: y must have shape [N] with N = x's first axis; x is {xs:?}, y is {ys:?}",
+                st.origin
+            ));
+        }
+        let x = Tensor::from_slice(engine, &xv, &xs, "input").map_err(|e| e.to_string())?;
+        Self::with_labels(engine, x, yv, classes).map_err(|e| format!("{}: {e}", st.origin))
+    }
+
+    fn with_labels(
+        engine: &Engine,
+        x: Tensor,
+        label_values: Vec<i64>,
+        classes: usize,
+    ) -> Result<Batch, String> {
+        if let Some(bad) = label_values
+            .iter()
+            .find(|&&v| v < 0 || v as usize >= classes)
+        {
+            return Err(format!(
+                "label {bad} is outside 0..{classes} (the model has {classes} classes)"
+            ));
+        }
+        let as_f32: Vec<f32> = label_values.iter().map(|&v| v as f32).collect();
+        let labels = Tensor::from_slice(engine, &as_f32, &[as_f32.len()], "labels")
+            .map_err(|e| e.to_string())?;
+        Ok(Batch {
+            x,
+            labels,
+            label_values,
+        })
+    }
+
+    pub fn size(&self) -> usize {
+        self.label_values.len()
+    }
+}

@@ -1,0 +1,85 @@
+//! Choosing an optimizer by name, with torch.optim's defaults where a flag
+//! is not given (SGD lr 0.01 momentum 0; Adam lr 1e-3; AdamW lr 1e-3 and
+//! weight decay 0.01).
+
+use crate::optim::{Adam, Optimizer, Sgd};
+use serde::Serialize;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum OptimizerKind {
+    Sgd,
+    Adam,
+    Adamw,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct OptimizerConfig {
+    pub kind: OptimizerKind,
+    pub lr: f32,
+    pub momentum: f32,
+    pub weight_decay: f32,
+}
+
+impl OptimizerConfig {
+    /// Fills unset values with torch.optim's defaults for `kind`.
+    pub fn new(
+        kind: OptimizerKind,
+        lr: Option<f32>,
+        momentum: Option<f32>,
+        weight_decay: Option<f32>,
+    ) -> OptimizerConfig {
+        let (lr0, wd0) = match kind {
+            OptimizerKind::Sgd => (0.01, 0.0),
+            OptimizerKind::Adam => (1e-3, 0.0),
+            OptimizerKind::Adamw => (1e-3, 0.01),
+        };
+        OptimizerConfig {
+            kind,
+            lr: lr.unwrap_or(lr0),
+            momentum: momentum.unwrap_or(0.0),
+            weight_decay: weight_decay.unwrap_or(wd0),
+        }
+    }
+
+    /// Errors for values torch.optim rejects too.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.lr.is_nan() || self.lr < 0.0 {
+            return Err(format!("invalid learning rate {} (must be ≥ 0)", self.lr));
+        }
+        if self.momentum.is_nan() || self.momentum < 0.0 {
+            return Err(format!("invalid momentum {} (must be ≥ 0)", self.momentum));
+        }
+        if self.momentum != 0.0 && self.kind != OptimizerKind::Sgd {
+            return Err(
+                "--momentum applies to sgd only (Adam's betas are fixed at 0.9, 0.999)".into(),
+            );
+        }
+        if self.weight_decay.is_nan() || self.weight_decay < 0.0 {
+            return Err(format!(
+                "invalid weight decay {} (must be ≥ 0)",
+                self.weight_decay
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn build(&self) -> Box<dyn Optimizer> {
+        match self.kind {
+            OptimizerKind::Sgd => {
+                let mut s = Sgd::new(self.lr, self.momentum);
+                s.weight_decay = self.weight_decay;
+                Box::new(s)
+            }
+            OptimizerKind::Adam | OptimizerKind::Adamw => {
+                let mut a = if self.kind == OptimizerKind::Adam {
+                    Adam::new(self.lr)
+                } else {
+                    Adam::adamw(self.lr)
+                };
+                a.weight_decay = self.weight_decay;
+                Box::new(a)
+            }
+        }
+    }
+}

@@ -1,0 +1,107 @@
+//! One training step the way a PyTorch loop writes it —
+//! `zero_grad(); logits = model(x); loss = F.cross_entropy(logits, y);
+//! loss.backward(); opt.step()` — with the allocator's numbers read after it.
+//! The peak is reset before each step so `peak_allocated_bytes` is that
+//! step's own. With `retain_graph` one tape is kept across steps and backward
+//! keeps every record, so each step's saved activations stay allocated.
+
+use super::batch::Batch;
+use crate::autograd::{functions as f, Tape, Value};
+use crate::nn::{Model, ParamStore};
+use crate::optim::Optimizer;
+use crate::tensor::{Engine, Tensor, TensorError};
+use serde::Serialize;
+use std::time::Instant;
+
+/// What one step measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct StepRecord {
+    pub step: usize,
+    pub loss: f32,
+    pub allocated_bytes: u64,
+    pub reserved_bytes: u64,
+    pub peak_allocated_bytes: u64,
+    pub seconds: f64,
+}
+
+pub struct Trainer {
+    pub engine: Engine,
+    pub model: Box<dyn Model>,
+    pub store: ParamStore,
+    pub optimizer: Box<dyn Optimizer>,
+    retained: Option<Tape>,
+    steps: usize,
+}
+
+/// The last step's outputs, kept for `--dump`.
+pub struct StepOutputs {
+    pub logits: Tensor,
+    pub loss: Tensor,
+}
+
+impl Trainer {
+    pub fn new(
+        engine: Engine,
+        model: Box<dyn Model>,
+        store: ParamStore,
+        optimizer: Box<dyn Optimizer>,
+        retain_graph: bool,
+    ) -> Trainer {
+        Trainer {
+            engine,
+            model,
+            store,
+            optimizer,
+            retained: retain_graph.then(Tape::new),
+            steps: 0,
+        }
+    }
+
+    /// Runs one step on `batch`; returns its record and outputs.
+    pub fn step(&mut self, batch: &Batch) -> Result<(StepRecord, StepOutputs), TensorError> {
+        let mut expected = vec![batch.size()];
+        expected.extend(self.model.input_shape());
+        if batch.x.shape() != expected {
+            return Err(TensorError::ShapeMismatch {
+                op: "train (batch x vs the model's input)",
+                lhs: batch.x.shape().to_vec(),
+                rhs: expected,
+            });
+        }
+        let t0 = Instant::now();
+        self.steps += 1;
+        self.engine.allocator().reset_peak_memory_stats();
+        self.store.zero_grad();
+        let fresh = Tape::new();
+        let tape = self.retained.as_ref().unwrap_or(&fresh);
+        let logits = self
+            .model
+            .forward(tape, &self.store, &Value::constant(batch.x.clone()))?;
+        let loss = f::cross_entropy(tape, &logits, &batch.labels)?;
+        if self.retained.is_some() {
+            tape.backward_retain(&loss, &mut self.store)?;
+        } else {
+            tape.backward(&loss, &mut self.store)?;
+        }
+        self.optimizer.step(&mut self.store)?;
+        let loss_value = loss.tensor().to_vec()?[0];
+        self.engine.gpu().synchronize()?;
+        let a = self.engine.allocator();
+        let record = StepRecord {
+            step: self.steps,
+            loss: loss_value,
+            allocated_bytes: a.memory_allocated(),
+            reserved_bytes: a.memory_reserved(),
+            peak_allocated_bytes: a.max_memory_allocated(),
+            seconds: t0.elapsed().as_secs_f64(),
+        };
+        drop(a);
+        Ok((
+            record,
+            StepOutputs {
+                logits: logits.tensor().clone(),
+                loss: loss.tensor().clone(),
+            },
+        ))
+    }
+}

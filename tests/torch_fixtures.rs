@@ -1,0 +1,231 @@
+//! vramlab against PyTorch: fixtures written by `scripts/torch_reference.py
+//! fixtures` (PyTorch 2.x, CPU, float32) hold each zoo model's weights, a
+//! batch, and PyTorch's logits, loss, gradients and updated parameters after
+//! two steps of SGD (momentum, weight decay), Adam and AdamW. vramlab loads
+//! the same files, trains the same steps, and must agree to 1e-4 relative
+//! error everywhere. The tests read the files only; they need no PyTorch.
+
+mod common;
+use common::*;
+use std::path::{Path, PathBuf};
+use vramlab::io::SafeTensors;
+use vramlab::nn::{ModelSpec, ParamStore};
+use vramlab::ops::mse::{mse, mse_backward};
+use vramlab::ops::softmax::{softmax, softmax_backward};
+use vramlab::tensor::Tensor;
+use vramlab::train::{Batch, OptimizerConfig, OptimizerKind, Trainer};
+
+const TOL: f64 = 1e-4;
+/// Below this, a whole expected tensor is float noise around an exact zero.
+const ZERO: f32 = 1e-7;
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/torch")
+}
+
+fn read(p: &Path) -> SafeTensors {
+    SafeTensors::read(p)
+        .unwrap_or_else(|e| panic!("{e} (regenerate with scripts/torch_reference.py fixtures)"))
+}
+
+/// Compares `got` with the expected tensor `name`, taking every k-th element
+/// where the fixture was thinned (`stride.<name>` in its metadata).
+fn check(expected: &SafeTensors, name: &str, got: &[f32], case: &str) -> f64 {
+    let (want, _) = expected.f32(name).unwrap();
+    let got: Vec<f32> = match expected.metadata.get(&format!("stride.{name}")) {
+        Some(k) => got.iter().step_by(k.parse().unwrap()).copied().collect(),
+        None => got.to_vec(),
+    };
+    // Adam's update lr·g/(|g|+eps) turns rounding noise in a gradient within
+    // 10·eps of zero into visible changes (PyTorch's own f32 and f64 results
+    // differ by ~1e-3 there), so such elements of updated parameters are
+    // judged norm-wise with their tensor, as scripts/torch_reference.py does.
+    let adam = expected
+        .metadata
+        .get("optimizer")
+        .is_some_and(|o| o.starts_with("adam"));
+    let ill: Vec<bool> = match name.strip_prefix("param.") {
+        Some(p) if adam => {
+            let (g, _) = expected.f32(&format!("grad.{p}")).unwrap();
+            g.iter().map(|&g| g != 0.0 && g.abs() < 1e-7).collect()
+        }
+        _ => vec![false; want.len()],
+    };
+    let norm = |v: &mut dyn Iterator<Item = f64>| v.map(|x| x * x).sum::<f64>().sqrt();
+    let normwise = norm(&mut got.iter().zip(&want).map(|(g, w)| *g as f64 - *w as f64))
+        / norm(&mut want.iter().map(|&w| w as f64)).max(1e-30);
+    let (got, want): (Vec<f32>, Vec<f32>) = got
+        .iter()
+        .zip(&want)
+        .zip(&ill)
+        .filter(|(_, &ill)| !ill)
+        .map(|((g, w), _)| (*g, *w))
+        .unzip();
+    assert_eq!(got.len(), want.len(), "{case} {name}: length");
+    let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    if scale < ZERO {
+        // Zero in exact arithmetic (attention's key-projection bias gradient:
+        // softmax ignores a constant added to a row): both sides are float
+        // noise of order 1e-10, so the comparison is absolute.
+        let diff = got
+            .iter()
+            .zip(&want)
+            .fold(0.0f32, |m, (g, w)| m.max((g - w).abs()));
+        assert!(
+            diff < ZERO,
+            "{case} {name}: {diff:e} from PyTorch's (numerically zero) values"
+        );
+        return 0.0;
+    }
+    let err = max_rel_err(&got, &to_f64(&want)).max(normwise);
+    assert!(
+        err < TOL,
+        "{case} {name}: relative error {err:.3e} vs PyTorch"
+    );
+    err
+}
+
+/// Trains one fixture case and compares everything; returns the worst error.
+fn run_case(dir: &Path) -> f64 {
+    let case = dir.file_name().unwrap().to_string_lossy().to_string();
+    let weights = read(&dir.join("weights.safetensors"));
+    let data = read(&dir.join("batch.safetensors"));
+    let expected = read(&dir.join("expected.safetensors"));
+    let meta = |k: &str| expected.metadata[k].clone();
+    let num = |k: &str| meta(k).parse::<f32>().unwrap();
+    let mut spec = ModelSpec::default_for(&meta("model")).unwrap();
+    spec.adapt_to_weights(&weights).unwrap();
+    spec.adapt_to_input(&data.f32("x").unwrap().1).unwrap();
+    let kind = match meta("optimizer").as_str() {
+        "sgd" => OptimizerKind::Sgd,
+        "adam" => OptimizerKind::Adam,
+        _ => OptimizerKind::Adamw,
+    };
+    let opt = OptimizerConfig::new(
+        kind,
+        Some(num("lr")),
+        Some(num("momentum")),
+        Some(num("weight_decay")),
+    );
+    let e = engine();
+    let mut store = ParamStore::new();
+    let model = spec.build(&e, &mut store, &mut Rng::new(0)).unwrap();
+    store.load(&weights).unwrap();
+    let batch = Batch::from_safetensors(&e, &data, spec.classes()).unwrap();
+    let mut trainer = Trainer::new(e, model, store, opt.build(), false);
+    let mut last = None;
+    for _ in 0..meta("steps").parse::<usize>().unwrap() {
+        last = Some(trainer.step(&batch).unwrap().1);
+    }
+    let out = last.unwrap();
+    let mut worst = check(&expected, "logits", &out.logits.to_vec().unwrap(), &case);
+    worst = worst.max(check(&expected, "loss", &out.loss.to_vec().unwrap(), &case));
+    let mut compared = 0;
+    for p in trainer.store.iter() {
+        let g = p.grad.as_ref().expect("every parameter has a gradient");
+        worst = worst.max(check(
+            &expected,
+            &format!("grad.{}", p.name),
+            &g.to_vec().unwrap(),
+            &case,
+        ));
+        worst = worst.max(check(
+            &expected,
+            &format!("param.{}", p.name),
+            &p.value.to_vec().unwrap(),
+            &case,
+        ));
+        compared += 2;
+    }
+    assert_eq!(
+        compared + 2,
+        expected.tensors.len(),
+        "{case}: every expected tensor compared"
+    );
+    worst
+}
+
+fn run_model(model: &str) {
+    for opt in ["sgd", "adam", "adamw"] {
+        let worst = run_case(&fixtures().join(format!("{model}-{opt}")));
+        eprintln!("{model} {opt}: worst relative error {worst:.2e}");
+    }
+}
+
+#[test]
+fn mlp_matches_pytorch_for_every_optimizer() {
+    run_model("mlp");
+}
+
+#[test]
+fn simple_cnn_matches_pytorch_for_every_optimizer() {
+    run_model("simple-cnn");
+}
+
+#[test]
+fn resnet_mini_matches_pytorch_for_every_optimizer() {
+    run_model("resnet-mini");
+}
+
+#[test]
+fn attention_matches_pytorch_for_every_optimizer() {
+    run_model("attention");
+}
+
+#[test]
+fn softmax_and_mse_match_pytorch() {
+    let f = read(&fixtures().join("ops.safetensors"));
+    let e = engine();
+    let t = |name: &str| {
+        let (v, s) = f.f32(name).unwrap();
+        let s = if s.is_empty() { vec![1] } else { s };
+        Tensor::from_slice(&e, &v, &s, name).unwrap()
+    };
+    let scale: f32 = f.metadata["softmax.scale"].parse().unwrap();
+    let y = softmax(&t("softmax.x"), scale).unwrap();
+    check(&f, "softmax.y", &y.to_vec().unwrap(), "ops");
+    let dx = softmax_backward(&y, &t("softmax.g"), scale).unwrap();
+    check(&f, "softmax.dx", &dx.to_vec().unwrap(), "ops");
+    let loss = mse(&t("mse.pred"), &t("mse.target")).unwrap();
+    check(&f, "mse.loss", &loss.to_vec().unwrap(), "ops");
+    let one = Tensor::from_slice(&e, &[1.0], &[1], "one").unwrap();
+    let d = mse_backward(&t("mse.pred"), &t("mse.target"), &one).unwrap();
+    check(&f, "mse.dpred", &d.to_vec().unwrap(), "ops");
+}
+
+/// The command line path: `train --load --data --dump` writes what PyTorch
+/// computed.
+#[test]
+fn train_cli_dump_matches_pytorch() {
+    let dir = fixtures().join("attention-sgd");
+    let expected = read(&dir.join("expected.safetensors"));
+    let out = std::env::temp_dir().join(format!("vramlab-dump-{}.safetensors", std::process::id()));
+    let m = &expected.metadata;
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .args(["train", "--model", "attention", "--optimizer", "sgd"])
+        .args([
+            "--lr",
+            &m["lr"],
+            "--momentum",
+            &m["momentum"],
+            "--weight-decay",
+            &m["weight_decay"],
+        ])
+        .args(["--steps", &m["steps"], "--json"])
+        .arg("--load")
+        .arg(dir.join("weights.safetensors"))
+        .arg("--data")
+        .arg(dir.join("batch.safetensors"))
+        .arg("--dump")
+        .arg(&out)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let dump = read(&out);
+    let _ = std::fs::remove_file(&out);
+    for (name, _) in expected.tensors.iter() {
+        let (got, _) = dump.f32(name).unwrap();
+        check(&expected, name, &got, "cli");
+    }
+}
