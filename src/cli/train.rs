@@ -87,7 +87,13 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     if let Some(w) = &weights {
         spec.adapt_to_weights(w)
             .map_err(anyhow::Error::msg)
-            .with_context(|| format!("reading the model's sizes from {}", w.origin))?;
+            .with_context(|| {
+                format!(
+                    "reading the model's sizes from {} (is it a {} state_dict? pick the --model it was saved from)",
+                    w.origin,
+                    spec.name()
+                )
+            })?;
     }
     if let Some(d) = &data {
         let (_, xs) = d.f32("x")?;

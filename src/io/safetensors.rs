@@ -79,14 +79,16 @@ impl StDtype {
 /// What went wrong with a safetensors file, naming the file and the tensor.
 #[derive(Debug, thiserror::Error)]
 pub enum SafetensorsError {
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     Read {
         path: PathBuf,
+        #[source]
         source: std::io::Error,
     },
-    #[error("cannot write {path}: {source}")]
+    #[error("cannot write {path}")]
     Write {
         path: PathBuf,
+        #[source]
         source: std::io::Error,
     },
     #[error("{path} is not a valid safetensors file: {message}")]
