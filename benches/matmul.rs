@@ -35,7 +35,7 @@ fn inputs(e: &Engine, n: usize) -> (Tensor, Tensor) {
 fn run_once(e: &Engine, a: &Tensor, b: &Tensor, kernel: MatmulKernel) {
     let c = matmul_ex(a, b, false, false, kernel).expect("matmul");
     drop(c);
-    e.gpu().synchronize().expect("sync");
+    e.synchronize().expect("sync");
 }
 
 fn bench(c: &mut Criterion) {
@@ -46,11 +46,7 @@ fn bench(c: &mut Criterion) {
             return;
         }
     };
-    eprintln!(
-        "adapter: {} ({})",
-        e.gpu().info.name,
-        e.gpu().info.backend.to_str()
-    );
+    eprintln!("adapter: {} ({})", e.device_name(), e.backend_name());
     let mut ratios = Vec::new();
     for n in sizes() {
         let (a, b) = inputs(&e, n);

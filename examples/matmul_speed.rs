@@ -19,12 +19,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let b = Tensor::from_slice(&e, &data, &[n, n], "b")?;
     for kernel in [MatmulKernel::Tiled, MatmulKernel::Naive] {
         drop(matmul_ex(&a, &b, false, false, kernel)?);
-        e.gpu().synchronize()?;
+        e.synchronize()?;
         let reps = 3;
         let s = Instant::now();
         for _ in 0..reps {
             drop(matmul_ex(&a, &b, false, false, kernel)?);
-            e.gpu().synchronize()?;
+            e.synchronize()?;
         }
         let t = s.elapsed().as_secs_f64() / reps as f64;
         println!(

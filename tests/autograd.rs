@@ -215,7 +215,7 @@ fn no_grad_forward_peaks_lower_by_the_saved_activations() {
     let batch = 64;
     let (x, _) = simple_cnn_batch(&e, batch, 4);
     let peak_of = |grad: bool| {
-        e.gpu().synchronize().unwrap();
+        e.synchronize().unwrap();
         let base = e.allocator().memory_allocated();
         e.allocator().reset_peak_memory_stats();
         let tape = Tape::new();

@@ -14,7 +14,23 @@ use crate::ops::mean::{mean_axis, mean_axis_backward, Axis};
 use crate::ops::mse::{mse as mse_fwd, mse_backward};
 use crate::ops::relu::{relu as relu_fwd, relu_backward};
 use crate::ops::softmax::{softmax as softmax_fwd, softmax_backward};
-use crate::tensor::{Tensor, TensorError};
+use crate::tensor::{ScopeGuard, Tensor, TensorError};
+
+/// A model-level op (not inside a layer) tags its allocations
+/// `<name>.forward`; inside a layer the layer's name wins.
+fn op_scope(x: &Value, name: &str) -> Option<ScopeGuard> {
+    let engine = x.tensor().engine();
+    (&*engine.current_scope().1 == "forward").then(|| engine.op_scope(&format!("{name}.forward")))
+}
+
+/// A tensor backward will need: kept alive by the tape (a cheap handle) and,
+/// when recording, re-categorised from forward output to activation.
+fn save(tape: &Tape, t: &Tensor) -> Tensor {
+    if tape.grad_enabled() {
+        t.mark_saved();
+    }
+    t.clone()
+}
 
 /// conv2d; saves the input and the weight.
 pub fn conv2d(
@@ -24,8 +40,9 @@ pub fn conv2d(
     b: &Value,
     cfg: Conv2dConfig,
 ) -> Result<Value, TensorError> {
+    let _scope = op_scope(x, "conv2d");
     let y = conv2d_fwd(x.tensor(), w.tensor(), Some(b.tensor()), cfg)?;
-    let (xs, ws) = (x.tensor().clone(), w.tensor().clone());
+    let (xs, ws) = (save(tape, x.tensor()), save(tape, w.tensor()));
     let need_dx = x.requires_grad();
     Ok(tape.record(
         y,
@@ -39,8 +56,9 @@ pub fn conv2d(
 
 /// ReLU; saves its output (its backward masks by it).
 pub fn relu(tape: &Tape, x: &Value) -> Result<Value, TensorError> {
+    let _scope = op_scope(x, "relu");
     let y = relu_fwd(x.tensor())?;
-    let saved = y.clone();
+    let saved = save(tape, &y);
     Ok(tape.record(
         y,
         &[x],
@@ -68,8 +86,9 @@ pub fn flatten(tape: &Tape, x: &Value) -> Result<Value, TensorError> {
 
 /// linear, with or without a bias; saves the input and the weight.
 pub fn linear(tape: &Tape, x: &Value, w: &Value, b: Option<&Value>) -> Result<Value, TensorError> {
+    let _scope = op_scope(x, "linear");
     let y = linear_fwd(x.tensor(), w.tensor(), b.map(|b| b.tensor()))?;
-    let (xs, ws) = (x.tensor().clone(), w.tensor().clone());
+    let (xs, ws) = (save(tape, x.tensor()), save(tape, w.tensor()));
     let need_dx = x.requires_grad();
     let has_bias = b.is_some();
     let mut inputs = vec![x, w];
@@ -90,8 +109,9 @@ pub fn linear(tape: &Tape, x: &Value, w: &Value, b: Option<&Value>) -> Result<Va
 
 /// Mean cross-entropy against integer labels; saves the logits and labels.
 pub fn cross_entropy(tape: &Tape, logits: &Value, labels: &Tensor) -> Result<Value, TensorError> {
+    let _scope = op_scope(logits, "cross_entropy");
     let loss = ce_fwd(logits.tensor(), labels)?;
-    let (l, y) = (logits.tensor().clone(), labels.clone());
+    let (l, y) = (save(tape, logits.tensor()), save(tape, labels));
     Ok(tape.record(
         loss,
         &[logits],
@@ -101,6 +121,7 @@ pub fn cross_entropy(tape: &Tape, logits: &Value, labels: &Tensor) -> Result<Val
 
 /// `a + b` (residual connections); saves nothing, passes the gradient to both.
 pub fn add(tape: &Tape, a: &Value, b: &Value) -> Result<Value, TensorError> {
+    let _scope = op_scope(a, "add");
     let y = add_fwd(a.tensor(), b.tensor())?;
     Ok(tape.record(
         y,
@@ -130,8 +151,9 @@ pub fn matmul(
         });
     }
     let k = MatmulKernel::Tiled;
+    let _scope = op_scope(a, "matmul");
     let y = matmul_ex(a.tensor(), b.tensor(), transpose_a, transpose_b, k)?;
-    let (at, bt) = (a.tensor().clone(), b.tensor().clone());
+    let (at, bt) = (save(tape, a.tensor()), save(tape, b.tensor()));
     let (need_a, need_b) = (a.requires_grad(), b.requires_grad());
     Ok(tape.record(
         y,
@@ -154,8 +176,9 @@ pub fn matmul(
 
 /// `softmax(scale · x)` over the last axis; saves its output.
 pub fn softmax(tape: &Tape, x: &Value, scale: f32) -> Result<Value, TensorError> {
+    let _scope = op_scope(x, "softmax");
     let y = softmax_fwd(x.tensor(), scale)?;
-    let saved = y.clone();
+    let saved = save(tape, &y);
     Ok(tape.record(
         y,
         &[x],
@@ -175,6 +198,7 @@ pub fn mean_dim(tape: &Tape, x: &Value, dim: usize) -> Result<Value, TensorError
     let axis = Axis::of(&shape, dim);
     let mut out_shape = shape.clone();
     out_shape.remove(dim);
+    let _scope = op_scope(x, "mean");
     let y = mean_axis(x.tensor(), axis, &out_shape, "mean.out")?;
     Ok(tape.record(
         y,
@@ -204,8 +228,9 @@ pub fn global_avg_pool(tape: &Tape, x: &Value) -> Result<Value, TensorError> {
 
 /// Mean squared error against a constant target; saves both.
 pub fn mse(tape: &Tape, pred: &Value, target: &Tensor) -> Result<Value, TensorError> {
+    let _scope = op_scope(pred, "mse");
     let loss = mse_fwd(pred.tensor(), target)?;
-    let (p, t) = (pred.tensor().clone(), target.clone());
+    let (p, t) = (save(tape, pred.tensor()), save(tape, target));
     Ok(tape.record(
         loss,
         &[pred],
@@ -236,7 +261,7 @@ pub fn checkpoint(
     let input = Value::constant(x.tensor().clone());
     let y = quiet.no_grad(|| f(&quiet, store, &input))?;
     drop(input);
-    let saved = x.tensor().clone();
+    let saved = save(tape, x.tensor());
     let need_dx = x.requires_grad();
     Ok(tape.record_opaque(
         y.tensor().clone(),

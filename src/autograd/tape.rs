@@ -13,6 +13,7 @@
 //! step after step; `checkpoint` (in functions.rs) records one node whose
 //! backward re-runs a segment on a fresh tape.
 
+use crate::memory::Category;
 use crate::nn::param::{ParamId, ParamStore};
 use crate::ops::{elementwise, fill};
 use crate::tensor::{Tensor, TensorError};
@@ -53,6 +54,8 @@ impl Value {
 }
 
 struct Node {
+    /// The op that recorded it ("conv1.forward"); backward runs as "conv1.backward".
+    op: std::sync::Arc<str>,
     output: VarId,
     inputs: Vec<Option<VarId>>,
     backward: BackwardFn,
@@ -149,6 +152,7 @@ impl Tape {
         }
         let var = Self::new_var(&mut inner);
         inner.nodes.push(Node {
+            op: output.engine().current_scope().1,
             output: var,
             inputs: inputs.iter().map(|v| v.var).collect(),
             backward,
@@ -265,10 +269,17 @@ impl Tape {
             }
         }
         let mut grads: HashMap<VarId, Tensor> = HashMap::new();
+        let engine = seed.engine().clone();
         grads.insert(root_var, seed);
         let mut kept = Vec::new();
         let result = (|| {
             while let Some(node) = nodes.pop() {
+                let name = match node.op.strip_suffix(".forward") {
+                    Some(layer) => format!("{layer}.backward"),
+                    None if node.op.is_empty() => "backward".to_string(),
+                    None => format!("{}.backward", node.op),
+                };
+                let _scope = engine.scope(Category::Temporary, &name);
                 let input_grads = match grads.remove(&node.output) {
                     Some(g) => (node.backward)(&g, store)?,
                     None => Vec::new(),

@@ -81,7 +81,6 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
     let start = Instant::now();
     let config = args.alloc.config(None)?;
     let engine = Engine::new(&args.device.options(), config)?;
-    let gpu = engine.gpu();
     let mut rng = Rng::new(args.seed);
     let mut store = ParamStore::new();
     let model = SimpleConvNet::new(&engine, &mut store, &mut rng)?;
@@ -105,8 +104,8 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
             args.batch,
             args.lr,
             args.steps,
-            gpu.info.name,
-            gpu.info.backend.to_str()
+            engine.device_name(),
+            engine.backend_name()
         );
         println!(
             "parameters: {} elements = {}",
@@ -128,7 +127,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
         crate::optim::Optimizer::step(&mut adam, &mut store)?;
         let loss_value = loss.tensor().to_vec()?[0];
         drop(loss);
-        gpu.synchronize()?;
+        engine.synchronize()?;
         let a = engine.allocator();
         let r = StepReport {
             step,
@@ -170,8 +169,8 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
         let report = serde_json::json!({
             "model": "simple-cnn",
             "batch": args.batch,
-            "adapter": gpu.info.name,
-            "backend": gpu.info.backend.to_str(),
+            "adapter": engine.device_name(),
+            "backend": engine.backend_name(),
             "parameters": store.numel(),
             "steps": steps,
             "live_after_last_step_bytes": live,
@@ -238,7 +237,10 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
     println!("  - The loss: one random batch; at lr 1e-3 Adam's first steps can overshoot (fc has 25,088");
     println!("    inputs per class). `--lr 1e-4 --steps 10` shows it falling steadily.");
     println!();
-    print!("{}", memory_summary(alloc.stats(), &gpu.info.name, true));
+    print!(
+        "{}",
+        memory_summary(alloc.stats(), &engine.device_name(), true)
+    );
     println!("finished in {:.1} s", start.elapsed().as_secs_f64());
     Ok(())
 }

@@ -126,8 +126,8 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
             spec.classes(),
         )?,
     };
-    let gpu_name = engine.gpu().info.name.clone();
-    let backend = engine.gpu().info.backend.to_str();
+    let gpu_name = engine.device_name();
+    let backend = engine.backend_name();
     if !args.json {
         println!("vramlab train: {}", spec.describe());
         println!(

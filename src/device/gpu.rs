@@ -31,12 +31,21 @@ pub struct Kernel {
     pub entry: &'static str,
 }
 
-/// A range of a buffer bound to a kernel: a tensor's block.
+/// A range of a buffer bound to a kernel: a tensor's block. A tensor on a
+/// simulated device has no buffer.
 #[derive(Debug, Clone)]
 pub struct BufferSlice {
-    pub buffer: wgpu::Buffer,
+    pub buffer: Option<wgpu::Buffer>,
     pub offset: u64,
     pub size: u64,
+}
+
+impl BufferSlice {
+    fn real(&self) -> Result<&wgpu::Buffer, DeviceError> {
+        self.buffer.as_ref().ok_or_else(|| {
+            DeviceError::Wgpu("a tensor of a simulated device was bound to a real GPU".into())
+        })
+    }
 }
 
 /// Commands recorded but not yet submitted.
@@ -303,15 +312,17 @@ impl Gpu {
         let mut entries: Vec<wgpu::BindGroupEntry> = bindings
             .iter()
             .enumerate()
-            .map(|(i, b)| wgpu::BindGroupEntry {
-                binding: i as u32,
-                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                    buffer: &b.buffer,
-                    offset: b.offset,
-                    size: wgpu::BufferSize::new(b.size),
-                }),
+            .map(|(i, b)| {
+                Ok(wgpu::BindGroupEntry {
+                    binding: i as u32,
+                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer: b.real()?,
+                        offset: b.offset,
+                        size: wgpu::BufferSize::new(b.size),
+                    }),
+                })
             })
-            .collect();
+            .collect::<Result<_, DeviceError>>()?;
         if let Some(u) = &uniform {
             entries.push(wgpu::BindGroupEntry {
                 binding: bindings.len() as u32,
@@ -337,10 +348,11 @@ impl Gpu {
 
     /// Records a copy of `bytes` into `dst`, ordered after every command
     /// recorded before it (see the module docs for why this matters).
-    pub fn upload(&self, dst: &BufferSlice, bytes: &[u8]) {
+    pub fn upload(&self, dst: &BufferSlice, bytes: &[u8]) -> Result<(), DeviceError> {
         if bytes.is_empty() {
-            return;
+            return Ok(());
         }
+        let target = dst.real()?;
         let len = (bytes.len() as u64).div_ceil(wgpu::COPY_BUFFER_ALIGNMENT)
             * wgpu::COPY_BUFFER_ALIGNMENT;
         let mut padded;
@@ -359,8 +371,9 @@ impl Gpu {
                 usage: wgpu::BufferUsages::COPY_SRC,
             });
         self.with_encoder(|enc| {
-            enc.copy_buffer_to_buffer(&staging, 0, &dst.buffer, dst.offset, len);
+            enc.copy_buffer_to_buffer(&staging, 0, target, dst.offset, len);
         });
+        Ok(())
     }
 
     /// Copies `len` bytes of `src` back to the CPU, waiting for all recorded
@@ -369,6 +382,7 @@ impl Gpu {
         if len == 0 {
             return Ok(Vec::new());
         }
+        let source = src.real()?;
         let padded = len.div_ceil(wgpu::COPY_BUFFER_ALIGNMENT) * wgpu::COPY_BUFFER_ALIGNMENT;
         let readback = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("readback"),
@@ -377,7 +391,7 @@ impl Gpu {
             mapped_at_creation: false,
         });
         self.with_encoder(|enc| {
-            enc.copy_buffer_to_buffer(&src.buffer, src.offset, &readback, 0, padded);
+            enc.copy_buffer_to_buffer(source, src.offset, &readback, 0, padded);
         });
         self.flush();
         let (tx, rx) = std::sync::mpsc::channel();

@@ -5,6 +5,7 @@
 
 pub mod adapter;
 pub mod buffer_source;
+pub mod engine_source;
 pub mod error;
 pub mod gpu;
 pub mod grid;
@@ -12,6 +13,7 @@ pub mod info;
 
 pub use adapter::{AdapterOptions, AdapterSummary, BackendChoice};
 pub use buffer_source::WgpuSource;
+pub use engine_source::EngineSource;
 pub use error::DeviceError;
 pub use gpu::{BufferSlice, Gpu, Kernel};
 pub use grid::{grid_for, Workgroups};

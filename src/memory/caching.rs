@@ -24,8 +24,10 @@
 use super::config::AllocatorConfig;
 use super::constants::*;
 use super::error::{AllocError, OomReport};
+use super::events::{EventKind, MemEvent};
 use super::source::{SegmentId, SegmentSource, SourceError};
 use super::stats::{DeviceStats, StatType};
+use super::tag::Category;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -133,6 +135,8 @@ pub(crate) struct Block {
     pub(crate) prev: Option<usize>,
     pub(crate) next: Option<usize>,
     pub(crate) label: Option<Arc<str>>,
+    pub(crate) category: Category,
+    pub(crate) op: Option<Arc<str>>,
     gc_count_base: u64,
     generation: u32,
     pub(crate) live: bool,
@@ -174,6 +178,13 @@ pub struct CachingAllocator<S: SegmentSource> {
     total_reserved: u64,
     next_segment_id: u64,
     next_address: u64,
+    /// The event log, while recording (see `start_recording`).
+    recorder: Option<Recorder>,
+}
+
+struct Recorder {
+    start: std::time::Instant,
+    events: Vec<MemEvent>,
 }
 
 /// First virtual address handed out; looks like a device pointer in reports.
@@ -197,6 +208,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             total_reserved: 0,
             next_segment_id: 0,
             next_address: BASE_ADDRESS,
+            recorder: None,
         }
     }
 
@@ -264,8 +276,124 @@ impl<S: SegmentSource> CachingAllocator<S> {
             .and_then(|b| b.label.as_deref())
     }
 
+    /// Starts (or restarts) the event log.
+    pub fn start_recording(&mut self) {
+        self.recorder = Some(Recorder {
+            start: std::time::Instant::now(),
+            events: Vec::new(),
+        });
+    }
+
+    /// Stops recording and returns the events.
+    pub fn take_events(&mut self) -> Vec<MemEvent> {
+        self.recorder.take().map(|r| r.events).unwrap_or_default()
+    }
+
+    pub fn is_recording(&self) -> bool {
+        self.recorder.is_some()
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn record(
+        &mut self,
+        kind: EventKind,
+        size: u64,
+        requested: u64,
+        address: u64,
+        segment: SegmentId,
+        category: Category,
+        previous: Option<Category>,
+        op: Option<&Arc<str>>,
+        label: Option<&Arc<str>>,
+    ) {
+        let (allocated, reserved) = (self.memory_allocated(), self.memory_reserved());
+        if let Some(r) = &mut self.recorder {
+            r.events.push(MemEvent {
+                seq: r.events.len() as u64,
+                t_us: r.start.elapsed().as_secs_f64() * 1e6,
+                kind,
+                size,
+                requested,
+                address,
+                segment: segment.0,
+                category,
+                previous,
+                op: op.cloned().unwrap_or_else(|| Arc::from("")),
+                label: label.cloned().unwrap_or_else(|| Arc::from("")),
+                allocated,
+                reserved,
+            });
+        }
+    }
+
+    /// Marks the start of a phase (forward, backward, optimizer) in the log.
+    pub fn mark_phase(&mut self, name: &str) {
+        let name: Arc<str> = Arc::from(name);
+        self.record(
+            EventKind::Phase,
+            0,
+            0,
+            0,
+            SegmentId(0),
+            Category::Untagged,
+            None,
+            Some(&name),
+            None,
+        );
+    }
+
+    /// The category and op of an allocated block.
+    pub fn tag(&self, handle: BlockHandle) -> Option<(Category, Option<&str>)> {
+        self.blocks
+            .get(handle.index as usize)
+            .filter(|b| b.live && b.generation == handle.generation && b.allocated)
+            .map(|b| (b.category, b.op.as_deref()))
+    }
+
+    /// Changes an allocated block's category (a forward output saved for
+    /// backward becomes an activation; a gradient moved into `.grad` becomes
+    /// a gradient). Stale handles are ignored.
+    pub fn retag(&mut self, handle: BlockHandle, category: Category) {
+        let index = handle.index as usize;
+        let Some(b) = self
+            .blocks
+            .get_mut(index)
+            .filter(|b| b.live && b.generation == handle.generation && b.allocated)
+        else {
+            return;
+        };
+        if b.category == category {
+            return;
+        }
+        let previous = std::mem::replace(&mut b.category, category);
+        let b = b.clone();
+        self.record(
+            EventKind::Retag,
+            b.size,
+            b.requested,
+            b.address,
+            b.segment,
+            category,
+            Some(previous),
+            b.op.as_ref(),
+            b.label.as_ref(),
+        );
+    }
+
     /// Allocates `size` bytes for a tensor called `label`.
     pub fn malloc(&mut self, orig_size: u64, label: &str) -> Result<Allocation, AllocError> {
+        self.malloc_tagged(orig_size, label, Category::Untagged, None)
+    }
+
+    /// Allocates `size` bytes for a tensor called `label`, of `category`,
+    /// made by `op`.
+    pub fn malloc_tagged(
+        &mut self,
+        orig_size: u64,
+        label: &str,
+        category: Category,
+        op: Option<Arc<str>>,
+    ) -> Result<Allocation, AllocError> {
         if orig_size == 0 {
             return Err(AllocError::ZeroSize);
         }
@@ -301,6 +429,18 @@ impl<S: SegmentSource> CachingAllocator<S> {
         }
         let Some(index) = found else {
             self.stats.num_ooms += 1;
+            let label: Arc<str> = Arc::from(label);
+            self.record(
+                EventKind::Oom,
+                size,
+                orig_size,
+                0,
+                SegmentId(0),
+                category,
+                None,
+                op.as_ref(),
+                Some(&label),
+            );
             return Err(AllocError::OutOfMemory(Box::new(OomReport {
                 requested: orig_size,
                 rounded: size,
@@ -314,6 +454,22 @@ impl<S: SegmentSource> CachingAllocator<S> {
         };
         let split = self.should_split(index, size);
         let index = self.alloc_found_block(index, size, orig_size, split, label);
+        self.blocks[index].category = category;
+        self.blocks[index].op = op;
+        if self.recorder.is_some() {
+            let b = self.blocks[index].clone();
+            self.record(
+                EventKind::Alloc,
+                b.size,
+                b.requested,
+                b.address,
+                b.segment,
+                category,
+                None,
+                b.op.as_ref(),
+                b.label.as_ref(),
+            );
+        }
         let b = &self.blocks[index];
         let seg = &self.segments[&b.segment];
         Ok(Allocation {
@@ -338,10 +494,12 @@ impl<S: SegmentSource> CachingAllocator<S> {
                     .into(),
             )),
         }
+        let before = self.recorder.is_some().then(|| self.blocks[index].clone());
         let (size, pool) = {
             let b = &mut self.blocks[index];
             b.allocated = false;
             b.label = None;
+            b.op = None;
             (b.size, b.pool)
         };
         let st = pool.stat_type();
@@ -350,6 +508,20 @@ impl<S: SegmentSource> CachingAllocator<S> {
         if size >= self.config.max_split_size {
             self.stats.oversize_allocations.decrease(1);
         }
+        if let Some(b) = before {
+            self.record(
+                EventKind::Free,
+                b.size,
+                b.requested,
+                b.address,
+                b.segment,
+                b.category,
+                None,
+                b.op.as_ref(),
+                b.label.as_ref(),
+            );
+        }
+        self.blocks[index].category = Category::Untagged;
         self.free_block(index);
         Ok(())
     }
@@ -521,6 +693,8 @@ impl<S: SegmentSource> CachingAllocator<S> {
             prev: None,
             next: None,
             label: None,
+            category: Category::Untagged,
+            op: None,
             gc_count_base: 0,
             generation: 0,
             live: true,
@@ -532,6 +706,17 @@ impl<S: SegmentSource> CachingAllocator<S> {
             self.stats.oversize_segments.increase(1);
         }
         self.stats.num_device_alloc += 1;
+        self.record(
+            EventKind::SegmentAlloc,
+            size,
+            0,
+            address,
+            id,
+            Category::Untagged,
+            None,
+            None,
+            None,
+        );
         Ok(Some(index))
     }
 
@@ -604,8 +789,23 @@ impl<S: SegmentSource> CachingAllocator<S> {
         if size >= self.config.max_split_size {
             self.stats.oversize_segments.decrease(1);
         }
-        self.segments.remove(&segment);
+        let address = self
+            .segments
+            .remove(&segment)
+            .map(|s| s.address)
+            .unwrap_or(0);
         self.delete_block(index);
+        self.record(
+            EventKind::SegmentFree,
+            size,
+            0,
+            address,
+            segment,
+            Category::Untagged,
+            None,
+            None,
+            None,
+        );
     }
 
     fn should_split(&self, index: usize, size: u64) -> bool {
@@ -644,6 +844,8 @@ impl<S: SegmentSource> CachingAllocator<S> {
                 prev,
                 next: Some(remaining),
                 label: None,
+                category: Category::Untagged,
+                op: None,
                 gc_count_base: 0,
                 generation: 0,
                 live: true,

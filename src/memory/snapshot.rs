@@ -23,6 +23,9 @@ pub struct BlockInfo {
     pub state: &'static str,
     /// The tensor held, if any.
     pub label: Option<String>,
+    /// Why it is held, and the op that made it (allocated blocks only).
+    pub category: Option<super::tag::Category>,
+    pub op: Option<String>,
 }
 
 /// One segment (one device buffer).
@@ -63,6 +66,12 @@ impl<S: SegmentSource> CachingAllocator<S> {
                 },
                 label: if b.allocated {
                     b.label.as_deref().map(str::to_string)
+                } else {
+                    None
+                },
+                category: b.allocated.then_some(b.category),
+                op: if b.allocated {
+                    b.op.as_deref().map(str::to_string)
                 } else {
                     None
                 },

@@ -6,8 +6,15 @@
 use super::init::{default_bound, Rng};
 use super::param::{ParamId, ParamStore};
 use crate::autograd::{functions as f, Tape, Value};
+use crate::memory::Category;
 use crate::ops::conv2d::Conv2dConfig;
-use crate::tensor::{Engine, Tensor, TensorError};
+use crate::tensor::{Engine, ScopeGuard, Tensor, TensorError};
+use std::sync::Arc;
+
+/// Tags what a layer's forward allocates `<name>.forward`.
+fn layer_scope(x: &Value, name: &str) -> ScopeGuard {
+    x.tensor().engine().op_scope(&format!("{name}.forward"))
+}
 
 fn param(
     engine: &Engine,
@@ -18,13 +25,16 @@ fn param(
     fan_in: usize,
 ) -> Result<ParamId, TensorError> {
     let n: usize = shape.iter().product();
+    let _scope = engine.scope(Category::Parameter, "init");
     let t = Tensor::from_slice(engine, &rng.uniform(n, default_bound(fan_in)), shape, &name)?;
     Ok(store.add(&name, t))
 }
 
 /// `nn.Linear(inputs, outputs, bias)`: weight `[out, in]`, bias `[out]`.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Linear {
+    /// The module's name (`fc`, `layers.0`): allocations are tagged `fc.forward`.
+    pub name: Arc<str>,
     pub weight: ParamId,
     pub bias: Option<ParamId>,
 }
@@ -55,7 +65,11 @@ impl Linear {
     ) -> Result<Linear, TensorError> {
         let name = format!("{prefix}.weight");
         let weight = param(engine, store, rng, name, &[outputs, inputs], inputs)?;
-        Ok(Linear { weight, bias: None })
+        Ok(Linear {
+            name: Arc::from(prefix),
+            weight,
+            bias: None,
+        })
     }
 
     pub fn forward(
@@ -64,6 +78,7 @@ impl Linear {
         store: &ParamStore,
         x: &Value,
     ) -> Result<Value, TensorError> {
+        let _scope = layer_scope(x, &self.name);
         let w = tape.param(store, self.weight);
         let b = self.bias.map(|b| tape.param(store, b));
         f::linear(tape, x, &w, b.as_ref())
@@ -71,8 +86,9 @@ impl Linear {
 }
 
 /// `nn.Conv2d(in, out, k, stride, padding)`: weight `[out, in, k, k]`, bias `[out]`.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Conv2d {
+    pub name: Arc<str>,
     pub weight: ParamId,
     pub bias: ParamId,
     pub config: Conv2dConfig,
@@ -92,6 +108,7 @@ impl Conv2d {
     ) -> Result<Conv2d, TensorError> {
         let fan_in = inputs * kernel * kernel;
         Ok(Conv2d {
+            name: Arc::from(prefix),
             weight: param(
                 engine,
                 store,
@@ -118,6 +135,7 @@ impl Conv2d {
         store: &ParamStore,
         x: &Value,
     ) -> Result<Value, TensorError> {
+        let _scope = layer_scope(x, &self.name);
         let (w, b) = (tape.param(store, self.weight), tape.param(store, self.bias));
         f::conv2d(tape, x, &w, &b, self.config)
     }

@@ -68,7 +68,9 @@ impl ParamStore {
     /// Adds `g` into the parameter's `.grad` (sets it if there is none).
     pub fn accumulate_grad(&mut self, id: ParamId, g: Tensor) -> Result<(), TensorError> {
         let p = &mut self.params[id.0];
-        p.grad = Some(elementwise::accumulate(p.grad.take(), g)?);
+        let total = elementwise::accumulate(p.grad.take(), g)?;
+        total.storage().retag(crate::memory::Category::Gradient);
+        p.grad = Some(total);
         Ok(())
     }
 
@@ -114,6 +116,10 @@ impl ParamStore {
             ));
         }
         for p in &mut self.params {
+            let _scope = p
+                .value
+                .engine()
+                .scope(crate::memory::Category::Parameter, "load");
             let (values, shape) = st.f32(&p.name).map_err(|e| e.to_string())?;
             p.value = Tensor::from_slice(p.value.engine(), &values, &shape, &p.name)
                 .map_err(|e| e.to_string())?;

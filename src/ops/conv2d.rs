@@ -9,6 +9,7 @@ use super::bias::{add_bias, sum_channels};
 use super::matmul::{gemm, Gemm, MatView, MatmulKernel};
 use super::{fill, launch};
 use crate::device::Kernel;
+use crate::memory::Category;
 use crate::tensor::{DType, Tensor, TensorError};
 
 const IM2COL: Kernel = Kernel {
@@ -122,7 +123,7 @@ impl Dims {
     /// Samples per im2col chunk.
     fn chunk(&self, x: &Tensor) -> usize {
         let per_sample = (self.ckk() * self.hw() * 4) as u64;
-        let cap = MAX_WORKSPACE_BYTES.min(x.engine().gpu().limits.max_storage_buffer_binding_size);
+        let cap = MAX_WORKSPACE_BYTES.min(x.engine().max_binding());
         ((cap / per_sample.max(1)) as usize).clamp(1, self.n)
     }
 
@@ -146,11 +147,12 @@ impl Dims {
 }
 
 fn im2col(x: &Tensor, d: &Dims, n0: usize, nb: usize) -> Result<Tensor, TensorError> {
-    let col = Tensor::empty(
+    let col = Tensor::empty_as(
         x.engine(),
         &[nb, d.ckk(), d.hw()],
         DType::F32,
         "conv2d.im2col",
+        Some(Category::Workspace),
     )?;
     let total = col.numel();
     launch(
@@ -251,11 +253,12 @@ pub fn conv2d_backward(
         drop(col);
         if let Some(dx) = &dx {
             // dcol[b] (CKK×HW) = Wᵀ (CKK×O) · dY[n] (O×HW)
-            let dcol = Tensor::empty(
+            let dcol = Tensor::empty_as(
                 x.engine(),
                 &[nb, d.ckk(), d.hw()],
                 DType::F32,
                 "conv2d.grad_im2col",
+                Some(Category::Workspace),
             )?;
             let g = Gemm {
                 m: d.ckk(),

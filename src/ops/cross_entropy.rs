@@ -4,6 +4,7 @@
 
 use super::mean::mean;
 use crate::device::{Kernel, Workgroups};
+use crate::memory::Category;
 use crate::tensor::{DType, Tensor, TensorError};
 
 const FORWARD: Kernel = Kernel {
@@ -44,13 +45,14 @@ fn check(logits: &Tensor, labels: &Tensor) -> Result<Params, TensorError> {
 /// Mean cross-entropy, a one-element tensor.
 pub fn cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<Tensor, TensorError> {
     let p = check(logits, labels)?;
-    let losses = Tensor::empty(
+    let losses = Tensor::empty_as(
         logits.engine(),
         &[p.rows as usize],
         DType::F32,
         "cross_entropy.rows",
+        Some(Category::Temporary),
     )?;
-    logits.engine().gpu().dispatch(
+    logits.engine().dispatch(
         &FORWARD,
         &[&logits.slice(), &labels.slice(), &losses.slice()],
         bytemuck::bytes_of(&p),
@@ -72,7 +74,7 @@ pub fn cross_entropy_backward(
         DType::F32,
         "cross_entropy.grad_input",
     )?;
-    logits.engine().gpu().dispatch(
+    logits.engine().dispatch(
         &BACKWARD,
         &[
             &logits.slice(),

@@ -154,7 +154,7 @@ fn gemm_once(
         g.m.div_ceil(tile) as u32,
         g.batch as u32,
     ];
-    a.engine().gpu().dispatch(
+    a.engine().dispatch(
         kernel,
         &[&a.slice(), &b.slice(), &c.slice()],
         bytemuck::bytes_of(&params),

@@ -79,7 +79,7 @@ pub fn launch(
     params: &[u8],
     n: usize,
 ) -> Result<(), TensorError> {
-    t.engine().gpu().dispatch(
+    t.engine().dispatch(
         kernel,
         bindings,
         params,

@@ -17,6 +17,7 @@ const BACKWARD: Kernel = Kernel {
 pub fn mse(pred: &Tensor, target: &Tensor) -> Result<Tensor, TensorError> {
     same_shape("mse", pred, target)?;
     let sq = sqdiff(pred, target)?;
+    sq.storage().retag(crate::memory::Category::Temporary);
     mean(&sq, "loss")
 }
 

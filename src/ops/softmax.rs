@@ -56,7 +56,7 @@ fn run(
     out: &Tensor,
     p: Params,
 ) -> Result<(), TensorError> {
-    a.engine().gpu().dispatch(
+    a.engine().dispatch(
         kernel,
         &[&a.slice(), &b.slice(), &out.slice()],
         bytemuck::bytes_of(&p),

@@ -1,25 +1,55 @@
-//! The engine: one GPU and the caching allocator that owns all of its tensor
-//! memory. Cloning an engine is cheap; tensors keep theirs alive.
+//! The engine: one GPU — or a simulated device — and the caching allocator
+//! that owns all of its tensor memory. Cloning an engine is cheap; tensors
+//! keep theirs alive.
+//!
+//! A simulated engine runs the same model code with the same allocator over
+//! a [`SimulatedSource`]: every allocation and free happens, in the same
+//! order and sizes, but no kernel runs and no buffer exists. That is how
+//! `estimate` predicts a step's memory without touching a GPU, exactly.
+//!
+//! Every allocation is tagged with the category and op of the innermost open
+//! [`Engine::scope`] (or an explicit category), so snapshots and event logs
+//! can attribute each byte.
 
 use super::error::TensorError;
 use crate::device::gpu::lock;
-use crate::device::{AdapterOptions, BufferSlice, DeviceError, Gpu, WgpuSource};
-use crate::memory::{Allocation, AllocatorConfig, BlockHandle, CachingAllocator};
+use crate::device::{
+    AdapterOptions, BufferSlice, DeviceError, EngineSource, Gpu, Kernel, WgpuSource, Workgroups,
+};
+use crate::memory::{
+    Allocation, AllocatorConfig, BlockHandle, CachingAllocator, Category, SimulatedSource,
+};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
+/// The largest binding a simulated device allows (that of a typical
+/// desktop GPU; limits never change allocation sizes, only what fits).
+const SIMULATED_MAX_BINDING: u64 = 2 << 30;
+
 struct EngineInner {
-    gpu: Gpu,
-    allocator: Mutex<CachingAllocator<WgpuSource>>,
+    gpu: Option<Gpu>,
+    allocator: Mutex<CachingAllocator<EngineSource>>,
     /// Frees that found the allocator locked (a guard held while a tensor is
     /// dropped, on this thread or another): applied at the next access, so
     /// dropping a tensor never deadlocks.
     deferred_frees: Mutex<Vec<BlockHandle>>,
+    scopes: Mutex<Vec<(Category, Arc<str>)>>,
 }
 
-/// A GPU plus its allocator.
+/// A GPU (or a simulated one) plus its allocator.
 #[derive(Clone)]
 pub struct Engine {
     inner: Arc<EngineInner>,
+}
+
+/// Closes a scope when dropped.
+pub struct ScopeGuard {
+    engine: Engine,
+}
+
+impl Drop for ScopeGuard {
+    fn drop(&mut self) {
+        lock(&self.engine.inner.scopes).pop();
+    }
 }
 
 impl Engine {
@@ -28,29 +58,129 @@ impl Engine {
     pub fn new(options: &AdapterOptions, config: AllocatorConfig) -> Result<Engine, DeviceError> {
         let gpu = Gpu::new(options)?;
         let source = WgpuSource::new(gpu.device.clone(), &gpu.limits, &gpu.info.name);
-        Ok(Engine {
+        Ok(Self::with(Some(gpu), EngineSource::Wgpu(source), config))
+    }
+
+    /// A device that only counts bytes: `capacity` bytes, or unlimited.
+    pub fn simulated(config: AllocatorConfig, capacity: Option<u64>) -> Engine {
+        let source = match capacity {
+            Some(c) => SimulatedSource::new(c),
+            None => SimulatedSource::unlimited(),
+        };
+        Self::with(None, EngineSource::Simulated(source), config)
+    }
+
+    fn with(gpu: Option<Gpu>, source: EngineSource, config: AllocatorConfig) -> Engine {
+        Engine {
             inner: Arc::new(EngineInner {
                 gpu,
                 allocator: Mutex::new(CachingAllocator::new(source, config)),
                 deferred_frees: Mutex::new(Vec::new()),
+                scopes: Mutex::new(Vec::new()),
             }),
-        })
+        }
     }
 
-    pub fn gpu(&self) -> &Gpu {
-        &self.inner.gpu
+    /// The GPU, or `None` on a simulated device.
+    pub fn gpu(&self) -> Option<&Gpu> {
+        self.inner.gpu.as_ref()
+    }
+
+    pub fn is_simulated(&self) -> bool {
+        self.inner.gpu.is_none()
+    }
+
+    /// The adapter's name ("simulated" without a GPU).
+    pub fn device_name(&self) -> String {
+        self.gpu()
+            .map(|g| g.info.name.clone())
+            .unwrap_or_else(|| "simulated device".into())
+    }
+
+    /// The backend ("vulkan", "metal", …; "none" when simulated).
+    pub fn backend_name(&self) -> &'static str {
+        self.gpu()
+            .map(|g| g.info.backend.to_str())
+            .unwrap_or("none")
+    }
+
+    /// The largest buffer binding (`max_storage_buffer_binding_size`).
+    pub fn max_binding(&self) -> u64 {
+        self.gpu()
+            .map(|g| g.limits.max_storage_buffer_binding_size)
+            .unwrap_or(SIMULATED_MAX_BINDING)
+    }
+
+    /// Records a kernel dispatch (nothing on a simulated device).
+    pub fn dispatch(
+        &self,
+        kernel: &Kernel,
+        bindings: &[&BufferSlice],
+        params: &[u8],
+        workgroups: Workgroups,
+    ) -> Result<(), DeviceError> {
+        match self.gpu() {
+            Some(g) => g.dispatch(kernel, bindings, params, workgroups),
+            None => Ok(()),
+        }
+    }
+
+    /// Records an upload (nothing on a simulated device).
+    pub fn upload(&self, dst: &BufferSlice, bytes: &[u8]) -> Result<(), DeviceError> {
+        match self.gpu() {
+            Some(g) => g.upload(dst, bytes),
+            None => Ok(()),
+        }
+    }
+
+    /// Reads bytes back (zeros on a simulated device).
+    pub fn download(&self, src: &BufferSlice, len: u64) -> Result<Vec<u8>, DeviceError> {
+        match self.gpu() {
+            Some(g) => g.download(src, len),
+            None => Ok(vec![0; len as usize]),
+        }
+    }
+
+    /// Waits for all recorded work.
+    pub fn synchronize(&self) -> Result<(), DeviceError> {
+        match self.gpu() {
+            Some(g) => g.synchronize(),
+            None => Ok(()),
+        }
+    }
+
+    /// Tags allocations made until the guard drops with `category` and `op`.
+    pub fn scope(&self, category: Category, op: &str) -> ScopeGuard {
+        lock(&self.inner.scopes).push((category, Arc::from(op)));
+        ScopeGuard {
+            engine: self.clone(),
+        }
+    }
+
+    /// Like `scope`, keeping the current category.
+    pub fn op_scope(&self, op: &str) -> ScopeGuard {
+        let category = self.current_scope().0;
+        self.scope(category, op)
+    }
+
+    /// The innermost scope (Untagged, "" outside any).
+    pub fn current_scope(&self) -> (Category, Arc<str>) {
+        lock(&self.inner.scopes)
+            .last()
+            .cloned()
+            .unwrap_or((Category::Untagged, Arc::from("")))
     }
 
     /// The allocator, for statistics, snapshots and `empty_cache`. Do not
     /// hold the guard longer than needed: tensors dropped meanwhile have their
     /// frees deferred until the next call.
-    pub fn allocator(&self) -> MutexGuard<'_, CachingAllocator<WgpuSource>> {
+    pub fn allocator(&self) -> MutexGuard<'_, CachingAllocator<EngineSource>> {
         let mut a = lock(&self.inner.allocator);
         self.apply_deferred(&mut a);
         a
     }
 
-    fn apply_deferred(&self, a: &mut CachingAllocator<WgpuSource>) {
+    fn apply_deferred(&self, a: &mut CachingAllocator<EngineSource>) {
         let pending = std::mem::take(&mut *lock(&self.inner.deferred_frees));
         for h in pending {
             // Handles come from live storages; a failure cannot happen and
@@ -77,15 +207,31 @@ impl Engine {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
 
-    /// Takes `bytes` from the allocator for a tensor called `label`.
-    pub(crate) fn allocate(&self, bytes: u64, label: &str) -> Result<Storage, TensorError> {
-        self.gpu().check_binding(label, bytes)?;
+    /// Takes `bytes` from the allocator for a tensor called `label`, of
+    /// `category` (default: the current scope's).
+    pub(crate) fn allocate(
+        &self,
+        bytes: u64,
+        label: &str,
+        category: Option<Category>,
+    ) -> Result<Storage, TensorError> {
+        if bytes > self.max_binding() {
+            return Err(DeviceError::BindingTooLarge {
+                what: label.to_string(),
+                needed: bytes,
+                limit: self.max_binding(),
+            }
+            .into());
+        }
+        let (scope_category, op) = self.current_scope();
+        let category = category.unwrap_or(scope_category);
+        let op = (!op.is_empty()).then_some(op);
         let mut alloc = self.allocator();
-        let a = alloc.malloc(bytes, label)?;
-        let buffer =
-            alloc.source().buffer(a.segment).cloned().ok_or_else(|| {
-                DeviceError::Wgpu(format!("segment {:?} has no buffer", a.segment))
-            })?;
+        let a = alloc.malloc_tagged(bytes, label, category, op)?;
+        let buffer = alloc.source().buffer(a.segment).cloned();
+        if buffer.is_none() && !self.is_simulated() {
+            return Err(DeviceError::Wgpu(format!("segment {:?} has no buffer", a.segment)).into());
+        }
         drop(alloc);
         Ok(Storage {
             engine: self.clone(),
@@ -101,7 +247,7 @@ impl Engine {
 pub struct Storage {
     engine: Engine,
     allocation: Allocation,
-    buffer: wgpu::Buffer,
+    buffer: Option<wgpu::Buffer>,
     bytes: u64,
 }
 
@@ -121,6 +267,13 @@ impl Storage {
 
     pub fn engine(&self) -> &Engine {
         &self.engine
+    }
+
+    /// Re-categorises this block (see [`CachingAllocator::retag`]).
+    pub fn retag(&self, category: Category) {
+        self.engine
+            .allocator()
+            .retag(self.allocation.handle, category);
     }
 }
 

@@ -5,6 +5,7 @@ use super::dtype::DType;
 use super::engine::{Engine, Storage};
 use super::error::TensorError;
 use crate::device::BufferSlice;
+use crate::memory::Category;
 use std::sync::Arc;
 
 /// A tensor on the GPU. Clones share storage.
@@ -38,15 +39,27 @@ fn numel_of(op: &'static str, shape: &[usize]) -> Result<usize, TensorError> {
 }
 
 impl Tensor {
-    /// An uninitialised tensor (its block may hold an earlier tensor's bytes).
+    /// An uninitialised tensor (its block may hold an earlier tensor's bytes),
+    /// tagged with the engine's current scope.
     pub fn empty(
         engine: &Engine,
         shape: &[usize],
         dtype: DType,
         label: &str,
     ) -> Result<Tensor, TensorError> {
+        Self::empty_as(engine, shape, dtype, label, None)
+    }
+
+    /// `empty`, of an explicit category (an op's workspace or temporaries).
+    pub fn empty_as(
+        engine: &Engine,
+        shape: &[usize],
+        dtype: DType,
+        label: &str,
+        category: Option<Category>,
+    ) -> Result<Tensor, TensorError> {
         let n = numel_of("empty", shape)?;
-        let storage = engine.allocate((n * dtype.size_in_bytes()) as u64, label)?;
+        let storage = engine.allocate((n * dtype.size_in_bytes()) as u64, label, category)?;
         Ok(Tensor {
             storage: Arc::new(storage),
             shape: shape.to_vec(),
@@ -91,8 +104,18 @@ impl Tensor {
             });
         }
         let t = Tensor::empty(engine, shape, dtype, label)?;
-        engine.gpu().upload(&t.slice(), bytemuck::cast_slice(data));
+        engine.upload(&t.slice(), bytemuck::cast_slice(data))?;
         Ok(t)
+    }
+
+    /// Called when backward saves this tensor: a forward output becomes an
+    /// activation (parameters and inputs keep their category).
+    pub fn mark_saved(&self) {
+        let handle = self.storage.allocation().handle;
+        let mut a = self.engine().allocator();
+        if let Some((Category::Output, _)) = a.tag(handle) {
+            a.retag(handle, Category::Activation);
+        }
     }
 
     /// The same storage seen with another shape of the same size: a view,
@@ -132,7 +155,7 @@ impl Tensor {
 
     fn download(&self) -> Result<Vec<u8>, TensorError> {
         let len = (self.numel() * self.dtype.size_in_bytes()) as u64;
-        Ok(self.engine().gpu().download(&self.slice(), len)?)
+        Ok(self.engine().download(&self.slice(), len)?)
     }
 
     pub fn engine(&self) -> &Engine {

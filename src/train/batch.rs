@@ -3,6 +3,7 @@
 //! (`x` any float dtype, `y` int64 as `torch.long` writes it).
 
 use crate::io::SafeTensors;
+use crate::memory::Category;
 use crate::nn::init::Rng;
 use crate::tensor::{Engine, Tensor, TensorError};
 
@@ -22,6 +23,7 @@ impl Batch {
         input_shape: &[usize],
         classes: usize,
     ) -> Result<Batch, TensorError> {
+        let _scope = engine.scope(Category::Input, "batch");
         let mut shape = vec![batch];
         shape.extend_from_slice(input_shape);
         let n: usize = shape.iter().product();
@@ -43,6 +45,7 @@ impl Batch {
         st: &SafeTensors,
         classes: usize,
     ) -> Result<Batch, String> {
+        let _scope = engine.scope(Category::Input, "batch");
         let (xv, xs) = st.f32("x").map_err(|e| e.to_string())?;
         let (yv, ys) = st.i64("y").map_err(|e| e.to_string())?;
         if xs.is_empty() || ys != [xs[0]] {

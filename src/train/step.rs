@@ -7,6 +7,7 @@
 
 use super::batch::Batch;
 use crate::autograd::{functions as f, Tape, Value};
+use crate::memory::Category;
 use crate::nn::{Model, ParamStore};
 use crate::optim::Optimizer;
 use crate::tensor::{Engine, Tensor, TensorError};
@@ -70,22 +71,33 @@ impl Trainer {
         }
         let t0 = Instant::now();
         self.steps += 1;
-        self.engine.allocator().reset_peak_memory_stats();
+        let engine = self.engine.clone();
+        engine.allocator().reset_peak_memory_stats();
         self.store.zero_grad();
         let fresh = Tape::new();
         let tape = self.retained.as_ref().unwrap_or(&fresh);
+        engine.allocator().mark_phase("forward");
+        let forward = engine.scope(Category::Output, "forward");
         let logits = self
             .model
             .forward(tape, &self.store, &Value::constant(batch.x.clone()))?;
         let loss = f::cross_entropy(tape, &logits, &batch.labels)?;
+        drop(forward);
+        engine.allocator().mark_phase("backward");
+        let backward = engine.scope(Category::Temporary, "backward");
         if self.retained.is_some() {
             tape.backward_retain(&loss, &mut self.store)?;
         } else {
             tape.backward(&loss, &mut self.store)?;
         }
+        drop(backward);
+        engine.allocator().mark_phase("optimizer");
+        let step_op = format!("{}.step", self.optimizer.name());
+        let optimizer = engine.scope(Category::OptimizerState, &step_op);
         self.optimizer.step(&mut self.store)?;
+        drop(optimizer);
         let loss_value = loss.tensor().to_vec()?[0];
-        self.engine.gpu().synchronize()?;
+        self.engine.synchronize()?;
         let a = self.engine.allocator();
         let record = StepRecord {
             step: self.steps,

@@ -1,0 +1,66 @@
+//! What a block holds, beyond its tensor's name: a category (why the memory
+//! exists) and the op that made it (`conv2.forward`, `fc.backward`,
+//! `adam.step`). Snapshots, event logs and reports carry both, so every byte
+//! can be attributed.
+
+use serde::Serialize;
+
+/// Why a block is allocated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Category {
+    Parameter,
+    Gradient,
+    OptimizerState,
+    Input,
+    /// Saved for backward.
+    Activation,
+    /// A forward result nobody saved (yet): what `no_grad` produces.
+    Output,
+    /// Freed within its op or within backward (gradients flowing between ops).
+    Temporary,
+    /// Scratch inside one op (conv2d's im2col columns).
+    Workspace,
+    /// Allocated outside any labelled scope.
+    Untagged,
+}
+
+/// Every category, in report order.
+pub const CATEGORIES: [Category; 9] = [
+    Category::Parameter,
+    Category::Gradient,
+    Category::OptimizerState,
+    Category::Input,
+    Category::Activation,
+    Category::Output,
+    Category::Temporary,
+    Category::Workspace,
+    Category::Untagged,
+];
+
+impl Category {
+    pub fn name(self) -> &'static str {
+        match self {
+            Category::Parameter => "parameter",
+            Category::Gradient => "gradient",
+            Category::OptimizerState => "optimizer_state",
+            Category::Input => "input",
+            Category::Activation => "activation",
+            Category::Output => "output",
+            Category::Temporary => "temporary",
+            Category::Workspace => "workspace",
+            Category::Untagged => "untagged",
+        }
+    }
+
+    /// Index into [`CATEGORIES`].
+    pub fn index(self) -> usize {
+        CATEGORIES.iter().position(|&c| c == self).unwrap_or(8)
+    }
+}
+
+impl std::fmt::Display for Category {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
