@@ -9,6 +9,7 @@
 pub mod autograd;
 pub mod cli;
 pub mod device;
+pub mod estimate;
 pub mod io;
 pub mod memory;
 pub mod nn;

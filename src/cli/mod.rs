@@ -2,6 +2,7 @@
 
 pub mod args;
 pub mod demo;
+pub mod estimate;
 pub mod info;
 pub mod models;
 pub mod replay;
@@ -32,6 +33,9 @@ pub enum Command {
     /// Train a zoo model and print, per step, the loss and allocated /
     /// reserved / peak memory; load PyTorch weights and batches, dump results.
     Train(Box<train::TrainArgs>),
+    /// Predict a step's memory without a GPU (per layer, category, phase;
+    /// peak allocated and reserved), optionally measured beside it.
+    Estimate(Box<estimate::EstimateArgs>),
     /// List the model zoo: each model, its sizes, parameter count and names.
     Models(models::ModelsArgs),
     /// Run an allocation trace (JSON Lines) through the caching allocator on a
@@ -46,6 +50,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Info(a) => info::run(&a),
         Command::Train(a) => train::run(&a),
         Command::Models(a) => models::run(&a),
+        Command::Estimate(a) => estimate::run(&a),
         Command::Replay(a) => replay::run(&a),
     }
 }

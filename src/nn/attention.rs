@@ -18,6 +18,7 @@ use super::param::ParamStore;
 use crate::autograd::{functions as f, Tape, Value};
 use crate::tensor::{Engine, TensorError};
 
+#[derive(Clone)]
 pub struct Attention {
     q: Linear,
     k: Linear,
@@ -58,23 +59,19 @@ impl Attention {
     }
 }
 
-impl Model for Attention {
-    fn input_shape(&self) -> Vec<usize> {
-        vec![self.seq_len, self.dim]
-    }
-
-    fn forward(&self, tape: &Tape, store: &ParamStore, x: &Value) -> Result<Value, TensorError> {
-        let s = x.tensor().shape().to_vec();
-        if s.len() != 3 || s[2] != self.dim {
-            return Err(TensorError::InvalidShape {
-                op: "attention",
-                message: format!("needs input [N, S, {}], got {s:?}", self.dim),
-            });
-        }
-        let (n, len, d) = (s[0], s[1], s[2]);
-        let tokens = f::reshape(tape, x, &[n * len, d])?;
+impl Attention {
+    /// softmax(q·kᵀ/√d)·v through the output projection, on tokens `[N·S, D]`.
+    fn attend(
+        &self,
+        tape: &Tape,
+        store: &ParamStore,
+        tokens: &Value,
+        n: usize,
+        len: usize,
+    ) -> Result<Value, TensorError> {
+        let d = self.dim;
         let proj = |l: &Linear| -> Result<Value, TensorError> {
-            let y = l.forward(tape, store, &tokens)?;
+            let y = l.forward(tape, store, tokens)?;
             f::reshape(tape, &y, &[n, len, d])
         };
         let (q, k, v) = (proj(&self.q)?, proj(&self.k)?, proj(&self.v)?);
@@ -84,16 +81,69 @@ impl Model for Attention {
         let mut o = f::matmul(tape, &a, &v, false, false)?;
         drop((a, v));
         o = f::reshape(tape, &o, &[n * len, d])?;
-        o = self.out.forward(tape, store, &o)?;
+        self.out.forward(tape, store, &o)
+    }
+
+    /// fc2(relu(fc1(h))).
+    fn mlp(&self, tape: &Tape, store: &ParamStore, h: &Value) -> Result<Value, TensorError> {
+        let mut m = self.fc1.forward(tape, store, h)?;
+        m = f::relu(tape, &m)?;
+        self.fc2.forward(tape, store, &m)
+    }
+
+    fn run(
+        &self,
+        tape: &Tape,
+        store: &ParamStore,
+        x: &Value,
+        checkpointed: bool,
+    ) -> Result<Value, TensorError> {
+        let s = x.tensor().shape().to_vec();
+        if s.len() != 3 || s[2] != self.dim {
+            return Err(TensorError::InvalidShape {
+                op: "attention",
+                message: format!("needs input [N, S, {}], got {s:?}", self.dim),
+            });
+        }
+        let (n, len, d) = (s[0], s[1], s[2]);
+        let tokens = f::reshape(tape, x, &[n * len, d])?;
+        let o = if checkpointed {
+            let me = self.clone();
+            f::checkpoint(tape, store, &tokens, move |t, st, v| me.attend(t, st, v, n, len))?
+        } else {
+            self.attend(tape, store, &tokens, n, len)?
+        };
         let mut h = f::add(tape, &tokens, &o)?;
         drop((tokens, o));
-        let mut m = self.fc1.forward(tape, store, &h)?;
-        m = f::relu(tape, &m)?;
-        m = self.fc2.forward(tape, store, &m)?;
+        let m = if checkpointed {
+            let me = self.clone();
+            f::checkpoint(tape, store, &h, move |t, st, v| me.mlp(t, st, v))?
+        } else {
+            self.mlp(tape, store, &h)?
+        };
         h = f::add(tape, &h, &m)?;
         drop(m);
         h = f::reshape(tape, &h, &[n, len, d])?;
         h = f::mean_dim(tape, &h, 1)?;
         self.head.forward(tape, store, &h)
+    }
+}
+
+impl Model for Attention {
+    fn input_shape(&self) -> Vec<usize> {
+        vec![self.seq_len, self.dim]
+    }
+
+    fn forward(&self, tape: &Tape, store: &ParamStore, x: &Value) -> Result<Value, TensorError> {
+        self.run(tape, store, x, false)
+    }
+
+    fn forward_checkpointed(
+        &self,
+        tape: &Tape,
+        store: &ParamStore,
+        x: &Value,
+    ) -> Result<Value, TensorError> {
+        self.run(tape, store, x, true)
     }
 }

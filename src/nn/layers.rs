@@ -81,7 +81,9 @@ impl Linear {
         let _scope = layer_scope(x, &self.name);
         let w = tape.param(store, self.weight);
         let b = self.bias.map(|b| tape.param(store, b));
-        f::linear(tape, x, &w, b.as_ref())
+        let y = f::linear(tape, x, &w, b.as_ref())?;
+        y.tensor().engine().note_layer_output(&self.name, y.tensor().shape());
+        Ok(y)
     }
 }
 
@@ -137,6 +139,8 @@ impl Conv2d {
     ) -> Result<Value, TensorError> {
         let _scope = layer_scope(x, &self.name);
         let (w, b) = (tape.param(store, self.weight), tape.param(store, self.bias));
-        f::conv2d(tape, x, &w, &b, self.config)
+        let y = f::conv2d(tape, x, &w, &b, self.config)?;
+        y.tensor().engine().note_layer_output(&self.name, y.tensor().shape());
+        Ok(y)
     }
 }

@@ -63,14 +63,41 @@ impl Model for Mlp {
     }
 
     fn forward(&self, tape: &Tape, store: &ParamStore, x: &Value) -> Result<Value, TensorError> {
-        let last = self.layers.len() - 1;
         if self.checkpoint_every == 0 {
+            let last = self.layers.len() - 1;
             return run(&self.layers, last, 0, tape, store, x);
         }
+        self.segments(self.checkpoint_every, tape, store, x)
+    }
+
+    fn forward_checkpointed(
+        &self,
+        tape: &Tape,
+        store: &ParamStore,
+        x: &Value,
+    ) -> Result<Value, TensorError> {
+        let k = match self.checkpoint_every {
+            0 => (self.layers.len() as f64).sqrt().ceil() as usize,
+            k => k,
+        };
+        self.segments(k, tape, store, x)
+    }
+}
+
+impl Mlp {
+    /// Runs of `k` layers, each one checkpointed segment.
+    fn segments(
+        &self,
+        k: usize,
+        tape: &Tape,
+        store: &ParamStore,
+        x: &Value,
+    ) -> Result<Value, TensorError> {
+        let last = self.layers.len() - 1;
         let mut h = x.clone();
-        for (s, chunk) in self.layers.chunks(self.checkpoint_every).enumerate() {
+        for (s, chunk) in self.layers.chunks(k).enumerate() {
             let chunk = chunk.to_vec();
-            let first = s * self.checkpoint_every;
+            let first = s * k;
             h = f::checkpoint(tape, store, &h, move |t, st, v| {
                 run(&chunk, last, first, t, st, v)
             })?;

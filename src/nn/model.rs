@@ -20,6 +20,15 @@ pub trait Model {
     fn input_shape(&self) -> Vec<usize>;
     /// Logits `[N, classes]` for `x` `[N, ..input_shape]`.
     fn forward(&self, tape: &Tape, store: &ParamStore, x: &Value) -> Result<Value, TensorError>;
+    /// The same logits with the model's natural segments checkpointed
+    /// (`torch.utils.checkpoint`): mlp runs of √L layers, simple-cnn's
+    /// convolutional features, each residual block, each attention sublayer.
+    fn forward_checkpointed(
+        &self,
+        tape: &Tape,
+        store: &ParamStore,
+        x: &Value,
+    ) -> Result<Value, TensorError>;
 }
 
 /// Each zoo model with its size knobs.

@@ -13,6 +13,7 @@ use crate::autograd::{functions as f, Tape, Value};
 use crate::ops::conv2d::Conv2dConfig;
 use crate::tensor::{Engine, TensorError};
 
+#[derive(Clone)]
 struct Block {
     conv1: Conv2d,
     conv2: Conv2d,
@@ -82,17 +83,40 @@ impl Model for ResnetMini {
         let mut h = self.stem.forward(tape, store, x)?;
         h = f::relu(tape, &h)?;
         for b in &self.blocks {
-            let mut r = b.conv1.forward(tape, store, &h)?;
-            r = f::relu(tape, &r)?;
-            r = b.conv2.forward(tape, store, &r)?;
-            if let Some(s) = &b.shortcut {
-                h = s.forward(tape, store, &h)?;
-            }
-            h = f::add(tape, &r, &h)?;
-            drop(r);
-            h = f::relu(tape, &h)?;
+            h = b.forward(tape, store, &h)?;
         }
         h = f::global_avg_pool(tape, &h)?;
         self.fc.forward(tape, store, &h)
+    }
+
+    fn forward_checkpointed(
+        &self,
+        tape: &Tape,
+        store: &ParamStore,
+        x: &Value,
+    ) -> Result<Value, TensorError> {
+        let mut h = self.stem.forward(tape, store, x)?;
+        h = f::relu(tape, &h)?;
+        for b in &self.blocks {
+            let b = b.clone();
+            h = f::checkpoint(tape, store, &h, move |t, s, v| b.forward(t, s, v))?;
+        }
+        h = f::global_avg_pool(tape, &h)?;
+        self.fc.forward(tape, store, &h)
+    }
+}
+
+impl Block {
+    fn forward(&self, tape: &Tape, store: &ParamStore, x: &Value) -> Result<Value, TensorError> {
+        let mut r = self.conv1.forward(tape, store, x)?;
+        r = f::relu(tape, &r)?;
+        r = self.conv2.forward(tape, store, &r)?;
+        let mut h = match &self.shortcut {
+            Some(s) => s.forward(tape, store, x)?,
+            None => x.clone(),
+        };
+        h = f::add(tape, &r, &h)?;
+        drop(r);
+        f::relu(tape, &h)
     }
 }

@@ -54,4 +54,21 @@ impl Model for SimpleConvNet {
         h = f::flatten(tape, &h)?;
         self.fc.forward(tape, store, &h)
     }
+
+    fn forward_checkpointed(
+        &self,
+        tape: &Tape,
+        store: &ParamStore,
+        x: &Value,
+    ) -> Result<Value, TensorError> {
+        let (c1, c2) = (self.conv1.clone(), self.conv2.clone());
+        let mut h = f::checkpoint(tape, store, x, move |t, s, v| {
+            let mut h = c1.forward(t, s, v)?;
+            h = f::relu(t, &h)?;
+            h = c2.forward(t, s, &h)?;
+            f::relu(t, &h)
+        })?;
+        h = f::flatten(tape, &h)?;
+        self.fc.forward(tape, store, &h)
+    }
 }

@@ -33,6 +33,9 @@ struct EngineInner {
     /// dropping a tensor never deadlocks.
     deferred_frees: Mutex<Vec<BlockHandle>>,
     scopes: Mutex<Vec<(Category, Arc<str>)>>,
+    /// Each layer's output shape, in call order, while the allocator records
+    /// (the per-layer table of `estimate`).
+    layer_outputs: Mutex<Vec<(Arc<str>, Vec<usize>)>>,
 }
 
 /// A GPU (or a simulated one) plus its allocator.
@@ -77,6 +80,7 @@ impl Engine {
                 allocator: Mutex::new(CachingAllocator::new(source, config)),
                 deferred_frees: Mutex::new(Vec::new()),
                 scopes: Mutex::new(Vec::new()),
+                layer_outputs: Mutex::new(Vec::new()),
             }),
         }
     }
@@ -161,6 +165,18 @@ impl Engine {
     pub fn op_scope(&self, op: &str) -> ScopeGuard {
         let category = self.current_scope().0;
         self.scope(category, op)
+    }
+
+    /// Notes a layer's output shape (kept only while recording).
+    pub fn note_layer_output(&self, layer: &Arc<str>, shape: &[usize]) {
+        if self.allocator().is_recording() {
+            lock(&self.inner.layer_outputs).push((layer.clone(), shape.to_vec()));
+        }
+    }
+
+    /// The noted layer outputs, emptying the list.
+    pub fn take_layer_outputs(&self) -> Vec<(Arc<str>, Vec<usize>)> {
+        std::mem::take(&mut *lock(&self.inner.layer_outputs))
     }
 
     /// The innermost scope (Untagged, "" outside any).

@@ -8,4 +8,4 @@ pub mod step;
 
 pub use batch::Batch;
 pub use optimizer::{OptimizerConfig, OptimizerKind};
-pub use step::{StepRecord, Trainer};
+pub use step::{Mode, StepRecord, Trainer};

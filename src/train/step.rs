@@ -14,6 +14,16 @@ use crate::tensor::{Engine, Tensor, TensorError};
 use serde::Serialize;
 use std::time::Instant;
 
+/// What a step does: train (forward, backward, optimizer), train with the
+/// model's segments checkpointed, or inference (a `no_grad` forward only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    Train,
+    Checkpoint,
+    Inference,
+}
+
 /// What one step measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct StepRecord {
@@ -32,6 +42,7 @@ pub struct Trainer {
     pub optimizer: Box<dyn Optimizer>,
     retained: Option<Tape>,
     steps: usize,
+    pub mode: Mode,
 }
 
 /// The last step's outputs, kept for `--dump`.
@@ -55,6 +66,7 @@ impl Trainer {
             optimizer,
             retained: retain_graph.then(Tape::new),
             steps: 0,
+            mode: Mode::Train,
         }
     }
 
@@ -78,11 +90,28 @@ impl Trainer {
         let tape = self.retained.as_ref().unwrap_or(&fresh);
         engine.allocator().mark_phase("forward");
         let forward = engine.scope(Category::Output, "forward");
-        let logits = self
-            .model
-            .forward(tape, &self.store, &Value::constant(batch.x.clone()))?;
-        let loss = f::cross_entropy(tape, &logits, &batch.labels)?;
-        drop(forward);
+        let x = Value::constant(batch.x.clone());
+        let (logits, loss) = match self.mode {
+            Mode::Train => {
+                let logits = self.model.forward(tape, &self.store, &x)?;
+                let loss = f::cross_entropy(tape, &logits, &batch.labels)?;
+                (logits, loss)
+            }
+            Mode::Checkpoint => {
+                let logits = self.model.forward_checkpointed(tape, &self.store, &x)?;
+                let loss = f::cross_entropy(tape, &logits, &batch.labels)?;
+                (logits, loss)
+            }
+            Mode::Inference => tape.no_grad(|| {
+                let logits = self.model.forward(tape, &self.store, &x)?;
+                let loss = f::cross_entropy(tape, &logits, &batch.labels)?;
+                Ok::<_, TensorError>((logits, loss))
+            })?,
+        };
+        drop((forward, x));
+        if self.mode == Mode::Inference {
+            return self.finish(t0, logits, loss);
+        }
         engine.allocator().mark_phase("backward");
         let backward = engine.scope(Category::Temporary, "backward");
         if self.retained.is_some() {
@@ -96,7 +125,15 @@ impl Trainer {
         let optimizer = engine.scope(Category::OptimizerState, &step_op);
         self.optimizer.step(&mut self.store)?;
         drop(optimizer);
-        let loss_value = loss.tensor().to_vec()?[0];
+        self.finish(t0, logits, loss)
+    }
+
+    fn finish(
+        &mut self,
+        t0: Instant,
+        logits: Value,
+        loss: Value,
+    ) -> Result<(StepRecord, StepOutputs), TensorError> {        let loss_value = loss.tensor().to_vec()?[0];
         self.engine.synchronize()?;
         let a = self.engine.allocator();
         let record = StepRecord {

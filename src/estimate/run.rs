@@ -1,0 +1,66 @@
+//! One recorded step: build the model and batch, run one step in the chosen
+//! mode, and keep the allocator's event log and the layers' output shapes.
+
+use crate::memory::{AllocatorConfig, MemEvent};
+use crate::nn::init::Rng;
+use crate::nn::{ModelSpec, ParamStore};
+use crate::tensor::{Engine, TensorError};
+use crate::train::{Batch, Mode, OptimizerConfig, Trainer};
+use serde::Serialize;
+use std::sync::Arc;
+
+/// What to run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Plan {
+    pub model: ModelSpec,
+    pub batch: usize,
+    pub optimizer: OptimizerConfig,
+    pub mode: Mode,
+    #[serde(skip)]
+    pub config: AllocatorConfig,
+}
+
+/// A recorded step.
+pub struct StepProfile {
+    pub events: Vec<MemEvent>,
+    pub layer_outputs: Vec<(Arc<str>, Vec<usize>)>,
+    pub parameters: usize,
+    pub device: String,
+    pub seconds: f64,
+}
+
+/// Runs `plan` on `engine` (simulated or real) with recording on from the
+/// first allocation, so parameters and the batch are in the log too.
+pub fn run_step(engine: Engine, plan: &Plan, seed: u64) -> Result<StepProfile, TensorError> {
+    let t0 = std::time::Instant::now();
+    engine.allocator().start_recording();
+    let mut rng = Rng::new(seed);
+    let mut store = ParamStore::new();
+    let model = plan.model.build(&engine, &mut store, &mut rng)?;
+    let parameters = store.numel();
+    let batch = Batch::random(
+        &engine,
+        &mut rng,
+        plan.batch,
+        &plan.model.input_shape(),
+        plan.model.classes(),
+    )?;
+    let mut trainer = Trainer::new(engine.clone(), model, store, plan.optimizer.build(), false);
+    trainer.mode = plan.mode;
+    let outputs = trainer.step(&batch)?.1;
+    engine.synchronize()?;
+    drop(outputs);
+    let events = engine.allocator().take_events();
+    Ok(StepProfile {
+        events,
+        layer_outputs: engine.take_layer_outputs(),
+        parameters,
+        device: engine.device_name(),
+        seconds: t0.elapsed().as_secs_f64(),
+    })
+}
+
+/// The step on a simulated device (no GPU).
+pub fn estimate(plan: &Plan) -> Result<StepProfile, TensorError> {
+    run_step(Engine::simulated(plan.config.clone(), None), plan, 0)
+}
