@@ -16,11 +16,29 @@ use crate::ops::relu::{relu as relu_fwd, relu_backward};
 use crate::ops::softmax::{softmax as softmax_fwd, softmax_backward};
 use crate::tensor::{ScopeGuard, Tensor, TensorError};
 
-/// A model-level op (not inside a layer) tags its allocations
-/// `<name>.forward`; inside a layer the layer's name wins.
-fn op_scope(x: &Value, name: &str) -> Option<ScopeGuard> {
+/// A model-level op (not inside a layer) is numbered (`relu1`, `relu2`) and
+/// tags its allocations `relu1.forward`; inside a layer the layer's name wins.
+struct OpScope {
+    _guard: ScopeGuard,
+    name: std::sync::Arc<str>,
+}
+
+fn op_scope(x: &Value, name: &str) -> Option<OpScope> {
     let engine = x.tensor().engine();
-    (&*engine.current_scope().1 == "forward").then(|| engine.op_scope(&format!("{name}.forward")))
+    (&*engine.current_scope().1 == "forward").then(|| {
+        let name: std::sync::Arc<str> = engine.numbered(name).into();
+        OpScope {
+            _guard: engine.op_scope(&format!("{name}.forward")),
+            name,
+        }
+    })
+}
+
+/// Notes a model-level op's output shape for per-layer reports.
+fn note(scope: &Option<OpScope>, y: &Tensor) {
+    if let Some(s) = scope {
+        y.engine().note_layer_output(&s.name, y.shape());
+    }
 }
 
 /// A tensor backward will need: kept alive by the tape (a cheap handle) and,
@@ -40,8 +58,9 @@ pub fn conv2d(
     b: &Value,
     cfg: Conv2dConfig,
 ) -> Result<Value, TensorError> {
-    let _scope = op_scope(x, "conv2d");
+    let scope = op_scope(x, "conv2d");
     let y = conv2d_fwd(x.tensor(), w.tensor(), Some(b.tensor()), cfg)?;
+    note(&scope, &y);
     let (xs, ws) = (save(tape, x.tensor()), save(tape, w.tensor()));
     let need_dx = x.requires_grad();
     Ok(tape.record(
@@ -56,8 +75,9 @@ pub fn conv2d(
 
 /// ReLU; saves its output (its backward masks by it).
 pub fn relu(tape: &Tape, x: &Value) -> Result<Value, TensorError> {
-    let _scope = op_scope(x, "relu");
+    let scope = op_scope(x, "relu");
     let y = relu_fwd(x.tensor())?;
+    note(&scope, &y);
     let saved = save(tape, &y);
     Ok(tape.record(
         y,
@@ -86,8 +106,9 @@ pub fn flatten(tape: &Tape, x: &Value) -> Result<Value, TensorError> {
 
 /// linear, with or without a bias; saves the input and the weight.
 pub fn linear(tape: &Tape, x: &Value, w: &Value, b: Option<&Value>) -> Result<Value, TensorError> {
-    let _scope = op_scope(x, "linear");
+    let scope = op_scope(x, "linear");
     let y = linear_fwd(x.tensor(), w.tensor(), b.map(|b| b.tensor()))?;
+    note(&scope, &y);
     let (xs, ws) = (save(tape, x.tensor()), save(tape, w.tensor()));
     let need_dx = x.requires_grad();
     let has_bias = b.is_some();
@@ -109,8 +130,9 @@ pub fn linear(tape: &Tape, x: &Value, w: &Value, b: Option<&Value>) -> Result<Va
 
 /// Mean cross-entropy against integer labels; saves the logits and labels.
 pub fn cross_entropy(tape: &Tape, logits: &Value, labels: &Tensor) -> Result<Value, TensorError> {
-    let _scope = op_scope(logits, "cross_entropy");
+    let scope = op_scope(logits, "cross_entropy");
     let loss = ce_fwd(logits.tensor(), labels)?;
+    note(&scope, &loss);
     let (l, y) = (save(tape, logits.tensor()), save(tape, labels));
     Ok(tape.record(
         loss,
@@ -121,8 +143,9 @@ pub fn cross_entropy(tape: &Tape, logits: &Value, labels: &Tensor) -> Result<Val
 
 /// `a + b` (residual connections); saves nothing, passes the gradient to both.
 pub fn add(tape: &Tape, a: &Value, b: &Value) -> Result<Value, TensorError> {
-    let _scope = op_scope(a, "add");
+    let scope = op_scope(a, "add");
     let y = add_fwd(a.tensor(), b.tensor())?;
+    note(&scope, &y);
     Ok(tape.record(
         y,
         &[a, b],
@@ -151,8 +174,9 @@ pub fn matmul(
         });
     }
     let k = MatmulKernel::Tiled;
-    let _scope = op_scope(a, "matmul");
+    let scope = op_scope(a, "matmul");
     let y = matmul_ex(a.tensor(), b.tensor(), transpose_a, transpose_b, k)?;
+    note(&scope, &y);
     let (at, bt) = (save(tape, a.tensor()), save(tape, b.tensor()));
     let (need_a, need_b) = (a.requires_grad(), b.requires_grad());
     Ok(tape.record(
@@ -176,8 +200,9 @@ pub fn matmul(
 
 /// `softmax(scale · x)` over the last axis; saves its output.
 pub fn softmax(tape: &Tape, x: &Value, scale: f32) -> Result<Value, TensorError> {
-    let _scope = op_scope(x, "softmax");
+    let scope = op_scope(x, "softmax");
     let y = softmax_fwd(x.tensor(), scale)?;
+    note(&scope, &y);
     let saved = save(tape, &y);
     Ok(tape.record(
         y,
@@ -198,8 +223,9 @@ pub fn mean_dim(tape: &Tape, x: &Value, dim: usize) -> Result<Value, TensorError
     let axis = Axis::of(&shape, dim);
     let mut out_shape = shape.clone();
     out_shape.remove(dim);
-    let _scope = op_scope(x, "mean");
+    let scope = op_scope(x, "mean");
     let y = mean_axis(x.tensor(), axis, &out_shape, "mean.out")?;
+    note(&scope, &y);
     Ok(tape.record(
         y,
         &[x],
@@ -228,8 +254,9 @@ pub fn global_avg_pool(tape: &Tape, x: &Value) -> Result<Value, TensorError> {
 
 /// Mean squared error against a constant target; saves both.
 pub fn mse(tape: &Tape, pred: &Value, target: &Tensor) -> Result<Value, TensorError> {
-    let _scope = op_scope(pred, "mse");
+    let scope = op_scope(pred, "mse");
     let loss = mse_fwd(pred.tensor(), target)?;
+    note(&scope, &loss);
     let (p, t) = (save(tape, pred.tensor()), save(tape, target));
     Ok(tape.record(
         loss,

@@ -169,7 +169,15 @@ pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
-    print_text(args, &plan, &a, est.parameters, scale, &hand, measured.as_ref().map(|(m, p)| (m, p.device.as_str())));
+    print_text(
+        args,
+        &plan,
+        &a,
+        est.parameters,
+        scale,
+        &hand,
+        measured.as_ref().map(|(m, p)| (m, p.device.as_str())),
+    );
     Ok(())
 }
 
@@ -239,8 +247,16 @@ fn print_text(
                     println!("  {:<16} {:>10.2}", c.name(), s(*v));
                 }
             }
-            println!("  {:<16} {:>10.2}", "peak allocated", s(a.peak_allocated_bytes));
-            println!("  {:<16} {:>10.2}", "peak reserved", s(a.peak_reserved_bytes));
+            println!(
+                "  {:<16} {:>10.2}",
+                "peak allocated",
+                s(a.peak_allocated_bytes)
+            );
+            println!(
+                "  {:<16} {:>10.2}",
+                "peak reserved",
+                s(a.peak_reserved_bytes)
+            );
         }
         Some((m, device)) => {
             println!("Estimate vs measured on {device} (bytes at the peak):");
@@ -250,7 +266,11 @@ fn print_text(
             );
             let row = |name: &str, e: u64, m: u64| {
                 let d = m as i64 - e as i64;
-                let pct = if m > 0 { 100.0 * d as f64 / m as f64 } else { 0.0 };
+                let pct = if m > 0 {
+                    100.0 * d as f64 / m as f64
+                } else {
+                    0.0
+                };
                 println!("  {name:<16} {e:>14} {m:>14} {d:>12} {pct:>7.2}%");
             };
             for c in CATEGORIES {
@@ -262,13 +282,26 @@ fn print_text(
                     row(c.name(), e, mv);
                 }
             }
-            row("peak allocated", a.peak_allocated_bytes, m.peak_allocated_bytes);
-            row("peak reserved", a.peak_reserved_bytes, m.peak_reserved_bytes);
+            row(
+                "peak allocated",
+                a.peak_allocated_bytes,
+                m.peak_allocated_bytes,
+            );
+            row(
+                "peak reserved",
+                a.peak_reserved_bytes,
+                m.peak_reserved_bytes,
+            );
         }
     }
     println!();
-    println!("Per dtype (accelerate-style; vramlab computes in f32, other rows scale every tensor):");
-    println!("  {:<6} {:>14} {:>18}", "dtype", "params (MiB)", "peak step (MiB)");
+    println!(
+        "Per dtype (accelerate-style; vramlab computes in f32, other rows scale every tensor):"
+    );
+    println!(
+        "  {:<6} {:>14} {:>18}",
+        "dtype", "params (MiB)", "peak step (MiB)"
+    );
     for d in [Dtype::F32, Dtype::F16, Dtype::Bf16, Dtype::Int8] {
         let f = d.bytes() as f64 / 4.0;
         println!(
@@ -280,7 +313,9 @@ fn print_text(
     }
     println!();
     let truth = a.peak_allocated_bytes as f64 * scale;
-    println!("The documents' hand method (parameters + gradients + optimizer + layer outputs + input):");
+    println!(
+        "The documents' hand method (parameters + gradients + optimizer + layer outputs + input):"
+    );
     println!(
         "  {:.2} + {:.2} + {:.2} + {:.2} + {:.2} = {:.2} MiB, vs the true peak {:.2} MiB ({:+.1}%)",
         mib(hand.parameters as f64),
@@ -293,7 +328,9 @@ fn print_text(
         100.0 * (hand.total as f64 - truth) / truth
     );
     let cat = |c: Category| s(a.by_category.get(c.name()).copied().unwrap_or(0));
-    println!("  It leaves out, at the peak: outputs of ops between layers saved for backward (ReLU),");
+    println!(
+        "  It leaves out, at the peak: outputs of ops between layers saved for backward (ReLU),"
+    );
     println!(
         "  backward's temporaries ({:.2} MiB), op workspace ({:.2} MiB), block rounding, and that",
         cat(Category::Temporary),

@@ -118,8 +118,7 @@ pub fn analyze(events: &[MemEvent], layer_outputs: &[(Arc<str>, Vec<usize>)]) ->
                     for (size, cat, op) in live.values() {
                         if *cat == Category::Activation {
                             if let Some(l) = layer_of(op) {
-                                *activation_at_backward.entry(l.to_string()).or_default() +=
-                                    size;
+                                *activation_at_backward.entry(l.to_string()).or_default() += size;
                             }
                         }
                     }

@@ -109,7 +109,9 @@ impl Attention {
         let tokens = f::reshape(tape, x, &[n * len, d])?;
         let o = if checkpointed {
             let me = self.clone();
-            f::checkpoint(tape, store, &tokens, move |t, st, v| me.attend(t, st, v, n, len))?
+            f::checkpoint(tape, store, &tokens, move |t, st, v| {
+                me.attend(t, st, v, n, len)
+            })?
         } else {
             self.attend(tape, store, &tokens, n, len)?
         };

@@ -82,7 +82,9 @@ impl Linear {
         let w = tape.param(store, self.weight);
         let b = self.bias.map(|b| tape.param(store, b));
         let y = f::linear(tape, x, &w, b.as_ref())?;
-        y.tensor().engine().note_layer_output(&self.name, y.tensor().shape());
+        y.tensor()
+            .engine()
+            .note_layer_output(&self.name, y.tensor().shape());
         Ok(y)
     }
 }
@@ -140,7 +142,9 @@ impl Conv2d {
         let _scope = layer_scope(x, &self.name);
         let (w, b) = (tape.param(store, self.weight), tape.param(store, self.bias));
         let y = f::conv2d(tape, x, &w, &b, self.config)?;
-        y.tensor().engine().note_layer_output(&self.name, y.tensor().shape());
+        y.tensor()
+            .engine()
+            .note_layer_output(&self.name, y.tensor().shape());
         Ok(y)
     }
 }

@@ -36,6 +36,9 @@ struct EngineInner {
     /// Each layer's output shape, in call order, while the allocator records
     /// (the per-layer table of `estimate`).
     layer_outputs: Mutex<Vec<(Arc<str>, Vec<usize>)>>,
+    /// How many times each model-level op has run in this forward, so the
+    /// two ReLUs of a model are `relu1` and `relu2`.
+    op_numbers: Mutex<std::collections::HashMap<String, usize>>,
 }
 
 /// A GPU (or a simulated one) plus its allocator.
@@ -81,6 +84,7 @@ impl Engine {
                 deferred_frees: Mutex::new(Vec::new()),
                 scopes: Mutex::new(Vec::new()),
                 layer_outputs: Mutex::new(Vec::new()),
+                op_numbers: Mutex::new(Default::default()),
             }),
         }
     }
@@ -165,6 +169,19 @@ impl Engine {
     pub fn op_scope(&self, op: &str) -> ScopeGuard {
         let category = self.current_scope().0;
         self.scope(category, op)
+    }
+
+    /// `name` numbered by its occurrences since `reset_op_numbers` ("relu1").
+    pub fn numbered(&self, name: &str) -> String {
+        let mut n = lock(&self.inner.op_numbers);
+        let k = n.entry(name.to_string()).or_default();
+        *k += 1;
+        format!("{name}{k}")
+    }
+
+    /// Starts numbering ops afresh (at the start of a forward).
+    pub fn reset_op_numbers(&self) {
+        lock(&self.inner.op_numbers).clear();
     }
 
     /// Notes a layer's output shape (kept only while recording).

@@ -89,6 +89,7 @@ impl Trainer {
         let fresh = Tape::new();
         let tape = self.retained.as_ref().unwrap_or(&fresh);
         engine.allocator().mark_phase("forward");
+        engine.reset_op_numbers();
         let forward = engine.scope(Category::Output, "forward");
         let x = Value::constant(batch.x.clone());
         let (logits, loss) = match self.mode {
@@ -133,7 +134,8 @@ impl Trainer {
         t0: Instant,
         logits: Value,
         loss: Value,
-    ) -> Result<(StepRecord, StepOutputs), TensorError> {        let loss_value = loss.tensor().to_vec()?[0];
+    ) -> Result<(StepRecord, StepOutputs), TensorError> {
+        let loss_value = loss.tensor().to_vec()?[0];
         self.engine.synchronize()?;
         let a = self.engine.allocator();
         let record = StepRecord {
