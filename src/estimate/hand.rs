@@ -1,6 +1,6 @@
-//! The documents' hand method (seed 002, claim C26): parameters + gradients
-//! + optimizer state + every layer's output + the input, in f32 — and what
-//! it leaves out, measured.
+//! The documents' hand method (seed 002, claim C26): the sum of parameters,
+//! gradients, optimizer state, every layer's output and the input, in f32 —
+//! and what it leaves out, measured.
 
 use super::analysis::Analysis;
 use crate::train::{Mode, OptimizerConfig, OptimizerKind};
