@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # vramlab's test command (the README's, and CI's): makes sure a Vulkan driver
-# exists (installing Mesa's software driver, lavapipe, when it can), then runs
-# rustfmt, clippy and every test. Usage: scripts/test.sh [extra cargo test args]
+# exists (installing Mesa's software driver, lavapipe, when it can) and a
+# headless Chromium for the timeline page's test (Debian's chromium), then
+# runs rustfmt, clippy and every test. Usage: scripts/test.sh [extra cargo test args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,17 +14,23 @@ have_vulkan_driver() {
   return 1
 }
 
+have_chromium() {
+  command -v chromium > /dev/null || command -v chromium-browser > /dev/null || command -v google-chrome > /dev/null
+}
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ] && command -v sudo > /dev/null; then SUDO="sudo"; fi
+can_apt() { command -v apt-get > /dev/null && { [ "$(id -u)" -eq 0 ] || [ -n "$SUDO" ]; }; }
+updated=""
+apt_install() {
+  export DEBIAN_FRONTEND=noninteractive
+  if [ -z "$updated" ]; then $SUDO apt-get update -qq; updated=1; fi
+  $SUDO apt-get install -y -qq "$@" > /dev/null
+}
+
 if [ "$(uname -s)" = "Linux" ] && ! have_vulkan_driver; then
   echo "scripts/test.sh: no Vulkan driver found; installing Mesa's software driver (mesa-vulkan-drivers)..."
-  SUDO=""
-  if [ "$(id -u)" -ne 0 ]; then
-    if command -v sudo > /dev/null; then SUDO="sudo"; fi
-  fi
-  if command -v apt-get > /dev/null && { [ "$(id -u)" -eq 0 ] || [ -n "$SUDO" ]; }; then
-    export DEBIAN_FRONTEND=noninteractive
-    $SUDO apt-get update -qq
-    $SUDO apt-get install -y -qq mesa-vulkan-drivers > /dev/null
-  fi
+  if can_apt; then apt_install mesa-vulkan-drivers; fi
   if ! have_vulkan_driver; then
     cat >&2 <<'MSG'
 scripts/test.sh: no Vulkan driver, and it could not be installed automatically.
@@ -33,6 +40,15 @@ Install Mesa's software Vulkan driver, then run this script again:
   Arch:           sudo pacman -S vulkan-swrast
 (Or install your GPU vendor's Vulkan driver.)
 MSG
+    exit 1
+  fi
+fi
+
+if [ "$(uname -s)" = "Linux" ] && ! have_chromium; then
+  echo "scripts/test.sh: installing Debian's chromium for the timeline page test..."
+  if can_apt; then apt_install chromium; fi
+  if ! have_chromium; then
+    echo "scripts/test.sh: tests/profile.rs needs a headless Chromium: apt-get install chromium" >&2
     exit 1
   fi
 fi

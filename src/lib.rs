@@ -15,5 +15,6 @@ pub mod memory;
 pub mod nn;
 pub mod ops;
 pub mod optim;
+pub mod profile;
 pub mod tensor;
 pub mod train;

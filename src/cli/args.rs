@@ -111,12 +111,13 @@ pub struct ModelArgs {
     /// resnet-mini: residual blocks (default 3).
     #[arg(long)]
     pub depth: Option<usize>,
-    /// resnet-mini: input height = width in pixels (default 32).
-    #[arg(long)]
-    pub resolution: Option<usize>,
-    /// attention: tokens per sample (default 128).
-    #[arg(long)]
-    pub seq_len: Option<usize>,
+    /// resnet-mini: input height = width in pixels (default 32; `sweep`
+    /// takes a list).
+    #[arg(long, value_delimiter = ',', value_name = "PIXELS")]
+    pub resolution: Option<Vec<usize>>,
+    /// attention: tokens per sample (default 128; `sweep` takes a list).
+    #[arg(long, value_delimiter = ',', value_name = "TOKENS")]
+    pub seq_len: Option<Vec<usize>>,
     /// attention: features per token (default 64).
     #[arg(long)]
     pub dim: Option<usize>,
@@ -132,6 +133,26 @@ impl ModelArgs {
     /// The model these flags describe; a flag that does not apply to the
     /// chosen model is an error rather than silently ignored.
     pub fn spec(&self) -> Result<crate::nn::ModelSpec, ArgError> {
+        for (flag, v) in [("resolution", &self.resolution), ("seq-len", &self.seq_len)] {
+            if v.as_ref().is_some_and(|v| v.len() != 1) {
+                return Err(ArgError(format!(
+                    "--{flag} takes one value here; lists are for `vramlab sweep`"
+                )));
+            }
+        }
+        self.spec_with(
+            self.resolution.as_ref().map(|v| v[0]),
+            self.seq_len.as_ref().map(|v| v[0]),
+        )
+    }
+
+    /// The model with resolution and sequence length given explicitly (a
+    /// sweep's point).
+    pub fn spec_with(
+        &self,
+        resolution_value: Option<usize>,
+        seq_len_value: Option<usize>,
+    ) -> Result<crate::nn::ModelSpec, ArgError> {
         use crate::nn::ModelSpec;
         let mut spec = ModelSpec::default_for(&self.model).map_err(ArgError)?;
         let mut used: Vec<&str> = Vec::new();
@@ -157,7 +178,7 @@ impl ModelArgs {
             } => {
                 set(width, self.width);
                 set(depth, self.depth);
-                set(resolution, self.resolution);
+                set(resolution, resolution_value);
                 set(classes, self.classes);
                 used.extend(["width", "depth", "resolution", "classes"]);
             }
@@ -167,7 +188,7 @@ impl ModelArgs {
                 hidden,
                 classes,
             } => {
-                set(seq_len, self.seq_len);
+                set(seq_len, seq_len_value);
                 set(dim, self.dim);
                 set(hidden, self.hidden);
                 set(classes, self.classes);

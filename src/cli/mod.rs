@@ -5,7 +5,9 @@ pub mod demo;
 pub mod estimate;
 pub mod info;
 pub mod models;
+pub mod profile;
 pub mod replay;
+pub mod sweep;
 pub mod train;
 
 use clap::{Parser, Subcommand};
@@ -36,6 +38,12 @@ pub enum Command {
     /// Predict a step's memory without a GPU (per layer, category, phase;
     /// peak allocated and reserved), optionally measured beside it.
     Estimate(Box<estimate::EstimateArgs>),
+    /// Record every allocator event of training steps and write a timeline
+    /// (SVG and interactive HTML), a Chrome trace and the snapshot at the peak.
+    Profile(Box<profile::ProfileArgs>),
+    /// How peak memory grows with batch size, resolution or sequence length:
+    /// estimated (and measured) points, a fitted line and power law, a plot.
+    Sweep(Box<sweep::SweepArgs>),
     /// List the model zoo: each model, its sizes, parameter count and names.
     Models(models::ModelsArgs),
     /// Run an allocation trace (JSON Lines) through the caching allocator on a
@@ -51,6 +59,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Train(a) => train::run(&a),
         Command::Models(a) => models::run(&a),
         Command::Estimate(a) => estimate::run(&a),
+        Command::Profile(a) => profile::run(&a),
+        Command::Sweep(a) => sweep::run(&a),
         Command::Replay(a) => replay::run(&a),
     }
 }

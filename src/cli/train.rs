@@ -189,6 +189,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
             );
         }
     }
+    let levels = trainer.engine.three_levels();
     let alloc = trainer.engine.allocator();
     if args.json {
         let report = serde_json::json!({
@@ -202,12 +203,14 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
             "retain_graph": args.retain_graph,
             "steps": records,
             "memory_stats": alloc.stats().flat(),
+            "three_levels": levels,
             "seconds": start.elapsed().as_secs_f64(),
         });
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(());
     }
     println!();
+    println!("memory: {levels}");
     print!("{}", memory_summary(alloc.stats(), &gpu_name, true));
     println!("finished in {:.1} s", start.elapsed().as_secs_f64());
     Ok(())

@@ -29,6 +29,17 @@ pub struct DriverAllocator {
     pub allocations: usize,
 }
 
+impl DriverAllocator {
+    pub fn of(gpu: &Gpu) -> Option<DriverAllocator> {
+        gpu.allocator_report().map(|r| DriverAllocator {
+            total_allocated_bytes: r.total_allocated_bytes,
+            total_reserved_bytes: r.total_reserved_bytes,
+            blocks: r.blocks.len(),
+            allocations: r.allocations.len(),
+        })
+    }
+}
+
 /// Everything `info` prints.
 #[derive(Debug, Clone, Serialize)]
 pub struct InfoReport {

@@ -114,6 +114,12 @@ pub fn analyze(events: &[MemEvent], layer_outputs: &[(Arc<str>, Vec<usize>)]) ->
             EventKind::SegmentAlloc => device_allocs += 1,
             EventKind::Phase => {
                 phase = e.op.to_string();
+                if phase == "forward" {
+                    // Per-layer figures describe the last step.
+                    added.clear();
+                    released.clear();
+                    activation_at_backward.clear();
+                }
                 if phase == "backward" {
                     for (size, cat, op) in live.values() {
                         if *cat == Category::Activation {

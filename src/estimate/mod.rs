@@ -13,6 +13,7 @@
 //! omissions can be shown with numbers.
 
 pub mod analysis;
+pub mod fit;
 pub mod hand;
 pub mod run;
 

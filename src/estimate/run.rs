@@ -27,11 +27,23 @@ pub struct StepProfile {
     pub parameters: usize,
     pub device: String,
     pub seconds: f64,
+    /// Memory at three levels right after the last step, model still alive.
+    pub levels: crate::tensor::ThreeLevels,
 }
 
 /// Runs `plan` on `engine` (simulated or real) with recording on from the
 /// first allocation, so parameters and the batch are in the log too.
 pub fn run_step(engine: Engine, plan: &Plan, seed: u64) -> Result<StepProfile, TensorError> {
+    run_steps(engine, plan, seed, 1)
+}
+
+/// `steps` steps of `plan` on one batch, recorded.
+pub fn run_steps(
+    engine: Engine,
+    plan: &Plan,
+    seed: u64,
+    steps: usize,
+) -> Result<StepProfile, TensorError> {
     let t0 = std::time::Instant::now();
     engine.allocator().start_recording();
     let mut rng = Rng::new(seed);
@@ -47,9 +59,12 @@ pub fn run_step(engine: Engine, plan: &Plan, seed: u64) -> Result<StepProfile, T
     )?;
     let mut trainer = Trainer::new(engine.clone(), model, store, plan.optimizer.build(), false);
     trainer.mode = plan.mode;
-    let outputs = trainer.step(&batch)?.1;
+    for _ in 0..steps {
+        let outputs = trainer.step(&batch)?.1;
+        drop(outputs);
+    }
     engine.synchronize()?;
-    drop(outputs);
+    let levels = engine.three_levels();
     let events = engine.allocator().take_events();
     Ok(StepProfile {
         events,
@@ -57,6 +72,7 @@ pub fn run_step(engine: Engine, plan: &Plan, seed: u64) -> Result<StepProfile, T
         parameters,
         device: engine.device_name(),
         seconds: t0.elapsed().as_secs_f64(),
+        levels,
     })
 }
 

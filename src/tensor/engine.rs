@@ -47,6 +47,36 @@ pub struct Engine {
     inner: Arc<EngineInner>,
 }
 
+/// Memory at three levels: see [`Engine::three_levels`].
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ThreeLevels {
+    pub allocated_bytes: u64,
+    pub reserved_bytes: u64,
+    /// `None`: not reported by this backend (Metal, GL, simulated).
+    pub driver: Option<crate::device::info::DriverAllocator>,
+}
+
+impl std::fmt::Display for ThreeLevels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mib = |b: u64| b as f64 / 1048576.0;
+        write!(
+            f,
+            "tensors (allocated) {:.2} MiB | vramlab allocator (reserved) {:.2} MiB | driver allocator ",
+            mib(self.allocated_bytes),
+            mib(self.reserved_bytes)
+        )?;
+        match &self.driver {
+            Some(d) => write!(
+                f,
+                "{:.2} MiB allocated, {:.2} MiB reserved",
+                mib(d.total_allocated_bytes),
+                mib(d.total_reserved_bytes)
+            ),
+            None => write!(f, "not reported by this backend"),
+        }
+    }
+}
+
 /// Closes a scope when dropped.
 pub struct ScopeGuard {
     engine: Engine,
@@ -117,6 +147,23 @@ impl Engine {
         self.gpu()
             .map(|g| g.limits.max_storage_buffer_binding_size)
             .unwrap_or(SIMULATED_MAX_BINDING)
+    }
+
+    /// The three levels of memory, one line: tensors (allocated), vramlab's
+    /// allocator (reserved), and the driver's allocator under it (wgpu's
+    /// report; Vulkan and DX12 only).
+    pub fn three_levels(&self) -> ThreeLevels {
+        let (allocated, reserved) = {
+            let a = self.allocator();
+            (a.memory_allocated(), a.memory_reserved())
+        };
+        ThreeLevels {
+            allocated_bytes: allocated,
+            reserved_bytes: reserved,
+            driver: self
+                .gpu()
+                .and_then(crate::device::info::DriverAllocator::of),
+        }
     }
 
     /// Records a kernel dispatch (nothing on a simulated device).

@@ -1,0 +1,147 @@
+//! `vramlab profile`: runs training steps on the GPU with every allocator
+//! event recorded (alloc, free, segment alloc/free, OOM, category changes,
+//! phases) and writes timeline.svg, timeline.html, trace.json (Chrome trace
+//! format) and snapshot.json (segments and blocks at the peak).
+
+use super::args::{AllocArgs, DeviceArgs, ModelArgs};
+use crate::estimate::run::run_steps;
+use crate::estimate::{analyze, Plan};
+use crate::profile::{chrome, html, live_at, svg, Series};
+use crate::tensor::Engine;
+use crate::train::{Mode, OptimizerConfig, OptimizerKind};
+use anyhow::Context;
+use clap::Args;
+use std::path::PathBuf;
+
+#[derive(Debug, Args)]
+pub struct ProfileArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Samples per batch.
+    #[arg(long, default_value_t = 16)]
+    pub batch: usize,
+    /// Training steps to record.
+    #[arg(long, default_value_t = 2)]
+    pub steps: usize,
+    #[arg(long, value_enum, default_value = "adam")]
+    pub optimizer: OptimizerKind,
+    /// SGD momentum.
+    #[arg(long)]
+    pub momentum: Option<f32>,
+    /// train, checkpoint or inference (see `estimate --help`).
+    #[arg(long, value_enum, default_value = "train")]
+    pub mode: Mode,
+    /// Directory for timeline.svg, timeline.html, trace.json, snapshot.json
+    /// (created if missing).
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// Print, per layer, the bytes its forward added and backward released.
+    #[arg(long)]
+    pub per_layer: bool,
+    #[command(flatten)]
+    pub device: DeviceArgs,
+    #[command(flatten)]
+    pub alloc: AllocArgs,
+    /// Print a JSON summary instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
+    if args.batch == 0 || args.steps == 0 {
+        anyhow::bail!("--batch and --steps must be at least 1");
+    }
+    let spec = args.model.spec()?;
+    let optimizer = OptimizerConfig::new(args.optimizer, None, args.momentum, None);
+    optimizer.validate().map_err(anyhow::Error::msg)?;
+    let plan = Plan {
+        model: spec.clone(),
+        batch: args.batch,
+        optimizer,
+        mode: args.mode,
+        config: args.alloc.config(None)?,
+    };
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("cannot create --out directory {}", args.out.display()))?;
+    let engine = Engine::new(&args.device.options(), plan.config.clone())?;
+    let profile = run_steps(engine.clone(), &plan, 0, args.steps)?;
+    let levels = &profile.levels;
+    let events = &profile.events;
+    let series = Series::of(events);
+    let analysis = analyze(events, &profile.layer_outputs);
+    let title = format!(
+        "vramlab profile: {}, batch {}, {:?}, {} steps on {}",
+        spec.describe(),
+        args.batch,
+        optimizer.kind,
+        args.steps,
+        profile.device
+    );
+    let write = |name: &str, contents: &str| -> anyhow::Result<PathBuf> {
+        let p = args.out.join(name);
+        std::fs::write(&p, contents).with_context(|| format!("cannot write {}", p.display()))?;
+        Ok(p)
+    };
+    let svg_path = write("timeline.svg", &svg::render(&series, &title))?;
+    let html_path = write("timeline.html", &html::render(events, &title))?;
+    let trace = chrome::render(events, &series);
+    let trace_path = write("trace.json", &serde_json::to_string(&trace)?)?;
+    let snapshot = serde_json::json!({
+        "event": series.peak_index,
+        "allocated_bytes": series.allocated.get(series.peak_index),
+        "reserved_bytes": series.reserved.get(series.peak_index),
+        "segments": live_at(events, series.peak_index),
+    });
+    let snap_path = write("snapshot.json", &serde_json::to_string_pretty(&snapshot)?)?;
+    if args.json {
+        let out = serde_json::json!({
+            "plan": plan,
+            "steps": args.steps,
+            "device": profile.device,
+            "events": events.len(),
+            "peak_allocated_bytes": analysis.peak_allocated_bytes,
+            "peak_reserved_bytes": analysis.peak_reserved_bytes,
+            "by_category": analysis.by_category,
+            "layers": analysis.layers,
+            "three_levels": levels,
+            "files": [svg_path, html_path, trace_path, snap_path],
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    let mib = |b: u64| b as f64 / 1048576.0;
+    println!("{title}");
+    println!(
+        "{} events; peak allocated {:.2} MiB (event {}), peak reserved {:.2} MiB",
+        events.len(),
+        mib(analysis.peak_allocated_bytes),
+        series.peak_index,
+        mib(analysis.peak_reserved_bytes)
+    );
+    println!("memory: {levels}");
+    if args.per_layer {
+        println!();
+        println!("Per layer, last step (the forward-hook method, from the allocator's log):");
+        println!(
+            "  {:<20} {:>16} {:>18} {:>20}",
+            "layer", "forward + (MiB)", "saved at end (MiB)", "backward − (MiB)"
+        );
+        for l in &analysis.layers {
+            println!(
+                "  {:<20} {:>16.2} {:>18.2} {:>20.2}",
+                l.layer,
+                l.forward_added as f64 / 1048576.0,
+                mib(l.activation_bytes),
+                mib(l.backward_released)
+            );
+        }
+        println!("  (forward +: bytes the op's allocations still held when forward ended;");
+        println!("   backward −: those freed during backward — what a forward hook reading");
+        println!("   memory_allocated() around each layer would try to measure.)");
+    }
+    println!();
+    for p in [svg_path, html_path, trace_path, snap_path] {
+        println!("wrote {}", p.display());
+    }
+    Ok(())
+}

@@ -1,0 +1,317 @@
+//! `vramlab sweep`: how a step's peak memory grows with batch size,
+//! resolution or sequence length — estimated at every point (no GPU),
+//! measured too with `--measure` (an out-of-memory point is recorded as such
+//! and the sweep goes on), fitted with a line and a power law, plotted.
+
+use super::args::{AllocArgs, DeviceArgs, ModelArgs};
+use crate::estimate::fit::{fit, Fit};
+use crate::estimate::run::estimate;
+use crate::estimate::{analyze, run_step, Plan};
+use crate::tensor::Engine;
+use crate::train::{Mode, OptimizerConfig, OptimizerKind};
+use anyhow::Context;
+use clap::Args;
+use serde::Serialize;
+use std::io::Write;
+use std::path::PathBuf;
+
+#[derive(Debug, Args)]
+pub struct SweepArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Batch sizes (a list sweeps them; one value fixes the batch).
+    #[arg(long, value_delimiter = ',', default_value = "8")]
+    pub batch: Vec<usize>,
+    #[arg(long, value_enum, default_value = "adam")]
+    pub optimizer: OptimizerKind,
+    #[arg(long, value_enum, default_value = "train")]
+    pub mode: Mode,
+    /// Also run each point on the GPU.
+    #[arg(long)]
+    pub measure: bool,
+    /// Write sweep.svg (and sweep.json) here.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    #[command(flatten)]
+    pub device: DeviceArgs,
+    #[command(flatten)]
+    pub alloc: AllocArgs,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct Point {
+    value: usize,
+    estimated_peak_bytes: u64,
+    /// The part of the peak that scales with the swept value: input,
+    /// activations, outputs and temporaries live at the peak.
+    estimated_growing_bytes: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    measured_peak_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    oom: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct SweepFit {
+    /// Line through (value, peak bytes).
+    slope: f64,
+    intercept: f64,
+    r2: f64,
+    /// Power-law exponent of the part that grows (input, activations,
+    /// outputs and temporaries at the peak).
+    exponent: f64,
+    /// Power-law exponent of the whole peak.
+    exponent_total: f64,
+}
+
+pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
+    let lists = [
+        ("batch", Some(args.batch.clone())),
+        ("resolution", args.model.resolution.clone()),
+        ("seq-len", args.model.seq_len.clone()),
+    ];
+    let swept: Vec<&(&str, Option<Vec<usize>>)> = lists
+        .iter()
+        .filter(|(_, v)| v.as_ref().is_some_and(|v| v.len() > 1))
+        .collect();
+    let (dim, values) = match swept.as_slice() {
+        [(d, Some(v))] => (*d, v.clone()),
+        [] => anyhow::bail!(
+            "give a list to sweep: --batch 1,2,4,8, --resolution 16,32,64 (resnet-mini) or --seq-len 64,128,256 (attention)"
+        ),
+        _ => anyhow::bail!("sweep one of --batch, --resolution, --seq-len at a time"),
+    };
+    if values.contains(&0) {
+        anyhow::bail!("--{dim} values must be at least 1");
+    }
+    let optimizer = OptimizerConfig::new(args.optimizer, None, None, None);
+    let config = args.alloc.config(None)?;
+    let engine = if args.measure {
+        Some(Engine::new(&args.device.options(), config.clone())?)
+    } else {
+        None
+    };
+    let first = |v: &Option<Vec<usize>>| v.as_ref().map(|v| v[0]);
+    let mut points = Vec::new();
+    let mut name = String::new();
+    for (k, &value) in values.iter().enumerate() {
+        let (batch, res, seq) = match dim {
+            "batch" => (
+                value,
+                first(&args.model.resolution),
+                first(&args.model.seq_len),
+            ),
+            "resolution" => (args.batch[0], Some(value), first(&args.model.seq_len)),
+            _ => (args.batch[0], first(&args.model.resolution), Some(value)),
+        };
+        let spec = args.model.spec_with(res, seq)?;
+        name = spec.name().to_string();
+        eprint!(
+            "\r[{:<30}] {}/{} {dim} {value}   ",
+            "=".repeat(30 * (k + 1) / values.len()),
+            k + 1,
+            values.len()
+        );
+        let _ = std::io::stderr().flush();
+        let plan = Plan {
+            model: spec,
+            batch,
+            optimizer,
+            mode: args.mode,
+            config: config.clone(),
+        };
+        // The estimate is the demand, so the memory limit (which decides
+        // whether the measured run fits) does not apply to it.
+        let mut unlimited = plan.clone();
+        unlimited.config.memory_limit = None;
+        let est = estimate(&unlimited)?;
+        let a = analyze(&est.events, &est.layer_outputs);
+        // What scales with the swept value: the batch and everything computed
+        // from it. Parameters, gradients and optimizer state do not, and the
+        // conv workspace is capped (8 MiB per op) by design.
+        let growing: u64 = ["input", "activation", "output", "temporary"]
+            .iter()
+            .map(|c| a.by_category.get(c).copied().unwrap_or(0))
+            .sum();
+        let (measured, oom) = match &engine {
+            None => (None, false),
+            Some(e) => {
+                e.allocator().empty_cache();
+                e.allocator().reset_peak_memory_stats();
+                match run_step(e.clone(), &plan, 0) {
+                    Ok(p) => (
+                        Some(analyze(&p.events, &p.layer_outputs).peak_allocated_bytes),
+                        false,
+                    ),
+                    Err(err) if err.is_oom() => (None, true),
+                    Err(err) => return Err(err).context(format!("{dim} {value}")),
+                }
+            }
+        };
+        points.push(Point {
+            value,
+            estimated_peak_bytes: a.peak_allocated_bytes,
+            estimated_growing_bytes: growing,
+            measured_peak_bytes: measured,
+            oom,
+        });
+    }
+    eprintln!();
+    let xs: Vec<f64> = points.iter().map(|p| p.value as f64).collect();
+    let ys: Vec<f64> = points
+        .iter()
+        .map(|p| p.estimated_peak_bytes as f64)
+        .collect();
+    let grow: Vec<f64> = points
+        .iter()
+        .map(|p| p.estimated_growing_bytes as f64)
+        .collect();
+    let line: Option<Fit> = fit(&xs, &ys);
+    let fit_out = line.map(|l| SweepFit {
+        slope: l.slope,
+        intercept: l.intercept,
+        r2: l.r2,
+        exponent: fit(&xs, &grow).map(|g| g.exponent).unwrap_or(f64::NAN),
+        exponent_total: l.exponent,
+    });
+    let report = serde_json::json!({
+        "model": name,
+        "swept": dim,
+        "points": points,
+        "fit": fit_out,
+    });
+    if let Some(dir) = &args.out {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        let svg = plot(&points, dim, &name);
+        std::fs::write(dir.join("sweep.svg"), svg)?;
+        std::fs::write(
+            dir.join("sweep.json"),
+            serde_json::to_string_pretty(&report)?,
+        )?;
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    let mib = |b: u64| b as f64 / 1048576.0;
+    println!(
+        "vramlab sweep: {name}, {dim} over {values:?}, mode {:?}",
+        args.mode
+    );
+    println!(
+        "  {:>10} {:>18} {:>18} {:>18}",
+        dim, "estimated (MiB)", "growing part", "measured (MiB)"
+    );
+    for p in &points {
+        let m = match (p.measured_peak_bytes, p.oom) {
+            (_, true) => "out of memory".to_string(),
+            (Some(b), _) => format!("{:.2}", mib(b)),
+            (None, _) => "-".to_string(),
+        };
+        println!(
+            "  {:>10} {:>18.2} {:>18.2} {:>18}",
+            p.value,
+            mib(p.estimated_peak_bytes),
+            mib(p.estimated_growing_bytes),
+            m
+        );
+    }
+    if let Some(f) = &fit_out {
+        println!(
+            "  line: {:.0} bytes per unit of {dim} (+{:.2} MiB), R² = {:.6}",
+            f.slope,
+            f.intercept / 1048576.0,
+            f.r2
+        );
+        println!(
+            "  power fit of the growing part: exponent {:.3} (whole peak: {:.3})",
+            f.exponent, f.exponent_total
+        );
+    }
+    if let Some(dir) = &args.out {
+        println!("wrote {}", dir.join("sweep.svg").display());
+    }
+    Ok(())
+}
+
+fn plot(points: &[Point], dim: &str, model: &str) -> String {
+    let (w, h, l, t) = (700.0, 380.0, 80.0, 40.0);
+    let xmax = points.iter().map(|p| p.value).max().unwrap_or(1) as f64;
+    let ymax = points
+        .iter()
+        .map(|p| {
+            p.estimated_peak_bytes
+                .max(p.measured_peak_bytes.unwrap_or(0))
+        })
+        .max()
+        .unwrap_or(1)
+        .max(1) as f64;
+    let x = |v: f64| l + w * v / xmax;
+    let y = |b: f64| t + h - h * b / ymax;
+    let mut s = format!(
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{}" font-family="sans-serif" font-size="12"><rect width="100%" height="100%" fill="white"/><text x="{l}" y="22" font-size="15">{model}: peak allocated vs {dim}</text>"#,
+        w + l + 40.0,
+        h + t + 50.0
+    );
+    for k in 0..=4 {
+        let b = ymax * k as f64 / 4.0;
+        s += &format!(
+            r##"<line x1="{l}" x2="{0}" y1="{1:.1}" y2="{1:.1}" stroke="#eee"/><text x="{2}" y="{3:.1}" text-anchor="end">{4:.1} MiB</text>"##,
+            l + w,
+            y(b),
+            l - 5.0,
+            y(b) + 4.0,
+            b / 1048576.0
+        );
+    }
+    let pts: String = points
+        .iter()
+        .map(|p| {
+            format!(
+                "{:.1},{:.1} ",
+                x(p.value as f64),
+                y(p.estimated_peak_bytes as f64)
+            )
+        })
+        .collect();
+    s += &format!(r##"<polyline points="{pts}" fill="none" stroke="#4e79a7" stroke-width="2"/>"##);
+    for p in points {
+        let px = x(p.value as f64);
+        s += &format!(
+            r##"<text x="{px:.1}" y="{}" text-anchor="middle">{}</text><circle cx="{px:.1}" cy="{:.1}" r="3" fill="#4e79a7"/>"##,
+            t + h + 18.0,
+            p.value,
+            y(p.estimated_peak_bytes as f64)
+        );
+        if let Some(m) = p.measured_peak_bytes {
+            s += &format!(
+                r##"<rect x="{:.1}" y="{:.1}" width="8" height="8" fill="none" stroke="#e15759" stroke-width="2"/>"##,
+                px - 4.0,
+                y(m as f64) - 4.0
+            );
+        }
+        if p.oom {
+            s += &format!(
+                r##"<text x="{px:.1}" y="{}" fill="#e15759" text-anchor="middle">OOM</text>"##,
+                t + 14.0
+            );
+        }
+    }
+    s += &format!(
+        r##"<text x="{}" y="{}" text-anchor="middle">{dim}</text><circle cx="{}" cy="{}" r="3" fill="#4e79a7"/><text x="{}" y="{}">estimated</text><rect x="{}" y="{}" width="8" height="8" fill="none" stroke="#e15759" stroke-width="2"/><text x="{}" y="{}">measured</text></svg>"##,
+        l + w / 2.0,
+        t + h + 40.0,
+        l + 10.0,
+        t + 10.0,
+        l + 20.0,
+        t + 14.0,
+        l + 6.0,
+        t + 22.0,
+        l + 20.0,
+        t + 30.0
+    );
+    s
+}

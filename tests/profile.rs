@@ -1,0 +1,118 @@
+//! The event log and what is drawn from it: category totals always add up
+//! to the allocated total, the Chrome trace is valid JSON in time order, the
+//! snapshot at the peak holds exactly the peak's bytes, and the HTML page
+//! renders in headless Chromium without errors.
+
+mod common;
+use common::*;
+use vramlab::estimate::run::run_steps;
+use vramlab::estimate::Plan;
+use vramlab::memory::{AllocatorConfig, EventKind};
+use vramlab::nn::ModelSpec;
+use vramlab::profile::{chrome, live_at, Series};
+use vramlab::train::{Mode, OptimizerConfig, OptimizerKind};
+
+fn plan() -> Plan {
+    Plan {
+        model: ModelSpec::ResnetMini {
+            width: 4,
+            depth: 2,
+            resolution: 12,
+            classes: 5,
+        },
+        batch: 3,
+        optimizer: OptimizerConfig::new(OptimizerKind::Adam, None, None, None),
+        mode: Mode::Train,
+        config: AllocatorConfig::default(),
+    }
+}
+
+#[test]
+fn categories_add_up_and_the_peak_snapshot_holds_the_peak() {
+    let p = run_steps(engine(), &plan(), 0, 2).unwrap();
+    let s = Series::of(&p.events);
+    assert!(p.events.iter().any(|e| e.kind == EventKind::SegmentAlloc));
+    assert_eq!(
+        s.phases.iter().map(|(_, n)| n.as_str()).collect::<Vec<_>>(),
+        [
+            "forward",
+            "backward",
+            "optimizer",
+            "forward",
+            "backward",
+            "optimizer"
+        ]
+    );
+    for (i, e) in p.events.iter().enumerate() {
+        assert_eq!(
+            s.by_category[i].iter().sum::<u64>(),
+            e.allocated,
+            "event {i} {e:?}"
+        );
+    }
+    let peak = s.peak_index;
+    let segs = live_at(&p.events, peak);
+    let live: u64 = segs.iter().flat_map(|s| &s.blocks).map(|b| b.size).sum();
+    let reserved: u64 = segs.iter().map(|s| s.total_size).sum();
+    assert_eq!(live, s.allocated[peak]);
+    assert_eq!(reserved, s.reserved[peak]);
+    // Every block at the peak has a category and an op.
+    for b in segs.iter().flat_map(|s| &s.blocks) {
+        assert!(!b.op.is_empty(), "{b:?}");
+    }
+}
+
+#[test]
+fn chrome_trace_is_json_in_time_order() {
+    let p = run_steps(engine(), &plan(), 0, 1).unwrap();
+    let s = Series::of(&p.events);
+    let text = serde_json::to_string(&chrome::render(&p.events, &s)).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let evs = v["traceEvents"].as_array().unwrap();
+    let ts: Vec<f64> = evs.iter().filter_map(|e| e["ts"].as_f64()).collect();
+    assert!(ts.len() > p.events.len(), "counters and instants");
+    assert!(ts.windows(2).all(|w| w[0] <= w[1]), "time order");
+    assert!(evs.iter().any(|e| e["ph"] == "C" && e["name"] == "memory"));
+    assert!(evs
+        .iter()
+        .any(|e| e["ph"] == "X" && e["name"] == "backward"));
+}
+
+/// Headless Chromium loads timeline.html with no script error and the page
+/// reports it drew (scripts/test.sh installs Debian's chromium).
+#[test]
+fn timeline_html_renders_in_headless_chromium() {
+    let dir = std::env::temp_dir().join(format!("vramlab-profile-{}", std::process::id()));
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .args([
+            "profile", "--model", "mlp", "--widths", "20,30,5", "--batch", "4",
+        ])
+        .arg("--out")
+        .arg(&dir)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let page = dir.join("timeline.html");
+    let chromium = ["chromium", "chromium-browser", "google-chrome"]
+        .into_iter()
+        .find(|c| {
+            std::process::Command::new(c)
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+        .expect("this test needs Chromium: apt-get install -y chromium (scripts/test.sh does)");
+    let out = std::process::Command::new(chromium)
+        .args(["--headless", "--no-sandbox", "--disable-gpu", "--dump-dom"])
+        .arg(format!("file://{}", page.display()))
+        .output()
+        .unwrap();
+    let dom = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        dom.contains(r#"data-status="ok""#),
+        "page did not finish drawing: {}",
+        &dom[..dom.len().min(300)]
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

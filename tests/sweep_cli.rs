@@ -1,0 +1,77 @@
+//! `vramlab sweep --json`: activation memory grows linearly with the batch
+//! and about quadratically with resolution (resnet-mini) and sequence length
+//! (attention), as the fits report; an out-of-memory point is recorded and
+//! the sweep goes on.
+
+use serde_json::Value;
+
+fn sweep(args: &[&str]) -> Value {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .arg("sweep")
+        .args(args)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn batch_sweep_of_simple_cnn_is_a_line() {
+    let v = sweep(&["--model", "simple-cnn", "--batch", "8,16,32,64,128,256"]);
+    let r2 = v["fit"]["r2"].as_f64().unwrap();
+    assert!(r2 > 0.999, "R² {r2}");
+    assert_eq!(v["points"].as_array().unwrap().len(), 6);
+    // About 1.4 MiB per sample (saved ReLU outputs 0.6 MiB plus backward's temporaries).
+    let slope = v["fit"]["slope"].as_f64().unwrap();
+    assert!((1.0e6..2.0e6).contains(&slope), "slope {slope}");
+}
+
+#[test]
+fn resolution_and_sequence_length_grow_quadratically() {
+    let r = sweep(&[
+        "--model",
+        "resnet-mini",
+        "--batch",
+        "4",
+        "--resolution",
+        "16,32,64,128",
+    ]);
+    let k = r["fit"]["exponent"].as_f64().unwrap();
+    assert!((1.8..2.3).contains(&k), "resolution exponent {k}");
+    let s = sweep(&[
+        "--model",
+        "attention",
+        "--batch",
+        "1",
+        "--seq-len",
+        "512,1024,2048,4096",
+    ]);
+    let k = s["fit"]["exponent"].as_f64().unwrap();
+    assert!((1.7..2.2).contains(&k), "sequence exponent {k}");
+}
+
+#[test]
+fn an_out_of_memory_point_is_recorded_and_the_sweep_goes_on() {
+    let v = sweep(&[
+        "--model",
+        "mlp",
+        "--widths",
+        "64,256,10",
+        "--batch",
+        "8,512,16",
+        "--measure",
+        "--memory-limit",
+        "3MiB",
+    ]);
+    let p = v["points"].as_array().unwrap();
+    assert!(p[0]["measured_peak_bytes"].as_u64().is_some(), "{v}");
+    assert_eq!(p[1]["oom"], true, "{v}");
+    assert!(p[2]["measured_peak_bytes"].as_u64().is_some(), "{v}");
+    // Estimated and measured agree where it ran.
+    assert_eq!(p[0]["measured_peak_bytes"], p[0]["estimated_peak_bytes"]);
+}
