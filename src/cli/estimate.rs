@@ -117,7 +117,13 @@ pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
     let a = analyze(&est.events, &est.layer_outputs);
     let scale = args.dtype.bytes() as f64 / 4.0;
     let input_elements = args.batch * spec.input_shape().iter().product::<usize>();
+    let layers: Vec<String> = spec
+        .parameter_shapes()
+        .iter()
+        .filter_map(|(n, _)| n.rsplit_once('.').map(|x| x.0.to_string()))
+        .collect();
     let hand = hand_method(
+        &layers,
         est.parameters,
         input_elements,
         &a,

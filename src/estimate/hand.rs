@@ -16,7 +16,11 @@ pub struct HandMethod {
     pub total: u64,
 }
 
+/// `layers_with_parameters`: the model's parameterised layers (conv,
+/// linear), whose outputs the method counts — not the ReLU outputs between
+/// them.
 pub fn hand_method(
+    layers_with_parameters: &[String],
     parameters: usize,
     input_elements: usize,
     analysis: &Analysis,
@@ -34,6 +38,7 @@ pub fn hand_method(
     let outputs: u64 = analysis
         .layers
         .iter()
+        .filter(|l| layers_with_parameters.contains(&l.layer))
         .map(|l| l.output_shape.iter().product::<usize>() as u64 * bytes_per_element)
         .sum();
     let h = HandMethod {
