@@ -1,6 +1,7 @@
 //! The command line: parsing, and one file per command.
 
 pub mod args;
+pub mod bench_alloc;
 pub mod demo;
 pub mod estimate;
 pub mod info;
@@ -44,6 +45,9 @@ pub enum Command {
     /// How peak memory grows with batch size, resolution or sequence length:
     /// estimated (and measured) points, a fitted line and power law, a plot.
     Sweep(Box<sweep::SweepArgs>),
+    /// Run the built-in allocation workloads (vramlab's own training traces
+    /// and synthetic fragmentation patterns) through every allocator strategy.
+    BenchAlloc(bench_alloc::BenchAllocArgs),
     /// List the model zoo: each model, its sizes, parameter count and names.
     Models(models::ModelsArgs),
     /// Run an allocation trace (JSON Lines) through the caching allocator on a
@@ -61,6 +65,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Estimate(a) => estimate::run(&a),
         Command::Profile(a) => profile::run(&a),
         Command::Sweep(a) => sweep::run(&a),
+        Command::BenchAlloc(a) => bench_alloc::run(&a),
         Command::Replay(a) => replay::run(&a),
     }
 }

@@ -23,12 +23,23 @@ pub struct ReplayArgs {
     /// Also print allocated/reserved bytes after every event.
     #[arg(long)]
     pub timeline: bool,
+    /// Compare allocator strategies on this trace instead:
+    /// pytorch,nocache,buckets,sliced,buddy,planner,vramlab (or a subset).
+    #[arg(long, value_delimiter = ',', value_name = "NAMES")]
+    pub allocators: Option<Vec<String>>,
+    /// With --allocators: write reserved.svg (reserved memory over the
+    /// trace, one line per strategy) here.
+    #[arg(long, value_name = "DIR", requires = "allocators")]
+    pub out: Option<PathBuf>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
 }
 
 pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
+    if let Some(names) = &args.allocators {
+        return compare_strategies(args, names);
+    }
     let capacity = parse_capacity(&args.capacity)?;
     let config = args.alloc.config(capacity)?;
     let file = std::fs::File::open(&args.trace)
@@ -124,4 +135,130 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// The comparison table `replay --allocators` and `bench-alloc` print.
+pub fn print_results(results: &[crate::memory::workload::RunResult]) {
+    let mib = |b: u64| b as f64 / 1048576.0;
+    println!(
+        "  {:<9} {:>12} {:>12} {:>8} {:>9} {:>8} {:>8} {:>5} {:>9}",
+        "allocator", "peak alloc", "peak resv", "frag", "vs plan", "dev+", "dev−", "OOM", "ns/op"
+    );
+    for r in results {
+        println!(
+            "  {:<9} {:>9.2} MiB {:>8.2} MiB {:>8.3} {:>8.1}% {:>8} {:>8} {:>5} {:>9.0}",
+            r.allocator,
+            mib(r.peak_allocated_bytes),
+            mib(r.peak_reserved_bytes),
+            r.fragmentation,
+            100.0 * r.gap_to_planner.unwrap_or(0.0),
+            r.device_allocs,
+            r.device_frees,
+            if r.oom { "yes" } else { "no" },
+            r.ns_per_op
+        );
+    }
+}
+
+/// `replay --allocators`: every named strategy on the trace.
+fn compare_strategies(args: &ReplayArgs, names: &[String]) -> anyhow::Result<()> {
+    use crate::memory::workload::{compare, Workload};
+    let capacity = parse_capacity(&args.capacity)?;
+    let file = std::fs::File::open(&args.trace)
+        .map_err(|e| anyhow::anyhow!("cannot open trace {}: {e}", args.trace.display()))?;
+    let name = args.trace.display().to_string();
+    let w = Workload::from_trace(&name, BufReader::new(file))
+        .map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let results = compare(&w, &names, capacity).map_err(anyhow::Error::msg)?;
+    if let Some(dir) = &args.out {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", dir.display()))?;
+        let svg = reserved_plot(&results, w.ops.len(), &name);
+        std::fs::write(dir.join("reserved.svg"), svg)?;
+    }
+    if args.json {
+        let out = serde_json::json!({
+            "trace": name,
+            "operations": w.ops.len(),
+            "lower_bound_bytes": w.lower_bound(),
+            "capacity": capacity,
+            "results": results,
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    println!(
+        "{name}: {} operations, lower bound (peak live requested) {:.2} MiB{}",
+        w.ops.len(),
+        w.lower_bound() as f64 / 1048576.0,
+        capacity
+            .map(|c| format!(", capacity {}", Mib(c)))
+            .unwrap_or_default()
+    );
+    print_results(&results);
+    println!("frag: peak reserved / lower bound; vs plan: peak reserved over the offline planner's arena.");
+    if let Some(dir) = &args.out {
+        println!("wrote {}", dir.join("reserved.svg").display());
+    }
+    Ok(())
+}
+
+/// Reserved memory over the trace, one line per strategy.
+fn reserved_plot(
+    results: &[crate::memory::workload::RunResult],
+    ops: usize,
+    title: &str,
+) -> String {
+    use crate::profile::svg::{escape, COLORS};
+    let (w, h, l, t) = (900.0, 360.0, 80.0, 40.0);
+    let max = results
+        .iter()
+        .map(|r| r.peak_reserved_bytes)
+        .max()
+        .unwrap_or(1)
+        .max(1) as f64;
+    let x = |i: usize| l + w * i as f64 / ops.max(1) as f64;
+    let y = |b: u64| t + h - h * b as f64 / max;
+    let mut s = format!(
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{}" font-family="sans-serif" font-size="12"><rect width="100%" height="100%" fill="white"/><text x="{l}" y="22" font-size="15">reserved memory: {}</text>"#,
+        w + l + 150.0,
+        h + t + 40.0,
+        escape(title)
+    );
+    for k in 0..=4 {
+        let b = (max * k as f64 / 4.0) as u64;
+        s += &format!(
+            r##"<line x1="{l}" x2="{0}" y1="{1:.1}" y2="{1:.1}" stroke="#eee"/><text x="{2}" y="{3:.1}" text-anchor="end">{4:.1} MiB</text>"##,
+            l + w,
+            y(b),
+            l - 5.0,
+            y(b) + 4.0,
+            b as f64 / 1048576.0
+        );
+    }
+    for (k, r) in results.iter().enumerate() {
+        let color = COLORS[k % COLORS.len()];
+        let mut pts = String::new();
+        let mut last = 0;
+        for &(i, b) in &r.reserved_timeline {
+            pts += &format!("{:.1},{:.1} {:.1},{:.1} ", x(i), y(last), x(i), y(b));
+            last = b;
+        }
+        pts += &format!("{:.1},{:.1}", x(ops), y(last));
+        s += &format!(
+            r#"<polyline points="{pts}" fill="none" stroke="{color}" stroke-width="1.5"/><rect x="{}" y="{}" width="12" height="3" fill="{color}"/><text x="{}" y="{}">{}</text>"#,
+            l + w + 15.0,
+            t + 18.0 * k as f64,
+            l + w + 32.0,
+            t + 18.0 * k as f64 + 5.0,
+            r.allocator
+        );
+    }
+    s += &format!(
+        r#"<text x="{}" y="{}" text-anchor="middle">trace operations</text></svg>"#,
+        l + w / 2.0,
+        t + h + 30.0
+    );
+    s
 }

@@ -53,6 +53,11 @@ pub struct TrainArgs {
     /// `param.<name>` (after the update) here.
     #[arg(long, value_name = "OUT.safetensors")]
     pub dump: Option<PathBuf>,
+    /// Write every allocation and free of the run as a JSON Lines trace
+    /// (`replay`'s format; replay it through other allocators with
+    /// `replay FILE --allocators ...`).
+    #[arg(long, value_name = "TRACE.jsonl")]
+    pub record_trace: Option<PathBuf>,
     /// Keep the graph across steps (backward(retain_graph=True) on one
     /// graph): shows memory growing step after step.
     #[arg(long)]
@@ -108,6 +113,9 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     opt.validate().map_err(anyhow::Error::msg)?;
 
     let engine = Engine::new(&args.device.options(), args.alloc.config(None)?)?;
+    if args.record_trace.is_some() {
+        engine.allocator().start_recording();
+    }
     let mut rng = Rng::new(args.seed);
     let mut store = ParamStore::new();
     let model = spec.build(&engine, &mut store, &mut rng)?;
@@ -187,6 +195,18 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
                 path.display(),
                 st.tensors.len()
             );
+        }
+    }
+    if let Some(path) = &args.record_trace {
+        let events = trainer.engine.allocator().take_events();
+        let lines: Vec<String> = crate::memory::workload::to_trace(&events)
+            .iter()
+            .map(|e| e.to_line())
+            .collect();
+        std::fs::write(path, lines.join("\n") + "\n")
+            .with_context(|| format!("cannot write --record-trace {}", path.display()))?;
+        if !args.json {
+            println!("\nwrote {} ({} events)", path.display(), lines.len());
         }
     }
     let levels = trainer.engine.three_levels();

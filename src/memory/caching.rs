@@ -413,10 +413,16 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let alloc_size = alloc_size.min(max_segment);
 
         let mut found = self.get_free_block(pool, size);
+        if found.is_none() && pool == PoolKind::Small && self.config.small_from_large {
+            found = self.get_free_block(PoolKind::Large, size);
+        }
         if found.is_none() {
             if self.config.memory_limit.is_some() && self.config.garbage_collection_threshold > 0.0
             {
                 self.garbage_collect_cached_blocks();
+            }
+            if self.config.release_before_grow {
+                self.release_free_segments_smaller_than(pool, size);
             }
             found = self.alloc_block(pool, alloc_size, false)?;
             if found.is_none() && self.release_available_cached_blocks(pool, size) {
@@ -752,6 +758,24 @@ impl<S: SegmentSource> CachingAllocator<S> {
     }
 
     /// Frees every cached whole segment (`empty_cache`).
+    /// `release_before_grow`: whole free segments of `kind` smaller than
+    /// `size` could not have served the request; give them back.
+    fn release_free_segments_smaller_than(&mut self, kind: PoolKind, size: u64) {
+        let pool = match kind {
+            PoolKind::Small => &self.small,
+            PoolKind::Large => &self.large,
+        };
+        let whole: Vec<usize> = pool
+            .blocks
+            .range(..(size, 0, 0))
+            .map(|&(_, _, i)| i)
+            .filter(|&i| !self.blocks[i].is_split())
+            .collect();
+        for i in whole {
+            self.release_block(i);
+        }
+    }
+
     fn release_cached_blocks(&mut self) {
         // PyTorch synchronizes all streams here and counts it.
         self.stats.num_sync_all_streams += 1;

@@ -22,6 +22,8 @@ const KNOWN_KEYS: &[&str] = &[
     "roundup_power2_divisions",
     "garbage_collection_threshold",
     "expandable_segments",
+    "small_from_large (vramlab)",
+    "release_before_grow (vramlab)",
 ];
 
 /// A configuration string that could not be used.
@@ -46,6 +48,17 @@ pub struct AllocatorConfig {
     /// Most bytes the allocator may reserve (PyTorch's
     /// `set_per_process_memory_fraction`); `None` = only the device's own limit.
     pub memory_limit: Option<u64>,
+    /// vramlab's extension (not a PyTorch option): before asking the device
+    /// for a new segment, give back the pool's whole free segments that are
+    /// too small to serve the request. PyTorch keeps them until an
+    /// out-of-memory; releasing them first keeps reserved memory near the
+    /// live set when request sizes drift upward. Used by the `vramlab`
+    /// strategy.
+    pub release_before_grow: bool,
+    /// vramlab's extension: a small request (≤ 1 MiB) with no free small
+    /// block takes space from a free large-pool block before a new 2 MiB
+    /// small segment is made.
+    pub small_from_large: bool,
 }
 
 impl Default for AllocatorConfig {
@@ -55,6 +68,8 @@ impl Default for AllocatorConfig {
             roundup_power2_divisions: [0; K_ROUNDUP_POWER2_INTERVALS],
             garbage_collection_threshold: 0.0,
             memory_limit: None,
+            release_before_grow: false,
+            small_from_large: false,
         }
     }
 }
@@ -124,6 +139,22 @@ impl AllocatorConfig {
                     }
                     self.garbage_collection_threshold = t;
                 }
+                "small_from_large" | "release_before_grow" => {
+                    let on = match value {
+                        "True" | "true" => true,
+                        "False" | "false" => false,
+                        _ => {
+                            return Err(err(format!(
+                                "{key}:{value} must be True or False (a vramlab extension)"
+                            )))
+                        }
+                    };
+                    if key == "small_from_large" {
+                        self.small_from_large = on;
+                    } else {
+                        self.release_before_grow = on;
+                    }
+                }
                 "expandable_segments" => match value {
                     "False" | "false" => {}
                     _ => {
@@ -176,6 +207,12 @@ impl AllocatorConfig {
                 "garbage_collection_threshold:{}",
                 self.garbage_collection_threshold
             ));
+        }
+        if self.small_from_large {
+            parts.push("small_from_large:True".into());
+        }
+        if self.release_before_grow {
+            parts.push("release_before_grow:True".into());
         }
         if parts.is_empty() {
             "(defaults)".to_string()

@@ -53,9 +53,12 @@ pub mod size;
 pub mod snapshot;
 pub mod source;
 pub mod stats;
+pub mod strategies;
 pub mod summary;
+pub mod synthetic;
 pub mod tag;
 pub mod trace;
+pub mod workload;
 
 pub use caching::{round_size, Allocation, BlockHandle, CachingAllocator, PoolKind};
 pub use config::{AllocatorConfig, ConfigError, ALLOC_CONF_ENV};

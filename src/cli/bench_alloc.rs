@@ -1,0 +1,150 @@
+//! `vramlab bench-alloc`: the built-in workload suite — traces recorded from
+//! vramlab's own training steps (on a simulated device, so no GPU is needed)
+//! and synthetic fragmentation patterns — through every allocator strategy,
+//! with a summary of geometric-mean fragmentation per strategy.
+
+use super::args::parse_capacity;
+use crate::estimate::run::run_steps;
+use crate::estimate::Plan;
+use crate::memory::strategies::NAMES;
+use crate::memory::workload::{compare, RunResult, Workload};
+use crate::memory::{synthetic, AllocatorConfig};
+use crate::nn::ModelSpec;
+use crate::tensor::Engine;
+use crate::train::{Mode, OptimizerConfig, OptimizerKind};
+use clap::Args;
+use serde::Serialize;
+
+#[derive(Debug, Args)]
+pub struct BenchAllocArgs {
+    /// Strategies to compare (default: all).
+    #[arg(long, value_delimiter = ',')]
+    pub allocators: Option<Vec<String>>,
+    /// Simulated device size; a strategy that needs more is marked OOM.
+    #[arg(long, value_name = "SIZE")]
+    pub capacity: Option<String>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Serialize)]
+struct WorkloadReport {
+    name: String,
+    operations: usize,
+    lower_bound_bytes: u64,
+    results: Vec<RunResult>,
+}
+
+/// Traces of vramlab's own training: two steps of each zoo model.
+pub fn recorded_suite() -> anyhow::Result<Vec<Workload>> {
+    let cases = [
+        ("simple-cnn", ModelSpec::SimpleCnn, 64, OptimizerKind::Adam),
+        (
+            "resnet-mini",
+            ModelSpec::default_for("resnet-mini").map_err(anyhow::Error::msg)?,
+            32,
+            OptimizerKind::Sgd,
+        ),
+        (
+            "attention",
+            ModelSpec::Attention {
+                seq_len: 256,
+                dim: 64,
+                hidden: 256,
+                classes: 10,
+            },
+            8,
+            OptimizerKind::Adamw,
+        ),
+        (
+            "mlp",
+            ModelSpec::Mlp {
+                widths: vec![784, 1024, 1024, 1024, 10],
+                checkpoint_every: 0,
+            },
+            256,
+            OptimizerKind::Adam,
+        ),
+    ];
+    let mut out = Vec::new();
+    for (name, model, batch, opt) in cases {
+        let plan = Plan {
+            model,
+            batch,
+            optimizer: OptimizerConfig::new(opt, None, None, None),
+            mode: Mode::Train,
+            config: AllocatorConfig::default(),
+        };
+        let p = run_steps(
+            Engine::simulated(AllocatorConfig::default(), None),
+            &plan,
+            0,
+            2,
+        )?;
+        out.push(Workload::from_events(
+            &format!("train {name} (batch {batch}, 2 steps)"),
+            &p.events,
+        ));
+    }
+    Ok(out)
+}
+
+pub fn run(args: &BenchAllocArgs) -> anyhow::Result<()> {
+    let capacity = parse_capacity(&args.capacity)?;
+    let names: Vec<String> = args
+        .allocators
+        .clone()
+        .unwrap_or_else(|| NAMES.iter().map(|s| s.to_string()).collect());
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let mut workloads = recorded_suite()?;
+    workloads.extend(synthetic::suite());
+    let mut reports = Vec::new();
+    for w in &workloads {
+        let results = compare(w, &names, capacity).map_err(anyhow::Error::msg)?;
+        reports.push(WorkloadReport {
+            name: w.name.clone(),
+            operations: w.ops.len(),
+            lower_bound_bytes: w.lower_bound(),
+            results,
+        });
+    }
+    // Geometric mean of fragmentation per strategy.
+    let geo: Vec<(String, f64)> = names
+        .iter()
+        .map(|n| {
+            let logs: Vec<f64> = reports
+                .iter()
+                .filter_map(|r| r.results.iter().find(|x| x.allocator == *n))
+                .map(|x| x.fragmentation.ln())
+                .collect();
+            (
+                n.to_string(),
+                (logs.iter().sum::<f64>() / logs.len().max(1) as f64).exp(),
+            )
+        })
+        .collect();
+    if args.json {
+        let out = serde_json::json!({
+            "workloads": reports,
+            "geomean_fragmentation": geo.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    for r in &reports {
+        println!(
+            "{} — {} operations, lower bound {:.2} MiB",
+            r.name,
+            r.operations,
+            r.lower_bound_bytes as f64 / 1048576.0
+        );
+        super::replay::print_results(&r.results);
+        println!();
+    }
+    println!("Geometric-mean fragmentation (peak reserved / peak live requested):");
+    for (n, g) in &geo {
+        println!("  {n:<10} {g:.3}");
+    }
+    Ok(())
+}

@@ -1,0 +1,108 @@
+//! Allocator strategies behind one trait, so the same allocation trace can be
+//! run through each and compared: peak reserved memory, fragmentation
+//! against the lower bound (the peak of live requested bytes), device
+//! allocations, out-of-memory at a capacity, cost per operation.
+//!
+//! Every online strategy draws device memory from a [`SegmentSource`]
+//! (simulated here; `WgpuSource` on a GPU), so "reserved" is what the device
+//! actually handed out. `planner` is offline: it sees the whole trace first.
+
+pub mod buckets;
+pub mod buddy;
+pub mod nocache;
+pub mod planner;
+pub mod pytorch;
+pub mod sliced;
+
+use super::source::SegmentSource;
+use super::SimulatedSource;
+
+/// A block handed out by a strategy.
+pub type Handle = u64;
+
+/// The device (or the capacity) said no.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Oom;
+
+/// An online allocator.
+pub trait Strategy {
+    fn name(&self) -> &'static str;
+    fn malloc(&mut self, size: u64) -> Result<Handle, Oom>;
+    fn free(&mut self, handle: Handle);
+    /// Returns cached memory to the device, where the strategy caches.
+    fn empty_cache(&mut self) {}
+    /// Bytes in blocks handed out (after the strategy's rounding).
+    fn allocated(&self) -> u64;
+    /// Bytes held from the device.
+    fn reserved(&self) -> u64;
+    fn device_allocs(&self) -> u64;
+    fn device_frees(&self) -> u64;
+}
+
+/// The strategies `replay --allocators` and `bench-alloc` know.
+pub const NAMES: [&str; 7] = [
+    "pytorch", "nocache", "buckets", "sliced", "buddy", "planner", "vramlab",
+];
+
+/// Rounds up to a multiple of `a` (a power of two).
+pub(crate) fn align(size: u64, a: u64) -> u64 {
+    size.div_ceil(a) * a
+}
+
+/// A segment source wrapper that counts device calls and bytes held.
+pub(crate) struct Device<S: SegmentSource> {
+    pub source: S,
+    next: u64,
+    pub reserved: u64,
+    pub allocs: u64,
+    pub frees: u64,
+}
+
+impl<S: SegmentSource> Device<S> {
+    pub fn new(source: S) -> Self {
+        Device {
+            source,
+            next: 0,
+            reserved: 0,
+            allocs: 0,
+            frees: 0,
+        }
+    }
+
+    /// A new segment's id, or Oom.
+    pub fn alloc(&mut self, size: u64) -> Result<u64, Oom> {
+        let id = self.next;
+        self.source
+            .allocate(super::SegmentId(id), size)
+            .map_err(|_| Oom)?;
+        self.next += 1;
+        self.reserved += size;
+        self.allocs += 1;
+        Ok(id)
+    }
+
+    pub fn release(&mut self, id: u64, size: u64) {
+        self.source.release(super::SegmentId(id), size);
+        self.reserved -= size;
+        self.frees += 1;
+    }
+}
+
+/// The online strategy called `name` over a simulated device of `capacity`
+/// bytes (unlimited when `None`); `None` for `planner` (offline) or an
+/// unknown name.
+pub fn online(name: &str, capacity: Option<u64>) -> Option<Box<dyn Strategy>> {
+    let src = || match capacity {
+        Some(c) => SimulatedSource::new(c),
+        None => SimulatedSource::unlimited(),
+    };
+    Some(match name {
+        "pytorch" => Box::new(pytorch::Pytorch::new(src(), Default::default(), "pytorch")),
+        "vramlab" => Box::new(pytorch::Pytorch::vramlab(src())),
+        "nocache" => Box::new(nocache::NoCache::new(src())),
+        "buckets" => Box::new(buckets::Buckets::new(src())),
+        "sliced" => Box::new(sliced::Sliced::new(src())),
+        "buddy" => Box::new(buddy::Buddy::new(src())),
+        _ => return None,
+    })
+}

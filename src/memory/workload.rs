@@ -1,0 +1,258 @@
+//! Allocation workloads and the harness that runs them through every
+//! strategy: peak allocated and reserved, fragmentation (peak reserved /
+//! peak live requested, the lower bound for any allocator), device calls,
+//! out-of-memory at a capacity, and nanoseconds per operation.
+
+use super::events::{EventKind, MemEvent};
+use super::strategies::planner::{plan, Lifetime};
+use super::strategies::{online, Strategy};
+use super::trace::TraceEvent;
+use serde::Serialize;
+use std::collections::HashMap;
+use std::io::BufRead;
+use std::time::Instant;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    Alloc { id: u64, size: u64 },
+    Free { id: u64 },
+    EmptyCache,
+}
+
+#[derive(Debug, Clone)]
+pub struct Workload {
+    pub name: String,
+    pub ops: Vec<Op>,
+}
+
+impl Workload {
+    /// Reads a JSON Lines trace (`replay`'s format); `reset_peak` is ignored.
+    pub fn from_trace<R: BufRead>(name: &str, reader: R) -> Result<Workload, String> {
+        let mut ops = Vec::new();
+        for (i, line) in reader.lines().enumerate() {
+            let line = line.map_err(|e| format!("line {}: {e}", i + 1))?;
+            if line.trim().is_empty() {
+                continue;
+            }
+            match TraceEvent::parse_line(&line).map_err(|e| format!("line {}: {e}", i + 1))? {
+                TraceEvent::Alloc { id, size, .. } => ops.push(Op::Alloc { id, size }),
+                TraceEvent::Free { id } => ops.push(Op::Free { id }),
+                TraceEvent::EmptyCache => ops.push(Op::EmptyCache),
+                TraceEvent::ResetPeak => {}
+            }
+        }
+        Ok(Workload {
+            name: name.to_string(),
+            ops,
+        })
+    }
+
+    /// A recorded event log as a workload (tensors by their requested size).
+    pub fn from_events(name: &str, events: &[MemEvent]) -> Workload {
+        Workload {
+            name: name.to_string(),
+            ops: to_trace(events)
+                .into_iter()
+                .filter_map(|e| match e {
+                    TraceEvent::Alloc { id, size, .. } => Some(Op::Alloc { id, size }),
+                    TraceEvent::Free { id } => Some(Op::Free { id }),
+                    _ => None,
+                })
+                .collect(),
+        }
+    }
+
+    /// The peak of live requested bytes: no allocator can do better.
+    pub fn lower_bound(&self) -> u64 {
+        let mut live: HashMap<u64, u64> = HashMap::new();
+        let (mut now, mut peak) = (0u64, 0u64);
+        for op in &self.ops {
+            match *op {
+                Op::Alloc { id, size } => {
+                    if let Some(old) = live.insert(id, size) {
+                        now -= old;
+                    }
+                    now += size;
+                    peak = peak.max(now);
+                }
+                Op::Free { id } => now -= live.remove(&id).unwrap_or(0),
+                Op::EmptyCache => {}
+            }
+        }
+        peak
+    }
+
+    /// Each allocation's lifetime in operation indices (to the end if never freed).
+    pub fn lifetimes(&self) -> Vec<Lifetime> {
+        let mut open: HashMap<u64, usize> = HashMap::new();
+        let mut out: Vec<Lifetime> = Vec::new();
+        for (i, op) in self.ops.iter().enumerate() {
+            match *op {
+                Op::Alloc { id, size } => {
+                    open.insert(id, out.len());
+                    out.push(Lifetime {
+                        size,
+                        first: i,
+                        last: self.ops.len(),
+                    });
+                }
+                Op::Free { id } => {
+                    if let Some(k) = open.remove(&id) {
+                        out[k].last = i;
+                    }
+                }
+                Op::EmptyCache => {}
+            }
+        }
+        out
+    }
+
+    pub fn allocations(&self) -> usize {
+        self.ops
+            .iter()
+            .filter(|o| matches!(o, Op::Alloc { .. }))
+            .count()
+    }
+}
+
+/// The JSON Lines trace of an event log: ids by address, sizes as requested.
+pub fn to_trace(events: &[MemEvent]) -> Vec<TraceEvent> {
+    let mut ids: HashMap<u64, u64> = HashMap::new();
+    let mut next = 0;
+    let mut out = Vec::new();
+    for e in events {
+        match e.kind {
+            EventKind::Alloc => {
+                next += 1;
+                ids.insert(e.address, next);
+                out.push(TraceEvent::Alloc {
+                    id: next,
+                    size: e.requested,
+                    label: (!e.label.is_empty()).then(|| e.label.to_string()),
+                });
+            }
+            EventKind::Free => {
+                if let Some(id) = ids.remove(&e.address) {
+                    out.push(TraceEvent::Free { id });
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// One strategy's result on one workload.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunResult {
+    pub allocator: String,
+    pub peak_allocated_bytes: u64,
+    pub peak_reserved_bytes: u64,
+    /// Peak reserved / lower bound.
+    pub fragmentation: f64,
+    /// Peak reserved / planner's arena − 1 (filled in by `compare`).
+    pub gap_to_planner: Option<f64>,
+    pub device_allocs: u64,
+    pub device_frees: u64,
+    pub oom: bool,
+    pub ooms: u64,
+    pub ns_per_op: f64,
+    /// (operation index, reserved bytes), sampled for plots.
+    #[serde(skip)]
+    pub reserved_timeline: Vec<(usize, u64)>,
+}
+
+/// Runs `w` through `s`. An allocation that fails is counted and skipped
+/// (its later free is a no-op), as `replay` does.
+pub fn run(s: &mut dyn Strategy, w: &Workload) -> RunResult {
+    let mut handles: HashMap<u64, u64> = HashMap::new();
+    let (mut peak_alloc, mut peak_res, mut ooms) = (0, 0, 0);
+    let every = (w.ops.len() / 2000).max(1);
+    let mut timeline = Vec::new();
+    let t0 = Instant::now();
+    for (i, op) in w.ops.iter().enumerate() {
+        match *op {
+            Op::Alloc { id, size } => match s.malloc(size.max(1)) {
+                Ok(h) => {
+                    handles.insert(id, h);
+                }
+                Err(_) => ooms += 1,
+            },
+            Op::Free { id } => {
+                if let Some(h) = handles.remove(&id) {
+                    s.free(h);
+                }
+            }
+            Op::EmptyCache => s.empty_cache(),
+        }
+        peak_alloc = peak_alloc.max(s.allocated());
+        peak_res = peak_res.max(s.reserved());
+        if i % every == 0 {
+            timeline.push((i, s.reserved()));
+        }
+    }
+    let ns = t0.elapsed().as_nanos() as f64 / w.ops.len().max(1) as f64;
+    let lb = w.lower_bound().max(1);
+    RunResult {
+        allocator: s.name().to_string(),
+        peak_allocated_bytes: peak_alloc,
+        peak_reserved_bytes: peak_res,
+        fragmentation: peak_res as f64 / lb as f64,
+        gap_to_planner: None,
+        device_allocs: s.device_allocs(),
+        device_frees: s.device_frees(),
+        oom: ooms > 0,
+        ooms,
+        ns_per_op: ns,
+        reserved_timeline: timeline,
+    }
+}
+
+/// The offline planner on `w`: one arena; out of memory if it exceeds `capacity`.
+pub fn run_planner(w: &Workload, capacity: Option<u64>) -> RunResult {
+    let t0 = Instant::now();
+    let p = plan(&w.lifetimes());
+    let ns = t0.elapsed().as_nanos() as f64 / w.ops.len().max(1) as f64;
+    let lb = w.lower_bound().max(1);
+    let oom = capacity.is_some_and(|c| p.arena > c);
+    RunResult {
+        allocator: "planner".into(),
+        peak_allocated_bytes: p.arena,
+        peak_reserved_bytes: p.arena,
+        fragmentation: p.arena as f64 / lb as f64,
+        gap_to_planner: Some(0.0),
+        device_allocs: 1,
+        device_frees: 0,
+        oom,
+        ooms: oom as u64,
+        ns_per_op: ns,
+        reserved_timeline: vec![(0, p.arena), (w.ops.len(), p.arena)],
+    }
+}
+
+/// Every named strategy on `w`, with each one's gap to the planner.
+pub fn compare(
+    w: &Workload,
+    names: &[&str],
+    capacity: Option<u64>,
+) -> Result<Vec<RunResult>, String> {
+    let planner = run_planner(w, capacity);
+    let mut out = Vec::new();
+    for &name in names {
+        let mut r = if name == "planner" {
+            planner.clone()
+        } else {
+            let mut s = online(name, capacity).ok_or_else(|| {
+                format!(
+                    "unknown allocator {name:?}; choose from {}",
+                    super::strategies::NAMES.join(", ")
+                )
+            })?;
+            run(s.as_mut(), w)
+        };
+        r.gap_to_planner =
+            Some(r.peak_reserved_bytes as f64 / planner.peak_reserved_bytes.max(1) as f64 - 1.0);
+        out.push(r);
+    }
+    Ok(out)
+}

@@ -1,0 +1,210 @@
+//! Allocator strategies on random and recorded workloads: every strategy
+//! keeps allocated ≤ reserved and returns everything; the planner never
+//! overlaps live tensors and never beats the lower bound; capacity limits
+//! produce OOMs; the suite's numbers have the shape `bench-alloc --json`
+//! promises, and `vramlab` never reserves more than `pytorch`.
+
+mod common;
+use common::Rng;
+use vramlab::memory::strategies::planner::{plan, Lifetime};
+use vramlab::memory::strategies::{online, NAMES};
+use vramlab::memory::workload::{compare, run, Op, Workload};
+
+fn random_workload(seed: u64, ops: usize) -> Workload {
+    let mut rng = Rng::new(seed);
+    let mut live: Vec<u64> = Vec::new();
+    let mut out = Vec::new();
+    let mut next = 0;
+    for _ in 0..ops {
+        if live.is_empty() || rng.below(100) < 55 {
+            next += 1;
+            // Sizes from 1 byte to ~48 MiB, skewed small.
+            let size = match rng.below(10) {
+                0..=5 => 1 + rng.below(1 << 20),
+                6..=8 => 1 + rng.below(12 << 20),
+                _ => 1 + rng.below(48 << 20),
+            };
+            out.push(Op::Alloc { id: next, size });
+            live.push(next);
+        } else {
+            let k = rng.below(live.len() as u64) as usize;
+            out.push(Op::Free {
+                id: live.swap_remove(k),
+            });
+        }
+        if rng.below(500) == 0 {
+            out.push(Op::EmptyCache);
+        }
+    }
+    for id in live {
+        out.push(Op::Free { id });
+    }
+    Workload {
+        name: format!("random {seed}"),
+        ops: out,
+    }
+}
+
+#[test]
+fn every_strategy_keeps_allocated_within_reserved_and_returns_everything() {
+    for seed in 0..6 {
+        let w = random_workload(seed, 1500);
+        let lb = w.lower_bound();
+        for name in NAMES.iter().filter(|n| **n != "planner") {
+            let mut s = online(name, None).unwrap();
+            let mut handles = std::collections::HashMap::new();
+            for op in &w.ops {
+                match *op {
+                    Op::Alloc { id, size } => {
+                        handles.insert(id, s.malloc(size).unwrap());
+                    }
+                    Op::Free { id } => s.free(handles.remove(&id).unwrap()),
+                    Op::EmptyCache => s.empty_cache(),
+                }
+                assert!(s.allocated() <= s.reserved(), "{name} seed {seed}");
+            }
+            assert_eq!(s.allocated(), 0, "{name}");
+            s.empty_cache();
+            assert_eq!(
+                s.reserved(),
+                0,
+                "{name}: empty_cache returns every free segment"
+            );
+            let r = run(online(name, None).unwrap().as_mut(), &w);
+            assert!(r.peak_reserved_bytes >= lb, "{name} below the lower bound");
+            assert!(!r.oom);
+        }
+    }
+}
+
+#[test]
+fn the_planner_never_overlaps_live_tensors() {
+    for seed in 0..5 {
+        let w = random_workload(100 + seed, 600);
+        let t: Vec<Lifetime> = w.lifetimes();
+        let p = plan(&t);
+        for i in 0..t.len() {
+            for j in i + 1..t.len() {
+                let overlap_in_time = t[i].first <= t[j].last && t[j].first <= t[i].last;
+                let (a, b) = (p.offsets[i], p.offsets[j]);
+                let disjoint = a + t[i].size <= b || b + t[j].size <= a;
+                assert!(!overlap_in_time || disjoint, "tensors {i} and {j}");
+            }
+            assert!(p.offsets[i] + t[i].size <= p.arena);
+        }
+        assert!(p.arena >= w.lower_bound());
+    }
+}
+
+#[test]
+fn a_capacity_produces_out_of_memory_and_the_run_goes_on() {
+    let w = random_workload(7, 1500);
+    let lb = w.lower_bound();
+    let r = compare(&w, &NAMES, Some(lb / 2)).unwrap();
+    for x in &r {
+        assert!(x.oom, "{} at half the lower bound", x.allocator);
+    }
+    // nocache needs only the live bytes (rounded to 512 B each).
+    let ok = compare(&w, &["nocache"], Some(lb + (1 << 20))).unwrap();
+    assert!(!ok[0].oom, "nocache fits just above the lower bound");
+}
+
+#[test]
+fn bench_alloc_json_reports_every_workload_and_vramlab_never_loses_to_pytorch() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .args(["bench-alloc", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let workloads = v["workloads"].as_array().unwrap();
+    assert!(workloads.len() >= 7);
+    let mut strictly_better = 0;
+    for w in workloads {
+        let lb = w["lower_bound_bytes"].as_u64().unwrap();
+        let results = w["results"].as_array().unwrap();
+        assert_eq!(results.len(), NAMES.len());
+        let get = |name: &str| results.iter().find(|r| r["allocator"] == name).unwrap();
+        for r in results {
+            for key in [
+                "peak_allocated_bytes",
+                "peak_reserved_bytes",
+                "device_allocs",
+            ] {
+                assert!(r[key].as_u64().is_some(), "{key}");
+            }
+            assert!(r["fragmentation"].as_f64().unwrap() >= 0.999);
+            assert!(r["ns_per_op"].as_f64().unwrap() > 0.0);
+            assert!(r["oom"].is_boolean());
+            assert!(r["peak_reserved_bytes"].as_u64().unwrap() >= lb);
+        }
+        let (p, m) = (get("pytorch"), get("vramlab"));
+        let (pr, mr) = (
+            p["peak_reserved_bytes"].as_u64().unwrap(),
+            m["peak_reserved_bytes"].as_u64().unwrap(),
+        );
+        assert!(mr <= pr, "{}: vramlab {mr} > pytorch {pr}", w["name"]);
+        assert!(
+            m["device_allocs"].as_u64() <= p["device_allocs"].as_u64(),
+            "{}",
+            w["name"]
+        );
+        strictly_better += (mr < pr) as usize;
+    }
+    assert!(
+        strictly_better + 1 >= workloads.len(),
+        "vramlab better on {strictly_better}"
+    );
+}
+
+#[test]
+fn a_recorded_training_trace_replays_to_the_same_reserved_peak() {
+    let dir = std::env::temp_dir().join(format!("vramlab-trace-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("t.jsonl");
+    let bin = env!("CARGO_BIN_EXE_vramlab");
+    let out = std::process::Command::new(bin)
+        .args([
+            "train",
+            "--model",
+            "mlp",
+            "--widths",
+            "300,500,10",
+            "--batch",
+            "64",
+            "--steps",
+            "2",
+            "--json",
+        ])
+        .arg("--record-trace")
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let trained: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let out = std::process::Command::new(bin)
+        .arg("replay")
+        .arg(&trace)
+        .args(["--allocators", "pytorch,planner", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let replayed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let results = replayed["results"].as_array().unwrap();
+    assert_eq!(
+        results[0]["peak_reserved_bytes"], trained["memory_stats"]["reserved_bytes.all.peak"],
+        "the trace through pytorch reserves what training reserved"
+    );
+    assert!(
+        results[1]["peak_reserved_bytes"].as_u64() <= results[0]["peak_reserved_bytes"].as_u64()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
