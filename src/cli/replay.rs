@@ -37,6 +37,16 @@ pub struct ReplayArgs {
 }
 
 pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
+    let head = {
+        use std::io::Read;
+        let mut b = [0u8; 1];
+        std::fs::File::open(&args.trace)
+            .and_then(|mut f| f.read(&mut b).map(|_| b))
+            .map_err(|e| anyhow::anyhow!("cannot open trace {}: {e}", args.trace.display()))?
+    };
+    if crate::memory::torch_snapshot::is_pickle(&head) {
+        return replay_snapshot(args);
+    }
     if let Some(names) = &args.allocators {
         return compare_strategies(args, names);
     }
@@ -261,4 +271,123 @@ fn reserved_plot(
         t + h + 30.0
     );
     s
+}
+
+/// `replay snapshot.pickle`: a PyTorch memory snapshot's history through the
+/// `pytorch` strategy, compared with what the snapshot itself recorded.
+fn replay_snapshot(args: &ReplayArgs) -> anyhow::Result<()> {
+    use crate::memory::torch_snapshot;
+    use crate::memory::workload::compare;
+    use crate::memory::EventKind;
+    let name = args.trace.display().to_string();
+    let bytes =
+        std::fs::read(&args.trace).map_err(|e| anyhow::anyhow!("cannot read {name}: {e}"))?;
+    let snap = torch_snapshot::read(&bytes, &name).map_err(anyhow::Error::msg)?;
+    let capacity = parse_capacity(&args.capacity)?;
+    let config = args.alloc.config(capacity)?;
+    let source = match capacity {
+        Some(c) => SimulatedSource::new(c),
+        None => SimulatedSource::unlimited(),
+    };
+    let mut alloc = CachingAllocator::new(source, config);
+    alloc.start_recording();
+    let mut handles = std::collections::HashMap::new();
+    let mut ooms = 0;
+    for op in &snap.workload.ops {
+        match *op {
+            crate::memory::workload::Op::Alloc { id, size } => {
+                match alloc.malloc(size.max(1), "") {
+                    Ok(a) => {
+                        handles.insert(id, a.handle);
+                    }
+                    Err(_) => ooms += 1,
+                }
+            }
+            crate::memory::workload::Op::Free { id } => {
+                if let Some(h) = handles.remove(&id) {
+                    let _ = alloc.free(h);
+                }
+            }
+            crate::memory::workload::Op::EmptyCache => alloc.empty_cache(),
+        }
+    }
+    let replayed: Vec<u64> = alloc
+        .take_events()
+        .iter()
+        .filter(|e| e.kind == EventKind::SegmentAlloc)
+        .map(|e| e.size)
+        .collect();
+    let peak = alloc.max_memory_allocated();
+    let segments_match = replayed == snap.segment_allocs;
+    let results = match &args.allocators {
+        Some(names) => {
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            compare(&snap.workload, &names, capacity).map_err(anyhow::Error::msg)?
+        }
+        None => Vec::new(),
+    };
+    if args.json {
+        let out = serde_json::json!({
+            "trace": name,
+            "format": "pytorch memory snapshot",
+            "device": snap.device,
+            "allocations": snap.workload.allocations(),
+            "lower_bound_bytes": snap.workload.lower_bound(),
+            "snapshot": {
+                "segment_allocs": snap.segment_allocs,
+                "segment_frees": snap.segment_frees,
+                "peak_allocated_bytes": snap.peak_allocated,
+            },
+            "replay": {
+                "segment_allocs": replayed,
+                "peak_allocated_bytes": peak,
+                "peak_reserved_bytes": alloc.max_memory_reserved(),
+                "ooms": ooms,
+            },
+            "segments_match": segments_match,
+            "peak_allocated_matches": peak == snap.peak_allocated,
+            "results": results,
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    println!(
+        "{name}: PyTorch memory snapshot, device {}, {} allocations",
+        snap.device,
+        snap.workload.allocations()
+    );
+    let list = |v: &[u64]| {
+        v.iter()
+            .map(|s| format!("{}", Mib(*s)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    println!("  {:<22} {:>12} {:>14}", "", "snapshot", "pytorch replay");
+    println!(
+        "  {:<22} {:>12} {:>14}",
+        "segment allocations",
+        snap.segment_allocs.len(),
+        replayed.len()
+    );
+    println!(
+        "  {:<22} {:>12} {:>14}",
+        "peak allocated",
+        format!("{}", Mib(snap.peak_allocated)),
+        format!("{}", Mib(peak))
+    );
+    println!("  snapshot segments: {}", list(&snap.segment_allocs));
+    println!("  replayed segments: {}", list(&replayed));
+    println!(
+        "  {}",
+        if segments_match {
+            "the replay obtains exactly the segments PyTorch obtained"
+        } else {
+            "the replay's segments differ from the snapshot's (a different allocator configuration, or streams)"
+        }
+    );
+    if !results.is_empty() {
+        println!();
+        print_results(&results);
+    }
+    Ok(())
 }

@@ -48,6 +48,7 @@ pub mod config;
 pub mod constants;
 pub mod error;
 pub mod events;
+pub mod pickle;
 pub mod replay;
 pub mod size;
 pub mod snapshot;
@@ -57,6 +58,7 @@ pub mod strategies;
 pub mod summary;
 pub mod synthetic;
 pub mod tag;
+pub mod torch_snapshot;
 pub mod trace;
 pub mod workload;
 
