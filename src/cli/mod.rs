@@ -5,6 +5,7 @@ pub mod bench_alloc;
 pub mod demo;
 pub mod estimate;
 pub mod info;
+pub mod max_batch;
 pub mod models;
 pub mod profile;
 pub mod replay;
@@ -48,6 +49,9 @@ pub enum Command {
     /// Run the built-in allocation workloads (vramlab's own training traces
     /// and synthetic fragmentation patterns) through every allocator strategy.
     BenchAlloc(bench_alloc::BenchAllocArgs),
+    /// The largest batch that trains within a memory limit: estimator
+    /// bracket, then binary search on the GPU with out-of-memory recovery.
+    MaxBatch(Box<max_batch::MaxBatchArgs>),
     /// List the model zoo: each model, its sizes, parameter count and names.
     Models(models::ModelsArgs),
     /// Run an allocation trace (JSON Lines) through the caching allocator on a
@@ -66,6 +70,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Profile(a) => profile::run(&a),
         Command::Sweep(a) => sweep::run(&a),
         Command::BenchAlloc(a) => bench_alloc::run(&a),
+        Command::MaxBatch(a) => max_batch::run(&a),
         Command::Replay(a) => replay::run(&a),
     }
 }

@@ -1,0 +1,307 @@
+//! `vramlab max-batch`: the largest batch that trains within a memory limit
+//! — the documents' find_max_batch done properly. The estimator (a step on a
+//! simulated device under the same limit) brackets the answer without
+//! touching the GPU; a binary search on the GPU then runs real steps, each
+//! out-of-memory recovered from (the step's tensors drop, the allocator
+//! frees its cache, the search goes on). A safety margin keeps the answer
+//! below the limit; every strategy's own answer is reported from its
+//! simulated replay of the step's trace.
+
+use super::args::{AllocArgs, DeviceArgs, ModelArgs};
+use crate::estimate::run::run_steps;
+use crate::estimate::{analyze, Plan};
+use crate::memory::strategies::NAMES;
+use crate::memory::workload::{compare, Workload};
+use crate::memory::{parse_size, AllocatorConfig};
+use crate::tensor::Engine;
+use crate::train::{Mode, OptimizerConfig, OptimizerKind};
+use clap::Args;
+use serde::Serialize;
+
+#[derive(Debug, Args)]
+pub struct MaxBatchArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// The memory the training may reserve, e.g. 4GiB, 512MiB.
+    #[arg(long = "limit", value_name = "SIZE")]
+    pub limit: String,
+    /// Allocator used on the GPU: pytorch or vramlab (the others are
+    /// reported from simulation).
+    #[arg(long, default_value = "pytorch")]
+    pub allocator: String,
+    #[arg(long, value_enum, default_value = "adam")]
+    pub optimizer: OptimizerKind,
+    #[arg(long, value_enum, default_value = "train")]
+    pub mode: Mode,
+    /// Safety margin: the search runs under (1 − margin) × limit, leaving
+    /// room for what a real run adds (other processes, fragmentation drift).
+    #[arg(long, default_value_t = 0.05)]
+    pub margin: f64,
+    /// Training steps per trial (the second step allocates nothing new for
+    /// Adam, but shows a steady state).
+    #[arg(long, default_value_t = 1)]
+    pub steps: usize,
+    /// Largest batch considered.
+    #[arg(long, default_value_t = 1 << 16)]
+    pub max: usize,
+    #[command(flatten)]
+    pub device: DeviceArgs,
+    #[command(flatten)]
+    pub alloc: AllocArgs,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct Trial {
+    batch: usize,
+    /// "estimate" (simulated) or "device".
+    on: &'static str,
+    fits: bool,
+    peak_allocated_bytes: u64,
+    peak_reserved_bytes: u64,
+}
+
+fn config_for(
+    allocator: &str,
+    base: &AllocatorConfig,
+    limit: u64,
+) -> anyhow::Result<AllocatorConfig> {
+    let mut c = base.clone();
+    match allocator {
+        "pytorch" => {}
+        "vramlab" => c.small_from_large = true,
+        other => anyhow::bail!(
+            "--allocator {other}: the GPU runs pytorch or vramlab; `replay --allocators` compares the rest"
+        ),
+    }
+    c.memory_limit = Some(limit);
+    Ok(c)
+}
+
+/// One trial: does `batch` train within the engine's limit?
+fn trial(engine: &Engine, plan: &Plan, steps: usize, on: &'static str) -> anyhow::Result<Trial> {
+    engine.allocator().empty_cache();
+    engine.allocator().reset_peak_memory_stats();
+    match run_steps(engine.clone(), plan, 0, steps) {
+        Ok(p) => {
+            let a = analyze(&p.events, &p.layer_outputs);
+            Ok(Trial {
+                batch: plan.batch,
+                on,
+                fits: true,
+                peak_allocated_bytes: a.peak_allocated_bytes,
+                peak_reserved_bytes: a.peak_reserved_bytes,
+            })
+        }
+        Err(e) if e.is_oom() => {
+            // Everything the step held has dropped; give the cache back too.
+            let _ = engine.allocator().take_events();
+            engine.allocator().empty_cache();
+            let a = engine.allocator();
+            Ok(Trial {
+                batch: plan.batch,
+                on,
+                fits: false,
+                peak_allocated_bytes: a.max_memory_allocated(),
+                peak_reserved_bytes: a.max_memory_reserved(),
+            })
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Largest batch in [1, max] for which `fits` holds (monotone), by doubling
+/// then bisection; records each probe.
+fn search(
+    max: usize,
+    mut fits: impl FnMut(usize) -> anyhow::Result<bool>,
+) -> anyhow::Result<usize> {
+    if !fits(1)? {
+        return Ok(0);
+    }
+    let (mut lo, mut hi) = (1usize, 2usize);
+    while hi <= max && fits(hi)? {
+        lo = hi;
+        hi *= 2;
+    }
+    let mut hi = hi.min(max + 1);
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if fits(mid)? {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    Ok(lo)
+}
+
+pub fn run(args: &MaxBatchArgs) -> anyhow::Result<()> {
+    let limit = parse_size(&args.limit).map_err(|e| anyhow::anyhow!("--limit: {e}"))?;
+    if !(0.0..0.9).contains(&args.margin) {
+        anyhow::bail!("--margin must be in [0, 0.9), got {}", args.margin);
+    }
+    if args.steps == 0 || args.max == 0 {
+        anyhow::bail!("--steps and --max must be at least 1");
+    }
+    let effective = (limit as f64 * (1.0 - args.margin)) as u64;
+    let spec = args.model.spec()?;
+    let optimizer = OptimizerConfig::new(args.optimizer, None, None, None);
+    let config = config_for(&args.allocator, &args.alloc.config(None)?, effective)?;
+    let plan = |batch| Plan {
+        model: spec.clone(),
+        batch,
+        optimizer,
+        mode: args.mode,
+        config: config.clone(),
+    };
+    let mut trials: Vec<Trial> = Vec::new();
+    // 1. The estimator's answer, on a simulated device under the same limit.
+    let sim = Engine::simulated(config.clone(), None);
+    let estimated = search(args.max, |b| {
+        let t = trial(&sim, &plan(b), args.steps, "estimate")?;
+        trials.push(t.clone());
+        Ok(t.fits)
+    })?;
+    // 2. Bisection on the GPU inside a bracket around it, widened until its
+    // lower end trains and its upper end does not.
+    let engine = Engine::new(&args.device.options(), config.clone())?;
+    let device = |b: usize, trials: &mut Vec<Trial>| -> anyhow::Result<bool> {
+        if let Some(t) = trials.iter().find(|t| t.batch == b && t.on == "device") {
+            return Ok(t.fits);
+        }
+        let t = trial(&engine, &plan(b), args.steps, "device")?;
+        trials.push(t.clone());
+        Ok(t.fits)
+    };
+    let mut lo = (estimated / 2).max(1);
+    while lo > 1 && !device(lo, &mut trials)? {
+        lo /= 2;
+    }
+    let max_batch = if !device(lo, &mut trials)? {
+        0
+    } else {
+        let mut hi = (estimated + 1).max(lo + 1).min(args.max + 1);
+        while hi <= args.max && device(hi, &mut trials)? {
+            lo = hi;
+            hi = (hi * 2).min(args.max + 1);
+        }
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if device(mid, &mut trials)? {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        // Fitting is not monotone in the batch (segment rounding: one more
+        // sample can need a new 20 MiB segment that a larger batch avoids),
+        // so a larger estimated answer is checked too.
+        if estimated > lo
+            && estimated < args.max
+            && device(estimated, &mut trials)?
+            && !device(estimated + 1, &mut trials)?
+        {
+            lo = estimated;
+        }
+        lo
+    };
+    // 3. What each strategy allows: its replay of the step's trace, simulated.
+    let mut by_allocator = Vec::new();
+    let unlimited = AllocatorConfig {
+        memory_limit: None,
+        ..config.clone()
+    };
+    let mut traces: std::collections::HashMap<usize, Workload> = Default::default();
+    for name in NAMES {
+        let mut trace_of = |b: usize| -> anyhow::Result<Workload> {
+            if let Some(w) = traces.get(&b) {
+                return Ok(w.clone());
+            }
+            let mut p = plan(b);
+            p.config = unlimited.clone();
+            let prof = run_steps(
+                Engine::simulated(unlimited.clone(), None),
+                &p,
+                0,
+                args.steps,
+            )?;
+            let w = Workload::from_events("step", &prof.events);
+            traces.insert(b, w.clone());
+            Ok(w)
+        };
+        let n = search(args.max, |b| {
+            let w = trace_of(b)?;
+            let r = compare(&w, &[name], Some(effective)).map_err(anyhow::Error::msg)?;
+            Ok(!r[0].oom)
+        })?;
+        by_allocator.push(serde_json::json!({"allocator": name, "max_batch": n}));
+    }
+    let mib = |b: u64| b as f64 / 1048576.0;
+    if args.json {
+        let out = serde_json::json!({
+            "model": spec,
+            "limit_bytes": limit,
+            "margin": args.margin,
+            "effective_limit_bytes": effective,
+            "allocator": args.allocator,
+            "device": engine.device_name(),
+            "estimated_max_batch": estimated,
+            "max_batch": max_batch,
+            "trials": trials,
+            "by_allocator": by_allocator,
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    println!(
+        "vramlab max-batch: {}, {:?}, {:?}, limit {:.2} MiB − {:.0}% margin = {:.2} MiB, allocator {} on {}",
+        spec.describe(),
+        optimizer.kind,
+        args.mode,
+        mib(limit),
+        args.margin * 100.0,
+        mib(effective),
+        args.allocator,
+        engine.device_name()
+    );
+    println!(
+        "  {:>8} {:>9} {:>6} {:>16} {:>16}",
+        "batch", "on", "fits", "peak alloc MiB", "peak resv MiB"
+    );
+    for t in &trials {
+        println!(
+            "  {:>8} {:>9} {:>6} {:>16.2} {:>16.2}",
+            t.batch,
+            t.on,
+            if t.fits { "yes" } else { "OOM" },
+            mib(t.peak_allocated_bytes),
+            mib(t.peak_reserved_bytes)
+        );
+    }
+    println!(
+        "estimated: {estimated}; on the device: max batch {max_batch} (batch {} ran out of memory)",
+        max_batch + 1
+    );
+    let gaps: Vec<usize> = trials
+        .iter()
+        .filter(|t| t.on == "device" && !t.fits && t.batch < max_batch)
+        .map(|t| t.batch)
+        .collect();
+    if !gaps.is_empty() {
+        println!(
+            "note: smaller batches {gaps:?} ran out of memory although {max_batch} fits — the caching allocator's segment sizes make fitting non-monotone in the batch"
+        );
+    }
+    println!("what each allocator allows at this limit (simulated replay of the step):");
+    for r in &by_allocator {
+        println!(
+            "  {:<9} {}",
+            r["allocator"].as_str().unwrap_or(""),
+            r["max_batch"]
+        );
+    }
+    Ok(())
+}

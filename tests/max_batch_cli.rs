@@ -1,0 +1,48 @@
+//! `vramlab max-batch` on the software driver with a small limit returns a
+//! batch that trains while batch + 1 runs out of memory, and the process
+//! keeps training after every out-of-memory.
+
+#[test]
+fn max_batch_trains_and_the_next_batch_runs_out_of_memory() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .args(["max-batch", "--model", "mlp", "--widths", "128,256,10"])
+        .args(["--limit", "24MiB", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let max = v["max_batch"].as_u64().unwrap();
+    assert!(max > 1, "{v}");
+    let device: Vec<&serde_json::Value> = v["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["on"] == "device")
+        .collect();
+    let at = |b: u64| {
+        device
+            .iter()
+            .find(|t| t["batch"] == b)
+            .map(|t| t["fits"].as_bool().unwrap())
+    };
+    assert_eq!(at(max), Some(true), "max batch trained on the device");
+    assert_eq!(at(max + 1), Some(false), "max + 1 ran out of memory");
+    // A trial that trained came after an out-of-memory: the process recovered.
+    let first_oom = device
+        .iter()
+        .position(|t| t["fits"] == false)
+        .expect("an OOM trial");
+    assert!(
+        device[first_oom..].iter().any(|t| t["fits"] == true),
+        "recovered after OOM"
+    );
+    // Within the effective limit.
+    let eff = v["effective_limit_bytes"].as_u64().unwrap();
+    let fit = device.iter().find(|t| t["batch"] == max).unwrap();
+    assert!(fit["peak_reserved_bytes"].as_u64().unwrap() <= eff);
+    assert_eq!(v["by_allocator"].as_array().unwrap().len(), 7);
+}
