@@ -54,8 +54,9 @@ pub enum Command {
     MaxBatch(Box<max_batch::MaxBatchArgs>),
     /// List the model zoo: each model, its sizes, parameter count and names.
     Models(models::ModelsArgs),
-    /// Run an allocation trace (JSON Lines) through the caching allocator on a
-    /// simulated device, and print the statistics PyTorch would report.
+    /// Run an allocation trace (JSON Lines, or a PyTorch memory snapshot
+    /// pickle) through the caching allocator on a simulated device and print
+    /// the statistics PyTorch would report; --allocators compares strategies.
     Replay(replay::ReplayArgs),
 }
 
