@@ -77,6 +77,24 @@ fn every_strategy_keeps_allocated_within_reserved_and_returns_everything() {
     }
 }
 
+/// The same strategies over real GPU buffers (each segment a wgpu buffer):
+/// the numbers equal the simulated run's, since only the source differs.
+#[test]
+fn strategies_run_on_wgpu_buffers_with_the_simulated_numbers() {
+    use vramlab::device::{AdapterOptions, Gpu, WgpuSource};
+    use vramlab::memory::strategies::online_on;
+    let gpu = Gpu::new(&AdapterOptions::default()).expect("GPU tests need an adapter");
+    let w = random_workload(42, 400);
+    for name in NAMES.iter().filter(|n| **n != "planner") {
+        let src = WgpuSource::new(gpu.device.clone(), &gpu.limits, &gpu.info.name);
+        let real = run(online_on(name, src).unwrap().as_mut(), &w);
+        let sim = run(online(name, None).unwrap().as_mut(), &w);
+        assert_eq!(real.peak_reserved_bytes, sim.peak_reserved_bytes, "{name}");
+        assert_eq!(real.device_allocs, sim.device_allocs, "{name}");
+        assert!(!real.oom, "{name}");
+    }
+}
+
 #[test]
 fn the_planner_never_overlaps_live_tensors() {
     for seed in 0..5 {

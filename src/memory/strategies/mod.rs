@@ -92,17 +92,23 @@ impl<S: SegmentSource> Device<S> {
 /// bytes (unlimited when `None`); `None` for `planner` (offline) or an
 /// unknown name.
 pub fn online(name: &str, capacity: Option<u64>) -> Option<Box<dyn Strategy>> {
-    let src = || match capacity {
+    let src = match capacity {
         Some(c) => SimulatedSource::new(c),
         None => SimulatedSource::unlimited(),
     };
+    online_on(name, src)
+}
+
+/// The online strategy called `name` over any segment source — a
+/// `WgpuSource` makes every segment a real GPU buffer.
+pub fn online_on<S: SegmentSource + 'static>(name: &str, src: S) -> Option<Box<dyn Strategy>> {
     Some(match name {
-        "pytorch" => Box::new(pytorch::Pytorch::new(src(), Default::default(), "pytorch")),
-        "vramlab" => Box::new(pytorch::Pytorch::vramlab(src())),
-        "nocache" => Box::new(nocache::NoCache::new(src())),
-        "buckets" => Box::new(buckets::Buckets::new(src())),
-        "sliced" => Box::new(sliced::Sliced::new(src())),
-        "buddy" => Box::new(buddy::Buddy::new(src())),
+        "pytorch" => Box::new(pytorch::Pytorch::new(src, Default::default(), "pytorch")),
+        "vramlab" => Box::new(pytorch::Pytorch::vramlab(src)),
+        "nocache" => Box::new(nocache::NoCache::new(src)),
+        "buckets" => Box::new(buckets::Buckets::new(src)),
+        "sliced" => Box::new(sliced::Sliced::new(src)),
+        "buddy" => Box::new(buddy::Buddy::new(src)),
         _ => return None,
     })
 }
