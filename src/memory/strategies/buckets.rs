@@ -3,7 +3,7 @@
 //! (like cubecl's exclusive pages). Simple and fast; rounding to a power of
 //! two wastes up to half of each block.
 
-use super::{Device, Handle, Oom, Strategy};
+use super::{Device, DeviceCounts, Handle, Oom, Strategy};
 use crate::memory::constants::K_MIN_BLOCK_SIZE;
 use crate::memory::SegmentSource;
 use std::collections::HashMap;
@@ -72,15 +72,7 @@ impl<S: SegmentSource> Strategy for Buckets<S> {
         self.allocated
     }
 
-    fn reserved(&self) -> u64 {
-        self.dev.reserved
-    }
-
-    fn device_allocs(&self) -> u64 {
-        self.dev.allocs
-    }
-
-    fn device_frees(&self) -> u64 {
-        self.dev.frees
+    fn device(&self) -> DeviceCounts {
+        self.dev.counts()
     }
 }

@@ -4,7 +4,7 @@
 //! and fragmentation-bounded, at the cost of rounding every request to a
 //! power of two.
 
-use super::{Device, Handle, Oom, Strategy};
+use super::{Device, DeviceCounts, Handle, Oom, Strategy};
 use crate::memory::constants::K_MIN_BLOCK_SIZE;
 use crate::memory::SegmentSource;
 use std::collections::{BTreeSet, HashMap};
@@ -139,15 +139,7 @@ impl<S: SegmentSource> Strategy for Buddy<S> {
         self.allocated
     }
 
-    fn reserved(&self) -> u64 {
-        self.dev.reserved
-    }
-
-    fn device_allocs(&self) -> u64 {
-        self.dev.allocs
-    }
-
-    fn device_frees(&self) -> u64 {
-        self.dev.frees
+    fn device(&self) -> DeviceCounts {
+        self.dev.counts()
     }
 }

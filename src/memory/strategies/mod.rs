@@ -33,10 +33,27 @@ pub trait Strategy {
     fn empty_cache(&mut self) {}
     /// Bytes in blocks handed out (after the strategy's rounding).
     fn allocated(&self) -> u64;
+    /// What the device has handed out: bytes held, segments obtained and
+    /// returned.
+    fn device(&self) -> DeviceCounts;
     /// Bytes held from the device.
-    fn reserved(&self) -> u64;
-    fn device_allocs(&self) -> u64;
-    fn device_frees(&self) -> u64;
+    fn reserved(&self) -> u64 {
+        self.device().reserved
+    }
+    fn device_allocs(&self) -> u64 {
+        self.device().allocs
+    }
+    fn device_frees(&self) -> u64 {
+        self.device().frees
+    }
+}
+
+/// A strategy's device-side counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceCounts {
+    pub reserved: u64,
+    pub allocs: u64,
+    pub frees: u64,
 }
 
 /// The strategies `replay --allocators` and `bench-alloc` know.
@@ -79,6 +96,14 @@ impl<S: SegmentSource> Device<S> {
         self.reserved += size;
         self.allocs += 1;
         Ok(id)
+    }
+
+    pub fn counts(&self) -> DeviceCounts {
+        DeviceCounts {
+            reserved: self.reserved,
+            allocs: self.allocs,
+            frees: self.frees,
+        }
     }
 
     pub fn release(&mut self, id: u64, size: u64) {

@@ -2,7 +2,7 @@
 //! `PYTORCH_NO_CUDA_MEMORY_CACHING=1`. Reserved equals allocated; every
 //! allocation is a device call.
 
-use super::{align, Device, Handle, Oom, Strategy};
+use super::{align, Device, DeviceCounts, Handle, Oom, Strategy};
 use crate::memory::constants::K_MIN_BLOCK_SIZE;
 use crate::memory::SegmentSource;
 use std::collections::HashMap;
@@ -47,15 +47,7 @@ impl<S: SegmentSource> Strategy for NoCache<S> {
         self.allocated
     }
 
-    fn reserved(&self) -> u64 {
-        self.dev.reserved
-    }
-
-    fn device_allocs(&self) -> u64 {
-        self.dev.allocs
-    }
-
-    fn device_frees(&self) -> u64 {
-        self.dev.frees
+    fn device(&self) -> DeviceCounts {
+        self.dev.counts()
     }
 }

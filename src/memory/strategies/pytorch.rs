@@ -5,7 +5,7 @@
 //! (`release_before_grow`, also measured, lowered one workload's peak but
 //! cost device allocations, so it stays an option, not the default.)
 
-use super::{Handle, Oom, Strategy};
+use super::{DeviceCounts, Handle, Oom, Strategy};
 use crate::memory::{AllocatorConfig, BlockHandle, CachingAllocator, SegmentSource};
 use std::collections::HashMap;
 
@@ -62,15 +62,12 @@ impl<S: SegmentSource> Strategy for Pytorch<S> {
         self.inner.memory_allocated()
     }
 
-    fn reserved(&self) -> u64 {
-        self.inner.memory_reserved()
-    }
-
-    fn device_allocs(&self) -> u64 {
-        self.inner.stats().num_device_alloc.max(0) as u64
-    }
-
-    fn device_frees(&self) -> u64 {
-        self.inner.stats().num_device_free.max(0) as u64
+    fn device(&self) -> DeviceCounts {
+        let s = self.inner.stats();
+        DeviceCounts {
+            reserved: self.inner.memory_reserved(),
+            allocs: s.num_device_alloc.max(0) as u64,
+            frees: s.num_device_free.max(0) as u64,
+        }
     }
 }

@@ -3,7 +3,7 @@
 //! were made, neighbours merged on free (like cubecl's sliced pools). Pages
 //! are given back only by `empty_cache` or on out-of-memory.
 
-use super::{align, Device, Handle, Oom, Strategy};
+use super::{align, Device, DeviceCounts, Handle, Oom, Strategy};
 use crate::memory::constants::{K_MIN_BLOCK_SIZE, K_SMALL_BUFFER};
 use crate::memory::SegmentSource;
 use std::collections::{BTreeMap, HashMap};
@@ -134,15 +134,7 @@ impl<S: SegmentSource> Strategy for Sliced<S> {
         self.allocated
     }
 
-    fn reserved(&self) -> u64 {
-        self.dev.reserved
-    }
-
-    fn device_allocs(&self) -> u64 {
-        self.dev.allocs
-    }
-
-    fn device_frees(&self) -> u64 {
-        self.dev.frees
+    fn device(&self) -> DeviceCounts {
+        self.dev.counts()
     }
 }
