@@ -3,9 +3,9 @@
 //! and per layer what its forward added and what backward released (the
 //! documents' forward-hook measurement, done from the allocator's own log).
 
-use crate::memory::{Category, EventKind, MemEvent, CATEGORIES};
+use crate::memory::{Category, EventKind, LiveBlocks, MemEvent, CATEGORIES};
 use serde::Serialize;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -60,11 +60,10 @@ fn layer_of(op: &str) -> Option<&str> {
 }
 
 pub fn analyze(events: &[MemEvent], layer_outputs: &[(Arc<str>, Vec<usize>)]) -> Analysis {
-    let mut totals = [0u64; 9];
-    let mut live: HashMap<u64, (u64, Category, Arc<str>)> = HashMap::new();
+    let mut live = LiveBlocks::default();
     let mut peak = 0u64;
     let mut peak_reserved = 0u64;
-    let mut at_peak = totals;
+    let mut at_peak = [0u64; 9];
     let mut phases: Vec<PhaseRow> = Vec::new();
     let mut phase = String::new();
     let mut added: BTreeMap<String, i64> = BTreeMap::new();
@@ -75,10 +74,9 @@ pub fn analyze(events: &[MemEvent], layer_outputs: &[(Arc<str>, Vec<usize>)]) ->
     for e in events {
         peak_reserved = peak_reserved.max(e.reserved);
         (last_alloc, last_res) = (e.allocated, e.reserved);
+        let freed = live.apply(e);
         match e.kind {
             EventKind::Alloc => {
-                totals[e.category.index()] += e.size;
-                live.insert(e.address, (e.size, e.category, e.op.clone()));
                 if phase == "forward" {
                     if let Some(l) = layer_of(&e.op) {
                         *added.entry(l.to_string()).or_default() += e.size as i64;
@@ -86,29 +84,21 @@ pub fn analyze(events: &[MemEvent], layer_outputs: &[(Arc<str>, Vec<usize>)]) ->
                 }
                 if e.allocated > peak {
                     peak = e.allocated;
-                    at_peak = totals;
+                    at_peak = live.by_category;
                 }
                 if let Some(p) = phases.last_mut() {
                     p.peak_allocated = p.peak_allocated.max(e.allocated);
                 }
             }
             EventKind::Free => {
-                if let Some((size, cat, op)) = live.remove(&e.address) {
-                    totals[cat.index()] -= size;
-                    if let Some(l) = layer_of(&op) {
+                if let Some(b) = freed {
+                    if let Some(l) = layer_of(&b.op) {
                         match phase.as_str() {
-                            "forward" => *added.entry(l.to_string()).or_default() -= size as i64,
-                            "backward" => *released.entry(l.to_string()).or_default() += size,
+                            "forward" => *added.entry(l.to_string()).or_default() -= b.size as i64,
+                            "backward" => *released.entry(l.to_string()).or_default() += b.size,
                             _ => {}
                         }
                     }
-                }
-            }
-            EventKind::Retag => {
-                if let Some(entry) = live.get_mut(&e.address) {
-                    totals[entry.1.index()] -= entry.0;
-                    entry.1 = e.category;
-                    totals[e.category.index()] += entry.0;
                 }
             }
             EventKind::SegmentAlloc => device_allocs += 1,
@@ -121,11 +111,9 @@ pub fn analyze(events: &[MemEvent], layer_outputs: &[(Arc<str>, Vec<usize>)]) ->
                     activation_at_backward.clear();
                 }
                 if phase == "backward" {
-                    for (size, cat, op) in live.values() {
-                        if *cat == Category::Activation {
-                            if let Some(l) = layer_of(op) {
-                                *activation_at_backward.entry(l.to_string()).or_default() += size;
-                            }
+                    for b in live.iter().filter(|b| b.category == Category::Activation) {
+                        if let Some(l) = layer_of(&b.op) {
+                            *activation_at_backward.entry(l.to_string()).or_default() += b.size;
                         }
                     }
                 }
@@ -133,17 +121,17 @@ pub fn analyze(events: &[MemEvent], layer_outputs: &[(Arc<str>, Vec<usize>)]) ->
                     phase: phase.clone(),
                     allocated_at_start: e.allocated,
                     peak_allocated: e.allocated,
-                    by_category_at_start: named(&totals),
+                    by_category_at_start: named(&live.by_category),
                 });
             }
-            EventKind::SegmentFree | EventKind::Oom => {}
+            EventKind::SegmentFree | EventKind::Oom | EventKind::Retag => {}
         }
     }
     phases.push(PhaseRow {
         phase: "end".into(),
         allocated_at_start: last_alloc,
         peak_allocated: last_alloc,
-        by_category_at_start: named(&totals),
+        by_category_at_start: named(&live.by_category),
     });
     let mut seen = std::collections::HashSet::new();
     let layers = layer_outputs

@@ -45,3 +45,46 @@ pub struct MemEvent {
     pub allocated: u64,
     pub reserved: u64,
 }
+
+/// The blocks alive along an event log, and their bytes per category: the
+/// one replay of alloc / free / retag events that every report of a log
+/// (per-category timelines, estimates, snapshots at an event) builds on.
+#[derive(Debug, Clone, Default)]
+pub struct LiveBlocks {
+    /// Live block bytes per category, indexed by [`Category::index`].
+    pub by_category: [u64; 9],
+    /// Each live block's allocation event (its category kept current), by address.
+    blocks: std::collections::HashMap<u64, MemEvent>,
+}
+
+impl LiveBlocks {
+    /// Applies one event; returns the block a `Free` released.
+    pub fn apply(&mut self, e: &MemEvent) -> Option<MemEvent> {
+        match e.kind {
+            EventKind::Alloc => {
+                self.by_category[e.category.index()] += e.size;
+                self.blocks.insert(e.address, e.clone());
+                None
+            }
+            EventKind::Free => {
+                let b = self.blocks.remove(&e.address)?;
+                self.by_category[b.category.index()] -= b.size;
+                Some(b)
+            }
+            EventKind::Retag => {
+                if let Some(b) = self.blocks.get_mut(&e.address) {
+                    self.by_category[b.category.index()] -= b.size;
+                    b.category = e.category;
+                    self.by_category[e.category.index()] += b.size;
+                }
+                None
+            }
+            _ => None,
+        }
+    }
+
+    /// The live blocks, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = &MemEvent> {
+        self.blocks.values()
+    }
+}

@@ -65,7 +65,7 @@ pub mod workload;
 pub use caching::{round_size, Allocation, BlockHandle, CachingAllocator, PoolKind};
 pub use config::{AllocatorConfig, ConfigError, ALLOC_CONF_ENV};
 pub use error::{AllocError, OomReport};
-pub use events::{EventKind, MemEvent};
+pub use events::{EventKind, LiveBlocks, MemEvent};
 pub use replay::{replay, ReplayOutcome};
 pub use size::{format_size, parse_size, Mib};
 pub use snapshot::{BlockInfo, SegmentInfo, Snapshot};

@@ -2,7 +2,7 @@
 //! category after every event, phase marks, and the blocks and segments
 //! alive at any event (a snapshot reconstructed from the log).
 
-use crate::memory::{Category, EventKind, MemEvent, CATEGORIES};
+use crate::memory::{Category, EventKind, LiveBlocks, MemEvent, CATEGORIES};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -21,8 +21,7 @@ pub struct Series {
 
 impl Series {
     pub fn of(events: &[MemEvent]) -> Series {
-        let mut totals = [0u64; 9];
-        let mut live: BTreeMap<u64, (u64, Category)> = BTreeMap::new();
+        let mut live = LiveBlocks::default();
         let mut s = Series {
             allocated: Vec::with_capacity(events.len()),
             reserved: Vec::with_capacity(events.len()),
@@ -32,25 +31,9 @@ impl Series {
         };
         let mut peak = 0;
         for (i, e) in events.iter().enumerate() {
-            match e.kind {
-                EventKind::Alloc => {
-                    totals[e.category.index()] += e.size;
-                    live.insert(e.address, (e.size, e.category));
-                }
-                EventKind::Free => {
-                    if let Some((size, c)) = live.remove(&e.address) {
-                        totals[c.index()] -= size;
-                    }
-                }
-                EventKind::Retag => {
-                    if let Some(entry) = live.get_mut(&e.address) {
-                        totals[entry.1.index()] -= entry.0;
-                        entry.1 = e.category;
-                        totals[e.category.index()] += entry.0;
-                    }
-                }
-                EventKind::Phase => s.phases.push((i, e.op.to_string())),
-                _ => {}
+            live.apply(e);
+            if e.kind == EventKind::Phase {
+                s.phases.push((i, e.op.to_string()));
             }
             if e.allocated > peak {
                 peak = e.allocated;
@@ -58,7 +41,7 @@ impl Series {
             }
             s.allocated.push(e.allocated);
             s.reserved.push(e.reserved);
-            s.by_category.push(totals);
+            s.by_category.push(live.by_category);
         }
         s
     }
@@ -93,8 +76,9 @@ pub struct LiveSegment {
 /// The segments and blocks alive right after event `index`.
 pub fn live_at(events: &[MemEvent], index: usize) -> Vec<LiveSegment> {
     let mut segments: BTreeMap<u64, LiveSegment> = BTreeMap::new();
-    let mut blocks: BTreeMap<u64, (u64, MemEvent)> = BTreeMap::new();
+    let mut blocks = LiveBlocks::default();
     for e in events.iter().take(index + 1) {
+        blocks.apply(e);
         match e.kind {
             EventKind::SegmentAlloc => {
                 segments.insert(
@@ -111,22 +95,13 @@ pub fn live_at(events: &[MemEvent], index: usize) -> Vec<LiveSegment> {
             EventKind::SegmentFree => {
                 segments.remove(&e.segment);
             }
-            EventKind::Alloc => {
-                blocks.insert(e.address, (e.segment, e.clone()));
-            }
-            EventKind::Free => {
-                blocks.remove(&e.address);
-            }
-            EventKind::Retag => {
-                if let Some(b) = blocks.get_mut(&e.address) {
-                    b.1.category = e.category;
-                }
-            }
             _ => {}
         }
     }
-    for (seg, e) in blocks.into_values() {
-        if let Some(s) = segments.get_mut(&seg) {
+    let mut live: Vec<&MemEvent> = blocks.iter().collect();
+    live.sort_by_key(|e| e.address);
+    for e in live {
+        if let Some(s) = segments.get_mut(&e.segment) {
             s.allocated_size += e.size;
             s.blocks.push(LiveBlock {
                 address: e.address,
