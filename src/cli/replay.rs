@@ -276,8 +276,9 @@ fn reserved_plot(
 /// `replay snapshot.pickle`: a PyTorch memory snapshot's history through the
 /// `pytorch` strategy, compared with what the snapshot itself recorded.
 fn replay_snapshot(args: &ReplayArgs) -> anyhow::Result<()> {
+    use crate::memory::strategies::pytorch::Pytorch;
     use crate::memory::torch_snapshot;
-    use crate::memory::workload::compare;
+    use crate::memory::workload::{compare, run};
     use crate::memory::EventKind;
     let name = args.trace.display().to_string();
     let bytes =
@@ -289,35 +290,17 @@ fn replay_snapshot(args: &ReplayArgs) -> anyhow::Result<()> {
         Some(c) => SimulatedSource::new(c),
         None => SimulatedSource::unlimited(),
     };
-    let mut alloc = CachingAllocator::new(source, config);
-    alloc.start_recording();
-    let mut handles = std::collections::HashMap::new();
-    let mut ooms = 0;
-    for op in &snap.workload.ops {
-        match *op {
-            crate::memory::workload::Op::Alloc { id, size } => {
-                match alloc.malloc(size.max(1), "") {
-                    Ok(a) => {
-                        handles.insert(id, a.handle);
-                    }
-                    Err(_) => ooms += 1,
-                }
-            }
-            crate::memory::workload::Op::Free { id } => {
-                if let Some(h) = handles.remove(&id) {
-                    let _ = alloc.free(h);
-                }
-            }
-            crate::memory::workload::Op::EmptyCache => alloc.empty_cache(),
-        }
-    }
+    let mut strategy = Pytorch::new(source, config, "pytorch");
+    strategy.allocator_mut().start_recording();
+    let outcome = run(&mut strategy, &snap.workload);
+    let alloc = strategy.allocator_mut();
     let replayed: Vec<u64> = alloc
         .take_events()
         .iter()
         .filter(|e| e.kind == EventKind::SegmentAlloc)
         .map(|e| e.size)
         .collect();
-    let peak = alloc.max_memory_allocated();
+    let (peak, ooms) = (outcome.peak_allocated_bytes, outcome.ooms);
     let segments_match = replayed == snap.segment_allocs;
     let results = match &args.allocators {
         Some(names) => {
@@ -341,7 +324,7 @@ fn replay_snapshot(args: &ReplayArgs) -> anyhow::Result<()> {
             "replay": {
                 "segment_allocs": replayed,
                 "peak_allocated_bytes": peak,
-                "peak_reserved_bytes": alloc.max_memory_reserved(),
+                "peak_reserved_bytes": outcome.peak_reserved_bytes,
                 "ooms": ooms,
             },
             "segments_match": segments_match,

@@ -26,6 +26,11 @@ impl<S: SegmentSource> Pytorch<S> {
         }
     }
 
+    /// The caching allocator underneath (for its event log and statistics).
+    pub fn allocator_mut(&mut self) -> &mut CachingAllocator<S> {
+        &mut self.inner
+    }
+
     /// vramlab's strategy.
     pub fn vramlab(source: S) -> Self {
         let config = AllocatorConfig {
