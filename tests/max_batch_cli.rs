@@ -2,19 +2,20 @@
 //! batch that trains while batch + 1 runs out of memory, and the process
 //! keeps training after every out-of-memory.
 
+mod common;
+
 #[test]
 fn max_batch_trains_and_the_next_batch_runs_out_of_memory() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args(["max-batch", "--model", "mlp", "--widths", "128,256,10"])
-        .args(["--limit", "24MiB", "--json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = common::vramlab_json([
+        "max-batch",
+        "--model",
+        "mlp",
+        "--widths",
+        "128,256,10",
+        "--limit",
+        "24MiB",
+        "--json",
+    ]);
     let max = v["max_batch"].as_u64().unwrap();
     assert!(max > 1, "{v}");
     let device: Vec<&serde_json::Value> = v["trials"]

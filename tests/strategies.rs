@@ -129,16 +129,7 @@ fn a_capacity_produces_out_of_memory_and_the_run_goes_on() {
 
 #[test]
 fn bench_alloc_json_reports_every_workload_and_vramlab_never_loses_to_pytorch() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args(["bench-alloc", "--json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = common::vramlab_json(["bench-alloc", "--json"]);
     let workloads = v["workloads"].as_array().unwrap();
     assert!(workloads.len() >= 7);
     let mut strictly_better = 0;
@@ -184,38 +175,32 @@ fn a_recorded_training_trace_replays_to_the_same_reserved_peak() {
     let dir = std::env::temp_dir().join(format!("vramlab-trace-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let trace = dir.join("t.jsonl");
-    let bin = env!("CARGO_BIN_EXE_vramlab");
-    let out = std::process::Command::new(bin)
-        .args([
-            "train",
-            "--model",
-            "mlp",
-            "--widths",
-            "300,500,10",
-            "--batch",
-            "64",
-            "--steps",
-            "2",
-            "--json",
-        ])
-        .arg("--record-trace")
-        .arg(&trace)
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let trained: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let out = std::process::Command::new(bin)
-        .arg("replay")
-        .arg(&trace)
-        .args(["--allocators", "pytorch,planner", "--json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let replayed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut train: Vec<std::ffi::OsString> = [
+        "train",
+        "--model",
+        "mlp",
+        "--widths",
+        "300,500,10",
+        "--batch",
+        "64",
+        "--steps",
+        "2",
+        "--json",
+        "--record-trace",
+    ]
+    .iter()
+    .map(Into::into)
+    .collect();
+    train.push(trace.clone().into());
+    let trained = common::vramlab_json(train);
+    let replay: Vec<std::ffi::OsString> = vec![
+        "replay".into(),
+        trace.clone().into(),
+        "--allocators".into(),
+        "pytorch,planner".into(),
+        "--json".into(),
+    ];
+    let replayed = common::vramlab_json(replay);
     let results = replayed["results"].as_array().unwrap();
     assert_eq!(
         results[0]["peak_reserved_bytes"], trained["memory_stats"]["reserved_bytes.all.peak"],

@@ -3,21 +3,14 @@
 //! (attention), as the fits report; an out-of-memory point is recorded and
 //! the sweep goes on.
 
+mod common;
 use serde_json::Value;
 
 fn sweep(args: &[&str]) -> Value {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .arg("sweep")
-        .args(args)
-        .arg("--json")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    let mut all = vec!["sweep"];
+    all.extend(args);
+    all.push("--json");
+    common::vramlab_json(all)
 }
 
 #[test]

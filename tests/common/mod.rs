@@ -139,3 +139,22 @@ pub fn numeric_grad(x: &[f64], f: impl Fn(&[f64]) -> f64) -> Vec<f64> {
         })
         .collect()
 }
+
+/// Runs the vramlab binary with `args` and parses the JSON it prints; fails
+/// the test with the command's stderr if it does not succeed.
+pub fn vramlab_json<I, S>(args: I) -> serde_json::Value
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .args(args)
+        .output()
+        .expect("the vramlab binary runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("vramlab printed JSON")
+}
