@@ -222,3 +222,28 @@ fn set(slot: &mut usize, value: Option<usize>) {
         *slot = v;
     }
 }
+
+/// What a step does, for the commands that run or predict one (estimate,
+/// profile, sweep, max-batch).
+#[derive(Debug, Clone, Args)]
+pub struct StepArgs {
+    /// Optimizer (decides the optimizer state).
+    #[arg(long, value_enum, default_value = "adam")]
+    pub optimizer: crate::train::OptimizerKind,
+    /// SGD momentum (a momentum buffer per parameter when non-zero).
+    #[arg(long)]
+    pub momentum: Option<f32>,
+    /// train: forward, backward, optimizer; checkpoint: the same with the
+    /// model's segments checkpointed; inference: a no_grad forward.
+    #[arg(long, value_enum, default_value = "train")]
+    pub mode: crate::train::Mode,
+}
+
+impl StepArgs {
+    /// The optimizer with torch.optim's defaults, validated.
+    pub fn optimizer(&self) -> Result<crate::train::OptimizerConfig, ArgError> {
+        let o = crate::train::OptimizerConfig::new(self.optimizer, None, self.momentum, None);
+        o.validate().map_err(ArgError)?;
+        Ok(o)
+    }
+}

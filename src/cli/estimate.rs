@@ -3,13 +3,12 @@
 //! caching allocator will hold — with `--measure` the same step on the
 //! device beside it, and the documents' hand method beside both.
 
-use super::args::{AllocArgs, DeviceArgs, ModelArgs};
+use super::args::{AllocArgs, DeviceArgs, ModelArgs, StepArgs};
 use crate::estimate::hand::{hand_method, HandMethod};
 use crate::estimate::run::estimate;
 use crate::estimate::{analyze, run_step, Analysis, Plan};
 use crate::memory::{Category, CATEGORIES};
 use crate::tensor::Engine;
-use crate::train::{Mode, OptimizerConfig, OptimizerKind};
 use clap::Args;
 use serde::Serialize;
 
@@ -40,16 +39,8 @@ pub struct EstimateArgs {
     /// Samples per batch.
     #[arg(long, default_value_t = 64)]
     pub batch: usize,
-    /// Optimizer (decides the optimizer state).
-    #[arg(long, value_enum, default_value = "adam")]
-    pub optimizer: OptimizerKind,
-    /// SGD momentum (a momentum buffer per parameter when non-zero).
-    #[arg(long)]
-    pub momentum: Option<f32>,
-    /// train: forward, backward, optimizer; checkpoint: the same with the
-    /// model's segments checkpointed; inference: a no_grad forward.
-    #[arg(long, value_enum, default_value = "train")]
-    pub mode: Mode,
+    #[command(flatten)]
+    pub step: StepArgs,
     /// Element type. vramlab's kernels run f32; other types scale every
     /// tensor's bytes (what a framework storing them would hold) and cannot
     /// be measured.
@@ -104,13 +95,12 @@ pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
         );
     }
     let spec = args.model.spec()?;
-    let optimizer = OptimizerConfig::new(args.optimizer, None, args.momentum, None);
-    optimizer.validate().map_err(anyhow::Error::msg)?;
+    let optimizer = args.step.optimizer()?;
     let plan = Plan {
         model: spec.clone(),
         batch: args.batch,
         optimizer,
-        mode: args.mode,
+        mode: args.step.mode,
         config: args.alloc.config(None)?,
     };
     let est = estimate(&plan)?;
@@ -128,7 +118,7 @@ pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
         input_elements,
         &a,
         &optimizer,
-        args.mode,
+        args.step.mode,
         args.dtype.bytes(),
     );
     let measured = if args.measure {

@@ -7,14 +7,13 @@
 //! below the limit; every strategy's own answer is reported from its
 //! simulated replay of the step's trace.
 
-use super::args::{AllocArgs, DeviceArgs, ModelArgs};
+use super::args::{AllocArgs, DeviceArgs, ModelArgs, StepArgs};
 use crate::estimate::run::run_steps;
 use crate::estimate::{analyze, Plan};
 use crate::memory::strategies::NAMES;
 use crate::memory::workload::{compare, Workload};
 use crate::memory::{parse_size, AllocatorConfig};
 use crate::tensor::Engine;
-use crate::train::{Mode, OptimizerConfig, OptimizerKind};
 use clap::Args;
 use serde::Serialize;
 
@@ -29,10 +28,8 @@ pub struct MaxBatchArgs {
     /// reported from simulation).
     #[arg(long, default_value = "pytorch")]
     pub allocator: String,
-    #[arg(long, value_enum, default_value = "adam")]
-    pub optimizer: OptimizerKind,
-    #[arg(long, value_enum, default_value = "train")]
-    pub mode: Mode,
+    #[command(flatten)]
+    pub step: StepArgs,
     /// Safety margin: the search runs under (1 − margin) × limit, leaving
     /// room for what a real run adds (other processes, fragmentation drift).
     #[arg(long, default_value_t = 0.05)]
@@ -148,13 +145,13 @@ pub fn run(args: &MaxBatchArgs) -> anyhow::Result<()> {
     }
     let effective = (limit as f64 * (1.0 - args.margin)) as u64;
     let spec = args.model.spec()?;
-    let optimizer = OptimizerConfig::new(args.optimizer, None, None, None);
+    let optimizer = args.step.optimizer()?;
     let config = config_for(&args.allocator, &args.alloc.config(None)?, effective)?;
     let plan = |batch| Plan {
         model: spec.clone(),
         batch,
         optimizer,
-        mode: args.mode,
+        mode: args.step.mode,
         config: config.clone(),
     };
     let mut trials: Vec<Trial> = Vec::new();
@@ -260,7 +257,7 @@ pub fn run(args: &MaxBatchArgs) -> anyhow::Result<()> {
         "vramlab max-batch: {}, {:?}, {:?}, limit {:.2} MiB − {:.0}% margin = {:.2} MiB, allocator {} on {}",
         spec.describe(),
         optimizer.kind,
-        args.mode,
+        args.step.mode,
         mib(limit),
         args.margin * 100.0,
         mib(effective),

@@ -3,12 +3,11 @@
 //! phases) and writes timeline.svg, timeline.html, trace.json (Chrome trace
 //! format) and snapshot.json (segments and blocks at the peak).
 
-use super::args::{AllocArgs, DeviceArgs, ModelArgs};
+use super::args::{AllocArgs, DeviceArgs, ModelArgs, StepArgs};
 use crate::estimate::run::run_steps;
 use crate::estimate::{analyze, Plan};
 use crate::profile::{chrome, html, live_at, svg, Series};
 use crate::tensor::Engine;
-use crate::train::{Mode, OptimizerConfig, OptimizerKind};
 use anyhow::Context;
 use clap::Args;
 use std::path::PathBuf;
@@ -23,14 +22,8 @@ pub struct ProfileArgs {
     /// Training steps to record.
     #[arg(long, default_value_t = 2)]
     pub steps: usize,
-    #[arg(long, value_enum, default_value = "adam")]
-    pub optimizer: OptimizerKind,
-    /// SGD momentum.
-    #[arg(long)]
-    pub momentum: Option<f32>,
-    /// train, checkpoint or inference (see `estimate --help`).
-    #[arg(long, value_enum, default_value = "train")]
-    pub mode: Mode,
+    #[command(flatten)]
+    pub step: StepArgs,
     /// Directory for timeline.svg, timeline.html, trace.json, snapshot.json
     /// (created if missing).
     #[arg(long, value_name = "DIR")]
@@ -52,13 +45,12 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
         anyhow::bail!("--batch and --steps must be at least 1");
     }
     let spec = args.model.spec()?;
-    let optimizer = OptimizerConfig::new(args.optimizer, None, args.momentum, None);
-    optimizer.validate().map_err(anyhow::Error::msg)?;
+    let optimizer = args.step.optimizer()?;
     let plan = Plan {
         model: spec.clone(),
         batch: args.batch,
         optimizer,
-        mode: args.mode,
+        mode: args.step.mode,
         config: args.alloc.config(None)?,
     };
     std::fs::create_dir_all(&args.out)

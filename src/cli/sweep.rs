@@ -3,12 +3,11 @@
 //! measured too with `--measure` (an out-of-memory point is recorded as such
 //! and the sweep goes on), fitted with a line and a power law, plotted.
 
-use super::args::{AllocArgs, DeviceArgs, ModelArgs};
+use super::args::{AllocArgs, DeviceArgs, ModelArgs, StepArgs};
 use crate::estimate::fit::{fit, Fit};
 use crate::estimate::run::estimate;
 use crate::estimate::{analyze, run_step, Plan};
 use crate::tensor::Engine;
-use crate::train::{Mode, OptimizerConfig, OptimizerKind};
 use anyhow::Context;
 use clap::Args;
 use serde::Serialize;
@@ -22,10 +21,8 @@ pub struct SweepArgs {
     /// Batch sizes (a list sweeps them; one value fixes the batch).
     #[arg(long, value_delimiter = ',', default_value = "8")]
     pub batch: Vec<usize>,
-    #[arg(long, value_enum, default_value = "adam")]
-    pub optimizer: OptimizerKind,
-    #[arg(long, value_enum, default_value = "train")]
-    pub mode: Mode,
+    #[command(flatten)]
+    pub step: StepArgs,
     /// Also run each point on the GPU.
     #[arg(long)]
     pub measure: bool,
@@ -87,7 +84,7 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
     if values.contains(&0) {
         anyhow::bail!("--{dim} values must be at least 1");
     }
-    let optimizer = OptimizerConfig::new(args.optimizer, None, None, None);
+    let optimizer = args.step.optimizer()?;
     let config = args.alloc.config(None)?;
     let engine = if args.measure {
         Some(Engine::new(&args.device.options(), config.clone())?)
@@ -120,7 +117,7 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
             model: spec,
             batch,
             optimizer,
-            mode: args.mode,
+            mode: args.step.mode,
             config: config.clone(),
         };
         // The estimate is the demand, so the memory limit (which decides
@@ -199,7 +196,7 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
     let mib = |b: u64| b as f64 / 1048576.0;
     println!(
         "vramlab sweep: {name}, {dim} over {values:?}, mode {:?}",
-        args.mode
+        args.step.mode
     );
     println!(
         "  {:>10} {:>18} {:>18} {:>18}",
