@@ -88,6 +88,7 @@ fn pool_choice_and_segment_sizes() {
         let want = match pool {
             PoolKind::Small => "small_pool",
             PoolKind::Large => "large_pool",
+            PoolKind::Persistent => unreachable!("untagged blocks are never persistent"),
         };
         assert_eq!(snap.segments[0].segment_type, want, "pool for {size}");
         a.check_invariants().unwrap();
@@ -368,4 +369,74 @@ fn snapshot_names_tensors_and_offsets_are_aligned() {
     assert!(labels.contains(&"t6".to_string()));
     let summary = memory_summary(a.stats(), "simulated", false);
     assert!(summary.contains("Allocated memory"));
+}
+
+// ----- vramlab's extensions (not PyTorch options) -----
+
+#[test]
+fn small_from_large_carves_a_small_request_from_a_free_large_block() {
+    for (conf, segments) in [("", 2), ("small_from_large:True", 1)] {
+        let mut a = alloc(1 << 30, conf);
+        let big = a.malloc(5 * MIB, "big").unwrap();
+        a.free(big.handle).unwrap();
+        a.malloc(4096, "small").unwrap();
+        assert_eq!(flat(&a, "segment.all.current"), segments, "{conf:?}");
+    }
+}
+
+#[test]
+fn release_before_grow_returns_free_segments_too_small_for_the_request() {
+    for (conf, reserved) in [("", 20 + 30), ("release_before_grow:True", 30)] {
+        let mut a = alloc(1 << 30, conf);
+        let x = a.malloc(5 * MIB, "x").unwrap();
+        a.free(x.handle).unwrap();
+        a.malloc(30 * MIB, "y").unwrap();
+        assert_eq!(a.memory_reserved(), reserved * MIB, "{conf:?}");
+    }
+}
+
+#[test]
+fn lifetime_pools_keep_parameters_and_optimizer_state_out_of_activation_holes() {
+    let mut a = alloc(1 << 30, "lifetime_pools:True,small_from_large:True");
+    let param = a
+        .malloc_tagged(3 * MIB, "w", Category::Parameter, None)
+        .unwrap();
+    let act = a
+        .malloc_tagged(12 * MIB, "relu.out", Category::Activation, None)
+        .unwrap();
+    assert_ne!(
+        act.segment, param.segment,
+        "an activation never joins a parameter"
+    );
+    a.free(act.handle).unwrap();
+    // Adam's state goes beside the parameter, not into the 12 MiB hole that
+    // the next step's activation needs again.
+    let state = a
+        .malloc_tagged(3 * MIB, "exp_avg", Category::OptimizerState, None)
+        .unwrap();
+    assert_eq!(state.segment, param.segment);
+    assert_eq!(flat(&a, "num_device_alloc"), 2);
+    let again = a
+        .malloc_tagged(12 * MIB, "relu.out", Category::Activation, None)
+        .unwrap();
+    assert_eq!(again.segment, act.segment, "the hole is still there");
+    // A large temporary does not use the persistent segment's spare room...
+    let tmp = a
+        .malloc_tagged(5 * MIB, "tmp", Category::Temporary, None)
+        .unwrap();
+    assert_ne!(tmp.segment, param.segment);
+    // ...a small one may, once the other pools have nothing free.
+    a.free(tmp.handle).unwrap();
+    let fill = a
+        .malloc_tagged(20 * MIB, "fill", Category::Temporary, None)
+        .unwrap();
+    assert_eq!(fill.segment, tmp.segment, "the large pool is now full");
+    let tiny = a
+        .malloc_tagged(4096, "bias.grad", Category::Gradient, None)
+        .unwrap();
+    assert_eq!(tiny.segment, param.segment);
+    let snap = a.snapshot();
+    let kinds: Vec<&str> = snap.segments.iter().map(|s| s.segment_type).collect();
+    assert!(kinds.contains(&"persistent_pool"), "{kinds:?}");
+    a.check_invariants().unwrap();
 }

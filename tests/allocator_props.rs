@@ -11,7 +11,8 @@ const MIB: u64 = 1 << 20;
 
 #[derive(Debug, Clone)]
 enum Op {
-    Alloc(u64),
+    /// Size, and whether the block lives for the run (a parameter).
+    Alloc(u64, bool),
     Free(usize),
     EmptyCache,
     ResetPeak,
@@ -28,7 +29,7 @@ fn size_strategy() -> impl Strategy<Value = u64> {
 
 fn op_strategy() -> impl Strategy<Value = Op> {
     prop_oneof![
-        10 => size_strategy().prop_map(Op::Alloc),
+        10 => (size_strategy(), prop::bool::weighted(0.2)).prop_map(|(s, p)| Op::Alloc(s, p)),
         8 => any::<usize>().prop_map(Op::Free),
         1 => Just(Op::EmptyCache),
         1 => Just(Op::ResetPeak),
@@ -41,6 +42,8 @@ const CONFIGS: &[&str] = &[
     "roundup_power2_divisions:4",
     "roundup_power2_divisions:[1:2,4:8,>:4],max_split_size_mb:64",
     "garbage_collection_threshold:0.6",
+    "small_from_large:True,lifetime_pools:True",
+    "lifetime_pools:True,release_before_grow:True,small_from_large:True,max_split_size_mb:32",
 ];
 
 proptest! {
@@ -64,7 +67,12 @@ proptest! {
         let mut ooms = 0;
         for (step, op) in ops.iter().enumerate() {
             match op {
-                Op::Alloc(size) => match a.malloc(*size, "t") {
+                Op::Alloc(size, persistent) => match a.malloc_tagged(
+                    *size,
+                    "t",
+                    if *persistent { Category::Parameter } else { Category::Temporary },
+                    None,
+                ) {
                     Ok(x) => {
                         prop_assert!(x.size >= *size);
                         prop_assert_eq!(x.offset % 512, 0);

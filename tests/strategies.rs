@@ -2,13 +2,14 @@
 //! keeps allocated ≤ reserved and returns everything; the planner never
 //! overlaps live tensors and never beats the lower bound; capacity limits
 //! produce OOMs; the suite's numbers have the shape `bench-alloc --json`
-//! promises, and `vramlab` never reserves more than `pytorch`.
+//! promises, and `vramlab` reserves less than `pytorch` on every workload.
 
 mod common;
 use common::Rng;
 use vramlab::memory::strategies::planner::{plan, Lifetime};
 use vramlab::memory::strategies::{online, NAMES};
 use vramlab::memory::workload::{compare, run, Op, Workload};
+use vramlab::memory::Category;
 
 fn random_workload(seed: u64, ops: usize) -> Workload {
     let mut rng = Rng::new(seed);
@@ -24,7 +25,17 @@ fn random_workload(seed: u64, ops: usize) -> Workload {
                 6..=8 => 1 + rng.below(12 << 20),
                 _ => 1 + rng.below(48 << 20),
             };
-            out.push(Op::Alloc { id: next, size });
+            // Some blocks say they live for the run (what `vramlab` keeps apart).
+            let category = if rng.below(5) == 0 {
+                Category::Parameter
+            } else {
+                Category::Temporary
+            };
+            out.push(Op::Alloc {
+                id: next,
+                size,
+                category,
+            });
             live.push(next);
         } else {
             let k = rng.below(live.len() as u64) as usize;
@@ -55,8 +66,8 @@ fn every_strategy_keeps_allocated_within_reserved_and_returns_everything() {
             let mut handles = std::collections::HashMap::new();
             for op in &w.ops {
                 match *op {
-                    Op::Alloc { id, size } => {
-                        handles.insert(id, s.malloc(size).unwrap());
+                    Op::Alloc { id, size, category } => {
+                        handles.insert(id, s.malloc(size, category).unwrap());
                     }
                     Op::Free { id } => s.free(handles.remove(&id).unwrap()),
                     Op::EmptyCache => s.empty_cache(),
@@ -128,11 +139,10 @@ fn a_capacity_produces_out_of_memory_and_the_run_goes_on() {
 }
 
 #[test]
-fn bench_alloc_json_reports_every_workload_and_vramlab_never_loses_to_pytorch() {
+fn bench_alloc_json_reports_every_workload_and_vramlab_beats_pytorch_on_each() {
     let v = common::vramlab_json(["bench-alloc", "--json"]);
     let workloads = v["workloads"].as_array().unwrap();
     assert!(workloads.len() >= 7);
-    let mut strictly_better = 0;
     for w in workloads {
         let lb = w["lower_bound_bytes"].as_u64().unwrap();
         let results = w["results"].as_array().unwrap();
@@ -156,18 +166,13 @@ fn bench_alloc_json_reports_every_workload_and_vramlab_never_loses_to_pytorch() 
             p["peak_reserved_bytes"].as_u64().unwrap(),
             m["peak_reserved_bytes"].as_u64().unwrap(),
         );
-        assert!(mr <= pr, "{}: vramlab {mr} > pytorch {pr}", w["name"]);
+        assert!(mr < pr, "{}: vramlab {mr} >= pytorch {pr}", w["name"]);
         assert!(
             m["device_allocs"].as_u64() <= p["device_allocs"].as_u64(),
             "{}",
             w["name"]
         );
-        strictly_better += (mr < pr) as usize;
     }
-    assert!(
-        strictly_better + 1 >= workloads.len(),
-        "vramlab better on {strictly_better}"
-    );
 }
 
 #[test]
@@ -192,12 +197,24 @@ fn a_recorded_training_trace_replays_to_the_same_reserved_peak() {
     .map(Into::into)
     .collect();
     train.push(trace.clone().into());
-    let trained = common::vramlab_json(train);
+    let trained = common::vramlab_json(train.clone());
+    // The same run under the vramlab strategy's options.
+    train.extend([
+        "--alloc-conf".into(),
+        "small_from_large:True,lifetime_pools:True".into(),
+    ]);
+    let trained_vramlab = common::vramlab_json(train);
+    let text = std::fs::read_to_string(&trace).unwrap();
+    assert!(
+        text.contains(r#""category":"parameter""#),
+        "the trace says what each block holds"
+    );
+    assert!(text.contains(r#""category":"optimizer_state""#));
     let replay: Vec<std::ffi::OsString> = vec![
         "replay".into(),
         trace.clone().into(),
         "--allocators".into(),
-        "pytorch,planner".into(),
+        "pytorch,planner,vramlab".into(),
         "--json".into(),
     ];
     let replayed = common::vramlab_json(replay);
@@ -208,6 +225,11 @@ fn a_recorded_training_trace_replays_to_the_same_reserved_peak() {
     );
     assert!(
         results[1]["peak_reserved_bytes"].as_u64() <= results[0]["peak_reserved_bytes"].as_u64()
+    );
+    assert_eq!(
+        results[2]["peak_reserved_bytes"],
+        trained_vramlab["memory_stats"]["reserved_bytes.all.peak"],
+        "the categories in the trace let vramlab place blocks as it did in training"
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

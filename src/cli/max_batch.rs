@@ -68,7 +68,10 @@ fn config_for(
     let mut c = base.clone();
     match allocator {
         "pytorch" => {}
-        "vramlab" => c.small_from_large = true,
+        "vramlab" => {
+            c.small_from_large = true;
+            c.lifetime_pools = true;
+        }
         other => anyhow::bail!(
             "--allocator {other}: the GPU runs pytorch or vramlab; `replay --allocators` compares the rest"
         ),

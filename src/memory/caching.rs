@@ -84,19 +84,24 @@ pub fn pool_for(size: u64) -> PoolKind {
     }
 }
 
-/// The two pools. Blocks never move between them.
+/// The pools. Blocks never move between them. PyTorch has the first two;
+/// `Persistent` is vramlab's (`lifetime_pools`): large blocks that live for
+/// the whole run — parameters and optimizer state — kept in segments of
+/// their own, so they never settle in a hole that the next step's
+/// activations need (its segments follow the large pool's rules).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PoolKind {
     Small,
     Large,
+    Persistent,
 }
 
 impl PoolKind {
     pub fn stat_type(self) -> StatType {
         match self {
             PoolKind::Small => StatType::SmallPool,
-            PoolKind::Large => StatType::LargePool,
+            PoolKind::Large | PoolKind::Persistent => StatType::LargePool,
         }
     }
 }
@@ -172,6 +177,7 @@ pub struct CachingAllocator<S: SegmentSource> {
     free_slots: Vec<usize>,
     small: BlockPool,
     large: BlockPool,
+    persistent: BlockPool,
     pub(crate) segments: BTreeMap<SegmentId, Segment>,
     stats: DeviceStats,
     /// Bytes held in segments (PyTorch's `total_allocated_memory`).
@@ -203,6 +209,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             free_slots: Vec::new(),
             small: BlockPool::default(),
             large: BlockPool::default(),
+            persistent: BlockPool::default(),
             segments: BTreeMap::new(),
             stats,
             total_reserved: 0,
@@ -398,7 +405,12 @@ impl<S: SegmentSource> CachingAllocator<S> {
             return Err(AllocError::ZeroSize);
         }
         let size = round_size(orig_size, &self.config);
-        let pool = pool_for(size);
+        let pool = match pool_for(size) {
+            PoolKind::Large if self.config.lifetime_pools && category.lives_for_the_run() => {
+                PoolKind::Persistent
+            }
+            pool => pool,
+        };
         let alloc_size = allocation_size(size);
         let max_segment = self.source.max_segment_size();
         if alloc_size > max_segment && size > max_segment {
@@ -414,7 +426,11 @@ impl<S: SegmentSource> CachingAllocator<S> {
 
         let mut found = self.get_free_block(pool, size);
         if found.is_none() && pool == PoolKind::Small && self.config.small_from_large {
-            found = self.get_free_block(PoolKind::Large, size);
+            // Small blocks may use the persistent pool's spare room too; large
+            // ones may not (they would take space the next step needs again).
+            found = self
+                .get_free_block(PoolKind::Large, size)
+                .or_else(|| self.get_free_block(PoolKind::Persistent, size));
         }
         if found.is_none() {
             if self.config.memory_limit.is_some() && self.config.garbage_collection_threshold > 0.0
@@ -534,10 +550,19 @@ impl<S: SegmentSource> CachingAllocator<S> {
 
     // ----- internals, named after their PyTorch counterparts -----
 
+    fn pool(&self, kind: PoolKind) -> &BlockPool {
+        match kind {
+            PoolKind::Small => &self.small,
+            PoolKind::Large => &self.large,
+            PoolKind::Persistent => &self.persistent,
+        }
+    }
+
     fn pool_mut(&mut self, kind: PoolKind) -> &mut BlockPool {
         match kind {
             PoolKind::Small => &mut self.small,
             PoolKind::Large => &mut self.large,
+            PoolKind::Persistent => &mut self.persistent,
         }
     }
 
@@ -583,11 +608,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
 
     fn gc_count(&self, index: usize) -> u64 {
         let b = &self.blocks[index];
-        let clock = match b.pool {
-            PoolKind::Small => self.small.get_free_blocks_call_count,
-            PoolKind::Large => self.large.get_free_blocks_call_count,
-        };
-        clock - b.gc_count_base
+        self.pool(b.pool).get_free_blocks_call_count - b.gc_count_base
     }
 
     fn get_free_block(&mut self, kind: PoolKind, size: u64) -> Option<usize> {
@@ -733,10 +754,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             return false;
         }
         let key = size.max(max_split);
-        let pool = match kind {
-            PoolKind::Small => &self.small,
-            PoolKind::Large => &self.large,
-        };
+        let pool = self.pool(kind);
         if let Some(&(_, _, index)) = pool.blocks.range((key, 0, 0)..).next() {
             self.release_block(index);
             return true;
@@ -761,10 +779,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
     /// `release_before_grow`: whole free segments of `kind` smaller than
     /// `size` could not have served the request; give them back.
     fn release_free_segments_smaller_than(&mut self, kind: PoolKind, size: u64) {
-        let pool = match kind {
-            PoolKind::Small => &self.small,
-            PoolKind::Large => &self.large,
-        };
+        let pool = self.pool(kind);
         let whole: Vec<usize> = pool
             .blocks
             .range(..(size, 0, 0))
@@ -779,11 +794,8 @@ impl<S: SegmentSource> CachingAllocator<S> {
     fn release_cached_blocks(&mut self) {
         // PyTorch synchronizes all streams here and counts it.
         self.stats.num_sync_all_streams += 1;
-        for kind in [PoolKind::Large, PoolKind::Small] {
-            let pool = match kind {
-                PoolKind::Small => &self.small,
-                PoolKind::Large => &self.large,
-            };
+        for kind in [PoolKind::Large, PoolKind::Persistent, PoolKind::Small] {
+            let pool = self.pool(kind);
             let whole: Vec<usize> = pool
                 .blocks
                 .iter()
@@ -837,7 +849,9 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let remaining = b.size - size;
         match b.pool {
             PoolKind::Small => remaining >= K_MIN_BLOCK_SIZE,
-            PoolKind::Large => size < self.config.max_split_size && remaining > K_SMALL_SIZE,
+            PoolKind::Large | PoolKind::Persistent => {
+                size < self.config.max_split_size && remaining > K_SMALL_SIZE
+            }
         }
     }
 
@@ -985,15 +999,12 @@ impl<S: SegmentSource> CachingAllocator<S> {
 
     pub(crate) fn in_pool(&self, index: usize) -> bool {
         let b = &self.blocks[index];
-        let pool = match b.pool {
-            PoolKind::Small => &self.small,
-            PoolKind::Large => &self.large,
-        };
+        let pool = self.pool(b.pool);
         pool.blocks.contains(&(b.size, b.address, index))
     }
 
     pub(crate) fn pool_len(&self) -> usize {
-        self.small.blocks.len() + self.large.blocks.len()
+        self.small.blocks.len() + self.large.blocks.len() + self.persistent.blocks.len()
     }
 
     pub(crate) fn total_reserved(&self) -> u64 {

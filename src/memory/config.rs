@@ -24,6 +24,7 @@ const KNOWN_KEYS: &[&str] = &[
     "expandable_segments",
     "small_from_large (vramlab)",
     "release_before_grow (vramlab)",
+    "lifetime_pools (vramlab)",
 ];
 
 /// A configuration string that could not be used.
@@ -56,9 +57,15 @@ pub struct AllocatorConfig {
     /// strategy.
     pub release_before_grow: bool,
     /// vramlab's extension: a small request (≤ 1 MiB) with no free small
-    /// block takes space from a free large-pool block before a new 2 MiB
-    /// small segment is made.
+    /// block takes space from a free large-pool (then persistent-pool) block
+    /// before a new 2 MiB small segment is made.
     pub small_from_large: bool,
+    /// vramlab's extension: large blocks that live for the whole run
+    /// (parameters, optimizer state — known from the block's category) get
+    /// segments of their own. PyTorch puts Adam's first-step state into
+    /// whatever hole best fits, often one an activation left, and the next
+    /// step's activations no longer fit where they did.
+    pub lifetime_pools: bool,
 }
 
 impl Default for AllocatorConfig {
@@ -70,11 +77,22 @@ impl Default for AllocatorConfig {
             memory_limit: None,
             release_before_grow: false,
             small_from_large: false,
+            lifetime_pools: false,
         }
     }
 }
 
 impl AllocatorConfig {
+    /// The `vramlab` strategy: PyTorch's allocator plus the extensions the
+    /// benchmark suite supports (`bench-alloc`).
+    pub fn vramlab() -> Self {
+        AllocatorConfig {
+            small_from_large: true,
+            lifetime_pools: true,
+            ..Default::default()
+        }
+    }
+
     /// Parses PyTorch-style options on top of the defaults. An empty string is
     /// the default configuration.
     pub fn parse(input: &str) -> Result<Self, ConfigError> {
@@ -139,7 +157,7 @@ impl AllocatorConfig {
                     }
                     self.garbage_collection_threshold = t;
                 }
-                "small_from_large" | "release_before_grow" => {
+                "small_from_large" | "release_before_grow" | "lifetime_pools" => {
                     let on = match value {
                         "True" | "true" => true,
                         "False" | "false" => false,
@@ -149,10 +167,10 @@ impl AllocatorConfig {
                             )))
                         }
                     };
-                    if key == "small_from_large" {
-                        self.small_from_large = on;
-                    } else {
-                        self.release_before_grow = on;
+                    match key {
+                        "small_from_large" => self.small_from_large = on,
+                        "lifetime_pools" => self.lifetime_pools = on,
+                        _ => self.release_before_grow = on,
                     }
                 }
                 "expandable_segments" => match value {
@@ -213,6 +231,9 @@ impl AllocatorConfig {
         }
         if self.release_before_grow {
             parts.push("release_before_grow:True".into());
+        }
+        if self.lifetime_pools {
+            parts.push("lifetime_pools:True".into());
         }
         if parts.is_empty() {
             "(defaults)".to_string()

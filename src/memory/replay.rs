@@ -103,7 +103,12 @@ pub fn replay<S: SegmentSource, R: BufRead>(
         };
         let op = event.op_name();
         let result: Result<(), String> = match event {
-            TraceEvent::Alloc { id, size, label } => {
+            TraceEvent::Alloc {
+                id,
+                size,
+                label,
+                category,
+            } => {
                 if matches!(live.get(&id), Some(Live::Block(..)) | Some(Live::Empty)) {
                     Err(format!(
                         "id {id} is allocated again while still live; free it first"
@@ -113,7 +118,7 @@ pub fn replay<S: SegmentSource, R: BufRead>(
                     Ok(())
                 } else {
                     let label = label.unwrap_or_else(|| format!("id {id}"));
-                    match alloc.malloc(size, &label) {
+                    match alloc.malloc_tagged(size, &label, category.unwrap_or_default(), None) {
                         Ok(a) => {
                             live.insert(id, Live::Block(a.handle, size));
                             live_requested += size;

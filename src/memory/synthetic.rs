@@ -3,6 +3,7 @@
 //! that changes mid-run, and inference with a growing sequence length.
 //! Seeded, so every run sees the same trace.
 
+use super::tag::Category;
 use super::workload::{Op, Workload};
 
 struct Gen {
@@ -30,10 +31,15 @@ impl Gen {
     }
 
     fn alloc(&mut self, size: u64) -> u64 {
+        self.alloc_as(size, Category::Untagged)
+    }
+
+    fn alloc_as(&mut self, size: u64, category: Category) -> u64 {
         self.next += 1;
         self.ops.push(Op::Alloc {
             id: self.next,
             size,
+            category,
         });
         self.next
     }
@@ -80,7 +86,7 @@ fn parameters(g: &mut Gen, layers: u64, hidden: u64) -> Vec<u64> {
         .flat_map(|_| [4 * hidden * hidden * 4, 8 * hidden * hidden * 4])
         .collect::<Vec<_>>()
         .into_iter()
-        .map(|s| g.alloc(s))
+        .map(|s| g.alloc_as(s, Category::Parameter))
         .collect()
 }
 

@@ -3,10 +3,12 @@
 //! `adam.step`). Snapshots, event logs and reports carry both, so every byte
 //! can be attributed.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Why a block is allocated.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Category {
     Parameter,
@@ -22,6 +24,7 @@ pub enum Category {
     /// Scratch inside one op (conv2d's im2col columns).
     Workspace,
     /// Allocated outside any labelled scope.
+    #[default]
     Untagged,
 }
 
@@ -51,6 +54,12 @@ impl Category {
             Category::Workspace => "workspace",
             Category::Untagged => "untagged",
         }
+    }
+
+    /// Parameters and optimizer state: allocated once, alive until the
+    /// model goes away (what `lifetime_pools` keeps apart).
+    pub fn lives_for_the_run(self) -> bool {
+        matches!(self, Category::Parameter | Category::OptimizerState)
     }
 
     /// Index into [`CATEGORIES`].

@@ -68,7 +68,11 @@ pub fn read(bytes: &[u8], name: &str) -> Result<TorchSnapshot, String> {
             "alloc" => {
                 next += 1;
                 ids.insert(addr, next);
-                ops.push(Op::Alloc { id: next, size });
+                ops.push(Op::Alloc {
+                    id: next,
+                    size,
+                    category: Default::default(),
+                });
                 let r = round_size(size.max(1), &config);
                 sizes.insert(next, r);
                 live += r;

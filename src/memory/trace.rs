@@ -1,16 +1,20 @@
 //! The allocation trace format: JSON Lines, one event per line.
 //!
 //! ```text
-//! {"op":"alloc","id":7,"size":1200,"label":"conv1.weight"}
+//! {"op":"alloc","id":7,"size":1200,"label":"conv1.weight","category":"parameter"}
 //! {"op":"free","id":7}
 //! {"op":"empty_cache"}
 //! {"op":"reset_peak"}
 //! ```
 //!
-//! Ids name tensors within one trace; `label` is optional. Unknown extra fields
-//! are ignored so traces can carry more (times, categories) without breaking
-//! older readers.
+//! Ids name tensors within one trace; `label` and `category` (what the
+//! block holds: parameter, gradient, optimizer_state, input, activation,
+//! output, temporary, workspace, untagged) are optional. Allocators that plan
+//! by lifetime (`vramlab`) use the category; the others ignore it. Unknown
+//! extra fields are ignored so traces can carry more (times) without
+//! breaking older readers.
 
+use super::tag::Category;
 use serde::{Deserialize, Serialize};
 
 /// One trace event.
@@ -22,6 +26,8 @@ pub enum TraceEvent {
         size: u64,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         label: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        category: Option<Category>,
     },
     Free {
         id: u64,
@@ -67,11 +73,13 @@ mod tests {
                 id: 7,
                 size: 1200,
                 label: Some("x".into()),
+                category: Some(Category::OptimizerState),
             },
             TraceEvent::Alloc {
                 id: 8,
                 size: 1,
                 label: None,
+                category: None,
             },
             TraceEvent::Free { id: 7 },
             TraceEvent::EmptyCache,
@@ -84,7 +92,8 @@ mod tests {
             TraceEvent::Alloc {
                 id: 7,
                 size: 1200,
-                label: None
+                label: None,
+                category: None,
             }
         );
     }
@@ -97,6 +106,7 @@ mod tests {
             r#"{"op":"alloc","id":7}"#,
             r#"{"op":"grow","id":7}"#,
             r#"{"op":"alloc","id":-1,"size":3}"#,
+            r#"{"op":"alloc","id":1,"size":3,"category":"weights"}"#,
         ] {
             assert!(TraceEvent::parse_line(bad).is_err(), "{bad}");
         }

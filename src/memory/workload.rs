@@ -6,6 +6,7 @@
 use super::events::{EventKind, MemEvent};
 use super::strategies::planner::{plan, Lifetime};
 use super::strategies::{online, Strategy};
+use super::tag::Category;
 use super::trace::TraceEvent;
 use serde::Serialize;
 use std::collections::HashMap;
@@ -14,8 +15,16 @@ use std::time::Instant;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Op {
-    Alloc { id: u64, size: u64 },
-    Free { id: u64 },
+    /// `category` is what the block holds, where the trace says
+    /// (`Untagged` otherwise); only lifetime-aware strategies look at it.
+    Alloc {
+        id: u64,
+        size: u64,
+        category: Category,
+    },
+    Free {
+        id: u64,
+    },
     EmptyCache,
 }
 
@@ -35,7 +44,13 @@ impl Workload {
                 continue;
             }
             match TraceEvent::parse_line(&line).map_err(|e| format!("line {}: {e}", i + 1))? {
-                TraceEvent::Alloc { id, size, .. } => ops.push(Op::Alloc { id, size }),
+                TraceEvent::Alloc {
+                    id, size, category, ..
+                } => ops.push(Op::Alloc {
+                    id,
+                    size,
+                    category: category.unwrap_or_default(),
+                }),
                 TraceEvent::Free { id } => ops.push(Op::Free { id }),
                 TraceEvent::EmptyCache => ops.push(Op::EmptyCache),
                 TraceEvent::ResetPeak => {}
@@ -54,7 +69,13 @@ impl Workload {
             ops: to_trace(events)
                 .into_iter()
                 .filter_map(|e| match e {
-                    TraceEvent::Alloc { id, size, .. } => Some(Op::Alloc { id, size }),
+                    TraceEvent::Alloc {
+                        id, size, category, ..
+                    } => Some(Op::Alloc {
+                        id,
+                        size,
+                        category: category.unwrap_or_default(),
+                    }),
                     TraceEvent::Free { id } => Some(Op::Free { id }),
                     _ => None,
                 })
@@ -68,7 +89,7 @@ impl Workload {
         let (mut now, mut peak) = (0u64, 0u64);
         for op in &self.ops {
             match *op {
-                Op::Alloc { id, size } => {
+                Op::Alloc { id, size, .. } => {
                     if let Some(old) = live.insert(id, size) {
                         now -= old;
                     }
@@ -88,7 +109,7 @@ impl Workload {
         let mut out: Vec<Lifetime> = Vec::new();
         for (i, op) in self.ops.iter().enumerate() {
             match *op {
-                Op::Alloc { id, size } => {
+                Op::Alloc { id, size, .. } => {
                     open.insert(id, out.len());
                     out.push(Lifetime {
                         size,
@@ -129,6 +150,7 @@ pub fn to_trace(events: &[MemEvent]) -> Vec<TraceEvent> {
                     id: next,
                     size: e.requested,
                     label: (!e.label.is_empty()).then(|| e.label.to_string()),
+                    category: (e.category != Category::Untagged).then_some(e.category),
                 });
             }
             EventKind::Free => {
@@ -172,7 +194,7 @@ pub fn run(s: &mut dyn Strategy, w: &Workload) -> RunResult {
     let t0 = Instant::now();
     for (i, op) in w.ops.iter().enumerate() {
         match *op {
-            Op::Alloc { id, size } => match s.malloc(size.max(1)) {
+            Op::Alloc { id, size, category } => match s.malloc(size.max(1), category) {
                 Ok(h) => {
                     handles.insert(id, h);
                 }

@@ -3,7 +3,7 @@
 //! (like cubecl's exclusive pages). Simple and fast; rounding to a power of
 //! two wastes up to half of each block.
 
-use super::{Device, DeviceCounts, Handle, Oom, Strategy};
+use super::{Category, Device, DeviceCounts, Handle, Oom, Strategy};
 use crate::memory::constants::K_MIN_BLOCK_SIZE;
 use crate::memory::SegmentSource;
 use std::collections::HashMap;
@@ -34,7 +34,7 @@ impl<S: SegmentSource> Strategy for Buckets<S> {
         "buckets"
     }
 
-    fn malloc(&mut self, size: u64) -> Result<Handle, Oom> {
+    fn malloc(&mut self, size: u64, _category: Category) -> Result<Handle, Oom> {
         let class = size.max(K_MIN_BLOCK_SIZE).next_power_of_two();
         let id = match self.free.get_mut(&class).and_then(Vec::pop) {
             Some(id) => id,

@@ -4,7 +4,7 @@
 //! and fragmentation-bounded, at the cost of rounding every request to a
 //! power of two.
 
-use super::{Device, DeviceCounts, Handle, Oom, Strategy};
+use super::{Category, Device, DeviceCounts, Handle, Oom, Strategy};
 use crate::memory::constants::K_MIN_BLOCK_SIZE;
 use crate::memory::SegmentSource;
 use std::collections::{BTreeSet, HashMap};
@@ -94,7 +94,7 @@ impl<S: SegmentSource> Strategy for Buddy<S> {
         "buddy"
     }
 
-    fn malloc(&mut self, size: u64) -> Result<Handle, Oom> {
+    fn malloc(&mut self, size: u64, _category: Category) -> Result<Handle, Oom> {
         let order = order_of(size);
         let (arena, off) = match self.place(order) {
             Some(p) => p,

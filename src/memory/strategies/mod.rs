@@ -15,6 +15,7 @@ pub mod pytorch;
 pub mod sliced;
 
 use super::source::SegmentSource;
+pub use super::tag::Category;
 use super::SimulatedSource;
 
 /// A block handed out by a strategy.
@@ -27,7 +28,9 @@ pub struct Oom;
 /// An online allocator.
 pub trait Strategy {
     fn name(&self) -> &'static str;
-    fn malloc(&mut self, size: u64) -> Result<Handle, Oom>;
+    /// `category`: what the block will hold, where known — a hint about its
+    /// lifetime that only lifetime-aware strategies use.
+    fn malloc(&mut self, size: u64, category: Category) -> Result<Handle, Oom>;
     fn free(&mut self, handle: Handle);
     /// Returns cached memory to the device, where the strategy caches.
     fn empty_cache(&mut self) {}

@@ -2,7 +2,7 @@
 //! `PYTORCH_NO_CUDA_MEMORY_CACHING=1`. Reserved equals allocated; every
 //! allocation is a device call.
 
-use super::{align, Device, DeviceCounts, Handle, Oom, Strategy};
+use super::{align, Category, Device, DeviceCounts, Handle, Oom, Strategy};
 use crate::memory::constants::K_MIN_BLOCK_SIZE;
 use crate::memory::SegmentSource;
 use std::collections::HashMap;
@@ -28,7 +28,7 @@ impl<S: SegmentSource> Strategy for NoCache<S> {
         "nocache"
     }
 
-    fn malloc(&mut self, size: u64) -> Result<Handle, Oom> {
+    fn malloc(&mut self, size: u64, _category: Category) -> Result<Handle, Oom> {
         let size = align(size.max(1), K_MIN_BLOCK_SIZE);
         let id = self.dev.alloc(size)?;
         self.live.insert(id, (id, size));

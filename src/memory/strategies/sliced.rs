@@ -3,7 +3,7 @@
 //! were made, neighbours merged on free (like cubecl's sliced pools). Pages
 //! are given back only by `empty_cache` or on out-of-memory.
 
-use super::{align, Device, DeviceCounts, Handle, Oom, Strategy};
+use super::{align, Category, Device, DeviceCounts, Handle, Oom, Strategy};
 use crate::memory::constants::{K_MIN_BLOCK_SIZE, K_SMALL_BUFFER};
 use crate::memory::SegmentSource;
 use std::collections::{BTreeMap, HashMap};
@@ -93,7 +93,7 @@ impl<S: SegmentSource> Strategy for Sliced<S> {
         "sliced"
     }
 
-    fn malloc(&mut self, size: u64) -> Result<Handle, Oom> {
+    fn malloc(&mut self, size: u64, _category: Category) -> Result<Handle, Oom> {
         let size = align(size.max(1), K_MIN_BLOCK_SIZE);
         let (page, off) = match self.place(size) {
             Some(p) => p,
