@@ -12,7 +12,7 @@ use std::path::PathBuf;
 #[derive(Debug, Args)]
 pub struct ReplayArgs {
     /// JSON Lines trace: {"op":"alloc","id":7,"size":1200}, {"op":"free","id":7},
-    /// {"op":"empty_cache"}, {"op":"reset_peak"}; "label" is optional.
+    /// {"op":"empty_cache"}, {"op":"reset_peak"}; "label" and "category" (parameter, optimizer_state, activation, ...; what `vramlab` places by) are optional.
     pub trace: PathBuf,
     #[command(flatten)]
     pub alloc: AllocArgs,
