@@ -39,6 +39,8 @@ fn snapshot_replays_with_the_recorded_segments_and_peak() {
     assert_eq!(v["segments_match"], true);
     assert_eq!(v["replay"]["peak_allocated_bytes"], 61 * mib);
     assert_eq!(v["peak_allocated_matches"], true);
+    // The scenario's frames are its own script's: no lifetime hints.
+    assert_eq!(v["categories_from_frames"], serde_json::json!({}));
     let results = v["results"].as_array().unwrap();
     assert_eq!(results.len(), 3);
     assert_eq!(

@@ -329,6 +329,7 @@ fn replay_snapshot(args: &ReplayArgs) -> anyhow::Result<()> {
             },
             "segments_match": segments_match,
             "peak_allocated_matches": peak == snap.peak_allocated,
+            "categories_from_frames": snap.categories_from_frames,
             "results": results,
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
@@ -368,6 +369,19 @@ fn replay_snapshot(args: &ReplayArgs) -> anyhow::Result<()> {
             "the replay's segments differ from the snapshot's (a different allocator configuration, or streams)"
         }
     );
+    if snap.categories_from_frames.is_empty() {
+        println!("  no lifetime hints in the frames (record with _record_memory_history(stacks=\"python\") so `vramlab` can tell parameters and optimizer state)");
+    } else {
+        let hints: Vec<String> = snap
+            .categories_from_frames
+            .iter()
+            .map(|(c, n)| format!("{n} {c}"))
+            .collect();
+        println!(
+            "  lifetime hints from Python frames: {} (the vramlab strategy keeps these apart)",
+            hints.join(", ")
+        );
+    }
     if !results.is_empty() {
         println!();
         print_results(&results);

@@ -3,12 +3,21 @@
 //! size), `free_requested` / `free_completed`, `segment_alloc` /
 //! `segment_free` — becomes an allocation trace, and the segment events the
 //! snapshot recorded are kept to compare with what the replay does.
+//!
+//! Each allocation's Python frames (recorded with
+//! `_record_memory_history(stacks="python")` or `"all"`) say what some blocks
+//! hold: a block made in a `torch.optim` optimizer's `_init_group` is
+//! optimizer state, one made while a module is built or moved
+//! (`torch/nn/modules` `__init__`, `reset_parameters`, `_apply`) is a
+//! parameter. Those categories are the lifetime hints the `vramlab` strategy
+//! places by; every other block stays untagged.
 
 use super::caching::round_size;
 use super::config::AllocatorConfig;
 use super::pickle::{unpickle, PyValue};
+use super::tag::Category;
 use super::workload::{Op, Workload};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 pub struct TorchSnapshot {
     pub device: usize,
@@ -19,6 +28,33 @@ pub struct TorchSnapshot {
     /// Peak of allocated bytes implied by the history (requests rounded as
     /// PyTorch rounds them, default settings).
     pub peak_allocated: u64,
+    /// Allocations whose frames gave a category, per category.
+    pub categories_from_frames: BTreeMap<Category, usize>,
+}
+
+/// What an allocation holds, judged from its frames (innermost first, each
+/// `{"filename", "line", "name"}`); `Untagged` when they do not say.
+pub fn category_from_frames(frames: Option<&PyValue>) -> Category {
+    let Some(frames) = frames.and_then(PyValue::as_list) else {
+        return Category::Untagged;
+    };
+    for f in frames {
+        let file = f
+            .get("filename")
+            .and_then(PyValue::as_str)
+            .unwrap_or("")
+            .replace('\\', "/");
+        let name = f.get("name").and_then(PyValue::as_str).unwrap_or("");
+        if file.contains("torch/optim/") && name == "_init_group" {
+            return Category::OptimizerState;
+        }
+        if file.contains("torch/nn/modules/")
+            && matches!(name, "__init__" | "reset_parameters" | "_apply")
+        {
+            return Category::Parameter;
+        }
+    }
+    Category::Untagged
 }
 
 /// Whether `bytes` look like a pickle (protocol 2+ starts with 0x80).
@@ -59,6 +95,7 @@ pub fn read(bytes: &[u8], name: &str) -> Result<TorchSnapshot, String> {
     let (mut ops, mut seg_a, mut seg_f) = (Vec::new(), Vec::new(), Vec::new());
     let (mut live, mut peak, mut next) = (0u64, 0u64, 0u64);
     let mut sizes: HashMap<u64, u64> = HashMap::new();
+    let mut categories = BTreeMap::new();
     let config = AllocatorConfig::default();
     for (i, e) in trace.iter().enumerate() {
         let act = action(e);
@@ -68,10 +105,14 @@ pub fn read(bytes: &[u8], name: &str) -> Result<TorchSnapshot, String> {
             "alloc" => {
                 next += 1;
                 ids.insert(addr, next);
+                let category = category_from_frames(e.get("frames"));
+                if category != Category::Untagged {
+                    *categories.entry(category).or_insert(0) += 1;
+                }
                 ops.push(Op::Alloc {
                     id: next,
                     size,
-                    category: Default::default(),
+                    category,
                 });
                 let r = round_size(size.max(1), &config);
                 sizes.insert(next, r);
@@ -101,5 +142,69 @@ pub fn read(bytes: &[u8], name: &str) -> Result<TorchSnapshot, String> {
         segment_allocs: seg_a,
         segment_frees: seg_f,
         peak_allocated: peak,
+        categories_from_frames: categories,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(filename: &str, name: &str) -> PyValue {
+        let s = |x: &str| PyValue::Str(x.into());
+        PyValue::Dict(vec![
+            (s("filename"), s(filename)),
+            (s("line"), PyValue::Int(1)),
+            (s("name"), s(name)),
+        ])
+    }
+
+    fn category(frames: &[(&str, &str)]) -> Category {
+        let list = PyValue::List(frames.iter().map(|(f, n)| frame(f, n)).collect());
+        category_from_frames(Some(&list))
+    }
+
+    #[test]
+    fn frames_tell_parameters_and_optimizer_state_apart_from_the_rest() {
+        let torch = "/opt/conda/lib/python3.11/site-packages/torch";
+        let adam = format!("{torch}/optim/adam.py");
+        let module = format!("{torch}/nn/modules/module.py");
+        let linear = format!("{torch}/nn/modules/linear.py");
+        assert_eq!(
+            category(&[
+                ("??", "c10::cuda::CUDACachingAllocator::malloc"),
+                (&adam, "_init_group"),
+                (&adam, "step"),
+                ("train.py", "<module>"),
+            ]),
+            Category::OptimizerState
+        );
+        // Adam's step itself makes temporaries (foreach): not state.
+        assert_eq!(
+            category(&[(&adam, "_multi_tensor_adam"), (&adam, "step")]),
+            Category::Untagged
+        );
+        assert_eq!(
+            category(&[(&module, "convert"), (&module, "_apply")]),
+            Category::Parameter
+        );
+        assert_eq!(
+            category(&[(&linear, "__init__"), ("model.py", "__init__")]),
+            Category::Parameter
+        );
+        assert_eq!(
+            category(&[(
+                r"C:\py\Lib\site-packages\torch\optim\adamw.py",
+                "_init_group"
+            )]),
+            Category::OptimizerState
+        );
+        // A forward's output: module code, but not building the module.
+        assert_eq!(
+            category(&[(&linear, "forward"), (&module, "_call_impl")]),
+            Category::Untagged
+        );
+        assert_eq!(category(&[]), Category::Untagged);
+        assert_eq!(category_from_frames(None), Category::Untagged);
+    }
 }

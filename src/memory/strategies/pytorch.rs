@@ -11,8 +11,9 @@
 //!   segment is made.
 //!
 //! (`release_before_grow`, also measured, lowered one workload's peak but
-//! cost device allocations, so it stays an option, not the default.) Traces
-//! without categories (PyTorch snapshots) get `small_from_large` alone.
+//! cost device allocations, so it stays an option, not the default.) PyTorch
+//! snapshots get categories from their frames (`torch_snapshot.rs`); traces
+//! without any get `small_from_large` alone.
 
 use super::{Category, DeviceCounts, Handle, Oom, Strategy};
 use crate::memory::{AllocatorConfig, BlockHandle, CachingAllocator, SegmentSource};
