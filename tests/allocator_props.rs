@@ -42,8 +42,8 @@ const CONFIGS: &[&str] = &[
     "roundup_power2_divisions:4",
     "roundup_power2_divisions:[1:2,4:8,>:4],max_split_size_mb:64",
     "garbage_collection_threshold:0.6",
-    "small_from_large:True,lifetime_pools:True",
-    "lifetime_pools:True,release_before_grow:True,small_from_large:True,max_split_size_mb:32",
+    "small_from_large:True,lookahead:True",
+    "lookahead:True,release_before_grow:True,small_from_large:True,max_split_size_mb:32",
 ];
 
 proptest! {

@@ -76,6 +76,35 @@ fn estimate_equals_measurement_to_the_byte() {
     }
 }
 
+/// Under the vramlab strategy's options too (lifetime pools place by the
+/// categories the engine knows): the estimate's reserved memory is the
+/// device's, and simple-cnn's Adam state no longer costs a segment.
+#[test]
+fn estimate_equals_measurement_under_the_vramlab_options() {
+    for (name, batch) in [("simple-cnn", 8), ("mlp", 32), ("resnet-mini", 3)] {
+        let mut reserved = Vec::new();
+        for config in [AllocatorConfig::default(), AllocatorConfig::vramlab()] {
+            let plan = Plan {
+                model: small(name),
+                batch,
+                optimizer: OptimizerConfig::new(OptimizerKind::Adam, None, None, None),
+                mode: Mode::Train,
+                config: config.clone(),
+            };
+            let est = estimate(&plan).unwrap();
+            let measured = run_step(engine_with(config), &plan, 0).unwrap();
+            let (e, m) = (
+                analyze(&est.events, &est.layer_outputs),
+                analyze(&measured.events, &measured.layer_outputs),
+            );
+            assert_eq!(e.peak_allocated_bytes, m.peak_allocated_bytes, "{name}");
+            assert_eq!(e.peak_reserved_bytes, m.peak_reserved_bytes, "{name}");
+            reserved.push(m.peak_reserved_bytes);
+        }
+        assert!(reserved[1] <= reserved[0], "{name}: {reserved:?}");
+    }
+}
+
 #[test]
 fn inference_peaks_lower_and_checkpoint_keeps_fewer_activations() {
     let plan = |mode| Plan {

@@ -176,6 +176,34 @@ fn bench_alloc_json_reports_every_workload_and_vramlab_beats_pytorch_on_each() {
 }
 
 #[test]
+fn the_grid_shows_vramlab_winning_far_more_often_than_losing() {
+    let v = common::vramlab_json(["bench-alloc", "--grid", "--json"]);
+    let cells = v["cells"].as_array().unwrap();
+    assert_eq!(cells.len(), 4 * 2 * 8, "zoo × optimizers × batches");
+    let count = |pred: &dyn Fn(u64, u64) -> bool| {
+        cells
+            .iter()
+            .filter(|c| {
+                pred(
+                    c["vramlab_reserved_bytes"].as_u64().unwrap(),
+                    c["pytorch_reserved_bytes"].as_u64().unwrap(),
+                )
+            })
+            .count()
+    };
+    let (wins, losses) = (count(&|v, p| v < p), count(&|v, p| v > p));
+    assert_eq!(v["wins"], wins);
+    assert_eq!(v["losses"], losses);
+    assert!(wins >= 5 * losses.max(1), "{wins} wins, {losses} losses");
+    for c in cells {
+        assert!(
+            c["vramlab_device_allocs"].as_i64() <= c["pytorch_device_allocs"].as_i64(),
+            "{c}"
+        );
+    }
+}
+
+#[test]
 fn a_recorded_training_trace_replays_to_the_same_reserved_peak() {
     let dir = std::env::temp_dir().join(format!("vramlab-trace-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -201,7 +229,7 @@ fn a_recorded_training_trace_replays_to_the_same_reserved_peak() {
     // The same run under the vramlab strategy's options.
     train.extend([
         "--alloc-conf".into(),
-        "small_from_large:True,lifetime_pools:True".into(),
+        "small_from_large:True,lookahead:True".into(),
     ]);
     let trained_vramlab = common::vramlab_json(train);
     let text = std::fs::read_to_string(&trace).unwrap();

@@ -26,6 +26,11 @@ pub struct BenchAllocArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Instead of the suite: pytorch vs vramlab on every zoo model × Adam and
+    /// SGD (momentum 0.9) × batches 1..128, three steps each (wins, ties,
+    /// losses)
+    #[arg(long, conflicts_with_all = ["allocators", "capacity"])]
+    pub grid: bool,
 }
 
 #[derive(Serialize)]
@@ -91,6 +96,9 @@ pub fn recorded_suite() -> anyhow::Result<Vec<Workload>> {
 }
 
 pub fn run(args: &BenchAllocArgs) -> anyhow::Result<()> {
+    if args.grid {
+        return super::alloc_grid::run(args.json);
+    }
     let capacity = parse_capacity(&args.capacity)?;
     let names: Vec<String> = args
         .allocators

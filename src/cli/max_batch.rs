@@ -70,7 +70,7 @@ fn config_for(
         "pytorch" => {}
         "vramlab" => {
             c.small_from_large = true;
-            c.lifetime_pools = true;
+            c.lookahead = true;
         }
         other => anyhow::bail!(
             "--allocator {other}: the GPU runs pytorch or vramlab; `replay --allocators` compares the rest"

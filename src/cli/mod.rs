@@ -1,5 +1,6 @@
 //! The command line: parsing, and one file per command.
 
+pub mod alloc_grid;
 pub mod args;
 pub mod bench_alloc;
 pub mod demo;

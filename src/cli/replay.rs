@@ -378,7 +378,7 @@ fn replay_snapshot(args: &ReplayArgs) -> anyhow::Result<()> {
             .map(|(c, n)| format!("{n} {c}"))
             .collect();
         println!(
-            "  lifetime hints from Python frames: {} (the vramlab strategy keeps these apart)",
+            "  lifetime hints from Python frames: {} (the vramlab strategy places these by lookahead)",
             hints.join(", ")
         );
     }

@@ -25,6 +25,8 @@ use super::config::AllocatorConfig;
 use super::constants::*;
 use super::error::{AllocError, OomReport};
 use super::events::{EventKind, MemEvent};
+use super::lookahead::{History, Place};
+use super::source::SimulatedSource;
 use super::source::{SegmentId, SegmentSource, SourceError};
 use super::stats::{DeviceStats, StatType};
 use super::tag::Category;
@@ -75,6 +77,17 @@ pub fn allocation_size(size: u64) -> u64 {
     }
 }
 
+/// Whether a free block of `bsize` bytes may serve a request of `size`:
+/// an oversize block (≥ `max_split`) is not handed to a request that would
+/// split it, nor to an oversize request much smaller than itself.
+fn may_serve(bsize: u64, size: u64, max_split: u64) -> bool {
+    if size < max_split {
+        bsize < max_split
+    } else {
+        bsize < size.saturating_add(K_LARGE_BUFFER)
+    }
+}
+
 /// Which pool a rounded size belongs to.
 pub fn pool_for(size: u64) -> PoolKind {
     if size <= K_SMALL_SIZE {
@@ -84,24 +97,19 @@ pub fn pool_for(size: u64) -> PoolKind {
     }
 }
 
-/// The pools. Blocks never move between them. PyTorch has the first two;
-/// `Persistent` is vramlab's (`lifetime_pools`): large blocks that live for
-/// the whole run — parameters and optimizer state — kept in segments of
-/// their own, so they never settle in a hole that the next step's
-/// activations need (its segments follow the large pool's rules).
+/// The two pools. Blocks never move between them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PoolKind {
     Small,
     Large,
-    Persistent,
 }
 
 impl PoolKind {
     pub fn stat_type(self) -> StatType {
         match self {
             PoolKind::Small => StatType::SmallPool,
-            PoolKind::Large | PoolKind::Persistent => StatType::LargePool,
+            PoolKind::Large => StatType::LargePool,
         }
     }
 }
@@ -161,7 +169,7 @@ pub(crate) struct Segment {
 }
 
 /// Free blocks of one pool, ordered by (size, address) for best fit.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct BlockPool {
     blocks: BTreeSet<(u64, u64, usize)>,
     /// Calls of `get_free_block` on this pool: the clock that ages blocks for
@@ -177,7 +185,6 @@ pub struct CachingAllocator<S: SegmentSource> {
     free_slots: Vec<usize>,
     small: BlockPool,
     large: BlockPool,
-    persistent: BlockPool,
     pub(crate) segments: BTreeMap<SegmentId, Segment>,
     stats: DeviceStats,
     /// Bytes held in segments (PyTorch's `total_allocated_memory`).
@@ -186,6 +193,8 @@ pub struct CachingAllocator<S: SegmentSource> {
     next_address: u64,
     /// The event log, while recording (see `start_recording`).
     recorder: Option<Recorder>,
+    /// What was allocated and freed, for `lookahead`.
+    pub(crate) history: Option<History>,
 }
 
 struct Recorder {
@@ -202,6 +211,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             max_split_size: config.max_split_size.min(i64::MAX as u64) as i64,
             ..Default::default()
         };
+        let config_lookahead = config.lookahead;
         CachingAllocator {
             config,
             source,
@@ -209,13 +219,13 @@ impl<S: SegmentSource> CachingAllocator<S> {
             free_slots: Vec::new(),
             small: BlockPool::default(),
             large: BlockPool::default(),
-            persistent: BlockPool::default(),
             segments: BTreeMap::new(),
             stats,
             total_reserved: 0,
             next_segment_id: 0,
             next_address: BASE_ADDRESS,
             recorder: None,
+            history: config_lookahead.then(History::default),
         }
     }
 
@@ -405,12 +415,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             return Err(AllocError::ZeroSize);
         }
         let size = round_size(orig_size, &self.config);
-        let pool = match pool_for(size) {
-            PoolKind::Large if self.config.lifetime_pools && category.lives_for_the_run() => {
-                PoolKind::Persistent
-            }
-            pool => pool,
-        };
+        let pool = pool_for(size);
         let alloc_size = allocation_size(size);
         let max_segment = self.source.max_segment_size();
         if alloc_size > max_segment && size > max_segment {
@@ -424,13 +429,25 @@ impl<S: SegmentSource> CachingAllocator<S> {
         // request itself fits: ask for exactly the request then.
         let alloc_size = alloc_size.min(max_segment);
 
-        let mut found = self.get_free_block(pool, size);
+        // `lookahead`: a long-lived block's place is chosen by replaying the
+        // history (see lookahead.rs); if its new segment cannot be had, the
+        // usual path below decides.
+        let mut found = None;
+        if self.config.lookahead && pool == PoolKind::Large && category.lives_for_the_run() {
+            match self.look_ahead(size, orig_size, alloc_size) {
+                Some(Place::Block(index)) => {
+                    self.remove_from_pool(index);
+                    found = Some(index);
+                }
+                Some(Place::Fresh(segment)) => found = self.alloc_block(pool, segment, false)?,
+                None => {}
+            }
+        }
+        if found.is_none() {
+            found = self.get_free_block(pool, size);
+        }
         if found.is_none() && pool == PoolKind::Small && self.config.small_from_large {
-            // Small blocks may use the persistent pool's spare room too; large
-            // ones may not (they would take space the next step needs again).
-            found = self
-                .get_free_block(PoolKind::Large, size)
-                .or_else(|| self.get_free_block(PoolKind::Persistent, size));
+            found = self.get_free_block(PoolKind::Large, size);
         }
         if found.is_none() {
             if self.config.memory_limit.is_some() && self.config.garbage_collection_threshold > 0.0
@@ -478,6 +495,17 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let index = self.alloc_found_block(index, size, orig_size, split, label);
         self.blocks[index].category = category;
         self.blocks[index].op = op;
+        if let Some(h) = &mut self.history {
+            let generation = self.blocks[index].generation;
+            h.alloc(
+                BlockHandle {
+                    index: index as u32,
+                    generation,
+                },
+                orig_size,
+                category,
+            );
+        }
         if self.recorder.is_some() {
             let b = self.blocks[index].clone();
             self.record(
@@ -545,7 +573,82 @@ impl<S: SegmentSource> CachingAllocator<S> {
         }
         self.blocks[index].category = Category::Untagged;
         self.free_block(index);
+        if let Some(h) = &mut self.history {
+            h.free(handle);
+        }
         Ok(())
+    }
+
+    /// The allocated blocks that do not live for the run.
+    pub(crate) fn live_short_lived(&self) -> Vec<BlockHandle> {
+        self.live_blocks()
+            .filter(|(_, b)| b.allocated && !b.category.lives_for_the_run())
+            .map(|(i, b)| BlockHandle {
+                index: i as u32,
+                generation: b.generation,
+            })
+            .collect()
+    }
+
+    /// A copy of the bookkeeping over a simulated device (the same capacity
+    /// and segments), to try a placement without touching real memory; it
+    /// does not look ahead itself.
+    pub(crate) fn ghost(&self) -> CachingAllocator<SimulatedSource> {
+        let mut source = match self.source.total_capacity() {
+            Some(c) => SimulatedSource::new(c),
+            None => SimulatedSource::unlimited(),
+        }
+        .with_max_segment_size(self.source.max_segment_size());
+        for (&id, seg) in &self.segments {
+            let _ = source.allocate(id, seg.size);
+        }
+        let mut stats = self.stats.clone();
+        stats.reset_peak();
+        CachingAllocator {
+            config: AllocatorConfig {
+                lookahead: false,
+                ..self.config.clone()
+            },
+            source,
+            blocks: self.blocks.clone(),
+            free_slots: self.free_slots.clone(),
+            small: self.small.clone(),
+            large: self.large.clone(),
+            segments: self.segments.clone(),
+            stats,
+            total_reserved: self.total_reserved,
+            next_segment_id: self.next_segment_id,
+            next_address: self.next_address,
+            recorder: None,
+            history: None,
+        }
+    }
+
+    /// Up to `n` free large-pool blocks that could take `size` bytes
+    /// (under the same rules as `get_free_block`), best fit first.
+    pub(crate) fn large_candidates(&self, size: u64, n: usize) -> Vec<usize> {
+        let max_split = self.config.max_split_size;
+        self.large
+            .blocks
+            .range((size, 0, 0)..)
+            .take_while(|&&(bsize, _, _)| may_serve(bsize, size, max_split))
+            .take(n)
+            .map(|&(_, _, i)| i)
+            .collect()
+    }
+
+    /// Allocates a large block of `size` (rounded) bytes at `place`; `None`
+    /// if the device said no.
+    pub(crate) fn place(&mut self, place: Place, size: u64, orig_size: u64) -> Option<usize> {
+        let index = match place {
+            Place::Block(index) => {
+                self.remove_from_pool(index);
+                index
+            }
+            Place::Fresh(segment) => self.alloc_block(PoolKind::Large, segment, false).ok()??,
+        };
+        let split = self.should_split(index, size);
+        Some(self.alloc_found_block(index, size, orig_size, split, ""))
     }
 
     // ----- internals, named after their PyTorch counterparts -----
@@ -554,7 +657,6 @@ impl<S: SegmentSource> CachingAllocator<S> {
         match kind {
             PoolKind::Small => &self.small,
             PoolKind::Large => &self.large,
-            PoolKind::Persistent => &self.persistent,
         }
     }
 
@@ -562,7 +664,6 @@ impl<S: SegmentSource> CachingAllocator<S> {
         match kind {
             PoolKind::Small => &mut self.small,
             PoolKind::Large => &mut self.large,
-            PoolKind::Persistent => &mut self.persistent,
         }
     }
 
@@ -620,12 +721,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             pool.get_free_blocks_call_count += 1;
         }
         let &(bsize, addr, index) = pool.blocks.range((size, 0, 0)..).next()?;
-        // Do not hand an oversize block to a request that would split it...
-        if size < max_split && bsize >= max_split {
-            return None;
-        }
-        // ...nor one much larger than an oversize request.
-        if size >= max_split && bsize >= size.saturating_add(K_LARGE_BUFFER) {
+        if !may_serve(bsize, size, max_split) {
             return None;
         }
         pool.blocks.remove(&(bsize, addr, index));
@@ -794,7 +890,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
     fn release_cached_blocks(&mut self) {
         // PyTorch synchronizes all streams here and counts it.
         self.stats.num_sync_all_streams += 1;
-        for kind in [PoolKind::Large, PoolKind::Persistent, PoolKind::Small] {
+        for kind in [PoolKind::Large, PoolKind::Small] {
             let pool = self.pool(kind);
             let whole: Vec<usize> = pool
                 .blocks
@@ -849,9 +945,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let remaining = b.size - size;
         match b.pool {
             PoolKind::Small => remaining >= K_MIN_BLOCK_SIZE,
-            PoolKind::Large | PoolKind::Persistent => {
-                size < self.config.max_split_size && remaining > K_SMALL_SIZE
-            }
+            PoolKind::Large => size < self.config.max_split_size && remaining > K_SMALL_SIZE,
         }
     }
 
@@ -1004,7 +1098,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
     }
 
     pub(crate) fn pool_len(&self) -> usize {
-        self.small.blocks.len() + self.large.blocks.len() + self.persistent.blocks.len()
+        self.small.blocks.len() + self.large.blocks.len()
     }
 
     pub(crate) fn total_reserved(&self) -> u64 {

@@ -24,7 +24,7 @@ const KNOWN_KEYS: &[&str] = &[
     "expandable_segments",
     "small_from_large (vramlab)",
     "release_before_grow (vramlab)",
-    "lifetime_pools (vramlab)",
+    "lookahead (vramlab)",
 ];
 
 /// A configuration string that could not be used.
@@ -57,15 +57,16 @@ pub struct AllocatorConfig {
     /// strategy.
     pub release_before_grow: bool,
     /// vramlab's extension: a small request (≤ 1 MiB) with no free small
-    /// block takes space from a free large-pool (then persistent-pool) block
-    /// before a new 2 MiB small segment is made.
+    /// block takes space from a free large-pool block before a new 2 MiB
+    /// small segment is made.
     pub small_from_large: bool,
-    /// vramlab's extension: large blocks that live for the whole run
-    /// (parameters, optimizer state — known from the block's category) get
-    /// segments of their own. PyTorch puts Adam's first-step state into
-    /// whatever hole best fits, often one an activation left, and the next
-    /// step's activations no longer fit where they did.
-    pub lifetime_pools: bool,
+    /// vramlab's extension: a large block that lives for the whole run (a
+    /// parameter or optimizer state, known from its category) goes where a
+    /// replay of the short-lived allocations seen so far reserves least —
+    /// one of the best-fitting free blocks or a new segment (see
+    /// `lookahead.rs`). PyTorch puts Adam's first-step state into whatever
+    /// hole fits best, often one the next step's activation needs again.
+    pub lookahead: bool,
 }
 
 impl Default for AllocatorConfig {
@@ -77,7 +78,7 @@ impl Default for AllocatorConfig {
             memory_limit: None,
             release_before_grow: false,
             small_from_large: false,
-            lifetime_pools: false,
+            lookahead: false,
         }
     }
 }
@@ -88,7 +89,7 @@ impl AllocatorConfig {
     pub fn vramlab() -> Self {
         AllocatorConfig {
             small_from_large: true,
-            lifetime_pools: true,
+            lookahead: true,
             ..Default::default()
         }
     }
@@ -157,7 +158,7 @@ impl AllocatorConfig {
                     }
                     self.garbage_collection_threshold = t;
                 }
-                "small_from_large" | "release_before_grow" | "lifetime_pools" => {
+                "small_from_large" | "release_before_grow" | "lookahead" => {
                     let on = match value {
                         "True" | "true" => true,
                         "False" | "false" => false,
@@ -169,7 +170,7 @@ impl AllocatorConfig {
                     };
                     match key {
                         "small_from_large" => self.small_from_large = on,
-                        "lifetime_pools" => self.lifetime_pools = on,
+                        "lookahead" => self.lookahead = on,
                         _ => self.release_before_grow = on,
                     }
                 }
@@ -232,8 +233,8 @@ impl AllocatorConfig {
         if self.release_before_grow {
             parts.push("release_before_grow:True".into());
         }
-        if self.lifetime_pools {
-            parts.push("lifetime_pools:True".into());
+        if self.lookahead {
+            parts.push("lookahead:True".into());
         }
         if parts.is_empty() {
             "(defaults)".to_string()

@@ -48,6 +48,7 @@ pub mod config;
 pub mod constants;
 pub mod error;
 pub mod events;
+pub mod lookahead;
 pub mod pickle;
 pub mod replay;
 pub mod size;

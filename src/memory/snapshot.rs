@@ -37,8 +37,7 @@ pub struct SegmentInfo {
     pub allocated_size: u64,
     pub active_size: u64,
     pub requested_size: u64,
-    /// `small_pool` or `large_pool`, as PyTorch's `segment_type`, or
-    /// `persistent_pool` (vramlab's `lifetime_pools`; counted as large).
+    /// `small_pool` or `large_pool`, as PyTorch's `segment_type`.
     pub segment_type: &'static str,
     pub blocks: Vec<BlockInfo>,
 }
@@ -98,7 +97,6 @@ impl<S: SegmentSource> CachingAllocator<S> {
                     segment_type: match seg.pool {
                         PoolKind::Small => "small_pool",
                         PoolKind::Large => "large_pool",
-                        PoolKind::Persistent => "persistent_pool",
                     },
                     blocks,
                 }
@@ -190,7 +188,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             let segs = snap.segments.iter().filter(|s| match t {
                 StatType::Aggregate => true,
                 StatType::SmallPool => s.segment_type == "small_pool",
-                StatType::LargePool => s.segment_type != "small_pool",
+                StatType::LargePool => s.segment_type == "large_pool",
             });
             let (mut reserved, mut segments, mut allocated, mut allocations) =
                 (0i64, 0i64, 0i64, 0i64);

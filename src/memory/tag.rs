@@ -57,7 +57,7 @@ impl Category {
     }
 
     /// Parameters and optimizer state: allocated once, alive until the
-    /// model goes away (what `lifetime_pools` keeps apart).
+    /// model goes away (what `lookahead` places with care).
     pub fn lives_for_the_run(self) -> bool {
         matches!(self, Category::Parameter | Category::OptimizerState)
     }

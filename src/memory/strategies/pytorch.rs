@@ -1,14 +1,13 @@
 //! `pytorch`: the faithful caching allocator (see `caching.rs`), and
-//! `vramlab`: the same policy plus what the benchmark suite supported
-//! ([`AllocatorConfig::vramlab`]):
-//! - `lifetime_pools`: large parameters and optimizer state (the block's
-//!   category says so) get segments of their own. Without it, Adam's
-//!   first-step state settles in the hole an activation left, and the next
-//!   step's activations no longer fit where they did (simple-cnn: 146 →
-//!   136 MiB reserved, same device allocations).
+//! `vramlab`: the same policy plus what the benchmark suite and the grid
+//! (`bench-alloc --grid`) supported ([`AllocatorConfig::vramlab`]):
+//! - `lookahead` (`lookahead.rs`): a large parameter or optimizer-state
+//!   block goes where a replay of the short-lived history reserves least.
+//!   PyTorch's best fit puts Adam's first-step state into the hole an
+//!   activation left, and the next step needs a new segment (simple-cnn:
+//!   146 → 140 MiB reserved, same device allocations).
 //! - `small_from_large`: a small request with no free small block is carved
-//!   from a free large (then persistent) block before a new 2 MiB small
-//!   segment is made.
+//!   from a free large block before a new 2 MiB small segment is made.
 //!
 //! (`release_before_grow`, also measured, lowered one workload's peak but
 //! cost device allocations, so it stays an option, not the default.) PyTorch
