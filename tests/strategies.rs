@@ -176,7 +176,7 @@ fn bench_alloc_json_reports_every_workload_and_vramlab_beats_pytorch_on_each() {
 }
 
 #[test]
-fn the_grid_shows_vramlab_winning_far_more_often_than_losing() {
+fn on_the_grid_vramlab_never_reserves_more_than_pytorch() {
     let v = common::vramlab_json(["bench-alloc", "--grid", "--json"]);
     let cells = v["cells"].as_array().unwrap();
     assert_eq!(cells.len(), 4 * 2 * 8, "zoo × optimizers × batches");
@@ -194,7 +194,8 @@ fn the_grid_shows_vramlab_winning_far_more_often_than_losing() {
     let (wins, losses) = (count(&|v, p| v < p), count(&|v, p| v > p));
     assert_eq!(v["wins"], wins);
     assert_eq!(v["losses"], losses);
-    assert!(wins >= 5 * losses.max(1), "{wins} wins, {losses} losses");
+    assert_eq!(losses, 0, "{wins} wins, {losses} losses");
+    assert!(wins >= 10, "{wins} wins");
     for c in cells {
         assert!(
             c["vramlab_device_allocs"].as_i64() <= c["pytorch_device_allocs"].as_i64(),

@@ -439,7 +439,9 @@ impl<S: SegmentSource> CachingAllocator<S> {
                     self.remove_from_pool(index);
                     found = Some(index);
                 }
-                Some(Place::Fresh(segment)) => found = self.alloc_block(pool, segment, false)?,
+                Some(Place::Fresh(pool, segment)) => {
+                    found = self.alloc_block(pool, segment, false)?
+                }
                 None => {}
             }
         }
@@ -447,7 +449,13 @@ impl<S: SegmentSource> CachingAllocator<S> {
             found = self.get_free_block(pool, size);
         }
         if found.is_none() && pool == PoolKind::Small && self.config.small_from_large {
-            found = self.get_free_block(PoolKind::Large, size);
+            if let Some(index) = self.peek_free_block(PoolKind::Large, size) {
+                // With `lookahead`, only where a replay of the history says
+                // carving costs no more than a new small segment.
+                if !self.config.lookahead || self.carving_is_free(index, size, orig_size) {
+                    found = self.get_free_block(PoolKind::Large, size);
+                }
+            }
         }
         if found.is_none() {
             if self.config.memory_limit.is_some() && self.config.garbage_collection_threshold > 0.0
@@ -645,7 +653,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
                 self.remove_from_pool(index);
                 index
             }
-            Place::Fresh(segment) => self.alloc_block(PoolKind::Large, segment, false).ok()??,
+            Place::Fresh(pool, segment) => self.alloc_block(pool, segment, false).ok()??,
         };
         let split = self.should_split(index, size);
         Some(self.alloc_found_block(index, size, orig_size, split, ""))
@@ -726,6 +734,12 @@ impl<S: SegmentSource> CachingAllocator<S> {
         }
         pool.blocks.remove(&(bsize, addr, index));
         Some(index)
+    }
+
+    /// The block `get_free_block` would take, left in its pool.
+    fn peek_free_block(&self, kind: PoolKind, size: u64) -> Option<usize> {
+        let &(bsize, _, index) = self.pool(kind).blocks.range((size, 0, 0)..).next()?;
+        may_serve(bsize, size, self.config.max_split_size).then_some(index)
     }
 
     fn garbage_collect_cached_blocks(&mut self) {

@@ -66,6 +66,8 @@ pub struct AllocatorConfig {
     /// one of the best-fitting free blocks or a new segment (see
     /// `lookahead.rs`). PyTorch puts Adam's first-step state into whatever
     /// hole fits best, often one the next step's activation needs again.
+    /// With `small_from_large`, the same replay decides whether a small
+    /// request may carve a large free block.
     pub lookahead: bool,
 }
 
