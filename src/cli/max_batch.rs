@@ -65,17 +65,13 @@ fn config_for(
     base: &AllocatorConfig,
     limit: u64,
 ) -> anyhow::Result<AllocatorConfig> {
-    let mut c = base.clone();
-    match allocator {
-        "pytorch" => {}
-        "vramlab" => {
-            c.small_from_large = true;
-            c.lookahead = true;
-        }
+    let mut c = match allocator {
+        "pytorch" => base.clone(),
+        "vramlab" => base.clone().with_vramlab_extensions(),
         other => anyhow::bail!(
             "--allocator {other}: the GPU runs pytorch or vramlab; `replay --allocators` compares the rest"
         ),
-    }
+    };
     c.memory_limit = Some(limit);
     Ok(c)
 }

@@ -89,10 +89,15 @@ impl AllocatorConfig {
     /// The `vramlab` strategy: PyTorch's allocator plus the extensions the
     /// benchmark suite supports (`bench-alloc`).
     pub fn vramlab() -> Self {
+        Self::default().with_vramlab_extensions()
+    }
+
+    /// These options plus the `vramlab` strategy's extensions.
+    pub fn with_vramlab_extensions(self) -> Self {
         AllocatorConfig {
             small_from_large: true,
             lookahead: true,
-            ..Default::default()
+            ..self
         }
     }
 
