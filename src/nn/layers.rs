@@ -8,12 +8,21 @@ use super::param::{ParamId, ParamStore};
 use crate::autograd::{functions as f, Tape, Value};
 use crate::memory::Category;
 use crate::ops::conv2d::Conv2dConfig;
-use crate::tensor::{Engine, ScopeGuard, Tensor, TensorError};
+use crate::tensor::{Engine, Tensor, TensorError};
 use std::sync::Arc;
 
-/// Tags what a layer's forward allocates `<name>.forward`.
-fn layer_scope(x: &Value, name: &str) -> ScopeGuard {
-    x.tensor().engine().op_scope(&format!("{name}.forward"))
+/// Runs a layer's forward: what it allocates is tagged `<name>.forward`,
+/// and its output is noted for the per-layer reports.
+fn in_layer(
+    x: &Value,
+    name: &Arc<str>,
+    forward: impl FnOnce() -> Result<Value, TensorError>,
+) -> Result<Value, TensorError> {
+    let engine = x.tensor().engine();
+    let _scope = engine.op_scope(&format!("{name}.forward"));
+    let y = forward()?;
+    engine.note_layer_output(name, y.tensor().shape());
+    Ok(y)
 }
 
 fn param(
@@ -78,14 +87,11 @@ impl Linear {
         store: &ParamStore,
         x: &Value,
     ) -> Result<Value, TensorError> {
-        let _scope = layer_scope(x, &self.name);
-        let w = tape.param(store, self.weight);
-        let b = self.bias.map(|b| tape.param(store, b));
-        let y = f::linear(tape, x, &w, b.as_ref())?;
-        y.tensor()
-            .engine()
-            .note_layer_output(&self.name, y.tensor().shape());
-        Ok(y)
+        in_layer(x, &self.name, || {
+            let w = tape.param(store, self.weight);
+            let b = self.bias.map(|b| tape.param(store, b));
+            f::linear(tape, x, &w, b.as_ref())
+        })
     }
 }
 
@@ -139,12 +145,9 @@ impl Conv2d {
         store: &ParamStore,
         x: &Value,
     ) -> Result<Value, TensorError> {
-        let _scope = layer_scope(x, &self.name);
-        let (w, b) = (tape.param(store, self.weight), tape.param(store, self.bias));
-        let y = f::conv2d(tape, x, &w, &b, self.config)?;
-        y.tensor()
-            .engine()
-            .note_layer_output(&self.name, y.tensor().shape());
-        Ok(y)
+        in_layer(x, &self.name, || {
+            let (w, b) = (tape.param(store, self.weight), tape.param(store, self.bias));
+            f::conv2d(tape, x, &w, &b, self.config)
+        })
     }
 }
