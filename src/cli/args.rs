@@ -246,4 +246,21 @@ impl StepArgs {
         o.validate().map_err(ArgError)?;
         Ok(o)
     }
+
+    /// One step of `model` at `batch` under `config`, with this optimizer
+    /// and mode.
+    pub fn plan(
+        &self,
+        model: crate::nn::ModelSpec,
+        batch: usize,
+        config: crate::memory::AllocatorConfig,
+    ) -> Result<crate::estimate::Plan, ArgError> {
+        Ok(crate::estimate::Plan {
+            model,
+            batch,
+            optimizer: self.optimizer()?,
+            mode: self.mode,
+            config,
+        })
+    }
 }

@@ -95,14 +95,9 @@ pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
         );
     }
     let spec = args.model.spec()?;
-    let optimizer = args.step.optimizer()?;
-    let plan = Plan {
-        model: spec.clone(),
-        batch: args.batch,
-        optimizer,
-        mode: args.step.mode,
-        config: args.alloc.config(None)?,
-    };
+    let plan = args
+        .step
+        .plan(spec.clone(), args.batch, args.alloc.config(None)?)?;
     let est = estimate(&plan)?;
     let a = analyze(&est.events, &est.layer_outputs);
     let scale = args.dtype.bytes() as f64 / 4.0;
@@ -117,7 +112,7 @@ pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
         est.parameters,
         input_elements,
         &a,
-        &optimizer,
+        &plan.optimizer,
         args.step.mode,
         args.dtype.bytes(),
     );

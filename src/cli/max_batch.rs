@@ -144,14 +144,11 @@ pub fn run(args: &MaxBatchArgs) -> anyhow::Result<()> {
     }
     let effective = (limit as f64 * (1.0 - args.margin)) as u64;
     let spec = args.model.spec()?;
-    let optimizer = args.step.optimizer()?;
     let config = config_for(&args.allocator, &args.alloc.config(None)?, effective)?;
+    let base = args.step.plan(spec.clone(), 1, config.clone())?;
     let plan = |batch| Plan {
-        model: spec.clone(),
         batch,
-        optimizer,
-        mode: args.step.mode,
-        config: config.clone(),
+        ..base.clone()
     };
     let mut trials: Vec<Trial> = Vec::new();
     // 1. The estimator's answer, on a simulated device under the same limit.
@@ -255,7 +252,7 @@ pub fn run(args: &MaxBatchArgs) -> anyhow::Result<()> {
     println!(
         "vramlab max-batch: {}, {:?}, {:?}, limit {:.2} MiB − {:.0}% margin = {:.2} MiB, allocator {} on {}",
         spec.describe(),
-        optimizer.kind,
+        base.optimizer.kind,
         args.step.mode,
         mib(limit),
         args.margin * 100.0,

@@ -4,8 +4,8 @@
 //! format) and snapshot.json (segments and blocks at the peak).
 
 use super::args::{AllocArgs, DeviceArgs, ModelArgs, StepArgs};
+use crate::estimate::analyze;
 use crate::estimate::run::run_steps;
-use crate::estimate::{analyze, Plan};
 use crate::profile::{chrome, html, live_at, svg, Series};
 use crate::tensor::Engine;
 use anyhow::Context;
@@ -45,14 +45,9 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
         anyhow::bail!("--batch and --steps must be at least 1");
     }
     let spec = args.model.spec()?;
-    let optimizer = args.step.optimizer()?;
-    let plan = Plan {
-        model: spec.clone(),
-        batch: args.batch,
-        optimizer,
-        mode: args.step.mode,
-        config: args.alloc.config(None)?,
-    };
+    let plan = args
+        .step
+        .plan(spec.clone(), args.batch, args.alloc.config(None)?)?;
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("cannot create --out directory {}", args.out.display()))?;
     let engine = Engine::new(&args.device.options(), plan.config.clone())?;
@@ -65,7 +60,7 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
         "vramlab profile: {}, batch {}, {:?}, {} steps on {}",
         spec.describe(),
         args.batch,
-        optimizer.kind,
+        plan.optimizer.kind,
         args.steps,
         profile.device
     );

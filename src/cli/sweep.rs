@@ -6,7 +6,7 @@
 use super::args::{AllocArgs, DeviceArgs, ModelArgs, StepArgs};
 use crate::estimate::fit::{fit, Fit};
 use crate::estimate::run::estimate;
-use crate::estimate::{analyze, run_step, Plan};
+use crate::estimate::{analyze, run_step};
 use crate::tensor::Engine;
 use anyhow::Context;
 use clap::Args;
@@ -84,7 +84,8 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
     if values.contains(&0) {
         anyhow::bail!("--{dim} values must be at least 1");
     }
-    let optimizer = args.step.optimizer()?;
+    // A bad optimizer setting is an error before any GPU work.
+    args.step.optimizer()?;
     let config = args.alloc.config(None)?;
     let engine = if args.measure {
         Some(Engine::new(&args.device.options(), config.clone())?)
@@ -113,13 +114,7 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
             values.len()
         );
         let _ = std::io::stderr().flush();
-        let plan = Plan {
-            model: spec,
-            batch,
-            optimizer,
-            mode: args.step.mode,
-            config: config.clone(),
-        };
+        let plan = args.step.plan(spec, batch, config.clone())?;
         // The estimate is the demand, so the memory limit (which decides
         // whether the measured run fits) does not apply to it.
         let mut unlimited = plan.clone();
