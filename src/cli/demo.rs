@@ -4,7 +4,7 @@
 
 use super::args::{AllocArgs, DeviceArgs};
 use crate::autograd::{functions as f, Tape, Value};
-use crate::memory::{memory_summary, Mib};
+use crate::memory::{memory_summary, Category, Mib};
 use crate::nn::init::Rng;
 use crate::nn::simple_cnn::{CLASSES, INPUT};
 use crate::nn::Model;
@@ -60,20 +60,6 @@ const ARTICLE_ESTIMATE: [(&str, f64); 5] = [
 const ARTICLE_TOTAL_MIB: f64 = 55.73;
 const ARTICLE_MEASURED_MB: f64 = 54.12;
 
-fn category(label: &str, params: &ParamStore) -> &'static str {
-    if params.iter().any(|p| p.name == label) {
-        "parameter"
-    } else if label.starts_with("adam.") {
-        "optimizer_state"
-    } else if label.contains("grad") {
-        "gradient"
-    } else if label == "input" || label == "labels" {
-        "input"
-    } else {
-        "other"
-    }
-}
-
 pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
     if args.batch == 0 || args.steps == 0 {
         anyhow::bail!("--batch and --steps must be at least 1");
@@ -86,6 +72,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
     let model = SimpleConvNet::new(&engine, &mut store, &mut rng)?;
     let mut adam = Adam::new(args.lr);
     let n_in: usize = args.batch * INPUT.iter().product::<usize>();
+    let batch_scope = engine.scope(Category::Input, "batch");
     let x = Tensor::from_slice(
         &engine,
         &rng.normal(n_in),
@@ -96,6 +83,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
         .map(|_| rng.below(CLASSES as u64) as f32)
         .collect();
     let y = Tensor::from_slice(&engine, &labels, &[args.batch], "labels")?;
+    drop(batch_scope);
 
     if !args.json {
         println!("vramlab demo: the articles' SimpleConvNet (conv 3→64 k3, ReLU, conv 64→128 k3, ReLU, flatten, fc 25,088→10)");
@@ -124,7 +112,10 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
         let loss = f::cross_entropy(&tape, &logits, &y)?;
         drop(logits);
         tape.backward(&loss, &mut store)?;
-        crate::optim::Optimizer::step(&mut adam, &mut store)?;
+        {
+            let _scope = engine.scope(Category::OptimizerState, "adam.step");
+            crate::optim::Optimizer::step(&mut adam, &mut store)?;
+        }
         let loss_value = loss.tensor().to_vec()?[0];
         drop(loss);
         engine.synchronize()?;
@@ -151,13 +142,14 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
         steps.push(r);
     }
 
-    // What is alive after the last step, by category, from the allocator's own snapshot.
+    // What is alive after the last step, by the category the allocator
+    // tagged each block with.
     let alloc = engine.allocator();
     let mut live: BTreeMap<&'static str, u64> = BTreeMap::new();
     for seg in alloc.snapshot().segments {
         for b in seg.blocks {
-            if let Some(label) = &b.label {
-                *live.entry(category(label, &store)).or_default() += b.size;
+            if let Some(c) = b.category {
+                *live.entry(c.name()).or_default() += b.size;
             }
         }
     }
