@@ -632,17 +632,19 @@ impl<S: SegmentSource> CachingAllocator<S> {
         }
     }
 
-    /// Up to `n` free large-pool blocks that could take `size` bytes
-    /// (under the same rules as `get_free_block`), best fit first.
-    pub(crate) fn large_candidates(&self, size: u64, n: usize) -> Vec<usize> {
+    /// The free blocks of `kind` that may take `size` bytes, best fit first
+    /// (`get_free_block` takes the first).
+    pub(crate) fn fitting_free_blocks(
+        &self,
+        kind: PoolKind,
+        size: u64,
+    ) -> impl Iterator<Item = usize> + '_ {
         let max_split = self.config.max_split_size;
-        self.large
+        self.pool(kind)
             .blocks
             .range((size, 0, 0)..)
-            .take_while(|&&(bsize, _, _)| may_serve(bsize, size, max_split))
-            .take(n)
+            .take_while(move |&&(bsize, _, _)| may_serve(bsize, size, max_split))
             .map(|&(_, _, i)| i)
-            .collect()
     }
 
     /// Allocates a large block of `size` (rounded) bytes at `place`; `None`
@@ -723,23 +725,17 @@ impl<S: SegmentSource> CachingAllocator<S> {
     fn get_free_block(&mut self, kind: PoolKind, size: u64) -> Option<usize> {
         let gc_on =
             self.config.memory_limit.is_some() && self.config.garbage_collection_threshold > 0.0;
-        let max_split = self.config.max_split_size;
-        let pool = self.pool_mut(kind);
         if gc_on {
-            pool.get_free_blocks_call_count += 1;
+            self.pool_mut(kind).get_free_blocks_call_count += 1;
         }
-        let &(bsize, addr, index) = pool.blocks.range((size, 0, 0)..).next()?;
-        if !may_serve(bsize, size, max_split) {
-            return None;
-        }
-        pool.blocks.remove(&(bsize, addr, index));
+        let index = self.peek_free_block(kind, size)?;
+        self.remove_from_pool(index);
         Some(index)
     }
 
     /// The block `get_free_block` would take, left in its pool.
     fn peek_free_block(&self, kind: PoolKind, size: u64) -> Option<usize> {
-        let &(bsize, _, index) = self.pool(kind).blocks.range((size, 0, 0)..).next()?;
-        may_serve(bsize, size, self.config.max_split_size).then_some(index)
+        self.fitting_free_blocks(kind, size).next()
     }
 
     fn garbage_collect_cached_blocks(&mut self) {

@@ -175,7 +175,10 @@ impl<S: SegmentSource> CachingAllocator<S> {
     /// `None` when there is nothing to decide (no free block fits, or no
     /// short-lived allocation has been seen yet).
     pub(crate) fn look_ahead(&self, size: u64, orig_size: u64, segment: u64) -> Option<Place> {
-        let candidates = self.large_candidates(size, CANDIDATES);
+        let candidates: Vec<usize> = self
+            .fitting_free_blocks(PoolKind::Large, size)
+            .take(CANDIDATES)
+            .collect();
         if candidates.is_empty() {
             return None;
         }
