@@ -2,6 +2,7 @@
 
 pub mod alloc_grid;
 pub mod args;
+pub mod bench;
 pub mod bench_alloc;
 pub mod demo;
 pub mod estimate;
@@ -47,6 +48,10 @@ pub enum Command {
     /// How peak memory grows with batch size, resolution or sequence length:
     /// estimated (and measured) points, a fitted line and power law, a plot.
     Sweep(Box<sweep::SweepArgs>),
+    /// Kernel speed on this adapter: square matmuls, every product shape of
+    /// each zoo model's step, the whole step with device time per phase and
+    /// op; --tune tries tile shapes per shape class.
+    Bench(Box<bench::BenchArgs>),
     /// Run the built-in allocation workloads (vramlab's own training traces
     /// and synthetic fragmentation patterns) through every allocator strategy.
     BenchAlloc(bench_alloc::BenchAllocArgs),
@@ -71,6 +76,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Estimate(a) => estimate::run(&a),
         Command::Profile(a) => profile::run(&a),
         Command::Sweep(a) => sweep::run(&a),
+        Command::Bench(a) => bench::run(&a),
         Command::BenchAlloc(a) => bench_alloc::run(&a),
         Command::MaxBatch(a) => max_batch::run(&a),
         Command::Replay(a) => replay::run(&a),

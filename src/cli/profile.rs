@@ -6,7 +6,7 @@
 use super::args::{AllocArgs, DeviceArgs, ModelArgs, StepArgs};
 use crate::estimate::analyze;
 use crate::estimate::run::run_steps;
-use crate::profile::{chrome, html, live_at, svg, Series};
+use crate::profile::{chrome, html, live_at, svg, OpTimes, Series};
 use crate::tensor::Engine;
 use anyhow::Context;
 use clap::Args;
@@ -51,7 +51,12 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("cannot create --out directory {}", args.out.display()))?;
     let engine = Engine::new(&args.device.options(), plan.config.clone())?;
+    engine.start_timing();
     let profile = run_steps(engine.clone(), &plan, 0, args.steps)?;
+    // Device time of every kernel of every recorded step, by op and phase.
+    let op_times = engine
+        .take_dispatch_times()?
+        .map(|(source, times)| OpTimes::of(source, &times));
     let levels = &profile.levels;
     let events = &profile.events;
     let series = Series::of(events);
@@ -91,6 +96,7 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
             "by_category": analysis.by_category,
             "layers": analysis.layers,
             "three_levels": levels,
+            "device_time": op_times,
             "files": [svg_path, html_path, trace_path, snap_path],
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
@@ -106,6 +112,10 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
         mib(analysis.peak_reserved_bytes)
     );
     println!("memory: {levels}");
+    if let Some(t) = &op_times {
+        println!();
+        print!("{}", t.table(16));
+    }
     if args.per_layer {
         println!();
         println!("Per layer, last step (the forward-hook method, from the allocator's log):");

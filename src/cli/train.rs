@@ -10,6 +10,7 @@ use crate::io::SafeTensors;
 use crate::memory::memory_summary;
 use crate::nn::init::Rng;
 use crate::nn::ParamStore;
+use crate::profile::OpTimes;
 use crate::tensor::Engine;
 use crate::train::{Batch, OptimizerConfig, OptimizerKind, Trainer};
 use anyhow::Context;
@@ -62,6 +63,12 @@ pub struct TrainArgs {
     /// graph): shows memory growing step after step.
     #[arg(long)]
     pub retain_graph: bool,
+    /// Print each step's device time per op (PyTorch profiler's "self
+    /// device time"). Device time per phase is always shown, and per op in
+    /// --json, where the adapter has timestamp queries; this flag also turns
+    /// on timing where it has none (a sync per kernel, which slows the run).
+    #[arg(long)]
+    pub op_times: bool,
     #[command(flatten)]
     pub device: DeviceArgs,
     #[command(flatten)]
@@ -69,6 +76,15 @@ pub struct TrainArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+}
+
+/// A step in `--json`: the memory record and, when timed, device time per
+/// phase, op and kernel.
+#[derive(serde::Serialize)]
+struct StepJson {
+    #[serde(flatten)]
+    record: crate::train::StepRecord,
+    device_time: Option<OpTimes>,
 }
 
 fn mib(b: u64) -> f64 {
@@ -162,11 +178,20 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         );
         println!();
     }
+    let timing = if args.op_times || engine.has_timestamp_queries() {
+        engine.start_timing()
+    } else {
+        None
+    };
     let mut trainer = Trainer::new(engine, model, store, opt.build(), args.retain_graph);
     let mut records = Vec::new();
     let mut last = None;
     for _ in 0..args.steps {
         let (r, out) = trainer.step(&batch)?;
+        let device_time = match trainer.engine.take_dispatch_times()? {
+            Some((source, times)) if timing.is_some() => Some(OpTimes::of(source, &times)),
+            _ => None,
+        };
         if !args.json {
             println!(
                 "step {:>3}  loss {:<10.6} memory_allocated {:>9.2} MiB  memory_reserved {:>9.2} MiB  max_memory_allocated {:>9.2} MiB",
@@ -176,8 +201,23 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
                 mib(r.reserved_bytes),
                 mib(r.peak_allocated_bytes)
             );
+            if let Some(d) = &device_time {
+                if args.op_times {
+                    print!("{}", d.table(12));
+                } else {
+                    let phases: Vec<String> = d
+                        .phases
+                        .iter()
+                        .map(|p| format!("{} {:.1} ms", p.name, p.seconds * 1e3))
+                        .collect();
+                    println!("          device time: {}", phases.join(", "));
+                }
+            }
         }
-        records.push(r);
+        records.push(StepJson {
+            record: r,
+            device_time,
+        });
         last = Some(out);
     }
     if let (Some(path), Some(out)) = (&args.dump, &last) {

@@ -16,19 +16,61 @@
 //! Bound ranges never overlap, so nothing aliases.
 
 use super::adapter::{backends_for, choose, AdapterOptions, AdapterSummary};
+use super::compose::{compose, Defs, Elem};
 use super::error::DeviceError;
 use super::grid::{grid_for, Workgroups};
+use super::timing::{read_back, DispatchTime, Timer, TimingSource};
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use wgpu::util::DeviceExt;
 
-/// A compute kernel: WGSL source and entry point, compiled once per device.
-#[derive(Debug, Clone, Copy)]
+/// A compute kernel: a WGSL template (see [`super::compose`]), the
+/// definitions it is composed with, and an entry point; compiled once per
+/// device and variant.
+#[derive(Debug, Clone)]
 pub struct Kernel {
-    /// Unique name; the pipeline cache key.
-    pub name: &'static str,
+    /// Unique per variant; the pipeline cache key.
+    pub name: Cow<'static, str>,
     pub source: &'static str,
     pub entry: &'static str,
+    /// `None`: the f32 defaults.
+    pub defs: Option<Arc<Defs>>,
+}
+
+impl Kernel {
+    /// A kernel with one variant (f32).
+    pub const fn fixed(name: &'static str, source: &'static str, entry: &'static str) -> Kernel {
+        Kernel {
+            name: Cow::Borrowed(name),
+            source,
+            entry,
+            defs: None,
+        }
+    }
+
+    /// A variant of a kernel family: `name` must identify `defs`.
+    pub fn variant(name: String, source: &'static str, entry: &'static str, defs: Defs) -> Kernel {
+        Kernel {
+            name: Cow::Owned(name),
+            source,
+            entry,
+            defs: Some(Arc::new(defs)),
+        }
+    }
+
+    /// The WGSL this kernel compiles from.
+    pub fn wgsl(&self) -> Result<String, DeviceError> {
+        let defaults;
+        let defs = match &self.defs {
+            Some(d) => d.as_ref(),
+            None => {
+                defaults = Defs::elem(Elem::F32);
+                &defaults
+            }
+        };
+        compose(self.source, defs).map_err(|e| DeviceError::Wgpu(format!("{}: {e}", self.name)))
+    }
 }
 
 /// A range of a buffer bound to a kernel: a tensor's block. A tensor on a
@@ -70,8 +112,9 @@ pub struct Gpu {
     pub choice_reason: String,
     /// Every adapter that was found, for `info`.
     pub adapters: Vec<AdapterSummary>,
-    pipelines: Mutex<HashMap<&'static str, wgpu::ComputePipeline>>,
+    pipelines: Mutex<HashMap<String, wgpu::ComputePipeline>>,
     pending: Mutex<Pending>,
+    timer: Mutex<Option<Timer>>,
     errors: Arc<Mutex<Vec<String>>>,
 }
 
@@ -148,6 +191,7 @@ impl Gpu {
             choice_reason,
             adapters: summaries,
             pipelines: Mutex::default(),
+            timer: Mutex::new(None),
             pending: Mutex::new(Pending {
                 encoder: None,
                 commands: 0,
@@ -186,29 +230,55 @@ impl Gpu {
         }
     }
 
-    fn pipeline(&self, kernel: &Kernel) -> wgpu::ComputePipeline {
+    fn pipeline(&self, kernel: &Kernel) -> Result<wgpu::ComputePipeline, DeviceError> {
         let mut cache = lock(&self.pipelines);
-        if let Some(p) = cache.get(kernel.name) {
-            return p.clone();
+        if let Some(p) = cache.get(kernel.name.as_ref()) {
+            return Ok(p.clone());
         }
-        let module = self
-            .device
-            .create_shader_module(wgpu::ShaderModuleDescriptor {
-                label: Some(kernel.name),
-                source: wgpu::ShaderSource::Wgsl(kernel.source.into()),
-            });
+        let wgsl = kernel.wgsl()?;
+        let desc = wgpu::ShaderModuleDescriptor {
+            label: Some(&kernel.name),
+            source: wgpu::ShaderSource::Wgsl(wgsl.into()),
+        };
+        let module = self.device.create_shader_module(desc);
         let pipeline = self
             .device
             .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                label: Some(kernel.name),
+                label: Some(&kernel.name),
                 layout: None,
                 module: &module,
                 entry_point: Some(kernel.entry),
                 compilation_options: Default::default(),
                 cache: None,
             });
-        cache.insert(kernel.name, pipeline.clone());
-        pipeline
+        cache.insert(kernel.name.to_string(), pipeline.clone());
+        Ok(pipeline)
+    }
+
+    /// Starts timing every dispatch (see [`super::timing`]); says how.
+    pub fn start_timing(&self) -> TimingSource {
+        let mut t = lock(&self.timer);
+        t.get_or_insert_with(|| Timer::new(&self.device, &self.queue, self.features))
+            .source
+    }
+
+    /// Names the phase later dispatches belong to.
+    pub fn set_timing_phase(&self, phase: &str) {
+        if let Some(t) = lock(&self.timer).as_mut() {
+            t.phase = Arc::from(phase);
+        }
+    }
+
+    /// The times of every dispatch finished since the last call (waits for
+    /// the GPU), or `None` when timing is off.
+    pub fn take_times(&self) -> Result<Option<(TimingSource, Vec<DispatchTime>)>, DeviceError> {
+        self.synchronize()?;
+        let mut t = lock(&self.timer);
+        Ok(t.as_mut().map(|t| (t.source, std::mem::take(&mut t.done))))
+    }
+
+    fn read_times(&self) -> Result<(), DeviceError> {
+        read_back(&self.device, &self.queue, &self.timer).map_err(DeviceError::Readback)
     }
 
     /// Number of pipelines compiled so far (each kernel compiles once).
@@ -250,7 +320,8 @@ impl Gpu {
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(|e| DeviceError::Wgpu(e.to_string()))?;
-        self.take_errors()
+        self.take_errors()?;
+        self.read_times()
     }
 
     /// Checks a binding against `max_storage_buffer_binding_size`.
@@ -275,6 +346,19 @@ impl Gpu {
         params: &[u8],
         workgroups: Workgroups,
     ) -> Result<(), DeviceError> {
+        self.dispatch_as(kernel, bindings, params, workgroups, || Arc::from(""))
+    }
+
+    /// [`Gpu::dispatch`], attributing the dispatch's time (when timing is
+    /// on) to the op `op()` names.
+    pub fn dispatch_as(
+        &self,
+        kernel: &Kernel,
+        bindings: &[&BufferSlice],
+        params: &[u8],
+        workgroups: Workgroups,
+        op: impl FnOnce() -> Arc<str>,
+    ) -> Result<(), DeviceError> {
         let max_dim = self.limits.max_compute_workgroups_per_dimension;
         let grid = match workgroups {
             Workgroups::Linear(n) => grid_for(n, max_dim).ok_or(DeviceError::GridTooLarge {
@@ -297,7 +381,7 @@ impl Gpu {
         for (i, b) in bindings.iter().enumerate() {
             self.check_binding(&format!("binding {i} of {}", kernel.name), b.size)?;
         }
-        let pipeline = self.pipeline(kernel);
+        let pipeline = self.pipeline(kernel)?;
         let layout = pipeline.get_bind_group_layout(0);
         let uniform = (!params.is_empty()).then(|| {
             let mut padded = params.to_vec();
@@ -330,19 +414,70 @@ impl Gpu {
             });
         }
         let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(kernel.name),
+            label: Some(&kernel.name),
             layout: &layout,
             entries: &entries,
         });
+        // Timing: a query pair for this pass, reading the set back first
+        // when it is full; or, without timestamps, this dispatch alone
+        // between two waits.
+        let mut timer = lock(&self.timer);
+        let pair = match timer.as_mut() {
+            None => None,
+            Some(t) if t.stamps.is_some() => {
+                let op = op();
+                match t.next_pair(&kernel.name, op.clone()) {
+                    Some(i) => Some(i),
+                    None => {
+                        drop(timer);
+                        self.synchronize()?;
+                        timer = lock(&self.timer);
+                        timer.as_mut().and_then(|t| t.next_pair(&kernel.name, op))
+                    }
+                }
+            }
+            Some(_) => {
+                drop(timer);
+                self.synchronize()?;
+                timer = lock(&self.timer);
+                if let Some(t) = timer.as_mut() {
+                    t.start_wall(&kernel.name, op());
+                }
+                None
+            }
+        };
+        let query_set = timer
+            .as_ref()
+            .and_then(|t| t.stamps.as_ref())
+            .map(|s| s.query_set.clone());
+        let wall = timer.as_ref().is_some_and(|t| t.wall.is_some());
+        drop(timer);
         self.with_encoder(|enc| {
+            let writes = match (&query_set, pair) {
+                (Some(qs), Some(i)) => Some(wgpu::ComputePassTimestampWrites {
+                    query_set: qs,
+                    beginning_of_pass_write_index: Some(2 * i),
+                    end_of_pass_write_index: Some(2 * i + 1),
+                }),
+                _ => None,
+            };
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some(kernel.name),
-                timestamp_writes: None,
+                label: Some(&kernel.name),
+                timestamp_writes: writes,
             });
             pass.set_pipeline(&pipeline);
             pass.set_bind_group(0, &bind_group, &[]);
             pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
         });
+        if wall {
+            self.flush();
+            self.device
+                .poll(wgpu::PollType::wait_indefinitely())
+                .map_err(|e| DeviceError::Wgpu(e.to_string()))?;
+            if let Some(t) = lock(&self.timer).as_mut() {
+                t.finish_wall();
+            }
+        }
         Ok(())
     }
 

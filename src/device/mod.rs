@@ -5,11 +5,13 @@
 
 pub mod adapter;
 pub mod buffer_source;
+pub mod compose;
 pub mod engine_source;
 pub mod error;
 pub mod gpu;
 pub mod grid;
 pub mod info;
+pub mod timing;
 
 pub use adapter::{AdapterOptions, AdapterSummary, BackendChoice};
 pub use buffer_source::WgpuSource;
@@ -18,3 +20,4 @@ pub use error::DeviceError;
 pub use gpu::{BufferSlice, Gpu, Kernel};
 pub use grid::{grid_for, Workgroups};
 pub use info::InfoReport;
+pub use timing::{DispatchTime, TimingSource};

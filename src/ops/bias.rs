@@ -7,21 +7,9 @@ use crate::device::Kernel;
 use crate::tensor::{DType, Tensor, TensorError};
 
 const SOURCE: &str = include_str!("../../shaders/bias.wgsl");
-const ADD: Kernel = Kernel {
-    name: "bias_add",
-    source: SOURCE,
-    entry: "add",
-};
-const SCALE: Kernel = Kernel {
-    name: "bias_scale",
-    source: SOURCE,
-    entry: "scale",
-};
-const REDUCE: Kernel = Kernel {
-    name: "bias_reduce",
-    source: SOURCE,
-    entry: "reduce",
-};
+const ADD: Kernel = Kernel::fixed("bias_add", SOURCE, "add");
+const SCALE: Kernel = Kernel::fixed("bias_scale", SOURCE, "scale");
+const REDUCE: Kernel = Kernel::fixed("bias_reduce", SOURCE, "reduce");
 
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]

@@ -12,16 +12,8 @@ use crate::device::Kernel;
 use crate::memory::Category;
 use crate::tensor::{DType, Tensor, TensorError};
 
-const IM2COL: Kernel = Kernel {
-    name: "im2col",
-    source: include_str!("../../shaders/im2col.wgsl"),
-    entry: "main",
-};
-const COL2IM: Kernel = Kernel {
-    name: "col2im",
-    source: include_str!("../../shaders/col2im.wgsl"),
-    entry: "main",
-};
+const IM2COL: Kernel = Kernel::fixed("im2col", include_str!("../../shaders/im2col.wgsl"), "main");
+const COL2IM: Kernel = Kernel::fixed("col2im", include_str!("../../shaders/col2im.wgsl"), "main");
 
 /// Workspace cap for one im2col chunk: small enough that the workspace stays
 /// below the activations it serves (SimpleConvNet's conv2 needs 1.8 MB per
@@ -194,6 +186,7 @@ pub fn conv2d(
             c_offset: n0 * d.o * d.hw(),
             c_batch_stride: d.o * d.hw(),
             accumulate: false,
+            reduce_batch: false,
         };
         gemm(&g, weight, &col, &out, MatmulKernel::Tiled)?;
     }
@@ -235,21 +228,21 @@ pub fn conv2d_backward(
     for n0 in (0..d.n).step_by(chunk) {
         let nb = chunk.min(d.n - n0);
         let col = im2col(x, &d, n0, nb)?;
-        for b in 0..nb {
-            // dW (O×CKK) += dY[n] (O×HW) · col[b]ᵀ (HW×CKK)
-            let g = Gemm {
-                m: d.o,
-                n: d.ckk(),
-                k: d.hw(),
-                batch: 1,
-                a: MatView::dense((n0 + b) * d.o * d.hw(), d.o, d.hw(), false),
-                b: MatView::dense(b * d.ckk() * d.hw(), d.ckk(), d.hw(), true),
-                c_offset: 0,
-                c_batch_stride: 0,
-                accumulate: true,
-            };
-            gemm(&g, dy, &col, &dw, MatmulKernel::Tiled)?;
-        }
+        // dW (O×CKK) += Σ_b dY[n0+b] (O×HW) · col[b]ᵀ (HW×CKK), the chunk's
+        // samples in one batch-reduced product.
+        let g = Gemm {
+            m: d.o,
+            n: d.ckk(),
+            k: d.hw(),
+            batch: nb,
+            a: MatView::dense(n0 * d.o * d.hw(), d.o, d.hw(), false),
+            b: MatView::dense(0, d.ckk(), d.hw(), true),
+            c_offset: 0,
+            c_batch_stride: 0,
+            accumulate: true,
+            reduce_batch: true,
+        };
+        gemm(&g, dy, &col, &dw, MatmulKernel::Tiled)?;
         drop(col);
         if let Some(dx) = &dx {
             // dcol[b] (CKK×HW) = Wᵀ (CKK×O) · dY[n] (O×HW)
@@ -270,6 +263,7 @@ pub fn conv2d_backward(
                 c_offset: 0,
                 c_batch_stride: d.ckk() * d.hw(),
                 accumulate: false,
+                reduce_batch: false,
             };
             gemm(&g, weight, dy, &dcol, MatmulKernel::Tiled)?;
             let total = nb * d.c * d.h * d.w;

@@ -7,16 +7,16 @@ use crate::device::{Kernel, Workgroups};
 use crate::memory::Category;
 use crate::tensor::{DType, Tensor, TensorError};
 
-const FORWARD: Kernel = Kernel {
-    name: "cross_entropy_forward",
-    source: include_str!("../../shaders/cross_entropy_forward.wgsl"),
-    entry: "main",
-};
-const BACKWARD: Kernel = Kernel {
-    name: "cross_entropy_backward",
-    source: include_str!("../../shaders/cross_entropy_backward.wgsl"),
-    entry: "main",
-};
+const FORWARD: Kernel = Kernel::fixed(
+    "cross_entropy_forward",
+    include_str!("../../shaders/cross_entropy_forward.wgsl"),
+    "main",
+);
+const BACKWARD: Kernel = Kernel::fixed(
+    "cross_entropy_backward",
+    include_str!("../../shaders/cross_entropy_backward.wgsl"),
+    "main",
+);
 
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]

@@ -7,26 +7,10 @@ use crate::device::Kernel;
 use crate::tensor::{DType, Tensor, TensorError};
 
 const SOURCE: &str = include_str!("../../shaders/binary.wgsl");
-const ADD: Kernel = Kernel {
-    name: "add",
-    source: SOURCE,
-    entry: "add",
-};
-const SUB: Kernel = Kernel {
-    name: "sub",
-    source: SOURCE,
-    entry: "sub",
-};
-const SQDIFF: Kernel = Kernel {
-    name: "sqdiff",
-    source: SOURCE,
-    entry: "sqdiff",
-};
-const MUL: Kernel = Kernel {
-    name: "mul",
-    source: SOURCE,
-    entry: "mul",
-};
+const ADD: Kernel = Kernel::fixed("add", SOURCE, "add");
+const SUB: Kernel = Kernel::fixed("sub", SOURCE, "sub");
+const SQDIFF: Kernel = Kernel::fixed("sqdiff", SOURCE, "sqdiff");
+const MUL: Kernel = Kernel::fixed("mul", SOURCE, "mul");
 
 fn binary(
     kernel: &Kernel,

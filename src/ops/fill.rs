@@ -4,11 +4,7 @@ use super::{check_u32, launch};
 use crate::device::Kernel;
 use crate::tensor::{DType, Engine, Tensor, TensorError};
 
-const FILL: Kernel = Kernel {
-    name: "fill",
-    source: include_str!("../../shaders/fill.wgsl"),
-    entry: "main",
-};
+const FILL: Kernel = Kernel::fixed("fill", include_str!("../../shaders/fill.wgsl"), "main");
 
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]

@@ -28,6 +28,7 @@ fn plain(m: usize, n: usize, k: usize, a: MatView, b: MatView) -> Gemm {
         c_offset: 0,
         c_batch_stride: 0,
         accumulate: false,
+        reduce_batch: false,
     }
 }
 

@@ -1,29 +1,182 @@
-//! Matrix multiply, batched: `[.., M, K] · [.., K, N] → [.., M, N]`, with a
-//! tiled kernel (64×64 tiles in workgroup memory, 4×4 outputs per thread) and
-//! the naive one-output-per-thread kernel kept as the benchmark baseline.
-//! Operands are read through strides, so `transpose_a` / `transpose_b` cost no
-//! copy (backward passes need Aᵀ·G and G·Bᵀ).
+//! Matrix multiply, batched: `[.., M, K] · [.., K, N] → [.., M, N]`, from
+//! one kernel family (`shaders/matmul.wgsl`) whose tile shape is chosen per
+//! shape class and adapter: register-blocked tiles, staged in workgroup
+//! memory on GPUs and read straight from storage on CPU adapters (llvmpipe).
+//! Few output tiles over a long K (the fc layer: 64×10 outputs, K = 100,352)
+//! split K across workgroups into a workspace of partial products that
+//! `sum_partials` adds up; a batch whose products are summed (conv weight
+//! gradients, one product per sample) goes the same way in one dispatch
+//! instead of a loop of one-workgroup dispatches. Operands are read through
+//! strides, so `transpose_a` / `transpose_b` cost no copy.
+//!
+//! The split and its workspace depend only on the shapes, never on the
+//! adapter, so a simulated device allocates exactly what a real one does.
 
+use crate::device::compose::{Defs, Elem};
 use crate::device::{Kernel, Workgroups};
+use crate::memory::Category;
 use crate::tensor::{DType, Tensor, TensorError};
 
-const TILED: Kernel = Kernel {
-    name: "matmul_tiled",
-    source: include_str!("../../shaders/matmul_tiled.wgsl"),
-    entry: "main",
-};
-const NAIVE: Kernel = Kernel {
-    name: "matmul_naive",
-    source: include_str!("../../shaders/matmul_naive.wgsl"),
-    entry: "main",
-};
+const SOURCE: &str = include_str!("../../shaders/matmul.wgsl");
+const SUM_PARTIALS: Kernel = Kernel::fixed(
+    "sum_partials",
+    include_str!("../../shaders/sum_partials.wgsl"),
+    "main",
+);
+
+/// Output tiles (counted at 64×64, whatever kernel runs) below which K is
+/// split: enough workgroups to fill a GPU's multiprocessors or a CPU's cores.
+const TARGET_GROUPS: usize = 128;
+/// The shortest K range one split is given.
+const MIN_SPLIT_K: usize = 256;
+/// The most workspace one batch of partial products may take; a larger
+/// reduced batch is done in groups that accumulate.
+const MAX_PARTIALS_BYTES: usize = 4 << 20;
+
+/// A tile shape of the matmul family (see `shaders/matmul.wgsl`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+pub struct TileConfig {
+    /// Threads per workgroup along columns and rows.
+    pub wx: u32,
+    pub wy: u32,
+    /// Outputs per thread along rows and columns.
+    pub tm: u32,
+    pub tn: u32,
+    /// Depth of one K slice (the blocked-summation block).
+    pub bk: u32,
+    /// Stage A and B slices in workgroup memory.
+    pub shared: bool,
+    /// Thread x owns columns x, x+wx, … rather than a contiguous run.
+    pub strided_cols: bool,
+}
+
+impl TileConfig {
+    pub const fn new(wx: u32, wy: u32, tm: u32, tn: u32, bk: u32, shared: bool) -> TileConfig {
+        TileConfig {
+            wx,
+            wy,
+            tm,
+            tn,
+            bk,
+            shared,
+            strided_cols: shared,
+        }
+    }
+
+    /// Output rows and columns one workgroup computes.
+    pub fn block(&self) -> (usize, usize) {
+        ((self.wy * self.tm) as usize, (self.wx * self.tn) as usize)
+    }
+
+    /// Whether the staging loops divide evenly (shared tiles only).
+    pub fn is_valid(&self) -> bool {
+        let threads = self.wx * self.wy;
+        let ok = self.wx > 0 && self.wy > 0 && self.tm > 0 && self.tn > 0 && self.bk > 0;
+        ok && threads <= 256
+            && (!self.shared
+                || ((self.bk * self.wy * self.tm).is_multiple_of(threads)
+                    && (self.bk * self.wx * self.tn).is_multiple_of(threads)))
+    }
+
+    /// "16x16 4x4 k16 shared": workgroup, thread tile, K slice, staging.
+    pub fn describe(&self) -> String {
+        format!(
+            "{}x{} {}x{} k{} {}{}",
+            self.wx,
+            self.wy,
+            self.tm,
+            self.tn,
+            self.bk,
+            if self.shared { "shared" } else { "direct" },
+            if self.strided_cols != self.shared {
+                if self.strided_cols {
+                    " strided"
+                } else {
+                    " contiguous"
+                }
+            } else {
+                ""
+            }
+        )
+    }
+
+    /// The family's kernel for this tile and `elem`.
+    pub fn kernel(&self, elem: Elem) -> Kernel {
+        let defs = Defs::elem(elem)
+            .with("WX", self.wx)
+            .with("WY", self.wy)
+            .with("THREADS", self.wx * self.wy)
+            .with("TM", self.tm)
+            .with("TN", self.tn)
+            .with("BK", self.bk)
+            .with("SHARED", self.shared as u8)
+            .with("STRIDED_COLS", self.strided_cols as u8);
+        Kernel::variant(
+            format!("matmul[{} {}]", elem.name(), self.describe()),
+            SOURCE,
+            "main",
+            defs,
+        )
+    }
+}
 
 /// Which kernel to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MatmulKernel {
+    /// The tile shape chosen for the shape class and adapter ([`choose_tile`]).
     Tiled,
+    /// One output per thread, no reuse: the benchmark baseline.
     Naive,
+    /// A given tile shape (benchmarks and tuning).
+    Fixed(TileConfig),
 }
+
+/// The shape classes the models issue, each with its own tile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ShapeClass {
+    /// Both output sides at least 32.
+    Square,
+    /// Few output columns (the fc forward: N = 10; conv1's weight gradient: N = 27).
+    Narrow,
+    /// Few output rows (the fc weight gradient: M = 10).
+    Short,
+}
+
+impl ShapeClass {
+    pub fn of(m: usize, n: usize) -> ShapeClass {
+        if n < 32 && n <= m {
+            ShapeClass::Narrow
+        } else if m < 32 {
+            ShapeClass::Short
+        } else {
+            ShapeClass::Square
+        }
+    }
+}
+
+/// The tile for `class` on a CPU adapter (llvmpipe) or a GPU. Chosen by
+/// `vramlab bench --tune` on each (see the README's kernel section).
+pub fn choose_tile(class: ShapeClass, cpu: bool) -> TileConfig {
+    match (cpu, class) {
+        (true, ShapeClass::Square) => TileConfig::new(8, 16, 8, 8, 16, false),
+        (true, ShapeClass::Narrow) => TileConfig::new(8, 16, 4, 2, 16, false),
+        (true, ShapeClass::Short) => TileConfig::new(16, 4, 2, 8, 16, false),
+        (false, ShapeClass::Square) => TileConfig::new(16, 16, 8, 8, 16, true),
+        (false, ShapeClass::Narrow) => TileConfig::new(4, 64, 2, 4, 16, true),
+        (false, ShapeClass::Short) => TileConfig::new(64, 4, 4, 2, 16, true),
+    }
+}
+
+const NAIVE_TILE: TileConfig = TileConfig {
+    wx: 16,
+    wy: 16,
+    tm: 1,
+    tn: 1,
+    bk: 16,
+    shared: false,
+    strided_cols: false,
+};
 
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
@@ -43,7 +196,20 @@ struct MatmulParams {
     a_off: u32,
     b_off: u32,
     c_off: u32,
-    _pad: u32,
+    splits: u32,
+    k_chunk: u32,
+    _pad: [u32; 3],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct SumParams {
+    len: u32,
+    count: u32,
+    off: u32,
+    accumulate: u32,
+    start: u32,
+    _pad: [u32; 3],
 }
 
 /// Where a matrix (or a batch of matrices) sits inside a tensor, in elements:
@@ -77,7 +243,8 @@ impl MatView {
 }
 
 /// One general matrix multiply: `C[b] (+)= A[b] · B[b]` for `batch` matrices,
-/// A viewed as m×k, B as k×n, C row-major m×n at `c_offset` + b·`c_batch_stride`.
+/// A viewed as m×k, B as k×n, C row-major m×n at `c_offset` + b·`c_batch_stride`;
+/// or, with `reduce_batch`, `C (+)= Σ_b A[b] · B[b]` (one C).
 #[derive(Debug, Clone, Copy)]
 pub struct Gemm {
     pub m: usize,
@@ -90,11 +257,138 @@ pub struct Gemm {
     pub c_batch_stride: usize,
     /// Add to C instead of overwriting it.
     pub accumulate: bool,
+    /// Sum the batch's products into one C.
+    pub reduce_batch: bool,
+}
+
+/// A product's shape as a model issued it, for `vramlab bench` to replay:
+/// sizes, whether each operand is read transposed or shared across the
+/// batch, and the op that issued it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct GemmShape {
+    pub op: String,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub batch: usize,
+    pub a_transposed: bool,
+    pub b_transposed: bool,
+    pub a_shared: bool,
+    pub b_shared: bool,
+    pub reduce_batch: bool,
+}
+
+impl GemmShape {
+    pub fn of(g: &Gemm, op: &str) -> GemmShape {
+        GemmShape {
+            op: op.to_string(),
+            m: g.m,
+            n: g.n,
+            k: g.k,
+            batch: g.batch,
+            a_transposed: g.a.col_stride != 1 && g.k > 1,
+            b_transposed: g.b.col_stride != 1 && g.n > 1,
+            a_shared: g.a.batch_stride == 0,
+            b_shared: g.b.batch_stride == 0,
+            reduce_batch: g.reduce_batch,
+        }
+    }
+
+    /// Multiply-adds ×2.
+    pub fn flops(&self) -> f64 {
+        2.0 * (self.m * self.n * self.k * self.batch) as f64
+    }
+
+    /// The same product as a [`Gemm`] over fresh dense operands.
+    pub fn gemm(&self) -> Gemm {
+        let mut a = MatView::dense(0, self.m, self.k, false);
+        if self.a_transposed {
+            a = MatView::dense(0, self.k, self.m, true);
+        }
+        let mut b = MatView::dense(0, self.k, self.n, false);
+        if self.b_transposed {
+            b = MatView::dense(0, self.n, self.k, true);
+        }
+        if self.a_shared {
+            a = a.shared();
+        }
+        if self.b_shared {
+            b = b.shared();
+        }
+        Gemm {
+            m: self.m,
+            n: self.n,
+            k: self.k,
+            batch: self.batch,
+            a,
+            b,
+            c_offset: 0,
+            c_batch_stride: if self.reduce_batch {
+                0
+            } else {
+                self.m * self.n
+            },
+            accumulate: false,
+            reduce_batch: self.reduce_batch,
+        }
+    }
+
+    /// Elements of A, B and C the product touches.
+    pub fn sizes(&self) -> (usize, usize, usize) {
+        let batches = |shared: bool| if shared { 1 } else { self.batch };
+        let c = if self.reduce_batch { 1 } else { self.batch };
+        (
+            batches(self.a_shared) * self.m * self.k,
+            batches(self.b_shared) * self.k * self.n,
+            c * self.m * self.n,
+        )
+    }
+}
+
+/// How a product is cut: K splits per batch entry, and batch entries per
+/// group of partial products (all of them when no workspace is needed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Split {
+    pub splits: usize,
+    pub k_chunk: usize,
+    /// Batch entries per workspace group; 0 when no workspace is used.
+    pub group: usize,
+}
+
+/// The split for `g`: shapes only, never the adapter (so a simulated run
+/// allocates the same workspace as a real one).
+pub fn plan_split(g: &Gemm) -> Split {
+    let tiles = g.m.div_ceil(64) * g.n.div_ceil(64);
+    let loop_cap = super::MAX_LOOP_ITERATIONS;
+    let mut splits = 1;
+    // Every batch entry is its own set of workgroups, reduced or not.
+    if tiles * g.batch < TARGET_GROUPS {
+        let want = TARGET_GROUPS.div_ceil(tiles * g.batch.max(1));
+        splits = want.min(g.k / MIN_SPLIT_K).max(1);
+    }
+    // llvmpipe ends a loop after 65,535 iterations: bound each split's K.
+    splits = splits.max(g.k.div_ceil(loop_cap));
+    let k_chunk = g.k.div_ceil(splits).max(1);
+    let splits = g.k.div_ceil(k_chunk).max(1);
+    let partials = splits > 1 || (g.reduce_batch && g.batch > 1);
+    if !partials {
+        return Split {
+            splits: 1,
+            k_chunk,
+            group: 0,
+        };
+    }
+    let per_entry = splits * g.m * g.n * 4;
+    let group = (MAX_PARTIALS_BYTES / per_entry.max(1)).clamp(1, g.batch.max(1));
+    Split {
+        splits,
+        k_chunk,
+        group,
+    }
 }
 
 /// Runs `g` on existing tensors. The caller guarantees the views lie inside
-/// the tensors (ops build them from shapes they checked). A long K is split
-/// into accumulating dispatches of at most [`super::MAX_LOOP_ITERATIONS`].
+/// the tensors (ops build them from shapes they checked).
 pub fn gemm(
     g: &Gemm,
     a: &Tensor,
@@ -107,24 +401,102 @@ pub fn gemm(
         t.require_f32(OP)?;
         super::check_u32(OP, t)?;
     }
-    let step = super::MAX_LOOP_ITERATIONS;
-    for k0 in (0..g.k.max(1)).step_by(step) {
+    if g.m == 0 || g.n == 0 || g.batch == 0 {
+        return Ok(());
+    }
+    a.engine()
+        .note_gemm(GemmShape::of(g, &a.engine().current_scope().1));
+    let tile = match kernel {
+        MatmulKernel::Tiled => choose_tile(ShapeClass::of(g.m, g.n), a.engine().is_cpu_adapter()),
+        MatmulKernel::Naive => NAIVE_TILE,
+        MatmulKernel::Fixed(t) => t,
+    };
+    if !tile.is_valid() {
+        return Err(TensorError::InvalidShape {
+            op: OP,
+            message: format!("tile {} does not divide its staging loops", tile.describe()),
+        });
+    }
+    let split = plan_split(g);
+    if split.group == 0 {
+        return dispatch(
+            g,
+            a,
+            b,
+            c,
+            &tile,
+            1,
+            g.k.max(1),
+            g.c_offset,
+            g.c_batch_stride,
+            g.accumulate,
+        );
+    }
+    let mn = g.m * g.n;
+    for b0 in (0..g.batch).step_by(split.group) {
+        let nb = split.group.min(g.batch - b0);
+        let parts = Tensor::empty_as(
+            a.engine(),
+            &[nb * split.splits, g.m, g.n],
+            DType::F32,
+            "matmul.partials",
+            Some(Category::Workspace),
+        )?;
         let mut part = *g;
-        part.k = step.min(g.k - k0);
-        part.a.offset += k0 * g.a.col_stride;
-        part.b.offset += k0 * g.b.row_stride;
-        part.accumulate = g.accumulate || k0 > 0;
-        gemm_once(&part, a, b, c, kernel)?;
+        part.batch = nb;
+        part.a.offset += b0 * g.a.batch_stride;
+        part.b.offset += b0 * g.b.batch_stride;
+        dispatch(
+            &part,
+            a,
+            b,
+            &parts,
+            &tile,
+            split.splits,
+            split.k_chunk,
+            0,
+            mn,
+            false,
+        )?;
+        if g.reduce_batch {
+            sum_partials(
+                &parts,
+                c,
+                0,
+                nb * split.splits,
+                mn,
+                g.c_offset,
+                g.accumulate || b0 > 0,
+            )?;
+        } else {
+            for e in 0..nb {
+                sum_partials(
+                    &parts,
+                    c,
+                    e * split.splits * mn,
+                    split.splits,
+                    mn,
+                    g.c_offset + (b0 + e) * g.c_batch_stride,
+                    g.accumulate,
+                )?;
+            }
+        }
     }
     Ok(())
 }
 
-fn gemm_once(
+#[allow(clippy::too_many_arguments)]
+fn dispatch(
     g: &Gemm,
     a: &Tensor,
     b: &Tensor,
     c: &Tensor,
-    kernel: MatmulKernel,
+    tile: &TileConfig,
+    splits: usize,
+    k_chunk: usize,
+    c_offset: usize,
+    c_batch_stride: usize,
+    accumulate: bool,
 ) -> Result<(), TensorError> {
     let u = |x: usize| x as u32;
     let params = MatmulParams {
@@ -138,29 +510,55 @@ fn gemm_once(
         b_cs: u(g.b.col_stride),
         a_bs: u(g.a.batch_stride),
         b_bs: u(g.b.batch_stride),
-        c_bs: u(g.c_batch_stride),
-        accumulate: g.accumulate as u32,
+        c_bs: u(c_batch_stride),
+        accumulate: accumulate as u32,
         a_off: u(g.a.offset),
         b_off: u(g.b.offset),
-        c_off: u(g.c_offset),
-        _pad: 0,
+        c_off: u(c_offset),
+        splits: u(splits),
+        k_chunk: u(k_chunk),
+        _pad: [0; 3],
     };
-    let (kernel, tile) = match kernel {
-        MatmulKernel::Tiled => (&TILED, 64),
-        MatmulKernel::Naive => (&NAIVE, 16),
-    };
+    let (bm, bn) = tile.block();
     let grid = [
-        g.n.div_ceil(tile) as u32,
-        g.m.div_ceil(tile) as u32,
-        g.batch as u32,
+        g.n.div_ceil(bn) as u32,
+        g.m.div_ceil(bm) as u32,
+        (g.batch * splits) as u32,
     ];
     a.engine().dispatch(
-        kernel,
+        &tile.kernel(Elem::F32),
         &[&a.slice(), &b.slice(), &c.slice()],
         bytemuck::bytes_of(&params),
         Workgroups::Grid(grid),
     )?;
     Ok(())
+}
+
+/// `out[off..off+len] (+)= Σ_z parts[start + z·len ..]`, z < count.
+fn sum_partials(
+    parts: &Tensor,
+    out: &Tensor,
+    start: usize,
+    count: usize,
+    len: usize,
+    off: usize,
+    accumulate: bool,
+) -> Result<(), TensorError> {
+    let params = SumParams {
+        len: len as u32,
+        count: count as u32,
+        off: off as u32,
+        accumulate: accumulate as u32,
+        start: start as u32,
+        _pad: [0; 3],
+    };
+    super::launch(
+        parts,
+        &SUM_PARTIALS,
+        &[&parts.slice(), &out.slice()],
+        bytemuck::bytes_of(&params),
+        len,
+    )
 }
 
 /// Splits `[.., R, C]` into (batch, R, C).
@@ -238,6 +636,7 @@ pub fn matmul_ex(
         c_offset: 0,
         c_batch_stride: m * n,
         accumulate: false,
+        reduce_batch: false,
     };
     gemm(&g, a, b, &out, kernel)?;
     Ok(out)

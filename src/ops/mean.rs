@@ -9,16 +9,8 @@ use crate::device::Kernel;
 use crate::tensor::{DType, Tensor, TensorError};
 
 const SOURCE: &str = include_str!("../../shaders/mean_axis.wgsl");
-const FORWARD: Kernel = Kernel {
-    name: "mean_forward",
-    source: SOURCE,
-    entry: "forward",
-};
-const BACKWARD: Kernel = Kernel {
-    name: "mean_backward",
-    source: SOURCE,
-    entry: "backward",
-};
+const FORWARD: Kernel = Kernel::fixed("mean_forward", SOURCE, "forward");
+const BACKWARD: Kernel = Kernel::fixed("mean_backward", SOURCE, "backward");
 
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]

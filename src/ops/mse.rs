@@ -7,11 +7,11 @@ use super::{launch, same_shape, CountParams};
 use crate::device::Kernel;
 use crate::tensor::{DType, Tensor, TensorError};
 
-const BACKWARD: Kernel = Kernel {
-    name: "mse_backward",
-    source: include_str!("../../shaders/mse_backward.wgsl"),
-    entry: "main",
-};
+const BACKWARD: Kernel = Kernel::fixed(
+    "mse_backward",
+    include_str!("../../shaders/mse_backward.wgsl"),
+    "main",
+);
 
 /// The loss, a one-element tensor.
 pub fn mse(pred: &Tensor, target: &Tensor) -> Result<Tensor, TensorError> {

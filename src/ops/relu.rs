@@ -4,11 +4,7 @@ use super::{check_u32, CountParams};
 use crate::device::Kernel;
 use crate::tensor::{DType, Tensor, TensorError};
 
-const RELU: Kernel = Kernel {
-    name: "relu",
-    source: include_str!("../../shaders/relu.wgsl"),
-    entry: "main",
-};
+const RELU: Kernel = Kernel::fixed("relu", include_str!("../../shaders/relu.wgsl"), "main");
 
 /// max(x, 0), elementwise, into a new tensor.
 pub fn relu(x: &Tensor) -> Result<Tensor, TensorError> {
@@ -26,11 +22,11 @@ pub fn relu(x: &Tensor) -> Result<Tensor, TensorError> {
     Ok(out)
 }
 
-const RELU_BACKWARD: Kernel = Kernel {
-    name: "relu_backward",
-    source: include_str!("../../shaders/relu_backward.wgsl"),
-    entry: "main",
-};
+const RELU_BACKWARD: Kernel = Kernel::fixed(
+    "relu_backward",
+    include_str!("../../shaders/relu_backward.wgsl"),
+    "main",
+);
 
 /// The gradient of ReLU from its saved output `y`: `dy` where `y > 0`.
 pub fn relu_backward(y: &Tensor, dy: &Tensor) -> Result<Tensor, TensorError> {

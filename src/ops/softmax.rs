@@ -7,16 +7,8 @@ use crate::device::{Kernel, Workgroups};
 use crate::tensor::{DType, Tensor, TensorError};
 
 const SOURCE: &str = include_str!("../../shaders/softmax.wgsl");
-const FORWARD: Kernel = Kernel {
-    name: "softmax_forward",
-    source: SOURCE,
-    entry: "forward",
-};
-const BACKWARD: Kernel = Kernel {
-    name: "softmax_backward",
-    source: SOURCE,
-    entry: "backward",
-};
+const FORWARD: Kernel = Kernel::fixed("softmax_forward", SOURCE, "forward");
+const BACKWARD: Kernel = Kernel::fixed("softmax_backward", SOURCE, "backward");
 
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]

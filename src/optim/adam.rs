@@ -8,11 +8,7 @@ use crate::nn::ParamStore;
 use crate::ops::fill;
 use crate::tensor::{Tensor, TensorError};
 
-const ADAM: Kernel = Kernel {
-    name: "adam",
-    source: include_str!("../../shaders/adam.wgsl"),
-    entry: "main",
-};
+const ADAM: Kernel = Kernel::fixed("adam", include_str!("../../shaders/adam.wgsl"), "main");
 
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]

@@ -8,11 +8,7 @@ use crate::device::Kernel;
 use crate::nn::ParamStore;
 use crate::tensor::{DType, Tensor, TensorError};
 
-const SGD: Kernel = Kernel {
-    name: "sgd",
-    source: include_str!("../../shaders/sgd.wgsl"),
-    entry: "main",
-};
+const SGD: Kernel = Kernel::fixed("sgd", include_str!("../../shaders/sgd.wgsl"), "main");
 
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]

@@ -5,7 +5,9 @@
 
 pub mod chrome;
 pub mod html;
+pub mod op_times;
 pub mod series;
 pub mod svg;
 
+pub use op_times::OpTimes;
 pub use series::{live_at, Series};

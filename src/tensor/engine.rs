@@ -36,6 +36,8 @@ struct EngineInner {
     /// Each layer's output shape, in call order, while the allocator records
     /// (the per-layer table of `estimate`).
     layer_outputs: Mutex<Vec<(Arc<str>, Vec<usize>)>>,
+    /// Every matrix product issued while on (`vramlab bench` replays them).
+    gemm_log: Mutex<Option<Vec<crate::ops::matmul::GemmShape>>>,
     /// How many times each model-level op has run in this forward, so the
     /// two ReLUs of a model are `relu1` and `relu2`.
     op_numbers: Mutex<std::collections::HashMap<String, usize>>,
@@ -115,6 +117,7 @@ impl Engine {
                 scopes: Mutex::new(Vec::new()),
                 layer_outputs: Mutex::new(Vec::new()),
                 op_numbers: Mutex::new(Default::default()),
+                gemm_log: Mutex::new(None),
             }),
         }
     }
@@ -140,6 +143,73 @@ impl Engine {
         self.gpu()
             .map(|g| g.info.backend.to_str())
             .unwrap_or("none")
+    }
+
+    /// Whether the adapter is a CPU (llvmpipe, WARP, SwiftShader): kernels
+    /// then take tile shapes that suit caches rather than on-chip memory.
+    /// A simulated device answers false; it runs no kernel.
+    pub fn is_cpu_adapter(&self) -> bool {
+        self.gpu()
+            .is_some_and(|g| g.info.device_type == wgpu::DeviceType::Cpu)
+    }
+
+    /// Whether kernels can be timed on the GPU itself (TIMESTAMP_QUERY);
+    /// without it, timing syncs after every kernel.
+    pub fn has_timestamp_queries(&self) -> bool {
+        self.gpu()
+            .is_some_and(|g| g.features.contains(wgpu::Features::TIMESTAMP_QUERY))
+    }
+
+    /// Starts timing every kernel dispatch (see [`crate::device::timing`]);
+    /// `None` on a simulated device.
+    pub fn start_timing(&self) -> Option<crate::device::TimingSource> {
+        self.gpu().map(|g| g.start_timing())
+    }
+
+    /// Marks a training phase, for the allocator's event log and the
+    /// kernel timer both.
+    pub fn mark_phase(&self, phase: &str) {
+        self.allocator().mark_phase(phase);
+        if let Some(g) = self.gpu() {
+            g.set_timing_phase(phase);
+        }
+    }
+
+    /// Every dispatch timed since the last call (waits for the GPU); `None`
+    /// when timing is off or the device is simulated.
+    pub fn take_dispatch_times(
+        &self,
+    ) -> Result<
+        Option<(
+            crate::device::TimingSource,
+            Vec<crate::device::DispatchTime>,
+        )>,
+        DeviceError,
+    > {
+        match self.gpu() {
+            Some(g) => g.take_times(),
+            None => Ok(None),
+        }
+    }
+
+    /// Starts (or, with `false`, stops) logging the matrix products issued.
+    pub fn log_gemms(&self, on: bool) {
+        *lock(&self.inner.gemm_log) = on.then(Vec::new);
+    }
+
+    /// Notes a product, when logging.
+    pub fn note_gemm(&self, shape: crate::ops::matmul::GemmShape) {
+        if let Some(log) = lock(&self.inner.gemm_log).as_mut() {
+            log.push(shape);
+        }
+    }
+
+    /// The products logged so far, emptying the log.
+    pub fn take_gemms(&self) -> Vec<crate::ops::matmul::GemmShape> {
+        lock(&self.inner.gemm_log)
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     /// The largest buffer binding (`max_storage_buffer_binding_size`).
@@ -175,7 +245,9 @@ impl Engine {
         workgroups: Workgroups,
     ) -> Result<(), DeviceError> {
         match self.gpu() {
-            Some(g) => g.dispatch(kernel, bindings, params, workgroups),
+            Some(g) => g.dispatch_as(kernel, bindings, params, workgroups, || {
+                self.current_scope().1
+            }),
             None => Ok(()),
         }
     }

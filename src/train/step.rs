@@ -88,7 +88,7 @@ impl Trainer {
         self.store.zero_grad();
         let fresh = Tape::new();
         let tape = self.retained.as_ref().unwrap_or(&fresh);
-        engine.allocator().mark_phase("forward");
+        engine.mark_phase("forward");
         engine.reset_op_numbers();
         let forward = engine.scope(Category::Output, "forward");
         let x = Value::constant(batch.x.clone());
@@ -113,7 +113,7 @@ impl Trainer {
         if self.mode == Mode::Inference {
             return self.finish(t0, logits, loss);
         }
-        engine.allocator().mark_phase("backward");
+        engine.mark_phase("backward");
         let backward = engine.scope(Category::Temporary, "backward");
         if self.retained.is_some() {
             tape.backward_retain(&loss, &mut self.store)?;
@@ -121,7 +121,7 @@ impl Trainer {
             tape.backward(&loss, &mut self.store)?;
         }
         drop(backward);
-        engine.allocator().mark_phase("optimizer");
+        engine.mark_phase("optimizer");
         let step_op = format!("{}.step", self.optimizer.name());
         let optimizer = engine.scope(Category::OptimizerState, &step_op);
         self.optimizer.step(&mut self.store)?;

@@ -1,0 +1,29 @@
+// out[off + i] (+)= Σ_z parts[start + z·len + i] for z in 0..count, in order: the
+// second half of a split-K or batch-reduced matmul (matmul.wgsl writes one
+// partial product per split and batch entry). A fixed order keeps results
+// deterministic; each partial is itself a blocked sum, so the total is as
+// accurate as one long blocked reduction.
+struct Params {
+    len: u32, count: u32, off: u32, accumulate: u32,
+    start: u32, _p0: u32, _p1: u32, _p2: u32,
+}
+
+@group(0) @binding(0) var<storage, read_write> parts: array<{{T}}>;
+@group(0) @binding(1) var<storage, read_write> out: array<{{T}}>;
+@group(0) @binding(2) var<uniform> p: Params;
+#accessors parts out
+#include prelude
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>,
+        @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lidx: u32) {
+    let i = flat_index(wid, nwg, lidx);
+    if (i >= p.len) { return; }
+    var total = 0.0;
+    for (var zz = 0u; zz < p.count; zz++) {
+        total += ld_parts(p.start + zz * p.len + i);
+    }
+    if (p.accumulate != 0u) { total += ld_out(p.off + i); }
+    st_out(p.off + i, total);
+}

@@ -1,0 +1,444 @@
+//! `vramlab bench`: kernel speed on this adapter. Square matmuls (GFLOP/s),
+//! every matrix product shape each zoo model's training step issues (logged
+//! from a step, then replayed alone), and the whole step per model with its
+//! device time per phase. `--tune` tries a grid of tile shapes per shape
+//! class and prints the best, which is how `choose_tile` was filled in.
+//!
+//! Timing: wall clock around a product and a wait for the GPU, median of
+//! `--reps`; device time from timestamp queries beside it where the adapter
+//! has them. Benchmarks compare as ratios within one run.
+
+use super::args::DeviceArgs;
+use crate::memory::AllocatorConfig;
+use crate::nn::init::Rng;
+use crate::nn::{ModelSpec, ParamStore};
+use crate::ops::matmul::{
+    choose_tile, gemm, plan_split, GemmShape, MatmulKernel, ShapeClass, TileConfig,
+};
+use crate::profile::OpTimes;
+use crate::tensor::{Engine, Tensor};
+use crate::train::{Batch, OptimizerConfig, OptimizerKind, Trainer};
+use clap::Args;
+use serde::Serialize;
+use std::time::Instant;
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Square matmul sizes n (n×n · n×n).
+    #[arg(long, value_delimiter = ',', default_value = "512,1024,2048")]
+    pub sizes: Vec<usize>,
+    /// Zoo models whose step shapes and whole step to time ("none" for none).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "simple-cnn,mlp,resnet-mini,attention"
+    )]
+    pub models: Vec<String>,
+    /// Batch for the model steps (simple-cnn's article batch is 64).
+    #[arg(long, default_value_t = 64)]
+    pub batch: usize,
+    /// Timed repetitions per figure (median reported), after one warm-up.
+    #[arg(long, default_value_t = 5)]
+    pub reps: usize,
+    /// Also time the naive kernel (one output per thread) at each size.
+    #[arg(long)]
+    pub naive: bool,
+    /// Try a grid of tile shapes per shape class and report the best.
+    #[arg(long)]
+    pub tune: bool,
+    #[command(flatten)]
+    pub device: DeviceArgs,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct SquareRow {
+    n: usize,
+    tile: String,
+    seconds: f64,
+    gflops: f64,
+    naive_gflops: Option<f64>,
+}
+
+#[derive(Debug, Serialize)]
+struct ShapeRow {
+    shape: GemmShape,
+    /// How many times the step issues it.
+    count: usize,
+    class: ShapeClass,
+    tile: String,
+    splits: usize,
+    seconds: f64,
+    gflops: f64,
+    /// GFLOP/s over the 1024³ square product's (or the largest size run).
+    of_square: f64,
+}
+
+#[derive(Debug, Serialize)]
+struct StepRow {
+    model: String,
+    batch: usize,
+    seconds_median: f64,
+    seconds_all: Vec<f64>,
+    device_time: Option<OpTimes>,
+    shapes: Vec<ShapeRow>,
+}
+
+#[derive(Debug, Serialize)]
+struct TuneRow {
+    class: String,
+    shape: String,
+    best: String,
+    best_gflops: f64,
+    chosen: String,
+    chosen_gflops: f64,
+    tried: Vec<(String, f64)>,
+}
+
+#[derive(Debug, Serialize)]
+struct BenchReport {
+    adapter: String,
+    backend: String,
+    cpu_adapter: bool,
+    reps: usize,
+    square: Vec<SquareRow>,
+    models: Vec<StepRow>,
+    tune: Vec<TuneRow>,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// Random operands for `shape`, and its output.
+fn operands(e: &Engine, shape: &GemmShape, rng: &mut Rng) -> anyhow::Result<[Tensor; 3]> {
+    let (na, nb, nc) = shape.sizes();
+    Ok([
+        Tensor::from_slice(e, &rng.uniform(na, 1.0), &[na], "bench.a")?,
+        Tensor::from_slice(e, &rng.uniform(nb, 1.0), &[nb], "bench.b")?,
+        Tensor::from_slice(e, &vec![0.0; nc], &[nc], "bench.c")?,
+    ])
+}
+
+/// Median wall seconds of `shape` with `kernel`.
+fn time_gemm(
+    e: &Engine,
+    shape: &GemmShape,
+    kernel: MatmulKernel,
+    reps: usize,
+    rng: &mut Rng,
+) -> anyhow::Result<f64> {
+    let [a, b, c] = operands(e, shape, rng)?;
+    let g = shape.gemm();
+    let once = || -> anyhow::Result<f64> {
+        e.synchronize()?;
+        let t0 = Instant::now();
+        gemm(&g, &a, &b, &c, kernel)?;
+        e.synchronize()?;
+        Ok(t0.elapsed().as_secs_f64())
+    };
+    once()?;
+    let times = (0..reps.max(1))
+        .map(|_| once())
+        .collect::<anyhow::Result<Vec<f64>>>()?;
+    Ok(median(times))
+}
+
+fn square(n: usize) -> GemmShape {
+    GemmShape {
+        op: format!("square {n}"),
+        m: n,
+        n,
+        k: n,
+        batch: 1,
+        a_transposed: false,
+        b_transposed: false,
+        a_shared: false,
+        b_shared: false,
+        reduce_batch: false,
+    }
+}
+
+/// The distinct products one training step of `spec` issues, with counts.
+fn step_shapes(spec: &ModelSpec, batch: usize) -> anyhow::Result<Vec<(GemmShape, usize)>> {
+    let e = Engine::simulated(AllocatorConfig::default(), None);
+    e.log_gemms(true);
+    let mut trainer = trainer(&e, spec, batch)?;
+    trainer.0.step(&trainer.1)?;
+    let mut shapes: Vec<(GemmShape, usize)> = Vec::new();
+    for s in e.take_gemms() {
+        match shapes.iter_mut().find(|(x, _)| {
+            GemmShape {
+                op: s.op.clone(),
+                ..x.clone()
+            } == s
+        }) {
+            Some((_, n)) => *n += 1,
+            None => shapes.push((s, 1)),
+        }
+    }
+    Ok(shapes)
+}
+
+fn trainer(e: &Engine, spec: &ModelSpec, batch: usize) -> anyhow::Result<(Trainer, Batch)> {
+    let mut rng = Rng::new(0);
+    let mut store = ParamStore::new();
+    let model = spec.build(e, &mut store, &mut rng)?;
+    let data = Batch::random(e, &mut rng, batch, &spec.input_shape(), spec.classes())?;
+    let opt = OptimizerConfig::new(OptimizerKind::Adam, None, None, None).build();
+    Ok((Trainer::new(e.clone(), model, store, opt, false), data))
+}
+
+/// Tile shapes `--tune` tries.
+fn candidates(cpu: bool) -> Vec<TileConfig> {
+    let mut v = Vec::new();
+    for (wx, wy) in [
+        (8, 8),
+        (16, 16),
+        (8, 16),
+        (16, 8),
+        (4, 64),
+        (64, 4),
+        (16, 4),
+        (4, 16),
+        (32, 8),
+        (8, 32),
+    ] {
+        for (tm, tn) in [
+            (1, 1),
+            (2, 2),
+            (4, 4),
+            (4, 8),
+            (8, 4),
+            (8, 8),
+            (2, 4),
+            (4, 2),
+            (2, 8),
+            (8, 2),
+        ] {
+            for shared in [false, true] {
+                if cpu && shared && wx * wy > 64 {
+                    continue;
+                }
+                for strided in [false, true] {
+                    let mut t = TileConfig::new(wx, wy, tm, tn, 16, shared);
+                    t.strided_cols = strided;
+                    if t.is_valid() && tm * tn <= 64 && wx * wy >= 32 {
+                        v.push(t);
+                    }
+                }
+            }
+        }
+    }
+    v
+}
+
+pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
+    if args.reps == 0 || args.batch == 0 {
+        anyhow::bail!("--reps and --batch must be at least 1");
+    }
+    let e = Engine::new(&args.device.options(), AllocatorConfig::default())?;
+    let cpu = e.is_cpu_adapter();
+    let timing = e.start_timing();
+    let mut rng = Rng::new(1);
+    let say = |s: String| {
+        if !args.json {
+            println!("{s}");
+        }
+    };
+    say(format!(
+        "vramlab bench on {} ({}), {} adapter; median of {} runs after a warm-up",
+        e.device_name(),
+        e.backend_name(),
+        if cpu { "CPU" } else { "GPU" },
+        args.reps
+    ));
+    let mut report = BenchReport {
+        adapter: e.device_name(),
+        backend: e.backend_name().into(),
+        cpu_adapter: cpu,
+        reps: args.reps,
+        square: Vec::new(),
+        models: Vec::new(),
+        tune: Vec::new(),
+    };
+
+    say("\nsquare matmul (n×n · n×n):".into());
+    for &n in &args.sizes {
+        if n == 0 {
+            anyhow::bail!("--sizes: 0 is not a matrix size");
+        }
+        let s = square(n);
+        let secs = time_gemm(&e, &s, MatmulKernel::Tiled, args.reps, &mut rng)?;
+        let naive = if args.naive {
+            Some(
+                s.flops()
+                    / time_gemm(&e, &s, MatmulKernel::Naive, args.reps.min(2), &mut rng)?
+                    / 1e9,
+            )
+        } else {
+            None
+        };
+        let row = SquareRow {
+            n,
+            tile: choose_tile(ShapeClass::Square, cpu).describe(),
+            seconds: secs,
+            gflops: s.flops() / secs / 1e9,
+            naive_gflops: naive,
+        };
+        say(format!(
+            "  {n:>5}³  {:>9.2} GFLOP/s  {:>9.3} ms  tile {}{}",
+            row.gflops,
+            secs * 1e3,
+            row.tile,
+            naive
+                .map(|g| format!("  (naive {g:.2} GFLOP/s)"))
+                .unwrap_or_default()
+        ));
+        report.square.push(row);
+    }
+    let reference = report
+        .square
+        .iter()
+        .find(|r| r.n == 1024)
+        .or(report.square.last())
+        .map(|r| r.gflops)
+        .unwrap_or(f64::NAN);
+
+    for name in args.models.iter().filter(|m| m.as_str() != "none") {
+        let spec = ModelSpec::default_for(name).map_err(anyhow::Error::msg)?;
+        say(format!(
+            "\n{} step, batch {}, Adam:",
+            spec.describe(),
+            args.batch
+        ));
+        let mut shapes = Vec::new();
+        for (shape, count) in step_shapes(&spec, args.batch)? {
+            let class = ShapeClass::of(shape.m, shape.n);
+            let secs = time_gemm(&e, &shape, MatmulKernel::Tiled, args.reps, &mut rng)?;
+            let gflops = shape.flops() / secs / 1e9;
+            let row = ShapeRow {
+                count,
+                class,
+                tile: choose_tile(class, cpu).describe(),
+                splits: plan_split(&shape.gemm()).splits,
+                seconds: secs,
+                gflops,
+                of_square: gflops / reference,
+                shape,
+            };
+            let s = &row.shape;
+            say(format!(
+                "  {:<16} ×{:<2} {:>5}×{:<6}·K {:<6} batch {:<3}{}{} {:>8.2} GFLOP/s ({:>3.0}% of square) {:?}, split {}",
+                s.op,
+                count,
+                s.m,
+                s.n,
+                s.k,
+                s.batch,
+                if s.reduce_batch { " summed" } else { "       " },
+                match (s.a_transposed, s.b_transposed) {
+                    (true, true) => " AᵀBᵀ",
+                    (true, false) => " AᵀB ",
+                    (false, true) => " ABᵀ ",
+                    (false, false) => " AB  ",
+                },
+                gflops,
+                row.of_square * 100.0,
+                class,
+                row.splits
+            ));
+            shapes.push(row);
+        }
+        let (mut t, data) = trainer(&e, &spec, args.batch)?;
+        t.step(&data)?;
+        e.take_dispatch_times()?;
+        let mut secs = Vec::new();
+        let mut last = None;
+        for _ in 0..args.reps {
+            let t0 = Instant::now();
+            t.step(&data)?;
+            e.synchronize()?;
+            secs.push(t0.elapsed().as_secs_f64());
+            last = e.take_dispatch_times()?;
+        }
+        let device_time = match (timing, last) {
+            (Some(_), Some((source, times))) => Some(OpTimes::of(source, &times)),
+            _ => None,
+        };
+        let med = median(secs.clone());
+        say(format!("  whole step: {:.1} ms (median)", med * 1e3));
+        if let Some(d) = &device_time {
+            say(d.table(8));
+        }
+        report.models.push(StepRow {
+            model: name.clone(),
+            batch: args.batch,
+            seconds_median: med,
+            seconds_all: secs,
+            device_time,
+            shapes,
+        });
+    }
+
+    if args.tune {
+        say("\ntuning (every candidate tile per shape class):".into());
+        let first = args.sizes.first().copied().unwrap_or(1024);
+        let mut probes: Vec<(String, GemmShape)> = vec![("square".into(), square(first))];
+        for m in &report.models {
+            for s in &m.shapes {
+                let class = format!("{:?}", s.class).to_lowercase();
+                if !probes
+                    .iter()
+                    .any(|(_, p)| p.m == s.shape.m && p.n == s.shape.n && p.k == s.shape.k)
+                {
+                    probes.push((class, s.shape.clone()));
+                }
+            }
+        }
+        for (class, shape) in probes {
+            let mut tried = Vec::new();
+            for t in candidates(cpu) {
+                let secs = time_gemm(
+                    &e,
+                    &shape,
+                    MatmulKernel::Fixed(t),
+                    args.reps.min(3),
+                    &mut rng,
+                )?;
+                tried.push((t.describe(), shape.flops() / secs / 1e9));
+            }
+            tried.sort_by(|a, b| b.1.total_cmp(&a.1));
+            let chosen = choose_tile(ShapeClass::of(shape.m, shape.n), cpu).describe();
+            let chosen_gflops = tried
+                .iter()
+                .find(|t| t.0 == chosen)
+                .map(|t| t.1)
+                .unwrap_or(f64::NAN);
+            let row = TuneRow {
+                class: class.clone(),
+                shape: format!(
+                    "{} {}×{}·K{} batch {}",
+                    shape.op, shape.m, shape.n, shape.k, shape.batch
+                ),
+                best: tried[0].0.clone(),
+                best_gflops: tried[0].1,
+                chosen,
+                chosen_gflops,
+                tried: tried.into_iter().take(8).collect(),
+            };
+            say(format!(
+                "  {:<8} {:<44} best {:<28} {:>8.2} GFLOP/s; chosen {} {:.2}",
+                row.class, row.shape, row.best, row.best_gflops, row.chosen, row.chosen_gflops
+            ));
+            report.tune.push(row);
+        }
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    }
+    Ok(())
+}

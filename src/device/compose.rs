@@ -1,0 +1,423 @@
+//! A small WGSL composer, so each kernel family is written once and its
+//! element type and tile sizes are parameters rather than copies.
+//!
+//! Why our own: the kernels need four things — substitution, conditionals,
+//! unrolled loops and element-type accessors — and naga_oil brings a module
+//! system and a second WGSL front end for what is ~250 lines here. Unrolling
+//! matters: llvmpipe (CI's GPU) keeps arrays indexed by loop variables in
+//! memory, so a register tile must be written as named scalars, which a
+//! `#for` produces.
+//!
+//! The language, line by line (directives start with `#` after indentation):
+//! - `{{EXPR}}` anywhere: EXPR is a definition's name, an integer, or
+//!   integers and names joined by `+ - * /` (usual precedence, no brackets).
+//! - `#if COND` / `#else` / `#endif`: COND is `NAME` (defined and not `0` or
+//!   `false`), `!NAME`, or `NAME == VALUE` / `NAME != VALUE`.
+//! - `#for VAR in A..B` … `#endfor`: the lines repeated for VAR = A..B-1 (A, B
+//!   expressions), VAR usable in `{{ }}` inside; nests.
+//! - `#include NAME`: a shared snippet ([`PRELUDE`] as `prelude`).
+//! - `#accessors a b c`: `ld_a(i) -> f32` and `st_a(i, v: f32)` for storage
+//!   arrays `a`, `b`, `c` declared as `array<{{T}}>`, in the element type
+//!   `ELEM` names (`f32`, `f16`, `bf16`), so arithmetic is always f32.
+
+use std::collections::HashMap;
+use std::fmt;
+
+/// Shared by every kernel: the flat invocation index over a grid spread by
+/// [`super::grid_for`], so no shader repeats that arithmetic.
+pub const PRELUDE: &str = "\
+// The flat index of an invocation of a 256-wide workgroup in a grid that
+// grid_for spread over up to three dimensions.
+fn flat_index(wid: vec3<u32>, nwg: vec3<u32>, lidx: u32) -> u32 {
+    return (wid.x + wid.y * nwg.x + wid.z * nwg.x * nwg.y) * 256u + lidx;
+}
+";
+
+/// The element types a kernel family can be instantiated for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Elem {
+    F32,
+    /// Needs the adapter's SHADER_F16 (WGSL `enable f16;`).
+    F16,
+    /// Stored two per `u32` (the high halves of f32s), computed in f32.
+    Bf16,
+}
+
+impl Elem {
+    pub fn name(self) -> &'static str {
+        match self {
+            Elem::F32 => "f32",
+            Elem::F16 => "f16",
+            Elem::Bf16 => "bf16",
+        }
+    }
+
+    /// The WGSL type of one array element in storage.
+    pub fn storage(self) -> &'static str {
+        match self {
+            Elem::F32 => "f32",
+            Elem::F16 => "f16",
+            Elem::Bf16 => "u32",
+        }
+    }
+}
+
+/// Definitions a template is composed with.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Defs {
+    values: Vec<(String, String)>,
+}
+
+impl Defs {
+    /// `ELEM` and `T` for `elem`.
+    pub fn elem(elem: Elem) -> Defs {
+        Defs::default()
+            .with("ELEM", elem.name())
+            .with("T", elem.storage())
+    }
+
+    pub fn with(mut self, name: &str, value: impl ToString) -> Defs {
+        self.set(name, value.to_string());
+        self
+    }
+
+    pub fn set(&mut self, name: &str, value: String) {
+        match self.values.iter_mut().find(|(n, _)| n == name) {
+            Some(slot) => slot.1 = value,
+            None => self.values.push((name.to_string(), value)),
+        }
+    }
+
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.values
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// `name=value,...`, for pipeline names and headers.
+    pub fn key(&self) -> String {
+        self.values
+            .iter()
+            .map(|(n, v)| format!("{n}={v}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+/// A template that could not be composed: a bug in a kernel, reported
+/// with the line so it can be found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ComposeError {
+    pub line: usize,
+    pub message: String,
+}
+
+impl fmt::Display for ComposeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "shader template line {}: {}", self.line, self.message)
+    }
+}
+
+impl std::error::Error for ComposeError {}
+
+/// Composes `template` with `defs` into plain WGSL.
+pub fn compose(template: &str, defs: &Defs) -> Result<String, ComposeError> {
+    let lines: Vec<&str> = template.lines().collect();
+    let mut vars: HashMap<String, i64> = HashMap::new();
+    let mut out = String::new();
+    if defs.get("ELEM") == Some("f16") {
+        out.push_str("enable f16;\n");
+    }
+    expand(&lines, 0, lines.len(), defs, &mut vars, &mut out)?;
+    Ok(out)
+}
+
+fn err(line: usize, message: impl Into<String>) -> ComposeError {
+    ComposeError {
+        line: line + 1,
+        message: message.into(),
+    }
+}
+
+fn directive(line: &str) -> Option<(&str, &str)> {
+    let t = line.trim_start();
+    let rest = t.strip_prefix('#')?;
+    let (word, arg) = rest.split_once(' ').unwrap_or((rest, ""));
+    Some((word, arg.trim()))
+}
+
+/// The index of the line that closes the block opened at `start` (its
+/// `#else` too, for an `#if`), skipping nested blocks.
+fn block_end(
+    lines: &[&str],
+    start: usize,
+    end: usize,
+) -> Result<(Option<usize>, usize), ComposeError> {
+    let opener = directive(lines[start]).map(|d| d.0).unwrap_or("");
+    let closer = if opener == "for" { "endfor" } else { "endif" };
+    let mut depth = 0usize;
+    let mut else_at = None;
+    for (i, line) in lines.iter().enumerate().take(end).skip(start + 1) {
+        match directive(line).map(|d| d.0) {
+            Some("if") | Some("for") => depth += 1,
+            Some("else") if depth == 0 && opener == "if" => else_at = Some(i),
+            Some(w @ ("endif" | "endfor")) => {
+                if depth == 0 {
+                    if w != closer {
+                        return Err(err(i, format!("#{w} closes #{opener}")));
+                    }
+                    return Ok((else_at, i));
+                }
+                depth -= 1;
+            }
+            _ => {}
+        }
+    }
+    Err(err(start, format!("#{opener} is never closed")))
+}
+
+fn expand(
+    lines: &[&str],
+    mut i: usize,
+    end: usize,
+    defs: &Defs,
+    vars: &mut HashMap<String, i64>,
+    out: &mut String,
+) -> Result<(), ComposeError> {
+    while i < end {
+        let line = lines[i];
+        match directive(line) {
+            Some(("if", cond)) => {
+                let (else_at, close) = block_end(lines, i, end)?;
+                if condition(cond, defs, vars).map_err(|m| err(i, m))? {
+                    expand(lines, i + 1, else_at.unwrap_or(close), defs, vars, out)?;
+                } else if let Some(e) = else_at {
+                    expand(lines, e + 1, close, defs, vars, out)?;
+                }
+                i = close + 1;
+            }
+            Some(("for", spec)) => {
+                let (_, close) = block_end(lines, i, end)?;
+                let (var, range) = spec
+                    .split_once(" in ")
+                    .ok_or_else(|| err(i, "expected #for VAR in A..B"))?;
+                let (a, b) = range
+                    .split_once("..")
+                    .ok_or_else(|| err(i, "expected a range A..B"))?;
+                let a = eval(a, defs, vars).map_err(|m| err(i, m))?;
+                let b = eval(b, defs, vars).map_err(|m| err(i, m))?;
+                let var = var.trim().to_string();
+                let saved = vars.get(&var).copied();
+                for v in a..b {
+                    vars.insert(var.clone(), v);
+                    expand(lines, i + 1, close, defs, vars, out)?;
+                }
+                match saved {
+                    Some(s) => vars.insert(var, s),
+                    None => vars.remove(&var),
+                };
+                i = close + 1;
+            }
+            Some(("include", name)) => {
+                match name {
+                    "prelude" => out.push_str(PRELUDE),
+                    other => return Err(err(i, format!("unknown snippet {other}"))),
+                }
+                i += 1;
+            }
+            Some(("accessors", names)) => {
+                let elem = defs.get("ELEM").unwrap_or("f32");
+                for name in names.split_whitespace() {
+                    out.push_str(&accessors(name, elem).map_err(|m| err(i, m))?);
+                }
+                i += 1;
+            }
+            Some((w @ ("else" | "endif" | "endfor"), _)) => {
+                return Err(err(i, format!("#{w} without an opening directive")));
+            }
+            _ => {
+                out.push_str(&substitute(line, defs, vars).map_err(|m| err(i, m))?);
+                out.push('\n');
+                i += 1;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Loads and stores of storage array `a` as f32, in element type `elem`.
+fn accessors(a: &str, elem: &str) -> Result<String, String> {
+    Ok(match elem {
+        "f32" => format!(
+            "fn ld_{a}(i: u32) -> f32 {{ return {a}[i]; }}\n\
+             fn st_{a}(i: u32, v: f32) {{ {a}[i] = v; }}\n"
+        ),
+        "f16" => format!(
+            "fn ld_{a}(i: u32) -> f32 {{ return f32({a}[i]); }}\n\
+             fn st_{a}(i: u32, v: f32) {{ {a}[i] = f16(v); }}\n"
+        ),
+        // Element i is the low (even i) or high (odd i) half of word i/2;
+        // a bf16 is the top 16 bits of an f32. The store rounds to nearest
+        // even and rewrites its half of the word: callers give each word to
+        // one invocation.
+        "bf16" => format!(
+            "fn ld_{a}(i: u32) -> f32 {{\n\
+             \x20   let w = {a}[i >> 1u];\n\
+             \x20   return bitcast<f32>(select(w << 16u, w & 0xffff0000u, (i & 1u) == 1u));\n\
+             }}\n\
+             fn st_{a}(i: u32, v: f32) {{\n\
+             \x20   let bits = bitcast<u32>(v);\n\
+             \x20   let h = (bits + 0x7fffu + ((bits >> 16u) & 1u)) >> 16u;\n\
+             \x20   let w = {a}[i >> 1u];\n\
+             \x20   {a}[i >> 1u] = select((w & 0xffff0000u) | h, (w & 0xffffu) | (h << 16u), (i & 1u) == 1u);\n\
+             }}\n"
+        ),
+        other => return Err(format!("unknown element type {other}")),
+    })
+}
+
+fn condition(cond: &str, defs: &Defs, vars: &HashMap<String, i64>) -> Result<bool, String> {
+    let value = |name: &str| -> Option<String> {
+        let name = name.trim();
+        vars.get(name)
+            .map(|v| v.to_string())
+            .or_else(|| defs.get(name).map(str::to_string))
+    };
+    if let Some((l, r)) = cond.split_once("==") {
+        return Ok(value(l).as_deref() == Some(r.trim()));
+    }
+    if let Some((l, r)) = cond.split_once("!=") {
+        return Ok(value(l).as_deref() != Some(r.trim()));
+    }
+    let (negate, name) = match cond.strip_prefix('!') {
+        Some(n) => (true, n),
+        None => (false, cond),
+    };
+    let truthy = matches!(value(name), Some(v) if v != "0" && v != "false");
+    Ok(truthy != negate)
+}
+
+fn atom(s: &str, defs: &Defs, vars: &HashMap<String, i64>) -> Result<i64, String> {
+    let s = s.trim();
+    if let Ok(v) = s.parse::<i64>() {
+        return Ok(v);
+    }
+    if let Some(v) = vars.get(s) {
+        return Ok(*v);
+    }
+    match defs.get(s) {
+        Some(v) => v
+            .parse::<i64>()
+            .map_err(|_| format!("{s} = {v} is not an integer")),
+        None => Err(format!("{s} is not defined")),
+    }
+}
+
+/// Integer arithmetic over `+ - * /`, products first.
+fn eval(expr: &str, defs: &Defs, vars: &HashMap<String, i64>) -> Result<i64, String> {
+    let mut total = 0i64;
+    let mut sign = 1i64;
+    let mut term = String::new();
+    let flush = |term: &str, sign: i64, total: &mut i64| -> Result<(), String> {
+        let mut value: Option<i64> = None;
+        let mut op = '*';
+        let mut factor = String::new();
+        for c in term.chars().chain(std::iter::once('*')) {
+            if c == '*' || c == '/' {
+                let f = atom(&factor, defs, vars)?;
+                value = Some(match (value, op) {
+                    (None, _) => f,
+                    (Some(v), '*') => v * f,
+                    (Some(_), _) if f == 0 => return Err("division by zero".into()),
+                    (Some(v), _) => v / f,
+                });
+                op = c;
+                factor.clear();
+            } else {
+                factor.push(c);
+            }
+        }
+        *total += sign * value.unwrap_or(0);
+        Ok(())
+    };
+    for c in expr.chars() {
+        if (c == '+' || c == '-') && !term.trim().is_empty() {
+            flush(&term, sign, &mut total)?;
+            term.clear();
+            sign = if c == '+' { 1 } else { -1 };
+        } else {
+            term.push(c);
+        }
+    }
+    flush(&term, sign, &mut total)?;
+    Ok(total)
+}
+
+fn substitute(line: &str, defs: &Defs, vars: &HashMap<String, i64>) -> Result<String, String> {
+    let mut out = String::with_capacity(line.len());
+    let mut rest = line;
+    while let Some(start) = rest.find("{{") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let close = after
+            .find("}}")
+            .ok_or_else(|| format!("unclosed {{{{ in {line:?}"))?;
+        let expr = after[..close].trim();
+        match defs.get(expr) {
+            Some(v) if !vars.contains_key(expr) => out.push_str(v),
+            _ => out.push_str(&eval(expr, defs, vars)?.to_string()),
+        }
+        rest = &after[close + 2..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn substitutes_unrolls_and_branches() {
+        let t = "let x: {{T}} = {{N*2+1}};\n#for i in 0..N\n#if i == 1\none {{i}}\n#else\nv{{i}}_{{N-i}}\n#endif\n#endfor\n#if !BIG\nsmall\n#endif";
+        let defs = Defs::elem(Elem::F32).with("N", 3);
+        let got = compose(t, &defs).unwrap();
+        assert_eq!(got, "let x: f32 = 7;\nv0_3\none 1\nv2_1\nsmall\n", "{got}");
+    }
+
+    #[test]
+    fn element_types_change_storage_and_accessors() {
+        let t = "var<storage, read_write> a: array<{{T}}>;\n#accessors a";
+        let f16 = compose(t, &Defs::elem(Elem::F16)).unwrap();
+        assert!(f16.starts_with("enable f16;\n"));
+        assert!(f16.contains("array<f16>") && f16.contains("f32(a[i])"));
+        let bf16 = compose(t, &Defs::elem(Elem::Bf16)).unwrap();
+        assert!(bf16.contains("array<u32>") && bf16.contains("bitcast<f32>"));
+    }
+
+    #[test]
+    fn errors_name_the_line() {
+        let e = compose("ok\n#if A\nx", &Defs::default()).unwrap_err();
+        assert_eq!(e.line, 2);
+        let e = compose("{{MISSING}}", &Defs::default()).unwrap_err();
+        assert!(e.message.contains("MISSING"), "{e}");
+        let e = compose("#for i in 0..2\n#endif", &Defs::default()).unwrap_err();
+        assert!(e.message.contains("closes"), "{e}");
+        assert!(compose("{{4/0}}", &Defs::default()).is_err());
+    }
+
+    #[test]
+    fn bf16_round_trip_in_rust_matches_the_shader_formula() {
+        // The same rounding the bf16 store does, checked on a few values.
+        let round = |v: f32| {
+            let bits = v.to_bits();
+            let h = (bits.wrapping_add(0x7fff + ((bits >> 16) & 1))) >> 16;
+            f32::from_bits(h << 16)
+        };
+        for v in [1.0f32, -2.5, 3.3, 1e-3, 65504.0] {
+            let r = round(v);
+            assert_eq!(r, half::bf16::from_f32(v).to_f32(), "{v}");
+        }
+    }
+}

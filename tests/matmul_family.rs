@@ -1,0 +1,203 @@
+//! The matmul family: every tile shape the planner can choose (CPU and GPU
+//! tables), the baseline, and odd shapes, against an f64 reference on random
+//! inputs of awkward sizes; the split-K and batch-reduced paths; outputs
+//! poisoned with NaN first so an unwritten element fails; and per-dispatch
+//! timing.
+
+mod common;
+use common::*;
+use vramlab::ops::matmul::{
+    choose_tile, gemm, plan_split, Gemm, MatView, MatmulKernel, ShapeClass, TileConfig,
+};
+use vramlab::tensor::Tensor;
+
+const TOL: f64 = 1e-4;
+
+fn tiles() -> Vec<TileConfig> {
+    let mut v = Vec::new();
+    for cpu in [true, false] {
+        for class in [ShapeClass::Square, ShapeClass::Narrow, ShapeClass::Short] {
+            v.push(choose_tile(class, cpu));
+        }
+    }
+    let mut contiguous_shared = TileConfig::new(8, 8, 2, 4, 8, true);
+    contiguous_shared.strided_cols = false;
+    let mut strided_direct = TileConfig::new(8, 4, 3, 5, 7, false);
+    strided_direct.strided_cols = true;
+    v.extend([
+        contiguous_shared,
+        strided_direct,
+        TileConfig::new(16, 16, 1, 1, 16, false),
+    ]);
+    v
+}
+
+/// C (poisoned with NaN) = op(A)·op(B) for one product, checked.
+fn check(e: &vramlab::tensor::Engine, rng: &mut Rng, g: &Gemm, kernel: MatmulKernel, what: &str) {
+    let batches = |shared: bool| if shared { 1 } else { g.batch };
+    let na = batches(g.a.batch_stride == 0) * g.m * g.k;
+    let nb = batches(g.b.batch_stride == 0) * g.k * g.n;
+    let nc = if g.reduce_batch { 1 } else { g.batch } * g.m * g.n;
+    let (a, b) = (rng.vec(na), rng.vec(nb));
+    let ta = Tensor::from_slice(e, &a, &[na], "a").unwrap();
+    let tb = Tensor::from_slice(e, &b, &[nb], "b").unwrap();
+    let start = if g.accumulate {
+        rng.vec(nc)
+    } else {
+        vec![f32::NAN; nc]
+    };
+    let tc = Tensor::from_slice(e, &start, &[nc], "c").unwrap();
+    gemm(g, &ta, &tb, &tc, kernel).unwrap();
+    let got = tc.to_vec().unwrap();
+    let at = |v: &MatView, data: &[f32], bt: usize, r: usize, c: usize| {
+        data[v.offset + bt * v.batch_stride + r * v.row_stride + c * v.col_stride] as f64
+    };
+    let mut want = vec![0f64; nc];
+    for bt in 0..g.batch {
+        let cb = if g.reduce_batch { 0 } else { bt * g.m * g.n };
+        for i in 0..g.m {
+            for j in 0..g.n {
+                let s: f64 = (0..g.k)
+                    .map(|kk| at(&g.a, &a, bt, i, kk) * at(&g.b, &b, bt, kk, j))
+                    .sum();
+                want[cb + i * g.n + j] += s;
+            }
+        }
+    }
+    if g.accumulate {
+        for (w, s) in want.iter_mut().zip(&start) {
+            *w += *s as f64;
+        }
+    }
+    assert!(
+        got.iter().all(|v| v.is_finite()),
+        "{what} {kernel:?}: unwritten output"
+    );
+    let err = max_rel_err(&got, &want);
+    assert!(err < TOL, "{what} {kernel:?}: rel err {err}");
+}
+
+fn plain(m: usize, n: usize, k: usize, ta: bool, tb: bool) -> Gemm {
+    Gemm {
+        m,
+        n,
+        k,
+        batch: 1,
+        a: if ta {
+            MatView::dense(0, k, m, true)
+        } else {
+            MatView::dense(0, m, k, false)
+        },
+        b: if tb {
+            MatView::dense(0, n, k, true)
+        } else {
+            MatView::dense(0, k, n, false)
+        },
+        c_offset: 0,
+        c_batch_stride: m * n,
+        accumulate: false,
+        reduce_batch: false,
+    }
+}
+
+#[test]
+fn every_tile_matches_f64_on_odd_shapes_and_transposes() {
+    let e = engine();
+    let mut rng = Rng::new(11);
+    let shapes = [
+        (1, 1, 1),
+        (7, 33, 5),
+        (65, 3, 129),
+        (130, 71, 17),
+        (3, 200, 40),
+    ];
+    for t in tiles() {
+        assert!(t.is_valid(), "{t:?}");
+        for &(m, n, k) in &shapes {
+            for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+                let what = format!("{} {m}x{n}·K{k} ta={ta} tb={tb}", t.describe());
+                check(
+                    &e,
+                    &mut rng,
+                    &plain(m, n, k, ta, tb),
+                    MatmulKernel::Fixed(t),
+                    &what,
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn split_k_and_batch_reduction_are_exact() {
+    let e = engine();
+    let mut rng = Rng::new(12);
+    // fc forward's shape class: few outputs over a long K → split K.
+    let fc = plain(9, 10, 20_011, false, true);
+    let split = plan_split(&fc);
+    assert!(split.splits > 1 && split.group > 0, "{split:?}");
+    for kernel in [MatmulKernel::Tiled, MatmulKernel::Naive] {
+        check(&e, &mut rng, &fc, kernel, "split K");
+    }
+    // conv weight gradient: dW += Σ_b dY[b] · col[b]ᵀ, accumulating.
+    let (o, ckk, hw, nb) = (13, 27, 37, 5);
+    let dw = Gemm {
+        m: o,
+        n: ckk,
+        k: hw,
+        batch: nb,
+        a: MatView::dense(0, o, hw, false),
+        b: MatView::dense(0, ckk, hw, true),
+        c_offset: 0,
+        c_batch_stride: 0,
+        accumulate: true,
+        reduce_batch: true,
+    };
+    assert!(plan_split(&dw).group > 0);
+    check(&e, &mut rng, &dw, MatmulKernel::Tiled, "batch-reduced");
+    // Batched (not reduced) with a split and a shared left operand.
+    let mut batched = plain(5, 6, 3000, false, false);
+    batched.batch = 3;
+    batched.a = batched.a.shared();
+    assert!(plan_split(&batched).splits > 1);
+    check(&e, &mut rng, &batched, MatmulKernel::Tiled, "batched split");
+}
+
+#[test]
+fn the_split_depends_on_shapes_only() {
+    // SimpleConvNet's fc forward at batch 64: 64×10 outputs, K = 100,352.
+    let fc = plain(64, 10, 100_352, false, true);
+    let s = plan_split(&fc);
+    assert!(s.splits >= 64, "{s:?}");
+    assert!(s.k_chunk <= vramlab::ops::MAX_LOOP_ITERATIONS);
+    // A square product with plenty of tiles is not split.
+    assert_eq!(plan_split(&plain(1024, 1024, 1024, false, false)).group, 0);
+}
+
+#[test]
+fn dispatches_are_timed_per_op() {
+    let e = engine();
+    let source = e.start_timing().expect("a GPU engine can time");
+    let mut rng = Rng::new(13);
+    let a = Tensor::from_slice(&e, &rng.vec(64 * 48), &[64, 48], "a").unwrap();
+    let b = Tensor::from_slice(&e, &rng.vec(48 * 32), &[48, 32], "b").unwrap();
+    {
+        let _scope = e.scope(vramlab::memory::Category::Temporary, "my_op");
+        let _ = vramlab::ops::matmul::matmul(&a, &b).unwrap();
+    }
+    let (got_source, times) = e.take_dispatch_times().unwrap().expect("timing is on");
+    assert_eq!(got_source, source);
+    let mm: Vec<_> = times
+        .iter()
+        .filter(|t| t.kernel.starts_with("matmul["))
+        .collect();
+    assert_eq!(mm.len(), 1, "{times:?}");
+    assert_eq!(&*mm[0].op, "my_op");
+    assert!(
+        mm[0].seconds > 0.0 && mm[0].seconds < 10.0,
+        "{}",
+        mm[0].seconds
+    );
+    // Taken means gone.
+    assert!(e.take_dispatch_times().unwrap().unwrap().1.is_empty());
+}
