@@ -13,11 +13,13 @@ struct Params {
 @group(0) @binding(1) var<storage, read_write> b: array<f32>;
 @group(0) @binding(2) var<uniform> p: Params;
 
+#include prelude
+
 @compute @workgroup_size(256)
 fn add(@builtin(workgroup_id) wid: vec3<u32>,
        @builtin(num_workgroups) nwg: vec3<u32>,
        @builtin(local_invocation_index) lidx: u32) {
-    let i = (wid.x + wid.y * nwg.x + wid.z * nwg.x * nwg.y) * 256u + lidx;
+    let i = flat_index(wid, nwg, lidx);
     if (i >= p.outer * p.channels * p.inner) { return; }
     t[i] = t[i] + b[(i / p.inner) % p.channels];
 }
@@ -26,7 +28,7 @@ fn add(@builtin(workgroup_id) wid: vec3<u32>,
 fn reduce(@builtin(workgroup_id) wid: vec3<u32>,
           @builtin(num_workgroups) nwg: vec3<u32>,
           @builtin(local_invocation_index) lidx: u32) {
-    let c = (wid.x + wid.y * nwg.x + wid.z * nwg.x * nwg.y) * 256u + lidx;
+    let c = flat_index(wid, nwg, lidx);
     if (c >= p.channels) { return; }
     // Blocked summation (blocks of 64) keeps rounding error near PyTorch's
     // for sums over N·H·W positions.
@@ -45,7 +47,7 @@ fn reduce(@builtin(workgroup_id) wid: vec3<u32>,
 fn scale(@builtin(workgroup_id) wid: vec3<u32>,
          @builtin(num_workgroups) nwg: vec3<u32>,
          @builtin(local_invocation_index) lidx: u32) {
-    let c = (wid.x + wid.y * nwg.x + wid.z * nwg.x * nwg.y) * 256u + lidx;
+    let c = flat_index(wid, nwg, lidx);
     if (c >= p.channels) { return; }
     // `t` is unused here but must stay in this entry point's layout.
     if (p.outer == 0xffffffffu) { b[c] = t[0]; return; }

@@ -9,8 +9,10 @@ struct Params { n: u32, _p0: u32, _p1: u32, _p2: u32 }
 @group(0) @binding(3) var<uniform> p: Params;
 
 fn index(wid: vec3<u32>, nwg: vec3<u32>, lidx: u32) -> u32 {
-    return (wid.x + wid.y * nwg.x + wid.z * nwg.x * nwg.y) * 256u + lidx;
+    return flat_index(wid, nwg, lidx);
 }
+
+#include prelude
 
 @compute @workgroup_size(256)
 fn add(@builtin(workgroup_id) wid: vec3<u32>,

@@ -11,11 +11,13 @@ struct Params {
 @group(0) @binding(1) var<storage, read_write> col: array<f32>;
 @group(0) @binding(2) var<uniform> p: Params;
 
+#include prelude
+
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>,
         @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lidx: u32) {
-    let i = (wid.x + wid.y * nwg.x + wid.z * nwg.x * nwg.y) * 256u + lidx;
+    let i = flat_index(wid, nwg, lidx);
     if (i >= p.total) { return; }
     let hw = p.ho * p.wo;
     let rows = p.c * p.kh * p.kw;

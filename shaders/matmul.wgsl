@@ -1,7 +1,8 @@
 // The matmul family: C[z] (+)= A[b] · B[b] over the K range of split s, for
 // z = b * splits + s, with A (M×K) and B (K×N) read through strides, so
 // transposed operands (backward passes) need no copies. One template for
-// every element type (ELEM) and tile shape:
+// every element type (ELEM for A and B, ELEM_C for C; arithmetic in f32)
+// and tile shape:
 //   WX×WY threads per workgroup, each computing a TM×TN register tile
 //   (written out as named scalars by #for, so no compiler keeps it in
 //   memory); BM = WY·TM rows by BN = WX·TN columns per workgroup.
@@ -30,9 +31,9 @@ struct Params {
 
 @group(0) @binding(0) var<storage, read_write> a: array<{{T}}>;
 @group(0) @binding(1) var<storage, read_write> b: array<{{T}}>;
-@group(0) @binding(2) var<storage, read_write> c: array<{{T}}>;
+@group(0) @binding(2) var<storage, read_write> c: array<{{TC}}>;
 @group(0) @binding(3) var<uniform> p: Params;
-#accessors a b c
+#accessors a b c:ELEM_C
 
 #if SHARED
 var<workgroup> a_tile: array<f32, {{BK*WY*TM}}>;

@@ -15,8 +15,10 @@ struct Params {
 @group(0) @binding(2) var<uniform> p: Params;
 
 fn index(wid: vec3<u32>, nwg: vec3<u32>, lidx: u32) -> u32 {
-    return (wid.x + wid.y * nwg.x + wid.z * nwg.x * nwg.y) * 256u + lidx;
+    return flat_index(wid, nwg, lidx);
 }
+
+#include prelude
 
 @compute @workgroup_size(256)
 fn forward(@builtin(workgroup_id) wid: vec3<u32>,

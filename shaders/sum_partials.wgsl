@@ -1,17 +1,17 @@
 // out[off + i] (+)= Σ_z parts[start + z·len + i] for z in 0..count, in order: the
 // second half of a split-K or batch-reduced matmul (matmul.wgsl writes one
 // partial product per split and batch entry). A fixed order keeps results
-// deterministic; each partial is itself a blocked sum, so the total is as
+// deterministic. Partials are f32 whatever the output's type (ELEM); each partial is itself a blocked sum, so the total is as
 // accurate as one long blocked reduction.
 struct Params {
     len: u32, count: u32, off: u32, accumulate: u32,
     start: u32, _p0: u32, _p1: u32, _p2: u32,
 }
 
-@group(0) @binding(0) var<storage, read_write> parts: array<{{T}}>;
+@group(0) @binding(0) var<storage, read_write> parts: array<f32>;
 @group(0) @binding(1) var<storage, read_write> out: array<{{T}}>;
 @group(0) @binding(2) var<uniform> p: Params;
-#accessors parts out
+#accessors parts:f32 out
 #include prelude
 
 @compute @workgroup_size(256)

@@ -201,3 +201,60 @@ fn dispatches_are_timed_per_op() {
     // Taken means gone.
     assert!(e.take_dispatch_times().unwrap().unwrap().1.is_empty());
 }
+
+#[test]
+fn the_family_runs_on_f16_storage_with_f32_arithmetic() {
+    let e = engine();
+    if !e.has_shader_f16() {
+        // Not a skip into green: the refusal itself is the behaviour to check.
+        let h = vec![half::f16::ONE; 4];
+        let t = Tensor::from_f16(&e, &h, &[4], "h").unwrap();
+        let c = Tensor::from_slice(&e, &[0.0; 4], &[4], "c").unwrap();
+        let err = gemm(
+            &plain(2, 2, 1, false, false),
+            &t,
+            &t,
+            &c,
+            MatmulKernel::Tiled,
+        );
+        assert!(err.unwrap_err().to_string().contains("SHADER_F16"));
+        return;
+    }
+    let mut rng = Rng::new(14);
+    // (m, n, k): a plain product and one that splits K into an f32 workspace.
+    for &(m, n, k) in &[(33, 17, 65), (7, 10, 9000)] {
+        let g = plain(m, n, k, false, true);
+        let a: Vec<half::f16> = rng
+            .vec(m * k)
+            .iter()
+            .map(|&v| half::f16::from_f32(v))
+            .collect();
+        let b: Vec<half::f16> = rng
+            .vec(n * k)
+            .iter()
+            .map(|&v| half::f16::from_f32(v))
+            .collect();
+        let ta = Tensor::from_f16(&e, &a, &[m * k], "a").unwrap();
+        let tb = Tensor::from_f16(&e, &b, &[n * k], "b").unwrap();
+        let want: Vec<f64> = (0..m * n)
+            .map(|ij| {
+                let (i, j) = (ij / n, ij % n);
+                (0..k)
+                    .map(|kk| a[i * k + kk].to_f64() * b[j * k + kk].to_f64())
+                    .sum()
+            })
+            .collect();
+        // f32 output: the f16 inputs are exact, the sums are f32 → 1e-4.
+        let c32 = Tensor::from_slice(&e, &vec![f32::NAN; m * n], &[m * n], "c").unwrap();
+        gemm(&g, &ta, &tb, &c32, MatmulKernel::Tiled).unwrap();
+        let err = max_rel_err(&c32.to_vec().unwrap(), &want);
+        assert!(err < TOL, "f16→f32 {m}x{n}·K{k}: {err}");
+        // f16 output: one final rounding to f16 (unit roundoff 2^-11 ≈ 4.9e-4)
+        // on top, measured against the largest output as max_rel_err does.
+        let nan = vec![half::f16::NAN; m * n];
+        let c16 = Tensor::from_f16(&e, &nan, &[m * n], "c16").unwrap();
+        gemm(&g, &ta, &tb, &c16, MatmulKernel::Tiled).unwrap();
+        let err = max_rel_err(&c16.to_vec().unwrap(), &want);
+        assert!(err < 1e-3, "f16→f16 {m}x{n}·K{k}: {err}");
+    }
+}

@@ -19,6 +19,8 @@
 //! - `#accessors a b c`: `ld_a(i) -> f32` and `st_a(i, v: f32)` for storage
 //!   arrays `a`, `b`, `c` declared as `array<{{T}}>`, in the element type
 //!   `ELEM` names (`f32`, `f16`, `bf16`), so arithmetic is always f32.
+//!   `c:ELEM_C` takes the type from definition `ELEM_C` instead, `c:f32`
+//!   names it outright (a matmul with f16 operands and an f32 workspace).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -126,7 +128,11 @@ pub fn compose(template: &str, defs: &Defs) -> Result<String, ComposeError> {
     let lines: Vec<&str> = template.lines().collect();
     let mut vars: HashMap<String, i64> = HashMap::new();
     let mut out = String::new();
-    if defs.get("ELEM") == Some("f16") {
+    let any_f16 = defs
+        .values
+        .iter()
+        .any(|(n, v)| n.starts_with("ELEM") && v == "f16");
+    if any_f16 {
         out.push_str("enable f16;\n");
     }
     expand(&lines, 0, lines.len(), defs, &mut vars, &mut out)?;
@@ -227,8 +233,16 @@ fn expand(
                 i += 1;
             }
             Some(("accessors", names)) => {
-                let elem = defs.get("ELEM").unwrap_or("f32");
-                for name in names.split_whitespace() {
+                for spec in names.split_whitespace() {
+                    let (name, elem) = match spec.split_once(':') {
+                        Some((n, e)) if ["f32", "f16", "bf16"].contains(&e) => (n, e),
+                        Some((n, d)) => (
+                            n,
+                            defs.get(d)
+                                .ok_or_else(|| err(i, format!("{d} is not defined")))?,
+                        ),
+                        None => (spec, defs.get("ELEM").unwrap_or("f32")),
+                    };
                     out.push_str(&accessors(name, elem).map_err(|m| err(i, m))?);
                 }
                 i += 1;
@@ -394,6 +408,17 @@ mod tests {
         assert!(f16.contains("array<f16>") && f16.contains("f32(a[i])"));
         let bf16 = compose(t, &Defs::elem(Elem::Bf16)).unwrap();
         assert!(bf16.contains("array<u32>") && bf16.contains("bitcast<f32>"));
+        // Per-array types: f32 operands with an f16 output, and a literal.
+        let mixed = compose(
+            "#accessors a c:ELEM_C w:f32",
+            &Defs::elem(Elem::F32).with("ELEM_C", "f16"),
+        )
+        .unwrap();
+        assert!(mixed.starts_with("enable f16;\n"));
+        assert!(
+            mixed.contains("c[i] = f16(v)")
+                && mixed.contains("fn ld_w(i: u32) -> f32 { return w[i]; }")
+        );
     }
 
     #[test]

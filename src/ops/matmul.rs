@@ -18,11 +18,25 @@ use crate::memory::Category;
 use crate::tensor::{DType, Tensor, TensorError};
 
 const SOURCE: &str = include_str!("../../shaders/matmul.wgsl");
-const SUM_PARTIALS: Kernel = Kernel::fixed(
-    "sum_partials",
-    include_str!("../../shaders/sum_partials.wgsl"),
-    "main",
-);
+const SUM_PARTIALS: &str = include_str!("../../shaders/sum_partials.wgsl");
+
+/// The partial-sum kernel writing `out` in `elem`.
+fn sum_kernel(elem: Elem) -> Kernel {
+    Kernel::variant(
+        format!("sum_partials[{}]", elem.name()),
+        SUM_PARTIALS,
+        "main",
+        Defs::elem(elem),
+    )
+}
+
+/// The kernel element type of a tensor's dtype.
+fn elem_of(t: &Tensor) -> Elem {
+    match t.dtype() {
+        DType::F32 => Elem::F32,
+        DType::F16 => Elem::F16,
+    }
+}
 
 /// Output tiles (counted at 64×64, whatever kernel runs) below which K is
 /// split: enough workgroups to fill a GPU's multiprocessors or a CPU's cores.
@@ -100,9 +114,12 @@ impl TileConfig {
         )
     }
 
-    /// The family's kernel for this tile and `elem`.
-    pub fn kernel(&self, elem: Elem) -> Kernel {
+    /// The family's kernel for this tile, operands in `elem` and the
+    /// output in `out`.
+    pub fn kernel(&self, elem: Elem, out: Elem) -> Kernel {
         let defs = Defs::elem(elem)
+            .with("ELEM_C", out.name())
+            .with("TC", out.storage())
             .with("WX", self.wx)
             .with("WY", self.wy)
             .with("THREADS", self.wx * self.wy)
@@ -112,7 +129,7 @@ impl TileConfig {
             .with("SHARED", self.shared as u8)
             .with("STRIDED_COLS", self.strided_cols as u8);
         Kernel::variant(
-            format!("matmul[{} {}]", elem.name(), self.describe()),
+            format!("matmul[{}→{} {}]", elem.name(), out.name(), self.describe()),
             SOURCE,
             "main",
             defs,
@@ -398,8 +415,27 @@ pub fn gemm(
 ) -> Result<(), TensorError> {
     const OP: &str = "matmul";
     for t in [a, b, c] {
-        t.require_f32(OP)?;
         super::check_u32(OP, t)?;
+    }
+    // Operands share one type; f16 needs the adapter's SHADER_F16. The
+    // output is f32 or the operands' type. Arithmetic is f32 throughout.
+    if b.dtype() != a.dtype() || (c.dtype() != a.dtype() && c.dtype() != DType::F32) {
+        return Err(TensorError::InvalidShape {
+            op: OP,
+            message: format!(
+                "operands must share a dtype and the output be f32 or that dtype; got {:?}·{:?} → {:?}",
+                a.dtype(),
+                b.dtype(),
+                c.dtype()
+            ),
+        });
+    }
+    if a.dtype() == DType::F16 && !a.engine().has_shader_f16() {
+        return Err(TensorError::InvalidShape {
+            op: OP,
+            message: "f16 kernels need an adapter with SHADER_F16 (`vramlab info` lists features)"
+                .into(),
+        });
     }
     if g.m == 0 || g.n == 0 || g.batch == 0 {
         return Ok(());
@@ -526,7 +562,7 @@ fn dispatch(
         (g.batch * splits) as u32,
     ];
     a.engine().dispatch(
-        &tile.kernel(Elem::F32),
+        &tile.kernel(elem_of(a), elem_of(c)),
         &[&a.slice(), &b.slice(), &c.slice()],
         bytemuck::bytes_of(&params),
         Workgroups::Grid(grid),
@@ -554,7 +590,7 @@ fn sum_partials(
     };
     super::launch(
         parts,
-        &SUM_PARTIALS,
+        &sum_kernel(elem_of(out)),
         &[&parts.slice(), &out.slice()],
         bytemuck::bytes_of(&params),
         len,

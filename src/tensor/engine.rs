@@ -160,6 +160,12 @@ impl Engine {
             .is_some_and(|g| g.features.contains(wgpu::Features::TIMESTAMP_QUERY))
     }
 
+    /// Whether kernels can compute on f16 storage (WGSL `enable f16`).
+    pub fn has_shader_f16(&self) -> bool {
+        self.gpu()
+            .is_some_and(|g| g.features.contains(wgpu::Features::SHADER_F16))
+    }
+
     /// Starts timing every kernel dispatch (see [`crate::device::timing`]);
     /// `None` on a simulated device.
     pub fn start_timing(&self) -> Option<crate::device::TimingSource> {
