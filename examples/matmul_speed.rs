@@ -1,5 +1,5 @@
 //! Time one tile shape of the matmul family at n³ (wall clock, median of 3):
-//! `cargo run --release --example matmul_speed -- 1024 [WX WY TM TN BK shared|direct strided|contiguous]`.
+//! `cargo run --release --example matmul_speed -- 1024 [WX WY TM TN BK shared|direct strided|contiguous [sgA]]`.
 //! Without a tile, the chosen one and the naive kernel. `vramlab bench --tune`
 //! sweeps a whole grid; this is for trying one idea quickly.
 
@@ -23,6 +23,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             args[6] == "shared",
         );
         t.strided_cols = args[7] == "strided";
+        t.subgroup_a = args.get(8).is_some_and(|a| a == "sgA");
         vec![MatmulKernel::Fixed(t)]
     } else {
         vec![MatmulKernel::Tiled, MatmulKernel::Naive]

@@ -10,6 +10,12 @@ Commands:
   fixtures [--out tests/fixtures/torch]
       the small committed fixtures: every zoo model x every optimizer, plus
       softmax / MSE op values.
+  truth [--out tests/fixtures/torch]
+      beside each committed case, truth.safetensors: the same steps in
+      float64 (stored as f32). PyTorch's own f32 results carry rounding error
+      too (simple-cnn-adam's conv1 weight gradient: 9.6e-5 from the truth);
+      the tests judge vramlab against the truth and against PyTorch allowing
+      PyTorch's own error.
   case --model M --optimizer O [--seed S] [--steps N] [--batch B] --dir D
       fresh random weights and batch for one model: writes D/weights.safetensors,
       D/batch.safetensors, D/expected.safetensors and prints the matching
@@ -23,6 +29,7 @@ mlp, simple-cnn, resnet-mini, attention.
 """
 
 import argparse
+import glob
 import json
 import math
 import os
@@ -266,6 +273,47 @@ def cmd_fixtures(a):
     print(f"wrote {a.out}/ops.safetensors")
 
 
+def truth_of(d):
+    """The float64 truth of a committed case: the same weights, batch and
+    steps in float64; results rounded to f32 (2^-24 relative, far below any
+    tolerance) and thinned like expected.safetensors."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+    with safe_open(f"{d}/expected.safetensors", "pt") as f:
+        meta = f.metadata()
+    cfg = SMALL[meta["model"]]
+    w = {k: v.double() for k, v in load_file(f"{d}/weights.safetensors").items()}
+    b = load_file(f"{d}/batch.safetensors")
+    net, _, _ = build(meta["model"], cfg)
+    net = net.double()
+    net.load_state_dict(w)
+    opt = optimizer(meta["optimizer"], net.parameters(), cfg)
+    x, y = b["x"].double(), b["y"]
+    for _ in range(int(meta["steps"])):
+        opt.zero_grad(set_to_none=True)
+        logits = net(x)
+        loss = F.cross_entropy(logits, y)
+        loss.backward()
+        grads = {n: p.grad.detach().clone() for n, p in net.named_parameters()}
+        opt.step()
+    out = {"logits": logits.detach(), "loss": loss.detach().reshape(())}
+    for n, p in net.named_parameters():
+        out[f"grad.{n}"] = grads[n]
+        out[f"param.{n}"] = p.detach()
+    for k in list(out):
+        stride = int(meta.get(f"stride.{k}", "1"))
+        out[k] = out[k].flatten()[::stride].reshape(-1 if stride > 1 else out[k].shape).float().contiguous()
+    return out, {"float64_truth_of": "expected.safetensors", "torch": torch.__version__}
+
+
+def cmd_truth(a):
+    from safetensors.torch import save_file
+    for d in sorted(glob.glob(f"{a.out}/*-*/")):
+        out, meta = truth_of(d.rstrip("/"))
+        save_file(out, f"{d}truth.safetensors", metadata=meta)
+        print(f"wrote {d}truth.safetensors")
+
+
 def cmd_case(a):
     cfg = dict(SMALL[a.model])
     if a.batch:
@@ -343,12 +391,14 @@ def main():
     c.add_argument("--steps", type=int, default=1)
     c.add_argument("--batch", type=int)
     c.add_argument("--dir", required=True)
+    t = sub.add_parser("truth", help="float64 truth beside each committed case (truth.safetensors)")
+    t.add_argument("--out", default="tests/fixtures/torch")
     m = sub.add_parser("compare")
     m.add_argument("expected")
     m.add_argument("dump")
     m.add_argument("--tol", type=float, default=1e-4)
     a = p.parse_args()
-    {"fixtures": cmd_fixtures, "case": cmd_case, "compare": cmd_compare}[a.cmd](a)
+    {"fixtures": cmd_fixtures, "case": cmd_case, "truth": cmd_truth, "compare": cmd_compare}[a.cmd](a)
 
 
 if __name__ == "__main__":

@@ -11,18 +11,19 @@ struct Params {
 @group(0) @binding(1) var<storage, read_write> dx: array<f32>;
 @group(0) @binding(2) var<uniform> p: Params;
 
-#include prelude
-
+// Grid as im2col's: x covers the H·W input positions 256 at a time, (y, z)
+// the (sample, channel) pairs, so per element only the position is divided.
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>,
         @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lidx: u32) {
-    let i = flat_index(wid, nwg, lidx);
-    if (i >= p.total) { return; }
-    let x = i % p.w;
-    let y = (i / p.w) % p.h;
-    let c = (i / (p.w * p.h)) % p.c;
-    let b = i / (p.w * p.h * p.c);
+    let pos = wid.x * 256u + lidx;
+    let cz = wid.y + wid.z * nwg.y;
+    if (pos >= p.h * p.w || cz >= p.c * p.nb) { return; }
+    let c = cz % p.c;
+    let b = cz / p.c;
+    let y = pos / p.w;
+    let x = pos - y * p.w;
     let hw = p.ho * p.wo;
     let rows = p.c * p.kh * p.kw;
     var acc = 0.0;
@@ -40,5 +41,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
             acc += dcol[(b * rows + row) * hw + oy * p.wo + ox];
         }
     }
-    dx[p.n0 * p.c * p.h * p.w + i] = acc;
+    dx[(p.n0 * p.c + cz) * p.h * p.w + pos] = acc;
 }

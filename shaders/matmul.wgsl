@@ -12,6 +12,11 @@
 //   barriers cost coroutine switches).
 //   STRIDED_COLS: thread x owns columns x, x+WX, … (neighbouring threads
 //   read neighbouring addresses) instead of a contiguous run of TN.
+//   SUBGROUP_A (direct, WX = the subgroup size, TM a multiple of it; CPU
+//   adapters): the WX threads of a row share their TM rows of A, so lane x
+//   loads rows x, x+WX, … and subgroupBroadcast hands each value to all:
+//   one gather of WX distinct values where llvmpipe otherwise did WX
+//   gathers of one value each.
 // Rows and columns past the edge read a clamped in-range element and are
 // never stored, so loads need no branch.
 // Blocked summation: each BK slice of K is summed on its own, then added to
@@ -70,9 +75,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     let c{{j}} = col_tile + tc{{j}};
 #endfor
 #if !SHARED
+#if SUBGROUP_A
+#for q in 0..TM/WX
+    let ra_lane{{q}} = a_base + min(row_tile + lid.y * {{TM}}u + {{q*WX}}u + lid.x, m_last) * p.a_rs;
+#endfor
+#else
 #for i in 0..TM
     let ra{{i}} = a_base + min(r{{i}}, m_last) * p.a_rs;
 #endfor
+#endif
 #for j in 0..TN
     let cb{{j}} = b_base + min(c{{j}}, n_last) * p.b_cs;
 #endfor
@@ -132,9 +143,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 #else
         let k_stop = min(k0 + {{BK}}u, k_end);
         for (var kk = k0; kk < k_stop; kk++) {
+#if SUBGROUP_A
+#for q in 0..TM/WX
+            let a_mine{{q}} = ld_a(ra_lane{{q}} + kk * p.a_cs);
+#endfor
+#for i in 0..TM
+            let av{{i}} = subgroupBroadcast(a_mine{{i/WX}}, {{i-i/WX*WX}}u);
+#endfor
+#else
 #for i in 0..TM
             let av{{i}} = ld_a(ra{{i}} + kk * p.a_cs);
 #endfor
+#endif
 #for j in 0..TN
             let bv{{j}} = ld_b(cb{{j}} + kk * p.b_rs);
 #endfor

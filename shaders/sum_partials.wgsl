@@ -20,10 +20,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         @builtin(local_invocation_index) lidx: u32) {
     let i = flat_index(wid, nwg, lidx);
     if (i >= p.len) { return; }
+    // Blocked too: partials are added in blocks of 8, then the blocks, so
+    // 128 partials (conv1's weight gradient over 64 samples × 2 splits) cost
+    // 16 + 8 roundings, not 128.
     var total = 0.0;
+    var block = 0.0;
     for (var zz = 0u; zz < p.count; zz++) {
-        total += ld_parts(p.start + zz * p.len + i);
+        block += ld_parts(p.start + zz * p.len + i);
+        if ((zz & 7u) == 7u) { total += block; block = 0.0; }
     }
+    total += block;
     if (p.accumulate != 0u) { total += ld_out(p.off + i); }
     st_out(p.off + i, total);
 }

@@ -256,7 +256,7 @@ fn simple_cnn_loss_goes_down_on_a_fixed_batch() {
     let mut store = ParamStore::new();
     let model = SimpleConvNet::new(&e, &mut store, &mut ModelRng::new(5)).unwrap();
     let (x, y) = simple_cnn_batch(&e, 2, 6);
-    // lr 1e-4: at 1e-3 Adam's sign-like first steps move each of fc's 25,088
+    // lr 1e-4: at 1e-3 Adam's sign-like first steps move each of fc's 100,352
     // inputs per class by 1e-3 and the logits of a 2-sample batch jump around.
     let mut adam = Adam::new(1e-4);
     let mut losses = Vec::new();

@@ -7,7 +7,7 @@
 mod common;
 use common::*;
 use vramlab::ops::matmul::{
-    choose_tile, gemm, plan_split, Gemm, MatView, MatmulKernel, ShapeClass, TileConfig,
+    choose_tile, gemm, plan_split, Gemm, MatView, MatmulKernel, ShapeClass, Target, TileConfig,
 };
 use vramlab::tensor::Tensor;
 
@@ -15,9 +15,18 @@ const TOL: f64 = 1e-4;
 
 fn tiles() -> Vec<TileConfig> {
     let mut v = Vec::new();
-    for cpu in [true, false] {
-        for class in [ShapeClass::Square, ShapeClass::Narrow, ShapeClass::Short] {
-            v.push(choose_tile(class, cpu));
+    for target in [Target::Gpu, Target::Cpu, Target::CpuSubgroup8] {
+        for class in [
+            ShapeClass::Square,
+            ShapeClass::Narrow,
+            ShapeClass::Short,
+            ShapeClass::Shallow,
+        ] {
+            let t = choose_tile(class, target);
+            // Subgroup tiles only where the adapter has 8-lane subgroups.
+            if !t.subgroup_a || Target::of(&engine()) == Target::CpuSubgroup8 {
+                v.push(t);
+            }
         }
     }
     let mut contiguous_shared = TileConfig::new(8, 8, 2, 4, 8, true);

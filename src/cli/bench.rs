@@ -9,11 +9,12 @@
 //! has them. Benchmarks compare as ratios within one run.
 
 use super::args::DeviceArgs;
+use crate::device::TimingSource;
 use crate::memory::AllocatorConfig;
 use crate::nn::init::Rng;
 use crate::nn::{ModelSpec, ParamStore};
 use crate::ops::matmul::{
-    choose_tile, gemm, plan_split, GemmShape, MatmulKernel, ShapeClass, TileConfig,
+    choose_tile, gemm, plan_split, GemmShape, MatmulKernel, ShapeClass, Target, TileConfig,
 };
 use crate::profile::OpTimes;
 use crate::tensor::{Engine, Tensor};
@@ -102,6 +103,8 @@ struct BenchReport {
     adapter: String,
     backend: String,
     cpu_adapter: bool,
+    /// "device timestamps" or "wall clock with a wait".
+    products_timed_by: &'static str,
     reps: usize,
     square: Vec<SquareRow>,
     models: Vec<StepRow>,
@@ -123,7 +126,9 @@ fn operands(e: &Engine, shape: &GemmShape, rng: &mut Rng) -> anyhow::Result<[Ten
     ])
 }
 
-/// Median wall seconds of `shape` with `kernel`.
+/// Median seconds of `shape` with `kernel`: device time (the sum of its
+/// dispatches' timestamps) where the adapter has timestamp queries, else
+/// wall clock around the product and a wait.
 fn time_gemm(
     e: &Engine,
     shape: &GemmShape,
@@ -134,11 +139,15 @@ fn time_gemm(
     let [a, b, c] = operands(e, shape, rng)?;
     let g = shape.gemm();
     let once = || -> anyhow::Result<f64> {
-        e.synchronize()?;
+        e.take_dispatch_times()?;
         let t0 = Instant::now();
         gemm(&g, &a, &b, &c, kernel)?;
         e.synchronize()?;
-        Ok(t0.elapsed().as_secs_f64())
+        let wall = t0.elapsed().as_secs_f64();
+        Ok(match e.take_dispatch_times()? {
+            Some((TimingSource::TimestampQueries, t)) => t.iter().map(|d| d.seconds).sum(),
+            _ => wall,
+        })
     };
     once()?;
     let times = (0..reps.max(1))
@@ -193,8 +202,30 @@ fn trainer(e: &Engine, spec: &ModelSpec, batch: usize) -> anyhow::Result<(Traine
 }
 
 /// Tile shapes `--tune` tries.
-fn candidates(cpu: bool) -> Vec<TileConfig> {
+fn candidates(cpu: bool, subgroup8: bool) -> Vec<TileConfig> {
     let mut v = Vec::new();
+    if subgroup8 {
+        // Sharing A's loads wins on 8-lane subgroups (26 vs 9 GFLOP/s at
+        // 1024³ on llvmpipe): tune within that family.
+        for wy in [1, 2, 4, 8] {
+            for (tm, tn) in [
+                (8, 2),
+                (8, 4),
+                (8, 8),
+                (16, 2),
+                (16, 4),
+                (16, 8),
+                (32, 1),
+                (32, 2),
+                (32, 4),
+                (32, 8),
+                (48, 8),
+            ] {
+                v.push(TileConfig::new(8, wy, tm, tn, 16, false).with_subgroup_a());
+            }
+        }
+        return v;
+    }
     for (wx, wy) in [
         (8, 8),
         (16, 16),
@@ -220,7 +251,10 @@ fn candidates(cpu: bool) -> Vec<TileConfig> {
             (8, 2),
         ] {
             for shared in [false, true] {
-                if cpu && shared && wx * wy > 64 {
+                // CPU adapters: staging in workgroup memory only pays for
+                // small groups; GPUs: reading straight from storage never
+                // wins, so the grid stays small enough to tune in minutes.
+                if (cpu && shared && wx * wy > 64) || (!cpu && !shared) {
                     continue;
                 }
                 for strided in [false, true] {
@@ -242,6 +276,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     }
     let e = Engine::new(&args.device.options(), AllocatorConfig::default())?;
     let cpu = e.is_cpu_adapter();
+    let target = Target::of(&e);
     let timing = e.start_timing();
     let mut rng = Rng::new(1);
     let say = |s: String| {
@@ -250,16 +285,26 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         }
     };
     say(format!(
-        "vramlab bench on {} ({}), {} adapter; median of {} runs after a warm-up",
+        "vramlab bench on {} ({}), {} adapter; median of {} runs after a warm-up; products timed by {}",
         e.device_name(),
         e.backend_name(),
         if cpu { "CPU" } else { "GPU" },
-        args.reps
+        args.reps,
+        if e.has_timestamp_queries() {
+            "device timestamps"
+        } else {
+            "wall clock with a wait"
+        }
     ));
     let mut report = BenchReport {
         adapter: e.device_name(),
         backend: e.backend_name().into(),
         cpu_adapter: cpu,
+        products_timed_by: if e.has_timestamp_queries() {
+            "device timestamps"
+        } else {
+            "wall clock with a wait"
+        },
         reps: args.reps,
         square: Vec::new(),
         models: Vec::new(),
@@ -284,7 +329,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         };
         let row = SquareRow {
             n,
-            tile: choose_tile(ShapeClass::Square, cpu).describe(),
+            tile: choose_tile(ShapeClass::Square, target).describe(),
             seconds: secs,
             gflops: s.flops() / secs / 1e9,
             naive_gflops: naive,
@@ -317,13 +362,13 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         ));
         let mut shapes = Vec::new();
         for (shape, count) in step_shapes(&spec, args.batch)? {
-            let class = ShapeClass::of(shape.m, shape.n);
+            let class = ShapeClass::of(shape.m, shape.n, shape.k);
             let secs = time_gemm(&e, &shape, MatmulKernel::Tiled, args.reps, &mut rng)?;
             let gflops = shape.flops() / secs / 1e9;
             let row = ShapeRow {
                 count,
                 class,
-                tile: choose_tile(class, cpu).describe(),
+                tile: choose_tile(class, target).describe(),
                 splits: plan_split(&shape.gemm()).splits,
                 seconds: secs,
                 gflops,
@@ -401,7 +446,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         }
         for (class, shape) in probes {
             let mut tried = Vec::new();
-            for t in candidates(cpu) {
+            for t in candidates(cpu, target == Target::CpuSubgroup8) {
                 let secs = time_gemm(
                     &e,
                     &shape,
@@ -412,7 +457,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 tried.push((t.describe(), shape.flops() / secs / 1e9));
             }
             tried.sort_by(|a, b| b.1.total_cmp(&a.1));
-            let chosen = choose_tile(ShapeClass::of(shape.m, shape.n), cpu).describe();
+            let chosen = choose_tile(ShapeClass::of(shape.m, shape.n, shape.k), target).describe();
             let chosen_gflops = tried
                 .iter()
                 .find(|t| t.0 == chosen)

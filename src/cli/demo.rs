@@ -86,7 +86,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
     drop(batch_scope);
 
     if !args.json {
-        println!("vramlab demo: the articles' SimpleConvNet (conv 3→64 k3, ReLU, conv 64→128 k3, ReLU, flatten, fc 25,088→10)");
+        println!("vramlab demo: the articles' SimpleConvNet (conv 3→64 k3, ReLU, conv 64→128 k3, ReLU, flatten, fc 100,352→10)");
         println!(
             "batch {}, Adam lr {}, {} steps, on {} ({})",
             args.batch,
@@ -226,7 +226,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
         last.1 as f64 / last.2.max(1) as f64
     );
     println!("    20 MiB or rounded sizes, kept after use and partly split, so it never equals allocated.");
-    println!("  - The loss: one random batch; at lr 1e-3 Adam's first steps can overshoot (fc has 25,088");
+    println!("  - The loss: one random batch; at lr 1e-3 Adam's first steps can overshoot (fc has 100,352");
     println!("    inputs per class). `--lr 1e-4 --steps 10` shows it falling steadily.");
     println!();
     print!(

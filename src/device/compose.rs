@@ -135,6 +135,7 @@ pub fn compose(template: &str, defs: &Defs) -> Result<String, ComposeError> {
     if any_f16 {
         out.push_str("enable f16;\n");
     }
+
     expand(&lines, 0, lines.len(), defs, &mut vars, &mut out)?;
     Ok(out)
 }

@@ -68,7 +68,7 @@ pub const ZOO: [(&str, &str); 4] = [
     ),
     (
         "simple-cnn",
-        "the documents' SimpleConvNet: conv 3→64 k3, ReLU, conv 64→128 k3, ReLU, fc 25,088→10 on 3×32×32",
+        "the documents' SimpleConvNet: conv 3→64 k3, ReLU, conv 64→128 k3, ReLU, fc 100,352→10 (128·28·28; the article wrote 25,088) on 3×32×32",
     ),
     (
         "resnet-mini",

@@ -1,5 +1,6 @@
 //! The articles' SimpleConvNet (seed 002): conv1 3→64 k3 (no padding), ReLU,
-//! conv2 64→128 k3, ReLU, flatten, fc 128·28·28 = 25,088 → 10, on 3×32×32
+//! conv2 64→128 k3, ReLU, flatten, fc 128·28·28 = 100,352 → 10 (the article
+//! wrote 25,088), on 3×32×32
 //! inputs. Parameter names are PyTorch's: conv1.weight, conv1.bias, ...
 
 use super::init::Rng;

@@ -3,13 +3,35 @@
 //! over the other axes for its gradient.
 
 use super::launch;
-use crate::device::Kernel;
+use super::partials::sum_partials;
+use crate::device::{Kernel, Workgroups};
+use crate::memory::Category;
 use crate::tensor::{DType, Tensor, TensorError};
 
 const SOURCE: &str = include_str!("../../shaders/bias.wgsl");
 const ADD: Kernel = Kernel::fixed("bias_add", SOURCE, "add");
 const SCALE: Kernel = Kernel::fixed("bias_scale", SOURCE, "scale");
-const REDUCE: Kernel = Kernel::fixed("bias_reduce", SOURCE, "reduce");
+const CHANNEL_SUM: Kernel = Kernel::fixed(
+    "channel_sum",
+    include_str!("../../shaders/channel_sum.wgsl"),
+    "main",
+);
+
+/// Positions one channel-sum workgroup takes: 256 threads × 64, the block
+/// length of the blocked summation.
+const PER_GROUP: usize = 256 * 64;
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct SumParams {
+    outer: u32,
+    channels: u32,
+    inner: u32,
+    total: u32,
+    per_group: u32,
+    groups: u32,
+    _pad: [u32; 2],
+}
 
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
@@ -18,10 +40,6 @@ struct Params {
     channels: u32,
     inner: u32,
     scale: f32,
-    begin: u32,
-    end: u32,
-    accumulate: u32,
-    _pad: u32,
 }
 
 fn params(t: &Tensor, channels: usize, inner: usize, scale: f32) -> Result<Params, TensorError> {
@@ -40,10 +58,6 @@ fn params(t: &Tensor, channels: usize, inner: usize, scale: f32) -> Result<Param
         channels: channels as u32,
         inner: inner as u32,
         scale,
-        begin: 0,
-        end: 0,
-        accumulate: 0,
-        _pad: 0,
     })
 }
 
@@ -78,21 +92,33 @@ pub fn sum_channels(
     let p = params(t, channels, inner, scale)?;
     let out = Tensor::empty(t.engine(), &[channels], DType::F32, label)?;
     let total = p.outer as usize * inner;
-    for begin in (0..total).step_by(super::MAX_LOOP_ITERATIONS) {
-        let part = Params {
-            begin: begin as u32,
-            end: (begin + super::MAX_LOOP_ITERATIONS).min(total) as u32,
-            accumulate: (begin > 0) as u32,
-            ..p
-        };
-        launch(
-            t,
-            &REDUCE,
-            &[&t.slice(), &out.slice()],
-            bytemuck::bytes_of(&part),
-            channels,
-        )?;
-    }
+    let groups = total.div_ceil(PER_GROUP).max(1);
+    // Stage one: a partial sum per (group of positions, channel), in a
+    // workspace; stage two adds the groups up in order.
+    let parts = Tensor::empty_as(
+        t.engine(),
+        &[groups, channels],
+        DType::F32,
+        "bias.partials",
+        Some(Category::Workspace),
+    )?;
+    let sp = SumParams {
+        outer: p.outer,
+        channels: p.channels,
+        inner: p.inner,
+        total: total as u32,
+        per_group: PER_GROUP as u32,
+        groups: groups as u32,
+        _pad: [0; 2],
+    };
+    t.engine().dispatch(
+        &CHANNEL_SUM,
+        &[&t.slice(), &parts.slice()],
+        bytemuck::bytes_of(&sp),
+        Workgroups::Linear((groups * channels) as u64),
+    )?;
+    sum_partials(&parts, &out, 0, groups, channels, 0, false)?;
+    drop(parts);
     if scale != 1.0 {
         launch(
             t,

@@ -6,9 +6,9 @@
 //! buffer is workspace, recomputed in backward.
 
 use super::bias::{add_bias, sum_channels};
+use super::fill;
 use super::matmul::{gemm, Gemm, MatView, MatmulKernel};
-use super::{fill, launch};
-use crate::device::Kernel;
+use crate::device::{Kernel, Workgroups};
 use crate::memory::Category;
 use crate::tensor::{DType, Tensor, TensorError};
 
@@ -147,14 +147,35 @@ fn im2col(x: &Tensor, d: &Dims, n0: usize, nb: usize) -> Result<Tensor, TensorEr
         Some(Category::Workspace),
     )?;
     let total = col.numel();
-    launch(
-        x,
+    x.engine().dispatch(
         &IM2COL,
         &[&x.slice(), &col.slice()],
         bytemuck::bytes_of(&d.col_params(n0, nb, total)),
-        total,
+        plane_grid(x, d.hw(), d.ckk() * nb)?,
     )?;
     Ok(col)
+}
+
+/// The grid of im2col and col2im: x covers `inner` positions 256 at a time,
+/// (y, z) the `plane` (sample, row) or (sample, channel) pairs.
+fn plane_grid(x: &Tensor, inner: usize, plane: usize) -> Result<Workgroups, TensorError> {
+    let max = x
+        .engine()
+        .gpu()
+        .map(|g| g.limits.max_compute_workgroups_per_dimension as usize)
+        .unwrap_or(65_535);
+    let gx = inner.div_ceil(256);
+    let gy = plane.min(max);
+    let gz = plane.div_ceil(gy.max(1));
+    if gx > max || gz > max {
+        return Err(TensorError::InvalidShape {
+            op: "conv2d",
+            message: format!(
+                "{inner} positions × {plane} rows need more workgroups than the device's {max} per dimension"
+            ),
+        });
+    }
+    Ok(Workgroups::Grid([gx as u32, gy as u32, gz as u32]))
 }
 
 /// `conv2d(x, weight, bias)`: x `[N, C, H, W]`, weight `[O, C, KH, KW]`,
@@ -267,12 +288,11 @@ pub fn conv2d_backward(
             };
             gemm(&g, weight, dy, &dcol, MatmulKernel::Tiled)?;
             let total = nb * d.c * d.h * d.w;
-            launch(
-                x,
+            x.engine().dispatch(
                 &COL2IM,
                 &[&dcol.slice(), &dx.slice()],
                 bytemuck::bytes_of(&d.col_params(n0, nb, total)),
-                total,
+                plane_grid(x, d.h * d.w, d.c * nb)?,
             )?;
         }
     }

@@ -12,26 +12,15 @@
 //! The split and its workspace depend only on the shapes, never on the
 //! adapter, so a simulated device allocates exactly what a real one does.
 
+use super::partials::sum_partials;
 use crate::device::compose::{Defs, Elem};
 use crate::device::{Kernel, Workgroups};
 use crate::memory::Category;
 use crate::tensor::{DType, Tensor, TensorError};
 
 const SOURCE: &str = include_str!("../../shaders/matmul.wgsl");
-const SUM_PARTIALS: &str = include_str!("../../shaders/sum_partials.wgsl");
-
-/// The partial-sum kernel writing `out` in `elem`.
-fn sum_kernel(elem: Elem) -> Kernel {
-    Kernel::variant(
-        format!("sum_partials[{}]", elem.name()),
-        SUM_PARTIALS,
-        "main",
-        Defs::elem(elem),
-    )
-}
-
 /// The kernel element type of a tensor's dtype.
-fn elem_of(t: &Tensor) -> Elem {
+pub(crate) fn elem_of(t: &Tensor) -> Elem {
     match t.dtype() {
         DType::F32 => Elem::F32,
         DType::F16 => Elem::F16,
@@ -62,6 +51,10 @@ pub struct TileConfig {
     pub shared: bool,
     /// Thread x owns columns x, x+wx, … rather than a contiguous run.
     pub strided_cols: bool,
+    /// Share A's loads across a subgroup (direct tiles with wx = the
+    /// adapter's fixed subgroup size and tm a multiple of it; see
+    /// `shaders/matmul.wgsl`).
+    pub subgroup_a: bool,
 }
 
 impl TileConfig {
@@ -74,7 +67,14 @@ impl TileConfig {
             bk,
             shared,
             strided_cols: shared,
+            subgroup_a: false,
         }
+    }
+
+    /// The same tile sharing A's loads across a subgroup.
+    pub const fn with_subgroup_a(mut self) -> TileConfig {
+        self.subgroup_a = true;
+        self
     }
 
     /// Output rows and columns one workgroup computes.
@@ -87,6 +87,7 @@ impl TileConfig {
         let threads = self.wx * self.wy;
         let ok = self.wx > 0 && self.wy > 0 && self.tm > 0 && self.tn > 0 && self.bk > 0;
         ok && threads <= 256
+            && (!self.subgroup_a || (!self.shared && self.tm.is_multiple_of(self.wx)))
             && (!self.shared
                 || ((self.bk * self.wy * self.tm).is_multiple_of(threads)
                     && (self.bk * self.wx * self.tn).is_multiple_of(threads)))
@@ -101,7 +102,13 @@ impl TileConfig {
             self.tm,
             self.tn,
             self.bk,
-            if self.shared { "shared" } else { "direct" },
+            if self.shared {
+                "shared"
+            } else if self.subgroup_a {
+                "direct sgA"
+            } else {
+                "direct"
+            },
             if self.strided_cols != self.shared {
                 if self.strided_cols {
                     " strided"
@@ -127,7 +134,8 @@ impl TileConfig {
             .with("TN", self.tn)
             .with("BK", self.bk)
             .with("SHARED", self.shared as u8)
-            .with("STRIDED_COLS", self.strided_cols as u8);
+            .with("STRIDED_COLS", self.strided_cols as u8)
+            .with("SUBGROUP_A", self.subgroup_a as u8);
         Kernel::variant(
             format!("matmul[{}→{} {}]", elem.name(), out.name(), self.describe()),
             SOURCE,
@@ -158,30 +166,74 @@ pub enum ShapeClass {
     Narrow,
     /// Few output rows (the fc weight gradient: M = 10).
     Short,
+    /// A short reduction (conv1 forward: K = 27; the fc input gradient:
+    /// K = 10): little work per output, so many small workgroups.
+    Shallow,
 }
 
 impl ShapeClass {
-    pub fn of(m: usize, n: usize) -> ShapeClass {
+    pub fn of(m: usize, n: usize, k: usize) -> ShapeClass {
         if n < 32 && n <= m {
             ShapeClass::Narrow
         } else if m < 32 {
             ShapeClass::Short
+        } else if k < 64 {
+            ShapeClass::Shallow
         } else {
             ShapeClass::Square
         }
     }
 }
 
-/// The tile for `class` on a CPU adapter (llvmpipe) or a GPU. Chosen by
-/// `vramlab bench --tune` on each (see the README's kernel section).
-pub fn choose_tile(class: ShapeClass, cpu: bool) -> TileConfig {
-    match (cpu, class) {
-        (true, ShapeClass::Square) => TileConfig::new(8, 16, 8, 8, 16, false),
-        (true, ShapeClass::Narrow) => TileConfig::new(8, 16, 4, 2, 16, false),
-        (true, ShapeClass::Short) => TileConfig::new(16, 4, 2, 8, 16, false),
-        (false, ShapeClass::Square) => TileConfig::new(16, 16, 8, 8, 16, true),
-        (false, ShapeClass::Narrow) => TileConfig::new(4, 64, 2, 4, 16, true),
-        (false, ShapeClass::Short) => TileConfig::new(64, 4, 4, 2, 16, true),
+/// What tile choice depends on about the adapter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// A GPU: tiles staged in workgroup memory.
+    Gpu,
+    /// A CPU adapter (llvmpipe, WARP, SwiftShader): tiles read straight
+    /// from storage, sized for caches.
+    Cpu,
+    /// A CPU adapter whose subgroups are 8 lanes (lavapipe on AVX2): the
+    /// same, with A's loads shared across the subgroup.
+    CpuSubgroup8,
+}
+
+impl Target {
+    pub fn of(engine: &crate::tensor::Engine) -> Target {
+        match (engine.is_cpu_adapter(), engine.fixed_subgroup_size()) {
+            (false, _) => Target::Gpu,
+            (true, Some(8)) => Target::CpuSubgroup8,
+            (true, _) => Target::Cpu,
+        }
+    }
+}
+
+/// The tile for `class` on `target`, chosen with `vramlab bench --tune`
+/// and `examples/matmul_speed.rs` (figures in the README's kernel section).
+pub fn choose_tile(class: ShapeClass, target: Target) -> TileConfig {
+    match (target, class) {
+        (Target::CpuSubgroup8, ShapeClass::Square) => {
+            TileConfig::new(8, 4, 32, 8, 16, false).with_subgroup_a()
+        }
+        (Target::CpuSubgroup8, ShapeClass::Shallow) => {
+            TileConfig::new(8, 1, 32, 8, 16, false).with_subgroup_a()
+        }
+        (Target::CpuSubgroup8, ShapeClass::Narrow) => {
+            TileConfig::new(8, 1, 32, 4, 16, false).with_subgroup_a()
+        }
+        (Target::CpuSubgroup8, ShapeClass::Short) => {
+            TileConfig::new(8, 1, 16, 8, 16, false).with_subgroup_a()
+        }
+        (Target::Cpu, ShapeClass::Square | ShapeClass::Shallow) => {
+            TileConfig::new(8, 16, 8, 8, 16, false)
+        }
+        (Target::Cpu, ShapeClass::Narrow) => TileConfig::new(8, 16, 4, 2, 16, false),
+        (Target::Cpu, ShapeClass::Short) => TileConfig::new(16, 4, 2, 8, 16, false),
+        (Target::Gpu, ShapeClass::Square | ShapeClass::Shallow) => {
+            TileConfig::new(8, 8, 4, 4, 16, true)
+        }
+        (Target::Gpu, ShapeClass::Narrow) => TileConfig::new(16, 16, 2, 2, 16, true),
+        (Target::Gpu, ShapeClass::Short) => TileConfig::new(64, 4, 4, 2, 16, true),
     }
 }
 
@@ -193,6 +245,7 @@ const NAIVE_TILE: TileConfig = TileConfig {
     bk: 16,
     shared: false,
     strided_cols: false,
+    subgroup_a: false,
 };
 
 #[repr(C)]
@@ -215,17 +268,6 @@ struct MatmulParams {
     c_off: u32,
     splits: u32,
     k_chunk: u32,
-    _pad: [u32; 3],
-}
-
-#[repr(C)]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct SumParams {
-    len: u32,
-    count: u32,
-    off: u32,
-    accumulate: u32,
-    start: u32,
     _pad: [u32; 3],
 }
 
@@ -443,7 +485,7 @@ pub fn gemm(
     a.engine()
         .note_gemm(GemmShape::of(g, &a.engine().current_scope().1));
     let tile = match kernel {
-        MatmulKernel::Tiled => choose_tile(ShapeClass::of(g.m, g.n), a.engine().is_cpu_adapter()),
+        MatmulKernel::Tiled => choose_tile(ShapeClass::of(g.m, g.n, g.k), Target::of(a.engine())),
         MatmulKernel::Naive => NAIVE_TILE,
         MatmulKernel::Fixed(t) => t,
     };
@@ -568,33 +610,6 @@ fn dispatch(
         Workgroups::Grid(grid),
     )?;
     Ok(())
-}
-
-/// `out[off..off+len] (+)= Σ_z parts[start + z·len ..]`, z < count.
-fn sum_partials(
-    parts: &Tensor,
-    out: &Tensor,
-    start: usize,
-    count: usize,
-    len: usize,
-    off: usize,
-    accumulate: bool,
-) -> Result<(), TensorError> {
-    let params = SumParams {
-        len: len as u32,
-        count: count as u32,
-        off: off as u32,
-        accumulate: accumulate as u32,
-        start: start as u32,
-        _pad: [0; 3],
-    };
-    super::launch(
-        parts,
-        &sum_kernel(elem_of(out)),
-        &[&parts.slice(), &out.slice()],
-        bytemuck::bytes_of(&params),
-        len,
-    )
 }
 
 /// Splits `[.., R, C]` into (batch, R, C).

@@ -11,6 +11,7 @@ pub mod linear;
 pub mod matmul;
 pub mod mean;
 pub mod mse;
+pub mod partials;
 pub mod relu;
 pub mod softmax;
 

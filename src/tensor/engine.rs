@@ -160,6 +160,15 @@ impl Engine {
             .is_some_and(|g| g.features.contains(wgpu::Features::TIMESTAMP_QUERY))
     }
 
+    /// The subgroup size when the adapter has subgroups of one fixed size
+    /// (lavapipe: 8, its SIMD width), else `None`.
+    pub fn fixed_subgroup_size(&self) -> Option<u32> {
+        let g = self.gpu()?;
+        (g.features.contains(wgpu::Features::SUBGROUP)
+            && g.info.subgroup_min_size == g.info.subgroup_max_size)
+            .then_some(g.info.subgroup_min_size)
+    }
+
     /// Whether kernels can compute on f16 storage (WGSL `enable f16`).
     pub fn has_shader_f16(&self) -> bool {
         self.gpu()

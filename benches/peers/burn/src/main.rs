@@ -98,18 +98,35 @@ fn args() -> Result<Args, String> {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = args()?;
     let engine = Engine::new(&Default::default(), AllocatorConfig::default())?;
+    let mut rng = Rng::new(3);
+    // vramlab alone, before burn's device exists in this process: on a CPU
+    // adapter burn's runtime keeps threads of its own, which the figures
+    // measured beside it include.
+    let n0 = args.sizes.iter().copied().max().unwrap_or(1024).min(1024);
+    let alone = {
+        let va = VTensor::from_slice(&engine, &rng.uniform(n0 * n0, 1.0), &[n0, n0], "a")?;
+        let vb = VTensor::from_slice(&engine, &rng.uniform(n0 * n0, 1.0), &[n0, n0], "b")?;
+        let mut run = || {
+            drop(vramlab::ops::matmul::matmul(&va, &vb).expect("vramlab matmul"));
+            engine.synchronize().expect("vramlab sync");
+        };
+        run();
+        let t: Vec<f64> = (0..args.reps).map(|_| time(&mut run)).collect();
+        2.0 * (n0 as f64).powi(3) / median(t) / 1e9
+    };
     let device = Device::wgpu(DeviceKind::DefaultDevice);
     let mut rows = Vec::new();
     if !args.json {
         println!(
-            "vramlab {} vs burn 0.22.1 (wgpu) on {} ({}); median of {} interleaved reps",
-            env!("CARGO_PKG_VERSION"),
+            "vramlab vs burn 0.22.1 (wgpu) on {} ({}); median of {} interleaved reps",
             engine.device_name(),
             engine.backend_name(),
             args.reps
         );
     }
-    let mut rng = Rng::new(3);
+    if !args.json {
+        println!("matmul {n0:>5}³: vramlab {alone:>8.2} GFLOP/s alone, before burn's device exists");
+    }
     for &n in &args.sizes {
         let flops = 2.0 * (n as f64).powi(3);
         let a = Tensor::<2>::random([n, n], Distribution::Default, &device);
@@ -195,6 +212,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "adapter": engine.device_name(),
                 "backend": engine.backend_name(),
                 "reps": args.reps,
+                "vramlab_alone_gflops": {"n": n0, "gflops": alone},
                 "rows": rows,
             }))?
         );
