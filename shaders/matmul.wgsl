@@ -32,6 +32,10 @@ struct Params {
     a_bs: u32, b_bs: u32, c_bs: u32, accumulate: u32,
     a_off: u32, b_off: u32, c_off: u32, splits: u32,
     k_chunk: u32, _p0: u32, _p1: u32, _p2: u32,
+    // IMPLICIT_B: the convolution B is the im2col of (C×H×W input per
+    // batch entry, KH×KW kernel, stride, padding, output width).
+    cv_c: u32, cv_h: u32, cv_w: u32, cv_kh: u32,
+    cv_kw: u32, cv_stride: u32, cv_pad: u32, cv_wo: u32,
 }
 
 @group(0) @binding(0) var<storage, read_write> a: array<{{T}}>;
@@ -39,6 +43,43 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> c: array<{{TC}}>;
 @group(0) @binding(3) var<uniform> p: Params;
 #accessors a b c:ELEM_C
+
+// B[kk, col] at batch base `base`: a strided element, or with IMPLICIT_B
+// the im2col element of the input (row kk = (c, ky, kx), column col = output
+// position (oy, ox); zero in the padding) read straight from the input, so
+// no im2col buffer is written and read back.
+fn ld_b_at(base: u32, k_index: u32, n_index: u32) -> f32 {
+#if IMPLICIT_B
+    // B = im2col (K runs over its rows) or, IMPLICIT_BT, im2colᵀ (the
+    // weight gradient dW = dY · im2colᵀ: K runs over output positions).
+#if IMPLICIT_BT
+    let kk = n_index;
+    let col = k_index;
+#else
+    let kk = k_index;
+    let col = n_index;
+#endif
+    let kk2 = p.cv_kh * p.cv_kw;
+    let c = kk / kk2;
+    let r = kk - c * kk2;
+    let ky = r / p.cv_kw;
+    let kx = r - ky * p.cv_kw;
+    let oy = col / p.cv_wo;
+    let ox = col - oy * p.cv_wo;
+#if CONV_PAD0
+    // No padding: every window lies inside the image.
+    return ld_b(base + (c * p.cv_h + oy * p.cv_stride + ky) * p.cv_w + ox * p.cv_stride + kx);
+#else
+    let iy = i32(oy * p.cv_stride + ky) - i32(p.cv_pad);
+    let ix = i32(ox * p.cv_stride + kx) - i32(p.cv_pad);
+    let inside = iy >= 0 && ix >= 0 && iy < i32(p.cv_h) && ix < i32(p.cv_w);
+    let at = select(0u, (c * p.cv_h + u32(iy)) * p.cv_w + u32(ix), inside);
+    return select(0.0, ld_b(base + at), inside);
+#endif
+#else
+    return ld_b(base + k_index * p.b_rs + n_index * p.b_cs);
+#endif
+}
 
 #if SHARED
 var<workgroup> a_tile: array<f32, {{BK*WY*TM}}>;
@@ -85,7 +126,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 #endfor
 #endif
 #for j in 0..TN
-    let cb{{j}} = b_base + min(c{{j}}, n_last) * p.b_cs;
+    let cc{{j}} = min(c{{j}}, n_last);
 #endfor
 #endif
 
@@ -121,7 +162,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
             let gc = col_tile + cc;
             let gk = k0 + kk;
             var v = 0.0;
-            if (gc < p.n && gk < k_end) { v = ld_b(b_base + gk * p.b_rs + gc * p.b_cs); }
+            if (gc < p.n && gk < k_end) { v = ld_b_at(b_base, gk, gc); }
             b_tile[kk * {{WX*TN}}u + cc] = v;
         }
 #endfor
@@ -156,7 +197,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 #endfor
 #endif
 #for j in 0..TN
-            let bv{{j}} = ld_b(cb{{j}} + kk * p.b_rs);
+            let bv{{j}} = ld_b_at(b_base, kk, cc{{j}});
 #endfor
 #endif
 #for i in 0..TM

@@ -106,6 +106,7 @@ fn plain(m: usize, n: usize, k: usize, ta: bool, tb: bool) -> Gemm {
         c_batch_stride: m * n,
         accumulate: false,
         reduce_batch: false,
+        implicit_b: None,
     }
 }
 
@@ -161,6 +162,7 @@ fn split_k_and_batch_reduction_are_exact() {
         c_batch_stride: 0,
         accumulate: true,
         reduce_batch: true,
+        implicit_b: None,
     };
     assert!(plan_split(&dw).group > 0);
     check(&e, &mut rng, &dw, MatmulKernel::Tiled, "batch-reduced");

@@ -168,6 +168,7 @@ fn square(n: usize) -> GemmShape {
         a_shared: false,
         b_shared: false,
         reduce_batch: false,
+        conv: None,
     }
 }
 

@@ -219,7 +219,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
     println!("    batch are alive: {:.2} MiB. The article's 54.12 MB after each step would need the activations", mib(last.0));
     println!("    still alive; they are freed as backward uses them.");
     println!("  - The peak ({:.2} MiB) is well above the article's 55.73 MiB estimate: its hand method leaves out", mib(last.2));
-    println!("    the ReLU outputs (saved for backward), the logits, the im2col workspace and backward's temporaries.");
+    println!("    the ReLU outputs (saved for backward), the logits, conv's input-gradient workspace and backward's temporaries.");
     println!(
         "  - Reserved ({:.2} MiB, {:.2}x the peak allocated) is what the cache holds: segments of 2 MiB /",
         mib(last.1),

@@ -1,23 +1,23 @@
 //! 2-D convolution, NCHW input, OIHW weight, bias, stride and padding, as
-//! im2col + one batched matmul (`W · col`), in chunks of samples so the
-//! im2col workspace stays under the device's binding limit. Backward:
-//! `dW += dY[n] · col[n]ᵀ`, `dcol = Wᵀ · dY`, `dX = col2im(dcol)`, `db = Σ dY`.
-//! Like PyTorch (cuDNN), only the input is kept for backward; the im2col
-//! buffer is workspace, recomputed in backward.
+//! implicit GEMM: one batched matmul `out[n] = W · im2col(x[n])` whose B
+//! operand is read from x in place (no im2col buffer). Backward: `dW = Σ_n
+//! dY[n] · im2col(x[n])ᵀ`, implicit too, in one batch-reduced product;
+//! `dcol = Wᵀ · dY` into a workspace, in chunks of samples so it stays under
+//! the device's binding limit, then `dX = col2im(dcol)`; `db = Σ dY`. Like
+//! PyTorch (cuDNN), only the input is kept for backward.
 
 use super::bias::{add_bias, sum_channels};
-use super::fill;
-use super::matmul::{gemm, Gemm, MatView, MatmulKernel};
+use super::matmul::{gemm, ConvGeometry, Gemm, MatView, MatmulKernel};
 use crate::device::{Kernel, Workgroups};
 use crate::memory::Category;
 use crate::tensor::{DType, Tensor, TensorError};
 
-const IM2COL: Kernel = Kernel::fixed("im2col", include_str!("../../shaders/im2col.wgsl"), "main");
 const COL2IM: Kernel = Kernel::fixed("col2im", include_str!("../../shaders/col2im.wgsl"), "main");
 
-/// Workspace cap for one im2col chunk: small enough that the workspace stays
-/// below the activations it serves (SimpleConvNet's conv2 needs 1.8 MB per
-/// sample against 0.4 MB of output), large enough to keep dispatches big.
+/// Workspace cap for one chunk of dcol (the input gradient's im2col-shaped
+/// product): small enough that the workspace stays below the activations it
+/// serves (SimpleConvNet's conv2 needs 1.8 MB per sample against 0.4 MB of
+/// output), large enough to keep dispatches big.
 const MAX_WORKSPACE_BYTES: u64 = 8 << 20;
 
 /// Stride and padding (same for both axes).
@@ -104,6 +104,21 @@ impl Dims {
         })
     }
 
+    /// The im2col a product reads in place (implicit GEMM).
+    fn geometry(&self) -> ConvGeometry {
+        ConvGeometry {
+            c: self.c,
+            h: self.h,
+            w: self.w,
+            kh: self.kh,
+            kw: self.kw,
+            stride: self.cfg.stride,
+            pad: self.cfg.padding,
+            wo: self.wo,
+            transposed: false,
+        }
+    }
+
     fn ckk(&self) -> usize {
         self.c * self.kh * self.kw
     }
@@ -112,7 +127,7 @@ impl Dims {
         self.ho * self.wo
     }
 
-    /// Samples per im2col chunk.
+    /// Samples per dcol chunk.
     fn chunk(&self, x: &Tensor) -> usize {
         let per_sample = (self.ckk() * self.hw() * 4) as u64;
         let cap = MAX_WORKSPACE_BYTES.min(x.engine().max_binding());
@@ -138,25 +153,7 @@ impl Dims {
     }
 }
 
-fn im2col(x: &Tensor, d: &Dims, n0: usize, nb: usize) -> Result<Tensor, TensorError> {
-    let col = Tensor::empty_as(
-        x.engine(),
-        &[nb, d.ckk(), d.hw()],
-        DType::F32,
-        "conv2d.im2col",
-        Some(Category::Workspace),
-    )?;
-    let total = col.numel();
-    x.engine().dispatch(
-        &IM2COL,
-        &[&x.slice(), &col.slice()],
-        bytemuck::bytes_of(&d.col_params(n0, nb, total)),
-        plane_grid(x, d.hw(), d.ckk() * nb)?,
-    )?;
-    Ok(col)
-}
-
-/// The grid of im2col and col2im: x covers `inner` positions 256 at a time,
+/// The grid of col2im: x covers `inner` positions 256 at a time,
 /// (y, z) the `plane` (sample, row) or (sample, channel) pairs.
 fn plane_grid(x: &Tensor, inner: usize, plane: usize) -> Result<Workgroups, TensorError> {
     let max = x
@@ -193,24 +190,27 @@ pub fn conv2d(
         DType::F32,
         "conv2d.out",
     )?;
-    let chunk = d.chunk(x);
-    for n0 in (0..d.n).step_by(chunk) {
-        let nb = chunk.min(d.n - n0);
-        let col = im2col(x, &d, n0, nb)?;
-        let g = Gemm {
-            m: d.o,
-            n: d.hw(),
-            k: d.ckk(),
-            batch: nb,
-            a: MatView::dense(0, d.o, d.ckk(), false).shared(),
-            b: MatView::dense(0, d.ckk(), d.hw(), false),
-            c_offset: n0 * d.o * d.hw(),
-            c_batch_stride: d.o * d.hw(),
-            accumulate: false,
-            reduce_batch: false,
-        };
-        gemm(&g, weight, &col, &out, MatmulKernel::Tiled)?;
-    }
+    // Implicit GEMM: out[n] = W · im2col(x[n]) with the im2col read from x
+    // in place, every sample in one product (no workspace).
+    let g = Gemm {
+        m: d.o,
+        n: d.hw(),
+        k: d.ckk(),
+        batch: d.n,
+        a: MatView::dense(0, d.o, d.ckk(), false).shared(),
+        b: MatView {
+            offset: 0,
+            row_stride: 0,
+            col_stride: 0,
+            batch_stride: d.c * d.h * d.w,
+        },
+        c_offset: 0,
+        c_batch_stride: d.o * d.hw(),
+        accumulate: false,
+        reduce_batch: false,
+        implicit_b: Some(d.geometry()),
+    };
+    gemm(&g, weight, x, &out, MatmulKernel::Tiled)?;
     if let Some(b) = bias {
         add_bias(&out, b, d.o, d.hw())?;
     }
@@ -234,7 +234,7 @@ pub fn conv2d_backward(
         });
     }
     let db = sum_channels(dy, d.o, d.hw(), 1.0, "conv2d.grad_bias")?;
-    let dw = fill::zeros(x.engine(), weight.shape(), "conv2d.grad_weight")?;
+    let dw = Tensor::empty(x.engine(), weight.shape(), DType::F32, "conv2d.grad_weight")?;
     let dx = if need_dx {
         Some(Tensor::empty(
             x.engine(),
@@ -245,26 +245,33 @@ pub fn conv2d_backward(
     } else {
         None
     };
+    // dW (O×CKK) = Σ_n dY[n] (O×HW) · im2col(x[n])ᵀ (HW×CKK): every sample in
+    // one batch-reduced product, the im2col read from x in place.
+    let g = Gemm {
+        m: d.o,
+        n: d.ckk(),
+        k: d.hw(),
+        batch: d.n,
+        a: MatView::dense(0, d.o, d.hw(), false),
+        b: MatView {
+            offset: 0,
+            row_stride: 0,
+            col_stride: 0,
+            batch_stride: d.c * d.h * d.w,
+        },
+        c_offset: 0,
+        c_batch_stride: 0,
+        accumulate: false,
+        reduce_batch: true,
+        implicit_b: Some(ConvGeometry {
+            transposed: true,
+            ..d.geometry()
+        }),
+    };
+    gemm(&g, dy, x, &dw, MatmulKernel::Tiled)?;
     let chunk = d.chunk(x);
     for n0 in (0..d.n).step_by(chunk) {
         let nb = chunk.min(d.n - n0);
-        let col = im2col(x, &d, n0, nb)?;
-        // dW (O×CKK) += Σ_b dY[n0+b] (O×HW) · col[b]ᵀ (HW×CKK), the chunk's
-        // samples in one batch-reduced product.
-        let g = Gemm {
-            m: d.o,
-            n: d.ckk(),
-            k: d.hw(),
-            batch: nb,
-            a: MatView::dense(n0 * d.o * d.hw(), d.o, d.hw(), false),
-            b: MatView::dense(0, d.ckk(), d.hw(), true),
-            c_offset: 0,
-            c_batch_stride: 0,
-            accumulate: true,
-            reduce_batch: true,
-        };
-        gemm(&g, dy, &col, &dw, MatmulKernel::Tiled)?;
-        drop(col);
         if let Some(dx) = &dx {
             // dcol[b] (CKK×HW) = Wᵀ (CKK×O) · dY[n] (O×HW)
             let dcol = Tensor::empty_as(
@@ -285,6 +292,7 @@ pub fn conv2d_backward(
                 c_batch_stride: d.ckk() * d.hw(),
                 accumulate: false,
                 reduce_batch: false,
+                implicit_b: None,
             };
             gemm(&g, weight, dy, &dcol, MatmulKernel::Tiled)?;
             let total = nb * d.c * d.h * d.w;

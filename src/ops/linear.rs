@@ -29,6 +29,7 @@ fn plain(m: usize, n: usize, k: usize, a: MatView, b: MatView) -> Gemm {
         c_batch_stride: 0,
         accumulate: false,
         reduce_batch: false,
+        implicit_b: None,
     }
 }
 

@@ -122,9 +122,14 @@ impl TileConfig {
     }
 
     /// The family's kernel for this tile, operands in `elem` and the
-    /// output in `out`.
-    pub fn kernel(&self, elem: Elem, out: Elem) -> Kernel {
+    /// output in `out`; with `implicit_b = Some((transposed, no_padding))`,
+    /// B is the im2col (or im2colᵀ) of a convolution's input, read in place
+    /// (see [`ConvGeometry`]); without padding no bounds test is needed.
+    pub fn kernel(&self, elem: Elem, out: Elem, implicit_b: Option<(bool, bool)>) -> Kernel {
         let defs = Defs::elem(elem)
+            .with("IMPLICIT_B", implicit_b.is_some() as u8)
+            .with("IMPLICIT_BT", implicit_b.is_some_and(|i| i.0) as u8)
+            .with("CONV_PAD0", implicit_b.is_some_and(|i| i.1) as u8)
             .with("ELEM_C", out.name())
             .with("TC", out.storage())
             .with("WX", self.wx)
@@ -137,7 +142,19 @@ impl TileConfig {
             .with("STRIDED_COLS", self.strided_cols as u8)
             .with("SUBGROUP_A", self.subgroup_a as u8);
         Kernel::variant(
-            format!("matmul[{}→{} {}]", elem.name(), out.name(), self.describe()),
+            format!(
+                "matmul[{}→{} {}{}]",
+                elem.name(),
+                out.name(),
+                self.describe(),
+                match implicit_b {
+                    None => "",
+                    Some((false, false)) => " implicit im2col",
+                    Some((false, true)) => " implicit im2col pad0",
+                    Some((true, false)) => " implicit im2colᵀ",
+                    Some((true, true)) => " implicit im2colᵀ pad0",
+                }
+            ),
             SOURCE,
             "main",
             defs,
@@ -269,6 +286,7 @@ struct MatmulParams {
     splits: u32,
     k_chunk: u32,
     _pad: [u32; 3],
+    conv: [u32; 8],
 }
 
 /// Where a matrix (or a batch of matrices) sits inside a tensor, in elements:
@@ -318,6 +336,42 @@ pub struct Gemm {
     pub accumulate: bool,
     /// Sum the batch's products into one C.
     pub reduce_batch: bool,
+    /// B is the im2col of this convolution's input (B's view then gives
+    /// only the offset and the per-sample stride).
+    pub implicit_b: Option<ConvGeometry>,
+}
+
+/// A convolution whose im2col a product reads in place as its B operand
+/// (`[C·KH·KW, HO·WO]` per sample): implicit GEMM, no im2col buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct ConvGeometry {
+    pub c: usize,
+    pub h: usize,
+    pub w: usize,
+    pub kh: usize,
+    pub kw: usize,
+    pub stride: usize,
+    pub pad: usize,
+    /// Output width (the output height follows from the column count).
+    pub wo: usize,
+    /// B is im2colᵀ (positions × rows) rather than im2col.
+    pub transposed: bool,
+}
+
+impl ConvGeometry {
+    fn params(&self) -> [u32; 8] {
+        [
+            self.c,
+            self.h,
+            self.w,
+            self.kh,
+            self.kw,
+            self.stride,
+            self.pad,
+            self.wo,
+        ]
+        .map(|v| v as u32)
+    }
 }
 
 /// A product's shape as a model issued it, for `vramlab bench` to replay:
@@ -335,6 +389,8 @@ pub struct GemmShape {
     pub a_shared: bool,
     pub b_shared: bool,
     pub reduce_batch: bool,
+    /// B read as a convolution's im2col in place.
+    pub conv: Option<ConvGeometry>,
 }
 
 impl GemmShape {
@@ -350,6 +406,7 @@ impl GemmShape {
             a_shared: g.a.batch_stride == 0,
             b_shared: g.b.batch_stride == 0,
             reduce_batch: g.reduce_batch,
+            conv: g.implicit_b,
         }
     }
 
@@ -371,6 +428,14 @@ impl GemmShape {
         if self.a_shared {
             a = a.shared();
         }
+        if let Some(cv) = self.conv {
+            b = MatView {
+                offset: 0,
+                row_stride: 0,
+                col_stride: 0,
+                batch_stride: cv.c * cv.h * cv.w,
+            };
+        }
         if self.b_shared {
             b = b.shared();
         }
@@ -389,6 +454,7 @@ impl GemmShape {
             },
             accumulate: false,
             reduce_batch: self.reduce_batch,
+            implicit_b: self.conv,
         }
     }
 
@@ -396,9 +462,13 @@ impl GemmShape {
     pub fn sizes(&self) -> (usize, usize, usize) {
         let batches = |shared: bool| if shared { 1 } else { self.batch };
         let c = if self.reduce_batch { 1 } else { self.batch };
+        let b = match self.conv {
+            Some(cv) => cv.c * cv.h * cv.w,
+            None => self.k * self.n,
+        };
         (
             batches(self.a_shared) * self.m * self.k,
-            batches(self.b_shared) * self.k * self.n,
+            batches(self.b_shared) * b,
             c * self.m * self.n,
         )
     }
@@ -596,6 +666,7 @@ fn dispatch(
         splits: u(splits),
         k_chunk: u(k_chunk),
         _pad: [0; 3],
+        conv: g.implicit_b.map(|c| c.params()).unwrap_or([0; 8]),
     };
     let (bm, bn) = tile.block();
     let grid = [
@@ -604,7 +675,11 @@ fn dispatch(
         (g.batch * splits) as u32,
     ];
     a.engine().dispatch(
-        &tile.kernel(elem_of(a), elem_of(c)),
+        &tile.kernel(
+            elem_of(a),
+            elem_of(c),
+            g.implicit_b.map(|c| (c.transposed, c.pad == 0)),
+        ),
         &[&a.slice(), &b.slice(), &c.slice()],
         bytemuck::bytes_of(&params),
         Workgroups::Grid(grid),
@@ -688,6 +763,7 @@ pub fn matmul_ex(
         c_batch_stride: m * n,
         accumulate: false,
         reduce_batch: false,
+        implicit_b: None,
     };
     gemm(&g, a, b, &out, kernel)?;
     Ok(out)
