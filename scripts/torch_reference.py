@@ -178,6 +178,23 @@ def f16_exact(t):
     return t.half().float()
 
 
+def train_steps(net, opt, x, y, steps):
+    """`steps` training steps; the last step's logits, loss and gradients
+    and the parameters after it, as the fixtures name them."""
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=True)
+        logits = net(x)
+        loss = F.cross_entropy(logits, y)
+        loss.backward()
+        grads = {n: p.grad.detach().clone() for n, p in net.named_parameters()}
+        opt.step()
+    out = {"logits": logits.detach().clone(), "loss": loss.detach().reshape(())}
+    for n, p in net.named_parameters():
+        out[f"grad.{n}"] = grads[n]
+        out[f"param.{n}"] = p.detach().clone()
+    return out
+
+
 def case(model, opt_name, seed, steps, cfg, half=False):
     """Returns (weights, batch, expected, metadata) tensors dicts."""
     torch.manual_seed(seed)
@@ -192,17 +209,7 @@ def case(model, opt_name, seed, steps, cfg, half=False):
         x = f16_exact(x)
     weights = {k: v.detach().clone().contiguous() for k, v in net.state_dict().items()}
     opt = optimizer(opt_name, net.parameters(), cfg)
-    for _ in range(steps):
-        opt.zero_grad(set_to_none=True)
-        logits = net(x)
-        loss = F.cross_entropy(logits, y)
-        loss.backward()
-        grads = {n: p.grad.detach().clone() for n, p in net.named_parameters()}
-        opt.step()
-    expected = {"logits": logits.detach().clone(), "loss": loss.detach().reshape(())}
-    for n, p in net.named_parameters():
-        expected[f"grad.{n}"] = grads[n]
-        expected[f"param.{n}"] = p.detach().clone()
+    expected = train_steps(net, opt, x, y, steps)
     h = hyper(opt_name, cfg)
     meta = {
         "model": model,
@@ -288,18 +295,7 @@ def truth_of(d):
     net = net.double()
     net.load_state_dict(w)
     opt = optimizer(meta["optimizer"], net.parameters(), cfg)
-    x, y = b["x"].double(), b["y"]
-    for _ in range(int(meta["steps"])):
-        opt.zero_grad(set_to_none=True)
-        logits = net(x)
-        loss = F.cross_entropy(logits, y)
-        loss.backward()
-        grads = {n: p.grad.detach().clone() for n, p in net.named_parameters()}
-        opt.step()
-    out = {"logits": logits.detach(), "loss": loss.detach().reshape(())}
-    for n, p in net.named_parameters():
-        out[f"grad.{n}"] = grads[n]
-        out[f"param.{n}"] = p.detach()
+    out = train_steps(net, opt, b["x"].double(), b["y"], int(meta["steps"]))
     for k in list(out):
         stride = int(meta.get(f"stride.{k}", "1"))
         out[k] = out[k].flatten()[::stride].reshape(-1 if stride > 1 else out[k].shape).float().contiguous()

@@ -8,21 +8,14 @@ synchronize, plus the step's per-op CUDA time from torch.profiler.
     python3 scripts/torch_step_bench.py [--device cuda|cpu] [--reps 20] [--json]
 """
 import argparse, json, statistics, time
+import os
+import sys
+
 import torch
 import torch.nn as nn
 
-
-class SimpleConvNet(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv1 = nn.Conv2d(3, 64, 3)
-        self.conv2 = nn.Conv2d(64, 128, 3)
-        self.fc = nn.Linear(128 * 28 * 28, 10)
-
-    def forward(self, x):
-        x = torch.relu(self.conv1(x))
-        x = torch.relu(self.conv2(x))
-        return self.fc(x.flatten(1))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_reference import SimpleConvNet  # noqa: E402  (the zoo's exact model)
 
 
 def sync(dev):

@@ -104,6 +104,17 @@ impl Dims {
         })
     }
 
+    /// x as the B operand of an implicit product: one sample per batch
+    /// entry (the geometry gives the rest).
+    fn input_view(&self) -> MatView {
+        MatView {
+            offset: 0,
+            row_stride: 0,
+            col_stride: 0,
+            batch_stride: self.c * self.h * self.w,
+        }
+    }
+
     /// The im2col a product reads in place (implicit GEMM).
     fn geometry(&self) -> ConvGeometry {
         ConvGeometry {
@@ -198,12 +209,7 @@ pub fn conv2d(
         k: d.ckk(),
         batch: d.n,
         a: MatView::dense(0, d.o, d.ckk(), false).shared(),
-        b: MatView {
-            offset: 0,
-            row_stride: 0,
-            col_stride: 0,
-            batch_stride: d.c * d.h * d.w,
-        },
+        b: d.input_view(),
         c_offset: 0,
         c_batch_stride: d.o * d.hw(),
         accumulate: false,
@@ -253,12 +259,7 @@ pub fn conv2d_backward(
         k: d.hw(),
         batch: d.n,
         a: MatView::dense(0, d.o, d.hw(), false),
-        b: MatView {
-            offset: 0,
-            row_stride: 0,
-            col_stride: 0,
-            batch_stride: d.c * d.h * d.w,
-        },
+        b: d.input_view(),
         c_offset: 0,
         c_batch_stride: 0,
         accumulate: false,
