@@ -275,6 +275,17 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     if args.reps == 0 || args.batch == 0 {
         anyhow::bail!("--reps and --batch must be at least 1");
     }
+    if args.sizes.contains(&0) {
+        anyhow::bail!("--sizes: 0 is not a matrix size");
+    }
+    // Every flag checked before the first (possibly long) measurement.
+    let specs = args
+        .models
+        .iter()
+        .filter(|m| m.as_str() != "none")
+        .map(|m| ModelSpec::default_for(m).map(|s| (m.clone(), s)))
+        .collect::<Result<Vec<_>, String>>()
+        .map_err(anyhow::Error::msg)?;
     let e = Engine::new(&args.device.options(), AllocatorConfig::default())?;
     let cpu = e.is_cpu_adapter();
     let target = Target::of(&e);
@@ -314,9 +325,6 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
 
     say("\nsquare matmul (n×n · n×n):".into());
     for &n in &args.sizes {
-        if n == 0 {
-            anyhow::bail!("--sizes: 0 is not a matrix size");
-        }
         let s = square(n);
         let secs = time_gemm(&e, &s, MatmulKernel::Tiled, args.reps, &mut rng)?;
         let naive = if args.naive {
@@ -354,8 +362,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         .map(|r| r.gflops)
         .unwrap_or(f64::NAN);
 
-    for name in args.models.iter().filter(|m| m.as_str() != "none") {
-        let spec = ModelSpec::default_for(name).map_err(anyhow::Error::msg)?;
+    for (name, spec) in specs {
         say(format!(
             "\n{} step, batch {}, Adam:",
             spec.describe(),
@@ -421,7 +428,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             say(d.table(8));
         }
         report.models.push(StepRow {
-            model: name.clone(),
+            model: name,
             batch: args.batch,
             seconds_median: med,
             seconds_all: secs,

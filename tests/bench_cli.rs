@@ -1,0 +1,93 @@
+//! `vramlab bench --json` on the test adapter: the square product, every
+//! product shape of simple-cnn's step (the fc forward split along K, conv's
+//! weight gradient summed over the batch, the convolutions implicit), and
+//! the step's device time per phase summing to its total. Figures are not
+//! judged here (speed lives in benchmarks); shapes, plans and bookkeeping are.
+
+mod common;
+use common::*;
+
+#[test]
+fn bench_reports_shapes_plans_and_device_time() {
+    let r = vramlab_json([
+        "bench",
+        "--sizes",
+        "48",
+        "--models",
+        "simple-cnn",
+        "--batch",
+        "16",
+        "--reps",
+        "1",
+        "--json",
+    ]);
+    let sq = &r["square"][0];
+    assert_eq!(sq["n"], 48);
+    assert!(sq["gflops"].as_f64().unwrap() > 0.0, "{sq}");
+    let model = &r["models"][0];
+    assert_eq!(model["model"], "simple-cnn");
+    let shapes = model["shapes"].as_array().unwrap();
+    let find = |op: &str, m: u64, n: u64| {
+        shapes
+            .iter()
+            .find(|s| s["shape"]["op"] == op && s["shape"]["m"] == m && s["shape"]["n"] == n)
+            .unwrap_or_else(|| panic!("no {op} {m}×{n} in {shapes:?}"))
+    };
+    // fc forward: 16×10 outputs over K = 100,352 → split K, narrow class.
+    let fc = find("fc.forward", 16, 10);
+    assert_eq!(fc["shape"]["k"], 100_352);
+    assert!(fc["splits"].as_u64().unwrap() > 1, "{fc}");
+    assert_eq!(fc["class"], "narrow");
+    // conv2's weight gradient: 128×576 summed over the 16 samples, implicit.
+    let dw = find("conv2.backward", 128, 576);
+    assert_eq!(dw["shape"]["reduce_batch"], true);
+    assert_eq!(dw["shape"]["batch"], 16);
+    assert_eq!(dw["shape"]["conv"]["transposed"], true);
+    // conv2's forward reads im2col in place.
+    let fwd = find("conv2.forward", 128, 784);
+    assert_eq!(fwd["shape"]["conv"]["transposed"], false);
+    // Device time: where the adapter has timestamps (lavapipe does), the
+    // phases add up to the total and every op row names an op.
+    if let Some(dt) = model["device_time"].as_object() {
+        let total = dt["total_seconds"].as_f64().unwrap();
+        let phases: f64 = dt["phases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["seconds"].as_f64().unwrap())
+            .sum();
+        assert!(
+            total > 0.0 && (phases - total).abs() <= 1e-9 * total.max(1.0),
+            "{dt:?}"
+        );
+        let names: Vec<&str> = dt["phases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["forward", "backward", "optimizer"]);
+        assert!(dt["ops"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|o| o["name"] == "conv2.backward"));
+    } else {
+        assert_eq!(r["products_timed_by"], "wall clock with a wait");
+    }
+}
+
+#[test]
+fn bench_refuses_bad_flags_before_measuring() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .args(["bench", "--models", "nope"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("unknown model \"nope\"") && err.contains("simple-cnn"),
+        "{err}"
+    );
+    assert!(out.stdout.is_empty(), "nothing measured before the error");
+}
