@@ -269,3 +269,35 @@ fn the_family_runs_on_f16_storage_with_f32_arithmetic() {
         assert!(err < 1e-3, "f16→f16 {m}x{n}·K{k}: {err}");
     }
 }
+
+#[test]
+fn the_wall_clock_fallback_times_each_kernel_alone() {
+    // The path taken on adapters without timestamp queries: each dispatch
+    // submitted and waited for alone, timed on the host.
+    let e = engine();
+    let source = e.start_wall_clock_timing().expect("a GPU engine can time");
+    assert_eq!(source, vramlab::device::TimingSource::WallClockSyncPerOp);
+    let mut rng = Rng::new(15);
+    let a = Tensor::from_slice(&e, &rng.vec(40 * 30), &[40, 30], "a").unwrap();
+    let b = Tensor::from_slice(&e, &rng.vec(30 * 20), &[30, 20], "b").unwrap();
+    let c = {
+        let _scope = e.scope(vramlab::memory::Category::Temporary, "timed_op");
+        vramlab::ops::matmul::matmul(&a, &b).unwrap()
+    };
+    let (got, times) = e.take_dispatch_times().unwrap().expect("timing is on");
+    assert_eq!(got, source);
+    let mm: Vec<_> = times
+        .iter()
+        .filter(|t| t.kernel.starts_with("matmul["))
+        .collect();
+    assert_eq!(mm.len(), 1, "{times:?}");
+    assert_eq!(&*mm[0].op, "timed_op");
+    assert!(
+        mm[0].seconds > 0.0 && mm[0].seconds < 10.0,
+        "{}",
+        mm[0].seconds
+    );
+    // Timing by syncs must not change results.
+    let want = matmul_ref(&a.to_vec().unwrap(), &b.to_vec().unwrap(), 40, 30, 20);
+    assert!(max_rel_err(&c.to_vec().unwrap(), &want) < TOL);
+}

@@ -256,10 +256,16 @@ impl Gpu {
     }
 
     /// Starts timing every dispatch (see [`super::timing`]); says how.
-    pub fn start_timing(&self) -> TimingSource {
+    /// `prefer_wall_clock` asks for the host-clock fallback even where the
+    /// adapter has timestamp queries (to compare the two, and to test it).
+    /// A timer already running keeps its source.
+    pub fn start_timing(&self, prefer_wall_clock: bool) -> TimingSource {
+        self.flush();
         let mut t = lock(&self.timer);
-        t.get_or_insert_with(|| Timer::new(&self.device, &self.queue, self.features))
-            .source
+        t.get_or_insert_with(|| {
+            Timer::new(&self.device, &self.queue, self.features, prefer_wall_clock)
+        })
+        .source
     }
 
     /// Names the phase later dispatches belong to.

@@ -78,9 +78,15 @@ pub(crate) struct Timer {
 }
 
 impl Timer {
-    pub fn new(device: &wgpu::Device, queue: &wgpu::Queue, features: wgpu::Features) -> Timer {
-        let stamps = features
-            .contains(wgpu::Features::TIMESTAMP_QUERY)
+    /// A timer using timestamp queries where `features` has them and
+    /// `prefer_wall_clock` is false, else the host clock.
+    pub fn new(
+        device: &wgpu::Device,
+        queue: &wgpu::Queue,
+        features: wgpu::Features,
+        prefer_wall_clock: bool,
+    ) -> Timer {
+        let stamps = (features.contains(wgpu::Features::TIMESTAMP_QUERY) && !prefer_wall_clock)
             .then(|| Timestamps {
                 query_set: device.create_query_set(&wgpu::QuerySetDescriptor {
                     label: Some("vramlab timing"),

@@ -178,7 +178,14 @@ impl Engine {
     /// Starts timing every kernel dispatch (see [`crate::device::timing`]);
     /// `None` on a simulated device.
     pub fn start_timing(&self) -> Option<crate::device::TimingSource> {
-        self.gpu().map(|g| g.start_timing())
+        self.gpu().map(|g| g.start_timing(false))
+    }
+
+    /// Starts timing with the host clock and a sync per kernel, the
+    /// fallback for adapters without timestamp queries, even where the
+    /// adapter has them.
+    pub fn start_wall_clock_timing(&self) -> Option<crate::device::TimingSource> {
+        self.gpu().map(|g| g.start_timing(true))
     }
 
     /// Marks a training phase, for the allocator's event log and the
