@@ -10,15 +10,16 @@
 
 use super::args::DeviceArgs;
 use crate::device::TimingSource;
+use crate::estimate::run::Plan;
 use crate::memory::AllocatorConfig;
 use crate::nn::init::Rng;
-use crate::nn::{ModelSpec, ParamStore};
+use crate::nn::ModelSpec;
 use crate::ops::matmul::{
     choose_tile, gemm, plan_split, GemmShape, MatmulKernel, ShapeClass, Target, TileConfig,
 };
 use crate::profile::OpTimes;
 use crate::tensor::{Engine, Tensor};
-use crate::train::{Batch, OptimizerConfig, OptimizerKind, Trainer};
+use crate::train::{Mode, OptimizerConfig, OptimizerKind};
 use clap::Args;
 use serde::Serialize;
 use std::time::Instant;
@@ -176,8 +177,8 @@ fn square(n: usize) -> GemmShape {
 fn step_shapes(spec: &ModelSpec, batch: usize) -> anyhow::Result<Vec<(GemmShape, usize)>> {
     let e = Engine::simulated(AllocatorConfig::default(), None);
     e.log_gemms(true);
-    let mut trainer = trainer(&e, spec, batch)?;
-    trainer.0.step(&trainer.1)?;
+    let (mut trainer, data) = plan(spec, batch).trainer(&e, 0)?;
+    trainer.step(&data)?;
     let mut shapes: Vec<(GemmShape, usize)> = Vec::new();
     for s in e.take_gemms() {
         match shapes.iter_mut().find(|(x, _)| {
@@ -193,13 +194,15 @@ fn step_shapes(spec: &ModelSpec, batch: usize) -> anyhow::Result<Vec<(GemmShape,
     Ok(shapes)
 }
 
-fn trainer(e: &Engine, spec: &ModelSpec, batch: usize) -> anyhow::Result<(Trainer, Batch)> {
-    let mut rng = Rng::new(0);
-    let mut store = ParamStore::new();
-    let model = spec.build(e, &mut store, &mut rng)?;
-    let data = Batch::random(e, &mut rng, batch, &spec.input_shape(), spec.classes())?;
-    let opt = OptimizerConfig::new(OptimizerKind::Adam, None, None, None).build();
-    Ok((Trainer::new(e.clone(), model, store, opt, false), data))
+/// One Adam training step of `spec` at `batch` (torch.optim's defaults).
+fn plan(spec: &ModelSpec, batch: usize) -> Plan {
+    Plan {
+        model: spec.clone(),
+        batch,
+        optimizer: OptimizerConfig::new(OptimizerKind::Adam, None, None, None),
+        mode: Mode::Train,
+        config: AllocatorConfig::default(),
+    }
 }
 
 /// Tile shapes `--tune` tries.
@@ -406,7 +409,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             ));
             shapes.push(row);
         }
-        let (mut t, data) = trainer(&e, &spec, args.batch)?;
+        let (mut t, data) = plan(&spec, args.batch).trainer(&e, 0)?;
         t.step(&data)?;
         e.take_dispatch_times()?;
         let mut secs = Vec::new();

@@ -19,7 +19,7 @@ use super::adapter::{backends_for, choose, AdapterOptions, AdapterSummary};
 use super::compose::{compose, Defs, Elem};
 use super::error::DeviceError;
 use super::grid::{grid_for, Workgroups};
-use super::timing::{read_back, DispatchTime, Timer, TimingSource};
+use super::timing::{DispatchTime, Timer, TimingSource};
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -283,8 +283,29 @@ impl Gpu {
         Ok(t.as_mut().map(|t| (t.source, std::mem::take(&mut t.done))))
     }
 
+    /// Resolves the timestamps written since the last read into the
+    /// timer's resolve buffer, in the ordered stream after the passes that
+    /// wrote them, and reads them back like any tensor.
     fn read_times(&self) -> Result<(), DeviceError> {
-        read_back(&self.device, &self.queue, &self.timer).map_err(DeviceError::Readback)
+        let Some((query_set, resolve, n)) = lock(&self.timer).as_ref().and_then(Timer::to_read)
+        else {
+            return Ok(());
+        };
+        self.with_encoder(|enc| enc.resolve_query_set(&query_set, 0..n * 2, &resolve, 0));
+        let bytes = n as u64 * 16;
+        let raw = self.download(
+            &BufferSlice {
+                buffer: Some(resolve),
+                offset: 0,
+                size: bytes,
+            },
+            bytes,
+        )?;
+        let ticks: Vec<u64> = bytemuck::pod_collect_to_vec(&raw);
+        if let Some(t) = lock(&self.timer).as_mut() {
+            t.resolved(&ticks);
+        }
+        Ok(())
     }
 
     /// Number of pipelines compiled so far (each kernel compiles once).
@@ -476,10 +497,7 @@ impl Gpu {
             pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
         });
         if wall {
-            self.flush();
-            self.device
-                .poll(wgpu::PollType::wait_indefinitely())
-                .map_err(|e| DeviceError::Wgpu(e.to_string()))?;
+            self.synchronize()?;
             if let Some(t) = lock(&self.timer).as_mut() {
                 t.finish_wall();
             }

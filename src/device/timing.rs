@@ -10,9 +10,8 @@
 //! synchronisation) the set is resolved into a buffer, read back and turned
 //! into [`DispatchTime`]s, so a long run needs no unbounded query memory.
 
-use super::gpu::lock;
 use serde::Serialize;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Dispatches whose times one query set holds before it is read back.
@@ -62,7 +61,8 @@ pub(crate) struct Pending {
 
 pub(crate) struct Timestamps {
     pub query_set: wgpu::QuerySet,
-    resolve: wgpu::Buffer,
+    /// Where the query set is resolved, for reading back.
+    pub resolve: wgpu::Buffer,
     period_ns: f64,
     pending: Vec<Pending>,
 }
@@ -144,6 +144,31 @@ impl Timer {
         ));
     }
 
+    /// The pending queries to read back: the set, its resolve buffer and
+    /// how many pairs were written; `None` when there are none.
+    pub fn to_read(&self) -> Option<(wgpu::QuerySet, wgpu::Buffer, u32)> {
+        let s = self.stamps.as_ref()?;
+        let n = s.pending.len() as u32;
+        (n > 0).then(|| (s.query_set.clone(), s.resolve.clone(), n))
+    }
+
+    /// Turns the pending dispatches into times, given their resolved
+    /// timestamps (a begin and an end tick per dispatch).
+    pub fn resolved(&mut self, ticks: &[u64]) {
+        let Some(s) = self.stamps.as_mut() else {
+            return;
+        };
+        let period = s.period_ns;
+        for (p, pair) in s.pending.drain(..).zip(ticks.chunks_exact(2)) {
+            self.done.push(DispatchTime {
+                kernel: p.kernel,
+                op: p.op,
+                phase: p.phase,
+                seconds: pair[1].saturating_sub(pair[0]) as f64 * period * 1e-9,
+            });
+        }
+    }
+
     pub fn finish_wall(&mut self) {
         if let Some((p, t0)) = self.wall.take() {
             self.done.push(DispatchTime {
@@ -154,67 +179,4 @@ impl Timer {
             });
         }
     }
-}
-
-/// Resolves the pending queries of `timer` and reads them back; the
-/// caller has submitted every pass that writes them.
-pub(crate) fn read_back(
-    device: &wgpu::Device,
-    queue: &wgpu::Queue,
-    timer: &Mutex<Option<Timer>>,
-) -> Result<(), String> {
-    let mut guard = lock(timer);
-    let Some(t) = guard.as_mut() else {
-        return Ok(());
-    };
-    let Some(s) = t.stamps.as_mut() else {
-        return Ok(());
-    };
-    let n = s.pending.len() as u32;
-    if n == 0 {
-        return Ok(());
-    }
-    let bytes = n as u64 * 16;
-    let readback = device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("vramlab timing readback"),
-        size: bytes,
-        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-        mapped_at_creation: false,
-    });
-    let mut enc = device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
-        label: Some("vramlab timing"),
-    });
-    enc.resolve_query_set(&s.query_set, 0..n * 2, &s.resolve, 0);
-    enc.copy_buffer_to_buffer(&s.resolve, 0, &readback, 0, bytes);
-    queue.submit(Some(enc.finish()));
-    let (tx, rx) = std::sync::mpsc::channel();
-    readback.map_async(wgpu::MapMode::Read, .., move |r| {
-        let _ = tx.send(r);
-    });
-    device
-        .poll(wgpu::PollType::wait_indefinitely())
-        .map_err(|e| e.to_string())?;
-    rx.recv()
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())?;
-    let ticks: Vec<u64> = {
-        let view = readback
-            .get_mapped_range(..)
-            .map_err(|e| format!("{e:?}"))?;
-        view.chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
-            .collect()
-    };
-    readback.unmap();
-    let period = s.period_ns;
-    for (i, p) in s.pending.drain(..).enumerate() {
-        let (begin, end) = (ticks[2 * i], ticks[2 * i + 1]);
-        t.done.push(DispatchTime {
-            kernel: p.kernel,
-            op: p.op,
-            phase: p.phase,
-            seconds: end.saturating_sub(begin) as f64 * period * 1e-9,
-        });
-    }
-    Ok(())
 }

@@ -20,6 +20,26 @@ pub struct Plan {
     pub config: AllocatorConfig,
 }
 
+impl Plan {
+    /// The model (weights from `seed`), one random batch, and a trainer in
+    /// the plan's mode with its optimizer.
+    pub fn trainer(&self, engine: &Engine, seed: u64) -> Result<(Trainer, Batch), TensorError> {
+        let mut rng = Rng::new(seed);
+        let mut store = ParamStore::new();
+        let model = self.model.build(engine, &mut store, &mut rng)?;
+        let batch = Batch::random(
+            engine,
+            &mut rng,
+            self.batch,
+            &self.model.input_shape(),
+            self.model.classes(),
+        )?;
+        let mut trainer = Trainer::new(engine.clone(), model, store, self.optimizer.build(), false);
+        trainer.mode = self.mode;
+        Ok((trainer, batch))
+    }
+}
+
 /// A recorded step.
 pub struct StepProfile {
     pub events: Vec<MemEvent>,
@@ -46,19 +66,8 @@ pub fn run_steps(
 ) -> Result<StepProfile, TensorError> {
     let t0 = std::time::Instant::now();
     engine.allocator().start_recording();
-    let mut rng = Rng::new(seed);
-    let mut store = ParamStore::new();
-    let model = plan.model.build(&engine, &mut store, &mut rng)?;
-    let parameters = store.numel();
-    let batch = Batch::random(
-        &engine,
-        &mut rng,
-        plan.batch,
-        &plan.model.input_shape(),
-        plan.model.classes(),
-    )?;
-    let mut trainer = Trainer::new(engine.clone(), model, store, plan.optimizer.build(), false);
-    trainer.mode = plan.mode;
+    let (mut trainer, batch) = plan.trainer(&engine, seed)?;
+    let parameters = trainer.store.numel();
     for _ in 0..steps {
         let outputs = trainer.step(&batch)?.1;
         drop(outputs);

@@ -553,7 +553,7 @@ pub fn gemm(
         return Ok(());
     }
     a.engine()
-        .note_gemm(GemmShape::of(g, &a.engine().current_scope().1));
+        .note_gemm(|| GemmShape::of(g, &a.engine().current_scope().1));
     let tile = match kernel {
         MatmulKernel::Tiled => choose_tile(ShapeClass::of(g.m, g.n, g.k), Target::of(a.engine())),
         MatmulKernel::Naive => NAIVE_TILE,

@@ -219,10 +219,11 @@ impl Engine {
         *lock(&self.inner.gemm_log) = on.then(Vec::new);
     }
 
-    /// Notes a product, when logging.
-    pub fn note_gemm(&self, shape: crate::ops::matmul::GemmShape) {
+    /// Notes a product, when logging; `shape` is only built then (products
+    /// are issued on every step, the log is on only for `vramlab bench`).
+    pub fn note_gemm(&self, shape: impl FnOnce() -> crate::ops::matmul::GemmShape) {
         if let Some(log) = lock(&self.inner.gemm_log).as_mut() {
-            log.push(shape);
+            log.push(shape());
         }
     }
 
