@@ -31,10 +31,24 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     let begin = g * p.per_group;
     let end = select(begin, min(begin + p.per_group, p.total), live);
     var acc = 0.0;
-    for (var j = begin + lidx; j < end; j += 256u) {
-        let o = j / p.inner;
-        let i = j - o * p.inner;
-        acc += ld_t((o * p.channels + c) * p.inner + i);
+    let j0 = begin + lidx;
+    if (p.inner >= 256u) {
+        // Step (o, i) along with j: a step of 256 wraps i at most once, and
+        // there is no per-element division (scalar code on CPU adapters,
+        // which have no vector integer divide).
+        var o = j0 / p.inner;
+        var i = j0 - o * p.inner;
+        for (var j = j0; j < end; j += 256u) {
+            acc += ld_t((o * p.channels + c) * p.inner + i);
+            i += 256u;
+            if (i >= p.inner) { i -= p.inner; o += 1u; }
+        }
+    } else {
+        for (var j = j0; j < end; j += 256u) {
+            let o = j / p.inner;
+            let i = j - o * p.inner;
+            acc += ld_t((o * p.channels + c) * p.inner + i);
+        }
     }
     sums[lidx] = acc;
     workgroupBarrier();

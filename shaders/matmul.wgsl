@@ -32,16 +32,35 @@ struct Params {
     a_bs: u32, b_bs: u32, c_bs: u32, accumulate: u32,
     a_off: u32, b_off: u32, c_off: u32, splits: u32,
     k_chunk: u32, _p0: u32, _p1: u32, _p2: u32,
-    // IMPLICIT_B: the convolution B is the im2col of (C×H×W input per
-    // batch entry, KH×KW kernel, stride, padding, output width).
-    cv_c: u32, cv_h: u32, cv_w: u32, cv_kh: u32,
-    cv_kw: u32, cv_stride: u32, cv_pad: u32, cv_wo: u32,
 }
+
+#if IMPLICIT_B
+// The convolution whose im2col B is: C×H×W input per batch entry, KH×KW
+// kernel, stride, padding, output width. Constants, so the divisions below
+// compile to multiplies.
+const CV_C = {{CV_C}}u;
+const CV_H = {{CV_H}}u;
+const CV_W = {{CV_W}}u;
+const CV_KH = {{CV_KH}}u;
+const CV_KW = {{CV_KW}}u;
+const CV_STRIDE = {{CV_STRIDE}}u;
+const CV_PAD = {{CV_PAD}}u;
+const CV_WO = {{CV_WO}}u;
+#endif
 
 @group(0) @binding(0) var<storage, read_write> a: array<{{T}}>;
 @group(0) @binding(1) var<storage, read_write> b: array<{{T}}>;
 @group(0) @binding(2) var<storage, read_write> c: array<{{TC}}>;
+#if BIAS_ROWS
+// Epilogue: C[r, col] = product + bias[r] (conv: a bias per output
+// channel), fused so the output is written once instead of written, read
+// and written again by a separate bias pass.
+// (Storage bindings come first, the uniform after them.)
+@group(0) @binding(3) var<storage, read_write> bias: array<f32>;
+@group(0) @binding(4) var<uniform> p: Params;
+#else
 @group(0) @binding(3) var<uniform> p: Params;
+#endif
 #accessors a b c:ELEM_C
 
 // B[kk, col] at batch base `base`: a strided element, or with IMPLICIT_B
@@ -59,21 +78,21 @@ fn ld_b_at(base: u32, k_index: u32, n_index: u32) -> f32 {
     let kk = k_index;
     let col = n_index;
 #endif
-    let kk2 = p.cv_kh * p.cv_kw;
+    let kk2 = CV_KH * CV_KW;
     let c = kk / kk2;
     let r = kk - c * kk2;
-    let ky = r / p.cv_kw;
-    let kx = r - ky * p.cv_kw;
-    let oy = col / p.cv_wo;
-    let ox = col - oy * p.cv_wo;
+    let ky = r / CV_KW;
+    let kx = r - ky * CV_KW;
+    let oy = col / CV_WO;
+    let ox = col - oy * CV_WO;
 #if CONV_PAD0
     // No padding: every window lies inside the image.
-    return ld_b(base + (c * p.cv_h + oy * p.cv_stride + ky) * p.cv_w + ox * p.cv_stride + kx);
+    return ld_b(base + (c * CV_H + oy * CV_STRIDE + ky) * CV_W + ox * CV_STRIDE + kx);
 #else
-    let iy = i32(oy * p.cv_stride + ky) - i32(p.cv_pad);
-    let ix = i32(ox * p.cv_stride + kx) - i32(p.cv_pad);
-    let inside = iy >= 0 && ix >= 0 && iy < i32(p.cv_h) && ix < i32(p.cv_w);
-    let at = select(0u, (c * p.cv_h + u32(iy)) * p.cv_w + u32(ix), inside);
+    let iy = i32(oy * CV_STRIDE + ky) - i32(CV_PAD);
+    let ix = i32(ox * CV_STRIDE + kx) - i32(CV_PAD);
+    let inside = iy >= 0 && ix >= 0 && iy < i32(CV_H) && ix < i32(CV_W);
+    let at = select(0u, (c * CV_H + u32(iy)) * CV_W + u32(ix), inside);
     return select(0.0, ld_b(base + at), inside);
 #endif
 #else
@@ -218,10 +237,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 
 #for i in 0..TM
     if (r{{i}} < p.m) {
+#if BIAS_ROWS
+        let bias{{i}} = bias[r{{i}}];
+#endif
 #for j in 0..TN
         if (c{{j}} < p.n) {
             let ci = c_base + r{{i}} * p.n + c{{j}};
             var v = acc{{i}}_{{j}};
+#if BIAS_ROWS
+            v += bias{{i}};
+#endif
             if (p.accumulate != 0u) { v += ld_c(ci); }
             st_c(ci, v);
         }

@@ -2,14 +2,15 @@
 //! (conv: `[N, O, H·W]`, linear: `[N, O, 1]`): add it in place in forward, sum
 //! over the other axes for its gradient.
 
-use super::launch;
 use super::partials::sum_partials;
+use super::{launch, plane_grid};
 use crate::device::{Kernel, Workgroups};
 use crate::memory::Category;
 use crate::tensor::{DType, Tensor, TensorError};
 
 const SOURCE: &str = include_str!("../../shaders/bias.wgsl");
 const ADD: Kernel = Kernel::fixed("bias_add", SOURCE, "add");
+const ADD_PLANES: Kernel = Kernel::fixed("bias_add_planes", SOURCE, "add_planes");
 const SCALE: Kernel = Kernel::fixed("bias_scale", SOURCE, "scale");
 const CHANNEL_SUM: Kernel = Kernel::fixed(
     "channel_sum",
@@ -71,6 +72,16 @@ pub fn add_bias(t: &Tensor, b: &Tensor, channels: usize, inner: usize) -> Result
         });
     }
     let p = params(t, channels, inner, 1.0)?;
+    if inner >= 256 {
+        let planes = p.outer as usize * channels;
+        t.engine().dispatch(
+            &ADD_PLANES,
+            &[&t.slice(), &b.slice()],
+            bytemuck::bytes_of(&p),
+            plane_grid(t, inner, planes)?,
+        )?;
+        return Ok(());
+    }
     launch(
         t,
         &ADD,

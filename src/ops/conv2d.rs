@@ -1,18 +1,21 @@
 //! 2-D convolution, NCHW input, OIHW weight, bias, stride and padding, as
-//! implicit GEMM: one batched matmul `out[n] = W · im2col(x[n])` whose B
-//! operand is read from x in place (no im2col buffer). Backward: `dW = Σ_n
+//! implicit GEMM: one batched matmul `out[n] = W · im2col(x[n]) + b` whose B
+//! operand is read from x in place (no im2col buffer) and whose epilogue
+//! adds the bias (no second pass over the output). Backward: `dW = Σ_n
 //! dY[n] · im2col(x[n])ᵀ`, implicit too, in one batch-reduced product;
 //! `dcol = Wᵀ · dY` into a workspace, in chunks of samples so it stays under
 //! the device's binding limit, then `dX = col2im(dcol)`; `db = Σ dY`. Like
 //! PyTorch (cuDNN), only the input is kept for backward.
 
-use super::bias::{add_bias, sum_channels};
-use super::matmul::{gemm, ConvGeometry, Gemm, MatView, MatmulKernel};
-use crate::device::{Kernel, Workgroups};
+use super::bias::sum_channels;
+use super::matmul::{gemm, gemm_bias, ConvGeometry, Gemm, MatView, MatmulKernel};
+use super::plane_grid;
+use crate::device::compose::{Defs, Elem};
+use crate::device::Kernel;
 use crate::memory::Category;
 use crate::tensor::{DType, Tensor, TensorError};
 
-const COL2IM: Kernel = Kernel::fixed("col2im", include_str!("../../shaders/col2im.wgsl"), "main");
+const COL2IM: &str = include_str!("../../shaders/col2im.wgsl");
 
 /// Workspace cap for one chunk of dcol (the input gradient's im2col-shaped
 /// product): small enough that the workspace stays below the activations it
@@ -39,18 +42,9 @@ impl Default for Conv2dConfig {
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 struct ColParams {
-    c: u32,
-    h: u32,
-    w: u32,
-    kh: u32,
-    kw: u32,
-    stride: u32,
-    pad: u32,
-    ho: u32,
-    wo: u32,
     n0: u32,
     nb: u32,
-    total: u32,
+    _pad: [u32; 2],
 }
 
 /// Checked dimensions of one convolution.
@@ -145,45 +139,33 @@ impl Dims {
         ((cap / per_sample.max(1)) as usize).clamp(1, self.n)
     }
 
-    fn col_params(&self, n0: usize, nb: usize, total: usize) -> ColParams {
-        let u = |v: usize| v as u32;
-        ColParams {
-            c: u(self.c),
-            h: u(self.h),
-            w: u(self.w),
-            kh: u(self.kh),
-            kw: u(self.kw),
-            stride: u(self.cfg.stride),
-            pad: u(self.cfg.padding),
-            ho: u(self.ho),
-            wo: u(self.wo),
-            n0: u(n0),
-            nb: u(nb),
-            total: u(total),
+    /// col2im for this geometry (a variant per convolution shape: see
+    /// the shader for why the sizes are constants).
+    fn col2im(&self) -> Kernel {
+        let mut defs = Defs::elem(Elem::F32);
+        for (name, v) in [
+            ("C", self.c),
+            ("H", self.h),
+            ("W", self.w),
+            ("KH", self.kh),
+            ("KW", self.kw),
+            ("STRIDE", self.cfg.stride),
+            ("PAD", self.cfg.padding),
+            ("HO", self.ho),
+            ("WO", self.wo),
+        ] {
+            defs = defs.with(name, v);
         }
-    }
-}
-
-/// The grid of col2im: x covers `inner` positions 256 at a time,
-/// (y, z) the `plane` (sample, row) or (sample, channel) pairs.
-fn plane_grid(x: &Tensor, inner: usize, plane: usize) -> Result<Workgroups, TensorError> {
-    let max = x
-        .engine()
-        .gpu()
-        .map(|g| g.limits.max_compute_workgroups_per_dimension as usize)
-        .unwrap_or(65_535);
-    let gx = inner.div_ceil(256);
-    let gy = plane.min(max);
-    let gz = plane.div_ceil(gy.max(1));
-    if gx > max || gz > max {
-        return Err(TensorError::InvalidShape {
-            op: "conv2d",
-            message: format!(
-                "{inner} positions × {plane} rows need more workgroups than the device's {max} per dimension"
+        Kernel::variant(
+            format!(
+                "col2im[{}x{}x{} k{}x{} s{} p{}]",
+                self.c, self.h, self.w, self.kh, self.kw, self.cfg.stride, self.cfg.padding
             ),
-        });
+            COL2IM,
+            "main",
+            defs,
+        )
     }
-    Ok(Workgroups::Grid([gx as u32, gy as u32, gz as u32]))
 }
 
 /// `conv2d(x, weight, bias)`: x `[N, C, H, W]`, weight `[O, C, KH, KW]`,
@@ -216,10 +198,8 @@ pub fn conv2d(
         reduce_batch: false,
         implicit_b: Some(d.geometry()),
     };
-    gemm(&g, weight, x, &out, MatmulKernel::Tiled)?;
-    if let Some(b) = bias {
-        add_bias(&out, b, d.o, d.hw())?;
-    }
+    // The bias is added in the product's epilogue.
+    gemm_bias(&g, weight, x, &out, bias, MatmulKernel::Tiled)?;
     Ok(out)
 }
 
@@ -296,11 +276,15 @@ pub fn conv2d_backward(
                 implicit_b: None,
             };
             gemm(&g, weight, dy, &dcol, MatmulKernel::Tiled)?;
-            let total = nb * d.c * d.h * d.w;
+            let params = ColParams {
+                n0: n0 as u32,
+                nb: nb as u32,
+                _pad: [0; 2],
+            };
             x.engine().dispatch(
-                &COL2IM,
+                &d.col2im(),
                 &[&dcol.slice(), &dx.slice()],
-                bytemuck::bytes_of(&d.col_params(n0, nb, total)),
+                bytemuck::bytes_of(&params),
                 plane_grid(x, d.h * d.w, d.c * nb)?,
             )?;
         }

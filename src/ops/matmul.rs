@@ -122,14 +122,25 @@ impl TileConfig {
     }
 
     /// The family's kernel for this tile, operands in `elem` and the
-    /// output in `out`; with `implicit_b = Some((transposed, no_padding))`,
-    /// B is the im2col (or im2colᵀ) of a convolution's input, read in place
-    /// (see [`ConvGeometry`]); without padding no bounds test is needed.
-    pub fn kernel(&self, elem: Elem, out: Elem, implicit_b: Option<(bool, bool)>) -> Kernel {
-        let defs = Defs::elem(elem)
-            .with("IMPLICIT_B", implicit_b.is_some() as u8)
-            .with("IMPLICIT_BT", implicit_b.is_some_and(|i| i.0) as u8)
-            .with("CONV_PAD0", implicit_b.is_some_and(|i| i.1) as u8)
+    /// output in `out`; with `conv`, B is the im2col (or im2colᵀ) of that
+    /// convolution's input, read in place. The geometry is compiled into
+    /// the variant as constants: the index arithmetic of every B load
+    /// divides by the kernel and output widths, and by constants a
+    /// compiler turns those divisions into multiplies (on llvmpipe runtime
+    /// divisions cost the conv products 40% of their speed). Without
+    /// padding no bounds test is needed.
+    pub fn kernel(
+        &self,
+        elem: Elem,
+        out: Elem,
+        conv: Option<&ConvGeometry>,
+        bias_rows: bool,
+    ) -> Kernel {
+        let mut defs = Defs::elem(elem)
+            .with("BIAS_ROWS", bias_rows as u8)
+            .with("IMPLICIT_B", conv.is_some() as u8)
+            .with("IMPLICIT_BT", conv.is_some_and(|c| c.transposed) as u8)
+            .with("CONV_PAD0", conv.is_some_and(|c| c.pad == 0) as u8)
             .with("ELEM_C", out.name())
             .with("TC", out.storage())
             .with("WX", self.wx)
@@ -141,19 +152,44 @@ impl TileConfig {
             .with("SHARED", self.shared as u8)
             .with("STRIDED_COLS", self.strided_cols as u8)
             .with("SUBGROUP_A", self.subgroup_a as u8);
+        let mut conv_name = String::new();
+        if let Some(cv) = conv {
+            for (name, v) in [
+                "CV_C",
+                "CV_H",
+                "CV_W",
+                "CV_KH",
+                "CV_KW",
+                "CV_STRIDE",
+                "CV_PAD",
+                "CV_WO",
+            ]
+            .iter()
+            .zip(cv.params())
+            {
+                defs = defs.with(name, v);
+            }
+            conv_name = format!(
+                " implicit im2col{} {}x{}x{} k{}x{} s{} p{} wo{}",
+                if cv.transposed { "ᵀ" } else { "" },
+                cv.c,
+                cv.h,
+                cv.w,
+                cv.kh,
+                cv.kw,
+                cv.stride,
+                cv.pad,
+                cv.wo
+            );
+        }
         Kernel::variant(
             format!(
-                "matmul[{}→{} {}{}]",
+                "matmul[{}→{} {}{}{}]",
                 elem.name(),
                 out.name(),
                 self.describe(),
-                match implicit_b {
-                    None => "",
-                    Some((false, false)) => " implicit im2col",
-                    Some((false, true)) => " implicit im2col pad0",
-                    Some((true, false)) => " implicit im2colᵀ",
-                    Some((true, true)) => " implicit im2colᵀ pad0",
-                }
+                conv_name,
+                if bias_rows { " +bias" } else { "" }
             ),
             SOURCE,
             "main",
@@ -286,7 +322,6 @@ struct MatmulParams {
     splits: u32,
     k_chunk: u32,
     _pad: [u32; 3],
-    conv: [u32; 8],
 }
 
 /// Where a matrix (or a batch of matrices) sits inside a tensor, in elements:
@@ -525,6 +560,21 @@ pub fn gemm(
     c: &Tensor,
     kernel: MatmulKernel,
 ) -> Result<(), TensorError> {
+    gemm_bias(g, a, b, c, None, kernel)
+}
+
+/// [`gemm`], then `C[b, r, col] += bias[r]` (a bias per output row, as a
+/// convolution's per channel): in the product's epilogue when it runs in
+/// one pass, else as a separate pass over C (which must then be dense:
+/// `c_offset` 0, batch stride m·n, no accumulation).
+pub fn gemm_bias(
+    g: &Gemm,
+    a: &Tensor,
+    b: &Tensor,
+    c: &Tensor,
+    bias: Option<&Tensor>,
+    kernel: MatmulKernel,
+) -> Result<(), TensorError> {
     const OP: &str = "matmul";
     for t in [a, b, c] {
         super::check_u32(OP, t)?;
@@ -565,13 +615,25 @@ pub fn gemm(
             message: format!("tile {} does not divide its staging loops", tile.describe()),
         });
     }
+    if let Some(bias) = bias {
+        if bias.numel() != g.m || bias.dtype() != DType::F32 {
+            return Err(TensorError::InvalidShape {
+                op: OP,
+                message: format!(
+                    "a row bias needs {} f32 values, got {:?} {:?}",
+                    g.m,
+                    bias.shape(),
+                    bias.dtype()
+                ),
+            });
+        }
+    }
     let split = plan_split(g);
     if split.group == 0 {
         return dispatch(
             g,
-            a,
-            b,
-            c,
+            [a, b, c],
+            bias,
             &tile,
             1,
             g.k.max(1),
@@ -579,6 +641,12 @@ pub fn gemm(
             g.c_batch_stride,
             g.accumulate,
         );
+    }
+    if bias.is_some() && (g.c_offset != 0 || g.c_batch_stride != g.m * g.n || g.accumulate) {
+        return Err(TensorError::InvalidShape {
+            op: OP,
+            message: "a row bias on a split product needs a dense C".into(),
+        });
     }
     let mn = g.m * g.n;
     for b0 in (0..g.batch).step_by(split.group) {
@@ -596,9 +664,8 @@ pub fn gemm(
         part.b.offset += b0 * g.b.batch_stride;
         dispatch(
             &part,
-            a,
-            b,
-            &parts,
+            [a, b, &parts],
+            None,
             &tile,
             split.splits,
             split.k_chunk,
@@ -630,15 +697,17 @@ pub fn gemm(
             }
         }
     }
+    if let Some(bias) = bias {
+        super::bias::add_bias(c, bias, g.m, g.n)?;
+    }
     Ok(())
 }
 
 #[allow(clippy::too_many_arguments)]
 fn dispatch(
     g: &Gemm,
-    a: &Tensor,
-    b: &Tensor,
-    c: &Tensor,
+    [a, b, c]: [&Tensor; 3],
+    bias: Option<&Tensor>,
     tile: &TileConfig,
     splits: usize,
     k_chunk: usize,
@@ -666,7 +735,6 @@ fn dispatch(
         splits: u(splits),
         k_chunk: u(k_chunk),
         _pad: [0; 3],
-        conv: g.implicit_b.map(|c| c.params()).unwrap_or([0; 8]),
     };
     let (bm, bn) = tile.block();
     let grid = [
@@ -674,13 +742,18 @@ fn dispatch(
         g.m.div_ceil(bm) as u32,
         (g.batch * splits) as u32,
     ];
+    let (a_s, b_s, c_s) = (a.slice(), b.slice(), c.slice());
+    let bias_s = bias.map(|t| t.slice());
+    let mut bindings = vec![&a_s, &b_s, &c_s];
+    bindings.extend(bias_s.as_ref());
     a.engine().dispatch(
         &tile.kernel(
             elem_of(a),
             elem_of(c),
-            g.implicit_b.map(|c| (c.transposed, c.pad == 0)),
+            g.implicit_b.as_ref(),
+            bias.is_some(),
         ),
-        &[&a.slice(), &b.slice(), &c.slice()],
+        &bindings,
         bytemuck::bytes_of(&params),
         Workgroups::Grid(grid),
     )?;

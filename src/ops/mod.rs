@@ -73,6 +73,33 @@ pub(crate) fn check_u32(op: &'static str, t: &Tensor) -> Result<(), TensorError>
 }
 
 /// Dispatches an elementwise kernel (256 threads per group) over `n` items.
+/// A grid for `plane` planes of `inner` positions (col2im, bias): x covers
+/// the positions 256 at a time, (y, z) the planes, so a kernel derives its
+/// plane's coordinates once per workgroup instead of once per element.
+pub(crate) fn plane_grid(
+    x: &Tensor,
+    inner: usize,
+    plane: usize,
+) -> Result<Workgroups, TensorError> {
+    let max = x
+        .engine()
+        .gpu()
+        .map(|g| g.limits.max_compute_workgroups_per_dimension as usize)
+        .unwrap_or(65_535);
+    let gx = inner.div_ceil(256);
+    let gy = plane.min(max);
+    let gz = plane.div_ceil(gy.max(1));
+    if gx > max || gz > max {
+        return Err(TensorError::InvalidShape {
+            op: "grid",
+            message: format!(
+                "{inner} positions × {plane} rows need more workgroups than the device's {max} per dimension"
+            ),
+        });
+    }
+    Ok(Workgroups::Grid([gx as u32, gy as u32, gz as u32]))
+}
+
 pub fn launch(
     t: &Tensor,
     kernel: &Kernel,
