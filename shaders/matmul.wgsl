@@ -240,6 +240,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 #if BIAS_ROWS
         let bias{{i}} = bias[r{{i}}];
 #endif
+#if PAIR_STORE
+        // Packed bf16 output: this thread owns column pairs (contiguous
+        // columns, TN even, n and C's offsets even), so it writes whole words.
+#for j in 0..TN/2
+        if (c{{2*j}} < p.n) {
+            let ci = c_base + r{{i}} * p.n + c{{2*j}};
+            var v = vec2<f32>(acc{{i}}_{{2*j}}, acc{{i}}_{{2*j+1}});
+#if BIAS_ROWS
+            v += vec2<f32>(bias{{i}}, bias{{i}});
+#endif
+            if (p.accumulate != 0u) { v += vec2<f32>(ld_c(ci), ld_c(ci + 1u)); }
+            st2_c(ci / 2u, v, ci + 2u);
+        }
+#endfor
+#else
 #for j in 0..TN
         if (c{{j}} < p.n) {
             let ci = c_base + r{{i}} * p.n + c{{j}};
@@ -251,6 +266,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
             st_c(ci, v);
         }
 #endfor
+#endif
     }
 #endfor
 }

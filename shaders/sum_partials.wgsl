@@ -18,18 +18,34 @@ struct Params {
 fn main(@builtin(workgroup_id) wid: vec3<u32>,
         @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lidx: u32) {
+#if PAIRS
+    // Packed bf16 output (off even): one invocation per output word.
+    let w = flat_index(wid, nwg, lidx);
+    let i = 2u * w;
+    if (i >= p.len) { return; }
+    var v = vec2<f32>(total_at(i), total_at(min(i + 1u, p.len - 1u)));
+    if (p.accumulate != 0u) {
+        v += vec2<f32>(ld_out(p.off + i), ld_out(p.off + min(i + 1u, p.len - 1u)));
+    }
+    st2_out((p.off + i) / 2u, v, p.off + p.len);
+#else
     let i = flat_index(wid, nwg, lidx);
     if (i >= p.len) { return; }
-    // Blocked too: partials are added in blocks of 8, then the blocks, so
-    // 128 partials (conv1's weight gradient over 64 samples × 2 splits) cost
-    // 16 + 8 roundings, not 128.
+    var total = total_at(i);
+    if (p.accumulate != 0u) { total += ld_out(p.off + i); }
+    st_out(p.off + i, total);
+#endif
+}
+
+// Blocked too: partials are added in blocks of 8, then the blocks, so 128
+// partials (conv1's weight gradient over 64 samples × 2 splits) cost 16 + 8
+// roundings, not 128.
+fn total_at(i: u32) -> f32 {
     var total = 0.0;
     var block = 0.0;
     for (var zz = 0u; zz < p.count; zz++) {
         block += ld_parts(p.start + zz * p.len + i);
         if ((zz & 7u) == 7u) { total += block; block = 0.0; }
     }
-    total += block;
-    if (p.accumulate != 0u) { total += ld_out(p.off + i); }
-    st_out(p.off + i, total);
+    return total + block;
 }

@@ -35,6 +35,16 @@ fn flat_index(wid: vec3<u32>, nwg: vec3<u32>, lidx: u32) -> u32 {
 }
 ";
 
+/// f32 → bf16 bits, rounding to nearest even (NaN stays NaN: its quiet bit
+/// survives the shift); appended to any module whose accessors store bf16.
+const BF16_BITS: &str = "
+fn bf16_bits(v: f32) -> u32 {
+    let bits = bitcast<u32>(v);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) { return (bits >> 16u) | 0x40u; }
+    return (bits + 0x7fffu + ((bits >> 16u) & 1u)) >> 16u;
+}
+";
+
 /// The element types a kernel family can be instantiated for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Elem {
@@ -128,15 +138,18 @@ pub fn compose(template: &str, defs: &Defs) -> Result<String, ComposeError> {
     let lines: Vec<&str> = template.lines().collect();
     let mut vars: HashMap<String, i64> = HashMap::new();
     let mut out = String::new();
+    expand(&lines, 0, lines.len(), defs, &mut vars, &mut out)?;
     let any_f16 = defs
         .values
         .iter()
-        .any(|(n, v)| n.starts_with("ELEM") && v == "f16");
+        .any(|(n, v)| n.starts_with("ELEM") && v == "f16")
+        || out.contains("array<f16>");
     if any_f16 {
-        out.push_str("enable f16;\n");
+        out.insert_str(0, "enable f16;\n");
     }
-
-    expand(&lines, 0, lines.len(), defs, &mut vars, &mut out)?;
+    if out.contains("bf16_bits(") {
+        out.push_str(BF16_BITS);
+    }
     Ok(out)
 }
 
@@ -263,29 +276,43 @@ fn expand(
 
 /// Loads and stores of storage array `a` as f32, in element type `elem`.
 fn accessors(a: &str, elem: &str) -> Result<String, String> {
+    // st2_{a}(w, v, n) writes elements 2w and 2w+1 (the second only when
+    // 2w+1 < n): one invocation per word, so packed bf16 words are never
+    // shared between invocations.
     Ok(match elem {
         "f32" => format!(
             "fn ld_{a}(i: u32) -> f32 {{ return {a}[i]; }}\n\
-             fn st_{a}(i: u32, v: f32) {{ {a}[i] = v; }}\n"
+             fn st_{a}(i: u32, v: f32) {{ {a}[i] = v; }}\n\
+             fn st2_{a}(w: u32, v: vec2<f32>, n: u32) {{\n\
+             \x20   {a}[2u * w] = v.x;\n\
+             \x20   if (2u * w + 1u < n) {{ {a}[2u * w + 1u] = v.y; }}\n\
+             }}\n"
         ),
         "f16" => format!(
             "fn ld_{a}(i: u32) -> f32 {{ return f32({a}[i]); }}\n\
-             fn st_{a}(i: u32, v: f32) {{ {a}[i] = f16(v); }}\n"
+             fn st_{a}(i: u32, v: f32) {{ {a}[i] = f16(v); }}\n\
+             fn st2_{a}(w: u32, v: vec2<f32>, n: u32) {{\n\
+             \x20   {a}[2u * w] = f16(v.x);\n\
+             \x20   if (2u * w + 1u < n) {{ {a}[2u * w + 1u] = f16(v.y); }}\n\
+             }}\n"
         ),
         // Element i is the low (even i) or high (odd i) half of word i/2;
-        // a bf16 is the top 16 bits of an f32. The store rounds to nearest
-        // even and rewrites its half of the word: callers give each word to
-        // one invocation.
+        // a bf16 is the top 16 bits of an f32. Stores round to nearest
+        // even. st_ rewrites its half of the word: callers give each word
+        // to one invocation (st2_ writes a whole word; past n, a zero half).
         "bf16" => format!(
             "fn ld_{a}(i: u32) -> f32 {{\n\
              \x20   let w = {a}[i >> 1u];\n\
              \x20   return bitcast<f32>(select(w << 16u, w & 0xffff0000u, (i & 1u) == 1u));\n\
              }}\n\
              fn st_{a}(i: u32, v: f32) {{\n\
-             \x20   let bits = bitcast<u32>(v);\n\
-             \x20   let h = (bits + 0x7fffu + ((bits >> 16u) & 1u)) >> 16u;\n\
+             \x20   let h = bf16_bits(v);\n\
              \x20   let w = {a}[i >> 1u];\n\
              \x20   {a}[i >> 1u] = select((w & 0xffff0000u) | h, (w & 0xffffu) | (h << 16u), (i & 1u) == 1u);\n\
+             }}\n\
+             fn st2_{a}(w: u32, v: vec2<f32>, n: u32) {{\n\
+             \x20   let hi = select(0u, bf16_bits(v.y), 2u * w + 1u < n);\n\
+             \x20   {a}[w] = bf16_bits(v.x) | (hi << 16u);\n\
              }}\n"
         ),
         other => return Err(format!("unknown element type {other}")),

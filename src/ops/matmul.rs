@@ -21,10 +21,7 @@ use crate::tensor::{DType, Tensor, TensorError};
 const SOURCE: &str = include_str!("../../shaders/matmul.wgsl");
 /// The kernel element type of a tensor's dtype.
 pub(crate) fn elem_of(t: &Tensor) -> Elem {
-    match t.dtype() {
-        DType::F32 => Elem::F32,
-        DType::F16 => Elem::F16,
-    }
+    t.dtype().elem()
 }
 
 /// Output tiles (counted at 64×64, whatever kernel runs) below which K is
@@ -151,7 +148,8 @@ impl TileConfig {
             .with("BK", self.bk)
             .with("SHARED", self.shared as u8)
             .with("STRIDED_COLS", self.strided_cols as u8)
-            .with("SUBGROUP_A", self.subgroup_a as u8);
+            .with("SUBGROUP_A", self.subgroup_a as u8)
+            .with("PAIR_STORE", (out == Elem::Bf16) as u8);
         let mut conv_name = String::new();
         if let Some(cv) = conv {
             for (name, v) in [
@@ -592,23 +590,27 @@ pub fn gemm_bias(
             ),
         });
     }
-    if a.dtype() == DType::F16 && !a.engine().has_shader_f16() {
-        return Err(TensorError::InvalidShape {
-            op: OP,
-            message: "f16 kernels need an adapter with SHADER_F16 (`vramlab info` lists features)"
-                .into(),
-        });
-    }
+    super::require_kernels_for(a.engine(), OP, a.dtype())?;
     if g.m == 0 || g.n == 0 || g.batch == 0 {
         return Ok(());
     }
     a.engine()
         .note_gemm(|| GemmShape::of(g, &a.engine().current_scope().1));
-    let tile = match kernel {
+    let mut tile = match kernel {
         MatmulKernel::Tiled => choose_tile(ShapeClass::of(g.m, g.n, g.k), Target::of(a.engine())),
         MatmulKernel::Naive => NAIVE_TILE,
         MatmulKernel::Fixed(t) => t,
     };
+    if c.dtype() == DType::Bf16 {
+        // Packed output: each thread must own whole words (column pairs).
+        tile.strided_cols = false;
+        let even = |v: usize| v % 2 == 0;
+        let pairs =
+            even(tile.tn as usize) && even(g.n) && even(g.c_offset) && even(g.c_batch_stride);
+        if !pairs {
+            return gemm_via_f32(g, a, b, c, bias, kernel);
+        }
+    }
     if !tile.is_valid() {
         return Err(TensorError::InvalidShape {
             op: OP,
@@ -701,6 +703,31 @@ pub fn gemm_bias(
         super::bias::add_bias(c, bias, g.m, g.n)?;
     }
     Ok(())
+}
+
+/// A bf16 product whose output words cannot each go to one thread (odd
+/// widths or offsets): computed in an f32 workspace shaped like C, then
+/// rounded into C.
+fn gemm_via_f32(
+    g: &Gemm,
+    a: &Tensor,
+    b: &Tensor,
+    c: &Tensor,
+    bias: Option<&Tensor>,
+    kernel: MatmulKernel,
+) -> Result<(), TensorError> {
+    let wide = Tensor::empty_as(
+        a.engine(),
+        c.shape(),
+        DType::F32,
+        "matmul.f32_out",
+        Some(Category::Workspace),
+    )?;
+    if g.accumulate {
+        super::cast::cast_into(c, &wide)?;
+    }
+    gemm_bias(g, a, b, &wide, bias, kernel)?;
+    super::cast::cast_into(&wide, c)
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -3,6 +3,7 @@
 //! dispatch a named kernel with bindings and a small params struct.
 
 pub mod bias;
+pub mod cast;
 pub mod conv2d;
 pub mod cross_entropy;
 pub mod elementwise;
@@ -44,6 +45,22 @@ impl CountParams {
             _pad: [0; 3],
         }
     }
+}
+
+/// f16 kernels need the adapter's SHADER_F16; the error says what to use
+/// instead. bf16 and f32 run everywhere.
+pub(crate) fn require_kernels_for(
+    engine: &crate::tensor::Engine,
+    op: &'static str,
+    dtype: crate::tensor::DType,
+) -> Result<(), TensorError> {
+    if dtype == crate::tensor::DType::F16 && engine.gpu().is_some() && !engine.has_shader_f16() {
+        return Err(TensorError::InvalidShape {
+            op,
+            message: "f16 kernels need an adapter with SHADER_F16 (`vramlab info` lists its features); use bf16, which every adapter runs".into(),
+        });
+    }
+    Ok(())
 }
 
 /// Errors unless both tensors have the same shape and engine.

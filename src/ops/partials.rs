@@ -29,7 +29,7 @@ fn kernel(elem: Elem) -> Kernel {
         format!("sum_partials[{}]", elem.name()),
         SOURCE,
         "main",
-        Defs::elem(elem),
+        Defs::elem(elem).with("PAIRS", (elem == Elem::Bf16) as u8),
     )
 }
 
@@ -51,11 +51,23 @@ pub(crate) fn sum_partials(
         start: start as u32,
         _pad: [0; 3],
     };
+    let elem = elem_of(out);
+    if elem == Elem::Bf16 && off % 2 == 1 {
+        return Err(TensorError::InvalidShape {
+            op: "sum_partials",
+            message: format!("a bf16 output must start on a word (even offset), got {off}"),
+        });
+    }
+    let invocations = if elem == Elem::Bf16 {
+        len.div_ceil(2)
+    } else {
+        len
+    };
     super::launch(
         parts,
-        &kernel(elem_of(out)),
+        &kernel(elem),
         &[&parts.slice(), &out.slice()],
         bytemuck::bytes_of(&params),
-        len,
+        invocations,
     )
 }

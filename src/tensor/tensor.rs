@@ -88,6 +88,38 @@ impl Tensor {
         Self::from_pod(engine, data, shape, DType::F16, label)
     }
 
+    /// A tensor holding `data` stored as bf16 (two per 32-bit word).
+    pub fn from_bf16(
+        engine: &Engine,
+        data: &[half::bf16],
+        shape: &[usize],
+        label: &str,
+    ) -> Result<Tensor, TensorError> {
+        Self::from_pod(engine, data, shape, DType::Bf16, label)
+    }
+
+    /// A tensor holding `data` rounded to `dtype` (round to nearest even, as
+    /// PyTorch's `.to(dtype)`).
+    pub fn from_f32_as(
+        engine: &Engine,
+        data: &[f32],
+        shape: &[usize],
+        dtype: DType,
+        label: &str,
+    ) -> Result<Tensor, TensorError> {
+        match dtype {
+            DType::F32 => Self::from_slice(engine, data, shape, label),
+            DType::F16 => {
+                let h: Vec<half::f16> = data.iter().map(|&v| half::f16::from_f32(v)).collect();
+                Self::from_f16(engine, &h, shape, label)
+            }
+            DType::Bf16 => {
+                let h: Vec<half::bf16> = data.iter().map(|&v| half::bf16::from_f32(v)).collect();
+                Self::from_bf16(engine, &h, shape, label)
+            }
+        }
+    }
+
     fn from_pod<T: bytemuck::Pod>(
         engine: &Engine,
         data: &[T],
@@ -150,12 +182,22 @@ impl Tensor {
                 .into_iter()
                 .map(f32::from)
                 .collect(),
+            DType::Bf16 => bytemuck::pod_collect_to_vec::<u8, half::bf16>(&bytes)
+                .into_iter()
+                .map(f32::from)
+                .collect(),
         })
     }
 
     fn download(&self) -> Result<Vec<u8>, TensorError> {
-        let len = (self.numel() * self.dtype.size_in_bytes()) as u64;
-        Ok(self.engine().download(&self.slice(), len)?)
+        let len = self.numel() * self.dtype.size_in_bytes();
+        // Copies move whole words; the half word past an odd 16-bit tensor
+        // is dropped.
+        let mut bytes = self
+            .engine()
+            .download(&self.slice(), len.div_ceil(4) as u64 * 4)?;
+        bytes.truncate(len);
+        Ok(bytes)
     }
 
     pub fn engine(&self) -> &Engine {
