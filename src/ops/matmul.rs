@@ -604,7 +604,7 @@ pub fn gemm_bias(
     if c.dtype() == DType::Bf16 {
         // Packed output: each thread must own whole words (column pairs).
         tile.strided_cols = false;
-        let even = |v: usize| v % 2 == 0;
+        let even = |v: usize| v.is_multiple_of(2);
         let pairs =
             even(tile.tn as usize) && even(g.n) && even(g.c_offset) && even(g.c_batch_stride);
         if !pairs {

@@ -52,7 +52,7 @@ pub(crate) fn sum_partials(
         _pad: [0; 3],
     };
     let elem = elem_of(out);
-    if elem == Elem::Bf16 && off % 2 == 1 {
+    if elem == Elem::Bf16 && !off.is_multiple_of(2) {
         return Err(TensorError::InvalidShape {
             op: "sum_partials",
             message: format!("a bf16 output must start on a word (even offset), got {off}"),
