@@ -18,23 +18,14 @@ const PAD = {{PAD}}u;
 const HO = {{HO}}u;
 const WO = {{WO}}u;
 
-@group(0) @binding(0) var<storage, read_write> dcol: array<f32>;
-@group(0) @binding(1) var<storage, read_write> dx: array<f32>;
+@group(0) @binding(0) var<storage, read_write> dcol: array<{{T}}>;
+@group(0) @binding(1) var<storage, read_write> dx: array<{{T}}>;
 @group(0) @binding(2) var<uniform> p: Params;
+#accessors dcol dx
+#include prelude
 
-// Grid: x covers the H·W input positions 256 at a time, (y, z) the
-// (sample, channel) pairs, so per element only the position is divided.
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>,
-        @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lidx: u32) {
-    let pos = wid.x * 256u + lidx;
-    let cz = wid.y + wid.z * nwg.y;
-    if (pos >= H * W || cz >= C * p.nb) { return; }
-    let c = cz % C;
-    let b = cz / C;
-    let y = pos / W;
-    let x = pos - y * W;
+// dx of sample b (of the chunk), channel c, position (y, x).
+fn gather(b: u32, c: u32, y: u32, x: u32) -> f32 {
     let hw = HO * WO;
     let rows = C * KH * KW;
     var acc = 0.0;
@@ -49,8 +40,49 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
             let ox = u32(tx) / STRIDE;
             if (ox >= WO) { continue; }
             let row = (c * KH + ky) * KW + kx;
-            acc += dcol[(b * rows + row) * hw + oy * WO + ox];
+            acc += ld_dcol((b * rows + row) * hw + oy * WO + ox);
         }
     }
-    dx[(p.n0 * C + cz) * H * W + pos] = acc;
+    return acc;
 }
+
+#if PAIRS
+// Packed bf16: one invocation per word of dx overlapping this chunk's
+// elements [lo, hi); each half inside the range is computed and stored
+// (a half outside belongs to a neighbouring chunk, written by another
+// dispatch, and is left as it is).
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>,
+        @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lidx: u32) {
+    let chw = C * H * W;
+    let lo = p.n0 * chw;
+    let hi = lo + p.nb * chw;
+    let word = lo / 2u + flat_index(wid, nwg, lidx);
+    for (var h = 0u; h < 2u; h++) {
+        let e = 2u * word + h;
+        if (e < lo || e >= hi) { continue; }
+        let r = e - lo;
+        let b = r / chw;
+        let c = (r - b * chw) / (H * W);
+        let pos = r - b * chw - c * H * W;
+        let y = pos / W;
+        st_dx(e, gather(b, c, y, pos - y * W));
+    }
+}
+#else
+// Grid: x covers the H·W input positions 256 at a time, (y, z) the
+// (sample, channel) pairs, so per element only the position is divided.
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>,
+        @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lidx: u32) {
+    let pos = wid.x * 256u + lidx;
+    let cz = wid.y + wid.z * nwg.y;
+    if (pos >= H * W || cz >= C * p.nb) { return; }
+    let c = cz % C;
+    let b = cz / C;
+    let y = pos / W;
+    st_dx((p.n0 * C + cz) * H * W + pos, gather(b, c, y, pos - y * W));
+}
+#endif

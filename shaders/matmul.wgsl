@@ -56,8 +56,9 @@ const CV_WO = {{CV_WO}}u;
 // channel), fused so the output is written once instead of written, read
 // and written again by a separate bias pass.
 // (Storage bindings come first, the uniform after them.)
-@group(0) @binding(3) var<storage, read_write> bias: array<f32>;
+@group(0) @binding(3) var<storage, read_write> bias: array<{{T}}>;
 @group(0) @binding(4) var<uniform> p: Params;
+#accessors bias
 #else
 @group(0) @binding(3) var<uniform> p: Params;
 #endif
@@ -238,7 +239,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 #for i in 0..TM
     if (r{{i}} < p.m) {
 #if BIAS_ROWS
-        let bias{{i}} = bias[r{{i}}];
+        let bias{{i}} = ld_bias(r{{i}});
 #endif
 #if PAIR_STORE
         // Packed bf16 output: this thread owns column pairs (contiguous

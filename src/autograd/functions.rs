@@ -5,6 +5,7 @@
 
 use super::tape::{Tape, Value};
 use crate::nn::ParamStore;
+use crate::ops::cast::cast as cast_fwd;
 use crate::ops::conv2d::{conv2d as conv2d_fwd, conv2d_backward, Conv2dConfig};
 use crate::ops::cross_entropy::{cross_entropy as ce_fwd, cross_entropy_backward};
 use crate::ops::elementwise::add as add_fwd;
@@ -14,7 +15,7 @@ use crate::ops::mean::{mean_axis, mean_axis_backward, Axis};
 use crate::ops::mse::{mse as mse_fwd, mse_backward};
 use crate::ops::relu::{relu as relu_fwd, relu_backward};
 use crate::ops::softmax::{softmax as softmax_fwd, softmax_backward};
-use crate::tensor::{ScopeGuard, Tensor, TensorError};
+use crate::tensor::{DType, ScopeGuard, Tensor, TensorError};
 
 /// A model-level op (not inside a layer) is numbered (`relu1`, `relu2`) and
 /// tags its allocations `relu1.forward`; inside a layer the layer's name wins.
@@ -50,7 +51,56 @@ fn save(tape: &Tape, t: &Tensor) -> Tensor {
     t.clone()
 }
 
-/// conv2d; saves the input and the weight.
+/// `x.to(dtype)`: a new tensor (or `x` itself when it already is `dtype`);
+/// backward converts the gradient back to x's dtype (PyTorch's
+/// ToCopyBackward). Saves nothing.
+pub fn cast(tape: &Tape, x: &Value, dtype: DType, label: &str) -> Result<Value, TensorError> {
+    if x.tensor().dtype() == dtype {
+        return Ok(x.clone());
+    }
+    let from = x.tensor().dtype();
+    let y = cast_fwd(x.tensor(), dtype, label)?;
+    Ok(tape.record(
+        y,
+        &[x],
+        Box::new(move |g, _| Ok(vec![Some(cast_fwd(g, from, "cast.grad_input")?)])),
+    ))
+}
+
+/// An input of an op autocast runs in low precision (convolutions,
+/// products): cast to the autocast dtype if it is f32. A parameter's cast
+/// is made once per autocast region and cached (PyTorch's autocast cache).
+fn autocast_low(tape: &Tape, x: &Value) -> Result<Value, TensorError> {
+    let Some(dtype) = tape.autocast_dtype() else {
+        return Ok(x.clone());
+    };
+    if x.tensor().dtype() != DType::F32 {
+        return Ok(x.clone());
+    }
+    if let Some(c) = tape.cached_cast(x) {
+        return Ok(c);
+    }
+    let label = if tape.is_param(x) {
+        "autocast.weight"
+    } else {
+        "autocast.input"
+    };
+    let c = cast(tape, x, dtype, label)?;
+    tape.cache_cast(x, &c);
+    Ok(c)
+}
+
+/// An input of an op autocast runs in f32 (losses, softmax): widened if it
+/// is 16-bit.
+fn autocast_f32(tape: &Tape, x: &Value) -> Result<Value, TensorError> {
+    if tape.autocast_dtype().is_some() && x.tensor().dtype() != DType::F32 {
+        return cast(tape, x, DType::F32, "autocast.f32");
+    }
+    Ok(x.clone())
+}
+
+/// conv2d; saves the input and the weight. Under autocast it runs in the
+/// low dtype (input, weight and bias cast).
 pub fn conv2d(
     tape: &Tape,
     x: &Value,
@@ -59,6 +109,11 @@ pub fn conv2d(
     cfg: Conv2dConfig,
 ) -> Result<Value, TensorError> {
     let scope = op_scope(x, "conv2d");
+    let (x, w, b) = (
+        &autocast_low(tape, x)?,
+        &autocast_low(tape, w)?,
+        &autocast_low(tape, b)?,
+    );
     let y = conv2d_fwd(x.tensor(), w.tensor(), Some(b.tensor()), cfg)?;
     note(&scope, &y);
     let (xs, ws) = (save(tape, x.tensor()), save(tape, w.tensor()));
@@ -107,6 +162,12 @@ pub fn flatten(tape: &Tape, x: &Value) -> Result<Value, TensorError> {
 /// linear, with or without a bias; saves the input and the weight.
 pub fn linear(tape: &Tape, x: &Value, w: &Value, b: Option<&Value>) -> Result<Value, TensorError> {
     let scope = op_scope(x, "linear");
+    let (x, w) = (&autocast_low(tape, x)?, &autocast_low(tape, w)?);
+    let b = match b {
+        Some(b) => Some(autocast_low(tape, b)?),
+        None => None,
+    };
+    let b = b.as_ref();
     let y = linear_fwd(x.tensor(), w.tensor(), b.map(|b| b.tensor()))?;
     note(&scope, &y);
     let (xs, ws) = (save(tape, x.tensor()), save(tape, w.tensor()));
@@ -131,6 +192,7 @@ pub fn linear(tape: &Tape, x: &Value, w: &Value, b: Option<&Value>) -> Result<Va
 /// Mean cross-entropy against integer labels; saves the logits and labels.
 pub fn cross_entropy(tape: &Tape, logits: &Value, labels: &Tensor) -> Result<Value, TensorError> {
     let scope = op_scope(logits, "cross_entropy");
+    let logits = &autocast_f32(tape, logits)?;
     let loss = ce_fwd(logits.tensor(), labels)?;
     note(&scope, &loss);
     let (l, y) = (save(tape, logits.tensor()), save(tape, labels));
@@ -144,6 +206,19 @@ pub fn cross_entropy(tape: &Tape, logits: &Value, labels: &Tensor) -> Result<Val
 /// `a + b` (residual connections); saves nothing, passes the gradient to both.
 pub fn add(tape: &Tape, a: &Value, b: &Value) -> Result<Value, TensorError> {
     let scope = op_scope(a, "add");
+    // Type promotion (f16 + f32 is f32), as PyTorch's binary ops do.
+    let (a, b) = match (a.tensor().dtype(), b.tensor().dtype()) {
+        (x, y) if x == y => (a.clone(), b.clone()),
+        (DType::F32, _) => (a.clone(), cast(tape, b, DType::F32, "add.promoted")?),
+        (_, DType::F32) => (cast(tape, a, DType::F32, "add.promoted")?, b.clone()),
+        (x, y) => {
+            return Err(TensorError::InvalidShape {
+                op: "add",
+                message: format!("cannot add {x} and {y}; cast one of them"),
+            })
+        }
+    };
+    let (a, b) = (&a, &b);
     let y = add_fwd(a.tensor(), b.tensor())?;
     note(&scope, &y);
     Ok(tape.record(
@@ -175,6 +250,7 @@ pub fn matmul(
     }
     let k = MatmulKernel::Tiled;
     let scope = op_scope(a, "matmul");
+    let (a, b) = (&autocast_low(tape, a)?, &autocast_low(tape, b)?);
     let y = matmul_ex(a.tensor(), b.tensor(), transpose_a, transpose_b, k)?;
     note(&scope, &y);
     let (at, bt) = (save(tape, a.tensor()), save(tape, b.tensor()));
@@ -201,6 +277,7 @@ pub fn matmul(
 /// `softmax(scale · x)` over the last axis; saves its output.
 pub fn softmax(tape: &Tape, x: &Value, scale: f32) -> Result<Value, TensorError> {
     let scope = op_scope(x, "softmax");
+    let x = &autocast_f32(tape, x)?;
     let y = softmax_fwd(x.tensor(), scale)?;
     note(&scope, &y);
     let saved = save(tape, &y);
@@ -255,6 +332,7 @@ pub fn global_avg_pool(tape: &Tape, x: &Value) -> Result<Value, TensorError> {
 /// Mean squared error against a constant target; saves both.
 pub fn mse(tape: &Tape, pred: &Value, target: &Tensor) -> Result<Value, TensorError> {
     let scope = op_scope(pred, "mse");
+    let pred = &autocast_f32(tape, pred)?;
     let loss = mse_fwd(pred.tensor(), target)?;
     note(&scope, &loss);
     let (p, t) = (save(tape, pred.tensor()), save(tape, target));

@@ -16,7 +16,7 @@
 use crate::memory::Category;
 use crate::nn::param::{ParamId, ParamStore};
 use crate::ops::{elementwise, fill};
-use crate::tensor::{Tensor, TensorError};
+use crate::tensor::{DType, Tensor, TensorError};
 use std::cell::RefCell;
 use std::collections::HashMap;
 
@@ -66,6 +66,12 @@ struct Inner {
     next_var: VarId,
     params: HashMap<VarId, ParamId>,
     grad_enabled: bool,
+    /// The low-precision dtype inside `autocast`.
+    autocast: Option<DType>,
+    /// Autocast's weight-cast cache: a parameter cast once per autocast
+    /// region however many ops read it (PyTorch caches casts of leaf
+    /// tensors that require grad the same way, until the region ends).
+    cast_cache: HashMap<VarId, Value>,
 }
 
 /// The recording of one forward pass.
@@ -87,6 +93,8 @@ impl Tape {
                 next_var: 0,
                 params: HashMap::new(),
                 grad_enabled: true,
+                autocast: None,
+                cast_cache: HashMap::new(),
             }),
         }
     }
@@ -163,6 +171,50 @@ impl Tape {
         }
     }
 
+    /// Runs `f` with autocast to `dtype` (PyTorch's `torch.autocast`):
+    /// products and convolutions run in `dtype`, losses and softmax in f32
+    /// (see `functions`). Leaving the outermost region empties the
+    /// weight-cast cache; casts that backward saved stay alive until
+    /// backward has used them.
+    pub fn autocast<R>(&self, dtype: DType, f: impl FnOnce() -> R) -> R {
+        let before = std::mem::replace(&mut self.inner.borrow_mut().autocast, Some(dtype));
+        let r = f();
+        let mut inner = self.inner.borrow_mut();
+        inner.autocast = before;
+        if before.is_none() {
+            inner.cast_cache.clear();
+        }
+        r
+    }
+
+    /// The autocast dtype in effect, if any.
+    pub fn autocast_dtype(&self) -> Option<DType> {
+        self.inner.borrow().autocast
+    }
+
+    /// A parameter's cached autocast cast, if it has one.
+    pub(crate) fn cached_cast(&self, v: &Value) -> Option<Value> {
+        let inner = self.inner.borrow();
+        v.var.and_then(|var| inner.cast_cache.get(&var).cloned())
+    }
+
+    /// Caches `cast` as parameter `v`'s autocast cast (other values are
+    /// cast at each use, as PyTorch does).
+    pub(crate) fn cache_cast(&self, v: &Value, cast: &Value) {
+        let mut inner = self.inner.borrow_mut();
+        if let Some(var) = v.var {
+            if inner.params.contains_key(&var) {
+                inner.cast_cache.insert(var, cast.clone());
+            }
+        }
+    }
+
+    /// Whether `v` is a parameter leaf of this tape.
+    pub(crate) fn is_param(&self, v: &Value) -> bool {
+        v.var
+            .is_some_and(|var| self.inner.borrow().params.contains_key(&var))
+    }
+
     /// Whether ops record right now.
     pub fn grad_enabled(&self) -> bool {
         self.inner.borrow().grad_enabled
@@ -189,13 +241,25 @@ impl Tape {
     /// every parameter it depends on, and consumes the recording (each saved
     /// tensor is freed as soon as its op's backward has run).
     pub fn backward(&self, loss: &Value, store: &mut ParamStore) -> Result<(), TensorError> {
-        self.backward_scalar(loss, store, false)
+        self.backward_scalar(loss, store, false, 1.0)
+    }
+
+    /// `scaler.scale(loss).backward()`: backward from `scale · loss` (the
+    /// seed gradient is `scale`), so small 16-bit gradients do not flush
+    /// to zero; GradScaler unscales the parameters' gradients afterwards.
+    pub fn backward_scaled(
+        &self,
+        loss: &Value,
+        store: &mut ParamStore,
+        scale: f32,
+    ) -> Result<(), TensorError> {
+        self.backward_scalar(loss, store, false, scale)
     }
 
     /// `backward(retain_graph=True)`: the recording and everything it saved
     /// stay, so backward can run again (and memory stays held).
     pub fn backward_retain(&self, loss: &Value, store: &mut ParamStore) -> Result<(), TensorError> {
-        self.backward_scalar(loss, store, true)
+        self.backward_scalar(loss, store, true, 1.0)
     }
 
     fn backward_scalar(
@@ -203,6 +267,7 @@ impl Tape {
         loss: &Value,
         store: &mut ParamStore,
         retain: bool,
+        seed: f32,
     ) -> Result<(), TensorError> {
         if loss.var.is_none() {
             return Err(TensorError::InvalidShape {
@@ -221,7 +286,16 @@ impl Tape {
                 ),
             });
         }
-        let seed = fill::full(loss.tensor.engine(), &[1], 1.0, "loss.grad")?;
+        if loss.tensor.dtype() != DType::F32 {
+            return Err(TensorError::InvalidShape {
+                op: "backward",
+                message: format!(
+                    "the loss is {}; losses are f32 (autocast computes them in f32)",
+                    loss.tensor.dtype()
+                ),
+            });
+        }
+        let seed = fill::full(loss.tensor.engine(), &[1], seed, "loss.grad")?;
         self.run_backward(loss, seed, store, retain, None)?;
         Ok(())
     }

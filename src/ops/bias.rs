@@ -3,20 +3,14 @@
 //! over the other axes for its gradient.
 
 use super::partials::sum_partials;
-use super::{launch, plane_grid};
-use crate::device::{Kernel, Workgroups};
+use super::{launch_pairs, plane_grid, same_dtype, typed_kernel};
+use crate::device::compose::Defs;
+use crate::device::Kernel;
 use crate::memory::Category;
 use crate::tensor::{DType, Tensor, TensorError};
 
 const SOURCE: &str = include_str!("../../shaders/bias.wgsl");
-const ADD: Kernel = Kernel::fixed("bias_add", SOURCE, "add");
-const ADD_PLANES: Kernel = Kernel::fixed("bias_add_planes", SOURCE, "add_planes");
-const SCALE: Kernel = Kernel::fixed("bias_scale", SOURCE, "scale");
-const CHANNEL_SUM: Kernel = Kernel::fixed(
-    "channel_sum",
-    include_str!("../../shaders/channel_sum.wgsl"),
-    "main",
-);
+const CHANNEL_SUM: &str = include_str!("../../shaders/channel_sum.wgsl");
 
 /// Positions one channel-sum workgroup takes: 256 threads × 64, the block
 /// length of the blocked summation.
@@ -40,10 +34,10 @@ struct Params {
     outer: u32,
     channels: u32,
     inner: u32,
-    scale: f32,
+    _pad: u32,
 }
 
-fn params(t: &Tensor, channels: usize, inner: usize, scale: f32) -> Result<Params, TensorError> {
+fn params(t: &Tensor, channels: usize, inner: usize) -> Result<Params, TensorError> {
     let n = t.numel();
     if channels == 0 || inner == 0 || !n.is_multiple_of(channels * inner) {
         return Err(TensorError::InvalidShape {
@@ -58,11 +52,11 @@ fn params(t: &Tensor, channels: usize, inner: usize, scale: f32) -> Result<Param
         outer: (n / (channels * inner)) as u32,
         channels: channels as u32,
         inner: inner as u32,
-        scale,
+        _pad: 0,
     })
 }
 
-/// `t[o, c, i] += b[c]`, in place.
+/// `t[o, c, i] += b[c]`, in place (t and b of one dtype).
 pub fn add_bias(t: &Tensor, b: &Tensor, channels: usize, inner: usize) -> Result<(), TensorError> {
     if b.numel() != channels {
         return Err(TensorError::ShapeMismatch {
@@ -71,37 +65,37 @@ pub fn add_bias(t: &Tensor, b: &Tensor, channels: usize, inner: usize) -> Result
             rhs: b.shape().to_vec(),
         });
     }
-    let p = params(t, channels, inner, 1.0)?;
-    if inner >= 256 {
+    same_dtype("bias", t, b)?;
+    let p = params(t, channels, inner)?;
+    if inner >= 256 && t.dtype() != DType::Bf16 {
         let planes = p.outer as usize * channels;
         t.engine().dispatch(
-            &ADD_PLANES,
+            &typed_kernel("bias_add_planes", SOURCE, "add_planes", t.dtype()),
             &[&t.slice(), &b.slice()],
             bytemuck::bytes_of(&p),
             plane_grid(t, inner, planes)?,
         )?;
         return Ok(());
     }
-    launch(
+    launch_pairs(
         t,
-        &ADD,
+        &typed_kernel("bias_add", SOURCE, "add", t.dtype()),
         &[&t.slice(), &b.slice()],
         bytemuck::bytes_of(&p),
         t.numel(),
     )
 }
 
-/// `out[c] = scale · Σ_{o,i} t[o, c, i]`: the bias gradient, or (channels = 1)
-/// a scaled total.
+/// `out[c] = Σ_{o,i} t[o, c, i]`: the bias gradient, in t's dtype (summed
+/// in f32, rounded once).
 pub fn sum_channels(
     t: &Tensor,
     channels: usize,
     inner: usize,
-    scale: f32,
     label: &str,
 ) -> Result<Tensor, TensorError> {
-    let p = params(t, channels, inner, scale)?;
-    let out = Tensor::empty(t.engine(), &[channels], DType::F32, label)?;
+    let p = params(t, channels, inner)?;
+    let out = Tensor::empty(t.engine(), &[channels], t.dtype(), label)?;
     let total = p.outer as usize * inner;
     let groups = total.div_ceil(PER_GROUP).max(1);
     // Stage one: a partial sum per (group of positions, channel), in a
@@ -122,22 +116,18 @@ pub fn sum_channels(
         groups: groups as u32,
         _pad: [0; 2],
     };
+    super::require_kernels_for(t.engine(), "bias gradient", t.dtype())?;
     t.engine().dispatch(
-        &CHANNEL_SUM,
+        &Kernel::variant(
+            format!("channel_sum[{}]", t.dtype()),
+            CHANNEL_SUM,
+            "main",
+            Defs::elem(t.dtype().elem()),
+        ),
         &[&t.slice(), &parts.slice()],
         bytemuck::bytes_of(&sp),
-        Workgroups::Linear((groups * channels) as u64),
+        crate::device::Workgroups::Linear((groups * channels) as u64),
     )?;
     sum_partials(&parts, &out, 0, groups, channels, 0, false)?;
-    drop(parts);
-    if scale != 1.0 {
-        launch(
-            t,
-            &SCALE,
-            &[&t.slice(), &out.slice()],
-            bytemuck::bytes_of(&p),
-            channels,
-        )?;
-    }
     Ok(out)
 }

@@ -10,8 +10,8 @@
 use super::bias::sum_channels;
 use super::matmul::{gemm, gemm_bias, ConvGeometry, Gemm, MatView, MatmulKernel};
 use super::plane_grid;
-use crate::device::compose::{Defs, Elem};
-use crate::device::Kernel;
+use crate::device::compose::Defs;
+use crate::device::{Kernel, Workgroups};
 use crate::memory::Category;
 use crate::tensor::{DType, Tensor, TensorError};
 
@@ -64,6 +64,7 @@ struct Dims {
 
 impl Dims {
     fn new(x: &Tensor, weight: &Tensor, cfg: Conv2dConfig) -> Result<Dims, TensorError> {
+        super::same_dtype("conv2d", x, weight)?;
         let (xs, ws) = (x.shape(), weight.shape());
         let mismatch = || TensorError::ShapeMismatch {
             op: "conv2d",
@@ -141,8 +142,8 @@ impl Dims {
 
     /// col2im for this geometry (a variant per convolution shape: see
     /// the shader for why the sizes are constants).
-    fn col2im(&self) -> Kernel {
-        let mut defs = Defs::elem(Elem::F32);
+    fn col2im(&self, dtype: DType) -> Kernel {
+        let mut defs = Defs::elem(dtype.elem()).with("PAIRS", (dtype == DType::Bf16) as u8);
         for (name, v) in [
             ("C", self.c),
             ("H", self.h),
@@ -158,8 +159,19 @@ impl Dims {
         }
         Kernel::variant(
             format!(
-                "col2im[{}x{}x{} k{}x{} s{} p{}]",
-                self.c, self.h, self.w, self.kh, self.kw, self.cfg.stride, self.cfg.padding
+                "col2im[{}x{}x{} k{}x{} s{} p{}{}]",
+                self.c,
+                self.h,
+                self.w,
+                self.kh,
+                self.kw,
+                self.cfg.stride,
+                self.cfg.padding,
+                if dtype == DType::F32 {
+                    String::new()
+                } else {
+                    format!(" {dtype}")
+                }
             ),
             COL2IM,
             "main",
@@ -177,12 +189,7 @@ pub fn conv2d(
     cfg: Conv2dConfig,
 ) -> Result<Tensor, TensorError> {
     let d = Dims::new(x, weight, cfg)?;
-    let out = Tensor::empty(
-        x.engine(),
-        &[d.n, d.o, d.ho, d.wo],
-        DType::F32,
-        "conv2d.out",
-    )?;
+    let out = Tensor::empty(x.engine(), &[d.n, d.o, d.ho, d.wo], x.dtype(), "conv2d.out")?;
     // Implicit GEMM: out[n] = W · im2col(x[n]) with the im2col read from x
     // in place, every sample in one product (no workspace).
     let g = Gemm {
@@ -219,13 +226,19 @@ pub fn conv2d_backward(
             rhs: vec![d.n, d.o, d.ho, d.wo],
         });
     }
-    let db = sum_channels(dy, d.o, d.hw(), 1.0, "conv2d.grad_bias")?;
-    let dw = Tensor::empty(x.engine(), weight.shape(), DType::F32, "conv2d.grad_weight")?;
+    let db = sum_channels(dy, d.o, d.hw(), "conv2d.grad_bias")?;
+    super::same_dtype("conv2d backward", x, dy)?;
+    let dw = Tensor::empty(
+        x.engine(),
+        weight.shape(),
+        weight.dtype(),
+        "conv2d.grad_weight",
+    )?;
     let dx = if need_dx {
         Some(Tensor::empty(
             x.engine(),
             x.shape(),
-            DType::F32,
+            x.dtype(),
             "conv2d.grad_input",
         )?)
     } else {
@@ -258,7 +271,7 @@ pub fn conv2d_backward(
             let dcol = Tensor::empty_as(
                 x.engine(),
                 &[nb, d.ckk(), d.hw()],
-                DType::F32,
+                x.dtype(),
                 "conv2d.grad_im2col",
                 Some(Category::Workspace),
             )?;
@@ -281,11 +294,20 @@ pub fn conv2d_backward(
                 nb: nb as u32,
                 _pad: [0; 2],
             };
+            let grid = if x.dtype() == DType::Bf16 {
+                // One invocation per word overlapping the chunk.
+                let chw = d.c * d.h * d.w;
+                let (lo, hi) = (n0 * chw, (n0 + nb) * chw);
+                let words = (hi - 1) / 2 - lo / 2 + 1;
+                Workgroups::Linear(words.div_ceil(256) as u64)
+            } else {
+                plane_grid(x, d.h * d.w, d.c * nb)?
+            };
             x.engine().dispatch(
-                &d.col2im(),
+                &d.col2im(x.dtype()),
                 &[&dcol.slice(), &dx.slice()],
                 bytemuck::bytes_of(&params),
-                plane_grid(x, d.h * d.w, d.c * nb)?,
+                grid,
             )?;
         }
     }

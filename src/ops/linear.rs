@@ -3,9 +3,10 @@
 
 use super::bias::{add_bias, sum_channels};
 use super::matmul::{gemm, Gemm, MatView, MatmulKernel};
-use crate::tensor::{DType, Tensor, TensorError};
+use crate::tensor::{Tensor, TensorError};
 
 fn dims(x: &Tensor, w: &Tensor) -> Result<(usize, usize, usize), TensorError> {
+    super::same_dtype("linear", x, w)?;
     let (xs, ws) = (x.shape(), w.shape());
     if xs.len() != 2 || ws.len() != 2 || xs[1] != ws[1] {
         return Err(TensorError::ShapeMismatch {
@@ -36,7 +37,7 @@ fn plain(m: usize, n: usize, k: usize, a: MatView, b: MatView) -> Gemm {
 /// x `[N, in]` → `[N, out]`.
 pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor, TensorError> {
     let (n, i, o) = dims(x, w)?;
-    let y = Tensor::empty(x.engine(), &[n, o], DType::F32, "linear.out")?;
+    let y = Tensor::empty(x.engine(), &[n, o], x.dtype(), "linear.out")?;
     gemm(
         &plain(
             n,
@@ -66,6 +67,7 @@ pub fn linear_backward(
     need_db: bool,
 ) -> Result<(Option<Tensor>, Tensor, Option<Tensor>), TensorError> {
     let (n, i, o) = dims(x, w)?;
+    super::same_dtype("linear backward", x, dy)?;
     if dy.shape() != [n, o] {
         return Err(TensorError::ShapeMismatch {
             op: "linear backward",
@@ -74,7 +76,7 @@ pub fn linear_backward(
         });
     }
     let dx = if need_dx {
-        let dx = Tensor::empty(x.engine(), &[n, i], DType::F32, "linear.grad_input")?;
+        let dx = Tensor::empty(x.engine(), &[n, i], dy.dtype(), "linear.grad_input")?;
         gemm(
             &plain(
                 n,
@@ -92,7 +94,7 @@ pub fn linear_backward(
     } else {
         None
     };
-    let dw = Tensor::empty(x.engine(), &[o, i], DType::F32, "linear.grad_weight")?;
+    let dw = Tensor::empty(x.engine(), &[o, i], w.dtype(), "linear.grad_weight")?;
     gemm(
         &plain(
             o,
@@ -107,7 +109,7 @@ pub fn linear_backward(
         MatmulKernel::Tiled,
     )?;
     let db = if need_db {
-        Some(sum_channels(dy, o, 1, 1.0, "linear.grad_bias")?)
+        Some(sum_channels(dy, o, 1, "linear.grad_bias")?)
     } else {
         None
     };

@@ -618,12 +618,13 @@ pub fn gemm_bias(
         });
     }
     if let Some(bias) = bias {
-        if bias.numel() != g.m || bias.dtype() != DType::F32 {
+        if bias.numel() != g.m || bias.dtype() != a.dtype() {
             return Err(TensorError::InvalidShape {
                 op: OP,
                 message: format!(
-                    "a row bias needs {} f32 values, got {:?} {:?}",
+                    "a row bias needs {} values of the operands' dtype {}, got {:?} {}",
                     g.m,
+                    a.dtype(),
                     bias.shape(),
                     bias.dtype()
                 ),
@@ -818,8 +819,7 @@ pub fn matmul_ex(
     if !a.engine().same(b.engine()) {
         return Err(TensorError::DifferentEngines { op: OP });
     }
-    a.require_f32(OP)?;
-    b.require_f32(OP)?;
+    super::same_dtype(OP, a, b)?;
     let (ba, ra, ca) = matrix_dims(OP, a)?;
     let (bb, rb, cb) = matrix_dims(OP, b)?;
     let (m, k) = if transpose_a { (ca, ra) } else { (ra, ca) };
@@ -843,7 +843,7 @@ pub fn matmul_ex(
     };
     let mut out_shape = batch_shape.to_vec();
     out_shape.extend([m, n]);
-    let out = Tensor::empty(a.engine(), &out_shape, DType::F32, "matmul.out")?;
+    let out = Tensor::empty(a.engine(), &out_shape, a.dtype(), "matmul.out")?;
     let mut av = MatView::dense(0, ra, ca, transpose_a);
     let mut bv = MatView::dense(0, rb, cb, transpose_b);
     if ba == 1 && batch > 1 {

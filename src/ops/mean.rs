@@ -5,12 +5,23 @@
 //! sequence (`[B, S, D] → [B, D]`).
 
 use super::{check_u32, launch, MAX_LOOP_ITERATIONS};
+use crate::device::compose::Defs;
 use crate::device::Kernel;
 use crate::tensor::{DType, Tensor, TensorError};
 
 const SOURCE: &str = include_str!("../../shaders/mean_axis.wgsl");
-const FORWARD: Kernel = Kernel::fixed("mean_forward", SOURCE, "forward");
-const BACKWARD: Kernel = Kernel::fixed("mean_backward", SOURCE, "backward");
+fn kernel(name: &str, entry: &'static str, dtype: DType) -> Kernel {
+    Kernel::variant(
+        if dtype == DType::F32 {
+            name.to_string()
+        } else {
+            format!("{name}[{dtype}]")
+        },
+        SOURCE,
+        entry,
+        Defs::elem(dtype.elem()).with("BACKWARD", (entry == "backward") as u8),
+    )
+}
 
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
@@ -65,8 +76,8 @@ pub fn mean_axis(
     label: &str,
 ) -> Result<Tensor, TensorError> {
     const OP: &str = "mean";
-    x.require_f32(OP)?;
     check_u32(OP, x)?;
+    super::require_kernels_for(x.engine(), OP, x.dtype())?;
     if axis.mid == 0 || axis.outer * axis.mid * axis.inner != x.numel() {
         return Err(TensorError::InvalidShape {
             op: OP,
@@ -77,17 +88,31 @@ pub fn mean_axis(
             ),
         });
     }
-    let y = Tensor::empty(x.engine(), out_shape, DType::F32, label)?;
+    // Summed in f32; a 16-bit input gets a 16-bit mean, rounded once.
+    let y = if x.dtype() == DType::F32 {
+        Tensor::empty(x.engine(), out_shape, DType::F32, label)?
+    } else {
+        Tensor::empty_as(
+            x.engine(),
+            out_shape,
+            DType::F32,
+            "mean.f32_sum",
+            Some(crate::memory::Category::Workspace),
+        )?
+    };
     let step = MAX_LOOP_ITERATIONS;
     for begin in (0..axis.mid).step_by(step) {
         let p = axis.params(begin, (begin + step).min(axis.mid), begin > 0);
         launch(
             x,
-            &FORWARD,
+            &kernel("mean_forward", "forward", x.dtype()),
             &[&x.slice(), &y.slice()],
             bytemuck::bytes_of(&p),
             axis.outer * axis.inner,
         )?;
+    }
+    if x.dtype() != DType::F32 {
+        return super::cast::cast(&y, x.dtype(), label);
     }
     Ok(y)
 }
@@ -105,11 +130,11 @@ pub fn mean_axis_backward(
             rhs: in_shape.to_vec(),
         });
     }
-    let dx = Tensor::empty(g.engine(), in_shape, DType::F32, "mean.grad_input")?;
+    let dx = Tensor::empty(g.engine(), in_shape, g.dtype(), "mean.grad_input")?;
     let p = axis.params(0, 0, false);
-    launch(
+    super::launch_pairs(
         g,
-        &BACKWARD,
+        &kernel("mean_backward", "backward", g.dtype()),
         &[&g.slice(), &dx.slice()],
         bytemuck::bytes_of(&p),
         dx.numel(),

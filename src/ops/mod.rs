@@ -78,6 +78,22 @@ pub(crate) fn same_shape(op: &'static str, a: &Tensor, b: &Tensor) -> Result<(),
     Ok(())
 }
 
+/// Errors unless both tensors have the same dtype (ops convert explicitly,
+/// as autocast does, never silently).
+pub(crate) fn same_dtype(op: &'static str, a: &Tensor, b: &Tensor) -> Result<(), TensorError> {
+    if a.dtype() != b.dtype() {
+        return Err(TensorError::InvalidShape {
+            op,
+            message: format!(
+                "operands are {} and {}; cast one (ops::cast) so they match",
+                a.dtype(),
+                b.dtype()
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// Kernels index with u32.
 pub(crate) fn check_u32(op: &'static str, t: &Tensor) -> Result<(), TensorError> {
     if t.numel() > u32::MAX as usize {
@@ -87,6 +103,38 @@ pub(crate) fn check_u32(op: &'static str, t: &Tensor) -> Result<(), TensorError>
         });
     }
     Ok(())
+}
+
+/// An elementwise kernel's variant for `dtype` (named plainly for f32, so
+/// f32 tables read as before, and `name[f16]` / `name[bf16]` otherwise).
+pub(crate) fn typed_kernel(
+    name: &'static str,
+    source: &'static str,
+    entry: &'static str,
+    dtype: crate::tensor::DType,
+) -> Kernel {
+    if dtype == crate::tensor::DType::F32 {
+        return Kernel::fixed(name, source, entry);
+    }
+    Kernel::variant(
+        format!("{name}[{dtype}]"),
+        source,
+        entry,
+        crate::device::compose::Defs::elem(dtype.elem()),
+    )
+}
+
+/// Dispatches a pairwise elementwise kernel (one invocation per two
+/// elements, so a packed bf16 word has one writer) over `n` elements.
+pub(crate) fn launch_pairs(
+    t: &Tensor,
+    kernel: &Kernel,
+    bindings: &[&BufferSlice],
+    params: &[u8],
+    n: usize,
+) -> Result<(), TensorError> {
+    require_kernels_for(t.engine(), "elementwise", t.dtype())?;
+    launch(t, kernel, bindings, params, n.div_ceil(2))
 }
 
 /// Dispatches an elementwise kernel (256 threads per group) over `n` items.

@@ -1,20 +1,19 @@
 //! `relu`: max(x, 0) into a new tensor.
 
-use super::{check_u32, CountParams};
-use crate::device::Kernel;
-use crate::tensor::{DType, Tensor, TensorError};
+use super::{check_u32, launch_pairs, typed_kernel, CountParams};
+use crate::tensor::{Tensor, TensorError};
 
-const RELU: Kernel = Kernel::fixed("relu", include_str!("../../shaders/relu.wgsl"), "main");
+const RELU: &str = include_str!("../../shaders/relu.wgsl");
+const RELU_BACKWARD: &str = include_str!("../../shaders/relu_backward.wgsl");
 
-/// max(x, 0), elementwise, into a new tensor.
+/// max(x, 0), elementwise, into a new tensor of x's dtype.
 pub fn relu(x: &Tensor) -> Result<Tensor, TensorError> {
-    x.require_f32("relu")?;
     check_u32("relu", x)?;
-    let out = Tensor::empty(x.engine(), x.shape(), DType::F32, "relu.out")?;
+    let out = Tensor::empty(x.engine(), x.shape(), x.dtype(), "relu.out")?;
     let n = x.numel();
-    super::launch(
+    launch_pairs(
         x,
-        &RELU,
+        &typed_kernel("relu", RELU, "main", x.dtype()),
         &[&x.slice(), &out.slice()],
         bytemuck::bytes_of(&CountParams::new(n)),
         n,
@@ -22,20 +21,15 @@ pub fn relu(x: &Tensor) -> Result<Tensor, TensorError> {
     Ok(out)
 }
 
-const RELU_BACKWARD: Kernel = Kernel::fixed(
-    "relu_backward",
-    include_str!("../../shaders/relu_backward.wgsl"),
-    "main",
-);
-
 /// The gradient of ReLU from its saved output `y`: `dy` where `y > 0`.
 pub fn relu_backward(y: &Tensor, dy: &Tensor) -> Result<Tensor, TensorError> {
     super::same_shape("relu backward", y, dy)?;
-    let dx = Tensor::empty(y.engine(), y.shape(), DType::F32, "relu.grad_input")?;
+    super::same_dtype("relu backward", y, dy)?;
+    let dx = Tensor::empty(y.engine(), y.shape(), y.dtype(), "relu.grad_input")?;
     let n = y.numel();
-    super::launch(
+    launch_pairs(
         y,
-        &RELU_BACKWARD,
+        &typed_kernel("relu_backward", RELU_BACKWARD, "main", y.dtype()),
         &[&y.slice(), &dy.slice(), &dx.slice()],
         bytemuck::bytes_of(&CountParams::new(n)),
         n,
