@@ -177,7 +177,7 @@ impl Tape {
     /// weight-cast cache; casts that backward saved stay alive until
     /// backward has used them.
     pub fn autocast<R>(&self, dtype: DType, f: impl FnOnce() -> R) -> R {
-        let before = std::mem::replace(&mut self.inner.borrow_mut().autocast, Some(dtype));
+        let before = self.inner.borrow_mut().autocast.replace(dtype);
         let r = f();
         let mut inner = self.inner.borrow_mut();
         inner.autocast = before;
