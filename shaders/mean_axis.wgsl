@@ -49,8 +49,8 @@ fn forward(@builtin(workgroup_id) wid: vec3<u32>,
     }
     acc += part;
     acc = acc * p.scale;
-    if (p.accumulate != 0u) { acc += dst[t]; }
-    dst[t] = acc;
+    if (p.accumulate != 0u) { acc += ld_dst(t); }
+    st_dst(t, acc);
 }
 
 @compute @workgroup_size(256)

@@ -51,6 +51,7 @@ fn estimate_equals_measurement_to_the_byte() {
                         batch,
                         optimizer: OptimizerConfig::new(opt, None, Some(0.0), None),
                         mode,
+                        amp: None,
                         config: AllocatorConfig::default(),
                     };
                     let est = estimate(&plan).unwrap();
@@ -89,6 +90,7 @@ fn estimate_equals_measurement_under_the_vramlab_options() {
                 batch,
                 optimizer: OptimizerConfig::new(OptimizerKind::Adam, None, None, None),
                 mode: Mode::Train,
+                amp: None,
                 config: config.clone(),
             };
             let est = estimate(&plan).unwrap();
@@ -115,6 +117,7 @@ fn inference_peaks_lower_and_checkpoint_keeps_fewer_activations() {
         batch: 512,
         optimizer: OptimizerConfig::new(OptimizerKind::Sgd, None, None, None),
         mode,
+        amp: None,
         config: AllocatorConfig::default(),
     };
     let peak = |mode| {

@@ -23,6 +23,7 @@ fn plan() -> Plan {
         batch: 3,
         optimizer: OptimizerConfig::new(OptimizerKind::Adam, None, None, None),
         mode: Mode::Train,
+        amp: None,
         config: AllocatorConfig::default(),
     }
 }

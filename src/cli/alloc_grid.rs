@@ -61,6 +61,7 @@ pub fn run(json: bool) -> anyhow::Result<()> {
                     batch,
                     optimizer: OptimizerConfig::new(kind, None, momentum, None),
                     mode: Mode::Train,
+                    amp: None,
                     config: AllocatorConfig::default(),
                 };
                 let (pr, pd) = measure(&plan, AllocatorConfig::default())?;

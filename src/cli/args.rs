@@ -237,6 +237,21 @@ pub struct StepArgs {
     /// model's segments checkpointed; inference: a no_grad forward.
     #[arg(long, value_enum, default_value = "train")]
     pub mode: crate::train::Mode,
+    /// Mixed precision (torch.autocast): convolutions and products in f16
+    /// or bf16, losses and softmax in f32, f32 master weights, gradients and
+    /// optimizer state; f16 adds a GradScaler.
+    #[arg(long, value_name = "f16|bf16", value_parser = parse_amp)]
+    pub amp: Option<crate::tensor::DType>,
+}
+
+/// `--amp`: a 16-bit dtype.
+pub fn parse_amp(s: &str) -> Result<crate::tensor::DType, String> {
+    use crate::tensor::DType;
+    match DType::parse(s) {
+        Some(d @ (DType::F16 | DType::Bf16)) => Ok(d),
+        Some(DType::F32) => Err("autocast to f32 is a plain f32 run: leave --amp out".into()),
+        None => Err(format!("unknown dtype {s:?}; --amp takes f16 or bf16")),
+    }
 }
 
 impl StepArgs {
@@ -260,6 +275,7 @@ impl StepArgs {
             batch,
             optimizer: self.optimizer()?,
             mode: self.mode,
+            amp: self.amp,
             config,
         })
     }

@@ -201,6 +201,7 @@ fn plan(spec: &ModelSpec, batch: usize) -> Plan {
         batch,
         optimizer: OptimizerConfig::new(OptimizerKind::Adam, None, None, None),
         mode: Mode::Train,
+        amp: None,
         config: AllocatorConfig::default(),
     }
 }

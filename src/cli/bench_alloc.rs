@@ -79,6 +79,7 @@ pub fn recorded_suite() -> anyhow::Result<Vec<Workload>> {
             batch,
             optimizer: OptimizerConfig::new(opt, None, None, None),
             mode: Mode::Train,
+            amp: None,
             config: AllocatorConfig::default(),
         };
         let p = run_steps(

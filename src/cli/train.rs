@@ -63,6 +63,12 @@ pub struct TrainArgs {
     /// graph): shows memory growing step after step.
     #[arg(long)]
     pub retain_graph: bool,
+    /// Mixed precision (torch.autocast): convolutions and products in f16
+    /// or bf16, the loss in f32, f32 master weights, gradients and Adam
+    /// state; f16 adds a GradScaler (init scale 65536, growth interval
+    /// 2000). Prints the peak beside an f32 run's.
+    #[arg(long, value_name = "f16|bf16", value_parser = super::args::parse_amp)]
+    pub amp: Option<crate::tensor::DType>,
     /// Print each step's device time per op (PyTorch profiler's "self
     /// device time"). Device time per phase is always shown, and per op in
     /// --json, where the adapter has timestamp queries; this flag also turns
@@ -84,6 +90,9 @@ pub struct TrainArgs {
 struct StepJson {
     #[serde(flatten)]
     record: crate::train::StepRecord,
+    /// With --amp: the same step's peak in f32 (simulated, exact).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    f32_peak_allocated_bytes: Option<u64>,
     device_time: Option<OpTimes>,
 }
 
@@ -128,7 +137,8 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     let opt = OptimizerConfig::new(args.optimizer, args.lr, args.momentum, args.weight_decay);
     opt.validate().map_err(anyhow::Error::msg)?;
 
-    let engine = Engine::new(&args.device.options(), args.alloc.config(None)?)?;
+    let alloc_config = args.alloc.config(None)?;
+    let engine = Engine::new(&args.device.options(), alloc_config.clone())?;
     if args.record_trace.is_some() {
         engine.allocator().start_recording();
     }
@@ -178,12 +188,35 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         );
         println!();
     }
+    // With --amp, the same steps in f32 on a simulated device (memory
+    // depends on shapes only, so its peaks are the f32 run's to the byte).
+    let f32_peaks: Option<Vec<u64>> = match args.amp {
+        Some(_) => {
+            let sim = Engine::simulated(alloc_config.clone(), None);
+            let plan = crate::estimate::Plan {
+                model: spec.clone(),
+                batch: batch.size(),
+                optimizer: opt.clone(),
+                mode: crate::train::Mode::Train,
+                amp: None,
+                config: alloc_config.clone(),
+            };
+            let (mut t, b) = plan.trainer(&sim, 0)?;
+            let mut peaks = Vec::new();
+            for _ in 0..args.steps {
+                peaks.push(t.step(&b)?.0.peak_allocated_bytes);
+            }
+            Some(peaks)
+        }
+        None => None,
+    };
     let timing = if args.op_times || engine.has_timestamp_queries() {
         engine.start_timing()
     } else {
         None
     };
-    let mut trainer = Trainer::new(engine, model, store, opt.build(), args.retain_graph);
+    let mut trainer =
+        Trainer::new(engine, model, store, opt.build(), args.retain_graph).with_amp(args.amp);
     let mut records = Vec::new();
     let mut last = None;
     for _ in 0..args.steps {
@@ -201,6 +234,23 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
                 mib(r.reserved_bytes),
                 mib(r.peak_allocated_bytes)
             );
+            if let (Some(d), Some(peaks)) = (args.amp, &f32_peaks) {
+                let f32_peak = peaks[r.step - 1];
+                println!(
+                    "          amp {d}: peak {:.2} MiB vs {:.2} MiB in f32 ({:+.1}%){}{}",
+                    mib(r.peak_allocated_bytes),
+                    mib(f32_peak),
+                    (r.peak_allocated_bytes as f64 / f32_peak as f64 - 1.0) * 100.0,
+                    r.grad_scale
+                        .map(|s| format!(", grad scale {s}"))
+                        .unwrap_or_default(),
+                    if r.skipped {
+                        " (inf/NaN gradient: step skipped, scale halved)"
+                    } else {
+                        ""
+                    }
+                );
+            }
             if let Some(d) = &device_time {
                 if args.op_times {
                     print!("{}", d.table(12));
@@ -214,8 +264,10 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
                 }
             }
         }
+        let f32_peak = f32_peaks.as_ref().map(|p| p[r.step - 1]);
         records.push(StepJson {
             record: r,
+            f32_peak_allocated_bytes: f32_peak,
             device_time,
         });
         last = Some(out);
@@ -261,6 +313,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
             "parameters": trainer.store.numel(),
             "optimizer_state_bytes": trainer.optimizer.state_bytes(),
             "retain_graph": args.retain_graph,
+            "amp": args.amp,
             "steps": records,
             "memory_stats": alloc.stats().flat(),
             "three_levels": levels,

@@ -4,7 +4,7 @@
 use crate::memory::{AllocatorConfig, MemEvent};
 use crate::nn::init::Rng;
 use crate::nn::{ModelSpec, ParamStore};
-use crate::tensor::{Engine, TensorError};
+use crate::tensor::{DType, Engine, TensorError};
 use crate::train::{Batch, Mode, OptimizerConfig, Trainer};
 use serde::Serialize;
 use std::sync::Arc;
@@ -16,6 +16,8 @@ pub struct Plan {
     pub batch: usize,
     pub optimizer: OptimizerConfig,
     pub mode: Mode,
+    /// Autocast dtype (`train --amp`), if any.
+    pub amp: Option<DType>,
     #[serde(skip)]
     pub config: AllocatorConfig,
 }
@@ -34,7 +36,8 @@ impl Plan {
             &self.model.input_shape(),
             self.model.classes(),
         )?;
-        let mut trainer = Trainer::new(engine.clone(), model, store, self.optimizer.build(), false);
+        let mut trainer = Trainer::new(engine.clone(), model, store, self.optimizer.build(), false)
+            .with_amp(self.amp);
         trainer.mode = self.mode;
         Ok((trainer, batch))
     }

@@ -3,9 +3,11 @@
 //! momentum: one; plain SGD: none).
 
 pub mod adam;
+pub mod grad_scaler;
 pub mod sgd;
 
 pub use adam::Adam;
+pub use grad_scaler::GradScaler;
 pub use sgd::Sgd;
 
 use crate::nn::ParamStore;

@@ -9,8 +9,8 @@ use super::batch::Batch;
 use crate::autograd::{functions as f, Tape, Value};
 use crate::memory::Category;
 use crate::nn::{Model, ParamStore};
-use crate::optim::Optimizer;
-use crate::tensor::{Engine, Tensor, TensorError};
+use crate::optim::{GradScaler, Optimizer};
+use crate::tensor::{DType, Engine, Tensor, TensorError};
 use serde::Serialize;
 use std::time::Instant;
 
@@ -33,6 +33,12 @@ pub struct StepRecord {
     pub reserved_bytes: u64,
     pub peak_allocated_bytes: u64,
     pub seconds: f64,
+    /// GradScaler's scale used for this step's backward (amp f16 only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grad_scale: Option<f32>,
+    /// The optimizer step was skipped: a gradient was inf or NaN.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub skipped: bool,
 }
 
 pub struct Trainer {
@@ -43,6 +49,10 @@ pub struct Trainer {
     retained: Option<Tape>,
     steps: usize,
     pub mode: Mode,
+    /// Autocast dtype for the forward (`torch.autocast`), if any.
+    pub amp: Option<DType>,
+    /// Loss scaling (used with f16 autocast, as PyTorch recommends).
+    pub scaler: Option<GradScaler>,
 }
 
 /// The last step's outputs, kept for `--dump`.
@@ -67,7 +77,18 @@ impl Trainer {
             retained: retain_graph.then(Tape::new),
             steps: 0,
             mode: Mode::Train,
+            amp: None,
+            scaler: None,
         }
+    }
+
+    /// Mixed precision: autocast the forward to `dtype`; with f16, a
+    /// GradScaler with PyTorch's defaults scales the loss (bf16 has f32's
+    /// exponent range and needs none).
+    pub fn with_amp(mut self, dtype: Option<DType>) -> Trainer {
+        self.amp = dtype.filter(|d| *d != DType::F32);
+        self.scaler = (self.amp == Some(DType::F16)).then(GradScaler::default);
+        self
     }
 
     /// Runs one step on `batch`; returns its record and outputs.
@@ -92,22 +113,24 @@ impl Trainer {
         engine.reset_op_numbers();
         let forward = engine.scope(Category::Output, "forward");
         let x = Value::constant(batch.x.clone());
+        let amp = self.amp;
+        let forward_pass = |tape: &Tape| -> Result<(Value, Value), TensorError> {
+            let run = || -> Result<(Value, Value), TensorError> {
+                let logits = match self.mode {
+                    Mode::Checkpoint => self.model.forward_checkpointed(tape, &self.store, &x)?,
+                    _ => self.model.forward(tape, &self.store, &x)?,
+                };
+                let loss = f::cross_entropy(tape, &logits, &batch.labels)?;
+                Ok((logits, loss))
+            };
+            match amp {
+                Some(d) => tape.autocast(d, run),
+                None => run(),
+            }
+        };
         let (logits, loss) = match self.mode {
-            Mode::Train => {
-                let logits = self.model.forward(tape, &self.store, &x)?;
-                let loss = f::cross_entropy(tape, &logits, &batch.labels)?;
-                (logits, loss)
-            }
-            Mode::Checkpoint => {
-                let logits = self.model.forward_checkpointed(tape, &self.store, &x)?;
-                let loss = f::cross_entropy(tape, &logits, &batch.labels)?;
-                (logits, loss)
-            }
-            Mode::Inference => tape.no_grad(|| {
-                let logits = self.model.forward(tape, &self.store, &x)?;
-                let loss = f::cross_entropy(tape, &logits, &batch.labels)?;
-                Ok::<_, TensorError>((logits, loss))
-            })?,
+            Mode::Train | Mode::Checkpoint => forward_pass(tape)?,
+            Mode::Inference => tape.no_grad(|| forward_pass(tape))?,
         };
         drop((forward, x));
         if self.mode == Mode::Inference {
@@ -115,18 +138,30 @@ impl Trainer {
         }
         engine.mark_phase("backward");
         let backward = engine.scope(Category::Temporary, "backward");
-        if self.retained.is_some() {
-            tape.backward_retain(&loss, &mut self.store)?;
-        } else {
-            tape.backward(&loss, &mut self.store)?;
+        let grad_scale = self.scaler.as_ref().map(|s| s.scale);
+        match (&self.retained, grad_scale) {
+            (Some(_), _) => tape.backward_retain(&loss, &mut self.store)?,
+            (None, Some(scale)) => tape.backward_scaled(&loss, &mut self.store, scale)?,
+            (None, None) => tape.backward(&loss, &mut self.store)?,
         }
         drop(backward);
         engine.mark_phase("optimizer");
         let step_op = format!("{}.step", self.optimizer.name());
         let optimizer = engine.scope(Category::OptimizerState, &step_op);
-        self.optimizer.step(&mut self.store)?;
+        // scaler.step(opt): unscale, and step only if every gradient is finite.
+        let mut skipped = false;
+        if let Some(scaler) = self.scaler.as_mut() {
+            skipped = scaler.unscale(&mut self.store)?;
+            scaler.update(skipped);
+        }
+        if !skipped {
+            self.optimizer.step(&mut self.store)?;
+        }
         drop(optimizer);
-        self.finish(t0, logits, loss)
+        let (mut record, outputs) = self.finish(t0, logits, loss)?;
+        record.grad_scale = grad_scale;
+        record.skipped = skipped;
+        Ok((record, outputs))
     }
 
     fn finish(
@@ -145,6 +180,8 @@ impl Trainer {
             reserved_bytes: a.memory_reserved(),
             peak_allocated_bytes: a.max_memory_allocated(),
             seconds: t0.elapsed().as_secs_f64(),
+            grad_scale: None,
+            skipped: false,
         };
         drop(a);
         Ok((

@@ -1,0 +1,230 @@
+//! Mixed precision: autocast steps of every zoo model, the estimator exact
+//! to the byte under autocast, autocast results against f32, and
+//! GradScaler's scale sequence and overflow handling.
+
+mod common;
+use common::*;
+use vramlab::estimate::run::estimate;
+use vramlab::estimate::{analyze, run_step, Plan};
+use vramlab::memory::AllocatorConfig;
+use vramlab::nn::{ModelSpec, ParamStore};
+use vramlab::optim::GradScaler;
+use vramlab::tensor::{DType, Engine, Tensor};
+use vramlab::train::{Mode, OptimizerConfig, OptimizerKind};
+
+fn small(name: &str) -> ModelSpec {
+    match name {
+        "mlp" => ModelSpec::Mlp {
+            widths: vec![50, 64, 64, 64, 10],
+            checkpoint_every: 0,
+        },
+        "resnet-mini" => ModelSpec::ResnetMini {
+            width: 4,
+            depth: 3,
+            resolution: 16,
+            classes: 10,
+        },
+        "attention" => ModelSpec::Attention {
+            seq_len: 24,
+            dim: 16,
+            hidden: 32,
+            classes: 5,
+        },
+        other => ModelSpec::default_for(other).unwrap(),
+    }
+}
+
+const MODELS: [(&str, usize); 4] = [
+    ("mlp", 7),
+    ("resnet-mini", 3),
+    ("attention", 5),
+    ("simple-cnn", 2),
+];
+
+fn amp_dtypes(e: &Engine) -> Vec<DType> {
+    let mut d = vec![DType::Bf16];
+    if e.has_shader_f16() {
+        d.push(DType::F16);
+    }
+    d
+}
+
+fn plan(name: &str, batch: usize, mode: Mode, amp: Option<DType>) -> Plan {
+    Plan {
+        model: small(name),
+        batch,
+        optimizer: OptimizerConfig::new(OptimizerKind::Adam, None, None, None),
+        mode,
+        amp,
+        config: AllocatorConfig::default(),
+    }
+}
+
+#[test]
+fn autocast_estimates_are_exact_to_the_byte_and_below_f32() {
+    let e = engine();
+    for (name, batch) in MODELS {
+        for d in amp_dtypes(&e) {
+            for mode in [Mode::Train, Mode::Inference] {
+                let p = plan(name, batch, mode, Some(d));
+                let est = estimate(&p).unwrap();
+                let measured = run_step(engine(), &p, 0).unwrap();
+                let (a, b) = (
+                    analyze(&est.events, &est.layer_outputs),
+                    analyze(&measured.events, &measured.layer_outputs),
+                );
+                let what = format!("{name} batch {batch} amp {d} {mode:?}");
+                assert_eq!(a.peak_allocated_bytes, b.peak_allocated_bytes, "{what}");
+                assert_eq!(a.by_category, b.by_category, "{what}");
+                assert_eq!(a.layers, b.layers, "{what}");
+                let f32_peak = {
+                    let p = estimate(&plan(name, batch, mode, None)).unwrap();
+                    analyze(&p.events, &p.layer_outputs).peak_allocated_bytes
+                };
+                // Weights, their gradients and Adam's state stay f32 and the
+                // weight casts come on top; only activations halve. Never half
+                // of f32's peak (at these small batches, where parameters
+                // dominate, inference can even peak above f32: the casts).
+                assert!(
+                    2 * b.peak_allocated_bytes > f32_peak,
+                    "{what}: {} vs f32 {f32_peak}",
+                    b.peak_allocated_bytes
+                );
+            }
+        }
+    }
+}
+
+/// The article's worked example: SimpleConvNet, batch 64, Adam. Autocast
+/// saves about 40% of the peak, not "about half" (C06/C28).
+#[test]
+fn simple_cnn_autocast_saves_less_than_half() {
+    for d in [DType::F16, DType::Bf16] {
+        let peak = |amp| {
+            let p = estimate(&plan("simple-cnn", 64, Mode::Train, amp)).unwrap();
+            analyze(&p.events, &p.layer_outputs).peak_allocated_bytes as f64
+        };
+        let ratio = peak(Some(d)) / peak(None);
+        assert!(ratio > 0.5 && ratio < 0.7, "amp {d}: {ratio}");
+    }
+}
+
+/// Autocast against f32 on the same weights and batch: the first step's
+/// logits and loss (before any update). A 16-bit step rounds inputs and
+/// weights once and each product's output once: over the L ≤ 6 layers of
+/// these models about 2L + 1 = 13 roundings of relative size u, which sums
+/// of random-signed terms amplify by Σ|a·b| / |Σ a·b| (about 2–3 here), so
+/// the bound is 32u: 1.6e-2 for f16 (u = 2^-11) and 0.125 for bf16
+/// (u = 2^-8), relative to the largest logit. The f32 run itself is within
+/// 1e-4 of f64 (tests/torch_fixtures.rs).
+#[test]
+fn autocast_logits_and_loss_track_f32_within_the_dtype() {
+    let e = engine();
+    for (name, batch) in MODELS {
+        let run = |amp| {
+            let (mut t, b) = plan(name, batch, Mode::Train, amp).trainer(&e, 3).unwrap();
+            let (r, out) = t.step(&b).unwrap();
+            // The last linear runs in the autocast dtype, so the logits are
+            // 16-bit (as in PyTorch); the loss widens them to f32.
+            assert_eq!(out.logits.dtype(), amp.unwrap_or(DType::F32), "{name}");
+            assert_eq!(out.loss.dtype(), DType::F32, "{name}");
+            (r.loss as f64, out.logits.to_vec().unwrap())
+        };
+        let (loss32, logits32) = run(None);
+        let want: Vec<f64> = logits32.iter().map(|&v| v as f64).collect();
+        for d in amp_dtypes(&e) {
+            let (loss, logits) = run(Some(d));
+            let tol = match d {
+                DType::F16 => 32.0 * 2f64.powi(-11),
+                _ => 32.0 * 2f64.powi(-8),
+            };
+            let err = max_rel_err(&logits, &want);
+            assert!(
+                err < tol,
+                "{name} amp {d}: logits off by {err} (tolerance {tol})"
+            );
+            let lerr = (loss - loss32).abs() / loss32.abs();
+            assert!(lerr < tol, "{name} amp {d}: loss {loss} vs {loss32}");
+            assert!(
+                err > 0.0,
+                "{name} amp {d}: identical to f32, so nothing ran in {d}"
+            );
+        }
+    }
+}
+
+#[test]
+fn grad_scaler_follows_torchs_scale_sequence() {
+    // torch.amp.GradScaler(): 65536; an overflow halves it and resets the
+    // count; growth_interval clean steps in a row double it.
+    let mut s = GradScaler::default();
+    assert_eq!((s.scale, s.growth_interval), (65536.0, 2000));
+    s.update(true);
+    assert_eq!(s.scale, 32768.0);
+    for _ in 0..1999 {
+        s.update(false);
+    }
+    assert_eq!(s.scale, 32768.0, "not yet: 1999 clean steps");
+    s.update(false);
+    assert_eq!(s.scale, 65536.0);
+    for _ in 0..2000 {
+        s.update(false);
+    }
+    assert_eq!(
+        s.scale, 131072.0,
+        "2 × growth_interval clean steps double it twice"
+    );
+    s.update(false);
+    s.update(true);
+    assert_eq!((s.scale, s.growth_tracker), (65536.0, 0));
+}
+
+#[test]
+fn unscale_divides_gradients_and_finds_overflow() {
+    let e = engine();
+    let mut store = ParamStore::new();
+    let w = Tensor::from_slice(&e, &[1.0; 5], &[5], "w").unwrap();
+    let id = store.add("w", w);
+    let s = GradScaler::default();
+    let grads = [65536.0, -131072.0, 32768.0, 0.0, 6.5536];
+    store.get_mut(id).grad = Some(Tensor::from_slice(&e, &grads, &[5], "g").unwrap());
+    assert!(!s.unscale(&mut store).unwrap());
+    let got = store.get(id).grad.as_ref().unwrap().to_vec().unwrap();
+    assert_eq!(got, vec![1.0, -2.0, 0.5, 0.0, 6.5536 / 65536.0]);
+    for bad in [f32::INFINITY, f32::NEG_INFINITY, f32::NAN] {
+        let g = [1.0, bad, 2.0, 3.0, 4.0];
+        store.get_mut(id).grad = Some(Tensor::from_slice(&e, &g, &[5], "g").unwrap());
+        assert!(s.unscale(&mut store).unwrap(), "{bad} not found");
+    }
+}
+
+#[test]
+fn an_overflowing_step_is_skipped_and_halves_the_scale() {
+    let e = engine();
+    if !e.has_shader_f16() {
+        return assert!(vramlab::ops::cast::cast(
+            &Tensor::from_slice(&e, &[1.0], &[1], "x").unwrap(),
+            DType::F16,
+            "h"
+        )
+        .is_err());
+    }
+    // A scale so large that the f16 gradients overflow: the step must be
+    // skipped (parameters unchanged) and the scale halved, as torch does.
+    let (mut t, b) = plan("mlp", 7, Mode::Train, Some(DType::F16))
+        .trainer(&e, 4)
+        .unwrap();
+    t.scaler.as_mut().unwrap().scale = 1e30;
+    let before: Vec<Vec<f32>> = t.store.iter().map(|p| p.value.to_vec().unwrap()).collect();
+    let (r, _) = t.step(&b).unwrap();
+    assert!(r.skipped);
+    assert_eq!(t.scaler.as_ref().unwrap().scale, 5e29);
+    let after: Vec<Vec<f32>> = t.store.iter().map(|p| p.value.to_vec().unwrap()).collect();
+    assert_eq!(before, after, "a skipped step must not move the weights");
+    // At the default scale the same step is clean and moves them.
+    t.scaler.as_mut().unwrap().scale = 65536.0;
+    let (r, _) = t.step(&b).unwrap();
+    assert!(!r.skipped);
+    let moved: Vec<Vec<f32>> = t.store.iter().map(|p| p.value.to_vec().unwrap()).collect();
+    assert_ne!(after, moved);
+}
