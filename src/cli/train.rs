@@ -196,7 +196,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
             let plan = crate::estimate::Plan {
                 model: spec.clone(),
                 batch: batch.size(),
-                optimizer: opt.clone(),
+                optimizer: opt,
                 mode: crate::train::Mode::Train,
                 amp: None,
                 config: alloc_config.clone(),
