@@ -20,6 +20,11 @@ Commands:
       fresh random weights and batch for one model: writes D/weights.safetensors,
       D/batch.safetensors, D/expected.safetensors and prints the matching
       `vramlab train` command.
+  amp [--out tests/fixtures/torch-amp]
+      mixed precision: every zoo model, two Adam steps under
+      torch.autocast("cpu", dtype) for bfloat16 and float16 (float16 with
+      torch.amp.GradScaler("cpu"), PyTorch's defaults). Softmax is taken in
+      float32, as CUDA's autocast policy (which vramlab follows) does.
   compare EXPECTED DUMP [--tol 1e-4]
       the largest relative error per tensor between PyTorch's values and a
       `vramlab train --dump` file; exit status 1 if any exceeds the tolerance.
@@ -120,7 +125,9 @@ class Attention(nn.Module):
     def forward(self, x):
         d = x.shape[-1]
         q, k, v = self.attn.q_proj(x), self.attn.k_proj(x), self.attn.v_proj(x)
-        a = torch.softmax(q @ k.transpose(1, 2) / math.sqrt(d), dim=-1)
+        # .float(): softmax in float32, as CUDA's autocast runs it (a no-op
+        # outside autocast; CPU autocast would keep it 16-bit).
+        a = torch.softmax((q @ k.transpose(1, 2) / math.sqrt(d)).float(), dim=-1)
         h = x + self.attn.out_proj(a @ v)
         h = h + self.mlp.fc2(F.relu(self.mlp.fc1(h)))
         return self.head(h.mean(dim=1))
@@ -193,6 +200,67 @@ def train_steps(net, opt, x, y, steps):
         out[f"grad.{n}"] = grads[n]
         out[f"param.{n}"] = p.detach().clone()
     return out
+
+
+def train_steps_amp(net, opt, x, y, steps, dtype):
+    """`train_steps` under autocast to `dtype` (float16: with GradScaler,
+    whose gradients are reported unscaled, as the optimizer sees them)."""
+    scaler = torch.amp.GradScaler("cpu") if dtype == torch.float16 else None
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=dtype):
+            logits = net(x)
+            loss = F.cross_entropy(logits, y)
+        if scaler is None:
+            loss.backward()
+            grads = {n: p.grad.detach().clone() for n, p in net.named_parameters()}
+            opt.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
+            grads = {n: p.grad.detach().clone() for n, p in net.named_parameters()}
+            scaler.step(opt)
+            scaler.update()
+    out = {"logits": logits.detach().float().clone(), "loss": loss.detach().float().reshape(())}
+    for n, p in net.named_parameters():
+        out[f"grad.{n}"] = grads[n]
+        out[f"param.{n}"] = p.detach().clone()
+    if scaler is not None:
+        out["grad_scale"] = torch.tensor(scaler.get_scale(), dtype=torch.float32).reshape(())
+    return out
+
+
+def cmd_amp(a):
+    for model, cfg in SMALL.items():
+        for name, dtype in (("bf16", torch.bfloat16), ("f16", torch.float16)):
+            half = model == "simple-cnn"
+            torch.manual_seed(7)
+            net, input_shape, classes = build(model, cfg)
+            x = torch.randn(cfg["batch"], *input_shape)
+            y = torch.randint(0, classes, (cfg["batch"],), dtype=torch.int64)
+            if half:
+                with torch.no_grad():
+                    for p in net.parameters():
+                        p.copy_(f16_exact(p))
+                x = f16_exact(x)
+            weights = {k: v.detach().clone().contiguous() for k, v in net.state_dict().items()}
+            opt = optimizer("adam", net.parameters(), cfg)
+            expected = train_steps_amp(net, opt, x, y, 2, dtype)
+            h = hyper("adam", cfg)
+            meta = {
+                "model": model,
+                "optimizer": "adam",
+                "steps": "2",
+                "lr": repr(h["lr"]),
+                "momentum": "0.0",
+                "weight_decay": repr(h["weight_decay"]),
+                "amp": name,
+                "torch": torch.__version__,
+            }
+            d = f"{a.out}/{model}-{name}"
+            save_case(d, weights, {"x": x, "y": y}, expected, meta, half=half,
+                      stride_above=20000 if half else None)
+            print(f"wrote {d}")
 
 
 def case(model, opt_name, seed, steps, cfg, half=False):
@@ -389,12 +457,15 @@ def main():
     c.add_argument("--dir", required=True)
     t = sub.add_parser("truth", help="float64 truth beside each committed case (truth.safetensors)")
     t.add_argument("--out", default="tests/fixtures/torch")
+    am = sub.add_parser("amp", help="autocast (bf16, f16 + GradScaler) fixtures")
+    am.add_argument("--out", default="tests/fixtures/torch-amp")
     m = sub.add_parser("compare")
     m.add_argument("expected")
     m.add_argument("dump")
     m.add_argument("--tol", type=float, default=1e-4)
     a = p.parse_args()
-    {"fixtures": cmd_fixtures, "case": cmd_case, "truth": cmd_truth, "compare": cmd_compare}[a.cmd](a)
+    {"fixtures": cmd_fixtures, "case": cmd_case, "truth": cmd_truth, "amp": cmd_amp,
+     "compare": cmd_compare}[a.cmd](a)
 
 
 if __name__ == "__main__":
