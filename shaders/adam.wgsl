@@ -11,30 +11,41 @@ struct Params {
     weight_decay: f32, bc1: f32, bc2_sqrt: f32, _p2: f32,
 }
 
-@group(0) @binding(0) var<storage, read_write> param: array<f32>;
-@group(0) @binding(1) var<storage, read_write> grad: array<f32>;
-@group(0) @binding(2) var<storage, read_write> m: array<f32>;
-@group(0) @binding(3) var<storage, read_write> v: array<f32>;
+// Parameters, gradients and both moments share the element type (ELEM: f32
+// for mixed precision's master weights, f16/bf16 after model.half());
+// arithmetic is f32. One invocation per pair of elements.
+@group(0) @binding(0) var<storage, read_write> param: array<{{T}}>;
+@group(0) @binding(1) var<storage, read_write> grad: array<{{T}}>;
+@group(0) @binding(2) var<storage, read_write> m: array<{{T}}>;
+@group(0) @binding(3) var<storage, read_write> v: array<{{T}}>;
 @group(0) @binding(4) var<uniform> p: Params;
-
+#accessors param grad m v
 #include prelude
+
+// The updated (param, m, v) of element i.
+fn step(i: u32) -> vec3<f32> {
+    var g = ld_grad(i);
+    var w = ld_param(i);
+    if (p.weight_decay != 0.0) {
+        if (p.decoupled != 0u) { w = w * (1.0 - p.lr * p.weight_decay); }
+        else { g = g + p.weight_decay * w; }
+    }
+    let mi = p.beta1 * ld_m(i) + (1.0 - p.beta1) * g;
+    let vi = p.beta2 * ld_v(i) + (1.0 - p.beta2) * g * g;
+    let denom = sqrt(vi) / p.bc2_sqrt + p.eps;
+    return vec3<f32>(w - (p.lr / p.bc1) * mi / denom, mi, vi);
+}
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>,
         @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lidx: u32) {
-    let i = flat_index(wid, nwg, lidx);
+    let w = flat_index(wid, nwg, lidx);
+    let i = 2u * w;
     if (i >= p.n) { return; }
-    var g = grad[i];
-    var w = param[i];
-    if (p.weight_decay != 0.0) {
-        if (p.decoupled != 0u) { w = w * (1.0 - p.lr * p.weight_decay); }
-        else { g = g + p.weight_decay * w; }
-    }
-    let mi = p.beta1 * m[i] + (1.0 - p.beta1) * g;
-    let vi = p.beta2 * v[i] + (1.0 - p.beta2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    let denom = sqrt(vi) / p.bc2_sqrt + p.eps;
-    param[i] = w - (p.lr / p.bc1) * mi / denom;
+    let a = step(i);
+    let b = step(min(i + 1u, p.n - 1u));
+    st2_param(w, vec2<f32>(a.x, b.x), p.n);
+    st2_m(w, vec2<f32>(a.y, b.y), p.n);
+    st2_v(w, vec2<f32>(a.z, b.z), p.n);
 }

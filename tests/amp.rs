@@ -56,6 +56,7 @@ fn plan(name: &str, batch: usize, mode: Mode, amp: Option<DType>) -> Plan {
         optimizer: OptimizerConfig::new(OptimizerKind::Adam, None, None, None),
         mode,
         amp,
+        dtype: DType::F32,
         config: AllocatorConfig::default(),
     }
 }

@@ -52,6 +52,7 @@ fn estimate_equals_measurement_to_the_byte() {
                         optimizer: OptimizerConfig::new(opt, None, Some(0.0), None),
                         mode,
                         amp: None,
+                        dtype: vramlab::tensor::DType::F32,
                         config: AllocatorConfig::default(),
                     };
                     let est = estimate(&plan).unwrap();
@@ -91,6 +92,7 @@ fn estimate_equals_measurement_under_the_vramlab_options() {
                 optimizer: OptimizerConfig::new(OptimizerKind::Adam, None, None, None),
                 mode: Mode::Train,
                 amp: None,
+                dtype: vramlab::tensor::DType::F32,
                 config: config.clone(),
             };
             let est = estimate(&plan).unwrap();
@@ -118,6 +120,7 @@ fn inference_peaks_lower_and_checkpoint_keeps_fewer_activations() {
         optimizer: OptimizerConfig::new(OptimizerKind::Sgd, None, None, None),
         mode,
         amp: None,
+        dtype: vramlab::tensor::DType::F32,
         config: AllocatorConfig::default(),
     };
     let peak = |mode| {

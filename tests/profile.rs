@@ -24,6 +24,7 @@ fn plan() -> Plan {
         optimizer: OptimizerConfig::new(OptimizerKind::Adam, None, None, None),
         mode: Mode::Train,
         amp: None,
+        dtype: vramlab::tensor::DType::F32,
         config: AllocatorConfig::default(),
     }
 }

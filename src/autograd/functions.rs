@@ -80,11 +80,18 @@ fn autocast_low(tape: &Tape, x: &Value) -> Result<Value, TensorError> {
     if let Some(c) = tape.cached_cast(x) {
         return Ok(c);
     }
-    let label = if tape.is_param(x) {
+    let is_param = tape.is_param(x);
+    let label = if is_param {
         "autocast.weight"
     } else {
         "autocast.input"
     };
+    // A weight's cast is memory of its own kind: the autocast cache.
+    let engine = x.tensor().engine().clone();
+    let _cache = is_param.then(|| {
+        let op = engine.current_scope().1;
+        engine.scope(crate::memory::Category::CastCache, &op)
+    });
     let c = cast(tape, x, dtype, label)?;
     tape.cache_cast(x, &c);
     Ok(c)
@@ -192,7 +199,9 @@ pub fn linear(tape: &Tape, x: &Value, w: &Value, b: Option<&Value>) -> Result<Va
 /// Mean cross-entropy against integer labels; saves the logits and labels.
 pub fn cross_entropy(tape: &Tape, logits: &Value, labels: &Tensor) -> Result<Value, TensorError> {
     let scope = op_scope(logits, "cross_entropy");
-    let logits = &autocast_f32(tape, logits)?;
+    // The loss kernel reads f32 (as autocast's policy has it; after
+    // model.half() a 16-bit logits tensor is widened here too).
+    let logits = &cast(tape, logits, DType::F32, "autocast.f32")?;
     let loss = ce_fwd(logits.tensor(), labels)?;
     note(&scope, &loss);
     let (l, y) = (save(tape, logits.tensor()), save(tape, labels));

@@ -62,6 +62,7 @@ pub fn run(json: bool) -> anyhow::Result<()> {
                     optimizer: OptimizerConfig::new(kind, None, momentum, None),
                     mode: Mode::Train,
                     amp: None,
+                    dtype: crate::tensor::DType::F32,
                     config: AllocatorConfig::default(),
                 };
                 let (pr, pd) = measure(&plan, AllocatorConfig::default())?;

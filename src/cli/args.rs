@@ -276,6 +276,7 @@ impl StepArgs {
             optimizer: self.optimizer()?,
             mode: self.mode,
             amp: self.amp,
+            dtype: crate::tensor::DType::F32,
             config,
         })
     }

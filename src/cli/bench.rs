@@ -202,6 +202,7 @@ fn plan(spec: &ModelSpec, batch: usize) -> Plan {
         optimizer: OptimizerConfig::new(OptimizerKind::Adam, None, None, None),
         mode: Mode::Train,
         amp: None,
+        dtype: crate::tensor::DType::F32,
         config: AllocatorConfig::default(),
     }
 }

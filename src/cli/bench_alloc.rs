@@ -80,6 +80,7 @@ pub fn recorded_suite() -> anyhow::Result<Vec<Workload>> {
             optimizer: OptimizerConfig::new(opt, None, None, None),
             mode: Mode::Train,
             amp: None,
+            dtype: crate::tensor::DType::F32,
             config: AllocatorConfig::default(),
         };
         let p = run_steps(

@@ -8,29 +8,10 @@ use crate::estimate::hand::{hand_method, HandMethod};
 use crate::estimate::run::estimate;
 use crate::estimate::{analyze, run_step, Analysis, Plan};
 use crate::memory::{Category, CATEGORIES};
-use crate::tensor::Engine;
+use crate::tensor::{DType, Engine};
+use crate::train::Mode;
 use clap::Args;
 use serde::Serialize;
-
-/// Element types the estimate can be scaled to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum Dtype {
-    F32,
-    F16,
-    Bf16,
-    Int8,
-}
-
-impl Dtype {
-    pub fn bytes(self) -> u64 {
-        match self {
-            Dtype::F32 => 4,
-            Dtype::F16 | Dtype::Bf16 => 2,
-            Dtype::Int8 => 1,
-        }
-    }
-}
 
 #[derive(Debug, Args)]
 pub struct EstimateArgs {
@@ -41,11 +22,12 @@ pub struct EstimateArgs {
     pub batch: usize,
     #[command(flatten)]
     pub step: StepArgs,
-    /// Element type. vramlab's kernels run f32; other types scale every
-    /// tensor's bytes (what a framework storing them would hold) and cannot
-    /// be measured.
-    #[arg(long, value_enum, default_value = "f32")]
-    pub dtype: Dtype,
+    /// The model's dtype: f16 or bf16 is `model.half()` / `.to(bf16)` —
+    /// parameters, gradients, optimizer state and activations all 16-bit
+    /// (the loss in f32). A real run, measurable with --measure. For mixed
+    /// precision (f32 weights, 16-bit compute) use --amp instead.
+    #[arg(long, value_name = "f32|f16|bf16", value_parser = parse_dtype, default_value = "f32")]
+    pub dtype: DType,
     /// Also run the step on the GPU and compare.
     #[arg(long)]
     pub measure: bool,
@@ -56,6 +38,85 @@ pub struct EstimateArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+}
+
+fn parse_dtype(s: &str) -> Result<DType, String> {
+    DType::parse(s).ok_or_else(|| format!("unknown dtype {s:?}; use f32, f16 or bf16"))
+}
+
+/// The precision modes the table compares: (name, autocast, model dtype,
+/// mode override).
+fn precision_modes(mode: Mode) -> Vec<(&'static str, Option<DType>, DType, Mode)> {
+    let mut v = vec![
+        ("f32", None, DType::F32, mode),
+        ("amp f16", Some(DType::F16), DType::F32, mode),
+        ("amp bf16", Some(DType::Bf16), DType::F32, mode),
+        ("half() (f16)", None, DType::F16, mode),
+        ("bf16", None, DType::Bf16, mode),
+    ];
+    if mode != Mode::Inference {
+        v.push(("half() inference", None, DType::F16, Mode::Inference));
+    }
+    v
+}
+
+/// One row of the precision table.
+#[derive(Serialize)]
+struct ModeRow {
+    mode: &'static str,
+    amp: Option<DType>,
+    dtype: DType,
+    step: Mode,
+    peak_allocated_bytes: u64,
+    by_category: std::collections::BTreeMap<&'static str, u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    measured_peak_allocated_bytes: Option<u64>,
+}
+
+fn mode_rows(plan: &Plan, measure: Option<&DeviceArgs>) -> anyhow::Result<Vec<ModeRow>> {
+    let mut rows = Vec::new();
+    for (name, amp, dtype, mode) in precision_modes(plan.mode) {
+        let p = Plan {
+            amp,
+            dtype,
+            mode,
+            ..plan.clone()
+        };
+        let e = estimate(&p)?;
+        let a = analyze(&e.events, &e.layer_outputs);
+        let measured = match measure {
+            Some(d) => {
+                let engine = Engine::new(&d.options(), p.config.clone())?;
+                if dtype == DType::F16 || amp == Some(DType::F16) {
+                    if !engine.has_shader_f16() {
+                        rows.push(ModeRow {
+                            mode: name,
+                            amp,
+                            dtype,
+                            step: mode,
+                            peak_allocated_bytes: a.peak_allocated_bytes,
+                            by_category: a.by_category.clone(),
+                            measured_peak_allocated_bytes: None,
+                        });
+                        continue;
+                    }
+                }
+                let m = run_step(engine, &p, 0)?;
+                Some(analyze(&m.events, &m.layer_outputs).peak_allocated_bytes)
+            }
+            None => None,
+        };
+        rows.push(ModeRow {
+            mode: name,
+            amp,
+            dtype,
+            step: mode,
+            peak_allocated_bytes: a.peak_allocated_bytes,
+            by_category: a.by_category,
+            measured_peak_allocated_bytes: measured,
+        });
+    }
+    Ok(rows)
 }
 
 fn mib(b: f64) -> f64 {
@@ -89,18 +150,20 @@ pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
     if args.batch == 0 {
         anyhow::bail!("--batch must be at least 1");
     }
-    if args.measure && args.dtype != Dtype::F32 {
-        anyhow::bail!(
-            "--measure needs --dtype f32: vramlab's kernels compute in f32, so only f32 can be measured"
-        );
-    }
     let spec = args.model.spec()?;
-    let plan = args
+    let mut plan = args
         .step
         .plan(spec.clone(), args.batch, args.alloc.config(None)?)?;
+    plan.dtype = args.dtype;
+    if plan.amp.is_some() && plan.dtype != DType::F32 {
+        anyhow::bail!(
+            "--amp autocasts an f32 model; with --dtype {} the model is already 16-bit (leave one of them out)",
+            plan.dtype
+        );
+    }
     let est = estimate(&plan)?;
     let a = analyze(&est.events, &est.layer_outputs);
-    let scale = args.dtype.bytes() as f64 / 4.0;
+    let scale = 1.0;
     let input_elements = args.batch * spec.input_shape().iter().product::<usize>();
     let layers: Vec<String> = spec
         .parameter_shapes()
@@ -114,7 +177,7 @@ pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
         &a,
         &plan.optimizer,
         args.step.mode,
-        args.dtype.bytes(),
+        args.dtype.size_in_bytes() as u64,
     );
     let measured = if args.measure {
         let engine = Engine::new(&args.device.options(), plan.config.clone())?;
@@ -123,17 +186,7 @@ pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
     } else {
         None
     };
-    let per_dtype: Vec<serde_json::Value> = [Dtype::F32, Dtype::F16, Dtype::Bf16, Dtype::Int8]
-        .iter()
-        .map(|d| {
-            let s = d.bytes() as f64 / 4.0;
-            serde_json::json!({
-                "dtype": d,
-                "parameters_bytes": est.parameters as u64 * d.bytes(),
-                "peak_allocated_bytes": (a.peak_allocated_bytes as f64 * s) as u64,
-            })
-        })
-        .collect();
+    let modes = mode_rows(&plan, args.measure.then_some(&args.device))?;
     if args.json {
         let scaled: std::collections::BTreeMap<&str, u64> = a
             .by_category
@@ -151,7 +204,7 @@ pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
             "parameters": est.parameters,
             "estimate": est_side,
             "hand_method": hand,
-            "per_dtype": per_dtype,
+            "precision_modes": modes,
         });
         if let Some((m, p)) = &measured {
             out["measured"] = serde_json::to_value(side(m, p.seconds))?;
@@ -168,6 +221,7 @@ pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
         scale,
         &hand,
         measured.as_ref().map(|(m, p)| (m, p.device.as_str())),
+        &modes,
     );
     Ok(())
 }
@@ -180,6 +234,7 @@ fn print_text(
     scale: f64,
     hand: &HandMethod,
     measured: Option<(&Analysis, &str)>,
+    modes: &[ModeRow],
 ) {
     let s = |b: u64| mib(b as f64 * scale);
     println!(
@@ -286,22 +341,39 @@ fn print_text(
         }
     }
     println!();
+    println!("Precision modes (each a real step, predicted exactly; MiB at the peak):");
+    let cat =
+        |r: &ModeRow, c: Category| mib(r.by_category.get(c.name()).copied().unwrap_or(0) as f64);
     println!(
-        "Per dtype (accelerate-style; vramlab computes in f32, other rows scale every tensor):"
+        "  {:<17} {:>9} {:>9} {:>9} {:>10} {:>9} {:>9} {:>10} {:>9}",
+        "mode", "params", "grads", "optim", "activ.", "temp", "cast $", "peak", "vs f32"
     );
-    println!(
-        "  {:<6} {:>14} {:>18}",
-        "dtype", "params (MiB)", "peak step (MiB)"
-    );
-    for d in [Dtype::F32, Dtype::F16, Dtype::Bf16, Dtype::Int8] {
-        let f = d.bytes() as f64 / 4.0;
+    let f32_peak = modes[0].peak_allocated_bytes as f64;
+    for r in modes {
+        let measured = match r.measured_peak_allocated_bytes {
+            Some(m) if m == r.peak_allocated_bytes => "  measured: exact".to_string(),
+            Some(m) => format!("  measured: {:.2} MiB (differs!)", mib(m as f64)),
+            None if args.measure => "  (not measured: the adapter has no SHADER_F16)".into(),
+            None => String::new(),
+        };
         println!(
-            "  {:<6} {:>14.2} {:>18.2}",
-            format!("{d:?}").to_lowercase(),
-            mib(parameters as f64 * d.bytes() as f64),
-            mib(a.peak_allocated_bytes as f64 * f)
+            "  {:<17} {:>9.2} {:>9.2} {:>9.2} {:>10.2} {:>9.2} {:>9.2} {:>10.2} {:>8.1}%{}",
+            r.mode,
+            cat(r, Category::Parameter),
+            cat(r, Category::Gradient),
+            cat(r, Category::OptimizerState),
+            cat(r, Category::Activation),
+            cat(r, Category::Temporary),
+            cat(r, Category::CastCache),
+            mib(r.peak_allocated_bytes as f64),
+            100.0 * (r.peak_allocated_bytes as f64 / f32_peak - 1.0),
+            measured
         );
     }
+    println!(
+        "  amp keeps f32 weights, gradients and optimizer state (and adds 16-bit weight casts),"
+    );
+    println!("  so it saves activations only; half() halves everything but the f32 loss. bf16 is 2 bytes.");
     println!();
     let truth = a.peak_allocated_bytes as f64 * scale;
     println!(

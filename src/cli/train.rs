@@ -69,6 +69,12 @@ pub struct TrainArgs {
     /// 2000). Prints the peak beside an f32 run's.
     #[arg(long, value_name = "f16|bf16", value_parser = super::args::parse_amp)]
     pub amp: Option<crate::tensor::DType>,
+    /// The model's dtype: f16 or bf16 converts it (`model.half()`,
+    /// `.to(torch.bfloat16)`) and the batch: parameters, gradients and
+    /// optimizer state all 16-bit, no master weights, no loss scaling —
+    /// watch the loss for the accuracy this loses.
+    #[arg(long, value_name = "f32|f16|bf16", value_parser = parse_dtype, default_value = "f32")]
+    pub dtype: crate::tensor::DType,
     /// Print each step's device time per op (PyTorch profiler's "self
     /// device time"). Device time per phase is always shown, and per op in
     /// --json, where the adapter has timestamp queries; this flag also turns
@@ -94,6 +100,11 @@ struct StepJson {
     #[serde(skip_serializing_if = "Option::is_none")]
     f32_peak_allocated_bytes: Option<u64>,
     device_time: Option<OpTimes>,
+}
+
+fn parse_dtype(s: &str) -> Result<crate::tensor::DType, String> {
+    crate::tensor::DType::parse(s)
+        .ok_or_else(|| format!("unknown dtype {s:?}; use f32, f16 or bf16"))
 }
 
 fn mib(b: u64) -> f64 {
@@ -148,7 +159,14 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     if let Some(w) = &weights {
         store.load(w).map_err(anyhow::Error::msg)?;
     }
-    let batch = match &data {
+    if args.amp.is_some() && args.dtype != crate::tensor::DType::F32 {
+        anyhow::bail!(
+            "--amp autocasts an f32 model; --dtype {} makes the model 16-bit already (leave one out)",
+            args.dtype
+        );
+    }
+    store.to_dtype(args.dtype)?;
+    let mut batch = match &data {
         Some(d) => {
             Batch::from_safetensors(&engine, d, spec.classes()).map_err(anyhow::Error::msg)?
         }
@@ -160,6 +178,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
             spec.classes(),
         )?,
     };
+    batch.to_dtype(args.dtype)?;
     let gpu_name = engine.device_name();
     let backend = engine.backend_name();
     if !args.json {
@@ -199,6 +218,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
                 optimizer: opt,
                 mode: crate::train::Mode::Train,
                 amp: None,
+                dtype: crate::tensor::DType::F32,
                 config: alloc_config.clone(),
             };
             let (mut t, b) = plan.trainer(&sim, 0)?;
@@ -314,6 +334,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
             "optimizer_state_bytes": trainer.optimizer.state_bytes(),
             "retain_graph": args.retain_graph,
             "amp": args.amp,
+            "dtype": args.dtype,
             "steps": records,
             "memory_stats": alloc.stats().flat(),
             "three_levels": levels,

@@ -281,19 +281,19 @@ fn accessors(a: &str, elem: &str) -> Result<String, String> {
     // shared between invocations.
     Ok(match elem {
         "f32" => format!(
-            "fn ld_{a}(i: u32) -> f32 {{ return {a}[i]; }}\n\
-             fn st_{a}(i: u32, v: f32) {{ {a}[i] = v; }}\n\
-             fn st2_{a}(w: u32, v: vec2<f32>, n: u32) {{\n\
-             \x20   {a}[2u * w] = v.x;\n\
-             \x20   if (2u * w + 1u < n) {{ {a}[2u * w + 1u] = v.y; }}\n\
+            "fn ld_{a}(ix_: u32) -> f32 {{ return {a}[ix_]; }}\n\
+             fn st_{a}(ix_: u32, val_: f32) {{ {a}[ix_] = val_; }}\n\
+             fn st2_{a}(wi_: u32, val_: vec2<f32>, n_: u32) {{\n\
+             \x20   {a}[2u * wi_] = val_.x;\n\
+             \x20   if (2u * wi_ + 1u < n_) {{ {a}[2u * wi_ + 1u] = val_.y; }}\n\
              }}\n"
         ),
         "f16" => format!(
-            "fn ld_{a}(i: u32) -> f32 {{ return f32({a}[i]); }}\n\
-             fn st_{a}(i: u32, v: f32) {{ {a}[i] = f16(v); }}\n\
-             fn st2_{a}(w: u32, v: vec2<f32>, n: u32) {{\n\
-             \x20   {a}[2u * w] = f16(v.x);\n\
-             \x20   if (2u * w + 1u < n) {{ {a}[2u * w + 1u] = f16(v.y); }}\n\
+            "fn ld_{a}(ix_: u32) -> f32 {{ return f32({a}[ix_]); }}\n\
+             fn st_{a}(ix_: u32, val_: f32) {{ {a}[ix_] = f16(val_); }}\n\
+             fn st2_{a}(wi_: u32, val_: vec2<f32>, n_: u32) {{\n\
+             \x20   {a}[2u * wi_] = f16(val_.x);\n\
+             \x20   if (2u * wi_ + 1u < n_) {{ {a}[2u * wi_ + 1u] = f16(val_.y); }}\n\
              }}\n"
         ),
         // Element i is the low (even i) or high (odd i) half of word i/2;
@@ -301,18 +301,18 @@ fn accessors(a: &str, elem: &str) -> Result<String, String> {
         // even. st_ rewrites its half of the word: callers give each word
         // to one invocation (st2_ writes a whole word; past n, a zero half).
         "bf16" => format!(
-            "fn ld_{a}(i: u32) -> f32 {{\n\
-             \x20   let w = {a}[i >> 1u];\n\
-             \x20   return bitcast<f32>(select(w << 16u, w & 0xffff0000u, (i & 1u) == 1u));\n\
+            "fn ld_{a}(ix_: u32) -> f32 {{\n\
+             \x20   let w_ = {a}[ix_ >> 1u];\n\
+             \x20   return bitcast<f32>(select(w_ << 16u, w_ & 0xffff0000u, (ix_ & 1u) == 1u));\n\
              }}\n\
-             fn st_{a}(i: u32, v: f32) {{\n\
-             \x20   let h = bf16_bits(v);\n\
-             \x20   let w = {a}[i >> 1u];\n\
-             \x20   {a}[i >> 1u] = select((w & 0xffff0000u) | h, (w & 0xffffu) | (h << 16u), (i & 1u) == 1u);\n\
+             fn st_{a}(ix_: u32, val_: f32) {{\n\
+             \x20   let h_ = bf16_bits(val_);\n\
+             \x20   let w_ = {a}[ix_ >> 1u];\n\
+             \x20   {a}[ix_ >> 1u] = select((w_ & 0xffff0000u) | h_, (w_ & 0xffffu) | (h_ << 16u), (ix_ & 1u) == 1u);\n\
              }}\n\
-             fn st2_{a}(w: u32, v: vec2<f32>, n: u32) {{\n\
-             \x20   let hi = select(0u, bf16_bits(v.y), 2u * w + 1u < n);\n\
-             \x20   {a}[w] = bf16_bits(v.x) | (hi << 16u);\n\
+             fn st2_{a}(wi_: u32, val_: vec2<f32>, n_: u32) {{\n\
+             \x20   let hi_ = select(0u, bf16_bits(val_.y), 2u * wi_ + 1u < n_);\n\
+             \x20   {a}[wi_] = bf16_bits(val_.x) | (hi_ << 16u);\n\
              }}\n"
         ),
         other => return Err(format!("unknown element type {other}")),

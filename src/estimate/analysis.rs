@@ -46,7 +46,7 @@ pub struct Analysis {
     pub device_allocs: u64,
 }
 
-fn named(totals: &[u64; 9]) -> BTreeMap<&'static str, u64> {
+fn named(totals: &[u64; crate::memory::tag::N_CATEGORIES]) -> BTreeMap<&'static str, u64> {
     CATEGORIES
         .iter()
         .map(|c| (c.name(), totals[c.index()]))
@@ -63,7 +63,7 @@ pub fn analyze(events: &[MemEvent], layer_outputs: &[(Arc<str>, Vec<usize>)]) ->
     let mut live = LiveBlocks::default();
     let mut peak = 0u64;
     let mut peak_reserved = 0u64;
-    let mut at_peak = [0u64; 9];
+    let mut at_peak = [0u64; crate::memory::tag::N_CATEGORIES];
     let mut phases: Vec<PhaseRow> = Vec::new();
     let mut phase = String::new();
     let mut added: BTreeMap<String, i64> = BTreeMap::new();

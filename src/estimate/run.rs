@@ -18,6 +18,8 @@ pub struct Plan {
     pub mode: Mode,
     /// Autocast dtype (`train --amp`), if any.
     pub amp: Option<DType>,
+    /// The model's dtype (`model.half()`: f16; f32 normally).
+    pub dtype: DType,
     #[serde(skip)]
     pub config: AllocatorConfig,
 }
@@ -29,14 +31,16 @@ impl Plan {
         let mut rng = Rng::new(seed);
         let mut store = ParamStore::new();
         let model = self.model.build(engine, &mut store, &mut rng)?;
-        let batch = Batch::random(
+        let mut batch = Batch::random(
             engine,
             &mut rng,
             self.batch,
             &self.model.input_shape(),
             self.model.classes(),
         )?;
+        batch.to_dtype(self.dtype)?;
         let mut trainer = Trainer::new(engine.clone(), model, store, self.optimizer.build(), false)
+            .with_dtype(self.dtype)?
             .with_amp(self.amp);
         trainer.mode = self.mode;
         Ok((trainer, batch))

@@ -52,7 +52,7 @@ pub struct MemEvent {
 #[derive(Debug, Clone, Default)]
 pub struct LiveBlocks {
     /// Live block bytes per category, indexed by [`Category::index`].
-    pub by_category: [u64; 9],
+    pub by_category: [u64; crate::memory::tag::N_CATEGORIES],
     /// Each live block's allocation event (its category kept current), by address.
     blocks: std::collections::HashMap<u64, MemEvent>,
 }

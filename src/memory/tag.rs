@@ -23,13 +23,19 @@ pub enum Category {
     Temporary,
     /// Scratch inside one op (conv2d's im2col columns).
     Workspace,
+    /// Autocast's 16-bit copies of f32 weights, cast once per autocast
+    /// region and kept while an op saved them for backward.
+    CastCache,
     /// Allocated outside any labelled scope.
     #[default]
     Untagged,
 }
 
 /// Every category, in report order.
-pub const CATEGORIES: [Category; 9] = [
+/// How many categories there are.
+pub const N_CATEGORIES: usize = 10;
+
+pub const CATEGORIES: [Category; N_CATEGORIES] = [
     Category::Parameter,
     Category::Gradient,
     Category::OptimizerState,
@@ -38,6 +44,7 @@ pub const CATEGORIES: [Category; 9] = [
     Category::Output,
     Category::Temporary,
     Category::Workspace,
+    Category::CastCache,
     Category::Untagged,
 ];
 
@@ -52,6 +59,7 @@ impl Category {
             Category::Output => "output",
             Category::Temporary => "temporary",
             Category::Workspace => "workspace",
+            Category::CastCache => "autocast_cache",
             Category::Untagged => "untagged",
         }
     }
@@ -64,7 +72,10 @@ impl Category {
 
     /// Index into [`CATEGORIES`].
     pub fn index(self) -> usize {
-        CATEGORIES.iter().position(|&c| c == self).unwrap_or(8)
+        CATEGORIES
+            .iter()
+            .position(|&c| c == self)
+            .unwrap_or(N_CATEGORIES - 1)
     }
 }
 

@@ -74,6 +74,22 @@ impl ParamStore {
         Ok(())
     }
 
+    /// `model.to(dtype)` (`model.half()` for f16): every parameter converted,
+    /// the f32 copies freed (gradients dropped). Training afterwards is
+    /// pure low precision: gradients and optimizer state in `dtype` too.
+    pub fn to_dtype(&mut self, dtype: crate::tensor::DType) -> Result<(), TensorError> {
+        for p in &mut self.params {
+            if p.value.dtype() == dtype {
+                continue;
+            }
+            let engine = p.value.engine().clone();
+            let _scope = engine.scope(crate::memory::Category::Parameter, "model.to");
+            p.value = crate::ops::cast::cast(&p.value, dtype, &p.name)?;
+            p.grad = None;
+        }
+        Ok(())
+    }
+
     /// `zero_grad(set_to_none=True)`, PyTorch's default: frees every gradient.
     pub fn zero_grad(&mut self) {
         for p in &mut self.params {

@@ -43,3 +43,23 @@ pub fn full(
 pub fn zeros(engine: &Engine, shape: &[usize], label: &str) -> Result<Tensor, TensorError> {
     full(engine, shape, 0.0, label)
 }
+
+/// A new tensor of zeros in `dtype` (zero is all-zero bits in every
+/// dtype, so a 16-bit tensor is filled word by word).
+pub fn zeros_as(
+    engine: &Engine,
+    shape: &[usize],
+    dtype: DType,
+    label: &str,
+) -> Result<Tensor, TensorError> {
+    let t = Tensor::empty(engine, shape, dtype, label)?;
+    check_u32("fill", &t)?;
+    let words = (t.nbytes()).div_ceil(4);
+    let params = FillParams {
+        n: words as u32,
+        value: 0.0,
+        _pad: [0; 2],
+    };
+    launch(&t, &FILL, &[&t.slice()], bytemuck::bytes_of(&params), words)?;
+    Ok(t)
+}

@@ -3,12 +3,11 @@
 //! step, as PyTorch does, so memory steps up by 2× the parameters there.
 
 use super::Optimizer;
-use crate::device::Kernel;
 use crate::nn::ParamStore;
 use crate::ops::fill;
 use crate::tensor::{Tensor, TensorError};
 
-const ADAM: Kernel = Kernel::fixed("adam", include_str!("../../shaders/adam.wgsl"), "main");
+const ADAM: &str = include_str!("../../shaders/adam.wgsl");
 
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
@@ -88,8 +87,15 @@ impl Optimizer for Adam {
             let Some(g) = &p.grad else { continue };
             if self.state[i].is_none() {
                 let e = p.value.engine();
-                let m = fill::zeros(e, p.value.shape(), &format!("adam.exp_avg.{}", p.name))?;
-                let v = fill::zeros(e, p.value.shape(), &format!("adam.exp_avg_sq.{}", p.name))?;
+                // zeros_like(param): the parameter's dtype (f16 after half()).
+                let d = p.value.dtype();
+                let m = fill::zeros_as(e, p.value.shape(), d, &format!("adam.exp_avg.{}", p.name))?;
+                let v = fill::zeros_as(
+                    e,
+                    p.value.shape(),
+                    d,
+                    &format!("adam.exp_avg_sq.{}", p.name),
+                )?;
                 self.state[i] = Some((m, v));
             }
             let Some((m, v)) = &self.state[i] else {
@@ -109,9 +115,20 @@ impl Optimizer for Adam {
                 bc2_sqrt,
                 _q: 0.0,
             };
-            crate::ops::launch(
+            if g.dtype() != p.value.dtype() {
+                return Err(TensorError::InvalidShape {
+                    op: "adam",
+                    message: format!(
+                        "{}: a {} gradient for a {} parameter",
+                        p.name,
+                        g.dtype(),
+                        p.value.dtype()
+                    ),
+                });
+            }
+            crate::ops::launch_pairs(
                 &p.value,
-                &ADAM,
+                &crate::ops::typed_kernel("adam", ADAM, "main", p.value.dtype()),
                 &[&p.value.slice(), &g.slice(), &m.slice(), &v.slice()],
                 bytemuck::bytes_of(&params),
                 n,

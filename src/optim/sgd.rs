@@ -4,11 +4,10 @@
 //! one parameter-sized buffer there, and not at all without momentum.
 
 use super::Optimizer;
-use crate::device::Kernel;
 use crate::nn::ParamStore;
-use crate::tensor::{DType, Tensor, TensorError};
+use crate::tensor::{Tensor, TensorError};
 
-const SGD: Kernel = Kernel::fixed("sgd", include_str!("../../shaders/sgd.wgsl"), "main");
+const SGD: &str = include_str!("../../shaders/sgd.wgsl");
 
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
@@ -67,7 +66,7 @@ impl Optimizer for Sgd {
                 self.buffers[i] = Some(Tensor::empty(
                     p.value.engine(),
                     p.value.shape(),
-                    DType::F32,
+                    p.value.dtype(),
                     &label,
                 )?);
             }
@@ -86,9 +85,20 @@ impl Optimizer for Sgd {
                 dampening: self.dampening,
                 weight_decay: self.weight_decay,
             };
-            crate::ops::launch(
+            if g.dtype() != p.value.dtype() {
+                return Err(TensorError::InvalidShape {
+                    op: "sgd",
+                    message: format!(
+                        "{}: a {} gradient for a {} parameter",
+                        p.name,
+                        g.dtype(),
+                        p.value.dtype()
+                    ),
+                });
+            }
+            crate::ops::launch_pairs(
                 &p.value,
-                &SGD,
+                &crate::ops::typed_kernel("sgd", SGD, "main", p.value.dtype()),
                 &[&p.value.slice(), &g.slice(), &buf.slice()],
                 bytemuck::bytes_of(&params),
                 n,

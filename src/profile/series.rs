@@ -12,7 +12,7 @@ pub struct Series {
     pub allocated: Vec<u64>,
     pub reserved: Vec<u64>,
     /// `[event][category index]`.
-    pub by_category: Vec<[u64; 9]>,
+    pub by_category: Vec<[u64; crate::memory::tag::N_CATEGORIES]>,
     /// (event index, phase name).
     pub phases: Vec<(usize, String)>,
     /// Event index where allocated memory peaks (first time).

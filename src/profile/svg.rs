@@ -7,9 +7,9 @@ use crate::memory::CATEGORIES;
 use std::fmt::Write;
 
 /// One colour per category, in `CATEGORIES` order.
-pub const COLORS: [&str; 9] = [
+pub const COLORS: [&str; crate::memory::tag::N_CATEGORIES] = [
     "#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
-    "#9c755f",
+    "#17becf", "#9c755f",
 ];
 
 const W: f64 = 1100.0;

@@ -15,6 +15,17 @@ pub struct Batch {
 }
 
 impl Batch {
+    /// `x.to(dtype)` (for a model converted with `model.half()`); the f32
+    /// inputs are freed.
+    pub fn to_dtype(&mut self, dtype: crate::tensor::DType) -> Result<(), TensorError> {
+        if self.x.dtype() != dtype {
+            let engine = self.x.engine().clone();
+            let _scope = engine.scope(Category::Input, "batch");
+            self.x = crate::ops::cast::cast(&self.x, dtype, "input")?;
+        }
+        Ok(())
+    }
+
     /// Standard-normal inputs and uniform labels.
     pub fn random(
         engine: &Engine,

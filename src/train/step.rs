@@ -82,6 +82,15 @@ impl Trainer {
         }
     }
 
+    /// Pure low precision (`model.half()` / `.to(torch.bfloat16)`): the
+    /// parameters become `dtype`, and so do their gradients and the
+    /// optimizer's state; the batch must be converted too
+    /// ([`Batch::to_dtype`]). The loss is still computed in f32.
+    pub fn with_dtype(mut self, dtype: DType) -> Result<Trainer, TensorError> {
+        self.store.to_dtype(dtype)?;
+        Ok(self)
+    }
+
     /// Mixed precision: autocast the forward to `dtype`; with f16, a
     /// GradScaler with PyTorch's defaults scales the loss (bf16 has f32's
     /// exponent range and needs none).
