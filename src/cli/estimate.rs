@@ -84,12 +84,21 @@ fn mode_rows(plan: &Plan, measure: Option<&DeviceArgs>) -> anyhow::Result<Vec<Mo
         };
         let e = estimate(&p)?;
         let a = analyze(&e.events, &e.layer_outputs);
+        // Not measured where the adapter cannot run f16 kernels.
+        let needs_f16 = dtype == DType::F16 || amp == Some(DType::F16);
         let measured = match measure {
             Some(d) => {
                 let engine = Engine::new(&d.options(), p.config.clone())?;
-                if dtype == DType::F16 || amp == Some(DType::F16) {
-                    if !engine.has_shader_f16() {
-                        rows.push(ModeRow {
+                if needs_f16 && !engine.has_shader_f16() {
+                    None
+                } else {
+                    let m = run_step(engine, &p, 0)?;
+                    Some(analyze(&m.events, &m.layer_outputs).peak_allocated_bytes)
+                }
+            }
+            None => None,
+        };
+        rows.push(ModeRow {
                             mode: name,
                             amp,
                             dtype,
