@@ -99,23 +99,6 @@ fn mode_rows(plan: &Plan, measure: Option<&DeviceArgs>) -> anyhow::Result<Vec<Mo
             None => None,
         };
         rows.push(ModeRow {
-                            mode: name,
-                            amp,
-                            dtype,
-                            step: mode,
-                            peak_allocated_bytes: a.peak_allocated_bytes,
-                            by_category: a.by_category.clone(),
-                            measured_peak_allocated_bytes: None,
-                        });
-                        continue;
-                    }
-                }
-                let m = run_step(engine, &p, 0)?;
-                Some(analyze(&m.events, &m.layer_outputs).peak_allocated_bytes)
-            }
-            None => None,
-        };
-        rows.push(ModeRow {
             mode: name,
             amp,
             dtype,
