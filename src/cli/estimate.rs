@@ -155,7 +155,6 @@ pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
     }
     let est = estimate(&plan)?;
     let a = analyze(&est.events, &est.layer_outputs);
-    let scale = 1.0;
     let input_elements = args.batch * spec.input_shape().iter().product::<usize>();
     let layers: Vec<String> = spec
         .parameter_shapes()
@@ -180,15 +179,7 @@ pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
     };
     let modes = mode_rows(&plan, args.measure.then_some(&args.device))?;
     if args.json {
-        let scaled: std::collections::BTreeMap<&str, u64> = a
-            .by_category
-            .iter()
-            .map(|(k, v)| (*k, (*v as f64 * scale) as u64))
-            .collect();
         let mut est_side = serde_json::to_value(side(&a, est.seconds))?;
-        est_side["peak_allocated_bytes"] = ((a.peak_allocated_bytes as f64 * scale) as u64).into();
-        est_side["peak_reserved_bytes"] = ((a.peak_reserved_bytes as f64 * scale) as u64).into();
-        est_side["by_category"] = serde_json::to_value(&scaled)?;
         est_side["layers"] = serde_json::to_value(&a.layers)?;
         let mut out = serde_json::json!({
             "plan": plan,
@@ -210,7 +201,6 @@ pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
         &plan,
         &a,
         est.parameters,
-        scale,
         &hand,
         measured.as_ref().map(|(m, p)| (m, p.device.as_str())),
         &modes,
@@ -223,12 +213,11 @@ fn print_text(
     plan: &Plan,
     a: &Analysis,
     parameters: usize,
-    scale: f64,
     hand: &HandMethod,
     measured: Option<(&Analysis, &str)>,
     modes: &[ModeRow],
 ) {
-    let s = |b: u64| mib(b as f64 * scale);
+    let s = |b: u64| mib(b as f64);
     println!(
         "vramlab estimate: {}, batch {}, {:?}, mode {:?}, {:?} — predicted on a simulated device (no GPU touched)",
         plan.model.describe(),
@@ -255,7 +244,7 @@ fn print_text(
             format!("{:?}", l.output_shape),
             params,
             s(l.activation_bytes),
-            mib(l.forward_added as f64 * scale),
+            mib(l.forward_added as f64),
             s(l.backward_released)
         );
     }
@@ -367,7 +356,7 @@ fn print_text(
     );
     println!("  so it saves activations only; half() halves everything but the f32 loss. bf16 is 2 bytes.");
     println!();
-    let truth = a.peak_allocated_bytes as f64 * scale;
+    let truth = a.peak_allocated_bytes as f64;
     println!(
         "The documents' hand method (parameters + gradients + optimizer + layer outputs + input):"
     );
