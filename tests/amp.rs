@@ -61,6 +61,40 @@ fn plan(name: &str, batch: usize, mode: Mode, amp: Option<DType>) -> Plan {
     }
 }
 
+/// `model.half()` / `.to(bf16)`: training (two steps, so the 16-bit Adam
+/// state is alive) and inference, predicted to the byte. (Not always below
+/// f32 at these tiny sizes: converting a parameter briefly holds both
+/// copies, as `model.half()` does in PyTorch.)
+#[test]
+fn half_models_are_estimated_exactly() {
+    let e = engine();
+    for (name, batch) in MODELS {
+        for d in amp_dtypes(&e) {
+            for mode in [Mode::Train, Mode::Inference] {
+                let p = Plan {
+                    dtype: d,
+                    ..plan(name, batch, mode, None)
+                };
+                let sim = vramlab::estimate::run::run_steps(
+                    Engine::simulated(AllocatorConfig::default(), None),
+                    &p,
+                    0,
+                    2,
+                )
+                .unwrap();
+                let real = vramlab::estimate::run::run_steps(engine(), &p, 0, 2).unwrap();
+                let (a, b) = (
+                    analyze(&sim.events, &sim.layer_outputs),
+                    analyze(&real.events, &real.layer_outputs),
+                );
+                let what = format!("{name} batch {batch} {d} {mode:?}");
+                assert_eq!(a.peak_allocated_bytes, b.peak_allocated_bytes, "{what}");
+                assert_eq!(a.by_category, b.by_category, "{what}");
+            }
+        }
+    }
+}
+
 #[test]
 fn autocast_estimates_are_exact_to_the_byte_and_below_f32() {
     let e = engine();

@@ -286,15 +286,25 @@ pub fn matmul(
 /// `softmax(scale · x)` over the last axis; saves its output.
 pub fn softmax(tape: &Tape, x: &Value, scale: f32) -> Result<Value, TensorError> {
     let scope = op_scope(x, "softmax");
-    let x = &autocast_f32(tape, x)?;
+    // Autocast runs softmax in f32 (CUDA's policy) and leaves it there;
+    // a 16-bit model (half()) gets its dtype back, the kernel being f32.
+    let back_to = match tape.autocast_dtype() {
+        Some(_) => None,
+        None => Some(x.tensor().dtype()).filter(|d| *d != DType::F32),
+    };
+    let x = &cast(tape, x, DType::F32, "softmax.f32_input")?;
     let y = softmax_fwd(x.tensor(), scale)?;
     note(&scope, &y);
     let saved = save(tape, &y);
-    Ok(tape.record(
+    let y = tape.record(
         y,
         &[x],
         Box::new(move |g, _| Ok(vec![Some(softmax_backward(&saved, g, scale)?)])),
-    ))
+    );
+    match back_to {
+        Some(d) => cast(tape, &y, d, "softmax.out"),
+        None => Ok(y),
+    }
 }
 
 /// Mean over axis `dim`, which disappears from the shape; saves nothing.

@@ -18,7 +18,7 @@ use crate::ops::matmul::{
     choose_tile, gemm, plan_split, GemmShape, MatmulKernel, ShapeClass, Target, TileConfig,
 };
 use crate::profile::OpTimes;
-use crate::tensor::{Engine, Tensor};
+use crate::tensor::{DType, Engine, Tensor};
 use crate::train::{Mode, OptimizerConfig, OptimizerKind};
 use clap::Args;
 use serde::Serialize;
@@ -48,6 +48,11 @@ pub struct BenchArgs {
     /// Try a grid of tile shapes per shape class and report the best.
     #[arg(long)]
     pub tune: bool,
+    /// Skip the mixed-precision section (square matmul in f16 and bf16 beside
+    /// f32; each model's step under autocast f16 / bf16 beside f32,
+    /// interleaved rep by rep).
+    #[arg(long)]
+    pub no_precision: bool,
     #[command(flatten)]
     pub device: DeviceArgs,
     /// Print JSON instead of text.
@@ -100,6 +105,19 @@ struct TuneRow {
 }
 
 #[derive(Debug, Serialize)]
+struct PrecisionRow {
+    /// "matmul 1024³" or a model's name.
+    what: String,
+    /// "f32", "f16", "bf16" (matmul: operands and output) or "amp f16",
+    /// "amp bf16" (steps).
+    mode: String,
+    seconds: f64,
+    /// f32's seconds over this mode's (above 1: faster than f32).
+    speedup_vs_f32: f64,
+    peak_allocated_bytes: Option<u64>,
+}
+
+#[derive(Debug, Serialize)]
 struct BenchReport {
     adapter: String,
     backend: String,
@@ -109,6 +127,7 @@ struct BenchReport {
     reps: usize,
     square: Vec<SquareRow>,
     models: Vec<StepRow>,
+    precision: Vec<PrecisionRow>,
     tune: Vec<TuneRow>,
 }
 
@@ -117,13 +136,18 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
-/// Random operands for `shape`, and its output.
-fn operands(e: &Engine, shape: &GemmShape, rng: &mut Rng) -> anyhow::Result<[Tensor; 3]> {
+/// Random operands for `shape`, and its output, all in `dtype`.
+fn operands(
+    e: &Engine,
+    shape: &GemmShape,
+    rng: &mut Rng,
+    dtype: DType,
+) -> anyhow::Result<[Tensor; 3]> {
     let (na, nb, nc) = shape.sizes();
     Ok([
-        Tensor::from_slice(e, &rng.uniform(na, 1.0), &[na], "bench.a")?,
-        Tensor::from_slice(e, &rng.uniform(nb, 1.0), &[nb], "bench.b")?,
-        Tensor::from_slice(e, &vec![0.0; nc], &[nc], "bench.c")?,
+        Tensor::from_f32_as(e, &rng.uniform(na, 1.0), &[na], dtype, "bench.a")?,
+        Tensor::from_f32_as(e, &rng.uniform(nb, 1.0), &[nb], dtype, "bench.b")?,
+        Tensor::from_f32_as(e, &vec![0.0; nc], &[nc], dtype, "bench.c")?,
     ])
 }
 
@@ -137,7 +161,19 @@ fn time_gemm(
     reps: usize,
     rng: &mut Rng,
 ) -> anyhow::Result<f64> {
-    let [a, b, c] = operands(e, shape, rng)?;
+    time_gemm_in(e, shape, kernel, reps, rng, DType::F32)
+}
+
+/// [`time_gemm`] with operands and output in `dtype`.
+fn time_gemm_in(
+    e: &Engine,
+    shape: &GemmShape,
+    kernel: MatmulKernel,
+    reps: usize,
+    rng: &mut Rng,
+    dtype: DType,
+) -> anyhow::Result<f64> {
+    let [a, b, c] = operands(e, shape, rng, dtype)?;
     let g = shape.gemm();
     let once = || -> anyhow::Result<f64> {
         e.take_dispatch_times()?;
@@ -325,6 +361,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         reps: args.reps,
         square: Vec::new(),
         models: Vec::new(),
+        precision: Vec::new(),
         tune: Vec::new(),
     };
 
@@ -442,6 +479,10 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         });
     }
 
+    if !args.no_precision {
+        precision(args, &e, &mut rng, &mut report, &say)?;
+    }
+
     if args.tune {
         say("\ntuning (every candidate tile per shape class):".into());
         let first = args.sizes.first().copied().unwrap_or(1024);
@@ -497,6 +538,106 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
+    }
+    Ok(())
+}
+
+/// Mixed precision on this adapter: the square product at 1024 (or the
+/// first size) with operands and output in each dtype, and each model's
+/// training step under autocast beside f32, the three trainers stepped in
+/// turn each rep so the ratios share the machine's state.
+fn precision(
+    args: &BenchArgs,
+    e: &Engine,
+    rng: &mut Rng,
+    report: &mut BenchReport,
+    say: &dyn Fn(String),
+) -> anyhow::Result<()> {
+    let mut dtypes = vec![DType::F32, DType::Bf16];
+    if e.has_shader_f16() {
+        dtypes.insert(1, DType::F16);
+    } else {
+        say("\n(no SHADER_F16 on this adapter: f16 rows left out)".into());
+    }
+    let n = if args.sizes.contains(&1024) {
+        1024
+    } else {
+        args.sizes.first().copied().unwrap_or(1024)
+    };
+    say(format!(
+        "\nmixed precision: matmul {n}³, operands and output in each dtype:"
+    ));
+    let s = square(n);
+    let mut f32_secs = f64::NAN;
+    for &d in &dtypes {
+        let secs = time_gemm_in(e, &s, MatmulKernel::Tiled, args.reps, rng, d)?;
+        if d == DType::F32 {
+            f32_secs = secs;
+        }
+        say(format!(
+            "  {:<5} {:>9.2} GFLOP/s  {:>9.3} ms  {:.2}× f32's speed",
+            d.to_string(),
+            s.flops() / secs / 1e9,
+            secs * 1e3,
+            f32_secs / secs
+        ));
+        report.precision.push(PrecisionRow {
+            what: format!("matmul {n}³"),
+            mode: d.to_string(),
+            seconds: secs,
+            speedup_vs_f32: f32_secs / secs,
+            peak_allocated_bytes: None,
+        });
+    }
+    for name in args.models.iter().filter(|m| m.as_str() != "none") {
+        let spec = ModelSpec::default_for(name).map_err(anyhow::Error::msg)?;
+        let amps: Vec<Option<DType>> = std::iter::once(None)
+            .chain(dtypes.iter().skip(1).map(|&d| Some(d)))
+            .collect();
+        let mut runs = Vec::new();
+        for &amp in &amps {
+            let mut p = plan(&spec, args.batch);
+            p.amp = amp;
+            let (mut t, data) = p.trainer(e, 0)?;
+            t.step(&data)?;
+            runs.push((t, data, Vec::new(), 0u64));
+        }
+        e.synchronize()?;
+        e.take_dispatch_times()?;
+        for _ in 0..args.reps {
+            for (t, data, secs, peak) in runs.iter_mut() {
+                let t0 = Instant::now();
+                let (r, _) = t.step(data)?;
+                e.synchronize()?;
+                secs.push(t0.elapsed().as_secs_f64());
+                *peak = r.peak_allocated_bytes;
+            }
+        }
+        e.take_dispatch_times()?;
+        say(format!(
+            "  {} step, batch {} (interleaved):",
+            spec.describe(),
+            args.batch
+        ));
+        let base = median(runs[0].2.clone());
+        for (amp, (_, _, secs, peak)) in amps.iter().zip(runs) {
+            let med = median(secs);
+            let mode = amp.map_or("f32".to_string(), |d| format!("amp {d}"));
+            say(format!(
+                "    {:<9} {:>9.1} ms  {:.2}× f32's speed  peak {:.2} MiB",
+                mode,
+                med * 1e3,
+                base / med,
+                peak as f64 / 1048576.0
+            ));
+            report.precision.push(PrecisionRow {
+                what: name.clone(),
+                mode,
+                seconds: med,
+                speedup_vs_f32: base / med,
+                peak_allocated_bytes: Some(peak),
+            });
+        }
     }
     Ok(())
 }

@@ -30,6 +30,11 @@ pub struct DemoArgs {
     /// Seed for weights and the random batch.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Mixed precision, as the articles advise: the forward under autocast
+    /// (f16 with a GradScaler, or bf16). Prints each step's peak beside the
+    /// f32 run's.
+    #[arg(long, value_name = "f16|bf16", value_parser = super::args::parse_amp)]
+    pub amp: Option<crate::tensor::DType>,
     #[command(flatten)]
     pub device: DeviceArgs,
     #[command(flatten)]
@@ -47,6 +52,9 @@ struct StepReport {
     reserved_bytes: u64,
     peak_allocated_bytes: u64,
     seconds: f64,
+    /// With --amp: the same step's peak in f32 (simulated, exact).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    f32_peak_allocated_bytes: Option<u64>,
 }
 
 /// What the article (seed 002) says, in MiB.
@@ -66,6 +74,37 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
     }
     let start = Instant::now();
     let config = args.alloc.config(None)?;
+    // With --amp, the f32 peaks of the same steps (a simulated run: memory
+    // depends on shapes only).
+    let f32_peaks: Option<Vec<u64>> = match args.amp {
+        Some(_) => {
+            let plan = crate::estimate::Plan {
+                model: crate::nn::ModelSpec::default_for("simple-cnn")
+                    .map_err(anyhow::Error::msg)?,
+                batch: args.batch,
+                optimizer: crate::train::OptimizerConfig::new(
+                    crate::train::OptimizerKind::Adam,
+                    Some(args.lr),
+                    None,
+                    None,
+                ),
+                mode: crate::train::Mode::Train,
+                amp: None,
+                dtype: crate::tensor::DType::F32,
+                config: config.clone(),
+            };
+            let sim = Engine::simulated(config.clone(), None);
+            let (mut t, b) = plan.trainer(&sim, 0)?;
+            let mut peaks = Vec::new();
+            for _ in 0..args.steps {
+                peaks.push(t.step(&b)?.0.peak_allocated_bytes);
+            }
+            Some(peaks)
+        }
+        None => None,
+    };
+    let mut scaler =
+        (args.amp == Some(crate::tensor::DType::F16)).then(crate::optim::GradScaler::default);
     let engine = Engine::new(&args.device.options(), config)?;
     let mut rng = Rng::new(args.seed);
     let mut store = ParamStore::new();
@@ -108,11 +147,26 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
         engine.allocator().reset_peak_memory_stats();
         store.zero_grad();
         let tape = Tape::new();
-        let logits = model.forward(&tape, &store, &Value::constant(x.clone()))?;
-        let loss = f::cross_entropy(&tape, &logits, &y)?;
-        drop(logits);
-        tape.backward(&loss, &mut store)?;
-        {
+        // with torch.autocast(...): logits = model(x); loss = F.cross_entropy(logits, y)
+        let forward = || -> anyhow::Result<_> {
+            let logits = model.forward(&tape, &store, &Value::constant(x.clone()))?;
+            Ok(f::cross_entropy(&tape, &logits, &y)?)
+        };
+        let loss = match args.amp {
+            Some(d) => tape.autocast(d, forward)?,
+            None => forward()?,
+        };
+        // scaler.scale(loss).backward(); scaler.step(opt); scaler.update()
+        let mut skipped = false;
+        match scaler.as_mut() {
+            Some(s) => {
+                tape.backward_scaled(&loss, &mut store, s.scale)?;
+                skipped = s.unscale(&mut store)?;
+                s.update(skipped);
+            }
+            None => tape.backward(&loss, &mut store)?,
+        }
+        if !skipped {
             let _scope = engine.scope(Category::OptimizerState, "adam.step");
             crate::optim::Optimizer::step(&mut adam, &mut store)?;
         }
@@ -127,6 +181,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
             reserved_bytes: a.memory_reserved(),
             peak_allocated_bytes: a.max_memory_allocated(),
             seconds: t0.elapsed().as_secs_f64(),
+            f32_peak_allocated_bytes: f32_peaks.as_ref().map(|p| p[step - 1]),
         };
         drop(a);
         if !args.json {
@@ -138,6 +193,19 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
                 r.peak_allocated_bytes as f64 / 1048576.0,
                 r.seconds
             );
+            if let (Some(d), Some(f32_peak)) = (args.amp, r.f32_peak_allocated_bytes) {
+                println!(
+                    "        amp {d}: peak {:.2} MiB vs {:.2} MiB in f32 ({:+.1}%){}",
+                    r.peak_allocated_bytes as f64 / 1048576.0,
+                    f32_peak as f64 / 1048576.0,
+                    (r.peak_allocated_bytes as f64 / f32_peak as f64 - 1.0) * 100.0,
+                    if skipped {
+                        "; inf/NaN gradient: step skipped, scale halved"
+                    } else {
+                        ""
+                    }
+                );
+            }
         }
         steps.push(r);
     }
@@ -161,6 +229,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
         let report = serde_json::json!({
             "model": "simple-cnn",
             "batch": args.batch,
+            "amp": args.amp,
             "adapter": engine.device_name(),
             "backend": engine.backend_name(),
             "parameters": store.numel(),

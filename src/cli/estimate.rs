@@ -5,8 +5,8 @@
 
 use super::args::{AllocArgs, DeviceArgs, ModelArgs, StepArgs};
 use crate::estimate::hand::{hand_method, HandMethod};
-use crate::estimate::run::estimate;
-use crate::estimate::{analyze, run_step, Analysis, Plan};
+use crate::estimate::run::run_steps;
+use crate::estimate::{analyze, Analysis, Plan};
 use crate::memory::{Category, CATEGORIES};
 use crate::tensor::{DType, Engine};
 use crate::train::Mode;
@@ -28,6 +28,11 @@ pub struct EstimateArgs {
     /// precision (f32 weights, 16-bit compute) use --amp instead.
     #[arg(long, value_name = "f32|f16|bf16", value_parser = parse_dtype, default_value = "f32")]
     pub dtype: DType,
+    /// Steps to run on the same batch (the peak is the highest of them):
+    /// 1 shows the first step, 2 the steady state, where the optimizer's
+    /// state (allocated at the end of step 1) is alive all along.
+    #[arg(long, default_value_t = 1)]
+    pub steps: usize,
     /// Also run the step on the GPU and compare.
     #[arg(long)]
     pub measure: bool,
@@ -73,7 +78,20 @@ struct ModeRow {
     measured_peak_allocated_bytes: Option<u64>,
 }
 
-fn mode_rows(plan: &Plan, measure: Option<&DeviceArgs>) -> anyhow::Result<Vec<ModeRow>> {
+/// `steps` steps of `p` on `engine`.
+fn steps_on(
+    engine: Engine,
+    p: &Plan,
+    steps: usize,
+) -> anyhow::Result<crate::estimate::run::StepProfile> {
+    Ok(run_steps(engine, p, 0, steps)?)
+}
+
+fn mode_rows(
+    plan: &Plan,
+    steps: usize,
+    measure: Option<&DeviceArgs>,
+) -> anyhow::Result<Vec<ModeRow>> {
     let mut rows = Vec::new();
     for (name, amp, dtype, mode) in precision_modes(plan.mode) {
         let p = Plan {
@@ -82,7 +100,7 @@ fn mode_rows(plan: &Plan, measure: Option<&DeviceArgs>) -> anyhow::Result<Vec<Mo
             mode,
             ..plan.clone()
         };
-        let e = estimate(&p)?;
+        let e = steps_on(Engine::simulated(p.config.clone(), None), &p, steps)?;
         let a = analyze(&e.events, &e.layer_outputs);
         // Not measured where the adapter cannot run f16 kernels.
         let needs_f16 = dtype == DType::F16 || amp == Some(DType::F16);
@@ -92,7 +110,7 @@ fn mode_rows(plan: &Plan, measure: Option<&DeviceArgs>) -> anyhow::Result<Vec<Mo
                 if needs_f16 && !engine.has_shader_f16() {
                     None
                 } else {
-                    let m = run_step(engine, &p, 0)?;
+                    let m = steps_on(engine, &p, steps)?;
                     Some(analyze(&m.events, &m.layer_outputs).peak_allocated_bytes)
                 }
             }
@@ -153,7 +171,14 @@ pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
             plan.dtype
         );
     }
-    let est = estimate(&plan)?;
+    if args.steps == 0 {
+        anyhow::bail!("--steps must be at least 1");
+    }
+    let est = steps_on(
+        Engine::simulated(plan.config.clone(), None),
+        &plan,
+        args.steps,
+    )?;
     let a = analyze(&est.events, &est.layer_outputs);
     let input_elements = args.batch * spec.input_shape().iter().product::<usize>();
     let layers: Vec<String> = spec
@@ -172,12 +197,12 @@ pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
     );
     let measured = if args.measure {
         let engine = Engine::new(&args.device.options(), plan.config.clone())?;
-        let m = run_step(engine, &plan, 0)?;
+        let m = steps_on(engine, &plan, args.steps)?;
         Some((analyze(&m.events, &m.layer_outputs), m))
     } else {
         None
     };
-    let modes = mode_rows(&plan, args.measure.then_some(&args.device))?;
+    let modes = mode_rows(&plan, args.steps, args.measure.then_some(&args.device))?;
     if args.json {
         let mut est_side = serde_json::to_value(side(&a, est.seconds))?;
         est_side["layers"] = serde_json::to_value(&a.layers)?;

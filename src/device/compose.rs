@@ -38,10 +38,10 @@ fn flat_index(wid: vec3<u32>, nwg: vec3<u32>, lidx: u32) -> u32 {
 /// f32 → bf16 bits, rounding to nearest even (NaN stays NaN: its quiet bit
 /// survives the shift); appended to any module whose accessors store bf16.
 const BF16_BITS: &str = "
-fn bf16_bits(v: f32) -> u32 {
-    let bits = bitcast<u32>(v);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) { return (bits >> 16u) | 0x40u; }
-    return (bits + 0x7fffu + ((bits >> 16u) & 1u)) >> 16u;
+fn bf16_bits(x_: f32) -> u32 {
+    let bits_ = bitcast<u32>(x_);
+    if ((bits_ & 0x7fffffffu) > 0x7f800000u) { return (bits_ >> 16u) | 0x40u; }
+    return (bits_ + 0x7fffu + ((bits_ >> 16u) & 1u)) >> 16u;
 }
 ";
 
@@ -433,9 +433,14 @@ mod tests {
         let t = "var<storage, read_write> a: array<{{T}}>;\n#accessors a";
         let f16 = compose(t, &Defs::elem(Elem::F16)).unwrap();
         assert!(f16.starts_with("enable f16;\n"));
-        assert!(f16.contains("array<f16>") && f16.contains("f32(a[i])"));
+        assert!(f16.contains("array<f16>") && f16.contains("f32(a[ix_])"));
         let bf16 = compose(t, &Defs::elem(Elem::Bf16)).unwrap();
         assert!(bf16.contains("array<u32>") && bf16.contains("bitcast<f32>"));
+        // A bf16 store brings its rounding helper, once.
+        assert_eq!(bf16.matches("fn bf16_bits").count(), 1);
+        // Accessor parameters never shadow an array named like them.
+        let v = compose("#accessors v w n", &Defs::elem(Elem::Bf16)).unwrap();
+        assert!(!v.contains("(v: ") && !v.contains("(w: ") && !v.contains(" n: "));
         // Per-array types: f32 operands with an f16 output, and a literal.
         let mixed = compose(
             "#accessors a c:ELEM_C w:f32",
@@ -444,8 +449,8 @@ mod tests {
         .unwrap();
         assert!(mixed.starts_with("enable f16;\n"));
         assert!(
-            mixed.contains("c[i] = f16(v)")
-                && mixed.contains("fn ld_w(i: u32) -> f32 { return w[i]; }")
+            mixed.contains("c[ix_] = f16(val_)")
+                && mixed.contains("fn ld_w(ix_: u32) -> f32 { return w[ix_]; }")
         );
     }
 
