@@ -31,14 +31,14 @@ impl Plan {
         let mut rng = Rng::new(seed);
         let mut store = ParamStore::new();
         let model = self.model.build(engine, &mut store, &mut rng)?;
-        let mut batch = Batch::random(
+        let batch = Batch::random_as(
             engine,
             &mut rng,
             self.batch,
             &self.model.input_shape(),
             self.model.classes(),
+            self.dtype,
         )?;
-        batch.to_dtype(self.dtype)?;
         let mut trainer = Trainer::new(engine.clone(), model, store, self.optimizer.build(), false)
             .with_dtype(self.dtype)?
             .with_amp(self.amp);

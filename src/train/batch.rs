@@ -5,7 +5,7 @@
 use crate::io::SafeTensors;
 use crate::memory::Category;
 use crate::nn::init::Rng;
-use crate::tensor::{Engine, Tensor, TensorError};
+use crate::tensor::{DType, Engine, Tensor, TensorError};
 
 pub struct Batch {
     pub x: Tensor,
@@ -34,11 +34,24 @@ impl Batch {
         input_shape: &[usize],
         classes: usize,
     ) -> Result<Batch, TensorError> {
+        Self::random_as(engine, rng, batch, input_shape, classes, DType::F32)
+    }
+
+    /// [`Batch::random`] with inputs stored in `dtype` from the start (a
+    /// loader producing 16-bit batches: no f32 copy ever exists).
+    pub fn random_as(
+        engine: &Engine,
+        rng: &mut Rng,
+        batch: usize,
+        input_shape: &[usize],
+        classes: usize,
+        dtype: DType,
+    ) -> Result<Batch, TensorError> {
         let _scope = engine.scope(Category::Input, "batch");
         let mut shape = vec![batch];
         shape.extend_from_slice(input_shape);
         let n: usize = shape.iter().product();
-        let x = Tensor::from_slice(engine, &rng.normal(n), &shape, "input")?;
+        let x = Tensor::from_f32_as(engine, &rng.normal(n), &shape, dtype, "input")?;
         let label_values: Vec<i64> = (0..batch)
             .map(|_| rng.below(classes as u64) as i64)
             .collect();
