@@ -15,13 +15,10 @@ use vramlab::ops::cast::cast;
 use vramlab::ops::matmul::{gemm, Gemm, MatView, MatmulKernel};
 use vramlab::tensor::{DType, Engine, Tensor};
 
-/// The 16-bit dtypes this adapter runs (bf16 everywhere, f16 with SHADER_F16).
-fn low_dtypes(e: &Engine) -> Vec<DType> {
-    let mut d = vec![DType::Bf16];
-    if e.has_shader_f16() {
-        d.push(DType::F16);
-    }
-    d
+/// The 16-bit dtypes (every adapter runs both: f16 natively where it has
+/// SHADER_F16, packed in words and computed in f32 elsewhere).
+fn low_dtypes(_: &Engine) -> Vec<DType> {
+    vec![DType::Bf16, DType::F16]
 }
 
 fn output_tolerance(d: DType) -> f64 {
@@ -34,7 +31,21 @@ fn output_tolerance(d: DType) -> f64 {
 
 #[test]
 fn casts_round_like_the_half_crate_on_odd_lengths() {
-    let e = engine();
+    casts_round_like_the_half_crate(&engine());
+}
+
+/// f16 packed in words (no native f16): the same values to the bit, the same
+/// products.
+#[test]
+fn packed_f16_is_the_same_f16() {
+    let e = engine_without_native_f16();
+    assert!(!e.has_shader_f16());
+    casts_round_like_the_half_crate(&e);
+    products_match_f64(&e);
+}
+
+fn casts_round_like_the_half_crate(e: &Engine) {
+    let e = e.clone();
     let mut rng = Rng::new(21);
     // Odd length (a half-filled last word), values across the ranges,
     // overflow to ±inf in f16, NaN, and ties.
@@ -83,7 +94,11 @@ fn plain(m: usize, n: usize, k: usize) -> Gemm {
 
 #[test]
 fn products_in_each_dtype_match_f64() {
-    let e = engine();
+    products_match_f64(&engine());
+}
+
+fn products_match_f64(e: &Engine) {
+    let e = e.clone();
     let mut rng = Rng::new(22);
     // Even n (bf16 outputs written a word per thread), odd n (through an f32
     // workspace), and a K long enough to split into partial sums.

@@ -131,11 +131,6 @@ fn run_case(dir: &Path) -> Case {
 
 fn run_model(model: &str) {
     for d in ["bf16", "f16"] {
-        let e = engine();
-        if d == "f16" && !e.has_shader_f16() {
-            // The refusal is the behaviour on such adapters (tests/low_precision.rs).
-            continue;
-        }
         let case = run_case(&fixtures().join(format!("{model}-{d}")));
         let tol = tolerance(case.dtype);
         for (name, err) in &case.errors {

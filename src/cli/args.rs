@@ -15,6 +15,11 @@ pub struct DeviceArgs {
     /// "llvmpipe" or "RTX".
     #[arg(long, value_name = "SUBSTRING")]
     pub adapter: Option<String>,
+    /// Leave the adapter's native f16 (SHADER_F16) unused: f16 tensors are
+    /// then stored as f16 two per 32-bit word and computed in f32, as on
+    /// adapters without it (same memory, other speed).
+    #[arg(long)]
+    pub no_shader_f16: bool,
 }
 
 impl DeviceArgs {
@@ -22,6 +27,7 @@ impl DeviceArgs {
         AdapterOptions {
             backend: self.backend,
             adapter: self.adapter.clone(),
+            without_shader_f16: self.no_shader_f16,
         }
     }
 }

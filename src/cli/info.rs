@@ -89,6 +89,15 @@ pub fn run(args: &InfoArgs) -> anyhow::Result<()> {
         "  enabled on vramlab's device: {}",
         report.enabled_features.join(", ")
     );
+    let native_f16 = report.enabled_features.iter().any(|x| x == "shader-f16");
+    println!(
+        "  tensors: f32; bf16 packed two per word, computed in f32; f16 {}",
+        if native_f16 {
+            "in WGSL's f16 (SHADER_F16), computed in f32"
+        } else {
+            "packed two per word and computed in f32 (no SHADER_F16 here: same memory, other speed)"
+        }
+    );
     println!();
     match &report.driver_allocator {
         Some(d) => println!(

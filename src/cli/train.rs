@@ -180,6 +180,11 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     };
     batch.to_dtype(args.dtype)?;
     let gpu_name = engine.device_name();
+    let uses_f16 =
+        args.amp == Some(crate::tensor::DType::F16) || args.dtype == crate::tensor::DType::F16;
+    if uses_f16 && !engine.has_shader_f16() && !args.json {
+        println!("note: this device has no native f16 (SHADER_F16): f16 tensors are stored as f16, two per 32-bit word, and computed in f32; memory is the same, speed differs");
+    }
     let backend = engine.backend_name();
     if !args.json {
         println!("vramlab train: {}", spec.describe());

@@ -32,6 +32,9 @@ pub struct AdapterOptions {
     pub backend: Option<BackendChoice>,
     /// Only adapters whose name contains this (case-insensitive).
     pub adapter: Option<String>,
+    /// Do not enable SHADER_F16 even where the adapter has it (f16 is then
+    /// packed in words and computed in f32, as on adapters without it).
+    pub without_shader_f16: bool,
 }
 
 /// What `info` shows about one adapter.

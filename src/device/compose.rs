@@ -56,6 +56,11 @@ pub enum Elem {
 }
 
 impl Elem {
+    /// See [`crate::tensor::DType::is_16bit`].
+    pub fn is_16bit(self) -> bool {
+        self != Elem::F32
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Elem::F32 => "f32",
@@ -86,6 +91,18 @@ impl Defs {
         Defs::default()
             .with("ELEM", elem.name())
             .with("T", elem.storage())
+    }
+
+    /// The same definitions for a device without native f16: element types
+    /// `f16` become packed halves (`f16p`), storage types `f16` become `u32`.
+    pub fn without_native_f16(mut self) -> Defs {
+        for (name, value) in &mut self.values {
+            if value == "f16" {
+                let storage = name == "T" || name.starts_with("T_") || name == "TC";
+                *value = if storage { "u32" } else { "f16p" }.to_string();
+            }
+        }
+        self
     }
 
     pub fn with(mut self, name: &str, value: impl ToString) -> Defs {
@@ -249,7 +266,7 @@ fn expand(
             Some(("accessors", names)) => {
                 for spec in names.split_whitespace() {
                     let (name, elem) = match spec.split_once(':') {
-                        Some((n, e)) if ["f32", "f16", "bf16"].contains(&e) => (n, e),
+                        Some((n, e)) if ["f32", "f16", "f16p", "bf16"].contains(&e) => (n, e),
                         Some((n, d)) => (
                             n,
                             defs.get(d)
@@ -294,6 +311,18 @@ fn accessors(a: &str, elem: &str) -> Result<String, String> {
              fn st2_{a}(wi_: u32, val_: vec2<f32>, n_: u32) {{\n\
              \x20   {a}[2u * wi_] = f16(val_.x);\n\
              \x20   if (2u * wi_ + 1u < n_) {{ {a}[2u * wi_ + 1u] = f16(val_.y); }}\n\
+             }}\n"
+        ),
+        // f16 on a device without native f16: two halves per word (element
+        // i is the low half for even i), converted by WGSL's core builtins.
+        "f16p" => format!(
+            "fn ld_{a}(ix_: u32) -> f32 {{ return unpack2x16float({a}[ix_ >> 1u])[ix_ & 1u]; }}\n\
+             fn st_{a}(ix_: u32, val_: f32) {{\n\
+             \x20   let o_ = unpack2x16float({a}[ix_ >> 1u]);\n\
+             \x20   {a}[ix_ >> 1u] = pack2x16float(select(vec2<f32>(val_, o_.y), vec2<f32>(o_.x, val_), (ix_ & 1u) == 1u));\n\
+             }}\n\
+             fn st2_{a}(wi_: u32, val_: vec2<f32>, n_: u32) {{\n\
+             \x20   {a}[wi_] = pack2x16float(vec2<f32>(val_.x, select(0.0, val_.y, 2u * wi_ + 1u < n_)));\n\
              }}\n"
         ),
         // Element i is the low (even i) or high (odd i) half of word i/2;

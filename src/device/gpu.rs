@@ -59,17 +59,23 @@ impl Kernel {
         }
     }
 
-    /// The WGSL this kernel compiles from.
+    /// The WGSL this kernel compiles from (native f16).
     pub fn wgsl(&self) -> Result<String, DeviceError> {
-        let defaults;
-        let defs = match &self.defs {
-            Some(d) => d.as_ref(),
-            None => {
-                defaults = Defs::elem(Elem::F32);
-                &defaults
-            }
+        self.wgsl_for(true)
+    }
+
+    /// The WGSL for a device with or without native f16. Without it, f16
+    /// arrays become `u32` words of two halves (unpack2x16float /
+    /// pack2x16float), and every kernel already writes whole words.
+    pub fn wgsl_for(&self, native_f16: bool) -> Result<String, DeviceError> {
+        let mut defs = match &self.defs {
+            Some(d) => d.as_ref().clone(),
+            None => Defs::elem(Elem::F32),
         };
-        compose(self.source, defs).map_err(|e| DeviceError::Wgpu(format!("{}: {e}", self.name)))
+        if !native_f16 {
+            defs = defs.without_native_f16();
+        }
+        compose(self.source, &defs).map_err(|e| DeviceError::Wgpu(format!("{}: {e}", self.name)))
     }
 }
 
@@ -161,7 +167,10 @@ impl Gpu {
         let info = adapter.get_info();
         let limits = adapter.limits();
         let adapter_features = adapter.features();
-        let features = adapter_features & wanted_features();
+        let mut features = adapter_features & wanted_features();
+        if options.without_shader_f16 {
+            features.remove(wgpu::Features::SHADER_F16);
+        }
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("vramlab"),
@@ -235,7 +244,7 @@ impl Gpu {
         if let Some(p) = cache.get(kernel.name.as_ref()) {
             return Ok(p.clone());
         }
-        let wgsl = kernel.wgsl()?;
+        let wgsl = kernel.wgsl_for(self.features.contains(wgpu::Features::SHADER_F16))?;
         let desc = wgpu::ShaderModuleDescriptor {
             label: Some(&kernel.name),
             source: wgpu::ShaderSource::Wgsl(wgsl.into()),

@@ -67,7 +67,7 @@ pub fn add_bias(t: &Tensor, b: &Tensor, channels: usize, inner: usize) -> Result
     }
     same_dtype("bias", t, b)?;
     let p = params(t, channels, inner)?;
-    if inner >= 256 && t.dtype() != DType::Bf16 {
+    if inner >= 256 && !t.dtype().is_16bit() {
         let planes = p.outer as usize * channels;
         t.engine().dispatch(
             &typed_kernel("bias_add_planes", SOURCE, "add_planes", t.dtype()),
@@ -116,7 +116,6 @@ pub fn sum_channels(
         groups: groups as u32,
         _pad: [0; 2],
     };
-    super::require_kernels_for(t.engine(), "bias gradient", t.dtype())?;
     t.engine().dispatch(
         &Kernel::variant(
             format!("channel_sum[{}]", t.dtype()),

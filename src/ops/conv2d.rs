@@ -143,7 +143,7 @@ impl Dims {
     /// col2im for this geometry (a variant per convolution shape: see
     /// the shader for why the sizes are constants).
     fn col2im(&self, dtype: DType) -> Kernel {
-        let mut defs = Defs::elem(dtype.elem()).with("PAIRS", (dtype == DType::Bf16) as u8);
+        let mut defs = Defs::elem(dtype.elem()).with("PAIRS", dtype.is_16bit() as u8);
         for (name, v) in [
             ("C", self.c),
             ("H", self.h),
@@ -294,7 +294,7 @@ pub fn conv2d_backward(
                 nb: nb as u32,
                 _pad: [0; 2],
             };
-            let grid = if x.dtype() == DType::Bf16 {
+            let grid = if x.dtype().is_16bit() {
                 // One invocation per word overlapping the chunk.
                 let chw = d.c * d.h * d.w;
                 let (lo, hi) = (n0 * chw, (n0 + nb) * chw);

@@ -47,22 +47,6 @@ impl CountParams {
     }
 }
 
-/// f16 kernels need the adapter's SHADER_F16; the error says what to use
-/// instead. bf16 and f32 run everywhere.
-pub(crate) fn require_kernels_for(
-    engine: &crate::tensor::Engine,
-    op: &'static str,
-    dtype: crate::tensor::DType,
-) -> Result<(), TensorError> {
-    if dtype == crate::tensor::DType::F16 && engine.gpu().is_some() && !engine.has_shader_f16() {
-        return Err(TensorError::InvalidShape {
-            op,
-            message: "f16 kernels need an adapter with SHADER_F16 (`vramlab info` lists its features); use bf16, which every adapter runs".into(),
-        });
-    }
-    Ok(())
-}
-
 /// Errors unless both tensors have the same shape and engine.
 pub(crate) fn same_shape(op: &'static str, a: &Tensor, b: &Tensor) -> Result<(), TensorError> {
     if !a.engine().same(b.engine()) {
@@ -133,7 +117,6 @@ pub(crate) fn launch_pairs(
     params: &[u8],
     n: usize,
 ) -> Result<(), TensorError> {
-    require_kernels_for(t.engine(), "elementwise", t.dtype())?;
     launch(t, kernel, bindings, params, n.div_ceil(2))
 }
 

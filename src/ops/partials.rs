@@ -29,7 +29,7 @@ fn kernel(elem: Elem) -> Kernel {
         format!("sum_partials[{}]", elem.name()),
         SOURCE,
         "main",
-        Defs::elem(elem).with("PAIRS", (elem == Elem::Bf16) as u8),
+        Defs::elem(elem).with("PAIRS", elem.is_16bit() as u8),
     )
 }
 
@@ -52,13 +52,13 @@ pub(crate) fn sum_partials(
         _pad: [0; 3],
     };
     let elem = elem_of(out);
-    if elem == Elem::Bf16 && !off.is_multiple_of(2) {
+    if elem.is_16bit() && !off.is_multiple_of(2) {
         return Err(TensorError::InvalidShape {
             op: "sum_partials",
-            message: format!("a bf16 output must start on a word (even offset), got {off}"),
+            message: format!("a 16-bit output must start on a word (even offset), got {off}"),
         });
     }
-    let invocations = if elem == Elem::Bf16 {
+    let invocations = if elem.is_16bit() {
         len.div_ceil(2)
     } else {
         len

@@ -33,6 +33,13 @@ impl DType {
         }
     }
 
+    /// 2 bytes an element. Kernels writing such a tensor give each 32-bit
+    /// word to one invocation (bf16 is packed two per word, and so is f16
+    /// on adapters without native f16).
+    pub fn is_16bit(self) -> bool {
+        self.size_in_bytes() == 2
+    }
+
     /// Parses `f32`, `f16`/`half`/`float16`, `bf16`/`bfloat16`.
     pub fn parse(s: &str) -> Option<DType> {
         match s.to_ascii_lowercase().as_str() {

@@ -25,6 +25,17 @@ pub fn engine() -> Engine {
     engine_with(AllocatorConfig::default())
 }
 
+/// An engine that leaves native f16 unused: f16 packed two per word and
+/// computed in f32, as on adapters without SHADER_F16.
+pub fn engine_without_native_f16() -> Engine {
+    let options = AdapterOptions {
+        without_shader_f16: true,
+        ..AdapterOptions::default()
+    };
+    Engine::new(&options, AllocatorConfig::default())
+        .unwrap_or_else(|e| panic!("GPU tests need an adapter: {e}"))
+}
+
 pub fn engine_with(config: AllocatorConfig) -> Engine {
     match Engine::new(&AdapterOptions::default(), config) {
         Ok(e) => e,
