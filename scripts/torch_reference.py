@@ -230,7 +230,31 @@ def train_steps_amp(net, opt, x, y, steps, dtype):
     return out
 
 
+def grad_scaler_sequence(path):
+    """torch.amp.GradScaler's scale after each step of a fixed overflow
+    pattern (growth_interval 3, so growth shows within a few steps)."""
+    p = torch.nn.Parameter(torch.zeros(3))
+    opt = torch.optim.SGD([p], lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", growth_interval=3)
+    pattern = [True] + [False] * 6 + [True, True] + [False] * 4
+    scales = []
+    for bad in pattern:
+        scaler.scale(torch.tensor(1.0))
+        p.grad = torch.tensor([1.0, float("inf") if bad else 2.0, 3.0])
+        scaler.unscale_(opt)
+        scaler.step(opt)
+        scaler.update()
+        scales.append(scaler.get_scale())
+    with open(path, "w") as f:
+        json.dump({"growth_interval": 3, "init_scale": 65536.0, "overflow": pattern,
+                   "scales": scales, "torch": torch.__version__}, f, indent=1)
+        f.write("\n")
+
+
 def cmd_amp(a):
+    os.makedirs(a.out, exist_ok=True)
+    grad_scaler_sequence(f"{a.out}/grad_scaler.json")
+    print(f"wrote {a.out}/grad_scaler.json")
     for model, cfg in SMALL.items():
         for name, dtype in (("bf16", torch.bfloat16), ("f16", torch.float16)):
             half = model == "simple-cnn"

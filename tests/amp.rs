@@ -231,6 +231,47 @@ fn grad_scaler_follows_torchs_scale_sequence() {
     assert_eq!((s.scale, s.growth_tracker), (65536.0, 0));
 }
 
+/// torch.amp.GradScaler's own scale sequence (`scripts/torch_reference.py
+/// amp` → grad_scaler.json: growth_interval 3, overflows at steps 1, 8 and
+/// 9), reproduced through the unscale kernel and `update`.
+#[test]
+fn grad_scaler_reproduces_torchs_recorded_sequence() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/torch-amp/grad_scaler.json");
+    let f: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let overflow: Vec<bool> = f["overflow"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_bool().unwrap())
+        .collect();
+    let want: Vec<f32> = f["scales"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap() as f32)
+        .collect();
+    let mut s = GradScaler {
+        growth_interval: f["growth_interval"].as_u64().unwrap() as u32,
+        scale: f["init_scale"].as_f64().unwrap() as f32,
+        ..GradScaler::default()
+    };
+    let e = engine();
+    let mut store = ParamStore::new();
+    let id = store.add("p", Tensor::from_slice(&e, &[0.0; 3], &[3], "p").unwrap());
+    let mut got = Vec::new();
+    for bad in overflow {
+        let g = [1.0, if bad { f32::INFINITY } else { 2.0 }, 3.0];
+        store.get_mut(id).grad = Some(Tensor::from_slice(&e, &g, &[3], "g").unwrap());
+        let found = s.unscale(&mut store).unwrap();
+        assert_eq!(found, bad);
+        s.update(found);
+        got.push(s.scale);
+    }
+    assert_eq!(got, want);
+}
+
 #[test]
 fn unscale_divides_gradients_and_finds_overflow() {
     let e = engine();
