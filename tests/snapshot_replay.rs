@@ -1,8 +1,8 @@
-//! `vramlab replay snapshot.pickle`: a PyTorch memory snapshot (the pickle
-//! `torch.cuda.memory._dump_snapshot()` writes; this fixture is built by
-//! scripts/make_snapshot_fixture.py following the documented format, since
-//! no GPU was available to record one) replays through the `pytorch`
-//! strategy with exactly the segments and the peak the snapshot records.
+//! `vramlab replay snapshot.pickle`: PyTorch memory snapshots (the pickle
+//! `torch.cuda.memory._dump_snapshot()` writes) replay from the state they
+//! recorded to exactly the end state they recorded: scenario.pickle is built
+//! by scripts/make_snapshot_fixture.py following the documented format; the
+//! two others are real recordings from CUDA GPUs.
 
 use serde_json::Value;
 use std::path::Path;
@@ -23,31 +23,78 @@ fn replay(path: &Path, extra: &[&str]) -> (bool, Value, String) {
     )
 }
 
+fn fixture(name: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/snapshots")
+        .join(name)
+}
+
 #[test]
 fn snapshot_replays_with_the_recorded_segments_and_peak() {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/snapshots/scenario.pickle");
-    let (ok, v, err) = replay(&p, &["--allocators", "pytorch,vramlab,planner"]);
-    assert!(ok, "{err}");
-    assert_eq!(v["allocations"], 10);
-    let mib = 1u64 << 20;
-    let want: Vec<u64> = [2, 20, 14, 32, 22].iter().map(|m| m * mib).collect();
-    assert_eq!(v["snapshot"]["segment_allocs"], serde_json::json!(want));
-    assert_eq!(
-        v["replay"]["segment_allocs"],
-        v["snapshot"]["segment_allocs"]
+    let (ok, v, err) = replay(
+        &fixture("scenario.pickle"),
+        &["--allocators", "pytorch,vramlab,planner"],
     );
-    assert_eq!(v["segments_match"], true);
-    assert_eq!(v["replay"]["peak_allocated_bytes"], 61 * mib);
-    assert_eq!(v["peak_allocated_matches"], true);
+    assert!(ok, "{err}");
+    let d = &v["devices"][0];
+    assert_eq!(d["allocations"], 10);
+    assert_eq!(d["pre_existing_segments"], 0);
+    assert_eq!(d["segments_match"], true);
+    let mib = 1u64 << 20;
+    assert_eq!(d["replayed"]["peak_allocated_bytes"], 61 * mib);
+    assert_eq!(d["replayed"]["reserved_bytes"], 90 * mib);
     // The scenario's frames are its own script's: no lifetime hints.
-    assert_eq!(v["categories_from_frames"], serde_json::json!({}));
-    let results = v["results"].as_array().unwrap();
+    assert_eq!(d["categories_from_frames"], serde_json::json!({}));
+    let results = d["results"].as_array().unwrap();
     assert_eq!(results.len(), 3);
     assert_eq!(
         results[2]["peak_reserved_bytes"],
         61 * mib,
         "the planner packs to the peak"
     );
+}
+
+/// Real snapshots recorded by PyTorch users on CUDA GPUs (see
+/// tests/fixtures/snapshots/README.md): recording began mid-run, frames are
+/// shared through the pickle memo. Replayed from the rebuilt start state,
+/// each ends with exactly the recorded segments, reserved and allocated
+/// bytes.
+#[test]
+fn real_snapshots_replay_to_their_recorded_end_state() {
+    for (file, pre, segments, reserved, allocated) in [
+        (
+            "cs336_kkaitlyn_ctx128_fullstep.pickle",
+            227,
+            1010,
+            61_111_009_280u64,
+            54_873_829_888u64,
+        ),
+        (
+            "ftcourse_memory_snapshot.pickle",
+            63,
+            215,
+            6_471_811_072,
+            2_297_283_072,
+        ),
+    ] {
+        let (ok, v, err) = replay(&fixture(file), &[]);
+        assert!(ok, "{file}: {err}");
+        let d = &v["devices"][0];
+        assert_eq!(d["pre_existing_segments"], pre, "{file}");
+        for side in ["recorded", "replayed"] {
+            assert_eq!(d[side]["segments"], segments, "{file} {side}");
+            assert_eq!(d[side]["reserved_bytes"], reserved, "{file} {side}");
+            assert_eq!(d[side]["allocated_bytes"], allocated, "{file} {side}");
+        }
+        assert_eq!(d["segments_match"], true, "{file}: {}", d["differences"]);
+    }
+}
+
+#[test]
+fn a_missing_device_is_an_error_that_lists_the_others() {
+    let (ok, _, err) = replay(&fixture("scenario.pickle"), &["--device", "3"]);
+    assert!(!ok);
+    assert!(err.contains("device 3") && err.contains("0"), "{err}");
 }
 
 #[test]

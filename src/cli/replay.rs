@@ -31,6 +31,10 @@ pub struct ReplayArgs {
     /// trace, one line per strategy) here.
     #[arg(long, value_name = "DIR", requires = "allocators")]
     pub out: Option<PathBuf>,
+    /// A PyTorch snapshot: replay only this device (default: every device
+    /// with a history, each reported on its own).
+    #[arg(long, value_name = "N")]
+    pub device: Option<usize>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -276,115 +280,168 @@ fn reserved_plot(
 /// `replay snapshot.pickle`: a PyTorch memory snapshot's history through the
 /// `pytorch` strategy, compared with what the snapshot itself recorded.
 fn replay_snapshot(args: &ReplayArgs) -> anyhow::Result<()> {
-    use crate::memory::strategies::pytorch::Pytorch;
     use crate::memory::torch_snapshot;
-    use crate::memory::workload::{compare, run};
-    use crate::memory::EventKind;
+    use crate::memory::workload::compare;
     let name = args.trace.display().to_string();
     let bytes =
         std::fs::read(&args.trace).map_err(|e| anyhow::anyhow!("cannot read {name}: {e}"))?;
-    let snap = torch_snapshot::read(&bytes, &name).map_err(anyhow::Error::msg)?;
+    let file = torch_snapshot::read_all(&bytes, &name).map_err(anyhow::Error::msg)?;
     let capacity = parse_capacity(&args.capacity)?;
-    let config = args.alloc.config(capacity)?;
-    let source = match capacity {
-        Some(c) => SimulatedSource::new(c),
-        None => SimulatedSource::unlimited(),
-    };
-    let mut strategy = Pytorch::new(source, config, "pytorch");
-    strategy.allocator_mut().start_recording();
-    let outcome = run(&mut strategy, &snap.workload);
-    let alloc = strategy.allocator_mut();
-    let replayed: Vec<u64> = alloc
-        .take_events()
-        .iter()
-        .filter(|e| e.kind == EventKind::SegmentAlloc)
-        .map(|e| e.size)
-        .collect();
-    let (peak, ooms) = (outcome.peak_allocated_bytes, outcome.ooms);
-    let segments_match = replayed == snap.segment_allocs;
-    let results = match &args.allocators {
-        Some(names) => {
-            let names: Vec<&str> = names.iter().map(String::as_str).collect();
-            compare(&snap.workload, &names, capacity).map_err(anyhow::Error::msg)?
+    // The snapshot's own allocator settings, unless --alloc-conf (or
+    // VRAMLAB_ALLOC_CONF) says otherwise.
+    let user_conf = args.alloc.alloc_conf.is_some()
+        || std::env::var(crate::memory::ALLOC_CONF_ENV).is_ok_and(|v| !v.is_empty());
+    let mut config = args.alloc.config(capacity)?;
+    let settings_source = match (&file.settings, user_conf) {
+        (_, true) => "--alloc-conf",
+        (Some(s), false) => {
+            let limit = config.memory_limit;
+            config = s.clone();
+            config.memory_limit = limit;
+            "the snapshot's allocator_settings"
         }
-        None => Vec::new(),
+        (None, false) => "PyTorch's defaults (the snapshot records no allocator_settings)",
     };
+    let devices: Vec<&torch_snapshot::TorchSnapshot> = match args.device {
+        Some(d) => {
+            let found: Vec<_> = file.devices.iter().filter(|s| s.device == d).collect();
+            if found.is_empty() {
+                let have: Vec<String> = file.devices.iter().map(|s| s.device.to_string()).collect();
+                anyhow::bail!(
+                    "{name}: device {d} has no allocation history; devices with one: {}",
+                    have.join(", ")
+                );
+            }
+            found
+        }
+        None => file.devices.iter().collect(),
+    };
+    let mut reports = Vec::new();
+    let mut all_results = Vec::new();
+    for snap in &devices {
+        if snap.expandable || file.expandable_setting {
+            reports.push(serde_json::json!({
+                "device": snap.device,
+                "expandable": true,
+                "error": "recorded with expandable_segments:True, which vramlab does not model yet; replaying it as fixed segments would report segments PyTorch never had",
+            }));
+            all_results.push(Vec::new());
+            continue;
+        }
+        let r = torch_snapshot::replay_from_state(snap, config.clone(), capacity)
+            .map_err(|e| anyhow::anyhow!("{name}: device {}: {e}", snap.device))?;
+        let results = match &args.allocators {
+            Some(names) => {
+                let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                compare(&snap.workload, &names, capacity).map_err(anyhow::Error::msg)?
+            }
+            None => Vec::new(),
+        };
+        reports.push(serde_json::json!({
+            "device": snap.device,
+            "expandable": false,
+            "allocations": snap.workload.allocations(),
+            "pre_existing_segments": r.pre_existing_segments,
+            "recorded": snap.recorded_end,
+            "replayed": {
+                "segments": r.replayed.segments,
+                "reserved_bytes": r.replayed.reserved_bytes,
+                "allocated_bytes": r.replayed.allocated_bytes,
+                "peak_reserved_bytes": r.peak_reserved_bytes,
+                "peak_allocated_bytes": r.peak_allocated_bytes,
+                "ooms": r.ooms,
+            },
+            "segments_match": r.segments_match,
+            "differences": r.differences,
+            "ooms_recorded": snap.ooms.iter().map(|(size, free)| serde_json::json!({"size": size, "device_free": free})).collect::<Vec<_>>(),
+            "categories_from_frames": snap.categories_from_frames,
+            "results": results,
+        }));
+        all_results.push(results);
+    }
     if args.json {
         let out = serde_json::json!({
             "trace": name,
             "format": "pytorch memory snapshot",
-            "device": snap.device,
-            "allocations": snap.workload.allocations(),
-            "lower_bound_bytes": snap.workload.lower_bound(),
-            "snapshot": {
-                "segment_allocs": snap.segment_allocs,
-                "segment_frees": snap.segment_frees,
-                "peak_allocated_bytes": snap.peak_allocated,
-            },
-            "replay": {
-                "segment_allocs": replayed,
-                "peak_allocated_bytes": peak,
-                "peak_reserved_bytes": outcome.peak_reserved_bytes,
-                "ooms": ooms,
-            },
-            "segments_match": segments_match,
-            "peak_allocated_matches": peak == snap.peak_allocated,
-            "categories_from_frames": snap.categories_from_frames,
-            "results": results,
+            "settings_from": settings_source,
+            "devices": reports,
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
-    println!(
-        "{name}: PyTorch memory snapshot, device {}, {} allocations",
-        snap.device,
-        snap.workload.allocations()
-    );
-    let list = |v: &[u64]| {
-        v.iter()
-            .map(|s| format!("{}", Mib(*s)))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    println!("  {:<22} {:>12} {:>14}", "", "snapshot", "pytorch replay");
-    println!(
-        "  {:<22} {:>12} {:>14}",
-        "segment allocations",
-        snap.segment_allocs.len(),
-        replayed.len()
-    );
-    println!(
-        "  {:<22} {:>12} {:>14}",
-        "peak allocated",
-        format!("{}", Mib(snap.peak_allocated)),
-        format!("{}", Mib(peak))
-    );
-    println!("  snapshot segments: {}", list(&snap.segment_allocs));
-    println!("  replayed segments: {}", list(&replayed));
-    println!(
-        "  {}",
-        if segments_match {
-            "the replay obtains exactly the segments PyTorch obtained"
-        } else {
-            "the replay's segments differ from the snapshot's (a different allocator configuration, or streams)"
-        }
-    );
-    if snap.categories_from_frames.is_empty() {
-        println!("  no lifetime hints in the frames (record with _record_memory_history(stacks=\"python\") so `vramlab` can tell parameters and optimizer state)");
-    } else {
-        let hints: Vec<String> = snap
-            .categories_from_frames
-            .iter()
-            .map(|(c, n)| format!("{n} {c}"))
-            .collect();
-        println!(
-            "  lifetime hints from Python frames: {} (the vramlab strategy places these by lookahead)",
-            hints.join(", ")
-        );
-    }
-    if !results.is_empty() {
+    println!("{name}: PyTorch memory snapshot; allocator settings: {settings_source}");
+    for ((snap, rep), results) in devices.iter().zip(&reports).zip(&all_results) {
         println!();
-        print_results(&results);
+        if let Some(e) = rep.get("error").and_then(|e| e.as_str()) {
+            println!("device {}: {e}", snap.device);
+            continue;
+        }
+        let n = |k: &str, f: &str| rep[k][f].as_u64().unwrap_or(0);
+        println!(
+            "device {}: {} allocations in the trace; {} segments existed before the recording began",
+            snap.device,
+            snap.workload.allocations(),
+            rep["pre_existing_segments"]
+        );
+        println!(
+            "  {:<22} {:>18} {:>18}",
+            "at the end", "recorded", "replayed"
+        );
+        println!(
+            "  {:<22} {:>18} {:>18}",
+            "segments",
+            n("recorded", "segments"),
+            n("replayed", "segments")
+        );
+        for (label, key) in [
+            ("reserved", "reserved_bytes"),
+            ("allocated", "allocated_bytes"),
+        ] {
+            println!(
+                "  {:<22} {:>18} {:>18}",
+                format!("{label} (bytes)"),
+                n("recorded", key),
+                n("replayed", key)
+            );
+        }
+        println!(
+            "  replay peaks: reserved {}, allocated {}",
+            Mib(n("replayed", "peak_reserved_bytes")),
+            Mib(n("replayed", "peak_allocated_bytes"))
+        );
+        if rep["segments_match"].as_bool() == Some(true) {
+            println!("  the replay ends with exactly the recorded segments, reserved and allocated bytes");
+        } else {
+            let diffs: Vec<&str> = rep["differences"]
+                .as_array()
+                .map(|d| d.iter().filter_map(|x| x.as_str()).collect())
+                .unwrap_or_default();
+            println!("  differs from the recording: {}", diffs.join("; "));
+        }
+        for (size, free) in &snap.ooms {
+            println!(
+                "  recorded out-of-memory: {} requested with {} free on the device",
+                Mib(*size),
+                Mib(*free)
+            );
+        }
+        if snap.categories_from_frames.is_empty() {
+            println!("  no lifetime hints in the frames (parameters and optimizer state made before the recording have none; record from the start with stacks=\"python\")");
+        } else {
+            let hints: Vec<String> = snap
+                .categories_from_frames
+                .iter()
+                .map(|(c, n)| format!("{n} {c}"))
+                .collect();
+            println!(
+                "  lifetime hints from Python frames: {} (the vramlab strategy places these by lookahead)",
+                hints.join(", ")
+            );
+        }
+        if !results.is_empty() {
+            println!();
+            print_results(results);
+        }
     }
     Ok(())
 }

@@ -542,6 +542,76 @@ impl<S: SegmentSource> CachingAllocator<S> {
         })
     }
 
+    /// Rebuilds a segment that existed before a recording began (a PyTorch
+    /// snapshot whose history starts mid-run): a `size`-byte segment in
+    /// `pool` whose allocated blocks are `live` (offset, block size,
+    /// requested bytes), the gaps between them free and cached as PyTorch
+    /// holds them. Returns a handle per live block, in `live`'s order.
+    pub fn adopt_segment(
+        &mut self,
+        pool: PoolKind,
+        size: u64,
+        live: &[(u64, u64, u64)],
+    ) -> Result<Vec<BlockHandle>, AllocError> {
+        let mut order: Vec<usize> = (0..live.len()).collect();
+        order.sort_by_key(|&i| live[i].0);
+        let mut pos = 0;
+        for &i in &order {
+            let (offset, bsize, _) = live[i];
+            if offset < pos || bsize == 0 || offset.checked_add(bsize).is_none_or(|e| e > size) {
+                return Err(AllocError::InvalidFree(format!(
+                    "a recorded block at offset {offset} of {bsize} bytes overlaps another or leaves its {size}-byte segment"
+                )));
+            }
+            pos = offset + bsize;
+        }
+        let mut current = self.alloc_block(pool, size, false)?.ok_or_else(|| {
+            AllocError::Device(format!("no room to rebuild a {size}-byte segment"))
+        })?;
+        let handle = |a: &Self, index: usize| BlockHandle {
+            index: index as u32,
+            generation: a.blocks[index].generation,
+        };
+        let mut handles = vec![None; live.len()];
+        let mut gaps = Vec::new();
+        let mut pos = 0;
+        let mut rest = Some(current);
+        for &i in &order {
+            let (offset, bsize, requested) = live[i];
+            let Some(c) = rest else { break };
+            current = c;
+            if offset > pos {
+                // The free gap before this block: carve it, free it below.
+                let gap = self.alloc_found_block(current, offset - pos, offset - pos, true, "");
+                gaps.push(gap);
+                current = self.blocks[gap].next.expect("a block follows the gap");
+                self.remove_from_pool(current);
+            }
+            let split = self.blocks[current].size > bsize;
+            let b = self.alloc_found_block(current, bsize, requested.max(1), split, "");
+            handles[i] = Some(handle(self, b));
+            pos = offset + bsize;
+            rest = if split {
+                let r = self.blocks[b].next.expect("split leaves a remainder");
+                self.remove_from_pool(r);
+                Some(r)
+            } else {
+                None
+            };
+        }
+        if let Some(r) = rest {
+            self.insert_into_pool(r);
+        }
+        for g in gaps {
+            let h = handle(self, g);
+            self.free(h)?;
+        }
+        Ok(handles
+            .into_iter()
+            .map(|h| h.expect("every block placed"))
+            .collect())
+    }
+
     /// Returns a block to the cache.
     pub fn free(&mut self, handle: BlockHandle) -> Result<(), AllocError> {
         let index = handle.index as usize;

@@ -1,10 +1,27 @@
 //! A small unpickler: enough of Python's pickle (protocols 2–5) to read the
 //! memory snapshots `torch.cuda.memory._dump_snapshot()` writes — dicts,
-//! lists, tuples, strings, bytes, ints, floats, booleans and None, with the
-//! memo. Anything else (class instances, globals) is an error that names
-//! the opcode, rather than code execution as in Python.
+//! lists, tuples, sets, strings, bytes, ints, floats, booleans and None,
+//! with the memo. Anything else (class instances, globals) is an error that
+//! names the opcode and its byte offset, rather than code execution as in
+//! Python.
+//!
+//! Shared references: Python memoizes a list or dict as soon as it is
+//! created, *empty*, and fills it afterwards, and a later BINGET must see it
+//! filled (PyTorch's snapshots share every frame this way). So the parser
+//! builds objects in an arena, the memo holds arena indices, and the result
+//! is a tree of reference-counted nodes in which a shared object is one node
+//! (no copy per reference, so a hostile file cannot multiply its size).
+//!
+//! Hostile input costs bounded work: every declared length is checked
+//! against the bytes left before anything is allocated, each opcode adds at
+//! most one object, nesting is limited to [`MAX_DEPTH`], and a structure
+//! that contains itself is an error.
 
 use std::collections::HashMap;
+use std::rc::Rc;
+
+/// Deepest nesting of containers accepted.
+pub const MAX_DEPTH: usize = 1000;
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum PyValue {
@@ -12,20 +29,32 @@ pub enum PyValue {
     Bool(bool),
     Int(i64),
     Float(f64),
-    Str(String),
-    Bytes(Vec<u8>),
-    List(Vec<PyValue>),
-    Tuple(Vec<PyValue>),
-    Dict(Vec<(PyValue, PyValue)>),
+    Str(Rc<str>),
+    Bytes(Rc<[u8]>),
+    List(Rc<[PyValue]>),
+    Tuple(Rc<[PyValue]>),
+    Dict(Rc<[(PyValue, PyValue)]>),
 }
 
 impl PyValue {
+    pub fn str(s: &str) -> PyValue {
+        PyValue::Str(s.into())
+    }
+
+    pub fn list(items: Vec<PyValue>) -> PyValue {
+        PyValue::List(items.into())
+    }
+
+    pub fn dict(items: Vec<(PyValue, PyValue)>) -> PyValue {
+        PyValue::Dict(items.into())
+    }
+
     /// `d[key]` for a dict with string keys.
     pub fn get(&self, key: &str) -> Option<&PyValue> {
         match self {
             PyValue::Dict(items) => items
                 .iter()
-                .find(|(k, _)| matches!(k, PyValue::Str(s) if s == key))
+                .find(|(k, _)| matches!(k, PyValue::Str(s) if &**s == key))
                 .map(|(_, v)| v),
             _ => None,
         }
@@ -38,10 +67,25 @@ impl PyValue {
         }
     }
 
+    pub fn as_dict(&self) -> Option<&[(PyValue, PyValue)]> {
+        match self {
+            PyValue::Dict(d) => Some(d),
+            _ => None,
+        }
+    }
+
     pub fn as_i64(&self) -> Option<i64> {
         match self {
             PyValue::Int(i) => Some(*i),
             PyValue::Bool(b) => Some(*b as i64),
+            _ => None,
+        }
+    }
+
+    pub fn as_f64(&self) -> Option<f64> {
+        match self {
+            PyValue::Float(f) => Some(*f),
+            PyValue::Int(i) => Some(*i as f64),
             _ => None,
         }
     }
@@ -52,11 +96,27 @@ impl PyValue {
             _ => None,
         }
     }
+
+    pub fn as_bool(&self) -> Option<bool> {
+        match self {
+            PyValue::Bool(b) => Some(*b),
+            PyValue::Int(i) => Some(*i != 0),
+            _ => None,
+        }
+    }
+}
+
+/// An object under construction.
+enum Obj {
+    Leaf(PyValue),
+    List(Vec<usize>),
+    Tuple(Vec<usize>),
+    Dict(Vec<(usize, usize)>),
 }
 
 enum Item {
     Mark,
-    Value(PyValue),
+    Obj(usize),
 }
 
 struct Reader<'a> {
@@ -65,11 +125,16 @@ struct Reader<'a> {
 }
 
 impl Reader<'_> {
-    fn take(&mut self, n: usize) -> Result<&[u8], String> {
-        let end = self.pos.checked_add(n).filter(|&e| e <= self.data.len());
-        let end = end.ok_or_else(|| format!("truncated at byte {}", self.pos))?;
-        let s = &self.data[self.pos..end];
-        self.pos = end;
+    fn take(&mut self, n: u64) -> Result<&[u8], String> {
+        let left = (self.data.len() - self.pos) as u64;
+        if n > left {
+            return Err(format!(
+                "byte {}: {n} bytes declared, {left} left in the file (truncated or corrupt)",
+                self.pos
+            ));
+        }
+        let s = &self.data[self.pos..self.pos + n as usize];
+        self.pos += n as usize;
         Ok(s)
     }
 
@@ -77,166 +142,349 @@ impl Reader<'_> {
         Ok(self.take(1)?[0])
     }
 
-    fn le(&mut self, n: usize) -> Result<u64, String> {
+    fn le(&mut self, n: u64) -> Result<u64, String> {
         let b = self.take(n)?;
         Ok(b.iter().rev().fold(0u64, |acc, &x| (acc << 8) | x as u64))
     }
+
+    /// A text line (protocol 0 opcodes), without its newline.
+    fn line(&mut self) -> Result<&str, String> {
+        let start = self.pos;
+        let end = self.data[start..]
+            .iter()
+            .position(|&b| b == b'\n')
+            .ok_or_else(|| format!("byte {start}: a text argument without its newline"))?;
+        self.pos = start + end + 1;
+        std::str::from_utf8(&self.data[start..start + end])
+            .map_err(|_| format!("byte {start}: a text argument that is not UTF-8"))
+    }
+}
+
+struct Parser {
+    arena: Vec<Obj>,
+    stack: Vec<Item>,
+    memo: HashMap<u64, usize>,
+}
+
+impl Parser {
+    fn push(&mut self, o: Obj) {
+        self.arena.push(o);
+        self.stack.push(Item::Obj(self.arena.len() - 1));
+    }
+
+    fn leaf(&mut self, v: PyValue) {
+        self.push(Obj::Leaf(v));
+    }
+
+    fn pop(&mut self, at: usize) -> Result<usize, String> {
+        match self.stack.pop() {
+            Some(Item::Obj(i)) => Ok(i),
+            Some(Item::Mark) => Err(format!("byte {at}: a MARK where a value was expected")),
+            None => Err(format!("byte {at}: stack underflow")),
+        }
+    }
+
+    fn pop_mark(&mut self, at: usize) -> Result<Vec<usize>, String> {
+        let mut items = Vec::new();
+        loop {
+            match self.stack.pop() {
+                Some(Item::Mark) => break,
+                Some(Item::Obj(i)) => items.push(i),
+                None => return Err(format!("byte {at}: MARK not found")),
+            }
+        }
+        items.reverse();
+        Ok(items)
+    }
+
+    fn top(&mut self, at: usize) -> Result<usize, String> {
+        match self.stack.last() {
+            Some(Item::Obj(i)) => Ok(*i),
+            _ => Err(format!("byte {at}: no object on the stack")),
+        }
+    }
+
+    /// The arena object `root` as a tree; each object converted once.
+    fn finish(&self, root: usize) -> Result<PyValue, String> {
+        let mut done: Vec<Option<PyValue>> = vec![None; self.arena.len()];
+        let mut busy = vec![false; self.arena.len()];
+        self.convert(root, &mut done, &mut busy, 0)
+    }
+
+    fn convert(
+        &self,
+        i: usize,
+        done: &mut Vec<Option<PyValue>>,
+        busy: &mut Vec<bool>,
+        depth: usize,
+    ) -> Result<PyValue, String> {
+        if let Some(v) = &done[i] {
+            return Ok(v.clone());
+        }
+        if depth > MAX_DEPTH {
+            return Err(format!("containers nested deeper than {MAX_DEPTH}"));
+        }
+        if busy[i] {
+            return Err("a container that contains itself (not plain data)".into());
+        }
+        busy[i] = true;
+        let mut items = |ids: &[usize]| -> Result<Vec<PyValue>, String> {
+            ids.iter()
+                .map(|&j| self.convert(j, done, busy, depth + 1))
+                .collect()
+        };
+        let v = match &self.arena[i] {
+            Obj::Leaf(v) => v.clone(),
+            Obj::List(ids) => PyValue::List(items(ids)?.into()),
+            Obj::Tuple(ids) => PyValue::Tuple(items(ids)?.into()),
+            Obj::Dict(pairs) => {
+                let mut out = Vec::with_capacity(pairs.len());
+                for &(k, v) in pairs {
+                    out.push((
+                        self.convert(k, done, busy, depth + 1)?,
+                        self.convert(v, done, busy, depth + 1)?,
+                    ));
+                }
+                PyValue::Dict(out.into())
+            }
+        };
+        busy[i] = false;
+        done[i] = Some(v.clone());
+        Ok(v)
+    }
+}
+
+fn int_of_le(b: &[u8], at: usize) -> Result<i64, String> {
+    let n = b.len();
+    if n > 8 {
+        return Err(format!(
+            "byte {at}: an integer of {n} bytes does not fit in 64 bits"
+        ));
+    }
+    let mut v: i64 = 0;
+    for (i, &x) in b.iter().enumerate() {
+        v |= (x as i64) << (8 * i);
+    }
+    if n > 0 && n < 8 && b[n - 1] & 0x80 != 0 {
+        v -= 1i64 << (8 * n);
+    }
+    Ok(v)
 }
 
 /// Parses one pickle.
 pub fn unpickle(data: &[u8]) -> Result<PyValue, String> {
     let mut r = Reader { data, pos: 0 };
-    let mut stack: Vec<Item> = Vec::new();
-    let mut memo: HashMap<u64, PyValue> = HashMap::new();
-    let pop = |stack: &mut Vec<Item>| -> Result<PyValue, String> {
-        match stack.pop() {
-            Some(Item::Value(v)) => Ok(v),
-            _ => Err("stack underflow".into()),
-        }
-    };
-    let pop_mark = |stack: &mut Vec<Item>| -> Result<Vec<PyValue>, String> {
-        let mut items = Vec::new();
-        loop {
-            match stack.pop() {
-                Some(Item::Mark) => break,
-                Some(Item::Value(v)) => items.push(v),
-                None => return Err("MARK not found".into()),
-            }
-        }
-        items.reverse();
-        Ok(items)
+    let mut p = Parser {
+        arena: Vec::new(),
+        stack: Vec::new(),
+        memo: HashMap::new(),
     };
     loop {
         let at = r.pos;
-        let op = r.u8()?;
+        let op = r
+            .u8()
+            .map_err(|_| format!("byte {at}: the pickle ends without STOP"))?;
         match op {
             0x80 => {
-                r.u8()?;
+                let proto = r.u8()?;
+                if proto > 5 {
+                    return Err(format!("byte {at}: pickle protocol {proto} is newer than 5"));
+                }
             }
             0x95 => {
-                r.take(8)?;
+                // FRAME: its length is a promise about the bytes that follow.
+                let n = r.le(8)?;
+                let left = (r.data.len() - r.pos) as u64;
+                if n > left {
+                    return Err(format!(
+                        "byte {at}: a frame of {n} bytes declared, {left} left in the file (truncated or corrupt)"
+                    ));
+                }
             }
-            b'.' => return pop(&mut stack),
-            b'}' => stack.push(Item::Value(PyValue::Dict(Vec::new()))),
-            b']' => stack.push(Item::Value(PyValue::List(Vec::new()))),
-            b')' => stack.push(Item::Value(PyValue::Tuple(Vec::new()))),
-            b'(' => stack.push(Item::Mark),
-            b'N' => stack.push(Item::Value(PyValue::None)),
-            0x88 => stack.push(Item::Value(PyValue::Bool(true))),
-            0x89 => stack.push(Item::Value(PyValue::Bool(false))),
+            b'.' => {
+                let root = p.pop(at)?;
+                return p.finish(root);
+            }
+            b'}' => p.push(Obj::Dict(Vec::new())),
+            b']' => p.push(Obj::List(Vec::new())),
+            b')' => p.push(Obj::Tuple(Vec::new())),
+            // EMPTY_SET: read as a list (sets of plain values, rare here).
+            0x8f => p.push(Obj::List(Vec::new())),
+            b'(' => p.stack.push(Item::Mark),
+            b'0' => {
+                p.stack.pop().ok_or_else(|| format!("byte {at}: POP on an empty stack"))?;
+            }
+            b'1' => {
+                p.pop_mark(at)?;
+            }
+            b'2' => {
+                let t = p.top(at)?;
+                p.stack.push(Item::Obj(t));
+            }
+            b'N' => p.leaf(PyValue::None),
+            0x88 => p.leaf(PyValue::Bool(true)),
+            0x89 => p.leaf(PyValue::Bool(false)),
             b'K' => {
                 let v = r.u8()? as i64;
-                stack.push(Item::Value(PyValue::Int(v)));
+                p.leaf(PyValue::Int(v));
             }
             b'M' => {
                 let v = r.le(2)? as i64;
-                stack.push(Item::Value(PyValue::Int(v)));
+                p.leaf(PyValue::Int(v));
             }
             b'J' => {
                 let v = r.le(4)? as u32 as i32 as i64;
-                stack.push(Item::Value(PyValue::Int(v)));
+                p.leaf(PyValue::Int(v));
+            }
+            b'I' | b'L' => {
+                let text = r.line()?.trim_end_matches('L');
+                let v = match text {
+                    "00" => PyValue::Bool(false),
+                    "01" => PyValue::Bool(true),
+                    t => PyValue::Int(t.parse().map_err(|_| {
+                        format!("byte {at}: {t:?} is not a 64-bit integer")
+                    })?),
+                };
+                p.leaf(v);
             }
             0x8a | 0x8b => {
-                let n = if op == 0x8a { r.u8()? as usize } else { r.le(4)? as usize };
+                let n = if op == 0x8a { r.u8()? as u64 } else { r.le(4)? };
                 let b = r.take(n)?;
-                if n > 8 {
-                    return Err(format!("integer of {n} bytes at byte {at} does not fit in 64 bits"));
-                }
-                let mut v: i64 = 0;
-                for (i, &x) in b.iter().enumerate() {
-                    v |= (x as i64) << (8 * i);
-                }
-                if n > 0 && n < 8 && b[n - 1] & 0x80 != 0 {
-                    v -= 1i64 << (8 * n);
-                }
-                stack.push(Item::Value(PyValue::Int(v)));
+                let v = int_of_le(b, at)?;
+                p.leaf(PyValue::Int(v));
             }
             b'G' => {
                 let b = r.take(8)?;
                 let v = f64::from_be_bytes(b.try_into().map_err(|_| "bad float")?);
-                stack.push(Item::Value(PyValue::Float(v)));
+                p.leaf(PyValue::Float(v));
+            }
+            b'F' => {
+                let t = r.line()?;
+                let v = t
+                    .parse()
+                    .map_err(|_| format!("byte {at}: {t:?} is not a float"))?;
+                p.leaf(PyValue::Float(v));
             }
             0x8c | b'X' | 0x8d => {
                 let n = match op {
-                    0x8c => r.u8()? as usize,
-                    b'X' => r.le(4)? as usize,
-                    _ => r.le(8)? as usize,
+                    0x8c => r.u8()? as u64,
+                    b'X' => r.le(4)?,
+                    _ => r.le(8)?,
                 };
                 let s = String::from_utf8_lossy(r.take(n)?).into_owned();
-                stack.push(Item::Value(PyValue::Str(s)));
+                p.leaf(PyValue::Str(s.into()));
             }
-            b'C' | b'B' | 0x8e => {
+            b'V' => {
+                let s = r.line()?.to_string();
+                p.leaf(PyValue::Str(s.into()));
+            }
+            b'C' | b'B' | 0x8e | 0x96 | b'U' | b'T' => {
                 let n = match op {
-                    b'C' => r.u8()? as usize,
-                    b'B' => r.le(4)? as usize,
-                    _ => r.le(8)? as usize,
+                    b'C' | b'U' => r.u8()? as u64,
+                    b'B' | b'T' => r.le(4)?,
+                    _ => r.le(8)?,
                 };
-                let b = r.take(n)?.to_vec();
-                stack.push(Item::Value(PyValue::Bytes(b)));
+                let b: Rc<[u8]> = r.take(n)?.into();
+                // SHORT_BINSTRING / BINSTRING (protocol ≤ 2 str): text.
+                let v = if matches!(op, b'U' | b'T') {
+                    PyValue::Str(String::from_utf8_lossy(&b).into_owned().into())
+                } else {
+                    PyValue::Bytes(b)
+                };
+                p.leaf(v);
             }
             b't' => {
-                let items = pop_mark(&mut stack)?;
-                stack.push(Item::Value(PyValue::Tuple(items)));
+                let items = p.pop_mark(at)?;
+                p.push(Obj::Tuple(items));
+            }
+            b'l' => {
+                let items = p.pop_mark(at)?;
+                p.push(Obj::List(items));
+            }
+            b'd' => {
+                let items = p.pop_mark(at)?;
+                if items.len() % 2 == 1 {
+                    return Err(format!("byte {at}: DICT with an odd number of items"));
+                }
+                p.push(Obj::Dict(items.chunks(2).map(|c| (c[0], c[1])).collect()));
+            }
+            0x91 => {
+                // FROZENSET
+                let items = p.pop_mark(at)?;
+                p.push(Obj::List(items));
             }
             0x85..=0x87 => {
                 let n = (op - 0x84) as usize;
-                let mut items = Vec::new();
+                let mut items = Vec::with_capacity(n);
                 for _ in 0..n {
-                    items.push(pop(&mut stack)?);
+                    items.push(p.pop(at)?);
                 }
                 items.reverse();
-                stack.push(Item::Value(PyValue::Tuple(items)));
+                p.push(Obj::Tuple(items));
             }
-            b'a' | b'e' => {
+            b'a' | b'e' | 0x90 => {
                 let items = if op == b'a' {
-                    vec![pop(&mut stack)?]
+                    vec![p.pop(at)?]
                 } else {
-                    pop_mark(&mut stack)?
+                    p.pop_mark(at)?
                 };
-                match stack.last_mut() {
-                    Some(Item::Value(PyValue::List(l))) => l.extend(items),
-                    _ => return Err(format!("APPEND to a non-list at byte {at}")),
+                let target = p.top(at)?;
+                match &mut p.arena[target] {
+                    Obj::List(l) => l.extend(items),
+                    _ => return Err(format!("byte {at}: APPEND to something that is not a list")),
                 }
             }
             b's' | b'u' => {
                 let items = if op == b's' {
-                    let v = pop(&mut stack)?;
-                    let k = pop(&mut stack)?;
+                    let v = p.pop(at)?;
+                    let k = p.pop(at)?;
                     vec![k, v]
                 } else {
-                    pop_mark(&mut stack)?
+                    p.pop_mark(at)?
                 };
-                match stack.last_mut() {
-                    Some(Item::Value(PyValue::Dict(d))) => {
-                        let mut it = items.into_iter();
-                        while let (Some(k), Some(v)) = (it.next(), it.next()) {
-                            d.push((k, v));
-                        }
-                    }
-                    _ => return Err(format!("SETITEM on a non-dict at byte {at}")),
+                if items.len() % 2 == 1 {
+                    return Err(format!("byte {at}: SETITEMS with an odd number of items"));
+                }
+                let target = p.top(at)?;
+                match &mut p.arena[target] {
+                    Obj::Dict(d) => d.extend(items.chunks(2).map(|c| (c[0], c[1]))),
+                    _ => return Err(format!("byte {at}: SETITEM on something that is not a dict")),
                 }
             }
-            0x94 | b'q' | b'r' => {
+            0x94 | b'q' | b'r' | b'p' => {
                 let key = match op {
-                    0x94 => memo.len() as u64,
+                    0x94 => p.memo.len() as u64,
                     b'q' => r.u8()? as u64,
-                    _ => r.le(4)?,
+                    b'r' => r.le(4)?,
+                    _ => {
+                        let t = r.line()?;
+                        t.parse()
+                            .map_err(|_| format!("byte {at}: PUT key {t:?} is not a number"))?
+                    }
                 };
-                if let Some(Item::Value(v)) = stack.last() {
-                    memo.insert(key, v.clone());
-                }
+                // The memo holds the object itself: filled later, seen filled.
+                let top = p.top(at)?;
+                p.memo.insert(key, top);
             }
-            b'h' | b'j' => {
-                let key = if op == b'h' { r.u8()? as u64 } else { r.le(4)? };
-                let v = memo
+            b'h' | b'j' | b'g' => {
+                let key = match op {
+                    b'h' => r.u8()? as u64,
+                    b'j' => r.le(4)?,
+                    _ => {
+                        let t = r.line()?;
+                        t.parse()
+                            .map_err(|_| format!("byte {at}: GET key {t:?} is not a number"))?
+                    }
+                };
+                let i = *p
+                    .memo
                     .get(&key)
-                    .cloned()
-                    .ok_or_else(|| format!("memo {key} missing at byte {at}"))?;
-                stack.push(Item::Value(v));
+                    .ok_or_else(|| format!("byte {at}: memo entry {key} was never stored"))?;
+                p.stack.push(Item::Obj(i));
             }
             other => {
                 return Err(format!(
-                    "unsupported pickle opcode 0x{other:02x} at byte {at} (only plain data is read: dicts, lists, tuples, strings, numbers)"
+                    "byte {at}: unsupported pickle opcode 0x{other:02x} (only plain data is read: dicts, lists, tuples, strings, numbers; no classes or globals)"
                 ))
             }
         }

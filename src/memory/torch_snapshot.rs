@@ -4,6 +4,15 @@
 //! `segment_free` — becomes an allocation trace, and the segment events the
 //! snapshot recorded are kept to compare with what the replay does.
 //!
+//! Most real recordings begin mid-run: segments and blocks exist before the
+//! first trace entry, and the trace frees addresses it never allocated. The
+//! state at the start is rebuilt by rewinding the snapshot's end state
+//! (`segments`) through the trace, as PyTorch's MemoryViz.js does: segments
+//! alive at the end that no `segment_alloc` made, blocks alive at the end
+//! that no `alloc` made, and blocks the trace frees without having
+//! allocated them were all there from the start. The replay starts the
+//! allocator from that state and compares its end with the recorded one.
+//!
 //! Each allocation's Python frames (recorded with
 //! `_record_memory_history(stacks="python")` or `"all"`) say what some blocks
 //! hold: a block made in a `torch.optim` optimizer's `_init_group` is
@@ -12,13 +21,15 @@
 //! parameter. Those categories are the lifetime hints the `vramlab` strategy
 //! places by; every other block stays untagged.
 
-use super::caching::round_size;
+use super::caching::{pool_for, round_size, BlockHandle, CachingAllocator, PoolKind};
 use super::config::AllocatorConfig;
 use super::pickle::{unpickle, PyValue};
+use super::source::SimulatedSource;
 use super::tag::Category;
 use super::workload::{Op, Workload};
 use std::collections::{BTreeMap, HashMap};
 
+/// One device of a snapshot, as a workload and a recorded state.
 pub struct TorchSnapshot {
     pub device: usize,
     pub workload: Workload,
@@ -26,10 +37,52 @@ pub struct TorchSnapshot {
     pub segment_allocs: Vec<u64>,
     pub segment_frees: Vec<u64>,
     /// Peak of allocated bytes implied by the history (requests rounded as
-    /// PyTorch rounds them, default settings).
+    /// PyTorch rounds them), counting only the trace's own allocations.
     pub peak_allocated: u64,
     /// Allocations whose frames gave a category, per category.
     pub categories_from_frames: BTreeMap<Category, usize>,
+    /// What existed before the first trace entry.
+    pub initial: Vec<InitialSegment>,
+    /// The snapshot's own end state (its `segments` for this device).
+    pub recorded_end: EndState,
+    /// Recorded out-of-memory entries: (requested size, device free bytes).
+    pub ooms: Vec<(u64, u64)>,
+    /// Segments recorded as expandable (`is_expandable`).
+    pub expandable: bool,
+}
+
+/// A segment that existed before the recording began, with its live blocks
+/// (offset, block size, requested bytes, and the workload id of those the
+/// trace frees).
+#[derive(Debug, Clone)]
+pub struct InitialSegment {
+    pub address: u64,
+    pub size: u64,
+    pub pool: PoolKind,
+    pub blocks: Vec<(u64, u64, u64, Option<u64>)>,
+}
+
+/// A device's memory at one moment: what `segments` describes.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct EndState {
+    pub segments: usize,
+    /// Segment sizes, sorted (a multiset).
+    #[serde(skip)]
+    pub segment_sizes: Vec<u64>,
+    pub reserved_bytes: u64,
+    /// Block sizes of allocated blocks (what PyTorch's `allocated_bytes`
+    /// counts: requests rounded, unsplit remainders included).
+    pub allocated_bytes: u64,
+}
+
+/// A whole snapshot file: every device with a history, and the allocator
+/// settings it was recorded under.
+pub struct SnapshotFile {
+    pub devices: Vec<TorchSnapshot>,
+    /// From `allocator_settings` (newer PyTorch); `None` when absent.
+    pub settings: Option<AllocatorConfig>,
+    /// `expandable_segments` was on.
+    pub expandable_setting: bool,
 }
 
 /// What an allocation holds, judged from its frames (innermost first, each
@@ -62,7 +115,118 @@ pub fn is_pickle(bytes: &[u8]) -> bool {
     bytes.first() == Some(&0x80)
 }
 
-pub fn read(bytes: &[u8], name: &str) -> Result<TorchSnapshot, String> {
+/// Ids given to blocks that existed before the recording (never clash with
+/// the trace's own, which count from 1).
+const PRE_EXISTING_IDS: u64 = 1 << 48;
+
+fn int(v: &PyValue, key: &str) -> u64 {
+    v.get(key).and_then(PyValue::as_i64).unwrap_or(0).max(0) as u64
+}
+
+/// `allocator_settings` as a configuration (PyTorch's names and units).
+fn settings_of(root: &PyValue) -> (Option<AllocatorConfig>, bool) {
+    let Some(s) = root.get("allocator_settings") else {
+        return (None, false);
+    };
+    let mut c = AllocatorConfig::default();
+    if let Some(m) = s.get("max_split_size").and_then(PyValue::as_i64) {
+        if m > 0 {
+            c.max_split_size = m as u64;
+        }
+    }
+    if let Some(t) = s
+        .get("garbage_collection_threshold")
+        .and_then(PyValue::as_f64)
+    {
+        c.garbage_collection_threshold = t;
+    }
+    if let Some(d) = s.get("roundup_power2_divisions").and_then(PyValue::as_dict) {
+        // Keys are interval starts in MiB ("1", "2", … "32768").
+        for (k, v) in d.iter() {
+            let mib: u64 = k.as_str().and_then(|k| k.parse().ok()).unwrap_or(0);
+            if mib == 0 || !mib.is_power_of_two() {
+                continue;
+            }
+            let i = mib.trailing_zeros() as usize;
+            if i < c.roundup_power2_divisions.len() {
+                c.roundup_power2_divisions[i] = v.as_i64().unwrap_or(0).max(0) as u64;
+            }
+        }
+    }
+    let expandable = s
+        .get("expandable_segments")
+        .and_then(PyValue::as_bool)
+        .unwrap_or(false);
+    (Some(c), expandable)
+}
+
+/// The recorded segments of `device`: (address, size, pool, blocks as
+/// (address, size, requested, allocated)).
+type Recorded = (u64, u64, PoolKind, Vec<(u64, u64, u64, bool)>);
+
+fn recorded_segments(root: &PyValue, device: usize) -> (Vec<Recorded>, bool) {
+    let mut out = Vec::new();
+    let mut expandable = false;
+    for seg in root
+        .get("segments")
+        .and_then(PyValue::as_list)
+        .unwrap_or(&[])
+    {
+        if int(seg, "device") as usize != device {
+            continue;
+        }
+        expandable |= seg
+            .get("is_expandable")
+            .and_then(PyValue::as_bool)
+            .unwrap_or(false);
+        let address = int(seg, "address");
+        let size = int(seg, "total_size");
+        let pool = match seg.get("segment_type").and_then(PyValue::as_str) {
+            Some("small") => PoolKind::Small,
+            Some("large") => PoolKind::Large,
+            _ => pool_for(size.min(2 << 20)),
+        };
+        let mut blocks = Vec::new();
+        let mut at = address;
+        for b in seg.get("blocks").and_then(PyValue::as_list).unwrap_or(&[]) {
+            // Older versions give no block address: blocks tile the segment.
+            let addr = b
+                .get("address")
+                .and_then(PyValue::as_i64)
+                .map_or(at, |a| a as u64);
+            let bsize = int(b, "size");
+            let state = b.get("state").and_then(PyValue::as_str).unwrap_or("");
+            let allocated = state.starts_with("active");
+            blocks.push((addr, bsize, int(b, "requested_size"), allocated));
+            at = addr + bsize;
+        }
+        out.push((address, size, pool, blocks));
+    }
+    out.sort_by_key(|s| s.0);
+    (out, expandable)
+}
+
+fn end_state(segments: &[Recorded], root: &PyValue, device: usize) -> EndState {
+    let mut sizes: Vec<u64> = segments.iter().map(|s| s.1).collect();
+    sizes.sort_unstable();
+    let allocated = root
+        .get("segments")
+        .and_then(PyValue::as_list)
+        .unwrap_or(&[])
+        .iter()
+        .filter(|s| int(s, "device") as usize == device)
+        .map(|s| int(s, "allocated_size"))
+        .sum();
+    EndState {
+        segments: sizes.len(),
+        reserved_bytes: sizes.iter().sum(),
+        segment_sizes: sizes,
+        allocated_bytes: allocated,
+    }
+}
+
+/// Every device of a snapshot with an allocation history.
+pub fn read_all(bytes: &[u8], name: &str) -> Result<SnapshotFile, String> {
     let root = unpickle(bytes).map_err(|e| format!("{name}: not a readable pickle: {e}"))?;
     let traces = root
         .get("device_traces")
@@ -70,15 +234,41 @@ pub fn read(bytes: &[u8], name: &str) -> Result<TorchSnapshot, String> {
         .ok_or_else(|| {
             format!("{name}: no device_traces; is it a torch.cuda.memory._dump_snapshot() pickle?")
         })?;
-    let (device, trace) = traces
-        .iter()
-        .enumerate()
-        .filter_map(|(d, t)| t.as_list().map(|t| (d, t)))
-        .max_by_key(|(_, t)| t.len())
-        .filter(|(_, t)| !t.is_empty())
-        .ok_or_else(|| {
-            format!("{name}: the snapshot has no allocation history; call torch.cuda.memory._record_memory_history() before the code you snapshot")
-        })?;
+    let (settings, expandable_setting) = settings_of(&root);
+    let config = settings.clone().unwrap_or_default();
+    let mut devices = Vec::new();
+    for (device, trace) in traces.iter().enumerate() {
+        let Some(trace) = trace.as_list().filter(|t| !t.is_empty()) else {
+            continue;
+        };
+        devices.push(read_device(&root, device, trace, &config, name)?);
+    }
+    if devices.is_empty() {
+        return Err(format!("{name}: the snapshot has no allocation history; call torch.cuda.memory._record_memory_history() before the code you snapshot"));
+    }
+    Ok(SnapshotFile {
+        devices,
+        settings,
+        expandable_setting,
+    })
+}
+
+/// The device with the longest history.
+pub fn read(bytes: &[u8], name: &str) -> Result<TorchSnapshot, String> {
+    let file = read_all(bytes, name)?;
+    file.devices
+        .into_iter()
+        .max_by_key(|d| d.workload.ops.len())
+        .ok_or_else(|| format!("{name}: no device has a history"))
+}
+
+fn read_device(
+    root: &PyValue,
+    device: usize,
+    trace: &[PyValue],
+    config: &AllocatorConfig,
+    name: &str,
+) -> Result<TorchSnapshot, String> {
     let action = |e: &PyValue| {
         e.get("action")
             .and_then(PyValue::as_str)
@@ -91,20 +281,24 @@ pub fn read(bytes: &[u8], name: &str) -> Result<TorchSnapshot, String> {
     } else {
         "free_requested"
     };
-    let mut ids: HashMap<i64, u64> = HashMap::new();
-    let (mut ops, mut seg_a, mut seg_f) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut live, mut peak, mut next) = (0u64, 0u64, 0u64);
+    // Blocks the trace allocated and has not freed: address → id.
+    let mut live: HashMap<u64, u64> = HashMap::new();
+    let mut pre_freed: Vec<(u64, u64, u64, u64)> = Vec::new();
+    let mut created: HashMap<u64, u64> = HashMap::new();
+    let mut pre_segments_freed: Vec<(u64, u64)> = Vec::new();
+    let (mut ops, mut seg_a, mut seg_f, mut ooms) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut live_bytes, mut peak, mut next) = (0u64, 0u64, 0u64);
     let mut sizes: HashMap<u64, u64> = HashMap::new();
     let mut categories = BTreeMap::new();
-    let config = AllocatorConfig::default();
-    for (i, e) in trace.iter().enumerate() {
+    for e in trace {
         let act = action(e);
-        let addr = e.get("addr").and_then(PyValue::as_i64).unwrap_or(0);
-        let size = e.get("size").and_then(PyValue::as_i64).unwrap_or(0).max(0) as u64;
+        let addr = int(e, "addr");
+        let size = int(e, "size");
         match act.as_str() {
             "alloc" => {
                 next += 1;
-                ids.insert(addr, next);
+                live.insert(addr, next);
                 let category = category_from_frames(e.get("frames"));
                 if category != Category::Untagged {
                     *categories.entry(category).or_insert(0) += 1;
@@ -114,35 +308,202 @@ pub fn read(bytes: &[u8], name: &str) -> Result<TorchSnapshot, String> {
                     size,
                     category,
                 });
-                let r = round_size(size.max(1), &config);
+                let r = round_size(size.max(1), config);
                 sizes.insert(next, r);
-                live += r;
-                peak = peak.max(live);
+                live_bytes += r;
+                peak = peak.max(live_bytes);
             }
-            a if a == free_action => {
-                let id = ids.remove(&addr).ok_or_else(|| {
-                    format!(
-                        "{name}: trace entry {i} frees address 0x{addr:x}, which is not allocated"
-                    )
-                })?;
-                live -= sizes.remove(&id).unwrap_or(0);
-                ops.push(Op::Free { id });
+            a if a == free_action => match live.remove(&addr) {
+                Some(id) => {
+                    live_bytes -= sizes.remove(&id).unwrap_or(0);
+                    ops.push(Op::Free { id });
+                }
+                None => {
+                    // Allocated before the recording began.
+                    let id = PRE_EXISTING_IDS + pre_freed.len() as u64;
+                    pre_freed.push((addr, round_size(size.max(1), config), size, id));
+                    ops.push(Op::Free { id });
+                }
+            },
+            "segment_alloc" | "segment_map" => {
+                created.insert(addr, size);
+                seg_a.push(size);
             }
-            "segment_alloc" => seg_a.push(size),
-            "segment_free" => seg_f.push(size),
+            "segment_free" | "segment_unmap" => {
+                if created.remove(&addr).is_none() {
+                    pre_segments_freed.push((addr, size));
+                }
+                seg_f.push(size);
+            }
+            "oom" => ooms.push((size, int(e, "device_free"))),
             _ => {}
+        }
+    }
+    let (recorded, expandable) = recorded_segments(root, device);
+    let recorded_end = end_state(&recorded, root, device);
+    // Rewind: what was there at the start.
+    let trace_live: std::collections::HashSet<u64> = live.keys().copied().collect();
+    let mut initial: Vec<InitialSegment> = recorded
+        .iter()
+        .filter(|(address, ..)| !created.contains_key(address))
+        .map(|(address, size, pool, blocks)| InitialSegment {
+            address: *address,
+            size: *size,
+            pool: *pool,
+            blocks: blocks
+                .iter()
+                .filter(|(a, _, _, allocated)| *allocated && !trace_live.contains(a))
+                .map(|(a, s, r, _)| (a - address, *s, *r, None))
+                .collect(),
+        })
+        .collect();
+    for (address, size) in pre_segments_freed {
+        initial.push(InitialSegment {
+            address,
+            size,
+            pool: if size == 2 << 20 {
+                PoolKind::Small
+            } else {
+                PoolKind::Large
+            },
+            blocks: Vec::new(),
+        });
+    }
+    initial.sort_by_key(|s| s.address);
+    for (addr, block, requested, id) in pre_freed {
+        match initial
+            .iter_mut()
+            .find(|s| s.address <= addr && addr < s.address + s.size)
+        {
+            Some(s) => s.blocks.push((addr - s.address, block, requested, Some(id))),
+            None => {
+                return Err(format!(
+                    "{name}: device {device}: the trace frees 0x{addr:x}, allocated before the recording, but no segment recorded at the start holds it"
+                ))
+            }
         }
     }
     Ok(TorchSnapshot {
         device,
         workload: Workload {
-            name: name.to_string(),
+            name: format!("{name} (device {device})"),
             ops,
         },
         segment_allocs: seg_a,
         segment_frees: seg_f,
         peak_allocated: peak,
         categories_from_frames: categories,
+        initial,
+        recorded_end,
+        ooms,
+        expandable,
+    })
+}
+
+/// A replay from the recorded start state.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ReplayFromState {
+    pub pre_existing_segments: usize,
+    pub replayed: EndState,
+    pub peak_reserved_bytes: u64,
+    pub peak_allocated_bytes: u64,
+    pub ooms: u64,
+    /// Segment count, sizes (as a multiset), reserved and allocated bytes all
+    /// equal to the recorded end state.
+    pub segments_match: bool,
+    /// Where they differ, in words.
+    pub differences: Vec<String>,
+}
+
+/// Replays `snap` on a simulated device under `config`, starting from the
+/// state that existed before its first trace entry.
+pub fn replay_from_state(
+    snap: &TorchSnapshot,
+    config: AllocatorConfig,
+    capacity: Option<u64>,
+) -> Result<ReplayFromState, String> {
+    let source = match capacity {
+        Some(c) => SimulatedSource::new(c),
+        None => SimulatedSource::unlimited(),
+    };
+    let mut a = CachingAllocator::new(source, config);
+    let mut handles: HashMap<u64, BlockHandle> = HashMap::new();
+    for seg in &snap.initial {
+        let layout: Vec<(u64, u64, u64)> = seg.blocks.iter().map(|b| (b.0, b.1, b.2)).collect();
+        let hs = a.adopt_segment(seg.pool, seg.size, &layout).map_err(|e| {
+            format!(
+                "rebuilding the segment at 0x{:x} ({} bytes) recorded before the trace: {e}",
+                seg.address, seg.size
+            )
+        })?;
+        for (b, h) in seg.blocks.iter().zip(hs) {
+            if let Some(id) = b.3 {
+                handles.insert(id, h);
+            }
+        }
+    }
+    a.reset_peak_memory_stats();
+    let (mut peak_alloc, mut peak_res, mut ooms) = (a.memory_allocated(), a.memory_reserved(), 0);
+    for op in &snap.workload.ops {
+        match *op {
+            Op::Alloc { id, size, category } => {
+                match a.malloc_tagged(size.max(1), "", category, None) {
+                    Ok(x) => {
+                        handles.insert(id, x.handle);
+                    }
+                    Err(_) => ooms += 1,
+                }
+            }
+            Op::Free { id } => {
+                if let Some(h) = handles.remove(&id) {
+                    a.free(h).map_err(|e| e.to_string())?;
+                }
+            }
+            Op::EmptyCache => a.empty_cache(),
+        }
+        peak_alloc = peak_alloc.max(a.memory_allocated());
+        peak_res = peak_res.max(a.memory_reserved());
+    }
+    let snapshot = a.snapshot();
+    let mut sizes: Vec<u64> = snapshot.segments.iter().map(|s| s.total_size).collect();
+    sizes.sort_unstable();
+    let replayed = EndState {
+        segments: sizes.len(),
+        reserved_bytes: a.memory_reserved(),
+        segment_sizes: sizes,
+        allocated_bytes: a.memory_allocated(),
+    };
+    let rec = &snap.recorded_end;
+    let mut differences = Vec::new();
+    if replayed.segments != rec.segments {
+        differences.push(format!(
+            "{} segments replayed, {} recorded",
+            replayed.segments, rec.segments
+        ));
+    }
+    if replayed.segment_sizes != rec.segment_sizes && replayed.segments == rec.segments {
+        differences.push("the same number of segments, of other sizes".into());
+    }
+    if replayed.reserved_bytes != rec.reserved_bytes {
+        differences.push(format!(
+            "reserved {} bytes replayed, {} recorded",
+            replayed.reserved_bytes, rec.reserved_bytes
+        ));
+    }
+    if replayed.allocated_bytes != rec.allocated_bytes {
+        differences.push(format!(
+            "allocated {} bytes replayed, {} recorded",
+            replayed.allocated_bytes, rec.allocated_bytes
+        ));
+    }
+    Ok(ReplayFromState {
+        pre_existing_segments: snap.initial.len(),
+        segments_match: differences.is_empty(),
+        replayed,
+        peak_reserved_bytes: peak_res,
+        peak_allocated_bytes: peak_alloc,
+        ooms,
+        differences,
     })
 }
 
@@ -151,8 +512,8 @@ mod tests {
     use super::*;
 
     fn frame(filename: &str, name: &str) -> PyValue {
-        let s = |x: &str| PyValue::Str(x.into());
-        PyValue::Dict(vec![
+        let s = PyValue::str;
+        PyValue::dict(vec![
             (s("filename"), s(filename)),
             (s("line"), PyValue::Int(1)),
             (s("name"), s(name)),
@@ -160,7 +521,7 @@ mod tests {
     }
 
     fn category(frames: &[(&str, &str)]) -> Category {
-        let list = PyValue::List(frames.iter().map(|(f, n)| frame(f, n)).collect());
+        let list = PyValue::list(frames.iter().map(|(f, n)| frame(f, n)).collect());
         category_from_frames(Some(&list))
     }
 
