@@ -25,6 +25,11 @@ Commands:
       torch.autocast("cpu", dtype) for bfloat16 and float16 (float16 with
       torch.amp.GradScaler("cpu"), PyTorch's defaults). Softmax is taken in
       float32, as CUDA's autocast policy (which vramlab follows) does.
+  snapshot-check FILE
+      loads a PyTorch memory snapshot that vramlab wrote (`profile --out DIR`
+      writes DIR/snapshot.pickle) with Python's pickle and renders it with
+      torch.cuda._memory_viz's segment_plot and trace_plot; checks that every
+      segment is tiled by its blocks.
   compare EXPECTED DUMP [--tol 1e-4]
       the largest relative error per tensor between PyTorch's values and a
       `vramlab train --dump` file; exit status 1 if any exceeds the tolerance.
@@ -437,6 +442,21 @@ def rel_err(g, w, mask=None):
     return elem, ((g - w).norm() / w.norm()).item()
 
 
+def cmd_snapshot_check(a):
+    import pickle
+    from torch.cuda import _memory_viz
+    with open(a.file, "rb") as f:
+        snap = pickle.load(f)
+    for seg in snap["segments"]:
+        tiled = sum(b["size"] for b in seg["blocks"])
+        if tiled != seg["total_size"]:
+            raise SystemExit(f"segment 0x{seg['address']:x}: blocks cover {tiled} of {seg['total_size']} bytes")
+    seg_html = _memory_viz.segment_plot(snap)
+    trace_html = _memory_viz.trace_plot(snap)
+    print(f"{a.file}: {len(snap['segments'])} segments, {len(snap['device_traces'][0])} trace entries; "
+          f"segment_plot {len(seg_html)} chars, trace_plot {len(trace_html)} chars: ok")
+
+
 def cmd_compare(a):
     want = load_file(a.expected)
     got = load_file(a.dump)
@@ -483,13 +503,15 @@ def main():
     t.add_argument("--out", default="tests/fixtures/torch")
     am = sub.add_parser("amp", help="autocast (bf16, f16 + GradScaler) fixtures")
     am.add_argument("--out", default="tests/fixtures/torch-amp")
+    sc = sub.add_parser("snapshot-check", help="load a vramlab-written snapshot.pickle in pickle and torch.cuda._memory_viz")
+    sc.add_argument("file")
     m = sub.add_parser("compare")
     m.add_argument("expected")
     m.add_argument("dump")
     m.add_argument("--tol", type=float, default=1e-4)
     a = p.parse_args()
     {"fixtures": cmd_fixtures, "case": cmd_case, "truth": cmd_truth, "amp": cmd_amp,
-     "compare": cmd_compare}[a.cmd](a)
+     "snapshot-check": cmd_snapshot_check, "compare": cmd_compare}[a.cmd](a)
 
 
 if __name__ == "__main__":

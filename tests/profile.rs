@@ -118,3 +118,46 @@ fn timeline_html_renders_in_headless_chromium() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The run as a PyTorch snapshot: read back by vramlab's own reader, its
+/// segments and blocks are the allocator's own end state, and replaying it
+/// from its recorded start reaches exactly that state again. (Python's
+/// pickle and `torch.cuda._memory_viz` read it too:
+/// `scripts/torch_reference.py snapshot-check FILE`.)
+#[test]
+fn the_exported_pytorch_snapshot_is_the_allocators_state() {
+    use vramlab::memory::{pickle, snapshot_export, torch_snapshot};
+    let e = engine();
+    e.allocator().start_recording();
+    // The model stays alive, so the log's end is the allocator's state now.
+    let (mut trainer, batch) = plan().trainer(&e, 0).unwrap();
+    for _ in 0..2 {
+        trainer.step(&batch).unwrap();
+    }
+    e.synchronize().unwrap();
+    let events = e.allocator().take_events();
+    let bytes = pickle::pickle(&snapshot_export::torch_snapshot(
+        &events,
+        &AllocatorConfig::default(),
+    ));
+    let root = pickle::unpickle(&bytes).unwrap();
+    let own = e.allocator().snapshot();
+    let segs = root.get("segments").unwrap().as_list().unwrap();
+    assert_eq!(segs.len(), own.segments.len());
+    for (got, want) in segs.iter().zip(&own.segments) {
+        let int = |v: &pickle::PyValue, k: &str| v.get(k).unwrap().as_i64().unwrap() as u64;
+        assert_eq!(int(got, "total_size"), want.total_size);
+        assert_eq!(int(got, "allocated_size"), want.allocated_size);
+        let blocks = got.get("blocks").unwrap().as_list().unwrap();
+        assert_eq!(blocks.len(), want.blocks.len(), "blocks tile the segment");
+        for (b, w) in blocks.iter().zip(&want.blocks) {
+            assert_eq!(int(b, "size"), w.size);
+            assert_eq!(b.get("state").unwrap().as_str(), Some(w.state));
+        }
+    }
+    let file = torch_snapshot::read_all(&bytes, "export").unwrap();
+    let r = torch_snapshot::replay_from_state(&file.devices[0], AllocatorConfig::default(), None)
+        .unwrap();
+    assert!(r.segments_match, "{:?}", r.differences);
+    assert_eq!(r.replayed.reserved_bytes, e.allocator().memory_reserved());
+}

@@ -85,6 +85,11 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
         "segments": live_at(events, series.peak_index),
     });
     let snap_path = write("snapshot.json", &serde_json::to_string_pretty(&snapshot)?)?;
+    // The same run as a PyTorch memory snapshot, for pytorch.org/memory_viz.
+    let pickle_path = args.out.join("snapshot.pickle");
+    let torch = crate::memory::snapshot_export::torch_snapshot(events, &plan.config);
+    std::fs::write(&pickle_path, crate::memory::pickle::pickle(&torch))
+        .with_context(|| format!("cannot write {}", pickle_path.display()))?;
     if args.json {
         let out = serde_json::json!({
             "plan": plan,
@@ -97,7 +102,7 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
             "layers": analysis.layers,
             "three_levels": levels,
             "device_time": op_times,
-            "files": [svg_path, html_path, trace_path, snap_path],
+            "files": [svg_path, html_path, trace_path, snap_path, pickle_path],
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
@@ -137,7 +142,7 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
         println!("   memory_allocated() around each layer would try to measure.)");
     }
     println!();
-    for p in [svg_path, html_path, trace_path, snap_path] {
+    for p in [svg_path, html_path, trace_path, snap_path, pickle_path] {
         println!("wrote {}", p.display());
     }
     Ok(())

@@ -31,6 +31,11 @@ pub struct ReplayArgs {
     /// trace, one line per strategy) here.
     #[arg(long, value_name = "DIR", requires = "allocators")]
     pub out: Option<PathBuf>,
+    /// Also write the replay as a PyTorch memory snapshot (the pickle
+    /// `torch.cuda.memory._dump_snapshot()` writes), for pytorch.org/memory_viz
+    /// or `torch.cuda._memory_viz`. JSON Lines traces only.
+    #[arg(long, value_name = "FILE")]
+    pub export_snapshot: Option<PathBuf>,
     /// A PyTorch snapshot: replay only this device (default: every device
     /// with a history, each reported on its own).
     #[arg(long, value_name = "N")]
@@ -49,6 +54,9 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
             .map_err(|e| anyhow::anyhow!("cannot open trace {}: {e}", args.trace.display()))?
     };
     if crate::memory::torch_snapshot::is_pickle(&head) {
+        if args.export_snapshot.is_some() {
+            anyhow::bail!("--export-snapshot writes a snapshot of a JSON Lines trace's replay; this file already is a PyTorch snapshot");
+        }
         return replay_snapshot(args);
     }
     if let Some(names) = &args.allocators {
@@ -64,8 +72,24 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
     };
     let describe = source.describe();
     let mut alloc = CachingAllocator::new(source, config);
+    if args.export_snapshot.is_some() {
+        alloc.start_recording();
+    }
     let outcome = replay(&mut alloc, BufReader::new(file), args.timeline);
     let stats = alloc.stats().flat();
+    if let Some(path) = &args.export_snapshot {
+        let events = alloc.take_events();
+        let snap = crate::memory::snapshot_export::torch_snapshot(&events, alloc.config());
+        std::fs::write(path, crate::memory::pickle::pickle(&snap)).map_err(|e| {
+            anyhow::anyhow!("cannot write --export-snapshot {}: {e}", path.display())
+        })?;
+        if !args.json {
+            println!(
+                "wrote {} (a PyTorch memory snapshot of this replay)",
+                path.display()
+            );
+        }
+    }
 
     if args.json {
         let mut obj = serde_json::json!({

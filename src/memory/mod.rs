@@ -53,6 +53,7 @@ pub mod pickle;
 pub mod replay;
 pub mod size;
 pub mod snapshot;
+pub mod snapshot_export;
 pub mod source;
 pub mod stats;
 pub mod strategies;

@@ -491,6 +491,157 @@ pub fn unpickle(data: &[u8]) -> Result<PyValue, String> {
     }
 }
 
+/// Writes `v` as a protocol-4 pickle using only the opcodes PyTorch's
+/// MemoryViz.js unpickler reads (no FRAME, LONG4, BINUNICODE8, GLOBAL or
+/// REDUCE). An object reached twice through the same `Rc` (a frame shared
+/// by many entries) is written once and fetched from the memo afterwards,
+/// as Python's pickle does.
+pub fn pickle(v: &PyValue) -> Vec<u8> {
+    let mut w = Writer {
+        out: vec![0x80, 4],
+        memo: HashMap::new(),
+    };
+    w.value(v);
+    w.out.push(b'.');
+    w.out
+}
+
+struct Writer {
+    out: Vec<u8>,
+    /// Shared containers and strings by address → memo index.
+    memo: HashMap<usize, u32>,
+}
+
+impl Writer {
+    /// Writes BINGET for an object already written; else notes that the
+    /// next object written is `key`'s and returns false.
+    fn seen(&mut self, key: usize) -> bool {
+        match self.memo.get(&key) {
+            Some(&i) => {
+                if i < 256 {
+                    self.out.extend([b'h', i as u8]);
+                } else {
+                    self.out.push(b'j');
+                    self.out.extend(i.to_le_bytes());
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn put(&mut self, key: usize) {
+        let i = self.memo.len() as u32;
+        self.memo.insert(key, i);
+        if i < 256 {
+            self.out.extend([b'q', i as u8]);
+        } else {
+            self.out.push(b'r');
+            self.out.extend(i.to_le_bytes());
+        }
+    }
+
+    fn int(&mut self, i: i64) {
+        if (0..256).contains(&i) {
+            self.out.extend([b'K', i as u8]);
+        } else if (0..65536).contains(&i) {
+            self.out.push(b'M');
+            self.out.extend((i as u16).to_le_bytes());
+        } else if i32::try_from(i).is_ok() {
+            self.out.push(b'J');
+            self.out.extend((i as i32).to_le_bytes());
+        } else {
+            // LONG1: the shortest two's-complement little-endian form.
+            let bytes = i.to_le_bytes();
+            let mut n = 8;
+            while n > 1 {
+                let top = bytes[n - 1];
+                let next_sign = bytes[n - 2] & 0x80;
+                if (top == 0 && next_sign == 0) || (top == 0xff && next_sign != 0) {
+                    n -= 1;
+                } else {
+                    break;
+                }
+            }
+            self.out.extend([0x8a, n as u8]);
+            self.out.extend(&bytes[..n]);
+        }
+    }
+
+    fn value(&mut self, v: &PyValue) {
+        match v {
+            PyValue::None => self.out.push(b'N'),
+            PyValue::Bool(true) => self.out.push(0x88),
+            PyValue::Bool(false) => self.out.push(0x89),
+            PyValue::Int(i) => self.int(*i),
+            PyValue::Float(f) => {
+                self.out.push(b'G');
+                self.out.extend(f.to_be_bytes());
+            }
+            PyValue::Str(s) => {
+                let key = Rc::as_ptr(s) as *const u8 as usize;
+                if self.seen(key) {
+                    return;
+                }
+                let b = s.as_bytes();
+                if b.len() < 256 {
+                    self.out.extend([0x8c, b.len() as u8]);
+                } else {
+                    self.out.push(b'X');
+                    self.out.extend((b.len() as u32).to_le_bytes());
+                }
+                self.out.extend(b);
+                self.put(key);
+            }
+            PyValue::Bytes(b) => {
+                self.out.push(b'B');
+                self.out.extend((b.len() as u32).to_le_bytes());
+                self.out.extend(b.iter());
+            }
+            PyValue::List(items) | PyValue::Tuple(items) => {
+                let key = items.as_ptr() as usize;
+                if !items.is_empty() && self.seen(key) {
+                    return;
+                }
+                let tuple = matches!(v, PyValue::Tuple(_));
+                if tuple {
+                    self.out.push(b'(');
+                    for x in items.iter() {
+                        self.value(x);
+                    }
+                    self.out.push(b't');
+                } else {
+                    self.out.push(b']');
+                    if !items.is_empty() {
+                        self.put(key);
+                        self.out.push(b'(');
+                        for x in items.iter() {
+                            self.value(x);
+                        }
+                        self.out.push(b'e');
+                    }
+                }
+            }
+            PyValue::Dict(items) => {
+                let key = items.as_ptr() as usize;
+                if !items.is_empty() && self.seen(key) {
+                    return;
+                }
+                self.out.push(b'}');
+                if !items.is_empty() {
+                    self.put(key);
+                    self.out.push(b'(');
+                    for (k, x) in items.iter() {
+                        self.value(k);
+                        self.value(x);
+                    }
+                    self.out.push(b'u');
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

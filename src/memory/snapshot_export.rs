@@ -1,0 +1,208 @@
+//! vramlab's own runs as PyTorch memory snapshots: the dict
+//! `torch.cuda.memory._snapshot()` returns, built from an event log, so
+//! PyTorch users can open a vramlab run in the viewer they know
+//! (pytorch.org/memory_viz, `torch.cuda._memory_viz`). `device_traces`
+//! holds every alloc (`free_requested` + `free_completed` for each free),
+//! segment_alloc / segment_free and oom with its time; `segments` is the
+//! end state, each segment tiled in address order by its blocks (free gaps
+//! as one `inactive` block each, as the allocator merges them). Frames
+//! carry vramlab's op (`conv2.forward`) and tensor label, one shared frame
+//! object per distinct name, as PyTorch shares its frames.
+
+use super::caching::PoolKind;
+use super::events::{EventKind, MemEvent};
+use super::pickle::PyValue;
+use std::collections::{BTreeMap, HashMap};
+use std::rc::Rc;
+
+/// Interned strings and frame lists, so the pickle shares them.
+#[derive(Default)]
+struct Frames {
+    strings: HashMap<String, PyValue>,
+    lists: HashMap<(String, String), PyValue>,
+}
+
+impl Frames {
+    fn s(&mut self, x: &str) -> PyValue {
+        self.strings
+            .entry(x.to_string())
+            .or_insert_with(|| PyValue::Str(Rc::from(x)))
+            .clone()
+    }
+
+    fn frame(&mut self, filename: &str, name: &str) -> PyValue {
+        PyValue::dict(vec![
+            (self.s("filename"), self.s(filename)),
+            (self.s("line"), PyValue::Int(0)),
+            (self.s("name"), self.s(name)),
+        ])
+    }
+
+    /// Innermost first: the tensor, then the op that made it.
+    fn of(&mut self, op: &str, label: &str) -> PyValue {
+        let key = (op.to_string(), label.to_string());
+        if let Some(v) = self.lists.get(&key) {
+            return v.clone();
+        }
+        let mut frames = Vec::new();
+        if !label.is_empty() {
+            frames.push(self.frame("vramlab tensor", label));
+        }
+        if !op.is_empty() {
+            frames.push(self.frame("vramlab op", op));
+        }
+        let v = PyValue::list(frames);
+        self.lists.insert(key, v.clone());
+        v
+    }
+}
+
+struct LiveBlock {
+    size: u64,
+    requested: u64,
+    op: String,
+    label: String,
+}
+
+/// The snapshot dict for the run recorded in `events` (device 0, one
+/// stream), under PyTorch's default allocator settings unless `settings`
+/// says otherwise.
+pub fn torch_snapshot(events: &[MemEvent], settings: &super::AllocatorConfig) -> PyValue {
+    let mut f = Frames::default();
+    let mut trace = Vec::new();
+    // Segments by address: (size, pool); blocks by address.
+    let mut segments: BTreeMap<u64, (u64, PoolKind)> = BTreeMap::new();
+    let mut blocks: BTreeMap<u64, LiveBlock> = BTreeMap::new();
+    let entry = |f: &mut Frames, action: &str, e: &MemEvent, size: u64| {
+        PyValue::dict(vec![
+            (f.s("action"), f.s(action)),
+            (f.s("addr"), PyValue::Int(e.address as i64)),
+            (f.s("size"), PyValue::Int(size as i64)),
+            (f.s("stream"), PyValue::Int(0)),
+            (f.s("time_us"), PyValue::Int(e.t_us as i64)),
+            (f.s("frames"), f.of(&e.op, &e.label)),
+        ])
+    };
+    for e in events {
+        match e.kind {
+            EventKind::Alloc => {
+                trace.push(entry(&mut f, "alloc", e, e.requested.max(1)));
+                blocks.insert(
+                    e.address,
+                    LiveBlock {
+                        size: e.size,
+                        requested: e.requested,
+                        op: e.op.to_string(),
+                        label: e.label.to_string(),
+                    },
+                );
+            }
+            EventKind::Free => {
+                trace.push(entry(&mut f, "free_requested", e, e.requested.max(1)));
+                trace.push(entry(&mut f, "free_completed", e, e.requested.max(1)));
+                blocks.remove(&e.address);
+            }
+            EventKind::SegmentAlloc => {
+                trace.push(entry(&mut f, "segment_alloc", e, e.size));
+                let pool = if e.size == 2 << 20 {
+                    PoolKind::Small
+                } else {
+                    PoolKind::Large
+                };
+                segments.insert(e.address, (e.size, pool));
+            }
+            EventKind::SegmentFree => {
+                trace.push(entry(&mut f, "segment_free", e, e.size));
+                segments.remove(&e.address);
+            }
+            EventKind::Oom => {
+                let mut d = match entry(&mut f, "oom", e, e.size) {
+                    PyValue::Dict(d) => d.to_vec(),
+                    _ => Vec::new(),
+                };
+                d.push((f.s("device_free"), PyValue::Int(0)));
+                trace.push(PyValue::dict(d));
+            }
+            EventKind::Retag | EventKind::Phase => {}
+        }
+    }
+    let mut segs = Vec::new();
+    for (&address, &(size, pool)) in &segments {
+        let mut out = Vec::new();
+        let (mut allocated, mut requested) = (0u64, 0u64);
+        let mut at = address;
+        let inactive = |f: &mut Frames, addr: u64, size: u64| {
+            PyValue::dict(vec![
+                (f.s("address"), PyValue::Int(addr as i64)),
+                (f.s("size"), PyValue::Int(size as i64)),
+                (f.s("requested_size"), PyValue::Int(0)),
+                (f.s("state"), f.s("inactive")),
+                (f.s("frames"), PyValue::list(Vec::new())),
+            ])
+        };
+        for (&addr, b) in blocks.range(address..address + size) {
+            if addr > at {
+                out.push(inactive(&mut f, at, addr - at));
+            }
+            allocated += b.size;
+            requested += b.requested;
+            out.push(PyValue::dict(vec![
+                (f.s("address"), PyValue::Int(addr as i64)),
+                (f.s("size"), PyValue::Int(b.size as i64)),
+                (f.s("requested_size"), PyValue::Int(b.requested as i64)),
+                (f.s("state"), f.s("active_allocated")),
+                (f.s("frames"), f.of(&b.op, &b.label)),
+            ]));
+            at = addr + b.size;
+        }
+        if at < address + size {
+            out.push(inactive(&mut f, at, address + size - at));
+        }
+        segs.push(PyValue::dict(vec![
+            (f.s("device"), PyValue::Int(0)),
+            (f.s("address"), PyValue::Int(address as i64)),
+            (f.s("total_size"), PyValue::Int(size as i64)),
+            (f.s("allocated_size"), PyValue::Int(allocated as i64)),
+            (f.s("active_size"), PyValue::Int(allocated as i64)),
+            (f.s("requested_size"), PyValue::Int(requested as i64)),
+            (f.s("stream"), PyValue::Int(0)),
+            (
+                f.s("segment_type"),
+                f.s(if pool == PoolKind::Small {
+                    "small"
+                } else {
+                    "large"
+                }),
+            ),
+            (
+                f.s("segment_pool_id"),
+                PyValue::Tuple(vec![PyValue::Int(0), PyValue::Int(0)].into()),
+            ),
+            (f.s("is_expandable"), PyValue::Bool(false)),
+            (f.s("frames"), PyValue::list(Vec::new())),
+            (f.s("blocks"), PyValue::list(out)),
+        ]));
+    }
+    let max_split = if settings.max_split_size == u64::MAX {
+        -1
+    } else {
+        settings.max_split_size as i64
+    };
+    let settings = PyValue::dict(vec![
+        (f.s("PYTORCH_CUDA_ALLOC_CONF"), f.s("")),
+        (f.s("max_split_size"), PyValue::Int(max_split)),
+        (
+            f.s("garbage_collection_threshold"),
+            PyValue::Float(settings.garbage_collection_threshold),
+        ),
+        (f.s("expandable_segments"), PyValue::Bool(false)),
+    ]);
+    PyValue::dict(vec![
+        (f.s("segments"), PyValue::list(segs)),
+        (
+            f.s("device_traces"),
+            PyValue::list(vec![PyValue::list(trace)]),
+        ),
+        (f.s("allocator_settings"), settings),
+    ])
+}
