@@ -90,6 +90,33 @@ fn real_snapshots_replay_to_their_recorded_end_state() {
     }
 }
 
+/// Two devices, recording begun mid-run, an older PyTorch's "free" action,
+/// a free of a block no recorded segment holds, and a recorded OOM
+/// (multi_device.pickle, written by Python's pickle at protocol 2).
+#[test]
+fn every_device_is_replayed_and_odd_traces_are_reported_not_fatal() {
+    let (ok, v, err) = replay(&fixture("multi_device.pickle"), &[]);
+    assert!(ok, "{err}");
+    let devs = v["devices"].as_array().unwrap();
+    assert_eq!(devs.len(), 2);
+    assert_eq!(devs[0]["pre_existing_segments"], 1);
+    for d in devs {
+        assert_eq!(d["segments_match"], true, "{}", d["differences"]);
+    }
+    assert!(devs[0]["differences"][0]
+        .as_str()
+        .unwrap()
+        .contains("no recorded segment"));
+    assert_eq!(
+        devs[1]["ooms_recorded"],
+        serde_json::json!([{"size": 80u64 << 20, "device_free": 10u64 << 20}])
+    );
+    let (ok, v, _) = replay(&fixture("multi_device.pickle"), &["--device", "1"]);
+    assert!(ok);
+    assert_eq!(v["devices"].as_array().unwrap().len(), 1);
+    assert_eq!(v["devices"][0]["device"], 1);
+}
+
 #[test]
 fn a_missing_device_is_an_error_that_lists_the_others() {
     let (ok, _, err) = replay(&fixture("scenario.pickle"), &["--device", "3"]);

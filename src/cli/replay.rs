@@ -433,13 +433,16 @@ fn replay_snapshot(args: &ReplayArgs) -> anyhow::Result<()> {
             Mib(n("replayed", "peak_reserved_bytes")),
             Mib(n("replayed", "peak_allocated_bytes"))
         );
+        let diffs: Vec<&str> = rep["differences"]
+            .as_array()
+            .map(|d| d.iter().filter_map(|x| x.as_str()).collect())
+            .unwrap_or_default();
         if rep["segments_match"].as_bool() == Some(true) {
             println!("  the replay ends with exactly the recorded segments, reserved and allocated bytes");
+            if !diffs.is_empty() {
+                println!("  note: {}", diffs.join("; "));
+            }
         } else {
-            let diffs: Vec<&str> = rep["differences"]
-                .as_array()
-                .map(|d| d.iter().filter_map(|x| x.as_str()).collect())
-                .unwrap_or_default();
             println!("  differs from the recording: {}", diffs.join("; "));
         }
         for (size, free) in &snap.ooms {
