@@ -3,9 +3,9 @@
 //! device: the same trace, so the times compare as ratios.
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use vramlab::memory::strategies::{online, NAMES};
-use vramlab::memory::synthetic;
-use vramlab::memory::workload::{run, run_planner};
+use vramlab::lab::strategies::{online, NAMES};
+use vramlab::lab::synthetic;
+use vramlab::lab::workload::{run, run_planner};
 
 fn strategies(c: &mut Criterion) {
     let w = synthetic::variable_length_batches();

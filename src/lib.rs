@@ -11,6 +11,7 @@ pub mod cli;
 pub mod device;
 pub mod estimate;
 pub mod io;
+pub mod lab;
 pub mod memory;
 pub mod nn;
 pub mod ops;

@@ -4,7 +4,7 @@
 //! never a panic or an allocation the file cannot back.
 
 use std::path::Path;
-use vramlab::memory::pickle::{unpickle, PyValue, MAX_DEPTH};
+use vramlab::lab::pickle::{unpickle, PyValue, MAX_DEPTH};
 
 #[test]
 fn shared_objects_are_seen_filled() {

@@ -126,7 +126,7 @@ fn timeline_html_renders_in_headless_chromium() {
 /// `scripts/torch_reference.py snapshot-check FILE`.)
 #[test]
 fn the_exported_pytorch_snapshot_is_the_allocators_state() {
-    use vramlab::memory::{pickle, snapshot_export, torch_snapshot};
+    use vramlab::lab::{pickle, snapshot_export, torch_snapshot};
     let e = engine();
     e.allocator().start_recording();
     // The model stays alive, so the log's end is the allocator's state now.

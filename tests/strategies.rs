@@ -6,9 +6,9 @@
 
 mod common;
 use common::Rng;
-use vramlab::memory::strategies::planner::{plan, Lifetime};
-use vramlab::memory::strategies::{online, NAMES};
-use vramlab::memory::workload::{compare, run, Op, Workload};
+use vramlab::lab::strategies::planner::{plan, Lifetime};
+use vramlab::lab::strategies::{online, NAMES};
+use vramlab::lab::workload::{compare, run, Op, Workload};
 use vramlab::memory::Category;
 
 fn random_workload(seed: u64, ops: usize) -> Workload {
@@ -93,7 +93,7 @@ fn every_strategy_keeps_allocated_within_reserved_and_returns_everything() {
 #[test]
 fn strategies_run_on_wgpu_buffers_with_the_simulated_numbers() {
     use vramlab::device::{AdapterOptions, Gpu, WgpuSource};
-    use vramlab::memory::strategies::online_on;
+    use vramlab::lab::strategies::online_on;
     let gpu = Gpu::new(&AdapterOptions::default()).expect("GPU tests need an adapter");
     let w = random_workload(42, 400);
     for name in NAMES.iter().filter(|n| **n != "planner") {

@@ -6,9 +6,10 @@
 use super::args::parse_capacity;
 use crate::estimate::run::run_steps;
 use crate::estimate::Plan;
-use crate::memory::strategies::NAMES;
-use crate::memory::workload::{compare, RunResult, Workload};
-use crate::memory::{synthetic, AllocatorConfig};
+use crate::lab::strategies::NAMES;
+use crate::lab::synthetic;
+use crate::lab::workload::{compare, RunResult, Workload};
+use crate::memory::AllocatorConfig;
 use crate::nn::ModelSpec;
 use crate::tensor::Engine;
 use crate::train::{Mode, OptimizerConfig, OptimizerKind};

@@ -10,8 +10,8 @@
 use super::args::{AllocArgs, DeviceArgs, ModelArgs, StepArgs};
 use crate::estimate::run::run_steps;
 use crate::estimate::{analyze, Plan};
-use crate::memory::strategies::NAMES;
-use crate::memory::workload::{compare, Workload};
+use crate::lab::strategies::NAMES;
+use crate::lab::workload::{compare, Workload};
 use crate::memory::{parse_size, AllocatorConfig};
 use crate::tensor::Engine;
 use clap::Args;

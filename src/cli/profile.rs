@@ -87,8 +87,8 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
     let snap_path = write("snapshot.json", &serde_json::to_string_pretty(&snapshot)?)?;
     // The same run as a PyTorch memory snapshot, for pytorch.org/memory_viz.
     let pickle_path = args.out.join("snapshot.pickle");
-    let torch = crate::memory::snapshot_export::torch_snapshot(events, &plan.config);
-    std::fs::write(&pickle_path, crate::memory::pickle::pickle(&torch))
+    let torch = crate::lab::snapshot_export::torch_snapshot(events, &plan.config);
+    std::fs::write(&pickle_path, crate::lab::pickle::pickle(&torch))
         .with_context(|| format!("cannot write {}", pickle_path.display()))?;
     if args.json {
         let out = serde_json::json!({

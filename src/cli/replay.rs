@@ -2,9 +2,8 @@
 //! allocator on a simulated device and print the statistics it reaches.
 
 use super::args::{parse_capacity, AllocArgs};
-use crate::memory::{
-    memory_summary, replay, CachingAllocator, Mib, SegmentSource, SimulatedSource,
-};
+use crate::lab::replay;
+use crate::memory::{memory_summary, CachingAllocator, Mib, SegmentSource, SimulatedSource};
 use clap::Args;
 use std::io::BufReader;
 use std::path::PathBuf;
@@ -53,7 +52,7 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
             .and_then(|mut f| f.read(&mut b).map(|_| b))
             .map_err(|e| anyhow::anyhow!("cannot open trace {}: {e}", args.trace.display()))?
     };
-    if crate::memory::torch_snapshot::is_pickle(&head) {
+    if crate::lab::torch_snapshot::is_pickle(&head) {
         if args.export_snapshot.is_some() {
             anyhow::bail!("--export-snapshot writes a snapshot of a JSON Lines trace's replay; this file already is a PyTorch snapshot");
         }
@@ -79,8 +78,8 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
     let stats = alloc.stats().flat();
     if let Some(path) = &args.export_snapshot {
         let events = alloc.take_events();
-        let snap = crate::memory::snapshot_export::torch_snapshot(&events, alloc.config());
-        std::fs::write(path, crate::memory::pickle::pickle(&snap)).map_err(|e| {
+        let snap = crate::lab::snapshot_export::torch_snapshot(&events, alloc.config());
+        std::fs::write(path, crate::lab::pickle::pickle(&snap)).map_err(|e| {
             anyhow::anyhow!("cannot write --export-snapshot {}: {e}", path.display())
         })?;
         if !args.json {
@@ -176,7 +175,7 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
 }
 
 /// The comparison table `replay --allocators` and `bench-alloc` print.
-pub fn print_results(results: &[crate::memory::workload::RunResult]) {
+pub fn print_results(results: &[crate::lab::workload::RunResult]) {
     let mib = |b: u64| b as f64 / 1048576.0;
     println!(
         "  {:<9} {:>12} {:>12} {:>8} {:>9} {:>8} {:>8} {:>5} {:>9}",
@@ -200,7 +199,7 @@ pub fn print_results(results: &[crate::memory::workload::RunResult]) {
 
 /// `replay --allocators`: every named strategy on the trace.
 fn compare_strategies(args: &ReplayArgs, names: &[String]) -> anyhow::Result<()> {
-    use crate::memory::workload::{compare, Workload};
+    use crate::lab::workload::{compare, Workload};
     let capacity = parse_capacity(&args.capacity)?;
     let file = std::fs::File::open(&args.trace)
         .map_err(|e| anyhow::anyhow!("cannot open trace {}: {e}", args.trace.display()))?;
@@ -243,11 +242,7 @@ fn compare_strategies(args: &ReplayArgs, names: &[String]) -> anyhow::Result<()>
 }
 
 /// Reserved memory over the trace, one line per strategy.
-fn reserved_plot(
-    results: &[crate::memory::workload::RunResult],
-    ops: usize,
-    title: &str,
-) -> String {
+fn reserved_plot(results: &[crate::lab::workload::RunResult], ops: usize, title: &str) -> String {
     use crate::profile::svg::{escape, COLORS};
     let (w, h, l, t) = (900.0, 360.0, 80.0, 40.0);
     let max = results
@@ -304,8 +299,8 @@ fn reserved_plot(
 /// `replay snapshot.pickle`: a PyTorch memory snapshot's history through the
 /// `pytorch` strategy, compared with what the snapshot itself recorded.
 fn replay_snapshot(args: &ReplayArgs) -> anyhow::Result<()> {
-    use crate::memory::torch_snapshot;
-    use crate::memory::workload::compare;
+    use crate::lab::torch_snapshot;
+    use crate::lab::workload::compare;
     let name = args.trace.display().to_string();
     let bytes =
         std::fs::read(&args.trace).map_err(|e| anyhow::anyhow!("cannot read {name}: {e}"))?;

@@ -316,7 +316,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     }
     if let Some(path) = &args.record_trace {
         let events = trainer.engine.allocator().take_events();
-        let lines: Vec<String> = crate::memory::workload::to_trace(&events)
+        let lines: Vec<String> = crate::lab::workload::to_trace(&events)
             .iter()
             .map(|e| e.to_line())
             .collect();

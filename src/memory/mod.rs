@@ -1,6 +1,8 @@
 //! vramlab's caching allocator: PyTorch's CUDA caching allocator
 //! (c10/cuda/CUDACachingAllocator.cpp), reproduced rule for rule over abstract
-//! segments. This module never touches wgpu.
+//! segments. This module never touches wgpu. What studies allocators rather
+//! than being one (strategies, workloads, traces, snapshots) is
+//! [`crate::lab`].
 //!
 //! # Why a caching allocator
 //! Asking a device for memory is slow and synchronizing (cudaMalloc, or
@@ -49,30 +51,20 @@ pub mod constants;
 pub mod error;
 pub mod events;
 pub mod lookahead;
-pub mod pickle;
-pub mod replay;
 pub mod size;
 pub mod snapshot;
-pub mod snapshot_export;
 pub mod source;
 pub mod stats;
-pub mod strategies;
 pub mod summary;
-pub mod synthetic;
 pub mod tag;
-pub mod torch_snapshot;
-pub mod trace;
-pub mod workload;
 
 pub use caching::{round_size, Allocation, BlockHandle, CachingAllocator, PoolKind};
 pub use config::{AllocatorConfig, ConfigError, ALLOC_CONF_ENV};
 pub use error::{AllocError, OomReport};
 pub use events::{EventKind, LiveBlocks, MemEvent};
-pub use replay::{replay, ReplayOutcome};
 pub use size::{format_size, parse_size, Mib};
 pub use snapshot::{BlockInfo, SegmentInfo, Snapshot};
 pub use source::{SegmentId, SegmentSource, SimulatedSource, SourceError};
 pub use stats::{DeviceStats, Stat, StatType};
 pub use summary::memory_summary;
 pub use tag::{Category, CATEGORIES};
-pub use trace::TraceEvent;

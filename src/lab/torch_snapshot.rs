@@ -21,12 +21,12 @@
 //! parameter. Those categories are the lifetime hints the `vramlab` strategy
 //! places by; every other block stays untagged.
 
-use super::caching::{pool_for, round_size, BlockHandle, CachingAllocator, PoolKind};
-use super::config::AllocatorConfig;
 use super::pickle::{unpickle, PyValue};
-use super::source::SimulatedSource;
-use super::tag::Category;
 use super::workload::{Op, Workload};
+use crate::memory::caching::{pool_for, round_size, BlockHandle, CachingAllocator, PoolKind};
+use crate::memory::config::AllocatorConfig;
+use crate::memory::source::SimulatedSource;
+use crate::memory::tag::Category;
 use std::collections::{BTreeMap, HashMap};
 
 /// One device of a snapshot, as a workload and a recorded state.

@@ -3,9 +3,9 @@
 //! an error naming the line, but everything replayed up to there stays in the
 //! outcome, so the caller can still print the statistics it reached.
 
-use super::caching::{BlockHandle, CachingAllocator};
-use super::source::SegmentSource;
 use super::trace::TraceEvent;
+use crate::memory::caching::{BlockHandle, CachingAllocator};
+use crate::memory::source::SegmentSource;
 use serde::Serialize;
 use std::collections::HashMap;
 use std::io::BufRead;

@@ -14,7 +14,7 @@
 //! extra fields are ignored so traces can carry more (times) without
 //! breaking older readers.
 
-use super::tag::Category;
+use crate::memory::tag::Category;
 use serde::{Deserialize, Serialize};
 
 /// One trace event.

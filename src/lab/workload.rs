@@ -3,11 +3,11 @@
 //! peak live requested, the lower bound for any allocator), device calls,
 //! out-of-memory at a capacity, and nanoseconds per operation.
 
-use super::events::{EventKind, MemEvent};
 use super::strategies::planner::{plan, Lifetime};
 use super::strategies::{online, Strategy};
-use super::tag::Category;
 use super::trace::TraceEvent;
+use crate::memory::events::{EventKind, MemEvent};
+use crate::memory::tag::Category;
 use serde::Serialize;
 use std::collections::HashMap;
 use std::io::BufRead;

@@ -3,8 +3,8 @@
 //! that changes mid-run, and inference with a growing sequence length.
 //! Seeded, so every run sees the same trace.
 
-use super::tag::Category;
 use super::workload::{Op, Workload};
+use crate::memory::tag::Category;
 
 struct Gen {
     ops: Vec<Op>,

@@ -9,9 +9,9 @@
 //! carry vramlab's op (`conv2.forward`) and tensor label, one shared frame
 //! object per distinct name, as PyTorch shares its frames.
 
-use super::caching::PoolKind;
-use super::events::{EventKind, MemEvent};
 use super::pickle::PyValue;
+use crate::memory::caching::PoolKind;
+use crate::memory::events::{EventKind, MemEvent};
 use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 
@@ -67,7 +67,7 @@ struct LiveBlock {
 /// The snapshot dict for the run recorded in `events` (device 0, one
 /// stream), under PyTorch's default allocator settings unless `settings`
 /// says otherwise.
-pub fn torch_snapshot(events: &[MemEvent], settings: &super::AllocatorConfig) -> PyValue {
+pub fn torch_snapshot(events: &[MemEvent], settings: &crate::memory::AllocatorConfig) -> PyValue {
     let mut f = Frames::default();
     let mut trace = Vec::new();
     // Segments by address: (size, pool); blocks by address.

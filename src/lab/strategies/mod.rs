@@ -14,9 +14,9 @@ pub mod planner;
 pub mod pytorch;
 pub mod sliced;
 
-use super::source::SegmentSource;
-pub use super::tag::Category;
-use super::SimulatedSource;
+use crate::memory::source::SegmentSource;
+pub use crate::memory::tag::Category;
+use crate::memory::SimulatedSource;
 
 /// A block handed out by a strategy.
 pub type Handle = u64;
@@ -93,7 +93,7 @@ impl<S: SegmentSource> Device<S> {
     pub fn alloc(&mut self, size: u64) -> Result<u64, Oom> {
         let id = self.next;
         self.source
-            .allocate(super::SegmentId(id), size)
+            .allocate(crate::memory::SegmentId(id), size)
             .map_err(|_| Oom)?;
         self.next += 1;
         self.reserved += size;
@@ -110,7 +110,7 @@ impl<S: SegmentSource> Device<S> {
     }
 
     pub fn release(&mut self, id: u64, size: u64) {
-        self.source.release(super::SegmentId(id), size);
+        self.source.release(crate::memory::SegmentId(id), size);
         self.reserved -= size;
         self.frees += 1;
     }
