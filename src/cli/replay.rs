@@ -23,7 +23,7 @@ pub struct ReplayArgs {
     #[arg(long)]
     pub timeline: bool,
     /// Compare allocator strategies on this trace instead:
-    /// pytorch,nocache,buckets,sliced,buddy,planner,vramlab (or a subset).
+    /// pytorch,expandable,nocache,buckets,sliced,buddy,planner,vramlab (or a subset).
     #[arg(long, value_delimiter = ',', value_name = "NAMES")]
     pub allocators: Option<Vec<String>>,
     /// With --allocators: write reserved.svg (reserved memory over the

@@ -9,6 +9,7 @@
 
 pub mod buckets;
 pub mod buddy;
+pub mod expandable;
 pub mod nocache;
 pub mod planner;
 pub mod pytorch;
@@ -60,8 +61,15 @@ pub struct DeviceCounts {
 }
 
 /// The strategies `replay --allocators` and `bench-alloc` know.
-pub const NAMES: [&str; 7] = [
-    "pytorch", "nocache", "buckets", "sliced", "buddy", "planner", "vramlab",
+pub const NAMES: [&str; 8] = [
+    "pytorch",
+    "expandable",
+    "nocache",
+    "buckets",
+    "sliced",
+    "buddy",
+    "planner",
+    "vramlab",
 ];
 
 /// Rounds up to a multiple of `a` (a power of two).
@@ -133,6 +141,7 @@ pub fn online_on<S: SegmentSource + 'static>(name: &str, src: S) -> Option<Box<d
     Some(match name {
         "pytorch" => Box::new(pytorch::Pytorch::new(src, Default::default(), "pytorch")),
         "vramlab" => Box::new(pytorch::Pytorch::vramlab(src)),
+        "expandable" => Box::new(expandable::Expandable::new(src)),
         "nocache" => Box::new(nocache::NoCache::new(src)),
         "buckets" => Box::new(buckets::Buckets::new(src)),
         "sliced" => Box::new(sliced::Sliced::new(src)),
