@@ -7,32 +7,10 @@ use common::*;
 use vramlab::estimate::run::estimate;
 use vramlab::estimate::{analyze, run_step, Plan};
 use vramlab::memory::AllocatorConfig;
-use vramlab::nn::{ModelSpec, ParamStore};
+use vramlab::nn::ParamStore;
 use vramlab::optim::GradScaler;
 use vramlab::tensor::{DType, Engine, Tensor};
 use vramlab::train::{Mode, OptimizerConfig, OptimizerKind};
-
-fn small(name: &str) -> ModelSpec {
-    match name {
-        "mlp" => ModelSpec::Mlp {
-            widths: vec![50, 64, 64, 64, 10],
-            checkpoint_every: 0,
-        },
-        "resnet-mini" => ModelSpec::ResnetMini {
-            width: 4,
-            depth: 3,
-            resolution: 16,
-            classes: 10,
-        },
-        "attention" => ModelSpec::Attention {
-            seq_len: 24,
-            dim: 16,
-            hidden: 32,
-            classes: 5,
-        },
-        other => ModelSpec::default_for(other).unwrap(),
-    }
-}
 
 const MODELS: [(&str, usize); 4] = [
     ("mlp", 7),

@@ -12,28 +12,6 @@ use vramlab::memory::AllocatorConfig;
 use vramlab::nn::ModelSpec;
 use vramlab::train::{Mode, OptimizerConfig, OptimizerKind};
 
-fn small(name: &str) -> ModelSpec {
-    match name {
-        "mlp" => ModelSpec::Mlp {
-            widths: vec![50, 64, 64, 64, 10],
-            checkpoint_every: 0,
-        },
-        "resnet-mini" => ModelSpec::ResnetMini {
-            width: 4,
-            depth: 3,
-            resolution: 16,
-            classes: 10,
-        },
-        "attention" => ModelSpec::Attention {
-            seq_len: 24,
-            dim: 16,
-            hidden: 32,
-            classes: 5,
-        },
-        other => ModelSpec::default_for(other).unwrap(),
-    }
-}
-
 #[test]
 fn estimate_equals_measurement_to_the_byte() {
     let cases: [(&str, &[usize]); 4] = [

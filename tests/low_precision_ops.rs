@@ -31,18 +31,6 @@ fn unit(d: DType) -> f64 {
     }
 }
 
-/// ‖got − want‖ / ‖want‖.
-fn normwise(got: &[f32], want: &[f64]) -> f64 {
-    assert_eq!(got.len(), want.len());
-    let d: f64 = got
-        .iter()
-        .zip(want)
-        .map(|(g, w)| (*g as f64 - w).powi(2))
-        .sum();
-    let n: f64 = want.iter().map(|w| w * w).sum();
-    (d / n.max(1e-300)).sqrt()
-}
-
 /// Every element within one rounding of the exact value.
 fn assert_one_rounding(got: &[f32], want: &[f64], d: DType, what: &str) {
     assert_eq!(got.len(), want.len(), "{what}");
@@ -61,10 +49,6 @@ fn rounded(e: &Engine, rng: &mut Rng, shape: &[usize], d: DType) -> (Vec<f32>, T
     let v: Vec<f32> = rng.vec(n).iter().map(|&x| d.round(x)).collect();
     let t = Tensor::from_f32_as(e, &v, shape, d, "input").unwrap();
     (v, t)
-}
-
-fn f64s(v: &[f32]) -> Vec<f64> {
-    v.iter().map(|&x| x as f64).collect()
 }
 
 const DTYPES: [DType; 2] = [DType::F16, DType::Bf16];
@@ -134,7 +118,7 @@ fn conv2d_forward_and_backward_in_each_dtype() {
                 stride,
                 padding: pad,
             };
-            let (xf, wf, bf) = (f64s(&x), f64s(&wt), f64s(&b));
+            let (xf, wf, bf) = (to_f64(&x), to_f64(&wt), to_f64(&b));
             let f = |xx: &[f64], ww: &[f64], bb: &[f64]| {
                 conv2d_ref(xx, ww, bb, (n, c, h, w), (o, kh, kw), stride, pad).0
             };
@@ -144,7 +128,7 @@ fn conv2d_forward_and_backward_in_each_dtype() {
             let err = normwise(&y.to_vec().unwrap(), &f(&xf, &wf, &bf));
             assert!(err <= 4.0 * unit(d), "{what} forward: {err:.2e}");
             let (r, tdy) = rounded(&e, &mut rng, y.shape(), d);
-            let rf = f64s(&r);
+            let rf = to_f64(&r);
             let loss = |yy: Vec<f64>| yy.iter().zip(&rf).map(|(a, b)| a * b).sum::<f64>();
             let (dx, dw, db) = conv2d_backward(&tx, &tw, &tdy, cfg, true).unwrap();
             let gx = numeric_grad(&xf, |v| loss(f(v, &wf, &bf)));
@@ -168,23 +152,14 @@ fn linear_forward_and_backward_in_each_dtype() {
             let (x, tx) = rounded(&e, &mut rng, &[n, i], d);
             let (w, tw) = rounded(&e, &mut rng, &[o, i], d);
             let (b, tb) = rounded(&e, &mut rng, &[o], d);
-            let f = |xx: &[f64], ww: &[f64], bb: &[f64]| -> Vec<f64> {
-                let mut y = vec![0.0; n * o];
-                for r in 0..n {
-                    for c in 0..o {
-                        y[r * o + c] =
-                            bb[c] + (0..i).map(|k| xx[r * i + k] * ww[c * i + k]).sum::<f64>();
-                    }
-                }
-                y
-            };
-            let (xf, wf, bf) = (f64s(&x), f64s(&w), f64s(&b));
+            let f = |xx: &[f64], ww: &[f64], bb: &[f64]| linear_ref(xx, ww, bb, n, i, o);
+            let (xf, wf, bf) = (to_f64(&x), to_f64(&w), to_f64(&b));
             let what = format!("linear {d} {n}x{i}->{o}");
             let y = linear(&tx, &tw, Some(&tb)).unwrap();
             let err = normwise(&y.to_vec().unwrap(), &f(&xf, &wf, &bf));
             assert!(err <= 4.0 * unit(d), "{what} forward: {err:.2e}");
             let (r, tdy) = rounded(&e, &mut rng, &[n, o], d);
-            let rf = f64s(&r);
+            let rf = to_f64(&r);
             let loss = |yy: Vec<f64>| yy.iter().zip(&rf).map(|(a, b)| a * b).sum::<f64>();
             let (dx, dw, db) = linear_backward(&tx, &tw, &tdy, true, true).unwrap();
             let gx = numeric_grad(&xf, |v| loss(f(v, &wf, &bf)));

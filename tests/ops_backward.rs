@@ -87,16 +87,7 @@ fn linear_forward_and_backward_match_f64() {
     let mut rng = Rng::new(11);
     for (n, i, o) in [(1, 1, 1), (7, 33, 5), (65, 257, 10), (3, 1, 70)] {
         let (x, w, b) = (rng.vec(n * i), rng.vec(o * i), rng.vec(o));
-        let f = |xx: &[f64], ww: &[f64], bb: &[f64]| -> Vec<f64> {
-            let mut y = vec![0.0; n * o];
-            for r in 0..n {
-                for c in 0..o {
-                    y[r * o + c] =
-                        bb[c] + (0..i).map(|k| xx[r * i + k] * ww[c * i + k]).sum::<f64>();
-                }
-            }
-            y
-        };
+        let f = |xx: &[f64], ww: &[f64], bb: &[f64]| linear_ref(xx, ww, bb, n, i, o);
         let (xf, wf, bf) = (to_f64(&x), to_f64(&w), to_f64(&b));
         let tx = Tensor::from_slice(&e, &x, &[n, i], "x").unwrap();
         let tw = Tensor::from_slice(&e, &w, &[o, i], "w").unwrap();

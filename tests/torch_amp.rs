@@ -23,27 +23,6 @@ fn read(p: &Path) -> SafeTensors {
         .unwrap_or_else(|e| panic!("{e} (regenerate with scripts/torch_reference.py amp)"))
 }
 
-/// Norm-wise relative distance ‖got − want‖ / ‖want‖ (element-wise relative
-/// error is meaningless for 16-bit results: an element near zero carries
-/// the absolute rounding error of its larger neighbours).
-fn normwise(got: &[f32], want: &[f32]) -> f64 {
-    assert_eq!(got.len(), want.len());
-    let d: f64 = got
-        .iter()
-        .zip(want)
-        .map(|(g, w)| (*g as f64 - *w as f64).powi(2))
-        .sum();
-    let n: f64 = want.iter().map(|w| (*w as f64).powi(2)).sum();
-    (d / n.max(1e-30)).sqrt()
-}
-
-fn thin(expected: &SafeTensors, name: &str, got: &[f32]) -> Vec<f32> {
-    match expected.metadata.get(&format!("stride.{name}")) {
-        Some(k) => got.iter().step_by(k.parse().unwrap()).copied().collect(),
-        None => got.to_vec(),
-    }
-}
-
 /// Norm-wise tolerance per dtype: 8 unit roundoffs (f16 u = 2^-11 ≈ 4.9e-4,
 /// bf16 u = 2^-8 ≈ 3.9e-3). Both sides round the same operands to the same
 /// format, but not at the same places (PyTorch's CPU kernels may round a
@@ -98,7 +77,7 @@ fn run_case(dir: &Path) -> Case {
         let (want, _) = expected.f32(name).unwrap();
         errors.push((
             name.to_string(),
-            normwise(&thin(&expected, name, &got), &want),
+            normwise(&thin(&expected, name, &got), &to_f64(&want)),
         ));
     };
     let logits = out.logits.to_vec().unwrap();
@@ -147,7 +126,7 @@ fn run_model(model: &str) {
             // on its float32 one (the same weights and batch, fixtures/torch).
             let f32_case = read(&fixtures().join("../torch/simple-cnn-adam/expected.safetensors"));
             let (f32_logits, _) = f32_case.f32("logits").unwrap();
-            let to_f32 = normwise(&case.logits, &f32_logits);
+            let to_f32 = normwise(&case.logits, &to_f64(&f32_logits));
             let to_amp = case.errors[0].1;
             assert!(
                 2.0 * to_amp < to_f32,

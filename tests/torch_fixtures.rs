@@ -75,15 +75,6 @@ fn check(
     vs_truth.max(vs_torch - torch_own)
 }
 
-/// `got` thinned as the fixture thinned `name` (`stride.<name>` in its
-/// metadata: every k-th element of large tensors).
-fn thin(expected: &SafeTensors, name: &str, got: &[f32]) -> Vec<f32> {
-    match expected.metadata.get(&format!("stride.{name}")) {
-        Some(k) => got.iter().step_by(k.parse().unwrap()).copied().collect(),
-        None => got.to_vec(),
-    }
-}
-
 /// Adam's update lr·g/(|g|+eps) turns rounding noise in a gradient within
 /// 10·eps of zero into visible changes (PyTorch's own f32 and f64 results
 /// differ by ~1e-3 there), so such elements of updated parameters are

@@ -250,6 +250,12 @@ pub struct StepArgs {
     pub amp: Option<crate::tensor::DType>,
 }
 
+/// `--dtype`: f32, f16 or bf16 (PyTorch's names too).
+pub fn parse_dtype(s: &str) -> Result<crate::tensor::DType, String> {
+    crate::tensor::DType::parse(s)
+        .ok_or_else(|| format!("unknown dtype {s:?}; use f32, f16 or bf16"))
+}
+
 /// `--amp`: a 16-bit dtype.
 pub fn parse_amp(s: &str) -> Result<crate::tensor::DType, String> {
     use crate::tensor::DType;

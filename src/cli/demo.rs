@@ -93,13 +93,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
                 dtype: crate::tensor::DType::F32,
                 config: config.clone(),
             };
-            let sim = Engine::simulated(config.clone(), None);
-            let (mut t, b) = plan.trainer(&sim, 0)?;
-            let mut peaks = Vec::new();
-            for _ in 0..args.steps {
-                peaks.push(t.step(&b)?.0.peak_allocated_bytes);
-            }
-            Some(peaks)
+            Some(plan.step_peaks(args.steps)?)
         }
         None => None,
     };

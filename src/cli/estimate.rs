@@ -26,7 +26,7 @@ pub struct EstimateArgs {
     /// parameters, gradients, optimizer state and activations all 16-bit
     /// (the loss in f32). A real run, measurable with --measure. For mixed
     /// precision (f32 weights, 16-bit compute) use --amp instead.
-    #[arg(long, value_name = "f32|f16|bf16", value_parser = parse_dtype, default_value = "f32")]
+    #[arg(long, value_name = "f32|f16|bf16", value_parser = super::args::parse_dtype, default_value = "f32")]
     pub dtype: DType,
     /// Steps to run on the same batch (the peak is the highest of them):
     /// 1 shows the first step, 2 the steady state, where the optimizer's
@@ -43,10 +43,6 @@ pub struct EstimateArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
-}
-
-fn parse_dtype(s: &str) -> Result<DType, String> {
-    DType::parse(s).ok_or_else(|| format!("unknown dtype {s:?}; use f32, f16 or bf16"))
 }
 
 /// The precision modes the table compares: (name, autocast, model dtype,

@@ -73,7 +73,7 @@ pub struct TrainArgs {
     /// `.to(torch.bfloat16)`) and the batch: parameters, gradients and
     /// optimizer state all 16-bit, no master weights, no loss scaling —
     /// watch the loss for the accuracy this loses.
-    #[arg(long, value_name = "f32|f16|bf16", value_parser = parse_dtype, default_value = "f32")]
+    #[arg(long, value_name = "f32|f16|bf16", value_parser = super::args::parse_dtype, default_value = "f32")]
     pub dtype: crate::tensor::DType,
     /// Print each step's device time per op (PyTorch profiler's "self
     /// device time"). Device time per phase is always shown, and per op in
@@ -100,11 +100,6 @@ struct StepJson {
     #[serde(skip_serializing_if = "Option::is_none")]
     f32_peak_allocated_bytes: Option<u64>,
     device_time: Option<OpTimes>,
-}
-
-fn parse_dtype(s: &str) -> Result<crate::tensor::DType, String> {
-    crate::tensor::DType::parse(s)
-        .ok_or_else(|| format!("unknown dtype {s:?}; use f32, f16 or bf16"))
 }
 
 fn mib(b: u64) -> f64 {
@@ -216,7 +211,6 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     // depends on shapes only, so its peaks are the f32 run's to the byte).
     let f32_peaks: Option<Vec<u64>> = match args.amp {
         Some(_) => {
-            let sim = Engine::simulated(alloc_config.clone(), None);
             let plan = crate::estimate::Plan {
                 model: spec.clone(),
                 batch: batch.size(),
@@ -226,12 +220,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
                 dtype: crate::tensor::DType::F32,
                 config: alloc_config.clone(),
             };
-            let (mut t, b) = plan.trainer(&sim, 0)?;
-            let mut peaks = Vec::new();
-            for _ in 0..args.steps {
-                peaks.push(t.step(&b)?.0.peak_allocated_bytes);
-            }
-            Some(peaks)
+            Some(plan.step_peaks(args.steps)?)
         }
         None => None,
     };

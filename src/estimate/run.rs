@@ -45,6 +45,17 @@ impl Plan {
         trainer.mode = self.mode;
         Ok((trainer, batch))
     }
+
+    /// Each of `steps` steps' peak allocated bytes, on a simulated device
+    /// (memory depends on shapes only, so these are a real run's to the
+    /// byte): what `train --amp` and `demo --amp` print beside their own.
+    pub fn step_peaks(&self, steps: usize) -> Result<Vec<u64>, TensorError> {
+        let sim = Engine::simulated(self.config.clone(), None);
+        let (mut t, b) = self.trainer(&sim, 0)?;
+        (0..steps)
+            .map(|_| Ok(t.step(&b)?.0.peak_allocated_bytes))
+            .collect()
+    }
 }
 
 /// A recorded step.

@@ -20,6 +20,65 @@ impl RngExt for Rng {
     }
 }
 
+/// The zoo models at test sizes (small enough to run every mode and
+/// dtype on lavapipe in seconds).
+pub fn small(name: &str) -> vramlab::nn::ModelSpec {
+    use vramlab::nn::ModelSpec;
+    match name {
+        "mlp" => ModelSpec::Mlp {
+            widths: vec![50, 64, 64, 64, 10],
+            checkpoint_every: 0,
+        },
+        "resnet-mini" => ModelSpec::ResnetMini {
+            width: 4,
+            depth: 3,
+            resolution: 16,
+            classes: 10,
+        },
+        "attention" => ModelSpec::Attention {
+            seq_len: 24,
+            dim: 16,
+            hidden: 32,
+            classes: 5,
+        },
+        other => ModelSpec::default_for(other).unwrap(),
+    }
+}
+
+/// f64 reference linear: x [n, i] · w [o, i]ᵀ + b [o] → [n, o].
+pub fn linear_ref(x: &[f64], w: &[f64], b: &[f64], n: usize, i: usize, o: usize) -> Vec<f64> {
+    let mut y = vec![0.0; n * o];
+    for r in 0..n {
+        for c in 0..o {
+            y[r * o + c] = b[c] + (0..i).map(|k| x[r * i + k] * w[c * i + k]).sum::<f64>();
+        }
+    }
+    y
+}
+
+/// Norm-wise relative distance ‖got − want‖ / ‖want‖ (element-wise relative
+/// error is meaningless for 16-bit results: an element near zero carries
+/// the absolute rounding error of its larger neighbours).
+pub fn normwise(got: &[f32], want: &[f64]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    let d: f64 = got
+        .iter()
+        .zip(want)
+        .map(|(g, w)| (*g as f64 - w).powi(2))
+        .sum();
+    let n: f64 = want.iter().map(|w| w * w).sum();
+    (d / n.max(1e-300)).sqrt()
+}
+
+/// `got` thinned as a PyTorch fixture thinned tensor `name`
+/// (`stride.<name>` in its metadata: every k-th element of large tensors).
+pub fn thin(expected: &vramlab::io::SafeTensors, name: &str, got: &[f32]) -> Vec<f32> {
+    match expected.metadata.get(&format!("stride.{name}")) {
+        Some(k) => got.iter().step_by(k.parse().unwrap()).copied().collect(),
+        None => got.to_vec(),
+    }
+}
+
 /// An engine on whatever adapter this machine has (lavapipe in CI).
 pub fn engine() -> Engine {
     engine_with(AllocatorConfig::default())
