@@ -606,10 +606,16 @@ impl<S: SegmentSource> CachingAllocator<S> {
             let h = handle(self, g);
             self.free(h)?;
         }
-        Ok(handles
+        // Validation above leaves room for every block; a file that slips
+        // past it is an error, not a crash.
+        handles
             .into_iter()
-            .map(|h| h.expect("every block placed"))
-            .collect())
+            .map(|h| {
+                h.ok_or_else(|| {
+                    AllocError::InvalidFree("a recorded block lies past its segment's end".into())
+                })
+            })
+            .collect()
     }
 
     /// Returns a block to the cache.
