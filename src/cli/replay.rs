@@ -178,12 +178,12 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
 pub fn print_results(results: &[crate::lab::workload::RunResult]) {
     let mib = |b: u64| b as f64 / 1048576.0;
     println!(
-        "  {:<9} {:>12} {:>12} {:>8} {:>9} {:>8} {:>8} {:>5} {:>9}",
+        "  {:<10} {:>12} {:>12} {:>8} {:>9} {:>8} {:>8} {:>5} {:>9}",
         "allocator", "peak alloc", "peak resv", "frag", "vs plan", "dev+", "dev−", "OOM", "ns/op"
     );
     for r in results {
         println!(
-            "  {:<9} {:>9.2} MiB {:>8.2} MiB {:>8.3} {:>8.1}% {:>8} {:>8} {:>5} {:>9.0}",
+            "  {:<10} {:>9.2} MiB {:>8.2} MiB {:>8.3} {:>8.1}% {:>8} {:>8} {:>5} {:>9.0}",
             r.allocator,
             mib(r.peak_allocated_bytes),
             mib(r.peak_reserved_bytes),
@@ -338,16 +338,13 @@ fn replay_snapshot(args: &ReplayArgs) -> anyhow::Result<()> {
     let mut reports = Vec::new();
     let mut all_results = Vec::new();
     for snap in &devices {
-        if snap.expandable || file.expandable_setting {
-            reports.push(serde_json::json!({
-                "device": snap.device,
-                "expandable": true,
-                "error": "recorded with expandable_segments:True, which vramlab does not model yet; replaying it as fixed segments would report segments PyTorch never had",
-            }));
-            all_results.push(Vec::new());
-            continue;
+        // A snapshot recorded with expandable segments replays with them
+        // (older PyTorch records no setting, only `is_expandable`).
+        let mut cfg = config.clone();
+        if !user_conf && (snap.expandable || file.expandable_setting) {
+            cfg.expandable_segments = true;
         }
-        let r = torch_snapshot::replay_from_state(snap, config.clone(), capacity)
+        let r = torch_snapshot::replay_from_state(snap, cfg.clone(), capacity)
             .map_err(|e| anyhow::anyhow!("{name}: device {}: {e}", snap.device))?;
         let results = match &args.allocators {
             Some(names) => {
@@ -358,7 +355,7 @@ fn replay_snapshot(args: &ReplayArgs) -> anyhow::Result<()> {
         };
         reports.push(serde_json::json!({
             "device": snap.device,
-            "expandable": false,
+            "expandable": cfg.expandable_segments,
             "allocations": snap.workload.allocations(),
             "pre_existing_segments": r.pre_existing_segments,
             "recorded": snap.recorded_end,

@@ -59,4 +59,8 @@ impl SegmentSource for EngineSource {
     fn describe(&self) -> String {
         self.inner().describe()
     }
+
+    fn maps_pages(&self) -> bool {
+        self.inner().maps_pages()
+    }
 }

@@ -101,7 +101,7 @@ pub fn analyze(events: &[MemEvent], layer_outputs: &[(Arc<str>, Vec<usize>)]) ->
                     }
                 }
             }
-            EventKind::SegmentAlloc => device_allocs += 1,
+            EventKind::SegmentAlloc | EventKind::SegmentMap => device_allocs += 1,
             EventKind::Phase => {
                 phase = e.op.to_string();
                 if phase == "forward" {
@@ -124,7 +124,10 @@ pub fn analyze(events: &[MemEvent], layer_outputs: &[(Arc<str>, Vec<usize>)]) ->
                     by_category_at_start: named(&live.by_category),
                 });
             }
-            EventKind::SegmentFree | EventKind::Oom | EventKind::Retag => {}
+            EventKind::SegmentFree
+            | EventKind::SegmentUnmap
+            | EventKind::Oom
+            | EventKind::Retag => {}
         }
     }
     phases.push(PhaseRow {

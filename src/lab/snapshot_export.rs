@@ -11,7 +11,7 @@
 
 use super::pickle::PyValue;
 use crate::memory::caching::PoolKind;
-use crate::memory::events::{EventKind, MemEvent};
+use crate::memory::events::{EventKind, LiveSegments, MemEvent};
 use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 
@@ -70,8 +70,10 @@ struct LiveBlock {
 pub fn torch_snapshot(events: &[MemEvent], settings: &crate::memory::AllocatorConfig) -> PyValue {
     let mut f = Frames::default();
     let mut trace = Vec::new();
-    // Segments by address: (size, pool); blocks by address.
-    let mut segments: BTreeMap<u64, (u64, PoolKind)> = BTreeMap::new();
+    // Segments (mapped ranges of expandable ones) by address; each
+    // segment id's pool and whether it is expandable; blocks by address.
+    let mut segments = LiveSegments::default();
+    let mut pools: HashMap<u64, (PoolKind, bool)> = HashMap::new();
     let mut blocks: BTreeMap<u64, LiveBlock> = BTreeMap::new();
     let entry = |f: &mut Frames, action: &str, e: &MemEvent, size: u64| {
         PyValue::dict(vec![
@@ -102,18 +104,35 @@ pub fn torch_snapshot(events: &[MemEvent], settings: &crate::memory::AllocatorCo
                 trace.push(entry(&mut f, "free_completed", e, e.requested.max(1)));
                 blocks.remove(&e.address);
             }
-            EventKind::SegmentAlloc => {
-                trace.push(entry(&mut f, "segment_alloc", e, e.size));
-                let pool = if e.size == 2 << 20 {
-                    PoolKind::Small
+            EventKind::SegmentAlloc | EventKind::SegmentMap => {
+                let mapped = e.kind == EventKind::SegmentMap;
+                let action = if mapped {
+                    "segment_map"
                 } else {
-                    PoolKind::Large
+                    "segment_alloc"
                 };
-                segments.insert(e.address, (e.size, pool));
+                trace.push(entry(&mut f, action, e, e.size));
+                // A small segment (or an expandable one's first page) is
+                // 2 MiB; anything else is the large pool.
+                let small = e.size == 2 << 20;
+                pools.entry(e.segment).or_insert((
+                    if small {
+                        PoolKind::Small
+                    } else {
+                        PoolKind::Large
+                    },
+                    mapped,
+                ));
+                segments.apply(e);
             }
-            EventKind::SegmentFree => {
-                trace.push(entry(&mut f, "segment_free", e, e.size));
-                segments.remove(&e.address);
+            EventKind::SegmentFree | EventKind::SegmentUnmap => {
+                let action = if e.kind == EventKind::SegmentUnmap {
+                    "segment_unmap"
+                } else {
+                    "segment_free"
+                };
+                trace.push(entry(&mut f, action, e, e.size));
+                segments.apply(e);
             }
             EventKind::Oom => {
                 let mut d = match entry(&mut f, "oom", e, e.size) {
@@ -127,7 +146,8 @@ pub fn torch_snapshot(events: &[MemEvent], settings: &crate::memory::AllocatorCo
         }
     }
     let mut segs = Vec::new();
-    for (&address, &(size, pool)) in &segments {
+    for (&address, &(size, id)) in &segments.by_address {
+        let (pool, expandable) = pools.get(&id).copied().unwrap_or((PoolKind::Large, false));
         let mut out = Vec::new();
         let (mut allocated, mut requested) = (0u64, 0u64);
         let mut at = address;
@@ -178,7 +198,7 @@ pub fn torch_snapshot(events: &[MemEvent], settings: &crate::memory::AllocatorCo
                 f.s("segment_pool_id"),
                 PyValue::Tuple(vec![PyValue::Int(0), PyValue::Int(0)].into()),
             ),
-            (f.s("is_expandable"), PyValue::Bool(false)),
+            (f.s("is_expandable"), PyValue::Bool(expandable)),
             (f.s("frames"), PyValue::list(Vec::new())),
             (f.s("blocks"), PyValue::list(out)),
         ]));
@@ -188,6 +208,7 @@ pub fn torch_snapshot(events: &[MemEvent], settings: &crate::memory::AllocatorCo
     } else {
         settings.max_split_size as i64
     };
+    let expandable_setting = settings.expandable_segments;
     let settings = PyValue::dict(vec![
         (f.s("PYTORCH_CUDA_ALLOC_CONF"), f.s("")),
         (f.s("max_split_size"), PyValue::Int(max_split)),
@@ -195,7 +216,10 @@ pub fn torch_snapshot(events: &[MemEvent], settings: &crate::memory::AllocatorCo
             f.s("garbage_collection_threshold"),
             PyValue::Float(settings.garbage_collection_threshold),
         ),
-        (f.s("expandable_segments"), PyValue::Bool(false)),
+        (
+            f.s("expandable_segments"),
+            PyValue::Bool(expandable_setting),
+        ),
     ]);
     PyValue::dict(vec![
         (f.s("segments"), PyValue::list(segs)),

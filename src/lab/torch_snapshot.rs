@@ -52,6 +52,20 @@ pub struct TorchSnapshot {
     /// Frees of blocks from before the recording that no recorded segment
     /// holds (a trace that lost entries); replayed as no-ops.
     pub unplaced_frees: usize,
+    /// Expandable segments as they were before the first trace entry, one
+    /// per pool (`expandable_segments:True`).
+    pub initial_expandable: Vec<InitialExpandable>,
+}
+
+/// An expandable segment before the recording began: its mapped ranges and
+/// live blocks as offsets from `base` (the lowest address the recording
+/// shows for the pool), blocks as in [`InitialSegment`].
+#[derive(Debug, Clone)]
+pub struct InitialExpandable {
+    pub pool: PoolKind,
+    pub base: u64,
+    pub mapped: Vec<(u64, u64)>,
+    pub blocks: Vec<(u64, u64, u64, Option<u64>)>,
 }
 
 /// A segment that existed before the recording began, with its live blocks
@@ -143,6 +157,10 @@ fn settings_of(root: &PyValue) -> (Option<AllocatorConfig>, bool) {
     {
         c.garbage_collection_threshold = t;
     }
+    c.expandable_segments = s
+        .get("expandable_segments")
+        .and_then(PyValue::as_bool)
+        .unwrap_or(false);
     if let Some(d) = s.get("roundup_power2_divisions").and_then(PyValue::as_dict) {
         // Keys are interval starts in MiB ("1", "2", … "32768").
         for (k, v) in d.iter() {
@@ -164,8 +182,8 @@ fn settings_of(root: &PyValue) -> (Option<AllocatorConfig>, bool) {
 }
 
 /// The recorded segments of `device`: (address, size, pool, blocks as
-/// (address, size, requested, allocated)).
-type Recorded = (u64, u64, PoolKind, Vec<(u64, u64, u64, bool)>);
+/// (address, size, requested, allocated), expandable).
+type Recorded = (u64, u64, PoolKind, Vec<(u64, u64, u64, bool)>, bool);
 
 fn recorded_segments(root: &PyValue, device: usize) -> (Vec<Recorded>, bool) {
     let mut out = Vec::new();
@@ -178,10 +196,11 @@ fn recorded_segments(root: &PyValue, device: usize) -> (Vec<Recorded>, bool) {
         if int(seg, "device") as usize != device {
             continue;
         }
-        expandable |= seg
+        let is_expandable = seg
             .get("is_expandable")
             .and_then(PyValue::as_bool)
             .unwrap_or(false);
+        expandable |= is_expandable;
         let address = int(seg, "address");
         let size = int(seg, "total_size");
         let pool = match seg.get("segment_type").and_then(PyValue::as_str) {
@@ -203,7 +222,7 @@ fn recorded_segments(root: &PyValue, device: usize) -> (Vec<Recorded>, bool) {
             blocks.push((addr, bsize, int(b, "requested_size"), allocated));
             at = addr + bsize;
         }
-        out.push((address, size, pool, blocks));
+        out.push((address, size, pool, blocks, is_expandable));
     }
     out.sort_by_key(|s| s.0);
     (out, expandable)
@@ -289,15 +308,28 @@ fn read_device(
     let mut pre_freed: Vec<(u64, u64, u64, u64)> = Vec::new();
     let mut created: HashMap<u64, u64> = HashMap::new();
     let mut pre_segments_freed: Vec<(u64, u64)> = Vec::new();
+    let mut mapping: Vec<(bool, u64, u64)> = Vec::new();
     let (mut ops, mut seg_a, mut seg_f, mut ooms) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut live_bytes, mut peak, mut next) = (0u64, 0u64, 0u64);
     let mut sizes: HashMap<u64, u64> = HashMap::new();
     let mut categories = BTreeMap::new();
+    // A trace has no entry for `empty_cache` (or the out-of-memory retry):
+    // it shows as a run of segment_free / segment_unmap entries. The first
+    // of each run becomes an EmptyCache op, so the replay releases what
+    // PyTorch released. (Garbage collection frees segments one by one on
+    // its own; with it on, the allocator's own rule decides.)
+    let releases_mean_empty_cache = config.garbage_collection_threshold == 0.0;
+    let mut releasing = false;
     for e in trace {
         let act = action(e);
         let addr = int(e, "addr");
         let size = int(e, "size");
+        let release = act == "segment_free" || act == "segment_unmap";
+        if release && !releasing && releases_mean_empty_cache {
+            ops.push(Op::EmptyCache);
+        }
+        releasing = release;
         match act.as_str() {
             "alloc" => {
                 next += 1;
@@ -328,15 +360,24 @@ fn read_device(
                     ops.push(Op::Free { id });
                 }
             },
-            "segment_alloc" | "segment_map" => {
+            "segment_alloc" => {
                 created.insert(addr, size);
                 seg_a.push(size);
             }
-            "segment_free" | "segment_unmap" => {
+            "segment_free" => {
                 if created.remove(&addr).is_none() {
                     pre_segments_freed.push((addr, size));
                 }
                 seg_f.push(size);
+            }
+            "segment_map" | "segment_unmap" => {
+                let map = act == "segment_map";
+                mapping.push((map, addr, size));
+                if map {
+                    seg_a.push(size);
+                } else {
+                    seg_f.push(size);
+                }
             }
             "oom" => ooms.push((size, int(e, "device_free"))),
             _ => {}
@@ -346,10 +387,11 @@ fn read_device(
     let recorded_end = end_state(&recorded, root, device);
     // Rewind: what was there at the start.
     let trace_live: std::collections::HashSet<u64> = live.keys().copied().collect();
+    let mut initial_expandable = rewind_expandable(&recorded, &mapping, &trace_live);
     let mut initial: Vec<InitialSegment> = recorded
         .iter()
-        .filter(|(address, ..)| !created.contains_key(address))
-        .map(|(address, size, pool, blocks)| InitialSegment {
+        .filter(|(address, .., expandable)| !expandable && !created.contains_key(address))
+        .map(|(address, size, pool, blocks, _)| InitialSegment {
             address: *address,
             size: *size,
             pool: *pool,
@@ -375,16 +417,22 @@ fn read_device(
     initial.sort_by_key(|s| s.address);
     let mut unplaced = 0;
     for (addr, block, requested, id) in pre_freed {
-        match initial
+        if let Some(s) = initial
             .iter_mut()
             .find(|s| s.address <= addr && addr < s.address + s.size)
         {
-            Some(s) => s
-                .blocks
-                .push((addr - s.address, block, requested, Some(id))),
+            s.blocks
+                .push((addr - s.address, block, requested, Some(id)));
+        } else if let Some(e) = initial_expandable.iter_mut().find(|e| {
+            e.mapped
+                .iter()
+                .any(|&(o, l)| e.base + o <= addr && addr < e.base + o + l)
+        }) {
+            e.blocks.push((addr - e.base, block, requested, Some(id)));
+        } else {
             // A free of a block no recorded segment holds (a trace that
             // lost entries): its free is replayed as a no-op, and said.
-            None => unplaced += 1,
+            unplaced += 1;
         }
     }
     Ok(TorchSnapshot {
@@ -400,9 +448,137 @@ fn read_device(
         initial,
         recorded_end,
         ooms,
-        expandable,
+        expandable: expandable || !mapping.is_empty(),
         unplaced_frees: unplaced,
+        initial_expandable,
     })
+}
+
+/// Adds [at, at + len) to a set of disjoint ranges (start → length),
+/// joining neighbours.
+fn add_range(set: &mut BTreeMap<u64, u64>, mut at: u64, mut len: u64) {
+    if let Some((&p, &plen)) = set.range(..=at).next_back() {
+        if p.saturating_add(plen) >= at {
+            set.remove(&p);
+            len = at.saturating_add(len).max(p.saturating_add(plen)) - p;
+            at = p;
+        }
+    }
+    let end = at.saturating_add(len);
+    let inside: Vec<(u64, u64)> = set.range(at..=end).map(|(&a, &l)| (a, l)).collect();
+    let mut end = end;
+    for (a, l) in inside {
+        set.remove(&a);
+        end = end.max(a.saturating_add(l));
+    }
+    set.insert(at, end - at);
+}
+
+/// Removes [at, at + len) from a set of disjoint ranges.
+fn remove_range(set: &mut BTreeMap<u64, u64>, at: u64, len: u64) {
+    let end = at.saturating_add(len);
+    let hit: Vec<(u64, u64)> = set
+        .range(..end)
+        .filter(|(&a, &l)| a.saturating_add(l) > at)
+        .map(|(&a, &l)| (a, l))
+        .collect();
+    for (a, l) in hit {
+        set.remove(&a);
+        if a < at {
+            set.insert(a, at - a);
+        }
+        let aend = a.saturating_add(l);
+        if aend > end {
+            set.insert(end, aend - end);
+        }
+    }
+}
+
+/// Rewinds the expandable segments' mapped ranges through the trace's
+/// `segment_map` / `segment_unmap` entries (undoing each, last first) to
+/// what was mapped before the first entry, one segment per pool. A map of
+/// exactly 2 MiB is the small pool (a small request never maps more than
+/// one page); an unmap belongs to the pool whose addresses it lies among.
+fn rewind_expandable(
+    recorded: &[Recorded],
+    mapping: &[(bool, u64, u64)],
+    trace_live: &std::collections::HashSet<u64>,
+) -> Vec<InitialExpandable> {
+    let mut out = Vec::new();
+    if mapping.is_empty() && !recorded.iter().any(|r| r.4) {
+        return out;
+    }
+    // Each pool's address span, from the end state and the maps.
+    let mut span: HashMap<PoolKind, (u64, u64)> = HashMap::new();
+    let mut widen = |pool: PoolKind, at: u64, len: u64| {
+        let e = span.entry(pool).or_insert((at, at));
+        e.0 = e.0.min(at);
+        e.1 = e.1.max(at.saturating_add(len));
+    };
+    for r in recorded.iter().filter(|r| r.4) {
+        widen(r.2, r.0, r.1);
+    }
+    for &(map, at, len) in mapping {
+        if map {
+            let pool = if len == 2 << 20 {
+                PoolKind::Small
+            } else {
+                PoolKind::Large
+            };
+            widen(pool, at, len);
+        }
+    }
+    let pool_of = |at: u64, len: u64| {
+        for pool in [PoolKind::Small, PoolKind::Large] {
+            if let Some(&(lo, hi)) = span.get(&pool) {
+                if lo <= at && at < hi {
+                    return pool;
+                }
+            }
+        }
+        if len.is_multiple_of(20 << 20) {
+            PoolKind::Large
+        } else {
+            PoolKind::Small
+        }
+    };
+    for pool in [PoolKind::Small, PoolKind::Large] {
+        let mut set = BTreeMap::new();
+        let mut blocks = Vec::new();
+        for r in recorded.iter().filter(|r| r.4 && r.2 == pool) {
+            add_range(&mut set, r.0, r.1);
+            for &(a, size, requested, allocated) in &r.3 {
+                if allocated && !trace_live.contains(&a) {
+                    blocks.push((a, size, requested, None));
+                }
+            }
+        }
+        let mut base = set.keys().next().copied().unwrap_or(u64::MAX);
+        for &(map, at, len) in mapping.iter().rev() {
+            if pool_of(at, len) != pool {
+                continue;
+            }
+            base = base.min(at);
+            if map {
+                remove_range(&mut set, at, len);
+            } else {
+                add_range(&mut set, at, len);
+            }
+        }
+        if base == u64::MAX {
+            continue;
+        }
+        out.push(InitialExpandable {
+            pool,
+            base,
+            mapped: set.iter().map(|(&a, &l)| (a - base, l)).collect(),
+            blocks: blocks
+                .into_iter()
+                .map(|(a, s, r, id)| (a - base, s, r, id))
+                .collect(),
+        });
+    }
+    out
 }
 
 /// A replay from the recorded start state.
@@ -463,6 +639,20 @@ pub fn replay_from_state(
             )
         })?;
         for (b, h) in kept.iter().zip(hs) {
+            if let Some(id) = b.3 {
+                handles.insert(id, h);
+            }
+        }
+    }
+    for e in &snap.initial_expandable {
+        let layout: Vec<(u64, u64, u64)> = e.blocks.iter().map(|b| (b.0, b.1, b.2)).collect();
+        let hs = a.adopt_expandable(e.pool, &e.mapped, &layout).map_err(|err| {
+            format!(
+                "rebuilding the expandable {:?}-pool segment at 0x{:x} recorded before the trace: {err}",
+                e.pool, e.base
+            )
+        })?;
+        for (b, h) in e.blocks.iter().zip(hs) {
             if let Some(id) = b.3 {
                 handles.insert(id, h);
             }
@@ -533,7 +723,7 @@ pub fn replay_from_state(
         ));
     }
     Ok(ReplayFromState {
-        pre_existing_segments: snap.initial.len(),
+        pre_existing_segments: snap.initial.len() + snap.initial_expandable.len(),
         segments_match: differences.len() == notes,
         replayed,
         peak_reserved_bytes: peak_res,

@@ -135,6 +135,15 @@ pub struct BlockHandle {
     generation: u32,
 }
 
+impl BlockHandle {
+    pub(crate) fn new(index: usize, generation: u32) -> BlockHandle {
+        BlockHandle {
+            index: index as u32,
+            generation,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub(crate) struct Block {
     pub(crate) segment: SegmentId,
@@ -150,9 +159,11 @@ pub(crate) struct Block {
     pub(crate) label: Option<Arc<str>>,
     pub(crate) category: Category,
     pub(crate) op: Option<Arc<str>>,
-    gc_count_base: u64,
-    generation: u32,
+    pub(crate) gc_count_base: u64,
+    pub(crate) generation: u32,
     pub(crate) live: bool,
+    /// False for the unmapped address space of an expandable segment.
+    pub(crate) mapped: bool,
 }
 
 impl Block {
@@ -164,14 +175,21 @@ impl Block {
 #[derive(Debug, Clone)]
 pub(crate) struct Segment {
     pub(crate) address: u64,
+    /// For an expandable segment, its whole virtual range (mapped or not).
     pub(crate) size: u64,
     pub(crate) pool: PoolKind,
+    /// A range of virtual addresses that grows by mapping pages
+    /// (`expandable_segments:True`, see expandable.rs).
+    pub(crate) expandable: bool,
 }
 
 /// Free blocks of one pool, ordered by (size, address) for best fit.
 #[derive(Debug, Default, Clone)]
-struct BlockPool {
+pub(crate) struct BlockPool {
     blocks: BTreeSet<(u64, u64, usize)>,
+    /// Unmapped blocks of expandable segments, by address (PyTorch's
+    /// `BlockPool::unmapped`): where a segment can grow.
+    pub(crate) unmapped: BTreeSet<(u64, usize)>,
     /// Calls of `get_free_block` on this pool: the clock that ages blocks for
     /// garbage collection.
     get_free_blocks_call_count: u64,
@@ -180,21 +198,24 @@ struct BlockPool {
 /// The caching allocator.
 pub struct CachingAllocator<S: SegmentSource> {
     config: AllocatorConfig,
-    source: S,
+    pub(crate) source: S,
     pub(crate) blocks: Vec<Block>,
     free_slots: Vec<usize>,
     small: BlockPool,
     large: BlockPool,
     pub(crate) segments: BTreeMap<SegmentId, Segment>,
-    stats: DeviceStats,
+    pub(crate) stats: DeviceStats,
     /// Bytes held in segments (PyTorch's `total_allocated_memory`).
-    total_reserved: u64,
-    next_segment_id: u64,
-    next_address: u64,
+    pub(crate) total_reserved: u64,
+    pub(crate) next_segment_id: u64,
+    pub(crate) next_address: u64,
     /// The event log, while recording (see `start_recording`).
     recorder: Option<Recorder>,
     /// What was allocated and freed, for `lookahead`.
     pub(crate) history: Option<History>,
+    /// Pages mapped into expandable segments: page address → the device
+    /// allocation behind it.
+    pub(crate) pages: BTreeMap<u64, (SegmentId, u64)>,
 }
 
 struct Recorder {
@@ -226,6 +247,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             next_address: BASE_ADDRESS,
             recorder: None,
             history: config_lookahead.then(History::default),
+            pages: BTreeMap::new(),
         }
     }
 
@@ -343,6 +365,27 @@ impl<S: SegmentSource> CachingAllocator<S> {
         }
     }
 
+    /// Records a segment event (obtained, returned, pages mapped or unmapped).
+    pub(crate) fn record_segment(
+        &mut self,
+        kind: EventKind,
+        size: u64,
+        address: u64,
+        segment: SegmentId,
+    ) {
+        self.record(
+            kind,
+            size,
+            0,
+            address,
+            segment,
+            Category::Untagged,
+            None,
+            None,
+            None,
+        );
+    }
+
     /// Marks the start of a phase (forward, backward, optimizer) in the log.
     pub fn mark_phase(&mut self, name: &str) {
         let name: Arc<str> = Arc::from(name);
@@ -417,8 +460,15 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let size = round_size(orig_size, &self.config);
         let pool = pool_for(size);
         let alloc_size = allocation_size(size);
+        let expandable = self.config.expandable_segments;
+        if expandable && !self.source.maps_pages() {
+            return Err(AllocError::Device(format!(
+                "expandable_segments:True needs virtual memory mapping, which {} does not have (wgpu cannot map pages into a reserved range); leave expandable_segments out, or use it where the device is simulated (estimate, sweep, replay, bench-alloc)",
+                self.source.describe()
+            )));
+        }
         let max_segment = self.source.max_segment_size();
-        if alloc_size > max_segment && size > max_segment {
+        if !expandable && alloc_size > max_segment && size > max_segment {
             return Err(AllocError::TooLarge {
                 requested: orig_size,
                 segment: alloc_size,
@@ -433,7 +483,11 @@ impl<S: SegmentSource> CachingAllocator<S> {
         // history (see lookahead.rs); if its new segment cannot be had, the
         // usual path below decides.
         let mut found = None;
-        if self.config.lookahead && pool == PoolKind::Large && category.lives_for_the_run() {
+        if self.config.lookahead
+            && !expandable
+            && pool == PoolKind::Large
+            && category.lives_for_the_run()
+        {
             match self.look_ahead(size, orig_size, alloc_size) {
                 Some(Place::Block(index)) => {
                     self.remove_from_pool(index);
@@ -465,13 +519,13 @@ impl<S: SegmentSource> CachingAllocator<S> {
             if self.config.release_before_grow {
                 self.release_free_segments_smaller_than(pool, size);
             }
-            found = self.alloc_block(pool, alloc_size, false)?;
+            found = self.grow(pool, alloc_size, size, false)?;
             if found.is_none() && self.release_available_cached_blocks(pool, size) {
-                found = self.alloc_block(pool, alloc_size, false)?;
+                found = self.grow(pool, alloc_size, size, false)?;
             }
             if found.is_none() {
                 self.release_cached_blocks();
-                found = self.alloc_block(pool, alloc_size, true)?;
+                found = self.grow(pool, alloc_size, size, true)?;
             }
         }
         let Some(index) = found else {
@@ -684,7 +738,12 @@ impl<S: SegmentSource> CachingAllocator<S> {
         }
         .with_max_segment_size(self.source.max_segment_size());
         for (&id, seg) in &self.segments {
-            let _ = source.allocate(id, seg.size);
+            if !seg.expandable {
+                let _ = source.allocate(id, seg.size);
+            }
+        }
+        for &(id, size) in self.pages.values() {
+            let _ = source.allocate(id, size);
         }
         let mut stats = self.stats.clone();
         stats.reset_peak();
@@ -705,6 +764,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             next_address: self.next_address,
             recorder: None,
             history: None,
+            pages: self.pages.clone(),
         }
     }
 
@@ -739,21 +799,21 @@ impl<S: SegmentSource> CachingAllocator<S> {
 
     // ----- internals, named after their PyTorch counterparts -----
 
-    fn pool(&self, kind: PoolKind) -> &BlockPool {
+    pub(crate) fn pool(&self, kind: PoolKind) -> &BlockPool {
         match kind {
             PoolKind::Small => &self.small,
             PoolKind::Large => &self.large,
         }
     }
 
-    fn pool_mut(&mut self, kind: PoolKind) -> &mut BlockPool {
+    pub(crate) fn pool_mut(&mut self, kind: PoolKind) -> &mut BlockPool {
         match kind {
             PoolKind::Small => &mut self.small,
             PoolKind::Large => &mut self.large,
         }
     }
 
-    fn insert_into_pool(&mut self, index: usize) {
+    pub(crate) fn insert_into_pool(&mut self, index: usize) {
         let (size, address, kind) = {
             let b = &self.blocks[index];
             (b.size, b.address, b.pool)
@@ -764,7 +824,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         debug_assert!(inserted);
     }
 
-    fn remove_from_pool(&mut self, index: usize) {
+    pub(crate) fn remove_from_pool(&mut self, index: usize) {
         let (size, address, kind) = {
             let b = &self.blocks[index];
             (b.size, b.address, b.pool)
@@ -773,7 +833,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         debug_assert!(removed);
     }
 
-    fn new_block(&mut self, block: Block) -> usize {
+    pub(crate) fn new_block(&mut self, block: Block) -> usize {
         if let Some(i) = self.free_slots.pop() {
             let generation = self.blocks[i].generation.wrapping_add(1);
             self.blocks[i] = Block {
@@ -787,7 +847,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         }
     }
 
-    fn delete_block(&mut self, index: usize) {
+    pub(crate) fn delete_block(&mut self, index: usize) {
         self.blocks[index].live = false;
         self.blocks[index].label = None;
         self.free_slots.push(index);
@@ -809,9 +869,25 @@ impl<S: SegmentSource> CachingAllocator<S> {
         Some(index)
     }
 
-    /// The block `get_free_block` would take, left in its pool.
+    /// The block `get_free_block` would take, left in its pool. In an
+    /// expandable segment a block's size for best fit is what it can grow
+    /// to (itself plus the unmapped space after it), so PyTorch walks on to
+    /// larger blocks while they can grow less (see `expandable_size`).
     fn peek_free_block(&self, kind: PoolKind, size: u64) -> Option<usize> {
-        self.fitting_free_blocks(kind, size).next()
+        let max_split = self.config.max_split_size;
+        let mut it = self.pool(kind).blocks.range((size, 0, 0)..);
+        let &(_, _, mut index) = it.next()?;
+        if self.config.expandable_segments && self.is_expandable(index) {
+            for &(_, _, next) in it {
+                if !self.is_expandable(index)
+                    || self.expandable_size(next) >= self.expandable_size(index)
+                {
+                    break;
+                }
+                index = next;
+            }
+        }
+        may_serve(self.blocks[index].size, size, max_split).then_some(index)
     }
 
     fn garbage_collect_cached_blocks(&mut self) {
@@ -829,7 +905,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             .blocks
             .iter()
             .map(|&(_, _, i)| i)
-            .filter(|&i| !self.blocks[i].is_split())
+            .filter(|&i| !self.blocks[i].is_split() && !self.is_expandable(i))
             .collect();
         if candidates.is_empty() {
             return;
@@ -859,7 +935,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
     }
 
     /// Obtains a new segment; `Ok(None)` means the device (or the limit) said no.
-    fn alloc_block(
+    pub(crate) fn alloc_block(
         &mut self,
         kind: PoolKind,
         size: u64,
@@ -890,6 +966,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
                 address,
                 size,
                 pool: kind,
+                expandable: false,
             },
         );
         let index = self.new_block(Block {
@@ -907,6 +984,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             gc_count_base: 0,
             generation: 0,
             live: true,
+            mapped: true,
         });
         let st = kind.stat_type();
         self.stats.segment.increase(st, 1);
@@ -932,7 +1010,9 @@ impl<S: SegmentSource> CachingAllocator<S> {
     /// Frees oversize cached blocks, largest first, until `size` is covered.
     fn release_available_cached_blocks(&mut self, kind: PoolKind, size: u64) -> bool {
         let max_split = self.config.max_split_size;
-        if max_split == u64::MAX {
+        // Expandable blocks are never released whole (PyTorch's
+        // `release_block` asserts it); their pages go back below.
+        if max_split == u64::MAX || self.config.expandable_segments {
             return false;
         }
         let key = size.max(max_split);
@@ -966,7 +1046,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             .blocks
             .range(..(size, 0, 0))
             .map(|&(_, _, i)| i)
-            .filter(|&i| !self.blocks[i].is_split())
+            .filter(|&i| !self.blocks[i].is_split() && !self.is_expandable(i))
             .collect();
         for i in whole {
             self.release_block(i);
@@ -978,14 +1058,23 @@ impl<S: SegmentSource> CachingAllocator<S> {
         self.stats.num_sync_all_streams += 1;
         for kind in [PoolKind::Large, PoolKind::Small] {
             let pool = self.pool(kind);
-            let whole: Vec<usize> = pool
+            let (expandable, fixed): (Vec<usize>, Vec<usize>) = pool
                 .blocks
                 .iter()
                 .map(|&(_, _, i)| i)
-                .filter(|&i| !self.blocks[i].is_split())
-                .collect();
-            for i in whole {
-                self.release_block(i);
+                .partition(|&i| self.is_expandable(i));
+            for i in fixed {
+                if !self.blocks[i].is_split() {
+                    self.release_block(i);
+                }
+            }
+            // Unmapping changes the pool: gathered first, as PyTorch does.
+            for i in expandable {
+                self.unmap_block(i);
+                let b = &self.blocks[i];
+                if !b.mapped && b.prev.is_none() && b.next.is_none() {
+                    self.release_expandable_segment(i);
+                }
             }
         }
     }
@@ -1029,13 +1118,16 @@ impl<S: SegmentSource> CachingAllocator<S> {
     fn should_split(&self, index: usize, size: u64) -> bool {
         let b = &self.blocks[index];
         let remaining = b.size - size;
+        if self.config.expandable_segments {
+            return remaining >= K_MIN_BLOCK_SIZE;
+        }
         match b.pool {
             PoolKind::Small => remaining >= K_MIN_BLOCK_SIZE,
             PoolKind::Large => size < self.config.max_split_size && remaining > K_SMALL_SIZE,
         }
     }
 
-    fn alloc_found_block(
+    pub(crate) fn alloc_found_block(
         &mut self,
         index: usize,
         size: u64,
@@ -1044,6 +1136,9 @@ impl<S: SegmentSource> CachingAllocator<S> {
         label: &str,
     ) -> usize {
         let already_split = self.blocks[index].is_split();
+        // PyTorch leaves expandable blocks out of `inactive_split`: their
+        // free whole pages can always be given back.
+        let counts_split = !self.is_expandable(index);
         let st = self.blocks[index].pool.stat_type();
         let mut block = index;
         if split {
@@ -1067,6 +1162,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
                 gc_count_base: 0,
                 generation: 0,
                 live: true,
+                mapped: true,
             });
             if let Some(p) = prev {
                 self.blocks[p].next = Some(block);
@@ -1078,7 +1174,8 @@ impl<S: SegmentSource> CachingAllocator<S> {
                 r.size -= size;
             }
             self.insert_into_pool(remaining);
-            if already_split {
+            if !counts_split {
+            } else if already_split {
                 // An already-split inactive block shrinks by `size`.
                 self.stats.inactive_split_bytes.decrease(st, size as i64);
             } else {
@@ -1087,7 +1184,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
                 self.stats.inactive_split_bytes.increase(st, rsize);
                 self.stats.inactive_split.increase(st, 1);
             }
-        } else if already_split {
+        } else if already_split && counts_split {
             let bsize = self.blocks[block].size as i64;
             self.stats.inactive_split_bytes.decrease(st, bsize);
             self.stats.inactive_split.decrease(st, 1);
@@ -1130,6 +1227,9 @@ impl<S: SegmentSource> CachingAllocator<S> {
             net_blocks += 1;
             net_bytes += self.blocks[index].size as i64;
         }
+        if self.is_expandable(index) {
+            (net_blocks, net_bytes) = (0, 0);
+        }
         if net_blocks > 0 {
             self.stats.inactive_split.increase(st, net_blocks);
         } else if net_blocks < 0 {
@@ -1145,13 +1245,19 @@ impl<S: SegmentSource> CachingAllocator<S> {
         self.stats.requested_bytes.decrease(st, requested as i64);
     }
 
-    /// Merges free neighbour `src` into `dst`; returns the bytes taken over.
-    fn try_merge_blocks(&mut self, dst: usize, src: Option<usize>) -> u64 {
+    /// Merges free neighbour `src` into `dst` (both mapped, or both
+    /// unmapped); returns the bytes taken over.
+    pub(crate) fn try_merge_blocks(&mut self, dst: usize, src: Option<usize>) -> u64 {
         let Some(src) = src else { return 0 };
-        if self.blocks[src].allocated {
+        if self.blocks[src].allocated || self.blocks[src].mapped != self.blocks[dst].mapped {
             return 0;
         }
-        self.remove_from_pool(src);
+        if self.blocks[src].mapped {
+            self.remove_from_pool(src);
+        } else {
+            let (address, kind) = (self.blocks[src].address, self.blocks[src].pool);
+            self.pool_mut(kind).unmapped.remove(&(address, src));
+        }
         let (s_addr, s_size, s_prev, s_next) = {
             let s = &self.blocks[src];
             (s.address, s.size, s.prev, s.next)
@@ -1180,11 +1286,30 @@ impl<S: SegmentSource> CachingAllocator<S> {
     pub(crate) fn in_pool(&self, index: usize) -> bool {
         let b = &self.blocks[index];
         let pool = self.pool(b.pool);
-        pool.blocks.contains(&(b.size, b.address, index))
+        if b.mapped {
+            pool.blocks.contains(&(b.size, b.address, index))
+        } else {
+            pool.unmapped.contains(&(b.address, index))
+        }
+    }
+
+    /// The free mapped blocks of `kind`, smallest first.
+    pub(crate) fn free_blocks(&self, kind: PoolKind) -> impl Iterator<Item = usize> + '_ {
+        self.pool(kind).blocks.iter().map(|&(_, _, i)| i)
     }
 
     pub(crate) fn pool_len(&self) -> usize {
-        self.small.blocks.len() + self.large.blocks.len()
+        self.small.blocks.len()
+            + self.large.blocks.len()
+            + self.small.unmapped.len()
+            + self.large.unmapped.len()
+    }
+
+    /// Whether a block lies in an expandable segment.
+    pub(crate) fn is_expandable(&self, index: usize) -> bool {
+        self.segments
+            .get(&self.blocks[index].segment)
+            .is_some_and(|s| s.expandable)
     }
 
     pub(crate) fn total_reserved(&self) -> u64 {

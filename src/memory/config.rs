@@ -69,6 +69,11 @@ pub struct AllocatorConfig {
     /// With `small_from_large`, the same replay decides whether a small
     /// request may carve a large free block.
     pub lookahead: bool,
+    /// PyTorch's `expandable_segments:True`: each pool has one segment of
+    /// virtual address space that grows by mapping pages (2 MiB small, 20
+    /// MiB large) instead of a new segment per miss. Only a simulated device
+    /// can model it — wgpu has no virtual memory mapping, so a GPU refuses it.
+    pub expandable_segments: bool,
 }
 
 impl Default for AllocatorConfig {
@@ -81,6 +86,7 @@ impl Default for AllocatorConfig {
             release_before_grow: false,
             small_from_large: false,
             lookahead: false,
+            expandable_segments: false,
         }
     }
 }
@@ -149,8 +155,8 @@ impl AllocatorConfig {
                     self.max_split_size = mb.saturating_mul(1 << 20);
                 }
                 "roundup_power2_divisions" => {
-                    self.roundup_power2_divisions =
-                        parse_divisions(value).map_err(|r| err(format!("roundup_power2_divisions: {r}")))?;
+                    self.roundup_power2_divisions = parse_divisions(value)
+                        .map_err(|r| err(format!("roundup_power2_divisions: {r}")))?;
                 }
                 "garbage_collection_threshold" => {
                     let t: f64 = value.parse().map_err(|_| {
@@ -181,14 +187,17 @@ impl AllocatorConfig {
                         _ => self.release_before_grow = on,
                     }
                 }
-                "expandable_segments" => match value {
-                    "False" | "false" => {}
-                    _ => {
-                        return Err(err(format!(
-                            "expandable_segments:{value} is not supported (wgpu has no virtual memory mapping); use expandable_segments:False or leave it out"
-                        )))
+                "expandable_segments" => {
+                    self.expandable_segments = match value {
+                        "True" | "true" => true,
+                        "False" | "false" => false,
+                        _ => {
+                            return Err(err(format!(
+                                "expandable_segments:{value} must be True or False"
+                            )))
+                        }
                     }
-                },
+                }
                 other => {
                     return Err(err(format!(
                         "unknown option {other:?}; known options: {}",
@@ -242,6 +251,9 @@ impl AllocatorConfig {
         }
         if self.lookahead {
             parts.push("lookahead:True".into());
+        }
+        if self.expandable_segments {
+            parts.push("expandable_segments:True".into());
         }
         if parts.is_empty() {
             "(defaults)".to_string()
@@ -371,10 +383,13 @@ mod tests {
             "roundup_power2_divisions:3",
             "roundup_power2_divisions:[3:4]",
             "max_split_size_mb",
-            "expandable_segments:True",
+            "expandable_segments:maybe",
         ] {
             assert!(AllocatorConfig::parse(bad).is_err(), "{bad} should fail");
         }
+        assert!(
+            AllocatorConfig::parse("expandable_segments:True").is_ok_and(|c| c.expandable_segments)
+        );
         let e = AllocatorConfig::parse("max_split_size_md:128").unwrap_err();
         assert!(e.to_string().contains("max_split_size_md"), "{e}");
     }

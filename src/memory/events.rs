@@ -16,6 +16,10 @@ pub enum EventKind {
     Free,
     SegmentAlloc,
     SegmentFree,
+    /// Pages mapped into an expandable segment (`address`, `size`: the range).
+    SegmentMap,
+    /// Pages of an expandable segment given back.
+    SegmentUnmap,
     Oom,
     /// The block's category changed (saved for backward, became `.grad`).
     Retag,
@@ -86,5 +90,69 @@ impl LiveBlocks {
     /// The live blocks, in no particular order.
     pub fn iter(&self) -> impl Iterator<Item = &MemEvent> {
         self.blocks.values()
+    }
+}
+
+/// The segments alive along an event log as PyTorch's snapshot shows them:
+/// each fixed segment, and each contiguous mapped range of an expandable
+/// segment (pages mapped next to a mapped range join it; an unmap can split
+/// one in two). By address: (size, segment id).
+#[derive(Debug, Clone, Default)]
+pub struct LiveSegments {
+    pub by_address: std::collections::BTreeMap<u64, (u64, u64)>,
+}
+
+impl LiveSegments {
+    /// Applies one event (only segment events change anything).
+    pub fn apply(&mut self, e: &MemEvent) {
+        let ranges = &mut self.by_address;
+        match e.kind {
+            EventKind::SegmentAlloc => {
+                ranges.insert(e.address, (e.size, e.segment));
+            }
+            EventKind::SegmentFree => {
+                ranges.remove(&e.address);
+            }
+            EventKind::SegmentMap => {
+                let (mut at, mut size) = (e.address, e.size);
+                if let Some((&p, &(psize, seg))) = ranges.range(..at).next_back() {
+                    if seg == e.segment && p.checked_add(psize) == Some(at) {
+                        ranges.remove(&p);
+                        (at, size) = (p, size + psize);
+                    }
+                }
+                let end = e.address.saturating_add(e.size);
+                if let Some(&(nsize, seg)) = ranges.get(&end) {
+                    if seg == e.segment {
+                        ranges.remove(&end);
+                        size += nsize;
+                    }
+                }
+                ranges.insert(at, (size, e.segment));
+            }
+            EventKind::SegmentUnmap => {
+                let Some((&p, &(psize, seg))) = ranges.range(..=e.address).next_back() else {
+                    return;
+                };
+                let (end, pend) = (e.address.saturating_add(e.size), p.saturating_add(psize));
+                if e.address >= pend {
+                    return;
+                }
+                ranges.remove(&p);
+                if e.address > p {
+                    ranges.insert(p, (e.address - p, seg));
+                }
+                if pend > end {
+                    ranges.insert(end, (pend - end, seg));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The range holding `address`: (start, size, segment id).
+    pub fn containing(&self, address: u64) -> Option<(u64, u64, u64)> {
+        let (&p, &(size, seg)) = self.by_address.range(..=address).next_back()?;
+        (address < p.saturating_add(size)).then_some((p, size, seg))
     }
 }

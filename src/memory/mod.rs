@@ -40,8 +40,8 @@
 //! # Differences from PyTorch, on purpose
 //! - One stream: wgpu runs one ordered queue, so there are no cross-stream
 //!   events, no `record_stream`, and `active` equals `allocated`.
-//! - No expandable segments (wgpu has no virtual memory mapping) and no CUDA
-//!   graph pools.
+//! - Expandable segments (`expandable.rs`) only on a simulated device: wgpu
+//!   has no virtual memory mapping. No CUDA graph pools.
 //! - Segment addresses are virtual (disjoint ranges handed out in order), since
 //!   wgpu buffers have no addresses; ties in best fit break by them.
 
@@ -50,6 +50,7 @@ pub mod config;
 pub mod constants;
 pub mod error;
 pub mod events;
+pub mod expandable;
 pub mod lookahead;
 pub mod size;
 pub mod snapshot;
@@ -61,7 +62,7 @@ pub mod tag;
 pub use caching::{round_size, Allocation, BlockHandle, CachingAllocator, PoolKind};
 pub use config::{AllocatorConfig, ConfigError, ALLOC_CONF_ENV};
 pub use error::{AllocError, OomReport};
-pub use events::{EventKind, LiveBlocks, MemEvent};
+pub use events::{EventKind, LiveBlocks, LiveSegments, MemEvent};
 pub use size::{format_size, parse_size, Mib};
 pub use snapshot::{BlockInfo, SegmentInfo, Snapshot};
 pub use source::{SegmentId, SegmentSource, SimulatedSource, SourceError};

@@ -39,6 +39,8 @@ pub struct SegmentInfo {
     pub requested_size: u64,
     /// `small_pool` or `large_pool`, as PyTorch's `segment_type`.
     pub segment_type: &'static str,
+    /// A mapped range of an expandable segment (PyTorch's `is_expandable`).
+    pub expandable: bool,
     pub blocks: Vec<BlockInfo>,
 }
 
@@ -49,39 +51,63 @@ pub struct Snapshot {
 }
 
 impl<S: SegmentSource> CachingAllocator<S> {
-    /// A snapshot of every segment and its blocks.
+    /// A snapshot of every segment and its blocks. An expandable segment
+    /// shows as one segment per contiguous mapped range, as PyTorch's
+    /// snapshot does; its unmapped address space is not shown.
     pub fn snapshot(&self) -> Snapshot {
-        let mut by_segment: BTreeMap<SegmentId, Vec<BlockInfo>> = BTreeMap::new();
-        for (_, b) in self.live_blocks() {
+        let info = |b: &super::caching::Block, base: u64| BlockInfo {
+            address: b.address,
+            offset: b.address - base,
+            size: b.size,
+            requested_size: if b.allocated { b.requested } else { 0 },
+            state: if b.allocated {
+                "active_allocated"
+            } else {
+                "inactive"
+            },
+            label: if b.allocated {
+                b.label.as_deref().map(str::to_string)
+            } else {
+                None
+            },
+            category: b.allocated.then_some(b.category),
+            op: if b.allocated {
+                b.op.as_deref().map(str::to_string)
+            } else {
+                None
+            },
+        };
+        // (segment id, range start, range size, pool) → blocks
+        let mut groups: BTreeMap<(SegmentId, u64), (u64, PoolKind, Vec<BlockInfo>)> =
+            BTreeMap::new();
+        for (i, b) in self.live_blocks() {
             let seg = &self.segments[&b.segment];
-            by_segment.entry(b.segment).or_default().push(BlockInfo {
-                address: b.address,
-                offset: b.address - seg.address,
-                size: b.size,
-                requested_size: if b.allocated { b.requested } else { 0 },
-                state: if b.allocated {
-                    "active_allocated"
-                } else {
-                    "inactive"
-                },
-                label: if b.allocated {
-                    b.label.as_deref().map(str::to_string)
-                } else {
-                    None
-                },
-                category: b.allocated.then_some(b.category),
-                op: if b.allocated {
-                    b.op.as_deref().map(str::to_string)
-                } else {
-                    None
-                },
-            });
+            if !seg.expandable {
+                let g = groups.entry((b.segment, seg.address)).or_insert((
+                    seg.size,
+                    seg.pool,
+                    Vec::new(),
+                ));
+                g.2.push(info(b, seg.address));
+                continue;
+            }
+            let head = b.mapped && b.prev.is_none_or(|p| !self.blocks[p].mapped);
+            if !head {
+                continue;
+            }
+            let (mut blocks, mut total, mut cursor) = (Vec::new(), 0, Some(i));
+            while let Some(c) = cursor.filter(|&c| self.blocks[c].mapped) {
+                let cb = &self.blocks[c];
+                blocks.push(info(cb, b.address));
+                total += cb.size;
+                cursor = cb.next;
+            }
+            groups.insert((b.segment, b.address), (total, seg.pool, blocks));
         }
-        let mut segments: Vec<SegmentInfo> = by_segment
+        let mut segments: Vec<SegmentInfo> = groups
             .into_iter()
-            .map(|(id, mut blocks)| {
+            .map(|((id, address), (total_size, pool, mut blocks))| {
                 blocks.sort_by_key(|b| b.address);
-                let seg = &self.segments[&id];
                 let allocated_size = blocks
                     .iter()
                     .filter(|b| b.state == "active_allocated")
@@ -89,15 +115,16 @@ impl<S: SegmentSource> CachingAllocator<S> {
                     .sum();
                 SegmentInfo {
                     segment_id: id,
-                    address: seg.address,
-                    total_size: seg.size,
+                    address,
+                    total_size,
                     allocated_size,
                     active_size: allocated_size,
                     requested_size: blocks.iter().map(|b| b.requested_size).sum(),
-                    segment_type: match seg.pool {
+                    segment_type: match pool {
                         PoolKind::Small => "small_pool",
                         PoolKind::Large => "large_pool",
                     },
+                    expandable: self.segments[&id].expandable,
                     blocks,
                 }
             })
@@ -112,11 +139,21 @@ impl<S: SegmentSource> CachingAllocator<S> {
     /// Returns a description of the first violation.
     pub fn check_invariants(&self) -> Result<(), String> {
         let snap = self.snapshot();
-        if snap.segments.len() != self.segments.len() {
+        let fixed = self.segments.values().filter(|s| !s.expandable).count();
+        let shown = snap.segments.iter().filter(|s| !s.expandable).count();
+        if shown != fixed {
+            return Err(format!("{fixed} segments known but {shown} have blocks"));
+        }
+        let mapped: u64 = self.pages.values().map(|p| p.1).sum();
+        let shown_mapped: u64 = snap
+            .segments
+            .iter()
+            .filter(|s| s.expandable)
+            .map(|s| s.total_size)
+            .sum();
+        if mapped != shown_mapped {
             return Err(format!(
-                "{} segments known but {} have blocks",
-                self.segments.len(),
-                snap.segments.len()
+                "{mapped} bytes of pages mapped but {shown_mapped} bytes shown in expandable segments"
             ));
         }
         for seg in &snap.segments {
@@ -194,14 +231,16 @@ impl<S: SegmentSource> CachingAllocator<S> {
                 (0i64, 0i64, 0i64, 0i64);
             let (mut requested, mut inactive_split, mut inactive_split_bytes) = (0i64, 0i64, 0i64);
             for s in segs {
-                segments += 1;
+                // PyTorch counts neither mapped ranges as segments nor
+                // expandable blocks as inactive splits.
+                segments += i64::from(!s.expandable);
                 reserved += s.total_size as i64;
                 for b in &s.blocks {
                     if b.state == "active_allocated" {
                         allocations += 1;
                         allocated += b.size as i64;
                         requested += b.requested_size as i64;
-                    } else if s.blocks.len() > 1 {
+                    } else if s.blocks.len() > 1 && !s.expandable {
                         inactive_split += 1;
                         inactive_split_bytes += b.size as i64;
                     }

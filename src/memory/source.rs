@@ -34,6 +34,12 @@ pub trait SegmentSource {
     fn max_segment_size(&self) -> u64;
     /// A short name for messages ("simulated 16.00 GiB", "wgpu llvmpipe").
     fn describe(&self) -> String;
+    /// Whether pages can be mapped into a reserved virtual range, as
+    /// `expandable_segments` needs (CUDA's cuMemMap). wgpu has no such call,
+    /// so only a simulated device says yes.
+    fn maps_pages(&self) -> bool {
+        false
+    }
 }
 
 /// A device that exists only as a capacity in bytes (or without limit).
@@ -105,6 +111,10 @@ impl SegmentSource for SimulatedSource {
 
     fn max_segment_size(&self) -> u64 {
         self.max_segment
+    }
+
+    fn maps_pages(&self) -> bool {
+        true
     }
 
     fn describe(&self) -> String {

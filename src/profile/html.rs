@@ -21,6 +21,8 @@ fn kind_code(k: EventKind) -> u8 {
         EventKind::Oom => 4,
         EventKind::Retag => 5,
         EventKind::Phase => 6,
+        EventKind::SegmentMap => 7,
+        EventKind::SegmentUnmap => 8,
     }
 }
 
@@ -91,7 +93,7 @@ Wheel: zoom. Drag: pan. Double-click: reset. Click: show the segments at that ev
 window.onerror = function (msg) { document.body.dataset.status = "error: " + msg; };
 const D = JSON.parse(document.getElementById("data").textContent);
 const E = D.events, S = D.strings, C = D.categories, COL = D.colors;
-const KIND = ["alloc", "free", "segment alloc", "segment free", "OOM", "retag", "phase"];
+const KIND = ["alloc", "free", "segment alloc", "segment free", "OOM", "retag", "phase", "pages mapped", "pages unmapped"];
 const MiB = b => (b / 1048576).toFixed(2) + " MiB";
 // Per-category totals after each event.
 const cats = new Array(E.length);

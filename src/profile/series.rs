@@ -2,7 +2,7 @@
 //! category after every event, phase marks, and the blocks and segments
 //! alive at any event (a snapshot reconstructed from the log).
 
-use crate::memory::{Category, EventKind, LiveBlocks, MemEvent, CATEGORIES};
+use crate::memory::{Category, EventKind, LiveBlocks, LiveSegments, MemEvent, CATEGORIES};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -75,33 +75,35 @@ pub struct LiveSegment {
 
 /// The segments and blocks alive right after event `index`.
 pub fn live_at(events: &[MemEvent], index: usize) -> Vec<LiveSegment> {
-    let mut segments: BTreeMap<u64, LiveSegment> = BTreeMap::new();
+    let mut ranges = LiveSegments::default();
     let mut blocks = LiveBlocks::default();
     for e in events.iter().take(index + 1) {
         blocks.apply(e);
-        match e.kind {
-            EventKind::SegmentAlloc => {
-                segments.insert(
-                    e.segment,
-                    LiveSegment {
-                        segment_id: e.segment,
-                        address: e.address,
-                        total_size: e.size,
-                        allocated_size: 0,
-                        blocks: Vec::new(),
-                    },
-                );
-            }
-            EventKind::SegmentFree => {
-                segments.remove(&e.segment);
-            }
-            _ => {}
-        }
+        ranges.apply(e);
     }
+    let mut segments: BTreeMap<u64, LiveSegment> = ranges
+        .by_address
+        .iter()
+        .map(|(&address, &(total_size, segment_id))| {
+            (
+                address,
+                LiveSegment {
+                    segment_id,
+                    address,
+                    total_size,
+                    allocated_size: 0,
+                    blocks: Vec::new(),
+                },
+            )
+        })
+        .collect();
     let mut live: Vec<&MemEvent> = blocks.iter().collect();
     live.sort_by_key(|e| e.address);
     for e in live {
-        if let Some(s) = segments.get_mut(&e.segment) {
+        let Some((start, ..)) = ranges.containing(e.address) else {
+            continue;
+        };
+        if let Some(s) = segments.get_mut(&start) {
             s.allocated_size += e.size;
             s.blocks.push(LiveBlock {
                 address: e.address,

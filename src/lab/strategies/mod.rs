@@ -9,7 +9,6 @@
 
 pub mod buckets;
 pub mod buddy;
-pub mod expandable;
 pub mod nocache;
 pub mod planner;
 pub mod pytorch;
@@ -141,7 +140,15 @@ pub fn online_on<S: SegmentSource + 'static>(name: &str, src: S) -> Option<Box<d
     Some(match name {
         "pytorch" => Box::new(pytorch::Pytorch::new(src, Default::default(), "pytorch")),
         "vramlab" => Box::new(pytorch::Pytorch::vramlab(src)),
-        "expandable" => Box::new(expandable::Expandable::new(src)),
+        // PyTorch's expandable_segments:True (memory/expandable.rs).
+        "expandable" => Box::new(pytorch::Pytorch::new(
+            src,
+            crate::memory::AllocatorConfig {
+                expandable_segments: true,
+                ..Default::default()
+            },
+            "expandable",
+        )),
         "nocache" => Box::new(nocache::NoCache::new(src)),
         "buckets" => Box::new(buckets::Buckets::new(src)),
         "sliced" => Box::new(sliced::Sliced::new(src)),
