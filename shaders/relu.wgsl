@@ -1,6 +1,6 @@
 // Inputs are bound read_write too: tensors share segment buffers, and wgpu
 // rejects a read-only and a read-write binding of one buffer in one dispatch.
-// out[i] = max(x[i], 0). A non-inplace ReLU allocates its output: the articles'
+// out[i] = max(x[i], 0), NaN kept. A non-inplace ReLU allocates its output: the articles'
 // "ReLU adds no memory" is measured against this. One invocation per pair
 // of elements (a packed bf16 word has one writer); any ELEM.
 struct Params { n: u32, _p0: u32, _p1: u32, _p2: u32 }
@@ -19,5 +19,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     let i = 2u * w;
     if (i >= p.n) { return; }
     let j = min(i + 1u, p.n - 1u);
-    st2_out(w, max(vec2<f32>(ld_x(i), ld_x(j)), vec2<f32>(0.0)), p.n);
+    // select, not max: max(NaN, 0) may be 0, and a NaN must reach the loss
+    // (as in PyTorch) instead of training on silently.
+    let v = vec2<f32>(ld_x(i), ld_x(j));
+    st2_out(w, select(v, vec2<f32>(0.0), v < vec2<f32>(0.0)), p.n);
 }

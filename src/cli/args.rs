@@ -48,6 +48,12 @@ pub struct AllocArgs {
     /// device capacity (--capacity).
     #[arg(long, value_name = "FRACTION")]
     pub memory_fraction: Option<f64>,
+    /// The device's size, e.g. 16GiB: what --memory-fraction is a fraction
+    /// of (wgpu does not report how much memory a GPU has), and for
+    /// `replay` the simulated device's capacity (default: no limit but
+    /// --memory-limit).
+    #[arg(long, value_name = "SIZE")]
+    pub capacity: Option<String>,
 }
 
 /// A flag value that cannot be used, with what to write instead.
@@ -56,9 +62,16 @@ pub struct AllocArgs {
 pub struct ArgError(pub String);
 
 impl AllocArgs {
-    /// The allocator configuration these flags describe; `capacity` is the
-    /// device size that `--memory-fraction` is a fraction of, if known.
-    pub fn config(&self, capacity: Option<u64>) -> Result<AllocatorConfig, ArgError> {
+    /// `--capacity`, parsed.
+    pub fn capacity(&self) -> Result<Option<u64>, ArgError> {
+        parse_capacity(&self.capacity)
+    }
+
+    /// The allocator configuration these flags describe. `--memory-fraction`
+    /// is a fraction of `--capacity`, else of `device_capacity` (what the
+    /// device reports, if anything).
+    pub fn config(&self, device_capacity: Option<u64>) -> Result<AllocatorConfig, ArgError> {
+        let capacity = self.capacity()?.or(device_capacity);
         let mut cfg = match &self.alloc_conf {
             Some(s) => AllocatorConfig::parse(s),
             None => AllocatorConfig::from_env(),
@@ -83,13 +96,50 @@ impl AllocArgs {
             }
             let cap = capacity.ok_or_else(|| {
                 ArgError(
-                    "--memory-fraction needs a capacity to take a fraction of: add --capacity SIZE (wgpu does not report how much memory a GPU has)".into(),
+                    "--memory-fraction needs the device's size to take a fraction of: add --capacity SIZE, e.g. --capacity 24GiB (wgpu does not report how much memory a GPU has), or give --memory-limit SIZE instead".into(),
                 )
             })?;
             cfg.memory_limit = Some((cap as f64 * f) as u64);
         }
         Ok(cfg)
     }
+}
+
+/// A learning rate (or other optimizer number) that training can use:
+/// finite and not negative (`positive` also excludes 0). NaN would train
+/// on silently, turning every weight into NaN.
+pub fn check_number(flag: &str, v: f32, positive: bool) -> Result<(), ArgError> {
+    if !v.is_finite() || v < 0.0 || (positive && v == 0.0) {
+        let want = if positive { "above 0" } else { "0 or more" };
+        return Err(ArgError(format!(
+            "{flag} must be a finite number {want}, got {v}"
+        )));
+    }
+    Ok(())
+}
+
+/// Most steps a recording command (`estimate`, `profile`, `max-batch`)
+/// runs: every step's allocation events are kept, so the count bounds
+/// memory. Memory reaches its steady state by step 2 or 3.
+pub const MAX_RECORDED_STEPS: usize = 100;
+
+/// `--steps` for a command that records every step.
+pub fn check_recorded_steps(steps: usize) -> Result<(), ArgError> {
+    if steps == 0 || steps > MAX_RECORDED_STEPS {
+        return Err(ArgError(format!(
+            "--steps must be 1 to {MAX_RECORDED_STEPS} (got {steps}): every step's allocations are recorded, and memory reaches its steady state by step 2 or 3"
+        )));
+    }
+    Ok(())
+}
+
+/// The error for a step whose loss is NaN or infinite: training stops
+/// there, as `torch.autograd.set_detect_anomaly(True)` would, instead of
+/// updating every weight with NaN.
+pub fn non_finite_loss(step: usize, loss: f32) -> ArgError {
+    ArgError(format!(
+        "step {step}: the loss is {loss}; a NaN or infinity reached it. The run diverged (lower --lr) or the input holds NaN/Inf values (check --data); stopping here"
+    ))
 }
 
 /// Parses an optional `--capacity`.

@@ -69,6 +69,7 @@ const ARTICLE_TOTAL_MIB: f64 = 55.73;
 const ARTICLE_MEASURED_MB: f64 = 54.12;
 
 pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
+    super::args::check_number("--lr", args.lr, true)?;
     if args.batch == 0 || args.steps == 0 {
         anyhow::bail!("--batch and --steps must be at least 1");
     }
@@ -165,6 +166,9 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
             crate::optim::Optimizer::step(&mut adam, &mut store)?;
         }
         let loss_value = loss.tensor().to_vec()?[0];
+        if !loss_value.is_finite() {
+            return Err(super::args::non_finite_loss(step, loss_value).into());
+        }
         drop(loss);
         engine.synchronize()?;
         let a = engine.allocator();

@@ -161,9 +161,7 @@ pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
             plan.dtype
         );
     }
-    if args.steps == 0 {
-        anyhow::bail!("--steps must be at least 1");
-    }
+    super::args::check_recorded_steps(args.steps)?;
     let est = steps_on(
         Engine::simulated(plan.config.clone(), None),
         &plan,

@@ -139,6 +139,7 @@ pub fn run(args: &MaxBatchArgs) -> anyhow::Result<()> {
     if !(0.0..0.9).contains(&args.margin) {
         anyhow::bail!("--margin must be in [0, 0.9), got {}", args.margin);
     }
+    super::args::check_recorded_steps(args.steps)?;
     if args.steps == 0 || args.max == 0 {
         anyhow::bail!("--steps and --max must be at least 1");
     }

@@ -41,6 +41,7 @@ pub struct ProfileArgs {
 }
 
 pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
+    super::args::check_recorded_steps(args.steps)?;
     if args.batch == 0 || args.steps == 0 {
         anyhow::bail!("--batch and --steps must be at least 1");
     }
@@ -71,7 +72,8 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
     );
     let write = |name: &str, contents: &str| -> anyhow::Result<PathBuf> {
         let p = args.out.join(name);
-        std::fs::write(&p, contents).with_context(|| format!("cannot write {}", p.display()))?;
+        crate::io::write_atomic(&p, contents.as_bytes())
+            .with_context(|| format!("cannot write {}", p.display()))?;
         Ok(p)
     };
     let svg_path = write("timeline.svg", &svg::render(&series, &title))?;
@@ -88,7 +90,7 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
     // The same run as a PyTorch memory snapshot, for pytorch.org/memory_viz.
     let pickle_path = args.out.join("snapshot.pickle");
     let torch = crate::lab::snapshot_export::torch_snapshot(events, &plan.config);
-    std::fs::write(&pickle_path, crate::lab::pickle::pickle(&torch))
+    crate::io::write_atomic(&pickle_path, &crate::lab::pickle::pickle(&torch))
         .with_context(|| format!("cannot write {}", pickle_path.display()))?;
     if args.json {
         let out = serde_json::json!({

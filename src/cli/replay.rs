@@ -1,7 +1,7 @@
 //! `vramlab replay TRACE.jsonl`: run an allocation trace through the caching
 //! allocator on a simulated device and print the statistics it reaches.
 
-use super::args::{parse_capacity, AllocArgs};
+use super::args::AllocArgs;
 use crate::lab::replay;
 use crate::memory::{memory_summary, CachingAllocator, Mib, SegmentSource, SimulatedSource};
 use clap::Args;
@@ -15,10 +15,6 @@ pub struct ReplayArgs {
     pub trace: PathBuf,
     #[command(flatten)]
     pub alloc: AllocArgs,
-    /// Size of the simulated device, e.g. 16GiB (default: no limit but
-    /// --memory-limit).
-    #[arg(long, value_name = "SIZE")]
-    pub capacity: Option<String>,
     /// Also print allocated/reserved bytes after every event.
     #[arg(long)]
     pub timeline: bool,
@@ -61,7 +57,7 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
     if let Some(names) = &args.allocators {
         return compare_strategies(args, names);
     }
-    let capacity = parse_capacity(&args.capacity)?;
+    let capacity = args.alloc.capacity()?;
     let config = args.alloc.config(capacity)?;
     let file = std::fs::File::open(&args.trace)
         .map_err(|e| anyhow::anyhow!("cannot open trace {}: {e}", args.trace.display()))?;
@@ -79,7 +75,7 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
     if let Some(path) = &args.export_snapshot {
         let events = alloc.take_events();
         let snap = crate::lab::snapshot_export::torch_snapshot(&events, alloc.config());
-        std::fs::write(path, crate::lab::pickle::pickle(&snap)).map_err(|e| {
+        crate::io::write_atomic(path, &crate::lab::pickle::pickle(&snap)).map_err(|e| {
             anyhow::anyhow!("cannot write --export-snapshot {}: {e}", path.display())
         })?;
         if !args.json {
@@ -183,12 +179,13 @@ pub fn print_results(results: &[crate::lab::workload::RunResult]) {
     );
     for r in results {
         println!(
-            "  {:<10} {:>9.2} MiB {:>8.2} MiB {:>8.3} {:>8.1}% {:>8} {:>8} {:>5} {:>9.0}",
+            "  {:<10} {:>9.2} MiB {:>8.2} MiB {:>8.3} {:>9} {:>8} {:>8} {:>5} {:>9.0}",
             r.allocator,
             mib(r.peak_allocated_bytes),
             mib(r.peak_reserved_bytes),
             r.fragmentation,
-            100.0 * r.gap_to_planner.unwrap_or(0.0),
+            r.gap_to_planner
+                .map_or("-".to_string(), |g| format!("{:.1}%", 100.0 * g)),
             r.device_allocs,
             r.device_frees,
             if r.oom { "yes" } else { "no" },
@@ -199,20 +196,22 @@ pub fn print_results(results: &[crate::lab::workload::RunResult]) {
 
 /// `replay --allocators`: every named strategy on the trace.
 fn compare_strategies(args: &ReplayArgs, names: &[String]) -> anyhow::Result<()> {
-    use crate::lab::workload::{compare, Workload};
-    let capacity = parse_capacity(&args.capacity)?;
+    use crate::lab::workload::{compare_with, Workload};
+    let capacity = args.alloc.capacity()?;
+    // --alloc-conf and --memory-limit apply here as in a plain replay.
+    let config = args.alloc.config(capacity)?;
     let file = std::fs::File::open(&args.trace)
         .map_err(|e| anyhow::anyhow!("cannot open trace {}: {e}", args.trace.display()))?;
     let name = args.trace.display().to_string();
     let w = Workload::from_trace(&name, BufReader::new(file))
         .map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
-    let results = compare(&w, &names, capacity).map_err(anyhow::Error::msg)?;
+    let results = compare_with(&w, &names, capacity, &config).map_err(anyhow::Error::msg)?;
     if let Some(dir) = &args.out {
         std::fs::create_dir_all(dir)
             .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", dir.display()))?;
         let svg = reserved_plot(&results, w.ops.len(), &name);
-        std::fs::write(dir.join("reserved.svg"), svg)?;
+        crate::io::write_atomic(&dir.join("reserved.svg"), svg.as_bytes())?;
     }
     if args.json {
         let out = serde_json::json!({
@@ -300,12 +299,11 @@ fn reserved_plot(results: &[crate::lab::workload::RunResult], ops: usize, title:
 /// `pytorch` strategy, compared with what the snapshot itself recorded.
 fn replay_snapshot(args: &ReplayArgs) -> anyhow::Result<()> {
     use crate::lab::torch_snapshot;
-    use crate::lab::workload::compare;
     let name = args.trace.display().to_string();
     let bytes =
         std::fs::read(&args.trace).map_err(|e| anyhow::anyhow!("cannot read {name}: {e}"))?;
     let file = torch_snapshot::read_all(&bytes, &name).map_err(anyhow::Error::msg)?;
-    let capacity = parse_capacity(&args.capacity)?;
+    let capacity = args.alloc.capacity()?;
     // The snapshot's own allocator settings, unless --alloc-conf (or
     // VRAMLAB_ALLOC_CONF) says otherwise.
     let user_conf = args.alloc.alloc_conf.is_some()
@@ -349,7 +347,8 @@ fn replay_snapshot(args: &ReplayArgs) -> anyhow::Result<()> {
         let results = match &args.allocators {
             Some(names) => {
                 let names: Vec<&str> = names.iter().map(String::as_str).collect();
-                compare(&snap.workload, &names, capacity).map_err(anyhow::Error::msg)?
+                crate::lab::workload::compare_with(&snap.workload, &names, capacity, &cfg)
+                    .map_err(anyhow::Error::msg)?
             }
             None => Vec::new(),
         };

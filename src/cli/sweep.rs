@@ -178,10 +178,10 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
     if let Some(dir) = &args.out {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         let svg = plot(&points, dim, &name);
-        std::fs::write(dir.join("sweep.svg"), svg)?;
-        std::fs::write(
-            dir.join("sweep.json"),
-            serde_json::to_string_pretty(&report)?,
+        crate::io::write_atomic(&dir.join("sweep.svg"), svg.as_bytes())?;
+        crate::io::write_atomic(
+            &dir.join("sweep.json"),
+            serde_json::to_string_pretty(&report)?.as_bytes(),
         )?;
     }
     if args.json {

@@ -140,6 +140,15 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     if data.is_none() && args.batch == 0 {
         anyhow::bail!("--batch must be at least 1");
     }
+    if let Some(lr) = args.lr {
+        super::args::check_number("--lr", lr, true)?;
+    }
+    if let Some(m) = args.momentum {
+        super::args::check_number("--momentum", m, false)?;
+    }
+    if let Some(w) = args.weight_decay {
+        super::args::check_number("--weight-decay", w, false)?;
+    }
     let opt = OptimizerConfig::new(args.optimizer, args.lr, args.momentum, args.weight_decay);
     opt.validate().map_err(anyhow::Error::msg)?;
 
@@ -235,6 +244,9 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     let mut last = None;
     for _ in 0..args.steps {
         let (r, out) = trainer.step(&batch)?;
+        if !r.loss.is_finite() {
+            return Err(super::args::non_finite_loss(r.step, r.loss).into());
+        }
         let device_time = match trainer.engine.take_dispatch_times()? {
             Some((source, times)) if timing.is_some() => Some(OpTimes::of(source, &times)),
             _ => None,
@@ -309,7 +321,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
             .iter()
             .map(|e| e.to_line())
             .collect();
-        std::fs::write(path, lines.join("\n") + "\n")
+        crate::io::write_atomic(path, (lines.join("\n") + "\n").as_bytes())
             .with_context(|| format!("cannot write --record-trace {}", path.display()))?;
         if !args.json {
             println!("\nwrote {} ({} events)", path.display(), lines.len());

@@ -64,20 +64,18 @@ impl AdapterSummary {
 }
 
 /// The backends to search: `--backend`, else `WGPU_BACKEND`, else all.
-pub fn backends_for(options: &AdapterOptions) -> (wgpu::Backends, String) {
+/// A `WGPU_BACKEND` that names nothing wgpu knows is an error, not "no
+/// adapter found" with advice to install a driver.
+pub fn backends_for(options: &AdapterOptions) -> Result<(wgpu::Backends, String), DeviceError> {
     if let Some(b) = options.backend {
-        return (b.backends(), format!("--backend {b:?}").to_lowercase());
+        return Ok((b.backends(), format!("--backend {b:?}").to_lowercase()));
     }
-    match wgpu::Backends::from_env() {
-        Some(b) => (
-            b,
-            format!(
-                "WGPU_BACKEND={}",
-                std::env::var("WGPU_BACKEND").unwrap_or_default()
-            ),
-        ),
+    let value = std::env::var("WGPU_BACKEND").unwrap_or_default();
+    Ok(match wgpu::Backends::from_env() {
+        Some(b) if b.is_empty() => return Err(DeviceError::UnknownBackend(value)),
+        Some(b) => (b, format!("WGPU_BACKEND={value}")),
         None => (wgpu::Backends::all(), "all backends".to_string()),
-    }
+    })
 }
 
 fn type_rank(t: wgpu::DeviceType) -> u8 {

@@ -21,6 +21,8 @@ pub enum DeviceError {
     Readback(String),
     #[error("the GPU reported an error: {0}")]
     Wgpu(String),
+    #[error("WGPU_BACKEND={0:?} names no backend wgpu knows; use vulkan, metal, dx12 or gl (comma-separated for several), or unset it")]
+    UnknownBackend(String),
 }
 
 /// The install hint shown when no adapter exists, per platform.

@@ -142,7 +142,7 @@ impl Gpu {
     }
 
     async fn new_async(options: &AdapterOptions) -> Result<Gpu, DeviceError> {
-        let (backends, mut searched) = backends_for(options);
+        let (backends, mut searched) = backends_for(options)?;
         // GL is the fallback: probing it (through EGL) is slow and noisy, so it
         // is searched only when asked for or when nothing else was found.
         let primary = if backends == wgpu::Backends::all() {

@@ -1,6 +1,9 @@
 //! Files in and out: safetensors (weights from a PyTorch state_dict, batches,
 //! dumps of results). No wgpu here; tensors cross as host vectors.
 
+pub mod atomic;
 pub mod safetensors;
+
+pub use atomic::write_atomic;
 
 pub use safetensors::{SafeTensors, SafetensorsError, StDtype};

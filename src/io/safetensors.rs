@@ -363,11 +363,7 @@ impl SafeTensors {
             path: path.to_path_buf(),
             source,
         };
-        let mut tmp = path.as_os_str().to_owned();
-        tmp.push(".partial");
-        let tmp = PathBuf::from(tmp);
-        std::fs::write(&tmp, self.to_bytes()).map_err(err)?;
-        std::fs::rename(&tmp, path).map_err(err)
+        super::write_atomic(path, &self.to_bytes()).map_err(err)
     }
 }
 
@@ -401,12 +397,18 @@ fn parse_entry(name: &str, entry: &Json, data: &[u8]) -> Result<StTensor, String
             data.len()
         ));
     }
-    let numel: usize = shape.iter().product();
-    if numel * dtype.size() != end - begin {
+    // Checked: a shape whose element count overflows must not wrap around
+    // to a size that matches the data.
+    let bytes = shape
+        .iter()
+        .try_fold(dtype.size(), |a, &d| a.checked_mul(d))
+        .ok_or_else(|| {
+            format!("shape {shape:?} of tensor {name} has more elements than any file can hold")
+        })?;
+    if bytes != end - begin {
         return Err(format!(
-            "shape {shape:?} of {} needs {} bytes but data_offsets give {} (tensor {name})",
+            "shape {shape:?} of {} needs {bytes} bytes but data_offsets give {} (tensor {name})",
             dtype.name(),
-            numel * dtype.size(),
             end - begin
         ));
     }

@@ -76,21 +76,14 @@ pub fn replay<S: SegmentSource, R: BufRead>(
     let mut out = ReplayOutcome::default();
     let mut live: HashMap<u64, Live> = HashMap::new();
     let mut live_requested = 0u64;
-    for (i, line) in reader.lines().enumerate() {
-        let line_no = i + 1;
-        let text = match line {
-            Ok(t) => t,
-            Err(e) => {
-                out.error = Some(ReplayError {
-                    line: line_no,
-                    message: format!("cannot read the line: {e}"),
-                });
+    for item in super::trace::lines(reader) {
+        let (line_no, text) = match item {
+            Ok(x) => x,
+            Err((line, message)) => {
+                out.error = Some(ReplayError { line, message });
                 break;
             }
         };
-        if text.trim().is_empty() {
-            continue;
-        }
         let event = match TraceEvent::parse_line(&text) {
             Ok(e) => e,
             Err(message) => {

@@ -14,8 +14,119 @@
 //! extra fields are ignored so traces can carry more (times) without
 //! breaking older readers.
 
+use crate::memory::constants::MAX_BYTES;
 use crate::memory::tag::Category;
 use serde::{Deserialize, Serialize};
+use std::collections::HashSet;
+use std::io::{BufRead, Read};
+
+/// Longest trace line read: an event is one small JSON object, so a longer
+/// line (a file of zeros, a binary file) is an error, not a buffer that
+/// grows until memory runs out.
+pub const MAX_LINE_BYTES: usize = 64 << 10;
+
+/// The numbered, non-empty lines of a trace, each at most
+/// [`MAX_LINE_BYTES`]; an error (too long, not UTF-8, unreadable) names the
+/// line and ends the iteration.
+pub struct Lines<R> {
+    reader: R,
+    line: usize,
+    buf: Vec<u8>,
+    done: bool,
+}
+
+/// Reads `reader` as trace lines.
+pub fn lines<R: BufRead>(reader: R) -> Lines<R> {
+    Lines {
+        reader,
+        line: 0,
+        buf: Vec::new(),
+        done: false,
+    }
+}
+
+impl<R: BufRead> Iterator for Lines<R> {
+    /// (1-based line number, text) or (line number, what is wrong).
+    type Item = Result<(usize, String), (usize, String)>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        while !self.done {
+            self.buf.clear();
+            self.line += 1;
+            let limit = MAX_LINE_BYTES as u64 + 1;
+            let n = match (&mut self.reader)
+                .take(limit)
+                .read_until(b'\n', &mut self.buf)
+            {
+                Ok(n) => n,
+                Err(e) => {
+                    self.done = true;
+                    return Some(Err((self.line, format!("cannot read the line: {e}"))));
+                }
+            };
+            if n == 0 {
+                return None;
+            }
+            if self.buf.last() == Some(&b'\n') {
+                self.buf.pop();
+            } else if self.buf.len() > MAX_LINE_BYTES {
+                self.done = true;
+                return Some(Err((
+                    self.line,
+                    format!("the line is longer than {MAX_LINE_BYTES} bytes; a trace line is one small JSON object (is this a trace?)"),
+                )));
+            }
+            if self.buf.last() == Some(&b'\r') {
+                self.buf.pop();
+            }
+            let text = match std::str::from_utf8(&self.buf) {
+                Ok(t) => t,
+                Err(e) => {
+                    self.done = true;
+                    return Some(Err((
+                        self.line,
+                        format!("not UTF-8 text ({e}); is this a trace?"),
+                    )));
+                }
+            };
+            if !text.trim().is_empty() {
+                return Some(Ok((self.line, text.to_string())));
+            }
+        }
+        None
+    }
+}
+
+/// The checks every replay mode makes, in one place: an id is allocated
+/// only while not live, freed only while live. Zero-byte allocations are
+/// live too (PyTorch allocates nothing for them).
+#[derive(Debug, Default)]
+pub struct LiveIds {
+    live: HashSet<u64>,
+}
+
+impl LiveIds {
+    pub fn check(&mut self, event: &TraceEvent) -> Result<(), String> {
+        match event {
+            TraceEvent::Alloc { id, .. } => {
+                if !self.live.insert(*id) {
+                    return Err(format!(
+                        "id {id} is allocated again while still live; free it first"
+                    ));
+                }
+            }
+            TraceEvent::Free { id } => {
+                if !self.live.remove(id) {
+                    return Err(format!(
+                        "free of id {id}, which is not live (never allocated, or already freed)"
+                    ));
+                }
+            }
+            TraceEvent::EmptyCache | TraceEvent::ResetPeak => {}
+        }
+        Ok(())
+    }
+}
 
 /// One trace event.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -39,11 +150,19 @@ pub enum TraceEvent {
 impl TraceEvent {
     /// Parses one line; the error says what was expected.
     pub fn parse_line(line: &str) -> Result<TraceEvent, String> {
-        serde_json::from_str(line).map_err(|e| {
+        let e: TraceEvent = serde_json::from_str(line).map_err(|e| {
             format!(
                 "{e}; expected e.g. {{\"op\":\"alloc\",\"id\":7,\"size\":1200}}, {{\"op\":\"free\",\"id\":7}}, {{\"op\":\"empty_cache\"}} or {{\"op\":\"reset_peak\"}}"
             )
-        })
+        })?;
+        if let TraceEvent::Alloc { size, .. } = e {
+            if size > MAX_BYTES {
+                return Err(format!(
+                    "size {size} is more than 2^62 bytes (4 EiB), the most vramlab models; the trace is probably corrupt"
+                ));
+            }
+        }
+        Ok(e)
     }
 
     /// The event as one JSON line (without the newline).

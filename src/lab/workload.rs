@@ -4,10 +4,11 @@
 //! out-of-memory at a capacity, and nanoseconds per operation.
 
 use super::strategies::planner::{plan, Lifetime};
-use super::strategies::{online, Strategy};
+use super::strategies::Strategy;
 use super::trace::TraceEvent;
 use crate::memory::events::{EventKind, MemEvent};
 use crate::memory::tag::Category;
+use crate::memory::AllocatorConfig;
 use serde::Serialize;
 use std::collections::HashMap;
 use std::io::BufRead;
@@ -37,13 +38,15 @@ pub struct Workload {
 impl Workload {
     /// Reads a JSON Lines trace (`replay`'s format); `reset_peak` is ignored.
     pub fn from_trace<R: BufRead>(name: &str, reader: R) -> Result<Workload, String> {
+        // The same checks as `replay` (lab/replay.rs): bounded lines, sizes
+        // in range, ids allocated and freed in order.
         let mut ops = Vec::new();
-        for (i, line) in reader.lines().enumerate() {
-            let line = line.map_err(|e| format!("line {}: {e}", i + 1))?;
-            if line.trim().is_empty() {
-                continue;
-            }
-            match TraceEvent::parse_line(&line).map_err(|e| format!("line {}: {e}", i + 1))? {
+        let mut ids = super::trace::LiveIds::default();
+        for item in super::trace::lines(reader) {
+            let (line, text) = item.map_err(|(line, e)| format!("line {line}: {e}"))?;
+            let event = TraceEvent::parse_line(&text).map_err(|e| format!("line {line}: {e}"))?;
+            ids.check(&event).map_err(|e| format!("line {line}: {e}"))?;
+            match event {
                 TraceEvent::Alloc {
                     id, size, category, ..
                 } => ops.push(Op::Alloc {
@@ -252,28 +255,52 @@ pub fn run_planner(w: &Workload, capacity: Option<u64>) -> RunResult {
     }
 }
 
-/// Every named strategy on `w`, with each one's gap to the planner.
+/// Every named strategy on `w` under PyTorch's default settings.
 pub fn compare(
     w: &Workload,
     names: &[&str],
     capacity: Option<u64>,
 ) -> Result<Vec<RunResult>, String> {
-    let planner = run_planner(w, capacity);
+    compare_with(w, names, capacity, &AllocatorConfig::default())
+}
+
+/// Every named strategy on `w`. `config` is what `--alloc-conf` and
+/// `--memory-limit` say: `pytorch` runs under it, `vramlab` and
+/// `expandable` under it plus their own options, and the memory limit caps
+/// every strategy's device. The offline planner (quadratic in the worst
+/// case) runs only when named, and only then is each gap to it reported.
+pub fn compare_with(
+    w: &Workload,
+    names: &[&str],
+    capacity: Option<u64>,
+    config: &AllocatorConfig,
+) -> Result<Vec<RunResult>, String> {
+    let capacity = match (capacity, config.memory_limit) {
+        (Some(c), Some(l)) => Some(c.min(l)),
+        (c, l) => c.or(l),
+    };
+    for &name in names {
+        if name != "planner" && !super::strategies::NAMES.contains(&name) {
+            return Err(format!(
+                "unknown allocator {name:?}; choose from {}",
+                super::strategies::NAMES.join(", ")
+            ));
+        }
+    }
+    let planner = names.contains(&"planner").then(|| run_planner(w, capacity));
     let mut out = Vec::new();
     for &name in names {
-        let mut r = if name == "planner" {
-            planner.clone()
-        } else {
-            let mut s = online(name, capacity).ok_or_else(|| {
-                format!(
-                    "unknown allocator {name:?}; choose from {}",
-                    super::strategies::NAMES.join(", ")
-                )
-            })?;
-            run(s.as_mut(), w)
+        let mut r = match (name, &planner) {
+            ("planner", Some(p)) => p.clone(),
+            _ => {
+                let mut s = super::strategies::online_configured(name, capacity, config)
+                    .ok_or_else(|| format!("unknown allocator {name:?}"))?;
+                run(s.as_mut(), w)
+            }
         };
-        r.gap_to_planner =
-            Some(r.peak_reserved_bytes as f64 / planner.peak_reserved_bytes.max(1) as f64 - 1.0);
+        r.gap_to_planner = planner
+            .as_ref()
+            .map(|p| r.peak_reserved_bytes as f64 / p.peak_reserved_bytes.max(1) as f64 - 1.0);
         out.push(r);
     }
     Ok(out)

@@ -457,6 +457,9 @@ impl<S: SegmentSource> CachingAllocator<S> {
         if orig_size == 0 {
             return Err(AllocError::ZeroSize);
         }
+        if orig_size > MAX_BYTES {
+            return Err(AllocError::Unrepresentable(orig_size));
+        }
         let size = round_size(orig_size, &self.config);
         let pool = pool_for(size);
         let alloc_size = allocation_size(size);

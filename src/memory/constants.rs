@@ -20,3 +20,8 @@ pub const K_ROUND_LARGE: u64 = 2 << 20;
 pub const K_ROUNDUP_POWER2_INTERVALS: usize = 16;
 /// `max_split_size_mb` must exceed this many MiB, as in PyTorch.
 pub const K_MIN_MAX_SPLIT_SIZE_MB: u64 = K_LARGE_BUFFER >> 20;
+/// vramlab's own bound, not PyTorch's: no request, device or sum of
+/// segments may pass 2^62 bytes (4 EiB), so every size, rounded size and
+/// running total fits the `i64` statistics PyTorch keeps. A trace or flag
+/// asking for more is corrupt, and says so instead of wrapping around.
+pub const MAX_BYTES: u64 = 1 << 62;

@@ -70,6 +70,8 @@ pub enum AllocError {
         segment: u64,
         max: u64,
     },
+    #[error("cannot allocate {0} bytes: more than the 2^62 bytes (4 EiB) vramlab models for any device; the size is probably corrupt (an overflow, or a wrong unit)")]
+    Unrepresentable(u64),
     #[error("cannot allocate 0 bytes: a tensor needs at least one element")]
     ZeroSize,
     #[error("invalid free: {0}")]

@@ -41,8 +41,11 @@ pub fn parse_size(input: &str) -> Result<u64, SizeParseError> {
         other => return Err(err(&format!("unknown unit {other:?}"))),
     };
     let bytes = value * mult;
-    if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
+    if !bytes.is_finite() || bytes < 0.0 {
         return Err(err("out of range"));
+    }
+    if bytes > super::constants::MAX_BYTES as f64 {
+        return Err(err("more than 2^62 bytes (4 EiB), the most vramlab models"));
     }
     Ok(bytes.round() as u64)
 }

@@ -88,8 +88,13 @@ impl SegmentSource for SimulatedSource {
                 self.max_segment
             )));
         }
+        // "Unlimited" still stops at 2^62 bytes, so totals fit i64 stats.
+        let cap = self
+            .capacity
+            .unwrap_or(super::constants::MAX_BYTES)
+            .min(super::constants::MAX_BYTES);
         match self.used.checked_add(size) {
-            Some(total) if self.capacity.is_none_or(|c| total <= c) => {
+            Some(total) if total <= cap => {
                 self.used = total;
                 Ok(())
             }

@@ -16,15 +16,17 @@ pub struct Stat {
 }
 
 impl Stat {
+    // Currents stay below 2^62 (`MAX_BYTES`); the accumulated counters
+    // grow for the whole run, so they saturate rather than wrap.
     pub fn increase(&mut self, amount: i64) {
-        self.current += amount;
+        self.current = self.current.saturating_add(amount);
         self.peak = self.peak.max(self.current);
-        self.allocated += amount;
+        self.allocated = self.allocated.saturating_add(amount);
     }
 
     pub fn decrease(&mut self, amount: i64) {
-        self.current -= amount;
-        self.freed += amount;
+        self.current = self.current.saturating_sub(amount);
+        self.freed = self.freed.saturating_add(amount);
     }
 
     pub fn reset_peak(&mut self) {

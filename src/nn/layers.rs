@@ -8,7 +8,7 @@ use super::param::{ParamId, ParamStore};
 use crate::autograd::{functions as f, Tape, Value};
 use crate::memory::Category;
 use crate::ops::conv2d::Conv2dConfig;
-use crate::tensor::{Engine, Tensor, TensorError};
+use crate::tensor::{DType, Engine, Tensor, TensorError};
 use std::sync::Arc;
 
 /// Runs a layer's forward: what it allocates is tagged `<name>.forward`,
@@ -33,9 +33,9 @@ fn param(
     shape: &[usize],
     fan_in: usize,
 ) -> Result<ParamId, TensorError> {
-    let n: usize = shape.iter().product();
     let _scope = engine.scope(Category::Parameter, "init");
-    let t = Tensor::from_slice(engine, &rng.uniform(n, default_bound(fan_in)), shape, &name)?;
+    let bound = default_bound(fan_in);
+    let t = Tensor::generated(engine, shape, DType::F32, &name, |n| rng.uniform(n, bound))?;
     Ok(store.add(&name, t))
 }
 

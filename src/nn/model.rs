@@ -316,6 +316,17 @@ impl ModelSpec {
         let shape = |name: &str| -> Result<Vec<usize>, String> {
             Ok(st.get(name).map_err(|e| e.to_string())?.shape.clone())
         };
+        // The first axis of a weight (its output size); a 0-dimensional
+        // weight is an error that names it, not an index out of bounds.
+        let rows = |name: &str| -> Result<usize, String> {
+            let s = shape(name)?;
+            s.first().copied().filter(|&d| d > 0).ok_or_else(|| {
+                format!(
+                    "{}: {name} has shape {s:?}; a weight needs at least one axis of nonzero size",
+                    st.origin
+                )
+            })
+        };
         let count = |pattern: &dyn Fn(usize) -> String| {
             (0..)
                 .take_while(|i| st.tensors.contains_key(&pattern(*i)))
@@ -333,7 +344,7 @@ impl ModelSpec {
                 let first = shape("layers.0.weight")?;
                 let mut w = vec![first.get(1).copied().unwrap_or(0)];
                 for i in 0..n {
-                    w.push(shape(&format!("layers.{i}.weight"))?[0]);
+                    w.push(rows(&format!("layers.{i}.weight"))?);
                 }
                 *widths = w;
             }
@@ -344,9 +355,9 @@ impl ModelSpec {
                 classes,
                 ..
             } => {
-                *width = shape("stem.weight")?[0];
+                *width = rows("stem.weight")?;
                 *depth = count(&|i| format!("blocks.{i}.conv1.weight"));
-                *classes = shape("fc.weight")?[0];
+                *classes = rows("fc.weight")?;
             }
             ModelSpec::Attention {
                 dim,
@@ -354,9 +365,9 @@ impl ModelSpec {
                 classes,
                 ..
             } => {
-                *dim = shape("attn.q_proj.weight")?[0];
-                *hidden = shape("mlp.fc1.weight")?[0];
-                *classes = shape("head.weight")?[0];
+                *dim = rows("attn.q_proj.weight")?;
+                *hidden = rows("mlp.fc1.weight")?;
+                *classes = rows("head.weight")?;
             }
         }
         self.validate()

@@ -28,7 +28,18 @@ impl std::fmt::Debug for Tensor {
 }
 
 fn numel_of(op: &'static str, shape: &[usize]) -> Result<usize, TensorError> {
-    let n: usize = shape.iter().product();
+    // Checked: a shape from a flag or a file must not wrap around to a
+    // small tensor.
+    let n = shape
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .filter(|&n| (n as u64).checked_mul(4).is_some_and(|b| b <= crate::memory::constants::MAX_BYTES))
+        .ok_or_else(|| TensorError::InvalidShape {
+            op,
+            message: format!(
+                "a tensor of shape {shape:?} has more elements than any device can hold (over 2^62 bytes); check the sizes given"
+            ),
+        })?;
     if n == 0 {
         return Err(TensorError::Empty {
             op,
@@ -96,6 +107,37 @@ impl Tensor {
         label: &str,
     ) -> Result<Tensor, TensorError> {
         Self::from_pod(engine, data, shape, DType::Bf16, label)
+    }
+
+    /// A tensor of `dtype` holding what `values(n)` makes, rounded to
+    /// `dtype`. The memory is allocated first, so a size the device cannot
+    /// hold is an error before any host memory is spent on it; on a
+    /// simulated device `values` is never called (no bytes exist there).
+    pub fn generated(
+        engine: &Engine,
+        shape: &[usize],
+        dtype: DType,
+        label: &str,
+        values: impl FnOnce(usize) -> Vec<f32>,
+    ) -> Result<Tensor, TensorError> {
+        let t = Tensor::empty(engine, shape, dtype, label)?;
+        if engine.is_simulated() {
+            return Ok(t);
+        }
+        let data = values(t.numel());
+        let bytes: Vec<u8> = match dtype {
+            DType::F32 => bytemuck::cast_slice(&data).to_vec(),
+            DType::F16 => {
+                let h: Vec<half::f16> = data.iter().map(|&v| half::f16::from_f32(v)).collect();
+                bytemuck::cast_slice(&h).to_vec()
+            }
+            DType::Bf16 => {
+                let h: Vec<half::bf16> = data.iter().map(|&v| half::bf16::from_f32(v)).collect();
+                bytemuck::cast_slice(&h).to_vec()
+            }
+        };
+        engine.upload(&t.slice(), &bytes)?;
+        Ok(t)
     }
 
     /// A tensor holding `data` rounded to `dtype` (round to nearest even, as

@@ -50,8 +50,17 @@ impl Batch {
         let _scope = engine.scope(Category::Input, "batch");
         let mut shape = vec![batch];
         shape.extend_from_slice(input_shape);
-        let n: usize = shape.iter().product();
-        let x = Tensor::from_f32_as(engine, &rng.normal(n), &shape, dtype, "input")?;
+        // Allocated before any host bytes are made (none on a simulated
+        // device), so a batch too big for the device fails fast.
+        let x = Tensor::generated(engine, &shape, dtype, "input", |n| rng.normal(n))?;
+        if engine.is_simulated() {
+            let labels = Tensor::empty(engine, &[batch], DType::F32, "labels")?;
+            return Ok(Batch {
+                x,
+                labels,
+                label_values: Vec::new(),
+            });
+        }
         let label_values: Vec<i64> = (0..batch)
             .map(|_| rng.below(classes as u64) as i64)
             .collect();
@@ -106,7 +115,8 @@ impl Batch {
         })
     }
 
+    /// The batch size (x's first axis).
     pub fn size(&self) -> usize {
-        self.label_values.len()
+        self.x.shape().first().copied().unwrap_or(0)
     }
 }

@@ -134,6 +134,41 @@ pub fn online(name: &str, capacity: Option<u64>) -> Option<Box<dyn Strategy>> {
     online_on(name, src)
 }
 
+/// The online strategy called `name` under `config` (`--alloc-conf`):
+/// `pytorch` runs with it as given, `vramlab` and `expandable` with it plus
+/// their own options; the rest have no options to take.
+pub fn online_configured(
+    name: &str,
+    capacity: Option<u64>,
+    config: &crate::memory::AllocatorConfig,
+) -> Option<Box<dyn Strategy>> {
+    let src = match capacity {
+        Some(c) => SimulatedSource::new(c),
+        None => SimulatedSource::unlimited(),
+    };
+    let config = crate::memory::AllocatorConfig {
+        memory_limit: None,
+        ..config.clone()
+    };
+    Some(match name {
+        "pytorch" => Box::new(pytorch::Pytorch::new(src, config, "pytorch")),
+        "vramlab" => Box::new(pytorch::Pytorch::new(
+            src,
+            config.with_vramlab_extensions(),
+            "vramlab",
+        )),
+        "expandable" => Box::new(pytorch::Pytorch::new(
+            src,
+            crate::memory::AllocatorConfig {
+                expandable_segments: true,
+                ..config
+            },
+            "expandable",
+        )),
+        _ => return online_on(name, src),
+    })
+}
+
 /// The online strategy called `name` over any segment source — a
 /// `WgpuSource` makes every segment a real GPU buffer.
 pub fn online_on<S: SegmentSource + 'static>(name: &str, src: S) -> Option<Box<dyn Strategy>> {

@@ -1,0 +1,136 @@
+//! Outputs are written whole or not at all (src/io/atomic.rs): a writer
+//! killed mid-write leaves the previous file intact, and a link planted at
+//! the output is replaced, not written through.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_vramlab"))
+}
+
+/// A trace whose exported snapshot is a few hundred KiB (many chunks).
+fn write_trace(path: &Path, n: usize) {
+    let mut s = String::new();
+    for i in 0..n {
+        s += &format!(
+            "{{\"op\":\"alloc\",\"id\":{i},\"size\":{},\"label\":\"tensor number {i}\"}}\n",
+            1000 + i * 37 % 5000
+        );
+        if i % 3 == 0 {
+            s += &format!("{{\"op\":\"free\",\"id\":{i}}}\n");
+        }
+    }
+    std::fs::write(path, s).unwrap();
+}
+
+fn temporaries(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".tmp"))
+        .collect()
+}
+
+#[test]
+fn a_writer_killed_mid_write_leaves_the_previous_file_intact() {
+    let dir = std::env::temp_dir().join(format!("vramlab-kill-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("t.jsonl");
+    write_trace(&trace, 6000);
+    let out = dir.join("snap.pickle");
+    // The good file first.
+    let ok = bin()
+        .args(["replay", trace.to_str().unwrap(), "--export-snapshot"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let good = std::fs::read(&out).unwrap();
+    assert!(
+        good.len() > 4 * 65536,
+        "{} bytes: too few chunks",
+        good.len()
+    );
+    // Again, slowly (a pause after each 64 KiB), and killed once the
+    // temporary file exists and holds part of the data.
+    let mut child = bin()
+        .args(["replay", trace.to_str().unwrap(), "--export-snapshot"])
+        .arg(&out)
+        .env("VRAMLAB_TEST_SLOW_WRITE_MS", "300")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    loop {
+        let tmps = temporaries(&dir);
+        let partial = tmps
+            .iter()
+            .any(|t| std::fs::metadata(dir.join(t)).is_ok_and(|m| m.len() > 0));
+        if partial {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the writer never started its temporary file"
+        );
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the writer finished before it could be killed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // The kill came mid-write: a partial temporary is left beside it.
+    assert!(!temporaries(&dir).is_empty());
+    assert_eq!(
+        std::fs::read(&out).unwrap(),
+        good,
+        "the previous file must be intact"
+    );
+    // A later run still writes (the leftover temporary is in nobody's way).
+    let again = bin()
+        .args(["replay", trace.to_str().unwrap(), "--export-snapshot"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(again.status.success());
+    assert!(vramlab::lab::pickle::unpickle(&std::fs::read(&out).unwrap()).is_ok());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[cfg(unix)]
+#[test]
+fn a_link_planted_at_the_output_is_not_followed() {
+    let dir = std::env::temp_dir().join(format!("vramlab-link-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("t.jsonl");
+    write_trace(&trace, 10);
+    let victim = dir.join("victim");
+    std::fs::write(&victim, b"precious").unwrap();
+    let out = dir.join("snap.pickle");
+    std::os::unix::fs::symlink(&victim, &out).unwrap();
+    let r = bin()
+        .args(["replay", trace.to_str().unwrap(), "--export-snapshot"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+    assert!(!std::fs::symlink_metadata(&out)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert!(temporaries(&dir).is_empty());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
