@@ -136,8 +136,11 @@ pub fn is_pickle(bytes: &[u8]) -> bool {
 /// the trace's own, which count from 1).
 const PRE_EXISTING_IDS: u64 = 1 << 48;
 
+/// A non-negative integer field, at most 2^62 (the most vramlab models), so
+/// a sum of two never overflows; totals are summed saturating.
 fn int(v: &PyValue, key: &str) -> u64 {
-    v.get(key).and_then(PyValue::as_i64).unwrap_or(0).max(0) as u64
+    (v.get(key).and_then(PyValue::as_i64).unwrap_or(0).max(0) as u64)
+        .min(crate::memory::constants::MAX_BYTES)
 }
 
 /// `allocator_settings` as a configuration (PyTorch's names and units).
@@ -212,15 +215,14 @@ fn recorded_segments(root: &PyValue, device: usize) -> (Vec<Recorded>, bool) {
         let mut at = address;
         for b in seg.get("blocks").and_then(PyValue::as_list).unwrap_or(&[]) {
             // Older versions give no block address: blocks tile the segment.
-            let addr = b
-                .get("address")
-                .and_then(PyValue::as_i64)
-                .map_or(at, |a| a as u64);
+            let addr = b.get("address").and_then(PyValue::as_i64).map_or(at, |a| {
+                (a.max(0) as u64).min(crate::memory::constants::MAX_BYTES)
+            });
             let bsize = int(b, "size");
             let state = b.get("state").and_then(PyValue::as_str).unwrap_or("");
             let allocated = state.starts_with("active");
             blocks.push((addr, bsize, int(b, "requested_size"), allocated));
-            at = addr + bsize;
+            at = addr.saturating_add(bsize);
         }
         out.push((address, size, pool, blocks, is_expandable));
     }
@@ -238,10 +240,10 @@ fn end_state(segments: &[Recorded], root: &PyValue, device: usize) -> EndState {
         .iter()
         .filter(|s| int(s, "device") as usize == device)
         .map(|s| int(s, "allocated_size"))
-        .sum();
+        .fold(0u64, u64::saturating_add);
     EndState {
         segments: sizes.len(),
-        reserved_bytes: sizes.iter().sum(),
+        reserved_bytes: sizes.iter().fold(0u64, |a, &b| a.saturating_add(b)),
         segment_sizes: sizes,
         allocated_bytes: allocated,
     }
@@ -345,12 +347,12 @@ fn read_device(
                 });
                 let r = round_size(size.max(1), config);
                 sizes.insert(next, r);
-                live_bytes += r;
+                live_bytes = live_bytes.saturating_add(r);
                 peak = peak.max(live_bytes);
             }
             a if a == free_action => match live.remove(&addr) {
                 Some(id) => {
-                    live_bytes -= sizes.remove(&id).unwrap_or(0);
+                    live_bytes = live_bytes.saturating_sub(sizes.remove(&id).unwrap_or(0));
                     ops.push(Op::Free { id });
                 }
                 None => {
@@ -398,7 +400,7 @@ fn read_device(
             blocks: blocks
                 .iter()
                 .filter(|(a, _, _, allocated)| *allocated && !trace_live.contains(a))
-                .map(|(a, s, r, _)| (a - address, *s, *r, None))
+                .map(|(a, s, r, _)| (a.saturating_sub(*address), *s, *r, None))
                 .collect(),
         })
         .collect();
@@ -419,14 +421,15 @@ fn read_device(
     for (addr, block, requested, id) in pre_freed {
         if let Some(s) = initial
             .iter_mut()
-            .find(|s| s.address <= addr && addr < s.address + s.size)
+            .find(|s| s.address <= addr && addr < s.address.saturating_add(s.size))
         {
             s.blocks
                 .push((addr - s.address, block, requested, Some(id)));
         } else if let Some(e) = initial_expandable.iter_mut().find(|e| {
-            e.mapped
-                .iter()
-                .any(|&(o, l)| e.base + o <= addr && addr < e.base + o + l)
+            e.mapped.iter().any(|&(o, l)| {
+                let start = e.base.saturating_add(o);
+                start <= addr && addr < start.saturating_add(l)
+            })
         }) {
             e.blocks.push((addr - e.base, block, requested, Some(id)));
         } else {
@@ -571,10 +574,13 @@ fn rewind_expandable(
         out.push(InitialExpandable {
             pool,
             base,
-            mapped: set.iter().map(|(&a, &l)| (a - base, l)).collect(),
+            mapped: set
+                .iter()
+                .map(|(&a, &l)| (a.saturating_sub(base), l))
+                .collect(),
             blocks: blocks
                 .into_iter()
-                .map(|(a, s, r, id)| (a - base, s, r, id))
+                .map(|(a, s, r, id)| (a.saturating_sub(base), s, r, id))
                 .collect(),
         });
     }
@@ -625,7 +631,7 @@ pub fn replay_from_state(
         let mut kept: Vec<(u64, u64, u64, Option<u64>)> = Vec::new();
         for b in blocks {
             let fits = b.0.checked_add(b.1).is_some_and(|e| e <= seg.size);
-            if fits && kept.last().is_none_or(|k| k.0 + k.1 <= b.0) {
+            if fits && kept.last().is_none_or(|k| k.0.saturating_add(k.1) <= b.0) {
                 kept.push(b);
             } else {
                 dropped += 1;

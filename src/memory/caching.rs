@@ -223,6 +223,10 @@ struct Recorder {
     events: Vec<MemEvent>,
 }
 
+/// Most events one recording keeps (about 250 MB): a longer one is an
+/// error, not memory that grows with whatever size was asked for.
+pub const MAX_RECORDED_EVENTS: usize = 2_000_000;
+
 /// First virtual address handed out; looks like a device pointer in reports.
 const BASE_ADDRESS: u64 = 0x7f00_0000_0000;
 
@@ -459,6 +463,13 @@ impl<S: SegmentSource> CachingAllocator<S> {
         }
         if orig_size > MAX_BYTES {
             return Err(AllocError::Unrepresentable(orig_size));
+        }
+        if self
+            .recorder
+            .as_ref()
+            .is_some_and(|r| r.events.len() >= MAX_RECORDED_EVENTS)
+        {
+            return Err(AllocError::RecordingFull(MAX_RECORDED_EVENTS));
         }
         let size = round_size(orig_size, &self.config);
         let pool = pool_for(size);

@@ -72,6 +72,8 @@ pub enum AllocError {
     },
     #[error("cannot allocate {0} bytes: more than the 2^62 bytes (4 EiB) vramlab models for any device; the size is probably corrupt (an overflow, or a wrong unit)")]
     Unrepresentable(u64),
+    #[error("the recording passed {0} allocator events: a step this long (often a very large --batch, whose convolutions run in many chunks) cannot be recorded in bounded memory; use a smaller batch (memory grows linearly with it)")]
+    RecordingFull(usize),
     #[error("cannot allocate 0 bytes: a tensor needs at least one element")]
     ZeroSize,
     #[error("invalid free: {0}")]

@@ -105,8 +105,13 @@ impl<S: SegmentSource> CachingAllocator<S> {
             .map(|r| r.0.saturating_add(r.1))
             .max()
             .unwrap_or(0);
+        if end > super::constants::MAX_BYTES {
+            return Err(bad(format!(
+                "recorded mapped ranges reach {end} bytes into their segment, past the 2^62 vramlab models"
+            )));
+        }
         for w in ranges.windows(2) {
-            if w[0].0 + w[0].1 > w[1].0 {
+            if w[0].0.saturating_add(w[0].1) > w[1].0 {
                 return Err(bad(format!(
                     "recorded mapped ranges at offsets {} and {} overlap",
                     w[0].0, w[1].0

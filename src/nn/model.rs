@@ -80,6 +80,10 @@ pub const ZOO: [(&str, &str); 4] = [
     ),
 ];
 
+/// The largest size of one model dimension (widths, channels, sequence
+/// length, classes): 2^31.
+pub const MAX_MODEL_SIZE: usize = 1 << 31;
+
 impl ModelSpec {
     /// The zoo model called `name` with default sizes.
     pub fn default_for(name: &str) -> Result<ModelSpec, String> {
@@ -240,6 +244,41 @@ impl ModelSpec {
     /// Checks the sizes make a model.
     pub fn validate(&self) -> Result<(), String> {
         let bad = |m: &str| Err(format!("{}: {m}", self.name()));
+        // Every size at most 2^31, so a product of two fits any count and
+        // larger products are checked where shapes are made.
+        let sizes: Vec<usize> = match self {
+            ModelSpec::Mlp { widths, .. } => widths.clone(),
+            ModelSpec::SimpleCnn => Vec::new(),
+            ModelSpec::ResnetMini {
+                width,
+                resolution,
+                classes,
+                ..
+            } => vec![*width, *resolution, *classes],
+            ModelSpec::Attention {
+                seq_len,
+                dim,
+                hidden,
+                classes,
+            } => vec![*seq_len, *dim, *hidden, *classes],
+        };
+        if let Some(s) = sizes.iter().find(|&&s| s > MAX_MODEL_SIZE) {
+            return bad(&format!(
+                "a size of {s} is more than the {MAX_MODEL_SIZE} vramlab accepts for one dimension"
+            ));
+        }
+        if let ModelSpec::ResnetMini { width, depth, .. } = self {
+            // Channels double per block after the first: width · 2^(depth−1).
+            let widest = u32::try_from(depth.saturating_sub(1))
+                .ok()
+                .and_then(|d| 1usize.checked_shl(d))
+                .and_then(|f| f.checked_mul(*width));
+            if widest.is_none_or(|c| c > MAX_MODEL_SIZE) {
+                return bad(&format!(
+                    "--width {width} doubled over --depth {depth} blocks is more than {MAX_MODEL_SIZE} channels"
+                ));
+            }
+        }
         match self {
             ModelSpec::Mlp { widths, .. } if widths.len() < 2 || widths.contains(&0) => {
                 bad("--widths needs at least two positive widths (input, …, classes)")
@@ -249,7 +288,14 @@ impl ModelSpec {
                 depth,
                 resolution,
                 classes,
-            } if *width == 0 || *depth == 0 || *classes == 0 || *resolution < 1 << depth => {
+            } if *width == 0
+                || *depth == 0
+                || *classes == 0
+                || u32::try_from(*depth)
+                    .ok()
+                    .and_then(|d| 1usize.checked_shl(d))
+                    .is_none_or(|need| *resolution < need) =>
+            {
                 bad(&format!(
                     "needs width, depth and classes ≥ 1 and a resolution of at least 2^depth = {}",
                     1usize << depth.min(&30)

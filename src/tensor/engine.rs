@@ -390,7 +390,9 @@ impl Engine {
         label: &str,
         category: Option<Category>,
     ) -> Result<Storage, TensorError> {
-        if bytes > self.max_binding() {
+        // A simulated device holds no bytes and binds nothing: it models
+        // what the model needs (CUDA has no binding limit), at any size.
+        if !self.is_simulated() && bytes > self.max_binding() {
             return Err(DeviceError::BindingTooLarge {
                 what: label.to_string(),
                 needed: bytes,
