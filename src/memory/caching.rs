@@ -983,23 +983,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
                 expandable: false,
             },
         );
-        let index = self.new_block(Block {
-            segment: id,
-            address,
-            size,
-            requested: 0,
-            allocated: false,
-            pool: kind,
-            prev: None,
-            next: None,
-            label: None,
-            category: Category::Untagged,
-            op: None,
-            gc_count_base: 0,
-            generation: 0,
-            live: true,
-            mapped: true,
-        });
+        let index = self.new_block(Block::free(id, address, size, kind));
         let st = kind.stat_type();
         self.stats.segment.increase(st, 1);
         self.stats.reserved_bytes.increase(st, size as i64);
@@ -1007,17 +991,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             self.stats.oversize_segments.increase(1);
         }
         self.stats.num_device_alloc += 1;
-        self.record(
-            EventKind::SegmentAlloc,
-            size,
-            0,
-            address,
-            id,
-            Category::Untagged,
-            None,
-            None,
-            None,
-        );
+        self.record_segment(EventKind::SegmentAlloc, size, address, id);
         Ok(Some(index))
     }
 
@@ -1116,17 +1090,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             .map(|s| s.address)
             .unwrap_or(0);
         self.delete_block(index);
-        self.record(
-            EventKind::SegmentFree,
-            size,
-            0,
-            address,
-            segment,
-            Category::Untagged,
-            None,
-            None,
-            None,
-        );
+        self.record_segment(EventKind::SegmentFree, size, address, segment);
     }
 
     fn should_split(&self, index: usize, size: u64) -> bool {
@@ -1162,21 +1126,9 @@ impl<S: SegmentSource> CachingAllocator<S> {
                 (r.segment, r.address, r.pool, r.prev)
             };
             block = self.new_block(Block {
-                segment,
-                address,
-                size,
-                requested: 0,
-                allocated: false,
-                pool,
                 prev,
                 next: Some(remaining),
-                label: None,
-                category: Category::Untagged,
-                op: None,
-                gc_count_base: 0,
-                generation: 0,
-                live: true,
-                mapped: true,
+                ..Block::free(segment, address, size, pool)
             });
             if let Some(p) = prev {
                 self.blocks[p].next = Some(block);

@@ -316,20 +316,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         self.blocks[index].mapped = true;
         if mapped < bsize {
             // The rest of the range stays unmapped, after the mapped part.
-            let next = self.blocks[index].next;
-            let rest = self.new_block(Block {
-                prev: Some(index),
-                next,
-                ..Block::unmapped(segment, address + mapped, bsize - mapped, kind)
-            });
-            if let Some(n) = next {
-                self.blocks[n].prev = Some(rest);
-            }
-            self.blocks[index].next = Some(rest);
-            self.blocks[index].size = mapped;
-            self.pool_mut(kind)
-                .unmapped
-                .insert((address + mapped, rest));
+            self.split_unmapped(index, mapped);
         }
         let (prev, next) = (self.blocks[index].prev, self.blocks[index].next);
         self.try_merge_blocks(index, prev);
@@ -459,8 +446,8 @@ impl<S: SegmentSource> CachingAllocator<S> {
 }
 
 impl Block {
-    /// A free block of unmapped address space.
-    pub(crate) fn unmapped(segment: SegmentId, address: u64, size: u64, pool: PoolKind) -> Block {
+    /// A free, mapped block of its own (a new segment's first block).
+    pub(crate) fn free(segment: SegmentId, address: u64, size: u64, pool: PoolKind) -> Block {
         Block {
             segment,
             address,
@@ -476,7 +463,15 @@ impl Block {
             gc_count_base: 0,
             generation: 0,
             live: true,
+            mapped: true,
+        }
+    }
+
+    /// A free block of unmapped address space.
+    pub(crate) fn unmapped(segment: SegmentId, address: u64, size: u64, pool: PoolKind) -> Block {
+        Block {
             mapped: false,
+            ..Block::free(segment, address, size, pool)
         }
     }
 }
