@@ -3,7 +3,11 @@
 // Row-wise softmax of `scale * x` over the last axis (rows × cols), one
 // thread per row, with the row maximum subtracted so exp never overflows.
 // `backward`: dx = scale * y * (g - Σ_j g_j y_j), from the saved output y.
-struct Params { rows: u32, cols: u32, scale: f32, _p: u32 }
+// causal = 1 (GPT's masked attention): rows are the query positions of
+// cols × cols score matrices, and row i keeps columns 0..=i; the rest are
+// exactly 0, as softmax gives a -inf-masked score. Backward needs no mask:
+// y = 0 there makes dx = 0.
+struct Params { rows: u32, cols: u32, scale: f32, causal: u32 }
 
 @group(0) @binding(0) var<storage, read_write> a: array<f32>;
 @group(0) @binding(1) var<storage, read_write> b: array<f32>;
@@ -22,17 +26,20 @@ fn forward(@builtin(workgroup_id) wid: vec3<u32>,
     let r = row(wid, nwg, lidx);
     if (r >= p.rows) { return; }
     let base = r * p.cols;
+    var kept = p.cols;
+    if (p.causal != 0u) { kept = r % p.cols + 1u; }
     var m = p.scale * a[base];
-    for (var j = 1u; j < p.cols; j++) { m = max(m, p.scale * a[base + j]); }
+    for (var j = 1u; j < kept; j++) { m = max(m, p.scale * a[base + j]); }
     var s = 0.0;
-    for (var j = 0u; j < p.cols; j++) {
+    for (var j = 0u; j < kept; j++) {
         let e = exp(p.scale * a[base + j] - m);
         out[base + j] = e;
         s += e;
     }
     let inv = 1.0 / s;
-    for (var j = 0u; j < p.cols; j++) { out[base + j] = out[base + j] * inv; }
-    if (p._p == 0xffffffffu) { out[0] = b[0]; }
+    for (var j = 0u; j < kept; j++) { out[base + j] = out[base + j] * inv; }
+    for (var j = kept; j < p.cols; j++) { out[base + j] = 0.0; }
+    if (p.causal == 0xffffffffu) { out[0] = b[0]; }
 }
 
 // a = y (saved output), b = g (upstream gradient), out = dx.

@@ -19,12 +19,12 @@ use crate::tensor::{DType, ScopeGuard, Tensor, TensorError};
 
 /// A model-level op (not inside a layer) is numbered (`relu1`, `relu2`) and
 /// tags its allocations `relu1.forward`; inside a layer the layer's name wins.
-struct OpScope {
+pub(super) struct OpScope {
     _guard: ScopeGuard,
     name: std::sync::Arc<str>,
 }
 
-fn op_scope(x: &Value, name: &str) -> Option<OpScope> {
+pub(super) fn op_scope(x: &Value, name: &str) -> Option<OpScope> {
     let engine = x.tensor().engine();
     (&*engine.current_scope().1 == "forward").then(|| {
         let name: std::sync::Arc<str> = engine.numbered(name).into();
@@ -36,7 +36,7 @@ fn op_scope(x: &Value, name: &str) -> Option<OpScope> {
 }
 
 /// Notes a model-level op's output shape for per-layer reports.
-fn note(scope: &Option<OpScope>, y: &Tensor) {
+pub(super) fn note(scope: &Option<OpScope>, y: &Tensor) {
     if let Some(s) = scope {
         y.engine().note_layer_output(&s.name, y.shape());
     }
@@ -44,7 +44,7 @@ fn note(scope: &Option<OpScope>, y: &Tensor) {
 
 /// A tensor backward will need: kept alive by the tape (a cheap handle) and,
 /// when recording, re-categorised from forward output to activation.
-fn save(tape: &Tape, t: &Tensor) -> Tensor {
+pub(super) fn save(tape: &Tape, t: &Tensor) -> Tensor {
     if tape.grad_enabled() {
         t.mark_saved();
     }
@@ -99,7 +99,7 @@ fn autocast_low(tape: &Tape, x: &Value) -> Result<Value, TensorError> {
 
 /// An input of an op autocast runs in f32 (losses, softmax): widened if it
 /// is 16-bit.
-fn autocast_f32(tape: &Tape, x: &Value) -> Result<Value, TensorError> {
+pub(super) fn autocast_f32(tape: &Tape, x: &Value) -> Result<Value, TensorError> {
     if tape.autocast_dtype().is_some() && x.tensor().dtype() != DType::F32 {
         return cast(tape, x, DType::F32, "autocast.f32");
     }

@@ -3,5 +3,6 @@
 
 pub mod functions;
 pub mod tape;
+pub mod transformer;
 
 pub use tape::{Tape, Value};

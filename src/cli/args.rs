@@ -152,7 +152,7 @@ pub fn parse_capacity(s: &Option<String>) -> Result<Option<u64>, ArgError> {
 /// Choosing a zoo model and its sizes (see `vramlab models`).
 #[derive(Debug, Clone, Args)]
 pub struct ModelArgs {
-    /// Zoo model: mlp, simple-cnn, resnet-mini, attention.
+    /// Zoo model: mlp, simple-cnn, resnet-mini, attention, gpt.
     #[arg(long, default_value = "simple-cnn")]
     pub model: String,
     /// mlp: layer widths, input first and classes last (default 784,256,256,10).
@@ -171,10 +171,12 @@ pub struct ModelArgs {
     /// takes a list).
     #[arg(long, value_delimiter = ',', value_name = "PIXELS")]
     pub resolution: Option<Vec<usize>>,
-    /// attention: tokens per sample (default 128; `sweep` takes a list).
+    /// attention, gpt: tokens per sample (attention: default 128; gpt: the
+    /// preset's positions, and a longer value grows the position table;
+    /// `sweep` takes a list).
     #[arg(long, value_delimiter = ',', value_name = "TOKENS")]
     pub seq_len: Option<Vec<usize>>,
-    /// attention: features per token (default 64).
+    /// attention, gpt: features per token (attention: default 64).
     #[arg(long)]
     pub dim: Option<usize>,
     /// attention: hidden width of the MLP (default 256).
@@ -183,6 +185,20 @@ pub struct ModelArgs {
     /// resnet-mini, attention: output classes (default 10).
     #[arg(long)]
     pub classes: Option<usize>,
+    /// gpt: sizes to start from: tiny (the default: 2 layers, 4 heads, dim
+    /// 64, 64 positions, 96 characters), gpt2, gpt2-medium, gpt2-large,
+    /// gpt2-xl, 7b, 175b; the flags below override them.
+    #[arg(long)]
+    pub preset: Option<String>,
+    /// gpt: transformer blocks.
+    #[arg(long)]
+    pub layers: Option<usize>,
+    /// gpt: attention heads (dim must be a multiple).
+    #[arg(long)]
+    pub heads: Option<usize>,
+    /// gpt: vocabulary size (the tied embedding's rows).
+    #[arg(long)]
+    pub vocab: Option<usize>,
 }
 
 impl ModelArgs {
@@ -250,6 +266,21 @@ impl ModelArgs {
                 set(classes, self.classes);
                 used.extend(["seq-len", "dim", "hidden", "classes"]);
             }
+            ModelSpec::Gpt { config, seq } => {
+                if let Some(p) = &self.preset {
+                    *config = crate::nn::gpt::GptConfig::preset(p).map_err(ArgError)?;
+                    *seq = config.seq_len;
+                }
+                set(&mut config.layers, self.layers);
+                set(&mut config.heads, self.heads);
+                set(&mut config.dim, self.dim);
+                set(&mut config.vocab, self.vocab);
+                if let Some(s) = seq_len_value {
+                    *seq = s;
+                    config.seq_len = config.seq_len.max(s);
+                }
+                used.extend(["preset", "layers", "heads", "dim", "vocab", "seq-len"]);
+            }
         }
         let given = [
             ("widths", self.widths.is_some()),
@@ -261,6 +292,10 @@ impl ModelArgs {
             ("dim", self.dim.is_some()),
             ("hidden", self.hidden.is_some()),
             ("classes", self.classes.is_some()),
+            ("preset", self.preset.is_some()),
+            ("layers", self.layers.is_some()),
+            ("heads", self.heads.is_some()),
+            ("vocab", self.vocab.is_some()),
         ];
         if let Some((flag, _)) = given.iter().find(|(f, g)| *g && !used.contains(f)) {
             return Err(ArgError(format!(

@@ -46,15 +46,22 @@ pub struct EstimateArgs {
 }
 
 /// The precision modes the table compares: (name, autocast, model dtype,
-/// mode override).
-fn precision_modes(mode: Mode) -> Vec<(&'static str, Option<DType>, DType, Mode)> {
+/// mode override). A model whose kernels are f32 only (gpt) has no
+/// 16-bit-model rows.
+fn precision_modes(
+    mode: Mode,
+    model_16bit: bool,
+) -> Vec<(&'static str, Option<DType>, DType, Mode)> {
     let mut v = vec![
         ("f32", None, DType::F32, mode),
         ("amp f16", Some(DType::F16), DType::F32, mode),
         ("amp bf16", Some(DType::Bf16), DType::F32, mode),
-        ("half() (f16)", None, DType::F16, mode),
-        ("bf16", None, DType::Bf16, mode),
     ];
+    if !model_16bit {
+        return v;
+    }
+    v.push(("half() (f16)", None, DType::F16, mode));
+    v.push(("bf16", None, DType::Bf16, mode));
     if mode != Mode::Inference {
         v.push(("half() inference", None, DType::F16, Mode::Inference));
     }
@@ -89,7 +96,7 @@ fn mode_rows(
     measure: Option<&DeviceArgs>,
 ) -> anyhow::Result<Vec<ModeRow>> {
     let mut rows = Vec::new();
-    for (name, amp, dtype, mode) in precision_modes(plan.mode) {
+    for (name, amp, dtype, mode) in precision_modes(plan.mode, plan.model.supports_16bit_model()) {
         let p = Plan {
             amp,
             dtype,

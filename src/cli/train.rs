@@ -25,7 +25,7 @@ pub struct TrainArgs {
     /// Samples per batch (ignored with --data, which fixes it).
     #[arg(long, default_value_t = 8)]
     pub batch: usize,
-    /// Training steps, all on the same batch.
+    /// Training steps, all on the same batch (gpt on text: fresh windows each step).
     #[arg(long, default_value_t = 3)]
     pub steps: usize,
     /// Optimizer, as in torch.optim.
@@ -50,6 +50,11 @@ pub struct TrainArgs {
     /// The batch: `x` (float, [N, ..input]) and `y` (int64 labels, [N]).
     #[arg(long, value_name = "BATCH.safetensors")]
     pub data: Option<PathBuf>,
+    /// gpt: train on this text file, character level (printable ASCII and
+    /// newline; other bytes read as spaces), fresh random windows each step.
+    /// Without it gpt trains on the Apache License text in data/.
+    #[arg(long, value_name = "FILE")]
+    pub text: Option<PathBuf>,
     /// Write the last step's `logits`, `loss`, `grad.<name>` and
     /// `param.<name>` (after the update) here.
     #[arg(long, value_name = "OUT.safetensors")]
@@ -169,17 +174,56 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
             args.dtype
         );
     }
+    if args.dtype != crate::tensor::DType::F32 && !spec.supports_16bit_model() {
+        anyhow::bail!(
+            "{} runs in f32 (its LayerNorm, GELU and embedding kernels are f32 only); use --amp f16 or --amp bf16 for 16-bit compute instead of --dtype {}",
+            spec.name(),
+            args.dtype
+        );
+    }
     store.to_dtype(args.dtype)?;
+    let is_gpt = matches!(spec, crate::nn::ModelSpec::Gpt { .. });
+    if args.text.is_some() && !is_gpt {
+        anyhow::bail!("--text trains a language model; use it with --model gpt");
+    }
+    let text = match (&args.text, is_gpt && data.is_none()) {
+        (Some(p), _) => {
+            let bytes = std::fs::read(p).with_context(|| format!("reading --text {}", p.display()))?;
+            Some(crate::train::text::CharText::new(&bytes))
+        }
+        (None, true) => Some(crate::train::text::CharText::new(
+            crate::train::text::DEFAULT_TEXT.as_bytes(),
+        )),
+        (None, false) => None,
+    };
+    if let (Some(_), crate::nn::ModelSpec::Gpt { config, .. }) = (&text, &spec) {
+        if config.vocab < crate::train::text::VOCAB {
+            anyhow::bail!(
+                "character-level text needs --vocab of at least {} (printable ASCII and newline); got {}",
+                crate::train::text::VOCAB,
+                config.vocab
+            );
+        }
+    }
+    let text_batch = |rng: &mut Rng, engine: &Engine| -> anyhow::Result<Option<Batch>> {
+        match (&text, &spec) {
+            (Some(t), crate::nn::ModelSpec::Gpt { seq, .. }) => {
+                Ok(Some(t.batch(engine, rng, args.batch, *seq)?))
+            }
+            _ => Ok(None),
+        }
+    };
     let mut batch = match &data {
         Some(d) => {
             Batch::from_safetensors(&engine, d, spec.classes()).map_err(anyhow::Error::msg)?
         }
-        None => Batch::random(
+        None if text.is_some() => text_batch(&mut rng, &engine)?.context("text batch")?,
+        None => Batch::random_for(
             &engine,
             &mut rng,
+            &spec,
             args.batch,
-            &spec.input_shape(),
-            spec.classes(),
+            crate::tensor::DType::F32,
         )?,
     };
     batch.to_dtype(args.dtype)?;
@@ -204,6 +248,21 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
             },
             args.steps,
         );
+        if let Some(t) = &text {
+            let source = match &args.text {
+                Some(p) => p.display().to_string(),
+                None => "data/apache-2.0.txt (built in)".into(),
+            };
+            println!(
+                "text: {source}, {} characters{}; random windows of each step's batch",
+                t.tokens.len(),
+                if t.replaced > 0 {
+                    format!(" ({} outside printable ASCII read as spaces)", t.replaced)
+                } else {
+                    String::new()
+                }
+            );
+        }
         println!(
             "parameters: {} elements = {:.2} MiB{}",
             store.numel(),
@@ -242,7 +301,12 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         Trainer::new(engine, model, store, opt.build(), args.retain_graph).with_amp(args.amp);
     let mut records = Vec::new();
     let mut last = None;
-    for _ in 0..args.steps {
+    for i in 0..args.steps {
+        if i > 0 {
+            if let Some(b) = text_batch(&mut rng, &trainer.engine)? {
+                batch = b;
+            }
+        }
         let (r, out) = trainer.step(&batch)?;
         if !r.loss.is_finite() {
             return Err(super::args::non_finite_loss(r.step, r.loss).into());

@@ -28,17 +28,20 @@ impl Plan {
     /// The model (weights from `seed`), one random batch, and a trainer in
     /// the plan's mode with its optimizer.
     pub fn trainer(&self, engine: &Engine, seed: u64) -> Result<(Trainer, Batch), TensorError> {
+        if self.dtype != DType::F32 && !self.model.supports_16bit_model() {
+            return Err(TensorError::InvalidShape {
+                op: "model",
+                message: format!(
+                    "{} runs in f32 (its LayerNorm, GELU and embedding kernels are f32 only); for 16-bit compute use --amp f16 or --amp bf16 instead of --dtype {}",
+                    self.model.name(),
+                    self.dtype
+                ),
+            });
+        }
         let mut rng = Rng::new(seed);
         let mut store = ParamStore::new();
         let model = self.model.build(engine, &mut store, &mut rng)?;
-        let batch = Batch::random_as(
-            engine,
-            &mut rng,
-            self.batch,
-            &self.model.input_shape(),
-            self.model.classes(),
-            self.dtype,
-        )?;
+        let batch = Batch::random_for(engine, &mut rng, &self.model, self.batch, self.dtype)?;
         let mut trainer = Trainer::new(engine.clone(), model, store, self.optimizer.build(), false)
             .with_dtype(self.dtype)?
             .with_amp(self.amp);

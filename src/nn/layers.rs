@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 /// Runs a layer's forward: what it allocates is tagged `<name>.forward`,
 /// and its output is noted for the per-layer reports.
-fn in_layer(
+pub(super) fn in_layer(
     x: &Value,
     name: &Arc<str>,
     forward: impl FnOnce() -> Result<Value, TensorError>,

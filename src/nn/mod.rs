@@ -1,6 +1,7 @@
 //! Models: parameters by PyTorch name, initialisation, layers, and the zoo.
 
 pub mod attention;
+pub mod gpt;
 pub mod init;
 pub mod layers;
 pub mod mlp;

@@ -4,6 +4,7 @@
 //! `train --load W.safetensors` needs no size flags.
 
 use super::attention::Attention;
+use super::gpt::{Gpt, GptConfig};
 use super::init::Rng;
 use super::mlp::Mlp;
 use super::param::ParamStore;
@@ -58,10 +59,13 @@ pub enum ModelSpec {
         hidden: usize,
         classes: usize,
     },
+    /// GPT-2's architecture (see `nn::gpt`) trained on sequences of `seq`
+    /// tokens (at most the `config.seq_len` positions of its table).
+    Gpt { config: GptConfig, seq: usize },
 }
 
 /// The zoo: command-line name and what it is.
-pub const ZOO: [(&str, &str); 4] = [
+pub const ZOO: [(&str, &str); 5] = [
     (
         "mlp",
         "linear layers with ReLU between (--widths 784,256,256,10; --checkpoint-every K)",
@@ -77,6 +81,10 @@ pub const ZOO: [(&str, &str); 4] = [
     (
         "attention",
         "self-attention block: Q/K/V projections, softmax(QKᵀ/√d)V, output projection, residual, MLP, residual, mean over tokens, head (--seq-len, --dim, --hidden)",
+    ),
+    (
+        "gpt",
+        "GPT-2: token + position embedding, pre-LN blocks (causal multi-head attention, GELU MLP), tied head, next-token loss (--preset tiny|gpt2|gpt2-medium|gpt2-large|gpt2-xl|7b|175b; --layers --heads --dim --seq-len --vocab)",
     ),
 ];
 
@@ -105,6 +113,13 @@ impl ModelSpec {
                 hidden: 256,
                 classes: 10,
             },
+            "gpt" => {
+                let config = GptConfig::preset("tiny")?;
+                ModelSpec::Gpt {
+                    config,
+                    seq: config.seq_len,
+                }
+            }
             other => {
                 let names: Vec<&str> = ZOO.iter().map(|z| z.0).collect();
                 return Err(format!(
@@ -121,7 +136,15 @@ impl ModelSpec {
             ModelSpec::SimpleCnn => "simple-cnn",
             ModelSpec::ResnetMini { .. } => "resnet-mini",
             ModelSpec::Attention { .. } => "attention",
+            ModelSpec::Gpt { .. } => "gpt",
         }
+    }
+
+    /// Whether the model can be made 16-bit (`model.half()`): gpt's
+    /// LayerNorm, GELU and embedding kernels are f32 only (it runs under
+    /// `--amp` instead).
+    pub fn supports_16bit_model(&self) -> bool {
+        !matches!(self, ModelSpec::Gpt { .. })
     }
 
     /// Number of output classes.
@@ -132,6 +155,7 @@ impl ModelSpec {
             ModelSpec::ResnetMini { classes, .. } | ModelSpec::Attention { classes, .. } => {
                 *classes
             }
+            ModelSpec::Gpt { config, .. } => config.vocab,
         }
     }
 
@@ -142,6 +166,7 @@ impl ModelSpec {
             ModelSpec::SimpleCnn => super::simple_cnn::INPUT.to_vec(),
             ModelSpec::ResnetMini { resolution, .. } => vec![3, *resolution, *resolution],
             ModelSpec::Attention { seq_len, dim, .. } => vec![*seq_len, *dim],
+            ModelSpec::Gpt { seq, .. } => vec![*seq],
         }
     }
 
@@ -202,6 +227,7 @@ impl ModelSpec {
                 lin(&mut out, "mlp.fc2", *hidden, *dim);
                 lin(&mut out, "head", *dim, *classes);
             }
+            ModelSpec::Gpt { config, .. } => out = config.parameter_shapes(),
         }
         out
     }
@@ -238,6 +264,10 @@ impl ModelSpec {
             } => format!(
                 "attention seq_len {seq_len}, dim {dim}, MLP hidden {hidden}, {classes} classes"
             ),
+            ModelSpec::Gpt { config: c, seq } => format!(
+                "gpt {} layers, {} heads, dim {}, vocab {}, {} positions, sequences of {seq}",
+                c.layers, c.heads, c.dim, c.vocab, c.seq_len
+            ),
         }
     }
 
@@ -261,6 +291,9 @@ impl ModelSpec {
                 hidden,
                 classes,
             } => vec![*seq_len, *dim, *hidden, *classes],
+            ModelSpec::Gpt { config: c, seq } => {
+                vec![c.layers, c.heads, c.dim, c.seq_len, c.vocab, *seq, 4 * c.dim]
+            }
         };
         if let Some(s) = sizes.iter().find(|&&s| s > MAX_MODEL_SIZE) {
             return bad(&format!(
@@ -309,6 +342,20 @@ impl ModelSpec {
             } if *seq_len == 0 || *dim == 0 || *hidden == 0 || *classes == 0 => {
                 bad("--seq-len, --dim, --hidden and --classes must be at least 1")
             }
+            ModelSpec::Gpt { config: c, seq }
+                if c.layers == 0
+                    || c.heads == 0
+                    || c.vocab == 0
+                    || c.dim == 0
+                    || c.dim % c.heads != 0
+                    || *seq == 0
+                    || *seq > c.seq_len =>
+            {
+                bad(&format!(
+                    "needs --layers, --heads, --vocab ≥ 1, --dim a multiple of --heads (got {} and {}), and a sequence length in 1..={} positions",
+                    c.dim, c.heads, c.seq_len
+                ))
+            }
             _ => Ok(()),
         }
     }
@@ -353,6 +400,7 @@ impl ModelSpec {
             } => Box::new(Attention::new(
                 engine, store, rng, *seq_len, *dim, *hidden, *classes,
             )?),
+            ModelSpec::Gpt { config, seq } => Box::new(Gpt::new(engine, store, rng, *config, *seq)?),
         })
     }
 
@@ -415,6 +463,21 @@ impl ModelSpec {
                 *hidden = rows("mlp.fc1.weight")?;
                 *classes = rows("head.weight")?;
             }
+            ModelSpec::Gpt { config, seq } => {
+                let wte = shape("wte.weight")?;
+                let wpe = shape("wpe.weight")?;
+                if wte.len() != 2 || wpe.len() != 2 {
+                    return Err(format!(
+                        "{}: wte.weight and wpe.weight must be [rows, dim]",
+                        st.origin
+                    ));
+                }
+                config.vocab = wte[0];
+                config.dim = wte[1];
+                config.seq_len = wpe[0];
+                config.layers = count(&|i| format!("h.{i}.ln_1.weight"));
+                *seq = (*seq).min(config.seq_len);
+            }
         }
         self.validate()
     }
@@ -428,6 +491,7 @@ impl ModelSpec {
                 *resolution = x_shape[2]
             }
             ModelSpec::Attention { seq_len, .. } if x_shape.len() == 3 => *seq_len = x_shape[1],
+            ModelSpec::Gpt { seq, .. } if x_shape.len() == 2 => *seq = x_shape[1],
             _ => {}
         }
         self.validate()

@@ -7,7 +7,10 @@ pub mod cast;
 pub mod conv2d;
 pub mod cross_entropy;
 pub mod elementwise;
+pub mod embedding;
 pub mod fill;
+pub mod gelu;
+pub mod layernorm;
 pub mod linear;
 pub mod matmul;
 pub mod mean;
@@ -15,6 +18,7 @@ pub mod mse;
 pub mod partials;
 pub mod relu;
 pub mod softmax;
+pub mod swap_axes;
 
 use crate::device::{BufferSlice, Kernel, Workgroups};
 use crate::tensor::{Tensor, TensorError};

@@ -1,6 +1,7 @@
 //! Softmax over the last axis, of `scale · x` (attention folds its 1/√d into
 //! the scale, so the scaled scores are never a tensor of their own), and its
-//! backward from the saved output: dx = scale · y ⊙ (g − Σ g ⊙ y).
+//! backward from the saved output: dx = scale · y ⊙ (g − Σ g ⊙ y); and the
+//! causal variant of GPT's attention.
 
 use super::{check_u32, MAX_LOOP_ITERATIONS};
 use crate::device::{Kernel, Workgroups};
@@ -16,7 +17,7 @@ struct Params {
     rows: u32,
     cols: u32,
     scale: f32,
-    _p: u32,
+    causal: u32,
 }
 
 fn params(op: &'static str, x: &Tensor, scale: f32) -> Result<Params, TensorError> {
@@ -37,7 +38,7 @@ fn params(op: &'static str, x: &Tensor, scale: f32) -> Result<Params, TensorErro
         rows: (x.numel() / cols) as u32,
         cols: cols as u32,
         scale,
-        _p: 0,
+        causal: 0,
     })
 }
 
@@ -60,6 +61,25 @@ fn run(
 /// `softmax(scale · x)` along the last axis.
 pub fn softmax(x: &Tensor, scale: f32) -> Result<Tensor, TensorError> {
     let p = params("softmax", x, scale)?;
+    let y = Tensor::empty(x.engine(), x.shape(), DType::F32, "softmax.out")?;
+    run(&FORWARD, x, x, &y, p)?;
+    Ok(y)
+}
+
+/// `softmax(scale · x)` with a causal mask: x is `[.., S, S]` scores of
+/// queries (rows) against keys (columns), and query i sees keys 0..=i; the
+/// masked probabilities are exactly 0 (GPT's masked attention, fused: no
+/// mask tensor and no -inf-filled copy of the scores exist).
+pub fn softmax_causal(x: &Tensor, scale: f32) -> Result<Tensor, TensorError> {
+    let mut p = params("causal softmax", x, scale)?;
+    let s = x.shape();
+    if s.len() < 2 || s[s.len() - 1] != s[s.len() - 2] {
+        return Err(TensorError::InvalidShape {
+            op: "causal softmax",
+            message: format!("needs square score matrices [.., S, S], got {s:?}"),
+        });
+    }
+    p.causal = 1;
     let y = Tensor::empty(x.engine(), x.shape(), DType::F32, "softmax.out")?;
     run(&FORWARD, x, x, &y, p)?;
     Ok(y)

@@ -72,6 +72,90 @@ impl Batch {
         })
     }
 
+    /// A random batch for `spec`: token ids and next-token labels for a
+    /// token model (gpt), otherwise [`Batch::random_as`].
+    pub fn random_for(
+        engine: &Engine,
+        rng: &mut Rng,
+        spec: &crate::nn::ModelSpec,
+        batch: usize,
+        dtype: DType,
+    ) -> Result<Batch, TensorError> {
+        match spec {
+            crate::nn::ModelSpec::Gpt { config, seq } => {
+                Self::random_tokens(engine, rng, batch, *seq, config.vocab)
+            }
+            _ => Self::random_as(
+                engine,
+                rng,
+                batch,
+                &spec.input_shape(),
+                spec.classes(),
+                dtype,
+            ),
+        }
+    }
+
+    /// Uniform random token ids `[batch, seq]` in `0..vocab` and labels
+    /// `[batch·seq]` (a language model's input: ids stored as f32 integers,
+    /// exact below 2^24).
+    pub fn random_tokens(
+        engine: &Engine,
+        rng: &mut Rng,
+        batch: usize,
+        seq: usize,
+        vocab: usize,
+    ) -> Result<Batch, TensorError> {
+        let count = batch.checked_mul(seq).ok_or(TensorError::InvalidShape {
+            op: "batch",
+            message: format!("{batch} × {seq} tokens overflow"),
+        })?;
+        if engine.is_simulated() {
+            let _scope = engine.scope(Category::Input, "batch");
+            return Ok(Batch {
+                x: Tensor::empty(engine, &[batch, seq], DType::F32, "input")?,
+                labels: Tensor::empty(engine, &[count], DType::F32, "labels")?,
+                label_values: Vec::new(),
+            });
+        }
+        let stream: Vec<u32> = (0..count + 1)
+            .map(|_| rng.below(vocab as u64) as u32)
+            .collect();
+        let starts: Vec<usize> = (0..batch).map(|b| b * seq).collect();
+        Self::token_windows(engine, &stream, &starts, seq, vocab)
+    }
+
+    /// Windows of a token stream: sample b is `stream[starts[b]..][..seq]`
+    /// and its labels the tokens one further on (next-token prediction).
+    pub fn token_windows(
+        engine: &Engine,
+        stream: &[u32],
+        starts: &[usize],
+        seq: usize,
+        vocab: usize,
+    ) -> Result<Batch, TensorError> {
+        let bad = |message: String| TensorError::InvalidShape { op: "batch", message };
+        if vocab > 1 << 24 {
+            return Err(bad(format!(
+                "a vocabulary of {vocab} does not fit f32 token ids (at most 2^24)"
+            )));
+        }
+        let (mut x, mut y) = (Vec::new(), Vec::new());
+        for &s0 in starts {
+            let w = stream
+                .get(s0..s0 + seq + 1)
+                .ok_or_else(|| bad(format!("a window of {} tokens at {s0} runs past the {} tokens", seq + 1, stream.len())))?;
+            if let Some(t) = w.iter().find(|&&t| t as usize >= vocab) {
+                return Err(bad(format!("token {t} is outside the vocabulary of {vocab}")));
+            }
+            x.extend(w[..seq].iter().map(|&t| t as f32));
+            y.extend(w[1..].iter().map(|&t| t as i64));
+        }
+        let _scope = engine.scope(Category::Input, "batch");
+        let xt = Tensor::from_slice(engine, &x, &[starts.len(), seq], "input")?;
+        Self::with_labels(engine, xt, y, vocab).map_err(bad)
+    }
+
     /// `x` and `y` from a safetensors file; labels must lie in 0..classes.
     pub fn from_safetensors(
         engine: &Engine,

@@ -5,6 +5,7 @@
 pub mod batch;
 pub mod optimizer;
 pub mod step;
+pub mod text;
 
 pub use batch::Batch;
 pub use optimizer::{OptimizerConfig, OptimizerKind};

@@ -1,0 +1,46 @@
+// Inputs are bound read_write too: tensors share segment buffers, and wgpu
+// rejects a read-only and a read-write binding of one buffer in one dispatch.
+// GELU, tanh approximation (GPT-2's, PyTorch's approximate='tanh'):
+//   y = 0.5 x (1 + tanh(u)),  u = √(2/π) (x + 0.044715 x³)
+// backward from the saved input (PyTorch's GeluBackward0 saves self):
+//   dx = g (0.5 (1 + t) + 0.5 x (1 − t²) √(2/π) (1 + 3·0.044715 x²)).
+// u is clamped to ±10, where tanh is already ±1 in f32, because some
+// drivers compute tanh through exp and overflow to NaN for large |u|.
+struct Params { n: u32, _p0: u32, _p1: u32, _p2: u32 }
+
+@group(0) @binding(0) var<storage, read_write> x: array<f32>;
+@group(0) @binding(1) var<storage, read_write> g: array<f32>;
+@group(0) @binding(2) var<storage, read_write> out: array<f32>;
+@group(0) @binding(3) var<uniform> p: Params;
+#include prelude
+
+const K0: f32 = 0.7978845608028654;
+const K1: f32 = 0.044715;
+
+fn tanh_u(v: f32) -> f32 {
+    return tanh(clamp(K0 * (v + K1 * v * v * v), -10.0, 10.0));
+}
+
+// out = gelu(x); g is unused but bound, to share one layout.
+@compute @workgroup_size(256)
+fn forward(@builtin(workgroup_id) wid: vec3<u32>,
+           @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_index) lidx: u32) {
+    let i = flat_index(wid, nwg, lidx);
+    if (i >= p.n) { return; }
+    let v = x[i];
+    out[i] = 0.5 * v * (1.0 + tanh_u(v));
+    if (p._p0 == 0xffffffffu) { out[0] = g[0]; }
+}
+
+@compute @workgroup_size(256)
+fn backward(@builtin(workgroup_id) wid: vec3<u32>,
+            @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_index) lidx: u32) {
+    let i = flat_index(wid, nwg, lidx);
+    if (i >= p.n) { return; }
+    let v = x[i];
+    let t = tanh_u(v);
+    let d = 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * K0 * (1.0 + 3.0 * K1 * v * v);
+    out[i] = g[i] * d;
+}

@@ -1,0 +1,302 @@
+//! `gpt`: the GPT-2 architecture (nanoGPT's layout) over token ids:
+//!   h = wte[idx] + wpe[0..S]
+//!   per block i:  h = h + attn.c_proj(causal_attention(ln_1(h)))
+//!                 h = h + mlp.c_proj(gelu(mlp.c_fc(ln_2(h))))
+//!   logits = ln_f(h) · wteᵀ          (the head is tied to the embedding)
+//! with `heads` heads of `dim / heads` features, GELU's tanh form, LayerNorm
+//! eps 1e-5, and GPT-2's initialisation (normal, std 0.02; LayerNorm 1 and 0).
+//! Logits are `[N·S, vocab]`, one row per position, against next-token labels.
+//!
+//! Two differences from GPT-2's modules, neither of which changes a byte of
+//! memory: the query, key and value projections are three `D → D` linears
+//! instead of one fused `D → 3D` (the same parameters, split three ways; each
+//! saves the same input tensor), and there is no dropout (its masks are the
+//! `5as/h`-free part of Korthikanti's count; see the README).
+
+use super::init::Rng;
+use super::layers::{in_layer, Linear};
+use super::model::Model;
+use super::param::{ParamId, ParamStore};
+use crate::autograd::{functions as f, transformer as t, Tape, Value};
+use crate::memory::Category;
+use crate::tensor::{DType, Engine, Tensor, TensorError};
+use std::sync::Arc;
+
+/// LayerNorm's epsilon (PyTorch's default, GPT-2's).
+pub const LN_EPS: f32 = 1e-5;
+
+/// GPT-2's sizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct GptConfig {
+    pub layers: usize,
+    pub heads: usize,
+    pub dim: usize,
+    /// Positions in the table (the longest sequence the model takes).
+    pub seq_len: usize,
+    pub vocab: usize,
+}
+
+/// The GPT-2 family, and a small character-level default.
+pub const PRESETS: [(&str, GptConfig); 7] = [
+    ("tiny", GptConfig { layers: 2, heads: 4, dim: 64, seq_len: 64, vocab: 96 }),
+    ("gpt2", GptConfig { layers: 12, heads: 12, dim: 768, seq_len: 1024, vocab: 50257 }),
+    ("gpt2-medium", GptConfig { layers: 24, heads: 16, dim: 1024, seq_len: 1024, vocab: 50257 }),
+    ("gpt2-large", GptConfig { layers: 36, heads: 20, dim: 1280, seq_len: 1024, vocab: 50257 }),
+    ("gpt2-xl", GptConfig { layers: 48, heads: 25, dim: 1600, seq_len: 1024, vocab: 50257 }),
+    // LLaMA-7B's depth and width on GPT-2's block (about 6.7B parameters).
+    ("7b", GptConfig { layers: 32, heads: 32, dim: 4096, seq_len: 2048, vocab: 50257 }),
+    // GPT-3 175B (Brown et al. 2020, table 2.1).
+    ("175b", GptConfig { layers: 96, heads: 96, dim: 12288, seq_len: 2048, vocab: 50257 }),
+];
+
+impl GptConfig {
+    pub fn preset(name: &str) -> Result<GptConfig, String> {
+        PRESETS
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, c)| *c)
+            .ok_or_else(|| {
+                let names: Vec<&str> = PRESETS.iter().map(|p| p.0).collect();
+                format!("unknown GPT preset {name:?}; presets: {}", names.join(", "))
+            })
+    }
+
+    /// Every parameter's name and shape, in registration order.
+    pub fn parameter_shapes(&self) -> Vec<(String, Vec<usize>)> {
+        let (d, v) = (self.dim, self.vocab);
+        let mut out = vec![
+            ("wte.weight".to_string(), vec![v, d]),
+            ("wpe.weight".to_string(), vec![self.seq_len, d]),
+        ];
+        let mut lin = |p: String, i: usize, o: usize| {
+            out.push((format!("{p}.weight"), vec![o, i]));
+            out.push((format!("{p}.bias"), vec![o]));
+        };
+        for b in 0..self.layers {
+            lin(format!("h.{b}.ln_1"), 0, d);
+            for n in ["q_proj", "k_proj", "v_proj", "c_proj"] {
+                lin(format!("h.{b}.attn.{n}"), d, d);
+            }
+            lin(format!("h.{b}.ln_2"), 0, d);
+            lin(format!("h.{b}.mlp.c_fc"), d, 4 * d);
+            lin(format!("h.{b}.mlp.c_proj"), 4 * d, d);
+        }
+        lin("ln_f".to_string(), 0, d);
+        // LayerNorms: weight [d], bias [d] (the `0` inputs above).
+        for (name, shape) in out.iter_mut() {
+            if name.contains("ln_") && name.ends_with(".weight") {
+                *shape = vec![d];
+            }
+        }
+        out
+    }
+
+    pub fn head_dim(&self) -> usize {
+        self.dim / self.heads.max(1)
+    }
+}
+
+/// `nn.LayerNorm(d)`.
+#[derive(Debug, Clone)]
+struct LayerNorm {
+    name: Arc<str>,
+    weight: ParamId,
+    bias: ParamId,
+}
+
+#[derive(Debug, Clone)]
+struct Block {
+    ln_1: LayerNorm,
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    c_proj: Linear,
+    ln_2: LayerNorm,
+    c_fc: Linear,
+    mlp_proj: Linear,
+}
+
+#[derive(Debug, Clone)]
+pub struct Gpt {
+    cfg: GptConfig,
+    /// Positions per sample this instance trains on (≤ cfg.seq_len).
+    seq: usize,
+    wte: ParamId,
+    wpe: ParamId,
+    blocks: Vec<Block>,
+    ln_f: LayerNorm,
+}
+
+fn init(
+    engine: &Engine,
+    store: &mut ParamStore,
+    name: String,
+    shape: &[usize],
+    values: impl FnOnce(usize) -> Vec<f32>,
+) -> Result<ParamId, TensorError> {
+    let _scope = engine.scope(Category::Parameter, "init");
+    let t = Tensor::generated(engine, shape, DType::F32, &name, values)?;
+    Ok(store.add(&name, t))
+}
+
+fn normal(rng: &mut Rng, n: usize) -> Vec<f32> {
+    rng.normal(n).into_iter().map(|v| 0.02 * v).collect()
+}
+
+impl Gpt {
+    /// A GPT of `cfg` that runs on sequences of `seq` tokens.
+    pub fn new(
+        engine: &Engine,
+        store: &mut ParamStore,
+        rng: &mut Rng,
+        cfg: GptConfig,
+        seq: usize,
+    ) -> Result<Gpt, TensorError> {
+        if cfg.heads == 0 || cfg.dim % cfg.heads != 0 || seq == 0 || seq > cfg.seq_len {
+            return Err(TensorError::InvalidShape {
+                op: "gpt",
+                message: format!(
+                    "dim {} must be a multiple of heads {}, and the sequence length {seq} in 1..={}",
+                    cfg.dim, cfg.heads, cfg.seq_len
+                ),
+            });
+        }
+        let d = cfg.dim;
+        let wte = init(engine, store, "wte.weight".into(), &[cfg.vocab, d], |n| normal(rng, n))?;
+        let wpe = init(engine, store, "wpe.weight".into(), &[cfg.seq_len, d], |n| normal(rng, n))?;
+        let ln = |store: &mut ParamStore, name: String| -> Result<LayerNorm, TensorError> {
+            Ok(LayerNorm {
+                weight: init(engine, store, format!("{name}.weight"), &[d], |n| vec![1.0; n])?,
+                bias: init(engine, store, format!("{name}.bias"), &[d], |n| vec![0.0; n])?,
+                name: Arc::from(name.as_str()),
+            })
+        };
+        let mut blocks = Vec::with_capacity(cfg.layers);
+        for b in 0..cfg.layers {
+            let ln_1 = ln(store, format!("h.{b}.ln_1"))?;
+            // GPT-2's initialisation: normal(0, 0.02) weights, zero biases.
+            let mut lin = |store: &mut ParamStore, n: &str, i: usize, o: usize| {
+                let name = format!("h.{b}.{n}");
+                let weight = init(engine, store, format!("{name}.weight"), &[o, i], |c| normal(rng, c))?;
+                let bias = init(engine, store, format!("{name}.bias"), &[o], |c| vec![0.0; c])?;
+                Ok::<Linear, TensorError>(Linear {
+                    name: Arc::from(name.as_str()),
+                    weight,
+                    bias: Some(bias),
+                })
+            };
+            let q = lin(store, "attn.q_proj", d, d)?;
+            let k = lin(store, "attn.k_proj", d, d)?;
+            let v = lin(store, "attn.v_proj", d, d)?;
+            let c_proj = lin(store, "attn.c_proj", d, d)?;
+            let ln_2 = ln(store, format!("h.{b}.ln_2"))?;
+            let c_fc = lin(store, "mlp.c_fc", d, 4 * d)?;
+            let mlp_proj = lin(store, "mlp.c_proj", 4 * d, d)?;
+            blocks.push(Block { ln_1, q, k, v, c_proj, ln_2, c_fc, mlp_proj });
+        }
+        let ln_f = ln(store, "ln_f".into())?;
+        Ok(Gpt { cfg, seq, wte, wpe, blocks, ln_f })
+    }
+
+    fn norm(&self, tape: &Tape, store: &ParamStore, l: &LayerNorm, x: &Value) -> Result<Value, TensorError> {
+        in_layer(x, &l.name, || {
+            let (w, b) = (tape.param(store, l.weight), tape.param(store, l.bias));
+            t::layernorm(tape, x, &w, &b, LN_EPS)
+        })
+    }
+
+    /// Causal multi-head self-attention over tokens `[N·S, D]`.
+    fn attention(
+        &self,
+        tape: &Tape,
+        store: &ParamStore,
+        blk: &Block,
+        x: &Value,
+        n: usize,
+    ) -> Result<Value, TensorError> {
+        let (s, d, h) = (self.seq, self.cfg.dim, self.cfg.heads);
+        let hd = d / h;
+        // [N·S, D] → [N, S, H, hd] → [N, H, S, hd] → [N·H, S, hd]
+        let heads = |l: &Linear, label| -> Result<Value, TensorError> {
+            let y = l.forward(tape, store, x)?;
+            let y = f::reshape(tape, &y, &[n, s, h, hd])?;
+            let y = t::swap_axes(tape, &y, label)?;
+            f::reshape(tape, &y, &[n * h, s, hd])
+        };
+        let q = heads(&blk.q, "attn.q_heads")?;
+        let k = heads(&blk.k, "attn.k_heads")?;
+        let mut a = f::matmul(tape, &q, &k, false, true)?;
+        drop((q, k));
+        a = t::softmax_causal(tape, &a, 1.0 / (hd as f32).sqrt())?;
+        let v = heads(&blk.v, "attn.v_heads")?;
+        let mut y = f::matmul(tape, &a, &v, false, false)?;
+        drop((a, v));
+        y = f::reshape(tape, &y, &[n, h, s, hd])?;
+        y = t::swap_axes(tape, &y, "attn.merged")?;
+        y = f::reshape(tape, &y, &[n * s, d])?;
+        blk.c_proj.forward(tape, store, &y)
+    }
+
+    fn block(
+        &self,
+        tape: &Tape,
+        store: &ParamStore,
+        blk: &Block,
+        x: &Value,
+        n: usize,
+    ) -> Result<Value, TensorError> {
+        let a = self.norm(tape, store, &blk.ln_1, x)?;
+        let a = self.attention(tape, store, blk, &a, n)?;
+        let h = f::add(tape, x, &a)?;
+        drop(a);
+        let mut m = self.norm(tape, store, &blk.ln_2, &h)?;
+        m = blk.c_fc.forward(tape, store, &m)?;
+        m = t::gelu(tape, &m)?;
+        m = blk.mlp_proj.forward(tape, store, &m)?;
+        f::add(tape, &h, &m)
+    }
+
+    fn run(&self, tape: &Tape, store: &ParamStore, x: &Value, checkpointed: bool) -> Result<Value, TensorError> {
+        let shape = x.tensor().shape().to_vec();
+        if shape.len() != 2 || shape[1] != self.seq {
+            return Err(TensorError::InvalidShape {
+                op: "gpt",
+                message: format!("needs token ids [N, {}], got {shape:?}", self.seq),
+            });
+        }
+        let (n, s, d) = (shape[0], self.seq, self.cfg.dim);
+        let idx = x.tensor().reshape(&[n * s])?;
+        let wte = tape.param(store, self.wte);
+        let mut h = t::embedding(tape, &wte, &idx)?;
+        h = f::reshape(tape, &h, &[n, s, d])?;
+        h = t::add_positions(tape, &h, &tape.param(store, self.wpe))?;
+        h = f::reshape(tape, &h, &[n * s, d])?;
+        for blk in &self.blocks {
+            h = if checkpointed {
+                let (me, blk) = (self.clone(), blk.clone());
+                f::checkpoint(tape, store, &h, move |t, st, v| me.block(t, st, &blk, v, n))?
+            } else {
+                self.block(tape, store, blk, &h, n)?
+            };
+        }
+        h = self.norm(tape, store, &self.ln_f, &h)?;
+        // The tied head: logits = h · wteᵀ.
+        let head: Arc<str> = Arc::from("lm_head");
+        in_layer(&h, &head, || f::linear(tape, &h, &tape.param(store, self.wte), None))
+    }
+}
+
+impl Model for Gpt {
+    fn input_shape(&self) -> Vec<usize> {
+        vec![self.seq]
+    }
+
+    fn forward(&self, tape: &Tape, store: &ParamStore, x: &Value) -> Result<Value, TensorError> {
+        self.run(tape, store, x, false)
+    }
+
+    /// Each block checkpointed.
+    fn forward_checkpointed(&self, tape: &Tape, store: &ParamStore, x: &Value) -> Result<Value, TensorError> {
+        self.run(tape, store, x, true)
+    }
+}
