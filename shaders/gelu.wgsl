@@ -4,8 +4,10 @@
 //   y = 0.5 x (1 + tanh(u)),  u = √(2/π) (x + 0.044715 x³)
 // backward from the saved input (PyTorch's GeluBackward0 saves self):
 //   dx = g (0.5 (1 + t) + 0.5 x (1 − t²) √(2/π) (1 + 3·0.044715 x²)).
-// u is clamped to ±10, where tanh is already ±1 in f32, because some
-// drivers compute tanh through exp and overflow to NaN for large |u|.
+// Computed through σ(2u) = 0.5 (1 + tanh(u)) and 1 − t² = 4 σ (1 − σ):
+// no cancellation where the slope crosses zero (x ≈ −0.75; a driver's tanh
+// left 1e-4 relative error there), and u clamped to ±40, where σ(2u) is
+// 1e-35 or 1 in f32, so exp(−2u) never overflows.
 struct Params { n: u32, _p0: u32, _p1: u32, _p2: u32 }
 
 @group(0) @binding(0) var<storage, read_write> x: array<f32>;
@@ -17,8 +19,10 @@ struct Params { n: u32, _p0: u32, _p1: u32, _p2: u32 }
 const K0: f32 = 0.7978845608028654;
 const K1: f32 = 0.044715;
 
-fn tanh_u(v: f32) -> f32 {
-    return tanh(clamp(K0 * (v + K1 * v * v * v), -10.0, 10.0));
+// σ(2u) = 0.5 (1 + tanh(u)).
+fn sig2u(v: f32) -> f32 {
+    let u = clamp(K0 * (v + K1 * v * v * v), -40.0, 40.0);
+    return 1.0 / (1.0 + exp(-2.0 * u));
 }
 
 // out = gelu(x); g is unused but bound, to share one layout.
@@ -29,7 +33,7 @@ fn forward(@builtin(workgroup_id) wid: vec3<u32>,
     let i = flat_index(wid, nwg, lidx);
     if (i >= p.n) { return; }
     let v = x[i];
-    out[i] = 0.5 * v * (1.0 + tanh_u(v));
+    out[i] = v * sig2u(v);
     if (p._p0 == 0xffffffffu) { out[0] = g[0]; }
 }
 
@@ -40,7 +44,7 @@ fn backward(@builtin(workgroup_id) wid: vec3<u32>,
     let i = flat_index(wid, nwg, lidx);
     if (i >= p.n) { return; }
     let v = x[i];
-    let t = tanh_u(v);
-    let d = 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * K0 * (1.0 + 3.0 * K1 * v * v);
+    let s = sig2u(v);
+    let d = s + 2.0 * v * s * (1.0 - s) * K0 * (1.0 + 3.0 * K1 * v * v);
     out[i] = g[i] * d;
 }

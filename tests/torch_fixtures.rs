@@ -87,6 +87,13 @@ fn ill_conditioned(expected: &SafeTensors, name: &str, len: usize) -> Vec<bool> 
     match name.strip_prefix("param.") {
         Some(p) if adam => {
             let (g, _) = expected.f32(&format!("grad.{p}")).unwrap();
+            if g.iter().all(|g| g.abs() < ZERO) {
+                // A gradient that is zero in exact arithmetic (GPT's key
+                // bias: softmax ignores a constant added to a row of
+                // scores): every update is lr·noise/(|noise| + eps), so
+                // the whole parameter is noise (see `judge`).
+                return vec![true; len];
+            }
             g.iter().map(|&g| g != 0.0 && g.abs() < 1e-7).collect()
         }
         _ => vec![false; len],
@@ -128,6 +135,19 @@ fn judge(got: &[f32], want: &[f32], ill: &[bool], tol: f64, what: &str) -> f64 {
         assert!(
             diff < ZERO,
             "{what}: {diff:e} from (numerically zero) values"
+        );
+        return 0.0;
+    }
+    if !ill.is_empty() && ill.iter().all(|&i| i) {
+        // All noise-driven: Adam moves each element by at most about lr
+        // per step, so the two runs can differ by that much and no more.
+        let diff = got
+            .iter()
+            .zip(want)
+            .fold(0.0f32, |m, (g, w)| m.max((g - w).abs()));
+        assert!(
+            diff < 1e-2,
+            "{what}: {diff:e} apart; noise-driven updates stay below lr per step"
         );
         return 0.0;
     }
@@ -241,6 +261,48 @@ fn resnet_mini_matches_pytorch_for_every_optimizer() {
 #[test]
 fn attention_matches_pytorch_for_every_optimizer() {
     run_model("attention");
+}
+
+#[test]
+fn gpt_matches_pytorch_for_every_optimizer() {
+    run_model("gpt");
+}
+
+/// GPT's ops against PyTorch's own (scripts/gpt_reference.py): LayerNorm,
+/// GELU (tanh), embedding and the causal softmax (PyTorch: masked_fill with
+/// -inf, then softmax), forward and backward.
+#[test]
+fn gpt_ops_match_pytorch() {
+    use vramlab::ops::{embedding, gelu, layernorm, softmax as sm};
+    let f = read(&fixtures().join("gpt_ops.safetensors"));
+    let e = engine();
+    let t = |name: &str| {
+        let (v, s) = f.f32(name).unwrap();
+        Tensor::from_slice(&e, &v, &s, name).unwrap()
+    };
+    let eps: f32 = f.metadata["ln.eps"].parse().unwrap();
+    let out = layernorm::layernorm(&t("ln.x"), &t("ln.w"), &t("ln.b"), eps).unwrap();
+    check(&f, None, "ln.y", &out.y.to_vec().unwrap(), "gpt ops");
+    let (dx, dw, db) =
+        layernorm::layernorm_backward(&t("ln.x"), &t("ln.w"), &out.mean, &out.rstd, &t("ln.g"))
+            .unwrap();
+    check(&f, None, "ln.dx", &dx.to_vec().unwrap(), "gpt ops");
+    check(&f, None, "ln.dw", &dw.to_vec().unwrap(), "gpt ops");
+    check(&f, None, "ln.db", &db.to_vec().unwrap(), "gpt ops");
+    let y = gelu::gelu(&t("gelu.x")).unwrap();
+    check(&f, None, "gelu.y", &y.to_vec().unwrap(), "gpt ops");
+    let dx = gelu::gelu_backward(&t("gelu.x"), &t("gelu.g")).unwrap();
+    check(&f, None, "gelu.dx", &dx.to_vec().unwrap(), "gpt ops");
+    let y = embedding::embedding(&t("emb.table"), &t("emb.idx")).unwrap();
+    check(&f, None, "emb.y", &y.to_vec().unwrap(), "gpt ops");
+    let rows = t("emb.table").shape()[0];
+    let dt = embedding::embedding_backward(&t("emb.idx"), &t("emb.g"), rows).unwrap();
+    check(&f, None, "emb.dtable", &dt.to_vec().unwrap(), "gpt ops");
+    let scale: f32 = f.metadata["causal.scale"].parse().unwrap();
+    let y = sm::softmax_causal(&t("causal.x"), scale).unwrap();
+    check(&f, None, "causal.y", &y.to_vec().unwrap(), "gpt ops");
+    let dx = sm::softmax_backward(&y, &t("causal.g"), scale).unwrap();
+    check(&f, None, "causal.dx", &dx.to_vec().unwrap(), "gpt ops");
 }
 
 #[test]

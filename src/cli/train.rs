@@ -188,7 +188,8 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     }
     let text = match (&args.text, is_gpt && data.is_none()) {
         (Some(p), _) => {
-            let bytes = std::fs::read(p).with_context(|| format!("reading --text {}", p.display()))?;
+            let bytes =
+                std::fs::read(p).with_context(|| format!("reading --text {}", p.display()))?;
             Some(crate::train::text::CharText::new(&bytes))
         }
         (None, true) => Some(crate::train::text::CharText::new(

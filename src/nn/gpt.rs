@@ -38,15 +38,78 @@ pub struct GptConfig {
 
 /// The GPT-2 family, and a small character-level default.
 pub const PRESETS: [(&str, GptConfig); 7] = [
-    ("tiny", GptConfig { layers: 2, heads: 4, dim: 64, seq_len: 64, vocab: 96 }),
-    ("gpt2", GptConfig { layers: 12, heads: 12, dim: 768, seq_len: 1024, vocab: 50257 }),
-    ("gpt2-medium", GptConfig { layers: 24, heads: 16, dim: 1024, seq_len: 1024, vocab: 50257 }),
-    ("gpt2-large", GptConfig { layers: 36, heads: 20, dim: 1280, seq_len: 1024, vocab: 50257 }),
-    ("gpt2-xl", GptConfig { layers: 48, heads: 25, dim: 1600, seq_len: 1024, vocab: 50257 }),
+    (
+        "tiny",
+        GptConfig {
+            layers: 2,
+            heads: 4,
+            dim: 64,
+            seq_len: 64,
+            vocab: 96,
+        },
+    ),
+    (
+        "gpt2",
+        GptConfig {
+            layers: 12,
+            heads: 12,
+            dim: 768,
+            seq_len: 1024,
+            vocab: 50257,
+        },
+    ),
+    (
+        "gpt2-medium",
+        GptConfig {
+            layers: 24,
+            heads: 16,
+            dim: 1024,
+            seq_len: 1024,
+            vocab: 50257,
+        },
+    ),
+    (
+        "gpt2-large",
+        GptConfig {
+            layers: 36,
+            heads: 20,
+            dim: 1280,
+            seq_len: 1024,
+            vocab: 50257,
+        },
+    ),
+    (
+        "gpt2-xl",
+        GptConfig {
+            layers: 48,
+            heads: 25,
+            dim: 1600,
+            seq_len: 1024,
+            vocab: 50257,
+        },
+    ),
     // LLaMA-7B's depth and width on GPT-2's block (about 6.7B parameters).
-    ("7b", GptConfig { layers: 32, heads: 32, dim: 4096, seq_len: 2048, vocab: 50257 }),
+    (
+        "7b",
+        GptConfig {
+            layers: 32,
+            heads: 32,
+            dim: 4096,
+            seq_len: 2048,
+            vocab: 50257,
+        },
+    ),
     // GPT-3 175B (Brown et al. 2020, table 2.1).
-    ("175b", GptConfig { layers: 96, heads: 96, dim: 12288, seq_len: 2048, vocab: 50257 }),
+    (
+        "175b",
+        GptConfig {
+            layers: 96,
+            heads: 96,
+            dim: 12288,
+            seq_len: 2048,
+            vocab: 50257,
+        },
+    ),
 ];
 
 impl GptConfig {
@@ -152,7 +215,7 @@ impl Gpt {
         cfg: GptConfig,
         seq: usize,
     ) -> Result<Gpt, TensorError> {
-        if cfg.heads == 0 || cfg.dim % cfg.heads != 0 || seq == 0 || seq > cfg.seq_len {
+        if cfg.heads == 0 || !cfg.dim.is_multiple_of(cfg.heads) || seq == 0 || seq > cfg.seq_len {
             return Err(TensorError::InvalidShape {
                 op: "gpt",
                 message: format!(
@@ -162,12 +225,20 @@ impl Gpt {
             });
         }
         let d = cfg.dim;
-        let wte = init(engine, store, "wte.weight".into(), &[cfg.vocab, d], |n| normal(rng, n))?;
-        let wpe = init(engine, store, "wpe.weight".into(), &[cfg.seq_len, d], |n| normal(rng, n))?;
+        let wte = init(engine, store, "wte.weight".into(), &[cfg.vocab, d], |n| {
+            normal(rng, n)
+        })?;
+        let wpe = init(engine, store, "wpe.weight".into(), &[cfg.seq_len, d], |n| {
+            normal(rng, n)
+        })?;
         let ln = |store: &mut ParamStore, name: String| -> Result<LayerNorm, TensorError> {
             Ok(LayerNorm {
-                weight: init(engine, store, format!("{name}.weight"), &[d], |n| vec![1.0; n])?,
-                bias: init(engine, store, format!("{name}.bias"), &[d], |n| vec![0.0; n])?,
+                weight: init(engine, store, format!("{name}.weight"), &[d], |n| {
+                    vec![1.0; n]
+                })?,
+                bias: init(engine, store, format!("{name}.bias"), &[d], |n| {
+                    vec![0.0; n]
+                })?,
                 name: Arc::from(name.as_str()),
             })
         };
@@ -177,8 +248,12 @@ impl Gpt {
             // GPT-2's initialisation: normal(0, 0.02) weights, zero biases.
             let mut lin = |store: &mut ParamStore, n: &str, i: usize, o: usize| {
                 let name = format!("h.{b}.{n}");
-                let weight = init(engine, store, format!("{name}.weight"), &[o, i], |c| normal(rng, c))?;
-                let bias = init(engine, store, format!("{name}.bias"), &[o], |c| vec![0.0; c])?;
+                let weight = init(engine, store, format!("{name}.weight"), &[o, i], |c| {
+                    normal(rng, c)
+                })?;
+                let bias = init(engine, store, format!("{name}.bias"), &[o], |c| {
+                    vec![0.0; c]
+                })?;
                 Ok::<Linear, TensorError>(Linear {
                     name: Arc::from(name.as_str()),
                     weight,
@@ -192,13 +267,35 @@ impl Gpt {
             let ln_2 = ln(store, format!("h.{b}.ln_2"))?;
             let c_fc = lin(store, "mlp.c_fc", d, 4 * d)?;
             let mlp_proj = lin(store, "mlp.c_proj", 4 * d, d)?;
-            blocks.push(Block { ln_1, q, k, v, c_proj, ln_2, c_fc, mlp_proj });
+            blocks.push(Block {
+                ln_1,
+                q,
+                k,
+                v,
+                c_proj,
+                ln_2,
+                c_fc,
+                mlp_proj,
+            });
         }
         let ln_f = ln(store, "ln_f".into())?;
-        Ok(Gpt { cfg, seq, wte, wpe, blocks, ln_f })
+        Ok(Gpt {
+            cfg,
+            seq,
+            wte,
+            wpe,
+            blocks,
+            ln_f,
+        })
     }
 
-    fn norm(&self, tape: &Tape, store: &ParamStore, l: &LayerNorm, x: &Value) -> Result<Value, TensorError> {
+    fn norm(
+        &self,
+        tape: &Tape,
+        store: &ParamStore,
+        l: &LayerNorm,
+        x: &Value,
+    ) -> Result<Value, TensorError> {
         in_layer(x, &l.name, || {
             let (w, b) = (tape.param(store, l.weight), tape.param(store, l.bias));
             t::layernorm(tape, x, &w, &b, LN_EPS)
@@ -256,7 +353,13 @@ impl Gpt {
         f::add(tape, &h, &m)
     }
 
-    fn run(&self, tape: &Tape, store: &ParamStore, x: &Value, checkpointed: bool) -> Result<Value, TensorError> {
+    fn run(
+        &self,
+        tape: &Tape,
+        store: &ParamStore,
+        x: &Value,
+        checkpointed: bool,
+    ) -> Result<Value, TensorError> {
         let shape = x.tensor().shape().to_vec();
         if shape.len() != 2 || shape[1] != self.seq {
             return Err(TensorError::InvalidShape {
@@ -271,7 +374,12 @@ impl Gpt {
         h = f::reshape(tape, &h, &[n, s, d])?;
         h = t::add_positions(tape, &h, &tape.param(store, self.wpe))?;
         h = f::reshape(tape, &h, &[n * s, d])?;
-        for blk in &self.blocks {
+        for (i, blk) in self.blocks.iter().enumerate() {
+            // Everything a block allocates is tagged `h.<i>.forward` (its
+            // layers nest inside as `h.<i>.ln_1.forward`, …), so per-layer
+            // reports and the saved-bytes count attribute it to the block.
+            let engine = h.tensor().engine().clone();
+            let _block = engine.op_scope(&format!("h.{i}.forward"));
             h = if checkpointed {
                 let (me, blk) = (self.clone(), blk.clone());
                 f::checkpoint(tape, store, &h, move |t, st, v| me.block(t, st, &blk, v, n))?
@@ -282,7 +390,9 @@ impl Gpt {
         h = self.norm(tape, store, &self.ln_f, &h)?;
         // The tied head: logits = h · wteᵀ.
         let head: Arc<str> = Arc::from("lm_head");
-        in_layer(&h, &head, || f::linear(tape, &h, &tape.param(store, self.wte), None))
+        in_layer(&h, &head, || {
+            f::linear(tape, &h, &tape.param(store, self.wte), None)
+        })
     }
 }
 
@@ -296,7 +406,12 @@ impl Model for Gpt {
     }
 
     /// Each block checkpointed.
-    fn forward_checkpointed(&self, tape: &Tape, store: &ParamStore, x: &Value) -> Result<Value, TensorError> {
+    fn forward_checkpointed(
+        &self,
+        tape: &Tape,
+        store: &ParamStore,
+        x: &Value,
+    ) -> Result<Value, TensorError> {
         self.run(tape, store, x, true)
     }
 }

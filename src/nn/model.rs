@@ -292,7 +292,15 @@ impl ModelSpec {
                 classes,
             } => vec![*seq_len, *dim, *hidden, *classes],
             ModelSpec::Gpt { config: c, seq } => {
-                vec![c.layers, c.heads, c.dim, c.seq_len, c.vocab, *seq, 4 * c.dim]
+                vec![
+                    c.layers,
+                    c.heads,
+                    c.dim,
+                    c.seq_len,
+                    c.vocab,
+                    *seq,
+                    4 * c.dim,
+                ]
             }
         };
         if let Some(s) = sizes.iter().find(|&&s| s > MAX_MODEL_SIZE) {
@@ -347,7 +355,7 @@ impl ModelSpec {
                     || c.heads == 0
                     || c.vocab == 0
                     || c.dim == 0
-                    || c.dim % c.heads != 0
+                    || !c.dim.is_multiple_of(c.heads)
                     || *seq == 0
                     || *seq > c.seq_len =>
             {
@@ -400,7 +408,9 @@ impl ModelSpec {
             } => Box::new(Attention::new(
                 engine, store, rng, *seq_len, *dim, *hidden, *classes,
             )?),
-            ModelSpec::Gpt { config, seq } => Box::new(Gpt::new(engine, store, rng, *config, *seq)?),
+            ModelSpec::Gpt { config, seq } => {
+                Box::new(Gpt::new(engine, store, rng, *config, *seq)?)
+            }
         })
     }
 
@@ -476,6 +486,13 @@ impl ModelSpec {
                 config.dim = wte[1];
                 config.seq_len = wpe[0];
                 config.layers = count(&|i| format!("h.{i}.ln_1.weight"));
+                // Heads are in no shape: PyTorch-written weights carry them
+                // as metadata (scripts/gpt_reference.py), else --heads.
+                if let Some(h) = st.metadata.get("heads") {
+                    config.heads = h.parse().map_err(|_| {
+                        format!("{}: metadata heads = {h:?} is not a number", st.origin)
+                    })?;
+                }
                 *seq = (*seq).min(config.seq_len);
             }
         }

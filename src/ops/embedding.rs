@@ -70,11 +70,7 @@ pub fn embedding(table: &Tensor, idx: &Tensor) -> Result<Tensor, TensorError> {
 
 /// The table's gradient `[V, D]` from the saved indices and the upstream
 /// gradient `g` `[.., D]`.
-pub fn embedding_backward(
-    idx: &Tensor,
-    g: &Tensor,
-    rows: usize,
-) -> Result<Tensor, TensorError> {
+pub fn embedding_backward(idx: &Tensor, g: &Tensor, rows: usize) -> Result<Tensor, TensorError> {
     g.require_f32("embedding backward")?;
     let d = *g.shape().last().unwrap_or(&0);
     if d == 0 || rows == 0 || g.numel() != idx.numel() * d {

@@ -72,7 +72,12 @@ fn params(rows: usize, cols: usize, eps: f32) -> Params {
 }
 
 /// `layer_norm(x, [cols], w, b, eps)`.
-pub fn layernorm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f32) -> Result<LayerNormOut, TensorError> {
+pub fn layernorm(
+    x: &Tensor,
+    w: &Tensor,
+    b: &Tensor,
+    eps: f32,
+) -> Result<LayerNormOut, TensorError> {
     let (rows, cols) = check(x, w, b)?;
     let e = x.engine();
     let y = Tensor::empty(e, x.shape(), DType::F32, "layernorm.out")?;
@@ -82,7 +87,14 @@ pub fn layernorm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f32) -> Result<LayerNo
     launch(
         x,
         &FORWARD,
-        &[&x.slice(), &w.slice(), &b.slice(), &y.slice(), &mean.slice(), &rstd.slice()],
+        &[
+            &x.slice(),
+            &w.slice(),
+            &b.slice(),
+            &y.slice(),
+            &mean.slice(),
+            &rstd.slice(),
+        ],
         bytemuck::bytes_of(&p),
         rows,
     )?;
@@ -108,7 +120,14 @@ pub fn layernorm_backward(
     launch(
         x,
         &BACKWARD_INPUT,
-        &[&x.slice(), &w.slice(), &g.slice(), &dx.slice(), &mean.slice(), &rstd.slice()],
+        &[
+            &x.slice(),
+            &w.slice(),
+            &g.slice(),
+            &dx.slice(),
+            &mean.slice(),
+            &rstd.slice(),
+        ],
         bytemuck::bytes_of(&p),
         rows,
     )?;
@@ -122,7 +141,14 @@ pub fn layernorm_backward(
         launch(
             x,
             &BACKWARD_PARAMS,
-            &[&x.slice(), &dw.slice(), &db.slice(), &g.slice(), &mean.slice(), &rstd.slice()],
+            &[
+                &x.slice(),
+                &dw.slice(),
+                &db.slice(),
+                &g.slice(),
+                &mean.slice(),
+                &rstd.slice(),
+            ],
             bytemuck::bytes_of(&p),
             cols,
         )?;

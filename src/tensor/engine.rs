@@ -36,6 +36,8 @@ struct EngineInner {
     /// Each layer's output shape, in call order, while the allocator records
     /// (the per-layer table of `estimate`).
     layer_outputs: Mutex<Vec<(Arc<str>, Vec<usize>)>>,
+    /// Tensors saved for backward while on ([`Engine::start_saved_log`]).
+    saved_log: Mutex<Option<Vec<SavedTensor>>>,
     /// Every matrix product issued while on (`vramlab bench` replays them).
     gemm_log: Mutex<Option<Vec<crate::ops::matmul::GemmShape>>>,
     /// How many times each model-level op has run in this forward, so the
@@ -44,6 +46,21 @@ struct EngineInner {
 }
 
 /// A GPU (or a simulated one) plus its allocator.
+/// One tensor saved for backward.
+#[derive(Debug, Clone)]
+pub struct SavedTensor {
+    /// The storage's block: views of one storage share it, so counting
+    /// distinct blocks counts each storage once.
+    pub block: crate::memory::BlockHandle,
+    /// The tensor's bytes (unrounded).
+    pub bytes: u64,
+    /// Its category before saving (a forward output, a parameter, an input).
+    pub category: Category,
+    pub label: String,
+    /// The op scope it was saved in (`h.0.ln_1.forward`, `softmax1.forward`).
+    pub scope: Arc<str>,
+}
+
 #[derive(Clone)]
 pub struct Engine {
     inner: Arc<EngineInner>,
@@ -116,6 +133,7 @@ impl Engine {
                 deferred_frees: Mutex::new(Vec::new()),
                 scopes: Mutex::new(Vec::new()),
                 layer_outputs: Mutex::new(Vec::new()),
+                saved_log: Mutex::new(None),
                 op_numbers: Mutex::new(Default::default()),
                 gemm_log: Mutex::new(None),
             }),
@@ -330,6 +348,24 @@ impl Engine {
     pub fn note_layer_output(&self, layer: &Arc<str>, shape: &[usize]) {
         if self.allocator().is_recording() {
             lock(&self.inner.layer_outputs).push((layer.clone(), shape.to_vec()));
+        }
+    }
+
+    /// Starts logging every tensor an op saves for backward: what PyTorch's
+    /// `torch.autograd.graph.saved_tensors_hooks` pack hook sees.
+    pub fn start_saved_log(&self) {
+        *lock(&self.inner.saved_log) = Some(Vec::new());
+    }
+
+    /// The saved tensors logged since [`Engine::start_saved_log`] (in the
+    /// order saved; a storage saved twice appears twice), and stops logging.
+    pub fn take_saved_log(&self) -> Vec<SavedTensor> {
+        lock(&self.inner.saved_log).take().unwrap_or_default()
+    }
+
+    pub(crate) fn log_saved(&self, t: SavedTensor) {
+        if let Some(log) = lock(&self.inner.saved_log).as_mut() {
+            log.push(t);
         }
     }
 

@@ -8,6 +8,6 @@ pub mod error;
 pub mod tensor;
 
 pub use dtype::DType;
-pub use engine::{Engine, ScopeGuard, Storage, ThreeLevels};
+pub use engine::{Engine, SavedTensor, ScopeGuard, Storage, ThreeLevels};
 pub use error::TensorError;
 pub use tensor::Tensor;

@@ -186,10 +186,21 @@ impl Tensor {
     /// activation (parameters and inputs keep their category).
     pub fn mark_saved(&self) {
         let handle = self.storage.allocation().handle;
-        let mut a = self.engine().allocator();
-        if let Some((Category::Output, _)) = a.tag(handle) {
-            a.retag(handle, Category::Activation);
-        }
+        let category = {
+            let mut a = self.engine().allocator();
+            let category = a.tag(handle).map(|t| t.0).unwrap_or(Category::Untagged);
+            if category == Category::Output {
+                a.retag(handle, Category::Activation);
+            }
+            category
+        };
+        self.engine().log_saved(super::engine::SavedTensor {
+            block: handle,
+            bytes: self.nbytes() as u64,
+            category,
+            label: self.label().to_string(),
+            scope: self.engine().current_scope().1,
+        });
     }
 
     /// The same storage seen with another shape of the same size: a view,

@@ -134,7 +134,10 @@ impl Batch {
         seq: usize,
         vocab: usize,
     ) -> Result<Batch, TensorError> {
-        let bad = |message: String| TensorError::InvalidShape { op: "batch", message };
+        let bad = |message: String| TensorError::InvalidShape {
+            op: "batch",
+            message,
+        };
         if vocab > 1 << 24 {
             return Err(bad(format!(
                 "a vocabulary of {vocab} does not fit f32 token ids (at most 2^24)"
@@ -142,11 +145,17 @@ impl Batch {
         }
         let (mut x, mut y) = (Vec::new(), Vec::new());
         for &s0 in starts {
-            let w = stream
-                .get(s0..s0 + seq + 1)
-                .ok_or_else(|| bad(format!("a window of {} tokens at {s0} runs past the {} tokens", seq + 1, stream.len())))?;
+            let w = stream.get(s0..s0 + seq + 1).ok_or_else(|| {
+                bad(format!(
+                    "a window of {} tokens at {s0} runs past the {} tokens",
+                    seq + 1,
+                    stream.len()
+                ))
+            })?;
             if let Some(t) = w.iter().find(|&&t| t as usize >= vocab) {
-                return Err(bad(format!("token {t} is outside the vocabulary of {vocab}")));
+                return Err(bad(format!(
+                    "token {t} is outside the vocabulary of {vocab}"
+                )));
             }
             x.extend(w[..seq].iter().map(|&t| t as f32));
             y.extend(w[1..].iter().map(|&t| t as i64));
@@ -165,9 +174,11 @@ impl Batch {
         let _scope = engine.scope(Category::Input, "batch");
         let (xv, xs) = st.f32("x").map_err(|e| e.to_string())?;
         let (yv, ys) = st.i64("y").map_err(|e| e.to_string())?;
-        if xs.is_empty() || ys != [xs[0]] {
+        // [N] class labels, or [N, S] next-token labels of a sequence
+        // model (x [N, S] token ids), flattened as its logits are.
+        if xs.is_empty() || (ys != [xs[0]] && ys != xs) {
             return Err(format!(
-                "{}: y must have shape [N] with N = x's first axis; x is {xs:?}, y is {ys:?}",
+                "{}: y must have shape [N] with N = x's first axis (or x's shape, for token labels); x is {xs:?}, y is {ys:?}",
                 st.origin
             ));
         }

@@ -1,0 +1,127 @@
+//! What `gpt` saves for backward, per block, equals to the byte what
+//! PyTorch's autograd saves for the same architecture in f32 — the tensors
+//! `torch.autograd.graph.saved_tensors_hooks` sees in nanoGPT's forward,
+//! each storage once, parameters left out (tests/fixtures/torch/gpt_saved.json,
+//! written by scripts/gpt_reference.py) — except where PyTorch saves
+//! differently, which is asserted too: its masked_fill keeps a freshly
+//! compared bool mask per block (S² bytes; vramlab's causal softmax is fused
+//! and keeps none), and its indices and labels are int64 (vramlab's f32).
+//! Runs on a simulated device: the bytes depend on shapes only.
+
+use std::collections::{BTreeMap, HashSet};
+use vramlab::autograd::{functions as f, Tape, Value};
+use vramlab::memory::{AllocatorConfig, Category};
+use vramlab::nn::gpt::GptConfig;
+use vramlab::nn::init::Rng;
+use vramlab::nn::{ModelSpec, ParamStore};
+use vramlab::tensor::Engine;
+use vramlab::train::Batch;
+
+fn fixture() -> serde_json::Value {
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/torch/gpt_saved.json");
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+/// The part of the model a saving scope belongs to.
+fn part_of(scope: &str) -> String {
+    if let Some(rest) = scope.strip_prefix("h.") {
+        let i: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
+        return format!("h.{i}");
+    }
+    if scope.starts_with("embedding") {
+        "embedding".into()
+    } else if scope.starts_with("cross_entropy") {
+        "loss".into()
+    } else {
+        "head".into()
+    }
+}
+
+/// vramlab's saved bytes per part for one forward (+ loss), each storage
+/// once, parameters left out.
+fn vramlab_saved(cfg: GptConfig, batch: usize) -> BTreeMap<String, u64> {
+    let engine = Engine::simulated(AllocatorConfig::default(), None);
+    let spec = ModelSpec::Gpt {
+        config: cfg,
+        seq: cfg.seq_len,
+    };
+    let mut store = ParamStore::new();
+    let model = spec.build(&engine, &mut store, &mut Rng::new(0)).unwrap();
+    let b = Batch::random_for(
+        &engine,
+        &mut Rng::new(1),
+        &spec,
+        batch,
+        vramlab::tensor::DType::F32,
+    )
+    .unwrap();
+    let tape = Tape::new();
+    engine.start_saved_log();
+    let _fwd = engine.scope(Category::Output, "forward");
+    let logits = model
+        .forward(&tape, &store, &Value::constant(b.x.clone()))
+        .unwrap();
+    let _loss = f::cross_entropy(&tape, &logits, &b.labels).unwrap();
+    let mut seen = HashSet::new();
+    let mut parts = BTreeMap::new();
+    for t in engine.take_saved_log() {
+        if t.category == Category::Parameter || !seen.insert(t.block) {
+            continue;
+        }
+        *parts.entry(part_of(&t.scope)).or_insert(0) += t.bytes;
+    }
+    parts
+}
+
+#[test]
+fn saved_bytes_per_block_match_pytorch() {
+    for case in fixture().as_array().unwrap() {
+        let c = &case["config"];
+        let get = |k: &str| c[k].as_u64().unwrap() as usize;
+        let cfg = GptConfig {
+            layers: get("layers"),
+            heads: get("heads"),
+            dim: get("dim"),
+            seq_len: get("seq_len"),
+            vocab: get("vocab"),
+        };
+        let (n, s) = (get("batch") as u64, cfg.seq_len as u64);
+        let ours = vramlab_saved(cfg, n as usize);
+        let theirs = &case["parts"];
+        let num = |part: &str, kind: &str| theirs[part][kind].as_u64().unwrap();
+        for i in 0..cfg.layers {
+            let part = format!("h.{i}");
+            assert_eq!(
+                ours[&part],
+                num(&part, "float"),
+                "{cfg:?} block {i}: f32 saved bytes"
+            );
+            // PyTorch's one difference inside a block: the mask.
+            assert_eq!(
+                num(&part, "bool"),
+                s * s,
+                "{cfg:?} block {i}: PyTorch's mask"
+            );
+            assert_eq!(num(&part, "int64") + num(&part, "scalar"), 0);
+        }
+        // ln_f's input, mean, rstd and output (the tied head's input).
+        assert_eq!(ours["head"], num("head", "float"), "{cfg:?}: head");
+        // Loss: vramlab keeps the logits, PyTorch the log-probabilities
+        // (same size); labels are f32 here, int64 there.
+        assert_eq!(
+            ours["loss"],
+            num("loss", "float") + n * s * 4,
+            "{cfg:?}: loss"
+        );
+        assert_eq!(num("loss", "int64"), n * s * 8);
+        // Embedding: the token ids (f32 here; int64 ids and positions there).
+        assert_eq!(ours["embedding"], n * s * 4, "{cfg:?}: embedding");
+        assert_eq!(num("embedding", "int64"), n * s * 8 + s * 8);
+        assert_eq!(
+            ours.len(),
+            cfg.layers + 3,
+            "{cfg:?}: nothing saved outside the blocks, head, loss and embedding: {ours:?}"
+        );
+    }
+}
