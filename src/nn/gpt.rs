@@ -386,6 +386,9 @@ impl Gpt {
             } else {
                 self.block(tape, store, blk, &h, n)?
             };
+            // A row for the block's own ops (head copies, scores, softmax,
+            // GELU, residual adds) beside its layers' rows.
+            engine.note_layer_output(&Arc::from(format!("h.{i}")), h.tensor().shape());
         }
         h = self.norm(tape, store, &self.ln_f, &h)?;
         // The tied head: logits = h · wteᵀ.
