@@ -14,11 +14,12 @@ use vramlab::train::{Mode, OptimizerConfig, OptimizerKind};
 
 #[test]
 fn estimate_equals_measurement_to_the_byte() {
-    let cases: [(&str, &[usize]); 4] = [
+    let cases: [(&str, &[usize]); 5] = [
         ("mlp", &[1, 7, 32]),
         ("resnet-mini", &[1, 3]),
         ("attention", &[1, 5]),
         ("simple-cnn", &[2]),
+        ("gpt", &[1, 3]),
     ];
     for (name, batches) in cases {
         for &batch in batches {
@@ -135,13 +136,13 @@ fn checkpointed_forward_gives_the_plain_gradients() {
     use vramlab::autograd::{functions as f, Tape, Value};
     use vramlab::nn::ParamStore;
     use vramlab::train::Batch;
-    for name in ["mlp", "resnet-mini", "attention", "simple-cnn"] {
+    for name in ["mlp", "resnet-mini", "attention", "simple-cnn", "gpt"] {
         let e = engine();
         let spec = small(name);
         let mut store = ParamStore::new();
         let model = spec.build(&e, &mut store, &mut Rng::new(1)).unwrap();
         let batch =
-            Batch::random(&e, &mut Rng::new(2), 2, &spec.input_shape(), spec.classes()).unwrap();
+            Batch::random_for(&e, &mut Rng::new(2), &spec, 2, vramlab::tensor::DType::F32).unwrap();
         let mut grads = Vec::new();
         for checkpointed in [false, true] {
             store.zero_grad();

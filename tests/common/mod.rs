@@ -41,6 +41,16 @@ pub fn small(name: &str) -> vramlab::nn::ModelSpec {
             hidden: 32,
             classes: 5,
         },
+        "gpt" => ModelSpec::Gpt {
+            config: vramlab::nn::gpt::GptConfig {
+                layers: 2,
+                heads: 2,
+                dim: 16,
+                seq_len: 12,
+                vocab: 20,
+            },
+            seq: 12,
+        },
         other => ModelSpec::default_for(other).unwrap(),
     }
 }

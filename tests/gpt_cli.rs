@@ -1,0 +1,124 @@
+//! `gpt` from the command line: it trains on text (the built-in text and a
+//! file) and its loss falls; `estimate` handles GPT-2 presets up to 175B
+//! parameters on a simulated device without building anything in host
+//! memory; flags that do not fit are errors that say why.
+
+mod common;
+use common::*;
+use std::process::Command;
+
+fn losses(v: &serde_json::Value) -> Vec<f64> {
+    v["steps"]
+        .as_array()
+        .expect("steps")
+        .iter()
+        .map(|s| s["loss"].as_f64().unwrap())
+        .collect()
+}
+
+#[test]
+fn a_small_gpt_learns_the_built_in_text() {
+    let v = vramlab_json([
+        "train", "--model", "gpt", "--steps", "40", "--batch", "8", "--json",
+    ]);
+    let l = losses(&v);
+    assert_eq!(l.len(), 40);
+    // Uniform over 96 characters is ln 96 = 4.56; English text is far
+    // more predictable, and 40 Adam steps get well below.
+    assert!((l[0] - 96f64.ln()).abs() < 0.3, "first loss {}", l[0]);
+    let late: f64 = l[30..].iter().sum::<f64>() / 10.0;
+    assert!(
+        late < l[0] - 1.0,
+        "loss {} → {late} (mean of the last 10)",
+        l[0]
+    );
+}
+
+#[test]
+fn train_reads_a_text_file() {
+    let dir = std::env::temp_dir().join(format!("vramlab-gpt-text-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("t.txt");
+    // One repeated line (with a tab and a non-ASCII letter, read as
+    // spaces): easy to learn, so the loss falls fast.
+    std::fs::write(&file, "abcabc\tabc é\n".repeat(200)).unwrap();
+    let f = file.to_str().unwrap();
+    let v = vramlab_json([
+        "train",
+        "--model",
+        "gpt",
+        "--text",
+        f,
+        "--steps",
+        "25",
+        "--batch",
+        "4",
+        "--seq-len",
+        "16",
+        "--json",
+    ]);
+    let l = losses(&v);
+    assert!(l[24] < l[0] - 1.5, "{l:?}");
+    let bad = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_vramlab"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?} should fail");
+        String::from_utf8_lossy(&out.stderr).to_string()
+    };
+    let e = bad(&["train", "--model", "mlp", "--text", f]);
+    assert!(e.contains("--model gpt"), "{e}");
+    let e = bad(&["train", "--model", "gpt", "--vocab", "50", "--text", f]);
+    assert!(e.contains("vocab"), "{e}");
+    let e = bad(&["train", "--model", "gpt", "--text", "/nonexistent/x.txt"]);
+    assert!(e.contains("/nonexistent/x.txt"), "{e}");
+    let e = bad(&["train", "--model", "gpt", "--dtype", "f16"]);
+    assert!(e.contains("--amp"), "{e}");
+    let e = bad(&["estimate", "--model", "gpt", "--dim", "100", "--heads", "3"]);
+    assert!(e.contains("multiple"), "{e}");
+    let e = bad(&["estimate", "--model", "gpt", "--preset", "gpt5"]);
+    assert!(e.contains("gpt2-xl"), "{e}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn estimate_handles_gpt2_to_175b() {
+    let mut params = Vec::new();
+    for preset in ["gpt2", "gpt2-xl", "7b", "175b"] {
+        let v = vramlab_json([
+            "estimate",
+            "--model",
+            "gpt",
+            "--preset",
+            preset,
+            "--batch",
+            "8",
+            "--seq-len",
+            "1024",
+            "--optimizer",
+            "adamw",
+            "--json",
+        ]);
+        let p = v["parameters"].as_u64().unwrap();
+        params.push(p);
+        let e = &v["estimate"];
+        let peak = e["peak_allocated_bytes"].as_u64().unwrap();
+        // Weights + gradients + AdamW's two moments are 16 bytes per
+        // parameter; activations come on top.
+        assert!(peak > 16 * p, "{preset}: peak {peak} for {p} parameters");
+    }
+    // GPT-2 small is 124M parameters (with the tied head), GPT-3 175B.
+    assert!(
+        (124_000_000..125_500_000).contains(&params[0]),
+        "{params:?}"
+    );
+    assert!(
+        (1_500_000_000..1_600_000_000).contains(&params[1]),
+        "{params:?}"
+    );
+    assert!(
+        (174_000_000_000..176_000_000_000).contains(&params[3]),
+        "{params:?}"
+    );
+}
