@@ -6,7 +6,7 @@
 use super::tape::{Tape, Value};
 use crate::nn::ParamStore;
 use crate::ops::cast::cast as cast_fwd;
-use crate::ops::conv2d::{conv2d as conv2d_fwd, conv2d_backward, Conv2dConfig};
+use crate::ops::conv2d::{conv2d as conv2d_fwd, conv2d_backward, conv2d_backward_ex, Conv2dConfig};
 use crate::ops::cross_entropy::{cross_entropy as ce_fwd, cross_entropy_backward};
 use crate::ops::elementwise::add as add_fwd;
 use crate::ops::linear::{linear as linear_fwd, linear_backward};
@@ -131,6 +131,30 @@ pub fn conv2d(
         Box::new(move |g, _| {
             let (dx, dw, db) = conv2d_backward(&xs, &ws, g, cfg, need_dx)?;
             Ok(vec![dx, Some(dw), Some(db)])
+        }),
+    ))
+}
+
+/// conv2d without a bias (`bias=False`, as ResNet's convolutions are);
+/// saves the input and the weight.
+pub fn conv2d_nobias(
+    tape: &Tape,
+    x: &Value,
+    w: &Value,
+    cfg: Conv2dConfig,
+) -> Result<Value, TensorError> {
+    let scope = op_scope(x, "conv2d");
+    let (x, w) = (&autocast_low(tape, x)?, &autocast_low(tape, w)?);
+    let y = conv2d_fwd(x.tensor(), w.tensor(), None, cfg)?;
+    note(&scope, &y);
+    let (xs, ws) = (save(tape, x.tensor()), save(tape, w.tensor()));
+    let need_dx = x.requires_grad();
+    Ok(tape.record(
+        y,
+        &[x, w],
+        Box::new(move |g, _| {
+            let (dx, dw, _) = conv2d_backward_ex(&xs, &ws, g, cfg, need_dx, false)?;
+            Ok(vec![dx, Some(dw)])
         }),
     ))
 }

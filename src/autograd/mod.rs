@@ -4,5 +4,6 @@
 pub mod functions;
 pub mod tape;
 pub mod transformer;
+pub mod vision;
 
 pub use tape::{Tape, Value};

@@ -72,6 +72,9 @@ struct Inner {
     /// region however many ops read it (PyTorch caches casts of leaf
     /// tensors that require grad the same way, until the region ends).
     cast_cache: HashMap<VarId, Value>,
+    /// `model.train()` (true, the default) or `model.eval()`: BatchNorm
+    /// uses batch statistics and updates its running ones only in training.
+    training: bool,
 }
 
 /// The recording of one forward pass.
@@ -95,6 +98,7 @@ impl Tape {
                 grad_enabled: true,
                 autocast: None,
                 cast_cache: HashMap::new(),
+                training: true,
             }),
         }
     }
@@ -226,6 +230,21 @@ impl Tape {
         let r = f();
         self.inner.borrow_mut().grad_enabled = before;
         r
+    }
+
+    /// Runs `f` with the model in eval mode (`model.eval()`): BatchNorm
+    /// normalises with its running statistics and leaves them unchanged.
+    /// Independent of [`Tape::no_grad`], as in PyTorch.
+    pub fn eval<R>(&self, f: impl FnOnce() -> R) -> R {
+        let before = std::mem::replace(&mut self.inner.borrow_mut().training, false);
+        let r = f();
+        self.inner.borrow_mut().training = before;
+        r
+    }
+
+    /// `model.training`.
+    pub fn training(&self) -> bool {
+        self.inner.borrow().training
     }
 
     /// Number of recorded ops still waiting for backward.

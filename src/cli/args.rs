@@ -152,7 +152,7 @@ pub fn parse_capacity(s: &Option<String>) -> Result<Option<u64>, ArgError> {
 /// Choosing a zoo model and its sizes (see `vramlab models`).
 #[derive(Debug, Clone, Args)]
 pub struct ModelArgs {
-    /// Zoo model: mlp, simple-cnn, resnet-mini, attention, gpt.
+    /// Zoo model: mlp, simple-cnn, resnet-mini, attention, gpt, resnet50.
     #[arg(long, default_value = "simple-cnn")]
     pub model: String,
     /// mlp: layer widths, input first and classes last (default 784,256,256,10).
@@ -161,14 +161,15 @@ pub struct ModelArgs {
     /// mlp: checkpoint each run of this many layers (0: off).
     #[arg(long, value_name = "K")]
     pub checkpoint_every: Option<usize>,
-    /// resnet-mini: channels of the stem and first block (default 16).
+    /// resnet-mini, resnet50: channels of the stem and first block
+    /// (resnet-mini default 16; resnet50 64, torchvision's).
     #[arg(long)]
     pub width: Option<usize>,
-    /// resnet-mini: residual blocks (default 3).
+    /// resnet-mini: residual blocks (default 3); resnet50: 50, 101 or 152.
     #[arg(long)]
     pub depth: Option<usize>,
-    /// resnet-mini: input height = width in pixels (default 32; `sweep`
-    /// takes a list).
+    /// resnet-mini, resnet50: input height = width in pixels (default 32;
+    /// resnet50 224; `sweep` takes a list).
     #[arg(long, value_delimiter = ',', value_name = "PIXELS")]
     pub resolution: Option<Vec<usize>>,
     /// attention, gpt: tokens per sample (attention: default 128; gpt: the
@@ -182,7 +183,8 @@ pub struct ModelArgs {
     /// attention: hidden width of the MLP (default 256).
     #[arg(long)]
     pub hidden: Option<usize>,
-    /// resnet-mini, attention: output classes (default 10).
+    /// resnet-mini, attention, resnet50: output classes (default 10;
+    /// resnet50 1000).
     #[arg(long)]
     pub classes: Option<usize>,
     /// gpt: sizes to start from: tiny (the default: 2 layers, 4 heads, dim
@@ -265,6 +267,18 @@ impl ModelArgs {
                 set(hidden, self.hidden);
                 set(classes, self.classes);
                 used.extend(["seq-len", "dim", "hidden", "classes"]);
+            }
+            ModelSpec::Resnet50 {
+                depth,
+                width,
+                resolution,
+                classes,
+            } => {
+                set(depth, self.depth);
+                set(width, self.width);
+                set(resolution, resolution_value);
+                set(classes, self.classes);
+                used.extend(["depth", "width", "resolution", "classes"]);
             }
             ModelSpec::Gpt { config, seq } => {
                 if let Some(p) = &self.preset {

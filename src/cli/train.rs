@@ -176,7 +176,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     }
     if args.dtype != crate::tensor::DType::F32 && !spec.supports_16bit_model() {
         anyhow::bail!(
-            "{} runs in f32 (its LayerNorm, GELU and embedding kernels are f32 only); use --amp f16 or --amp bf16 for 16-bit compute instead of --dtype {}",
+            "{} runs in f32 (its LayerNorm, GELU, embedding, BatchNorm and max-pool kernels are f32 only); use --amp f16 or --amp bf16 for 16-bit compute instead of --dtype {}",
             spec.name(),
             args.dtype
         );

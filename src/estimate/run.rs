@@ -32,7 +32,7 @@ impl Plan {
             return Err(TensorError::InvalidShape {
                 op: "model",
                 message: format!(
-                    "{} runs in f32 (its LayerNorm, GELU and embedding kernels are f32 only); for 16-bit compute use --amp f16 or --amp bf16 instead of --dtype {}",
+                    "{} runs in f32 (its LayerNorm, GELU, embedding, BatchNorm and max-pool kernels are f32 only); for 16-bit compute use --amp f16 or --amp bf16 instead of --dtype {}",
                     self.model.name(),
                     self.dtype
                 ),

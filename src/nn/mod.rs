@@ -7,6 +7,7 @@ pub mod layers;
 pub mod mlp;
 pub mod model;
 pub mod param;
+pub mod resnet;
 pub mod resnet_mini;
 pub mod simple_cnn;
 

@@ -8,6 +8,7 @@ use super::gpt::{Gpt, GptConfig};
 use super::init::Rng;
 use super::mlp::Mlp;
 use super::param::ParamStore;
+use super::resnet::Resnet;
 use super::resnet_mini::ResnetMini;
 use super::simple_cnn::SimpleConvNet;
 use crate::autograd::{Tape, Value};
@@ -62,10 +63,18 @@ pub enum ModelSpec {
     /// GPT-2's architecture (see `nn::gpt`) trained on sequences of `seq`
     /// tokens (at most the `config.seq_len` positions of its table).
     Gpt { config: GptConfig, seq: usize },
+    /// torchvision's ResNet-50 / 101 / 152 (see `nn::resnet`); `width` 64
+    /// is torchvision's, smaller ones scale every stage down.
+    Resnet50 {
+        depth: usize,
+        width: usize,
+        resolution: usize,
+        classes: usize,
+    },
 }
 
 /// The zoo: command-line name and what it is.
-pub const ZOO: [(&str, &str); 5] = [
+pub const ZOO: [(&str, &str); 6] = [
     (
         "mlp",
         "linear layers with ReLU between (--widths 784,256,256,10; --checkpoint-every K)",
@@ -85,6 +94,10 @@ pub const ZOO: [(&str, &str); 5] = [
     (
         "gpt",
         "GPT-2: token + position embedding, pre-LN blocks (causal multi-head attention, GELU MLP), tied head, next-token loss (--preset tiny|gpt2|gpt2-medium|gpt2-large|gpt2-xl|7b|175b; --layers --heads --dim --seq-len --vocab)",
+    ),
+    (
+        "resnet50",
+        "torchvision's ResNet-50: 7×7/2 stem, BatchNorm, 3×3/2 max pool, bottleneck stages [3, 4, 6, 3], global average pool, fc (--depth 50|101|152, --width 64, --resolution 224, --classes 1000)",
     ),
 ];
 
@@ -113,6 +126,12 @@ impl ModelSpec {
                 hidden: 256,
                 classes: 10,
             },
+            "resnet50" => ModelSpec::Resnet50 {
+                depth: 50,
+                width: 64,
+                resolution: 224,
+                classes: 1000,
+            },
             "gpt" => {
                 let config = GptConfig::preset("tiny")?;
                 ModelSpec::Gpt {
@@ -137,14 +156,15 @@ impl ModelSpec {
             ModelSpec::ResnetMini { .. } => "resnet-mini",
             ModelSpec::Attention { .. } => "attention",
             ModelSpec::Gpt { .. } => "gpt",
+            ModelSpec::Resnet50 { .. } => "resnet50",
         }
     }
 
     /// Whether the model can be made 16-bit (`model.half()`): gpt's
-    /// LayerNorm, GELU and embedding kernels are f32 only (it runs under
-    /// `--amp` instead).
+    /// LayerNorm, GELU and embedding kernels and resnet50's BatchNorm and
+    /// max-pool kernels are f32 only (they run under `--amp` instead).
     pub fn supports_16bit_model(&self) -> bool {
-        !matches!(self, ModelSpec::Gpt { .. })
+        !matches!(self, ModelSpec::Gpt { .. } | ModelSpec::Resnet50 { .. })
     }
 
     /// Number of output classes.
@@ -156,6 +176,7 @@ impl ModelSpec {
                 *classes
             }
             ModelSpec::Gpt { config, .. } => config.vocab,
+            ModelSpec::Resnet50 { classes, .. } => *classes,
         }
     }
 
@@ -167,6 +188,7 @@ impl ModelSpec {
             ModelSpec::ResnetMini { resolution, .. } => vec![3, *resolution, *resolution],
             ModelSpec::Attention { seq_len, dim, .. } => vec![*seq_len, *dim],
             ModelSpec::Gpt { seq, .. } => vec![*seq],
+            ModelSpec::Resnet50 { resolution, .. } => vec![3, *resolution, *resolution],
         }
     }
 
@@ -228,6 +250,12 @@ impl ModelSpec {
                 lin(&mut out, "head", *dim, *classes);
             }
             ModelSpec::Gpt { config, .. } => out = config.parameter_shapes(),
+            ModelSpec::Resnet50 {
+                depth,
+                width,
+                classes,
+                ..
+            } => out = super::resnet::parameter_shapes(*depth, *width, *classes),
         }
         out
     }
@@ -268,6 +296,14 @@ impl ModelSpec {
                 "gpt {} layers, {} heads, dim {}, vocab {}, {} positions, sequences of {seq}",
                 c.layers, c.heads, c.dim, c.vocab, c.seq_len
             ),
+            ModelSpec::Resnet50 {
+                depth,
+                width,
+                resolution,
+                classes,
+            } => format!(
+                "resnet{depth} width {width}, {resolution}×{resolution} input, {classes} classes"
+            ),
         }
     }
 
@@ -302,6 +338,13 @@ impl ModelSpec {
                     4 * c.dim,
                 ]
             }
+            // The widest stage has 32·width channels (8·width planes × 4).
+            ModelSpec::Resnet50 {
+                width,
+                resolution,
+                classes,
+                ..
+            } => vec![width.saturating_mul(32), *resolution, *classes],
         };
         if let Some(s) = sizes.iter().find(|&&s| s > MAX_MODEL_SIZE) {
             return bad(&format!(
@@ -349,6 +392,20 @@ impl ModelSpec {
                 classes,
             } if *seq_len == 0 || *dim == 0 || *hidden == 0 || *classes == 0 => {
                 bad("--seq-len, --dim, --hidden and --classes must be at least 1")
+            }
+            ModelSpec::Resnet50 {
+                depth,
+                width,
+                resolution,
+                classes,
+            } if super::resnet::stage_blocks(*depth).is_none()
+                || *width == 0
+                || *classes == 0
+                || *resolution < 32 =>
+            {
+                bad(&format!(
+                    "needs --depth 50, 101 or 152 (got {depth}), --width and --classes ≥ 1, and --resolution ≥ 32 (five stride-2 steps; got {resolution})"
+                ))
             }
             ModelSpec::Gpt { config: c, seq }
                 if c.layers == 0
@@ -411,6 +468,20 @@ impl ModelSpec {
             ModelSpec::Gpt { config, seq } => {
                 Box::new(Gpt::new(engine, store, rng, *config, *seq)?)
             }
+            ModelSpec::Resnet50 {
+                depth,
+                width,
+                resolution,
+                classes,
+            } => Box::new(Resnet::new(
+                engine,
+                store,
+                rng,
+                *depth,
+                *width,
+                *resolution,
+                *classes,
+            )?),
         })
     }
 
@@ -473,6 +544,33 @@ impl ModelSpec {
                 *hidden = rows("mlp.fc1.weight")?;
                 *classes = rows("head.weight")?;
             }
+            ModelSpec::Resnet50 {
+                depth,
+                width,
+                classes,
+                ..
+            } => {
+                *width = rows("conv1.weight")?;
+                *classes = rows("fc.weight")?;
+                let count = |s: usize| {
+                    (0..)
+                        .take_while(|i| {
+                            st.tensors
+                                .contains_key(&format!("layer{s}.{i}.conv1.weight"))
+                        })
+                        .count()
+                };
+                let blocks = [count(1), count(2), count(3), count(4)];
+                *depth = [50, 101, 152]
+                    .into_iter()
+                    .find(|d| super::resnet::stage_blocks(*d) == Some(blocks))
+                    .ok_or_else(|| {
+                        format!(
+                            "{}: stages of {blocks:?} blocks are not ResNet-50, 101 or 152",
+                            st.origin
+                        )
+                    })?;
+            }
             ModelSpec::Gpt { config, seq } => {
                 let wte = shape("wte.weight")?;
                 let wpe = shape("wpe.weight")?;
@@ -509,6 +607,9 @@ impl ModelSpec {
             }
             ModelSpec::Attention { seq_len, .. } if x_shape.len() == 3 => *seq_len = x_shape[1],
             ModelSpec::Gpt { seq, .. } if x_shape.len() == 2 => *seq = x_shape[1],
+            ModelSpec::Resnet50 { resolution, .. } if x_shape.len() == 4 => {
+                *resolution = x_shape[2]
+            }
             _ => {}
         }
         self.validate()

@@ -218,6 +218,24 @@ pub fn conv2d_backward(
     cfg: Conv2dConfig,
     need_dx: bool,
 ) -> Result<(Option<Tensor>, Tensor, Tensor), TensorError> {
+    let (dx, dw, db) = conv2d_backward_ex(x, weight, dy, cfg, need_dx, true)?;
+    let db = db.ok_or(TensorError::InvalidShape {
+        op: "conv2d backward",
+        message: "no bias gradient".into(),
+    })?;
+    Ok((dx, dw, db))
+}
+
+/// [`conv2d_backward`] for a convolution with or without a bias (ResNet's
+/// convolutions have none: no bias gradient is computed or allocated).
+pub fn conv2d_backward_ex(
+    x: &Tensor,
+    weight: &Tensor,
+    dy: &Tensor,
+    cfg: Conv2dConfig,
+    need_dx: bool,
+    need_db: bool,
+) -> Result<(Option<Tensor>, Tensor, Option<Tensor>), TensorError> {
     let d = Dims::new(x, weight, cfg)?;
     if dy.shape() != [d.n, d.o, d.ho, d.wo] {
         return Err(TensorError::ShapeMismatch {
@@ -226,7 +244,11 @@ pub fn conv2d_backward(
             rhs: vec![d.n, d.o, d.ho, d.wo],
         });
     }
-    let db = sum_channels(dy, d.o, d.hw(), "conv2d.grad_bias")?;
+    let db = if need_db {
+        Some(sum_channels(dy, d.o, d.hw(), "conv2d.grad_bias")?)
+    } else {
+        None
+    };
     super::same_dtype("conv2d backward", x, dy)?;
     let dw = Tensor::empty(
         x.engine(),

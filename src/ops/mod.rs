@@ -2,6 +2,7 @@
 //! backward beside it). Ops never call wgpu; they ask the device layer to
 //! dispatch a named kernel with bindings and a small params struct.
 
+pub mod batchnorm;
 pub mod bias;
 pub mod cast;
 pub mod conv2d;
@@ -13,6 +14,7 @@ pub mod gelu;
 pub mod layernorm;
 pub mod linear;
 pub mod matmul;
+pub mod maxpool;
 pub mod mean;
 pub mod mse;
 pub mod partials;

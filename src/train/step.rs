@@ -139,7 +139,8 @@ impl Trainer {
         };
         let (logits, loss) = match self.mode {
             Mode::Train | Mode::Checkpoint => forward_pass(tape)?,
-            Mode::Inference => tape.no_grad(|| forward_pass(tape))?,
+            // model.eval() under torch.no_grad(): the usual inference.
+            Mode::Inference => tape.eval(|| tape.no_grad(|| forward_pass(tape)))?,
         };
         drop((forward, x));
         if self.mode == Mode::Inference {

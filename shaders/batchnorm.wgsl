@@ -1,0 +1,158 @@
+// Inputs are bound read_write too: tensors share segment buffers, and wgpu
+// rejects a read-only and a read-write binding of one buffer in one dispatch.
+// BatchNorm2d over x viewed as [outer = N, channels = C, inner = H·W], f32,
+// as PyTorch's native_batch_norm: batch statistics in training (biased
+// variance to normalise; the unbiased one, n/(n-1), into the running
+// variance, with momentum), running statistics in eval.
+//   moments: stage one of a per-channel sum, a workgroup per (channel, group
+//     of positions) with a tree in workgroup memory (as channel_sum.wgsl), of
+//     mode 0: x   1: (x − s[c])²   2: g   3: g·(x − s[c])
+//     where s is the channel mean (so the variance is two-pass, not
+//     E[x²] − E[x]², which cancels); sum_partials adds the groups.
+//   mean_of (a thread per channel): mean = Σx / n.
+//   finish (a thread per channel): 1/σ and the running statistics.
+//   eval_stats (a thread per channel): mean and 1/σ from the running ones.
+//   normalize: y = (x − mean[c])·invstd[c]·w[c] + b[c]
+//   dx: training  w·invstd·(g − Σg/n − x̂·invstd·Σg(x−mean)/n)
+//       eval      w·invstd·g
+//   dweight (a thread per channel): Σ g·x̂ = invstd·Σ g(x − mean).
+struct Params {
+    outer: u32, channels: u32, inner: u32, total: u32,
+    per_group: u32, groups: u32, mode: u32, train: u32,
+    eps: f32, momentum: f32, _p0: u32, _p1: u32,
+}
+
+@group(0) @binding(0) var<storage, read_write> a: array<f32>;
+@group(0) @binding(1) var<storage, read_write> b: array<f32>;
+@group(0) @binding(2) var<storage, read_write> s: array<f32>;
+@group(0) @binding(3) var<storage, read_write> u: array<f32>;
+@group(0) @binding(4) var<storage, read_write> v: array<f32>;
+@group(0) @binding(5) var<storage, read_write> out: array<f32>;
+@group(0) @binding(6) var<uniform> p: Params;
+#include prelude
+
+var<workgroup> sums: array<f32, 256>;
+
+fn term(at: u32, c: u32) -> f32 {
+    switch p.mode {
+        case 0u: { return a[at]; }
+        case 1u: { let d = a[at] - s[c]; return d * d; }
+        case 2u: { return b[at]; }
+        default: { return b[at] * (a[at] - s[c]); }
+    }
+}
+
+// a = x, b = g, s = channel means; out = parts [groups, C].
+@compute @workgroup_size(256)
+fn moments(@builtin(workgroup_id) wid: vec3<u32>,
+           @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_index) lidx: u32) {
+    let w = wid.x + wid.y * nwg.x + wid.z * nwg.x * nwg.y;
+    let live = w < p.channels * p.groups;
+    let c = w % p.channels;
+    let g = w / p.channels;
+    let begin = g * p.per_group;
+    let end = select(begin, min(begin + p.per_group, p.total), live);
+    var acc = 0.0;
+    for (var j = begin + lidx; j < end; j += 256u) {
+        let o = j / p.inner;
+        let i = j - o * p.inner;
+        acc += term((o * p.channels + c) * p.inner + i, c);
+    }
+    sums[lidx] = acc;
+    workgroupBarrier();
+    for (var k = 128u; k > 0u; k >>= 1u) {
+        if (lidx < k) { sums[lidx] += sums[lidx + k]; }
+        workgroupBarrier();
+    }
+    if (lidx == 0u && live) { out[g * p.channels + c] = sums[0]; }
+    if (p._p0 == 0xffffffffu) { out[0] = u[0] + v[0]; }
+}
+
+// s = Σx; writes a = mean.
+@compute @workgroup_size(256)
+fn mean_of(@builtin(workgroup_id) wid: vec3<u32>,
+           @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_index) lidx: u32) {
+    let c = flat_index(wid, nwg, lidx);
+    if (c >= p.channels) { return; }
+    a[c] = s[c] / f32(p.total);
+    if (p._p0 == 0xffffffffu) { out[0] = b[0] + u[0] + v[0]; }
+}
+
+// a = stats [mean | invstd] (2C), the mean written; u = Σ(x − mean)²;
+// writes the invstd half, v = running mean, out = running var (both
+// updated with momentum).
+@compute @workgroup_size(256)
+fn finish(@builtin(workgroup_id) wid: vec3<u32>,
+          @builtin(num_workgroups) nwg: vec3<u32>,
+          @builtin(local_invocation_index) lidx: u32) {
+    let c = flat_index(wid, nwg, lidx);
+    if (c >= p.channels) { return; }
+    let n = f32(p.total);
+    let mean = a[c];
+    let var_b = u[c] / n;
+    a[p.channels + c] = inverseSqrt(var_b + p.eps);
+    if (p._p0 == 0xffffffffu) { s[0] = b[0]; }
+    v[c] = (1.0 - p.momentum) * v[c] + p.momentum * mean;
+    out[c] = (1.0 - p.momentum) * out[c] + p.momentum * var_b * n / (n - 1.0);
+}
+
+// v = running mean, out = running var; writes a = stats [mean | invstd].
+@compute @workgroup_size(256)
+fn eval_stats(@builtin(workgroup_id) wid: vec3<u32>,
+              @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_index) lidx: u32) {
+    let c = flat_index(wid, nwg, lidx);
+    if (c >= p.channels) { return; }
+    a[c] = v[c];
+    a[p.channels + c] = inverseSqrt(out[c] + p.eps);
+    if (p._p0 == 0xffffffffu) { s[0] = u[0] + b[0]; }
+}
+
+fn channel_of(i: u32) -> u32 {
+    return (i / p.inner) % p.channels;
+}
+
+// a = x, s = stats [mean | invstd], v = weight, b = bias; out = y.
+@compute @workgroup_size(256)
+fn normalize(@builtin(workgroup_id) wid: vec3<u32>,
+             @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) lidx: u32) {
+    let i = flat_index(wid, nwg, lidx);
+    if (i >= p.outer * p.channels * p.inner) { return; }
+    let c = channel_of(i);
+    out[i] = (a[i] - s[c]) * s[p.channels + c] * v[c] + b[c];
+    if (p._p0 == 0xffffffffu) { out[0] = u[0]; }
+}
+
+// a = x, b = g, s = [mean | invstd] (2C), u = [Σg | Σg(x−mean)] (2C),
+// v = weight; out = dx.
+@compute @workgroup_size(256)
+fn dx(@builtin(workgroup_id) wid: vec3<u32>,
+      @builtin(num_workgroups) nwg: vec3<u32>,
+      @builtin(local_invocation_index) lidx: u32) {
+    let i = flat_index(wid, nwg, lidx);
+    if (i >= p.outer * p.channels * p.inner) { return; }
+    let c = channel_of(i);
+    let mean = s[c];
+    let inv = s[p.channels + c];
+    var g = b[i];
+    if (p.train != 0u) {
+        let n = f32(p.total);
+        let xh = (a[i] - mean) * inv;
+        g = g - u[c] / n - xh * inv * u[p.channels + c] / n;
+    }
+    out[i] = v[c] * inv * g;
+}
+
+// s = [mean | invstd], u = [Σg | Σg(x−mean)]; out = dweight.
+@compute @workgroup_size(256)
+fn dweight(@builtin(workgroup_id) wid: vec3<u32>,
+           @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_index) lidx: u32) {
+    let c = flat_index(wid, nwg, lidx);
+    if (c >= p.channels) { return; }
+    out[c] = s[p.channels + c] * u[p.channels + c];
+    if (p._p0 == 0xffffffffu) { out[0] = a[0] + b[0] + v[0]; }
+}

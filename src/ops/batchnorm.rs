@@ -1,0 +1,245 @@
+//! BatchNorm2d (ResNet's), f32, as PyTorch's `native_batch_norm`: in
+//! training, each channel normalised by its batch mean and biased variance
+//! (two passes, so no E[x²] − E[x]² cancellation), and the running mean and
+//! unbiased variance updated with `momentum`; in eval, the running
+//! statistics. Forward returns the per-channel mean and 1/σ beside the
+//! output, because backward needs them: PyTorch saves the input, these two
+//! `[C]` vectors, the weight and the running buffers, and so does the tape
+//! (the two vectors as one `[2, C]` tensor: the same bytes).
+
+use super::partials::sum_partials;
+use super::{check_u32, launch};
+use crate::device::{Kernel, Workgroups};
+use crate::memory::Category;
+use crate::tensor::{DType, Tensor, TensorError};
+
+const SOURCE: &str = include_str!("../../shaders/batchnorm.wgsl");
+const MOMENTS: Kernel = Kernel::fixed("batchnorm_moments", SOURCE, "moments");
+const MEAN_OF: Kernel = Kernel::fixed("batchnorm_mean", SOURCE, "mean_of");
+const FINISH: Kernel = Kernel::fixed("batchnorm_stats", SOURCE, "finish");
+const EVAL_STATS: Kernel = Kernel::fixed("batchnorm_eval_stats", SOURCE, "eval_stats");
+const NORMALIZE: Kernel = Kernel::fixed("batchnorm_normalize", SOURCE, "normalize");
+const DX: Kernel = Kernel::fixed("batchnorm_backward_input", SOURCE, "dx");
+const DWEIGHT: Kernel = Kernel::fixed("batchnorm_backward_weight", SOURCE, "dweight");
+
+/// Positions one reduction workgroup takes (256 threads × 64).
+const PER_GROUP: usize = 256 * 64;
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct Params {
+    outer: u32,
+    channels: u32,
+    inner: u32,
+    total: u32,
+    per_group: u32,
+    groups: u32,
+    mode: u32,
+    train: u32,
+    eps: f32,
+    momentum: f32,
+    _p: [u32; 2],
+}
+
+/// PyTorch's BatchNorm2d defaults.
+pub const EPS: f32 = 1e-5;
+pub const MOMENTUM: f32 = 0.1;
+
+/// What the forward hands to backward.
+pub struct BatchNormOut {
+    pub y: Tensor,
+    /// `[2, C]`: the mean used, then 1/√(var + eps) (batch statistics in
+    /// training, running ones in eval).
+    pub stats: Tensor,
+}
+
+fn dims(x: &Tensor, w: &Tensor) -> Result<(usize, usize, usize), TensorError> {
+    x.require_f32("batchnorm")?;
+    w.require_f32("batchnorm")?;
+    check_u32("batchnorm", x)?;
+    let s = x.shape();
+    if s.len() < 2 || w.shape() != [s[1]] {
+        return Err(TensorError::ShapeMismatch {
+            op: "batchnorm (x [N, C, ..], weight [C])",
+            lhs: s.to_vec(),
+            rhs: w.shape().to_vec(),
+        });
+    }
+    let inner: usize = s[2..].iter().product();
+    Ok((s[0], s[1], inner))
+}
+
+fn params(n: usize, c: usize, inner: usize, train: bool) -> Params {
+    let total = n * inner;
+    Params {
+        outer: n as u32,
+        channels: c as u32,
+        inner: inner as u32,
+        total: total as u32,
+        per_group: PER_GROUP as u32,
+        groups: total.div_ceil(PER_GROUP).max(1) as u32,
+        mode: 0,
+        train: train as u32,
+        eps: EPS,
+        momentum: MOMENTUM,
+        _p: [0; 2],
+    }
+}
+
+/// `out[c] = Σ term(x, g, mean)` over every position of channel c (mode as
+/// in the shader), two-stage.
+fn channel_moment(
+    x: &Tensor,
+    g: &Tensor,
+    mean: &Tensor,
+    out: &Tensor,
+    off: usize,
+    mut p: Params,
+    mode: u32,
+) -> Result<(), TensorError> {
+    p.mode = mode;
+    let (groups, c) = (p.groups as usize, p.channels as usize);
+    let parts = Tensor::empty_as(
+        x.engine(),
+        &[groups, c],
+        DType::F32,
+        "batchnorm.partials",
+        Some(Category::Workspace),
+    )?;
+    x.engine().dispatch(
+        &MOMENTS,
+        &[
+            &x.slice(),
+            &g.slice(),
+            &mean.slice(),
+            &x.slice(),
+            &x.slice(),
+            &parts.slice(),
+        ],
+        bytemuck::bytes_of(&p),
+        Workgroups::Linear((groups * c) as u64),
+    )?;
+    sum_partials(&parts, out, 0, groups, c, off, false)
+}
+
+/// `batch_norm(x, running_mean, running_var, w, b, training)`; in training
+/// the running statistics are updated in place.
+pub fn batchnorm(
+    x: &Tensor,
+    w: &Tensor,
+    b: &Tensor,
+    running_mean: &Tensor,
+    running_var: &Tensor,
+    train: bool,
+) -> Result<BatchNormOut, TensorError> {
+    let (n, c, inner) = dims(x, w)?;
+    for t in [b, running_mean, running_var] {
+        if t.shape() != [c] {
+            return Err(TensorError::ShapeMismatch {
+                op: "batchnorm (bias and running statistics are [C])",
+                lhs: x.shape().to_vec(),
+                rhs: t.shape().to_vec(),
+            });
+        }
+    }
+    if train && n * inner < 2 {
+        return Err(TensorError::InvalidShape {
+            op: "batchnorm",
+            message: format!(
+                "training needs more than one value per channel, got input {:?} (PyTorch refuses it too; use a batch of 2 or more, or eval mode)",
+                x.shape()
+            ),
+        });
+    }
+    let e = x.engine();
+    let p = params(n, c, inner, train);
+    let stats = Tensor::empty(e, &[2, c], DType::F32, "batchnorm.stats")?;
+    let per_channel = |k: &Kernel, bind: [&Tensor; 6]| -> Result<(), TensorError> {
+        let slices: Vec<_> = bind.iter().map(|t| t.slice()).collect();
+        let refs: Vec<_> = slices.iter().collect();
+        launch(x, k, &refs, bytemuck::bytes_of(&p), c)
+    };
+    if train {
+        let sums = Tensor::empty(e, &[c], DType::F32, "batchnorm.sums")?;
+        channel_moment(x, x, x, &sums, 0, p, 0)?;
+        per_channel(&MEAN_OF, [&stats, x, &sums, x, x, x])?;
+        channel_moment(x, x, &stats, &sums, 0, p, 1)?;
+        per_channel(&FINISH, [&stats, x, x, &sums, running_mean, running_var])?;
+    } else {
+        per_channel(&EVAL_STATS, [&stats, x, x, x, running_mean, running_var])?;
+    }
+    let y = Tensor::empty(e, x.shape(), DType::F32, "batchnorm.out")?;
+    launch(
+        x,
+        &NORMALIZE,
+        &[
+            &x.slice(),
+            &b.slice(),
+            &stats.slice(),
+            &x.slice(),
+            &w.slice(),
+            &y.slice(),
+        ],
+        bytemuck::bytes_of(&p),
+        x.numel(),
+    )?;
+    Ok(BatchNormOut { y, stats })
+}
+
+/// `(dx, dweight, dbias)` from the saved input, weight and `[2, C]` stats;
+/// `train` says which statistics the forward used.
+pub fn batchnorm_backward(
+    x: &Tensor,
+    w: &Tensor,
+    stats: &Tensor,
+    g: &Tensor,
+    train: bool,
+    need_dx: bool,
+) -> Result<(Option<Tensor>, Tensor, Tensor), TensorError> {
+    let (n, c, inner) = dims(x, w)?;
+    super::same_shape("batchnorm backward", x, g)?;
+    let e = x.engine();
+    let p = params(n, c, inner, train);
+    // [Σg | Σg(x − mean)]
+    let sums = Tensor::empty(e, &[2, c], DType::F32, "batchnorm.grad_sums")?;
+    channel_moment(x, g, stats, &sums, 0, p, 2)?;
+    channel_moment(x, g, stats, &sums, c, p, 3)?;
+    let dw = Tensor::empty(e, &[c], DType::F32, "batchnorm.grad_weight")?;
+    launch(
+        x,
+        &DWEIGHT,
+        &[
+            &x.slice(),
+            &x.slice(),
+            &stats.slice(),
+            &sums.slice(),
+            &x.slice(),
+            &dw.slice(),
+        ],
+        bytemuck::bytes_of(&p),
+        c,
+    )?;
+    let db = Tensor::empty(e, &[c], DType::F32, "batchnorm.grad_bias")?;
+    sum_partials(&sums, &db, 0, 1, c, 0, false)?;
+    let dx = if need_dx {
+        let dx = Tensor::empty(e, x.shape(), DType::F32, "batchnorm.grad_input")?;
+        launch(
+            x,
+            &DX,
+            &[
+                &x.slice(),
+                &g.slice(),
+                &stats.slice(),
+                &sums.slice(),
+                &w.slice(),
+                &dx.slice(),
+            ],
+            bytemuck::bytes_of(&p),
+            x.numel(),
+        )?;
+        Some(dx)
+    } else {
+        None
+    };
+    Ok((dx, dw, db))
+}
