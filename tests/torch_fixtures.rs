@@ -58,13 +58,25 @@ fn check(
     };
     let (exact, _) = truth.f32(name).unwrap();
     let torch_own = distance(&torch, &exact, &ill);
+    // An ill-conditioned case (resnet50: fifty BatchNorms at batch 4, where
+    // PyTorch's own f32 result is up to a few 1e-2 from float64) holds
+    // vramlab to being about as close to float64 as PyTorch is.
+    let as_close = expected.metadata.get("judge").map(String::as_str) == Some("as_close_as_torch");
+    let truth_tol = if as_close {
+        TOL.max(2.0 * torch_own)
+    } else {
+        TOL
+    };
     let vs_truth = judge(
         &got,
         &exact,
         &ill,
-        TOL,
-        &format!("{case} {name} vs the float64 truth"),
+        truth_tol,
+        &format!("{case} {name} vs the float64 truth (PyTorch's own distance {torch_own:.2e})"),
     );
+    if as_close {
+        return (vs_truth - torch_own).max(0.0);
+    }
     let vs_torch = judge(
         &got,
         &torch,
@@ -303,6 +315,74 @@ fn gpt_ops_match_pytorch() {
     check(&f, None, "causal.y", &y.to_vec().unwrap(), "gpt ops");
     let dx = sm::softmax_backward(&y, &t("causal.g"), scale).unwrap();
     check(&f, None, "causal.dx", &dx.to_vec().unwrap(), "gpt ops");
+}
+
+/// One SGD step (see scripts/resnet_reference.py for why not Adam, and
+/// `check` for how an ill-conditioned case is judged).
+#[test]
+fn resnet50_matches_pytorch() {
+    let worst = run_case(&fixtures().join("resnet50-sgd"));
+    eprintln!("resnet50 sgd: worst excess over PyTorch's own error {worst:.2e}");
+}
+
+/// ResNet's ops against PyTorch's own (scripts/resnet_reference.py):
+/// BatchNorm in training (output, gradients, updated running statistics)
+/// and eval, the stem's 3×3/2/1 max pool, a 7×7/2/3 convolution without
+/// bias, forward and backward.
+#[test]
+fn resnet_ops_match_pytorch() {
+    use vramlab::ops::{batchnorm, conv2d, maxpool};
+    let f = read(&fixtures().join("resnet_ops.safetensors"));
+    let e = engine();
+    let t = |name: &str| {
+        let (v, s) = f.f32(name).unwrap();
+        Tensor::from_slice(&e, &v, &s, name).unwrap()
+    };
+    let (rm, rv) = (t("bn.rm0"), t("bn.rv0"));
+    let out = batchnorm::batchnorm(&t("bn.x"), &t("bn.w"), &t("bn.b"), &rm, &rv, true).unwrap();
+    check(&f, None, "bn.y", &out.y.to_vec().unwrap(), "resnet ops");
+    check(&f, None, "bn.rm", &rm.to_vec().unwrap(), "resnet ops");
+    check(&f, None, "bn.rv", &rv.to_vec().unwrap(), "resnet ops");
+    let (dx, dw, db) =
+        batchnorm::batchnorm_backward(&t("bn.x"), &t("bn.w"), &out.stats, &t("bn.g"), true, true)
+            .unwrap();
+    check(
+        &f,
+        None,
+        "bn.dx",
+        &dx.unwrap().to_vec().unwrap(),
+        "resnet ops",
+    );
+    check(&f, None, "bn.dw", &dw.to_vec().unwrap(), "resnet ops");
+    check(&f, None, "bn.db", &db.to_vec().unwrap(), "resnet ops");
+    let ev = batchnorm::batchnorm(&t("bn.x"), &t("bn.w"), &t("bn.b"), &rm, &rv, false).unwrap();
+    check(&f, None, "bn.y_eval", &ev.y.to_vec().unwrap(), "resnet ops");
+    let cfg = maxpool::PoolConfig {
+        kernel: 3,
+        stride: 2,
+        padding: 1,
+    };
+    let (y, idx) = maxpool::max_pool2d(&t("pool.x"), cfg).unwrap();
+    check(&f, None, "pool.y", &y.to_vec().unwrap(), "resnet ops");
+    let dx = maxpool::max_pool2d_backward(&t("pool.x"), &idx, &t("pool.g"), cfg).unwrap();
+    check(&f, None, "pool.dx", &dx.to_vec().unwrap(), "resnet ops");
+    let cc = conv2d::Conv2dConfig {
+        stride: 2,
+        padding: 3,
+    };
+    let y = conv2d::conv2d(&t("conv7.x"), &t("conv7.w"), None, cc).unwrap();
+    check(&f, None, "conv7.y", &y.to_vec().unwrap(), "resnet ops");
+    let (dx, dw, _) =
+        conv2d::conv2d_backward_ex(&t("conv7.x"), &t("conv7.w"), &t("conv7.g"), cc, true, false)
+            .unwrap();
+    check(
+        &f,
+        None,
+        "conv7.dx",
+        &dx.unwrap().to_vec().unwrap(),
+        "resnet ops",
+    );
+    check(&f, None, "conv7.dw", &dw.to_vec().unwrap(), "resnet ops");
 }
 
 #[test]

@@ -1,0 +1,98 @@
+//! What `resnet50` saves for backward, per stage, equals to the byte what
+//! PyTorch's autograd saves for torchvision's ResNet (in-place ReLUs and
+//! residual adds) in f32 — the tensors `saved_tensors_hooks` sees, each
+//! storage once, parameters and buffers left out
+//! (tests/fixtures/torch/resnet_saved.json from scripts/resnet_reference.py)
+//! — except the max pool's indices, which PyTorch keeps as int64 (8 bytes)
+//! and vramlab as f32 (4), asserted too. Out-of-place ReLUs and adds save
+//! the same: ReLU saves its output either way, and BatchNorm saves its input
+//! (the convolution's output), never its output.
+
+use std::collections::{BTreeMap, HashSet};
+use vramlab::autograd::{functions as f, Tape, Value};
+use vramlab::memory::{AllocatorConfig, Category};
+use vramlab::nn::init::Rng;
+use vramlab::nn::{ModelSpec, ParamStore};
+use vramlab::tensor::{DType, Engine};
+use vramlab::train::Batch;
+
+fn part_of(scope: &str) -> String {
+    if let Some(rest) = scope.strip_prefix("layer") {
+        return format!("layer{}", &rest[..1]);
+    }
+    if ["stem", "conv1", "bn1"]
+        .iter()
+        .any(|p| scope.starts_with(p))
+    {
+        "stem".into()
+    } else if scope.starts_with("cross_entropy") {
+        "loss".into()
+    } else {
+        "head".into()
+    }
+}
+
+fn vramlab_saved(spec: &ModelSpec, batch: usize) -> BTreeMap<String, u64> {
+    let engine = Engine::simulated(AllocatorConfig::default(), None);
+    let mut store = ParamStore::new();
+    let model = spec.build(&engine, &mut store, &mut Rng::new(0)).unwrap();
+    let b = Batch::random_for(&engine, &mut Rng::new(1), spec, batch, DType::F32).unwrap();
+    let tape = Tape::new();
+    engine.start_saved_log();
+    let _fwd = engine.scope(Category::Output, "forward");
+    let logits = model
+        .forward(&tape, &store, &Value::constant(b.x.clone()))
+        .unwrap();
+    let _loss = f::cross_entropy(&tape, &logits, &b.labels).unwrap();
+    let mut seen = HashSet::new();
+    let mut parts = BTreeMap::new();
+    for t in engine.take_saved_log() {
+        if t.category == Category::Parameter || !seen.insert(t.block) {
+            continue;
+        }
+        *parts.entry(part_of(&t.scope)).or_insert(0) += t.bytes;
+    }
+    parts
+}
+
+#[test]
+fn saved_bytes_per_stage_match_pytorch() {
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/torch/resnet_saved.json");
+    let cases: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+    for case in cases.as_array().unwrap() {
+        let c = &case["config"];
+        let get = |k: &str| c[k].as_u64().unwrap() as usize;
+        let spec = ModelSpec::Resnet50 {
+            depth: get("depth"),
+            width: get("width"),
+            resolution: get("resolution"),
+            classes: get("classes"),
+        };
+        let batch = get("batch");
+        let ours = vramlab_saved(&spec, batch);
+        let theirs = &case["parts"];
+        let num = |part: &str, kind: &str| theirs[part][kind].as_u64().unwrap();
+        for s in 1..=4 {
+            let part = format!("layer{s}");
+            assert_eq!(ours[&part], num(&part, "float"), "{spec:?} {part}");
+            assert_eq!(num(&part, "int64"), 0);
+        }
+        // The stem: the max pool's indices are int64 there, f32 here.
+        assert_eq!(
+            ours["stem"],
+            num("stem", "float") + num("stem", "int64") / 2,
+            "{spec:?} stem"
+        );
+        assert_eq!(ours["head"], num("head", "float"), "{spec:?} head");
+        // Loss: logits here, log-probabilities there (same size); labels
+        // f32 here, int64 there.
+        assert_eq!(
+            ours["loss"],
+            num("loss", "float") + batch as u64 * 4,
+            "{spec:?} loss"
+        );
+        assert_eq!(ours.len(), 7, "{ours:?}");
+    }
+}
