@@ -74,6 +74,9 @@ fn autocast_estimates_are_exact_to_the_byte_and_below_f32() {
     let e = engine();
     // gpt too: its f32-only ops (LayerNorm, GELU, head copies) take
     // widened inputs under autocast, and the estimate must see those casts.
+    // (Not resnet50: under f16 its first scaled gradients overflow, the
+    // GradScaler skips the step and allocates no Adam state, which a
+    // simulated device, holding no values, cannot foresee.)
     for &(name, batch) in MODELS.iter().chain(&[("gpt", 3)]) {
         for d in amp_dtypes(&e) {
             for mode in [Mode::Train, Mode::Inference] {

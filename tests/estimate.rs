@@ -14,12 +14,13 @@ use vramlab::train::{Mode, OptimizerConfig, OptimizerKind};
 
 #[test]
 fn estimate_equals_measurement_to_the_byte() {
-    let cases: [(&str, &[usize]); 5] = [
+    let cases: [(&str, &[usize]); 6] = [
         ("mlp", &[1, 7, 32]),
         ("resnet-mini", &[1, 3]),
         ("attention", &[1, 5]),
         ("simple-cnn", &[2]),
         ("gpt", &[1, 3]),
+        ("resnet50", &[2]),
     ];
     for (name, batches) in cases {
         for &batch in batches {
@@ -136,7 +137,14 @@ fn checkpointed_forward_gives_the_plain_gradients() {
     use vramlab::autograd::{functions as f, Tape, Value};
     use vramlab::nn::ParamStore;
     use vramlab::train::Batch;
-    for name in ["mlp", "resnet-mini", "attention", "simple-cnn", "gpt"] {
+    for name in [
+        "mlp",
+        "resnet-mini",
+        "attention",
+        "simple-cnn",
+        "gpt",
+        "resnet50",
+    ] {
         let e = engine();
         let spec = small(name);
         let mut store = ParamStore::new();

@@ -41,6 +41,12 @@ pub fn small(name: &str) -> vramlab::nn::ModelSpec {
             hidden: 32,
             classes: 5,
         },
+        "resnet50" => ModelSpec::Resnet50 {
+            depth: 50,
+            width: 4,
+            resolution: 32,
+            classes: 5,
+        },
         "gpt" => ModelSpec::Gpt {
             config: vramlab::nn::gpt::GptConfig {
                 layers: 2,
