@@ -22,7 +22,8 @@ Commands:
 
 Gpt mirrors vramlab's zoo model: GPT-2's architecture with the query, key
 and value projections as three linears (the same parameters as GPT-2's
-fused c_attn, split three ways), GELU's tanh form, no dropout, a tied head.
+fused c_attn, split three ways), GELU's tanh form, dropout (p = 0 unless
+given) through native_dropout as CUDA runs it, a tied head.
 """
 
 import argparse
@@ -42,10 +43,19 @@ from torch_reference import OPTIMIZERS, hyper, optimizer, save_case  # noqa: E40
 torch.set_default_dtype(torch.float32)
 
 
+def dropout(x, p, training):
+    # CUDA's dropout (native_dropout: a bool mask saved for backward), on
+    # any device; the CPU's F.dropout keeps a float noise tensor instead.
+    if p == 0.0 or not training:
+        return x
+    return torch.native_dropout(x, p, True)[0]
+
+
 class Block(nn.Module):
-    def __init__(self, dim, heads):
+    def __init__(self, dim, heads, p=0.0):
         super().__init__()
         self.heads = heads
+        self.p = p
         self.ln_1 = nn.LayerNorm(dim)
         self.attn = nn.Module()
         for n in ("q_proj", "k_proj", "v_proj", "c_proj"):
@@ -64,21 +74,24 @@ class Block(nn.Module):
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
         att = att.masked_fill(mask[:, :, :s, :s] == 0, float("-inf"))
         att = F.softmax(att, dim=-1)
+        att = dropout(att, self.p, self.training)
         y = att @ v
         y = y.transpose(1, 2).contiguous().view(n * s, d)
-        return self.attn.c_proj(y)
+        return dropout(self.attn.c_proj(y), self.p, self.training)
 
     def forward(self, x, n, s, mask):
         x = x + self.attention(self.ln_1(x), n, s, mask)
-        return x + self.mlp.c_proj(F.gelu(self.mlp.c_fc(self.ln_2(x)), approximate="tanh"))
+        m = self.mlp.c_proj(F.gelu(self.mlp.c_fc(self.ln_2(x)), approximate="tanh"))
+        return x + dropout(m, self.p, self.training)
 
 
 class Gpt(nn.Module):
-    def __init__(self, layers, heads, dim, seq_len, vocab):
+    def __init__(self, layers, heads, dim, seq_len, vocab, p=0.0):
         super().__init__()
+        self.p = p
         self.wte = nn.Embedding(vocab, dim)
         self.wpe = nn.Embedding(seq_len, dim)
-        self.h = nn.ModuleList([Block(dim, heads) for _ in range(layers)])
+        self.h = nn.ModuleList([Block(dim, heads, p) for _ in range(layers)])
         self.ln_f = nn.LayerNorm(dim)
         self.register_buffer("mask", torch.tril(torch.ones(seq_len, seq_len)).view(1, 1, seq_len, seq_len))
         self.on_block = None  # called with a name before each part's forward
@@ -100,7 +113,7 @@ class Gpt(nn.Module):
         n, s = idx.shape
         self.mark("embedding")
         pos = torch.arange(0, s, dtype=torch.long)
-        h = (self.wte(idx) + self.wpe(pos)).view(n * s, -1)
+        h = dropout((self.wte(idx) + self.wpe(pos)).view(n * s, -1), self.p, self.training)
         for i, blk in enumerate(self.h):
             self.mark(f"h.{i}")
             h = blk(h, n, s, self.mask)
@@ -185,11 +198,11 @@ def ops_fixture(path):
     save_file({k: v.contiguous() for k, v in out.items()}, path, metadata={"causal.scale": "0.4", "ln.eps": "1e-5"})
 
 
-def saved_bytes(layers, heads, dim, seq_len, vocab, batch):
+def saved_bytes(layers, heads, dim, seq_len, vocab, batch, dropout=0.0):
     """Per part: bytes of every storage autograd saves (first saver wins),
     split by kind, parameters left out."""
     torch.manual_seed(0)
-    net = Gpt(layers, heads, dim, seq_len, vocab)
+    net = Gpt(layers, heads, dim, seq_len, vocab, dropout)
     params = {p.untyped_storage().data_ptr() for p in net.parameters()}
     params |= {b.untyped_storage().data_ptr() for b in net.buffers()}
     seen = set()
@@ -218,7 +231,8 @@ def saved_bytes(layers, heads, dim, seq_len, vocab, batch):
         state["part"] = "loss"
         loss = F.cross_entropy(logits, y)
     loss.backward()
-    return {"config": dict(layers=layers, heads=heads, dim=dim, seq_len=seq_len, vocab=vocab, batch=batch),
+    return {"config": dict(layers=layers, heads=heads, dim=dim, seq_len=seq_len, vocab=vocab, batch=batch,
+                           dropout=dropout),
             "torch": torch.__version__, "parts": parts}
 
 
@@ -226,6 +240,8 @@ SAVED_CONFIGS = [
     dict(layers=2, heads=4, dim=64, seq_len=64, vocab=96, batch=8),
     dict(layers=3, heads=3, dim=12, seq_len=7, vocab=11, batch=3),
     dict(layers=1, heads=2, dim=32, seq_len=33, vocab=50, batch=5),
+    dict(layers=2, heads=4, dim=64, seq_len=64, vocab=96, batch=8, dropout=0.1),
+    dict(layers=3, heads=2, dim=16, seq_len=12, vocab=20, batch=4, dropout=0.2),
 ]
 
 
@@ -245,7 +261,7 @@ def cmd_fixtures(a):
 
 
 def cmd_saved(a):
-    r = saved_bytes(a.layers, a.heads, a.dim, a.seq_len, a.vocab, a.batch)
+    r = saved_bytes(a.layers, a.heads, a.dim, a.seq_len, a.vocab, a.batch, a.dropout)
     for name, p in r["parts"].items():
         print(f"{name:10} float {p['float']:>14,}  bool {p['bool']:>10,}  int64 {p['int64']:>8,}  scalar {p['scalar']:>4}")
         if a.verbose:
@@ -261,6 +277,7 @@ def main():
     s = sub.add_parser("saved")
     for k, v in dict(layers=2, heads=4, dim=64, seq_len=64, vocab=96, batch=8).items():
         s.add_argument(f"--{k.replace('_', '-')}", type=int, default=v)
+    s.add_argument("--dropout", type=float, default=0.0)
     s.add_argument("--verbose", action="store_true")
     a = p.parse_args()
     {"fixtures": cmd_fixtures, "saved": cmd_saved}[a.cmd](a)

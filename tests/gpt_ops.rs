@@ -331,3 +331,88 @@ fn causal_softmax_matches_f64() {
         "non-square scores are refused"
     );
 }
+
+#[test]
+fn dropout_keeps_one_byte_masks_and_replays_them() {
+    use vramlab::ops::dropout::{dropout, dropout_backward};
+    let e = engine();
+    let mut rng = Rng::new(16);
+    let n = 40_001;
+    let x: Vec<f32> = rng.vec(n).iter().map(|v| v + 2.0).collect(); // never 0
+    let tx = Tensor::from_slice(&e, &x, &[n], "x").unwrap();
+    for p in [0.1f32, 0.5] {
+        let (y, mask) = dropout(&tx, p, 7).unwrap();
+        // One byte per element, four to a word.
+        assert_eq!(mask.nbytes(), n.div_ceil(4) * 4);
+        let yv = y.to_vec().unwrap();
+        let kept = yv.iter().filter(|v| **v != 0.0).count();
+        let rate = 1.0 - kept as f64 / n as f64;
+        // Binomial: 5 standard deviations.
+        let sd = (p as f64 * (1.0 - p as f64) / n as f64).sqrt();
+        assert!((rate - p as f64).abs() < 5.0 * sd, "p {p}: dropped {rate}");
+        for (a, b) in yv.iter().zip(&x) {
+            assert!(
+                *a == 0.0 || (*a - b / (1.0 - p)).abs() <= 1e-6 * a.abs(),
+                "{a} vs {b}"
+            );
+        }
+        // Backward: the same elements, the same scale.
+        let g = Tensor::from_slice(&e, &x, &[n], "g").unwrap();
+        let dx = dropout_backward(&g, &mask, p).unwrap().to_vec().unwrap();
+        assert_eq!(dx, yv, "dx = g·mask/(1−p) with g = x equals y");
+        // A seed gives its mask again; another seed another mask.
+        let again = dropout(&tx, p, 7).unwrap().0.to_vec().unwrap();
+        assert_eq!(again, yv);
+        let other = dropout(&tx, p, 8).unwrap().0.to_vec().unwrap();
+        assert_ne!(other, yv);
+    }
+    assert!(dropout(&tx, 1.0, 0).is_err(), "p = 1 is refused");
+}
+
+/// A checkpointed GPT with dropout recomputes its blocks with the masks of
+/// the forward, so its gradients equal the plain run's.
+#[test]
+fn checkpointed_gpt_with_dropout_gives_the_plain_gradients() {
+    use vramlab::autograd::{functions as f, Tape, Value};
+    use vramlab::nn::{ModelSpec, ParamStore};
+    use vramlab::train::Batch;
+    let e = engine();
+    let spec = ModelSpec::Gpt {
+        config: vramlab::nn::gpt::GptConfig {
+            layers: 2,
+            heads: 2,
+            dim: 16,
+            seq_len: 12,
+            vocab: 20,
+        },
+        seq: 12,
+        dropout: 0.3,
+    };
+    let mut grads = Vec::new();
+    for checkpointed in [false, true] {
+        let mut store = ParamStore::new();
+        let model = spec.build(&e, &mut store, &mut Rng::new(1)).unwrap();
+        let b =
+            Batch::random_for(&e, &mut Rng::new(2), &spec, 3, vramlab::tensor::DType::F32).unwrap();
+        let tape = Tape::new();
+        let x = Value::constant(b.x.clone());
+        let logits = if checkpointed {
+            model.forward_checkpointed(&tape, &store, &x)
+        } else {
+            model.forward(&tape, &store, &x)
+        }
+        .unwrap();
+        let loss = f::cross_entropy(&tape, &logits, &b.labels).unwrap();
+        tape.backward(&loss, &mut store).unwrap();
+        grads.push(
+            store
+                .iter()
+                .map(|p| p.grad.as_ref().unwrap().to_vec().unwrap())
+                .collect::<Vec<_>>(),
+        );
+    }
+    for (a, b) in grads[0].iter().zip(&grads[1]) {
+        let err = max_rel_err(a, &to_f64(b));
+        assert!(err < 1e-5, "checkpointed gradient differs: {err}");
+    }
+}

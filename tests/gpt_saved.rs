@@ -6,6 +6,8 @@
 //! differently, which is asserted too: its masked_fill keeps a freshly
 //! compared bool mask per block (S² bytes; vramlab's causal softmax is fused
 //! and keeps none), and its indices and labels are int64 (vramlab's f32).
+//! With dropout both keep a one-byte mask per element (PyTorch's
+//! native_dropout, what CUDA runs; "bool" in the fixture).
 //! Runs on a simulated device: the bytes depend on shapes only.
 
 use std::collections::{BTreeMap, HashSet};
@@ -29,7 +31,8 @@ fn part_of(scope: &str) -> String {
         let i: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
         return format!("h.{i}");
     }
-    if scope.starts_with("embedding") {
+    // (The one dropout outside the blocks is the embedding's.)
+    if scope.starts_with("embedding") || scope.starts_with("dropout") {
         "embedding".into()
     } else if scope.starts_with("cross_entropy") {
         "loss".into()
@@ -40,11 +43,12 @@ fn part_of(scope: &str) -> String {
 
 /// vramlab's saved bytes per part for one forward (+ loss), each storage
 /// once, parameters left out.
-fn vramlab_saved(cfg: GptConfig, batch: usize) -> BTreeMap<String, u64> {
+fn vramlab_saved(cfg: GptConfig, batch: usize, dropout: f32) -> BTreeMap<String, u64> {
     let engine = Engine::simulated(AllocatorConfig::default(), None);
     let spec = ModelSpec::Gpt {
         config: cfg,
         seq: cfg.seq_len,
+        dropout,
     };
     let mut store = ParamStore::new();
     let model = spec.build(&engine, &mut store, &mut Rng::new(0)).unwrap();
@@ -87,21 +91,29 @@ fn saved_bytes_per_block_match_pytorch() {
             vocab: get("vocab"),
         };
         let (n, s) = (get("batch") as u64, cfg.seq_len as u64);
-        let ours = vramlab_saved(cfg, n as usize);
+        let dropout = c["dropout"].as_f64().unwrap_or(0.0) as f32;
+        let ours = vramlab_saved(cfg, n as usize, dropout);
         let theirs = &case["parts"];
         let num = |part: &str, kind: &str| theirs[part][kind].as_u64().unwrap();
         for i in 0..cfg.layers {
             let part = format!("h.{i}");
+            // Dropout masks: three per block (attention probabilities, both
+            // residual branches), one byte an element, in both.
+            let masks = if dropout > 0.0 {
+                n * cfg.heads as u64 * s * s + 2 * n * s * cfg.dim as u64
+            } else {
+                0
+            };
             assert_eq!(
                 ours[&part],
-                num(&part, "float"),
-                "{cfg:?} block {i}: f32 saved bytes"
+                num(&part, "float") + masks,
+                "{cfg:?} block {i}: saved bytes"
             );
-            // PyTorch's one difference inside a block: the mask.
+            // PyTorch's one difference inside a block: the causal mask.
             assert_eq!(
                 num(&part, "bool"),
-                s * s,
-                "{cfg:?} block {i}: PyTorch's mask"
+                s * s + masks,
+                "{cfg:?} block {i}: PyTorch's masks"
             );
             assert_eq!(num(&part, "int64") + num(&part, "scalar"), 0);
         }
@@ -115,8 +127,19 @@ fn saved_bytes_per_block_match_pytorch() {
             "{cfg:?}: loss"
         );
         assert_eq!(num("loss", "int64"), n * s * 8);
-        // Embedding: the token ids (f32 here; int64 ids and positions there).
-        assert_eq!(ours["embedding"], n * s * 4, "{cfg:?}: embedding");
+        // Embedding: the token ids (f32 here; int64 ids and positions
+        // there), and the embedding dropout's mask.
+        let emb_mask = if dropout > 0.0 {
+            n * s * cfg.dim as u64
+        } else {
+            0
+        };
+        assert_eq!(
+            ours["embedding"],
+            n * s * 4 + emb_mask,
+            "{cfg:?}: embedding"
+        );
+        assert_eq!(num("embedding", "bool"), emb_mask);
         assert_eq!(num("embedding", "int64"), n * s * 8 + s * 8);
         assert_eq!(
             ours.len(),

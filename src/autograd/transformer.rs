@@ -116,3 +116,25 @@ pub fn softmax_causal(tape: &Tape, x: &Value, scale: f32) -> Result<Value, Tenso
         Box::new(move |g, _| Ok(vec![Some(softmax_backward(&saved, g, scale)?)])),
     ))
 }
+
+/// Dropout with probability `p` in training (identity in eval or at p = 0,
+/// saving nothing, as PyTorch); saves the one-byte-per-element mask.
+pub fn dropout(tape: &Tape, x: &Value, p: f32, seed: u64) -> Result<Value, TensorError> {
+    if p == 0.0 || !tape.training() {
+        return Ok(x.clone());
+    }
+    let scope = op_scope(x, "dropout");
+    let x = &autocast_f32(tape, x)?;
+    let (y, mask) = crate::ops::dropout::dropout(x.tensor(), p, seed)?;
+    note(&scope, &y);
+    let mask = save(tape, &mask);
+    Ok(tape.record(
+        y,
+        &[x],
+        Box::new(move |g, _| {
+            Ok(vec![Some(crate::ops::dropout::dropout_backward(
+                g, &mask, p,
+            )?)])
+        }),
+    ))
+}

@@ -201,6 +201,10 @@ pub struct ModelArgs {
     /// gpt: vocabulary size (the tied embedding's rows).
     #[arg(long)]
     pub vocab: Option<usize>,
+    /// gpt: drop probability of every dropout (default 0, as nanoGPT;
+    /// GPT-2 trained with 0.1). Each keeps a one-byte mask for backward.
+    #[arg(long, value_name = "P")]
+    pub dropout: Option<f32>,
 }
 
 impl ModelArgs {
@@ -280,7 +284,14 @@ impl ModelArgs {
                 set(classes, self.classes);
                 used.extend(["depth", "width", "resolution", "classes"]);
             }
-            ModelSpec::Gpt { config, seq } => {
+            ModelSpec::Gpt {
+                config,
+                seq,
+                dropout,
+            } => {
+                if let Some(d) = self.dropout {
+                    *dropout = d;
+                }
                 if let Some(p) = &self.preset {
                     *config = crate::nn::gpt::GptConfig::preset(p).map_err(ArgError)?;
                     *seq = config.seq_len;
@@ -293,7 +304,9 @@ impl ModelArgs {
                     *seq = s;
                     config.seq_len = config.seq_len.max(s);
                 }
-                used.extend(["preset", "layers", "heads", "dim", "vocab", "seq-len"]);
+                used.extend([
+                    "preset", "layers", "heads", "dim", "vocab", "seq-len", "dropout",
+                ]);
             }
         }
         let given = [
@@ -310,6 +323,7 @@ impl ModelArgs {
             ("layers", self.layers.is_some()),
             ("heads", self.heads.is_some()),
             ("vocab", self.vocab.is_some()),
+            ("dropout", self.dropout.is_some()),
         ];
         if let Some((flag, _)) = given.iter().find(|(f, g)| *g && !used.contains(f)) {
             return Err(ArgError(format!(

@@ -7,11 +7,14 @@
 //! eps 1e-5, and GPT-2's initialisation (normal, std 0.02; LayerNorm 1 and 0).
 //! Logits are `[N·S, vocab]`, one row per position, against next-token labels.
 //!
-//! Two differences from GPT-2's modules, neither of which changes a byte of
-//! memory: the query, key and value projections are three `D → D` linears
-//! instead of one fused `D → 3D` (the same parameters, split three ways; each
-//! saves the same input tensor), and there is no dropout (its masks are the
-//! `5as/h`-free part of Korthikanti's count; see the README).
+//! Dropout (probability `dropout`, 0 by default as in nanoGPT) follows the
+//! embedding, the attention probabilities and both residual branches, as in
+//! GPT-2, each keeping a one-byte mask (CUDA's native_dropout).
+//!
+//! One difference from GPT-2's modules changes no byte of memory: the query,
+//! key and value projections are three `D → D` linears instead of one fused
+//! `D → 3D` (the same parameters, split three ways; each saves the same input
+//! tensor).
 
 use super::init::Rng;
 use super::layers::{in_layer, Linear};
@@ -182,6 +185,11 @@ struct Block {
 #[derive(Debug, Clone)]
 pub struct Gpt {
     cfg: GptConfig,
+    dropout: f32,
+    /// Seeds this forward's dropout masks; advanced once per forward, and
+    /// copied into a checkpointed block's closure, so recomputation draws
+    /// the same masks.
+    seed: std::cell::Cell<u64>,
     /// Positions per sample this instance trains on (≤ cfg.seq_len).
     seq: usize,
     wte: ParamId,
@@ -214,6 +222,7 @@ impl Gpt {
         rng: &mut Rng,
         cfg: GptConfig,
         seq: usize,
+        dropout: f32,
     ) -> Result<Gpt, TensorError> {
         if cfg.heads == 0 || !cfg.dim.is_multiple_of(cfg.heads) || seq == 0 || seq > cfg.seq_len {
             return Err(TensorError::InvalidShape {
@@ -279,8 +288,11 @@ impl Gpt {
             });
         }
         let ln_f = ln(store, "ln_f".into())?;
+        let seed = std::cell::Cell::new(rng.below(u64::MAX));
         Ok(Gpt {
             cfg,
+            dropout,
+            seed,
             seq,
             wte,
             wpe,
@@ -308,6 +320,7 @@ impl Gpt {
         tape: &Tape,
         store: &ParamStore,
         blk: &Block,
+        blk_index: usize,
         x: &Value,
         n: usize,
     ) -> Result<Value, TensorError> {
@@ -325,13 +338,21 @@ impl Gpt {
         let mut a = f::matmul(tape, &q, &k, false, true)?;
         drop((q, k));
         a = t::softmax_causal(tape, &a, 1.0 / (hd as f32).sqrt())?;
+        a = t::dropout(tape, &a, self.dropout, self.site(blk_index, 0))?;
         let v = heads(&blk.v, "attn.v_heads")?;
         let mut y = f::matmul(tape, &a, &v, false, false)?;
         drop((a, v));
         y = f::reshape(tape, &y, &[n, h, s, hd])?;
         y = t::swap_axes(tape, &y, "attn.merged")?;
         y = f::reshape(tape, &y, &[n * s, d])?;
-        blk.c_proj.forward(tape, store, &y)
+        y = blk.c_proj.forward(tape, store, &y)?;
+        t::dropout(tape, &y, self.dropout, self.site(blk_index, 1))
+    }
+
+    /// The seed of dropout site `k` of block `b` in this forward.
+    fn site(&self, b: usize, k: u64) -> u64 {
+        let x = self.seed.get() ^ ((b as u64 + 1) << 8 | k);
+        x.wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(29)
     }
 
     fn block(
@@ -339,17 +360,19 @@ impl Gpt {
         tape: &Tape,
         store: &ParamStore,
         blk: &Block,
+        blk_index: usize,
         x: &Value,
         n: usize,
     ) -> Result<Value, TensorError> {
         let a = self.norm(tape, store, &blk.ln_1, x)?;
-        let a = self.attention(tape, store, blk, &a, n)?;
+        let a = self.attention(tape, store, blk, blk_index, &a, n)?;
         let h = f::add(tape, x, &a)?;
         drop(a);
         let mut m = self.norm(tape, store, &blk.ln_2, &h)?;
         m = blk.c_fc.forward(tape, store, &m)?;
         m = t::gelu(tape, &m)?;
         m = blk.mlp_proj.forward(tape, store, &m)?;
+        m = t::dropout(tape, &m, self.dropout, self.site(blk_index, 2))?;
         f::add(tape, &h, &m)
     }
 
@@ -368,12 +391,19 @@ impl Gpt {
             });
         }
         let (n, s, d) = (shape[0], self.seq, self.cfg.dim);
+        // New dropout masks for each forward (a recomputation inside
+        // backward runs blocks, not `run`, and keeps these).
+        if tape.grad_enabled() && self.dropout > 0.0 {
+            self.seed
+                .set(self.seed.get().wrapping_add(0x9E37_79B9_7F4A_7C15));
+        }
         let idx = x.tensor().reshape(&[n * s])?;
         let wte = tape.param(store, self.wte);
         let mut h = t::embedding(tape, &wte, &idx)?;
         h = f::reshape(tape, &h, &[n, s, d])?;
         h = t::add_positions(tape, &h, &tape.param(store, self.wpe))?;
         h = f::reshape(tape, &h, &[n * s, d])?;
+        h = t::dropout(tape, &h, self.dropout, self.site(self.blocks.len(), 0))?;
         for (i, blk) in self.blocks.iter().enumerate() {
             // Everything a block allocates is tagged `h.<i>.forward` (its
             // layers nest inside as `h.<i>.ln_1.forward`, …), so per-layer
@@ -382,9 +412,11 @@ impl Gpt {
             let _block = engine.op_scope(&format!("h.{i}.forward"));
             h = if checkpointed {
                 let (me, blk) = (self.clone(), blk.clone());
-                f::checkpoint(tape, store, &h, move |t, st, v| me.block(t, st, &blk, v, n))?
+                f::checkpoint(tape, store, &h, move |t, st, v| {
+                    me.block(t, st, &blk, i, v, n)
+                })?
             } else {
-                self.block(tape, store, blk, &h, n)?
+                self.block(tape, store, blk, i, &h, n)?
             };
             // A row for the block's own ops (head copies, scores, softmax,
             // GELU, residual adds) beside its layers' rows.

@@ -34,7 +34,7 @@ pub trait Model {
 }
 
 /// Each zoo model with its size knobs.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "model", rename_all = "kebab-case")]
 pub enum ModelSpec {
     /// Linear layers of the given widths (input first, classes last), ReLU
@@ -62,7 +62,14 @@ pub enum ModelSpec {
     },
     /// GPT-2's architecture (see `nn::gpt`) trained on sequences of `seq`
     /// tokens (at most the `config.seq_len` positions of its table).
-    Gpt { config: GptConfig, seq: usize },
+    /// `dropout` is the drop probability of every dropout (embedding,
+    /// attention weights, both residual branches), 0 by default as in
+    /// nanoGPT; GPT-2 trained with 0.1.
+    Gpt {
+        config: GptConfig,
+        seq: usize,
+        dropout: f32,
+    },
     /// torchvision's ResNet-50 / 101 / 152 (see `nn::resnet`); `width` 64
     /// is torchvision's, smaller ones scale every stage down.
     Resnet50 {
@@ -137,6 +144,7 @@ impl ModelSpec {
                 ModelSpec::Gpt {
                     config,
                     seq: config.seq_len,
+                    dropout: 0.0,
                 }
             }
             other => {
@@ -292,9 +300,22 @@ impl ModelSpec {
             } => format!(
                 "attention seq_len {seq_len}, dim {dim}, MLP hidden {hidden}, {classes} classes"
             ),
-            ModelSpec::Gpt { config: c, seq } => format!(
-                "gpt {} layers, {} heads, dim {}, vocab {}, {} positions, sequences of {seq}",
-                c.layers, c.heads, c.dim, c.vocab, c.seq_len
+            ModelSpec::Gpt {
+                config: c,
+                seq,
+                dropout,
+            } => format!(
+                "gpt {} layers, {} heads, dim {}, vocab {}, {} positions, sequences of {seq}{}",
+                c.layers,
+                c.heads,
+                c.dim,
+                c.vocab,
+                c.seq_len,
+                if *dropout > 0.0 {
+                    format!(", dropout {dropout}")
+                } else {
+                    String::new()
+                }
             ),
             ModelSpec::Resnet50 {
                 depth,
@@ -327,7 +348,7 @@ impl ModelSpec {
                 hidden,
                 classes,
             } => vec![*seq_len, *dim, *hidden, *classes],
-            ModelSpec::Gpt { config: c, seq } => {
+            ModelSpec::Gpt { config: c, seq, .. } => {
                 vec![
                     c.layers,
                     c.heads,
@@ -407,8 +428,12 @@ impl ModelSpec {
                     "needs --depth 50, 101 or 152 (got {depth}), --width and --classes ≥ 1, and --resolution ≥ 32 (five stride-2 steps; got {resolution})"
                 ))
             }
-            ModelSpec::Gpt { config: c, seq }
-                if c.layers == 0
+            ModelSpec::Gpt {
+                config: c,
+                seq,
+                dropout,
+            } if c.layers == 0
+                    || !(0.0..1.0).contains(dropout)
                     || c.heads == 0
                     || c.vocab == 0
                     || c.dim == 0
@@ -417,7 +442,7 @@ impl ModelSpec {
                     || *seq > c.seq_len =>
             {
                 bad(&format!(
-                    "needs --layers, --heads, --vocab ≥ 1, --dim a multiple of --heads (got {} and {}), and a sequence length in 1..={} positions",
+                    "needs --layers, --heads, --vocab ≥ 1, --dim a multiple of --heads (got {} and {}), --dropout in [0, 1), and a sequence length in 1..={} positions",
                     c.dim, c.heads, c.seq_len
                 ))
             }
@@ -465,9 +490,11 @@ impl ModelSpec {
             } => Box::new(Attention::new(
                 engine, store, rng, *seq_len, *dim, *hidden, *classes,
             )?),
-            ModelSpec::Gpt { config, seq } => {
-                Box::new(Gpt::new(engine, store, rng, *config, *seq)?)
-            }
+            ModelSpec::Gpt {
+                config,
+                seq,
+                dropout,
+            } => Box::new(Gpt::new(engine, store, rng, *config, *seq, *dropout)?),
             ModelSpec::Resnet50 {
                 depth,
                 width,
@@ -571,7 +598,7 @@ impl ModelSpec {
                         )
                     })?;
             }
-            ModelSpec::Gpt { config, seq } => {
+            ModelSpec::Gpt { config, seq, .. } => {
                 let wte = shape("wte.weight")?;
                 let wpe = shape("wpe.weight")?;
                 if wte.len() != 2 || wpe.len() != 2 {

@@ -7,6 +7,7 @@ pub mod bias;
 pub mod cast;
 pub mod conv2d;
 pub mod cross_entropy;
+pub mod dropout;
 pub mod elementwise;
 pub mod embedding;
 pub mod fill;

@@ -82,7 +82,7 @@ impl Batch {
         dtype: DType,
     ) -> Result<Batch, TensorError> {
         match spec {
-            crate::nn::ModelSpec::Gpt { config, seq } => {
+            crate::nn::ModelSpec::Gpt { config, seq, .. } => {
                 Self::random_tokens(engine, rng, batch, *seq, config.vocab)
             }
             _ => Self::random_as(

@@ -56,6 +56,7 @@ pub fn small(name: &str) -> vramlab::nn::ModelSpec {
                 vocab: 20,
             },
             seq: 12,
+            dropout: 0.0,
         },
         other => ModelSpec::default_for(other).unwrap(),
     }
