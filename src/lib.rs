@@ -12,6 +12,7 @@ pub mod device;
 pub mod estimate;
 pub mod io;
 pub mod lab;
+pub mod lessons;
 pub mod memory;
 pub mod nn;
 pub mod ops;

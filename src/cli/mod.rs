@@ -7,6 +7,7 @@ pub mod bench_alloc;
 pub mod demo;
 pub mod estimate;
 pub mod info;
+pub mod lessons;
 pub mod max_batch;
 pub mod models;
 pub mod profile;
@@ -64,6 +65,12 @@ pub enum Command {
     /// pickle) through the caching allocator on a simulated device and print
     /// the statistics PyTorch would report; --allocators compares strategies.
     Replay(replay::ReplayArgs),
+    /// The documents' claims, one lesson each: list them, or with --report
+    /// DIR run them all into one HTML page with plots.
+    Lessons(lessons::LessonsArgs),
+    /// Run one lesson: the claim, the experiment, the measured figures and
+    /// the verdict (holds / wrong / partly / out of scope) with why.
+    Lesson(lessons::LessonArgs),
 }
 
 /// Runs the parsed command.
@@ -80,5 +87,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::BenchAlloc(a) => bench_alloc::run(&a),
         Command::MaxBatch(a) => max_batch::run(&a),
         Command::Replay(a) => replay::run(&a),
+        Command::Lessons(a) => lessons::run_list(&a),
+        Command::Lesson(a) => lessons::run_one(&a),
     }
 }

@@ -118,6 +118,33 @@ pub fn batch_size_change() -> Workload {
     g.finish("batch size change")
 }
 
+/// The control for [`variable_length_batches`]: the same 40 steps, every
+/// batch at the mean length (272 tokens).
+pub fn fixed_length_batches() -> Workload {
+    let mut g = Gen::new(1);
+    let params = parameters(&mut g, 6, 256);
+    for _ in 0..40 {
+        training_step(&mut g, 16, 272, 256, 6);
+    }
+    for p in params {
+        g.free(p);
+    }
+    g.finish("fixed-length batches")
+}
+
+/// The control for [`batch_size_change`]: 30 steps at batch 40 throughout.
+pub fn fixed_batch_size() -> Workload {
+    let mut g = Gen::new(2);
+    let params = parameters(&mut g, 6, 256);
+    for _ in 0..30 {
+        training_step(&mut g, 40, 128, 256, 6);
+    }
+    for p in params {
+        g.free(p);
+    }
+    g.finish("fixed batch size")
+}
+
 /// Generation: the key/value cache grows one token per step (re-allocated
 /// each step), with per-step temporaries.
 pub fn growing_inference() -> Workload {

@@ -1,0 +1,1026 @@
+//! Every claim of the documents as a lesson. Each `run` measures (on the
+//! context's engine) and derives its verdict from the figures; the claim's
+//! own numbers appear only as what is compared against.
+
+use super::{fig, mib, plan, Ctx, Lesson, Outcome, Series, Verdict};
+use crate::autograd::{functions as f, Tape};
+use crate::memory::{AllocatorConfig, Category};
+use crate::nn::gpt::GptConfig;
+use crate::nn::init::Rng;
+use crate::nn::{ModelSpec, ParamStore};
+use crate::tensor::{DType, Tensor};
+use crate::train::{Batch, Mode, OptimizerConfig, OptimizerKind, Trainer};
+
+fn outcome(figures: Vec<super::Figure>, verdict: Verdict, reason: impl Into<String>) -> Outcome {
+    Outcome {
+        figures,
+        verdict,
+        reason: reason.into(),
+        series: None,
+    }
+}
+
+fn cat(a: &crate::estimate::Analysis, c: &str) -> u64 {
+    a.by_category.get(c).copied().unwrap_or(0)
+}
+
+fn mlp(widths: Vec<usize>, checkpoint_every: usize) -> ModelSpec {
+    ModelSpec::Mlp {
+        widths,
+        checkpoint_every,
+    }
+}
+
+fn resnet50(depth: usize, resolution: usize) -> ModelSpec {
+    ModelSpec::Resnet50 {
+        depth,
+        width: 64,
+        resolution,
+        classes: 1000,
+    }
+}
+
+fn sgd() -> OptimizerConfig {
+    OptimizerConfig::new(OptimizerKind::Sgd, None, Some(0.9), None)
+}
+
+/// Parameters in bytes per dtype, from the built model's store.
+fn c01(ctx: &Ctx) -> anyhow::Result<Outcome> {
+    let mut figures = Vec::new();
+    let mut ok = true;
+    let mut numel = 0;
+    for d in [DType::F32, DType::F16, DType::Bf16] {
+        let e = ctx.engine(AllocatorConfig::default())?;
+        let mut store = ParamStore::new();
+        ModelSpec::SimpleCnn.build(&e, &mut store, &mut Rng::new(0))?;
+        store.to_dtype(d)?;
+        numel = store.numel();
+        let bytes: usize = store.iter().map(|p| p.value.nbytes()).sum();
+        ok &= bytes == numel * d.size_in_bytes();
+        figures.push(fig(
+            format!("simple-cnn parameters in {d}"),
+            mib(bytes as u64),
+            "MiB",
+        ));
+    }
+    figures.insert(0, fig("parameters (numel)", numel as f64, ""));
+    Ok(outcome(
+        figures,
+        if ok { Verdict::Holds } else { Verdict::Wrong("bytes differ from numel × size".into()) },
+        "each parameter tensor holds numel × bytes per element (allocator blocks round up to 512 B on top)",
+    ))
+}
+
+fn c02(ctx: &Ctx) -> anyhow::Result<Outcome> {
+    let e = ctx.engine(AllocatorConfig::default())?;
+    let mut store = ParamStore::new();
+    ModelSpec::SimpleCnn.build(&e, &mut store, &mut Rng::new(0))?;
+    let w = store
+        .iter()
+        .find(|p| p.name == "conv1.weight")
+        .map(|p| p.value.numel())
+        .unwrap_or(0);
+    let b = store
+        .iter()
+        .find(|p| p.name == "conv1.bias")
+        .map(|p| p.value.numel())
+        .unwrap_or(0);
+    Ok(outcome(
+        vec![
+            fig("conv1.weight (64×3×3×3)", w as f64, ""),
+            fig("conv1.bias", b as f64, ""),
+        ],
+        if w == 1728 {
+            Verdict::Holds
+        } else {
+            Verdict::Wrong(format!("{w}"))
+        },
+        "out × in × kh × kw; the bias adds `out` more (1,792 in all)",
+    ))
+}
+
+fn c03(ctx: &Ctx) -> anyhow::Result<Outcome> {
+    let a = ctx.run(&plan(ModelSpec::SimpleCnn, 64), 1)?;
+    let params = mib(cat(&a, "parameter"));
+    // After the step (optimizer done, before the next zero_grad) gradients
+    // are still allocated.
+    let e = ctx.engine(AllocatorConfig::default())?;
+    let (mut t, b) = plan(ModelSpec::SimpleCnn, 64).trainer(&e, 0)?;
+    t.step(&b)?;
+    let grads: usize = t
+        .store
+        .iter()
+        .filter_map(|p| p.grad.as_ref())
+        .map(|g| g.nbytes())
+        .sum();
+    let pbytes: usize = t.store.iter().map(|p| p.value.nbytes()).sum();
+    Ok(outcome(
+        vec![
+            fig("parameters", params, "MiB"),
+            fig("gradients alive after the step", mib(grads as u64), "MiB"),
+        ],
+        if grads == pbytes {
+            Verdict::Partly("gradients equal the parameters in size, but stay allocated after backward and after the optimizer step, until zero_grad".into())
+        } else {
+            Verdict::Wrong(format!("gradients {} MiB", mib(grads as u64)))
+        },
+        "`.grad` lives from backward until the next zero_grad(set_to_none=True)",
+    ))
+}
+
+fn c04(ctx: &Ctx) -> anyhow::Result<Outcome> {
+    let e = ctx.engine(AllocatorConfig::default())?;
+    let t = Tensor::empty(&e, &[1, 64, 224, 224], DType::F32, "activation")?;
+    let b = mib(t.nbytes() as u64);
+    Ok(outcome(
+        vec![
+            fig("(1, 64, 224, 224) f32", b, "MiB"),
+            fig("the article", 126.0, "MB"),
+        ],
+        Verdict::Wrong(format!(
+            "{b:.2} MiB (64·224·224·4 bytes); 126 MB is ten times that"
+        )),
+        "1 × 64 × 224 × 224 elements × 4 bytes",
+    ))
+}
+
+fn c05(ctx: &Ctx) -> anyhow::Result<Outcome> {
+    let a = ctx.run(&plan(resnet50(50, 224), 32), 1)?;
+    let params = mib(cat(&a, "parameter"));
+    let e = ctx.engine(AllocatorConfig::default())?;
+    let first = Tensor::empty(&e, &[256, 64, 112, 112], DType::F32, "conv1 out")?;
+    let ratio = cat(&a, "activation") as f64 / cat(&a, "parameter") as f64;
+    Ok(outcome(
+        vec![
+            fig("ResNet-50 parameters", params, "MiB"),
+            fig("conv1 output at batch 256", mib(first.nbytes() as u64), "MiB"),
+            fig("saved activations / parameters at batch 32", ratio, "×"),
+        ],
+        Verdict::Partly(format!(
+            "98 MB of weights holds ({params:.1} MiB) and conv1's output is 784 MiB (802 is MB); but intermediates are {ratio:.0}× the weights at batch 32, not 5–8×"
+        )),
+        "activations scale with the batch, weights do not; at any useful batch they dwarf the weights",
+    ))
+}
+
+fn amp_saving(ctx: &Ctx) -> anyhow::Result<(f64, f64, f64)> {
+    let p = plan(ModelSpec::SimpleCnn, 64);
+    let f32p = ctx.run(&p, 2)?.peak_allocated_bytes;
+    let f16p = ctx
+        .run(
+            &crate::estimate::Plan {
+                amp: Some(DType::F16),
+                ..p.clone()
+            },
+            2,
+        )?
+        .peak_allocated_bytes;
+    let half = ctx
+        .run(
+            &crate::estimate::Plan {
+                dtype: DType::F16,
+                ..p
+            },
+            2,
+        )?
+        .peak_allocated_bytes;
+    Ok((mib(f32p), mib(f16p), mib(half)))
+}
+
+fn c06(ctx: &Ctx) -> anyhow::Result<Outcome> {
+    let (f, a, h) = amp_saving(ctx)?;
+    let saved = 1.0 - a / f;
+    let mut o = outcome(
+        vec![
+            fig("simple-cnn batch 64 peak, f32", f, "MiB"),
+            fig("with autocast f16", a, "MiB"),
+            fig("model.half()", h, "MiB"),
+            fig("autocast saves", saved * 100.0, "%"),
+        ],
+        if (0.3..=0.5).contains(&saved) {
+            Verdict::Holds
+        } else {
+            Verdict::Partly(format!("autocast saves {:.0}% here; \"about half\" needs half() ({:.0}%)", saved * 100.0, (1.0 - h / f) * 100.0))
+        },
+        "autocast keeps f32 weights, gradients and Adam state and adds 16-bit weight copies; only activations halve",
+    );
+    o.series = Some(Series {
+        title: "What AMP saves (simple-cnn, batch 64, step 2)".into(),
+        x_label: "0 f32, 1 autocast f16, 2 half()".into(),
+        y_label: "peak MiB".into(),
+        lines: vec![("peak".into(), vec![(0.0, f), (1.0, a), (2.0, h)])],
+    });
+    Ok(o)
+}
+
+/// Forward/backward peak above the weights: what activations and
+/// backward's temporaries take at their highest.
+fn working_peak(a: &crate::estimate::Analysis) -> u64 {
+    let top = a
+        .phases
+        .iter()
+        .filter(|p| p.phase == "forward" || p.phase == "backward")
+        .map(|p| p.peak_allocated)
+        .max()
+        .unwrap_or(0);
+    top.saturating_sub(cat(a, "parameter") + cat(a, "input"))
+}
+
+fn c07(ctx: &Ctx) -> anyhow::Result<Outcome> {
+    let mut plain = Vec::new();
+    let mut ck = Vec::new();
+    let sgd0 = OptimizerConfig::new(OptimizerKind::Sgd, None, Some(0.0), None);
+    // The products' FLOPs of one step, counted from every matmul issued.
+    let flops = |p: &crate::estimate::Plan| -> anyhow::Result<f64> {
+        let e = ctx.engine(p.config.clone())?;
+        e.log_gemms(true);
+        let (mut t, b) = p.trainer(&e, 0)?;
+        t.step(&b)?;
+        Ok(e.take_gemms()
+            .iter()
+            .map(|g| 2.0 * (g.m * g.n * g.k * g.batch) as f64)
+            .sum())
+    };
+    let mut extra = 0.0;
+    for depth in [4usize, 9, 16, 25, 36] {
+        let widths: Vec<usize> = std::iter::repeat_n(256, depth + 1).chain([10]).collect();
+        let every = (depth as f64).sqrt().round() as usize;
+        let p = crate::estimate::Plan {
+            optimizer: sgd0,
+            ..plan(mlp(widths.clone(), 0), 4096)
+        };
+        plain.push((depth as f64, mib(working_peak(&ctx.run(&p, 1)?))));
+        let c = crate::estimate::Plan {
+            mode: Mode::Checkpoint,
+            optimizer: sgd0,
+            ..plan(mlp(widths, every), 4096)
+        };
+        ck.push((depth as f64, mib(working_peak(&ctx.run(&c, 1)?))));
+        if depth == 36 {
+            extra = flops(&c)? / flops(&p)? - 1.0;
+        }
+    }
+    let grow_plain = plain[4].1 / plain[0].1;
+    let grow_ck = ck[4].1 / ck[0].1;
+    let mut o = outcome(
+        vec![
+            fig("peak above the weights, depth 36 / depth 4, plain", grow_plain, "×"),
+            fig("the same, checkpoint every √n layers", grow_ck, "×"),
+            fig("extra matmul FLOPs per step, checkpointed (depth 36)", extra * 100.0, "%"),
+        ],
+        if grow_ck > 1.5 {
+            Verdict::Wrong(format!(
+                "checkpointing every √n layers still grows {grow_ck:.1}× over 9× the depth (plain: {grow_plain:.1}×; √9 = 3): O(√n), not O(1); the recomputation costs {:.0}% more product FLOPs (one extra forward), not 20–30%",
+                extra * 100.0
+            ))
+        } else {
+            Verdict::Holds
+        },
+        "each checkpoint keeps its segment's input (√n of them), and one segment is recomputed at a time (√n layers)",
+    );
+    o.series = Some(Series {
+        title: "Checkpointing: peak above the weights vs depth (mlp, width 256, batch 4096)".into(),
+        x_label: "layers".into(),
+        y_label: "MiB".into(),
+        lines: vec![("plain".into(), plain), ("checkpoint every √n".into(), ck)],
+    });
+    Ok(o)
+}
+
+/// Peak over a sweep of batches, and how linear it is.
+fn c08(ctx: &Ctx) -> anyhow::Result<Outcome> {
+    let mut pts = Vec::new();
+    for b in [8usize, 16, 32, 64, 128] {
+        pts.push((
+            b as f64,
+            mib(ctx
+                .run(&plan(ModelSpec::SimpleCnn, b), 2)?
+                .peak_allocated_bytes),
+        ));
+    }
+    let slope = (pts[4].1 - pts[0].1) / (pts[4].0 - pts[0].0);
+    let worst = pts
+        .iter()
+        .map(|(x, y)| ((pts[0].1 + slope * (x - pts[0].0)) - y).abs() / y)
+        .fold(0.0, f64::max);
+    let mut o = outcome(
+        vec![
+            fig("MiB per sample", slope, "MiB"),
+            fig("fixed part (weights, grads, state)", pts[0].1 - slope * pts[0].0, "MiB"),
+            fig("largest departure from the line", worst * 100.0, "%"),
+        ],
+        if worst < 0.1 { Verdict::Holds } else { Verdict::Partly(format!("{:.1}% off a line", worst * 100.0)) },
+        "linear with a fixed part: activations and backward temporaries are per sample, weights, gradients and Adam state are not (and the allocator rounds to 2 MiB / 20 MiB segments)",
+    );
+    o.series = Some(Series {
+        title: "Peak vs batch (simple-cnn, Adam, step 2)".into(),
+        x_label: "batch".into(),
+        y_label: "peak MiB".into(),
+        lines: vec![("peak allocated".into(), pts)],
+    });
+    Ok(o)
+}
+
+fn c09(ctx: &Ctx) -> anyhow::Result<Outcome> {
+    let a = ctx.run(&plan(ModelSpec::SimpleCnn, 64), 1)?;
+    let relu: u64 = a
+        .layers
+        .iter()
+        .filter(|l| l.layer.starts_with("relu"))
+        .map(|l| l.activation_bytes)
+        .sum();
+    Ok(outcome(
+        vec![fig("ReLU outputs saved for backward (simple-cnn, batch 64)", mib(relu), "MiB")],
+        Verdict::Wrong(format!(
+            "a non-inplace ReLU allocates its output and backward keeps it: {:.2} MiB here; GELU keeps its input instead, the same size",
+            mib(relu)
+        )),
+        "ReLU's backward masks by its output; GELU's needs the input (tanh slope), so both save one tensor",
+    ))
+}
+
+fn c10(ctx: &Ctx) -> anyhow::Result<Outcome> {
+    let p = plan(ModelSpec::SimpleCnn, 64);
+    let prof = crate::estimate::run::run_steps(ctx.engine(p.config.clone())?, &p, 0, 2)?;
+    let a = crate::estimate::analyze(&prof.events, &prof.layer_outputs);
+    let gap = a.peak_reserved_bytes as f64 / a.peak_allocated_bytes as f64 - 1.0;
+    let every = (prof.events.len() / 400).max(1);
+    let (mut alloc, mut res) = (Vec::new(), Vec::new());
+    for (i, e) in prof.events.iter().enumerate().step_by(every) {
+        alloc.push((i as f64, mib(e.allocated)));
+        res.push((i as f64, mib(e.reserved)));
+    }
+    let mut o = outcome(
+        vec![
+            fig("peak allocated", mib(a.peak_allocated_bytes), "MiB"),
+            fig("peak reserved", mib(a.peak_reserved_bytes), "MiB"),
+            fig("reserved above allocated", gap * 100.0, "%"),
+        ],
+        Verdict::Partly(format!(
+            "advice, not a measurement: the allocator's own overhead is {:.0}% here; headroom beyond that is for other processes and shape changes",
+            gap * 100.0
+        )),
+        "cached and fragmented blocks make reserved exceed allocated; that is the part of the headroom vramlab can measure",
+    );
+    o.series = Some(Series {
+        title: "Reserved vs allocated over two steps (simple-cnn, batch 64, Adam)".into(),
+        x_label: "allocator event".into(),
+        y_label: "MiB".into(),
+        lines: vec![("allocated".into(), alloc), ("reserved".into(), res)],
+    });
+    Ok(o)
+}
+
+fn c11(ctx: &Ctx) -> anyhow::Result<Outcome> {
+    let cap = 32u64 << 30;
+    let mut fits = 0;
+    for b in [64usize, 96, 128, 160, 176, 192] {
+        let p = crate::estimate::Plan {
+            optimizer: sgd(),
+            ..plan(resnet50(152, 224), b)
+        };
+        if ctx.run(&p, 2)?.peak_reserved_bytes <= cap {
+            fits = b;
+        }
+    }
+    Ok(outcome(
+        vec![fig(
+            "largest batch (of 64…192) within 32 GiB, ResNet-152, SGD",
+            fits as f64,
+            "",
+        )],
+        if fits > 64 {
+            Verdict::Wrong(format!("batch {fits} still fits in f32"))
+        } else {
+            Verdict::Holds
+        },
+        "ResNet-152 saves about 0.17 GiB per 224² sample in f32 training",
+    ))
+}
+
+fn c12(ctx: &Ctx) -> anyhow::Result<Outcome> {
+    let cfg = GptConfig::preset("175b").map_err(anyhow::Error::msg)?;
+    let spec = ModelSpec::Gpt {
+        config: cfg,
+        seq: 2048,
+        dropout: 0.0,
+    };
+    let params: usize = spec
+        .parameter_shapes()
+        .iter()
+        .map(|(_, s)| s.iter().product::<usize>())
+        .sum();
+    let small = |p: &str| -> anyhow::Result<f64> {
+        let c = GptConfig::preset(p).map_err(anyhow::Error::msg)?;
+        let s = ModelSpec::Gpt {
+            config: c,
+            seq: 1024,
+            dropout: 0.0,
+        };
+        Ok(s.parameter_shapes()
+            .iter()
+            .map(|(_, s)| s.iter().product::<usize>())
+            .sum::<usize>() as f64)
+    };
+    let (p2, pxl) = (small("gpt2")?, small("gpt2-xl")?);
+    let a = |p: &str| -> anyhow::Result<f64> {
+        let c = GptConfig::preset(p).map_err(anyhow::Error::msg)?;
+        let s = ModelSpec::Gpt {
+            config: c,
+            seq: 1024,
+            dropout: 0.0,
+        };
+        Ok(ctx.run(&plan(s, 1), 1)?.peak_allocated_bytes as f64)
+    };
+    let mem_ratio = a("gpt2-xl")? / a("gpt2")?;
+    let gb = params as f64 * 4.0 / 1e9;
+    Ok(outcome(
+        vec![
+            fig("GPT-3 175B parameters", params as f64, ""),
+            fig("in f32", gb, "GB"),
+            fig("in f16", gb / 2.0, "GB"),
+            fig("gpt2-xl / gpt2 parameters", pxl / p2, "×"),
+            fig("gpt2-xl / gpt2 training peak (batch 1, 1024 tokens)", mem_ratio, "×"),
+        ],
+        Verdict::Partly(format!(
+            "{gb:.0} GB in f32 ({:.0} GiB) and half that in f16 hold; \"10× the parameters, ~100× the memory\" is wrong: {:.1}× the parameters took {mem_ratio:.1}× the memory",
+            gb * 1e9 / (1u64 << 30) as f64,
+            pxl / p2
+        )),
+        "weights, gradients and optimizer state are linear in the parameters; activations grow with width × depth, not faster",
+    ))
+}
+
+fn c13(ctx: &Ctx) -> anyhow::Result<Outcome> {
+    let a = ctx.run(
+        &crate::estimate::Plan {
+            optimizer: sgd(),
+            ..plan(resnet50(50, 224), 32)
+        },
+        2,
+    )?;
+    let share = cat(&a, "activation") as f64 / a.peak_allocated_bytes as f64;
+    Ok(outcome(
+        vec![fig(
+            "ResNet-50 batch 32: saved activations / peak",
+            share * 100.0,
+            "%",
+        )],
+        if (0.4..=0.6).contains(&share) {
+            Verdict::Holds
+        } else {
+            Verdict::Wrong(format!("{:.0}%", share * 100.0))
+        },
+        "25.6M parameters are 98 MiB; a 224² batch of 32 saves 2.5 GiB",
+    ))
+}
+
+fn c14(ctx: &Ctx) -> anyhow::Result<Outcome> {
+    let mut pts = Vec::new();
+    for r in [32usize, 64, 128] {
+        let s = ModelSpec::ResnetMini {
+            width: 16,
+            depth: 3,
+            resolution: r,
+            classes: 10,
+        };
+        pts.push((r as f64, mib(cat(&ctx.run(&plan(s, 16), 1)?, "activation"))));
+    }
+    let ratio = pts[2].1 / pts[1].1;
+    let mut o = outcome(
+        vec![fig("saved activations 128² / 64²", ratio, "×")],
+        if (ratio - 4.0).abs() < 0.2 {
+            Verdict::Holds
+        } else {
+            Verdict::Partly(format!("{ratio:.2}×"))
+        },
+        "every feature map has H·W positions",
+    );
+    o.series = Some(Series {
+        title: "Resolution² (resnet-mini, batch 16)".into(),
+        x_label: "pixels per side".into(),
+        y_label: "saved MiB".into(),
+        lines: vec![("saved activations".into(), pts)],
+    });
+    Ok(o)
+}
+
+fn c15(ctx: &Ctx) -> anyhow::Result<Outcome> {
+    let mut figures = Vec::new();
+    let mut ratios = Vec::new();
+    for (name, opt) in [
+        (
+            "adam",
+            OptimizerConfig::new(OptimizerKind::Adam, None, None, None),
+        ),
+        (
+            "adamw",
+            OptimizerConfig::new(OptimizerKind::Adamw, None, None, None),
+        ),
+        ("sgd momentum", sgd()),
+    ] {
+        let a = ctx.run(
+            &crate::estimate::Plan {
+                optimizer: opt,
+                ..plan(ModelSpec::SimpleCnn, 8)
+            },
+            2,
+        )?;
+        let r = cat(&a, "optimizer_state") as f64 / cat(&a, "parameter") as f64;
+        ratios.push(r);
+        figures.push(fig(format!("{name}: state / weights"), r, "×"));
+    }
+    Ok(outcome(
+        figures,
+        if (ratios[0] - 2.0).abs() < 0.02 && (ratios[2] - 1.0).abs() < 0.02 { Verdict::Holds } else { Verdict::Wrong(format!("{ratios:?}")) },
+        "Adam/AdamW keep m and v (8 bytes a parameter), SGD with momentum one buffer; + weight + gradient = 16 bytes for AdamW",
+    ))
+}
+
+fn c16(ctx: &Ctx) -> anyhow::Result<Outcome> {
+    let run = |b| -> anyhow::Result<f64> {
+        Ok(ctx
+            .run(
+                &crate::estimate::Plan {
+                    optimizer: sgd(),
+                    ..plan(resnet50(101, 224), b)
+                },
+                2,
+            )?
+            .peak_allocated_bytes as f64
+            / (1u64 << 30) as f64)
+    };
+    let (a, b) = (run(32)?, run(64)?);
+    Ok(outcome(
+        vec![fig("ResNet-101 batch 32 peak", a, "GiB"), fig("batch 64", b, "GiB")],
+        Verdict::Wrong(format!("{a:.1} → {b:.1} GiB: {:.2}×, linear, no threshold (the article's 28 → 31 GB implies a fixed 25 GB)", b / a)),
+        "the fixed part (weights, momentum) is 0.35 GiB; the rest is per sample",
+    ))
+}
+
+fn c17(ctx: &Ctx) -> anyhow::Result<Outcome> {
+    let mut pts = Vec::new();
+    for s in [128usize, 256, 512, 1024] {
+        let c = GptConfig {
+            layers: 2,
+            heads: 4,
+            dim: 128,
+            seq_len: s,
+            vocab: 96,
+        };
+        let spec = ModelSpec::Gpt {
+            config: c,
+            seq: s,
+            dropout: 0.0,
+        };
+        pts.push((
+            s as f64,
+            mib(cat(&ctx.run(&plan(spec, 8), 1)?, "activation")),
+        ));
+    }
+    let ratio = pts[3].1 / pts[2].1;
+    let mut o = outcome(
+        vec![fig("saved activations 1024 / 512 tokens", ratio, "×")],
+        Verdict::Partly(format!(
+            "the scores and probabilities grow with seq² (as²b), the rest linearly (sbh): {ratio:.2}× per doubling here, approaching 4× as seq ≫ hidden/heads (the article: 3.75×)"
+        )),
+        "attention saves a·s² per sample and layer beside 64·s·h",
+    );
+    o.series = Some(Series {
+        title: "Sequence² (gpt, 2 layers, dim 128, 4 heads, batch 8)".into(),
+        x_label: "tokens".into(),
+        y_label: "saved MiB".into(),
+        lines: vec![("saved activations".into(), pts)],
+    });
+    Ok(o)
+}
+
+fn c18(ctx: &Ctx) -> anyhow::Result<Outcome> {
+    let e = ctx.engine(AllocatorConfig::default())?;
+    let f16 = Tensor::empty(&e, &[1000], DType::F16, "f16")?.nbytes();
+    let bf16 = Tensor::empty(&e, &[1000], DType::Bf16, "bf16")?.nbytes();
+    Ok(outcome(
+        vec![
+            fig("1000 f16", f16 as f64, "B"),
+            fig("1000 bf16", bf16 as f64, "B"),
+        ],
+        Verdict::Wrong(format!(
+            "bf16 is {} bytes an element, like f16",
+            bf16 / 1000
+        )),
+        "bf16 is the top half of an f32: 16 bits",
+    ))
+}
+
+fn c19(ctx: &Ctx) -> anyhow::Result<Outcome> {
+    let full = ctx
+        .run(&plan(ModelSpec::SimpleCnn, 64), 2)?
+        .peak_allocated_bytes;
+    let micro = ctx
+        .run(&plan(ModelSpec::SimpleCnn, 16), 2)?
+        .peak_allocated_bytes;
+    Ok(outcome(
+        vec![fig("peak, batch 64 at once", mib(full), "MiB"), fig("peak, 4 micro-batches of 16", mib(micro), "MiB")],
+        Verdict::Holds,
+        "only one micro-batch's activations are alive; the gradients add up in .grad (the same sum as one batch of 64, up to rounding)",
+    ))
+}
+
+fn c20(ctx: &Ctx) -> anyhow::Result<Outcome> {
+    let e = ctx.engine(AllocatorConfig::default())?;
+    let spec = mlp(vec![784, 256, 256, 10], 0);
+    let mut rng = Rng::new(0);
+    let mut store = ParamStore::new();
+    let model = spec.build(&e, &mut store, &mut rng)?;
+    let batch = Batch::random_for(&e, &mut rng, &spec, 64, DType::F32)?;
+    let opt = OptimizerConfig::new(OptimizerKind::Adam, None, None, None);
+    let mut t = Trainer::new(e, model, store, opt.build(), true);
+    let mut pts = Vec::new();
+    for _ in 0..5 {
+        let r = t.step(&batch)?.0;
+        pts.push((r.step as f64, mib(r.allocated_bytes)));
+    }
+    let growth = pts[4].1 - pts[3].1;
+    let mut o = outcome(
+        vec![fig(
+            "allocated growth per step with retain_graph",
+            growth,
+            "MiB",
+        )],
+        if growth > 0.0 {
+            Verdict::Holds
+        } else {
+            Verdict::Wrong("no growth".into())
+        },
+        "a kept graph keeps every step's saved activations",
+    );
+    o.series = Some(Series {
+        title: "retain_graph across steps (mlp, batch 64)".into(),
+        x_label: "step".into(),
+        y_label: "allocated MiB after the step".into(),
+        lines: vec![("allocated".into(), pts)],
+    });
+    Ok(o)
+}
+
+fn c21(_: &Ctx) -> anyhow::Result<Outcome> {
+    Ok(outcome(
+        vec![],
+        Verdict::OutOfScope("vramlab runs one process on one device: no DDP, no gradient buckets to find unused parameters in".into()),
+        "needs several GPUs and torch.distributed",
+    ))
+}
+
+fn c22(ctx: &Ctx) -> anyhow::Result<Outcome> {
+    let e = ctx.engine(AllocatorConfig::default())?;
+    let reserved = e.allocator().memory_reserved();
+    Ok(outcome(
+        vec![fig("reserved by vramlab before any tensor", mib(reserved), "MiB")],
+        Verdict::OutOfScope("the CUDA context (kernels, cuBLAS/cuDNN handles) is CUDA's; wgpu reports no driver memory, so the nearest figure is the allocator's own: nothing until the first tensor".into()),
+        "a wgpu device's driver overhead is not visible through wgpu",
+    ))
+}
+
+fn c23(ctx: &Ctx) -> anyhow::Result<Outcome> {
+    let e = ctx.engine(AllocatorConfig::default())?;
+    let (mut t, b) = plan(ModelSpec::SimpleCnn, 64).trainer(&e, 0)?;
+    t.step(&b)?;
+    let before = e.allocator().memory_reserved();
+    let t0 = std::time::Instant::now();
+    e.allocator().empty_cache();
+    let ms = t0.elapsed().as_secs_f64() * 1e3;
+    let after = e.allocator().memory_reserved();
+    Ok(outcome(
+        vec![
+            fig("reserved before empty_cache", mib(before), "MiB"),
+            fig("after", mib(after), "MiB"),
+            fig("time of the call", ms, "ms"),
+        ],
+        Verdict::Partly(format!(
+            "it returns the cached free segments ({:.1} of {:.1} MiB here); its time is the driver's buffer destruction: {ms:.3} ms here, not a fixed 50 ms",
+            mib(before - after),
+            mib(before)
+        )),
+        "only whole free segments go back; segments with live blocks stay",
+    ))
+}
+
+fn c24(ctx: &Ctx) -> anyhow::Result<Outcome> {
+    let cap = 512u64 << 20;
+    let mut best = 0;
+    for b in [16usize, 32, 64, 96, 128, 192, 256] {
+        let cfg = AllocatorConfig {
+            memory_limit: Some(cap),
+            ..Default::default()
+        };
+        let p = crate::estimate::Plan {
+            config: cfg,
+            ..plan(ModelSpec::SimpleCnn, b)
+        };
+        match ctx.run(&p, 2) {
+            Ok(_) => best = b,
+            Err(e) if e.to_string().to_lowercase().contains("out of memory") => break,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(outcome(
+        vec![fig("largest simple-cnn batch under a 512 MiB limit (tried 16…256)", best as f64, "")],
+        Verdict::Holds,
+        "an out-of-memory error is a Result, caught, and the next smaller batch runs (`vramlab max-batch` searches this way)",
+    ))
+}
+
+fn c26(ctx: &Ctx) -> anyhow::Result<Outcome> {
+    let a = ctx.run(&plan(ModelSpec::SimpleCnn, 64), 2)?;
+    let peak = mib(a.peak_allocated_bytes);
+    Ok(outcome(
+        vec![fig("the article's total", 55.73, "MiB"), fig("true peak (step 2)", peak, "MiB")],
+        Verdict::Wrong(format!("the peak is {peak:.2} MiB: the hand sum leaves out ReLU outputs, logits, and backward's temporaries")),
+        "`vramlab demo` shows the gap by category",
+    ))
+}
+
+fn c27(ctx: &Ctx) -> anyhow::Result<Outcome> {
+    let a = ctx.run(&plan(ModelSpec::SimpleCnn, 64), 2)?;
+    Ok(outcome(
+        vec![
+            fig("memory_allocated after step 2", mib(a.allocated_after_bytes), "MiB"),
+            fig("memory_reserved after step 2", mib(a.reserved_after_bytes), "MiB"),
+        ],
+        Verdict::Wrong(format!(
+            "after a step {:.2} MiB stay allocated (weights, grads, Adam state, batch, logits) and {:.2} MiB reserved; 54.12 for both is not what the allocator reports",
+            mib(a.allocated_after_bytes),
+            mib(a.reserved_after_bytes)
+        )),
+        "activations are freed by backward; reserved keeps the cache",
+    ))
+}
+
+fn c29(ctx: &Ctx) -> anyhow::Result<Outcome> {
+    let peak = ctx
+        .run(&plan(ModelSpec::SimpleCnn, 64), 1)?
+        .peak_reserved_bytes;
+    let cfg = AllocatorConfig {
+        memory_limit: Some(peak * 8 / 10),
+        ..Default::default()
+    };
+    let r = ctx.run(
+        &crate::estimate::Plan {
+            config: cfg,
+            ..plan(ModelSpec::SimpleCnn, 64)
+        },
+        1,
+    );
+    let oom = matches!(&r, Err(e) if e.to_string().to_lowercase().contains("out of memory"));
+    Ok(outcome(
+        vec![
+            fig("reserved without a limit", mib(peak), "MiB"),
+            fig("limit (80%)", mib(peak * 8 / 10), "MiB"),
+        ],
+        if oom {
+            Verdict::Holds
+        } else {
+            Verdict::Wrong("no out-of-memory under the limit".into())
+        },
+        "the caching allocator frees its cache and retries, then fails with out-of-memory",
+    ))
+}
+
+fn c30(ctx: &Ctx) -> anyhow::Result<Outcome> {
+    let t = ctx.run(&plan(ModelSpec::SimpleCnn, 64), 1)?;
+    let i = ctx.run(
+        &crate::estimate::Plan {
+            mode: Mode::Inference,
+            ..plan(ModelSpec::SimpleCnn, 64)
+        },
+        1,
+    )?;
+    Ok(outcome(
+        vec![
+            fig("training step peak", mib(t.peak_allocated_bytes), "MiB"),
+            fig(
+                "eval + no_grad forward peak",
+                mib(i.peak_allocated_bytes),
+                "MiB",
+            ),
+        ],
+        if i.peak_allocated_bytes < t.peak_allocated_bytes && cat(&i, "activation") == 0 {
+            Verdict::Holds
+        } else {
+            Verdict::Wrong("inference saved activations".into())
+        },
+        "no_grad saves nothing for backward; no gradients or optimizer state are made",
+    ))
+}
+
+/// PyTorch's policy on a workload and its fixed-shape control:
+/// fragmentation (peak reserved / live peak) and the reserved timelines.
+fn frag(
+    w: crate::lab::workload::Workload,
+    control: crate::lab::workload::Workload,
+) -> anyhow::Result<(f64, f64, Series)> {
+    let a = crate::lab::workload::compare(&w, &["pytorch"], None).map_err(anyhow::Error::msg)?;
+    let b =
+        crate::lab::workload::compare(&control, &["pytorch"], None).map_err(anyhow::Error::msg)?;
+    let line = |r: &crate::lab::workload::RunResult| -> Vec<(f64, f64)> {
+        r.reserved_timeline
+            .iter()
+            .map(|&(i, v)| (i as f64, mib(v)))
+            .collect()
+    };
+    let series = Series {
+        title: format!(
+            "Reserved memory: {} vs {} (PyTorch's policy)",
+            w.name, control.name
+        ),
+        x_label: "allocator operation".into(),
+        y_label: "reserved MiB".into(),
+        lines: vec![
+            (w.name.clone(), line(&a[0])),
+            (control.name.clone(), line(&b[0])),
+        ],
+    };
+    Ok((a[0].fragmentation, b[0].fragmentation, series))
+}
+
+fn c31(_: &Ctx) -> anyhow::Result<Outcome> {
+    let (v, f, series) = frag(
+        crate::lab::synthetic::variable_length_batches(),
+        crate::lab::synthetic::fixed_length_batches(),
+    )?;
+    let mut o = outcome(
+        vec![
+            fig("peak reserved / live peak, lengths 32–512", v, "×"),
+            fig("the same at one length (control)", f, "×"),
+        ],
+        if v > f {
+            Verdict::Holds
+        } else {
+            Verdict::Wrong("no worse than fixed length".into())
+        },
+        "blocks cut for one length do not fit the next; the cache grows new segments",
+    );
+    o.series = Some(series);
+    Ok(o)
+}
+
+fn c32(_: &Ctx) -> anyhow::Result<Outcome> {
+    let (v, f, series) = frag(
+        crate::lab::synthetic::batch_size_change(),
+        crate::lab::synthetic::fixed_batch_size(),
+    )?;
+    let mut o = outcome(
+        vec![
+            fig("peak reserved / live peak, batch 24 then 40", v, "×"),
+            fig("batch 40 throughout (control)", f, "×"),
+        ],
+        if v > f {
+            Verdict::Holds
+        } else {
+            Verdict::Wrong("no worse than a fixed batch".into())
+        },
+        "the smaller batch's cached blocks are split to sizes the larger one cannot use",
+    );
+    o.series = Some(series);
+    Ok(o)
+}
+
+fn c33(ctx: &Ctx) -> anyhow::Result<Outcome> {
+    let s = ModelSpec::Resnet50 {
+        depth: 50,
+        width: 16,
+        resolution: 64,
+        classes: 10,
+    };
+    let t = ctx.run(&plan(s.clone(), 8), 1)?;
+    let i = ctx.run(
+        &crate::estimate::Plan {
+            mode: Mode::Inference,
+            ..plan(s, 8)
+        },
+        1,
+    )?;
+    Ok(outcome(
+        vec![fig("train step peak (batch statistics)", mib(t.peak_allocated_bytes), "MiB"), fig("eval + no_grad (running statistics)", mib(i.peak_allocated_bytes), "MiB")],
+        Verdict::Holds,
+        "in eval BatchNorm normalises with its running statistics and leaves them unchanged (tests/resnet_ops.rs checks the values); training updates them with momentum 0.1",
+    ))
+}
+
+fn c34(ctx: &Ctx) -> anyhow::Result<Outcome> {
+    let e = ctx.engine(AllocatorConfig::default())?;
+    let mut a = ParamStore::new();
+    ModelSpec::SimpleCnn.build(&e, &mut a, &mut Rng::new(0))?;
+    let one = e.allocator().memory_allocated();
+    let mut b = ParamStore::new();
+    ModelSpec::SimpleCnn.build(&e, &mut b, &mut Rng::new(1))?;
+    let two = e.allocator().memory_allocated();
+    drop(a);
+    let after = e.allocator().memory_allocated();
+    Ok(outcome(
+        vec![fig("one model", mib(one), "MiB"), fig("two models", mib(two), "MiB"), fig("after dropping the first", mib(after), "MiB")],
+        if two == 2 * one && after == one { Verdict::Holds } else { Verdict::Partly("not exactly additive".into()) },
+        "two models' weights are both allocated; dropping one frees its blocks (reserved stays cached)",
+    ))
+}
+
+fn c35(ctx: &Ctx) -> anyhow::Result<Outcome> {
+    let mut held = Vec::new();
+    for extra in [false, true] {
+        let e = ctx.engine(AllocatorConfig::default())?;
+        let _s = e.scope(Category::Output, "forward");
+        let x = Tensor::empty(&e, &[64, 16384], DType::F32, "x")?;
+        let tape = Tape::new();
+        let xv = tape.leaf(x);
+        let y = if extra {
+            // A custom op: ReLU that also saves its input, which its
+            // backward never reads.
+            let out = crate::ops::relu::relu(xv.tensor())?;
+            let (keep_out, keep_in) = (out.clone(), xv.tensor().clone());
+            keep_out.mark_saved();
+            keep_in.mark_saved();
+            tape.record(
+                out,
+                &[&xv],
+                Box::new(move |g, _| {
+                    let _unused = &keep_in;
+                    Ok(vec![Some(crate::ops::relu::relu_backward(&keep_out, g)?)])
+                }),
+            )
+        } else {
+            f::relu(&tape, &xv)?
+        };
+        drop(xv);
+        let _ = &y;
+        held.push(e.allocator().memory_allocated());
+    }
+    Ok(outcome(
+        vec![
+            fig("held by ReLU after forward", mib(held[0]), "MiB"),
+            fig(
+                "held by a custom ReLU that also saves its input",
+                mib(held[1]),
+                "MiB",
+            ),
+        ],
+        if held[1] > held[0] {
+            Verdict::Holds
+        } else {
+            Verdict::Wrong("no difference".into())
+        },
+        "whatever a backward closure captures stays allocated until backward runs",
+    ))
+}
+
+fn c37(ctx: &Ctx) -> anyhow::Result<Outcome> {
+    let e = ctx.engine(AllocatorConfig::default())?;
+    let (mut t, b) = plan(ModelSpec::SimpleCnn, 8).trainer(&e, 0)?;
+    t.step(&b)?;
+    let a = e.allocator();
+    Ok(outcome(
+        vec![
+            fig("memory_allocated", mib(a.memory_allocated()), "MiB"),
+            fig("memory_reserved", mib(a.memory_reserved()), "MiB"),
+            fig("max_memory_allocated", mib(a.max_memory_allocated()), "MiB"),
+        ],
+        Verdict::Holds,
+        "the same statistics under PyTorch's names; `memory_summary` and `vramlab profile --per-layer` sort memory by op",
+    ))
+}
+
+pub static LESSONS: [Lesson; 34] = [
+    Lesson { id: "C01", source: "000", claim: "Parameter memory = Σ numel × bytes per element; f32 4, f16/bf16 2, int8 1.", experiment: "build simple-cnn, convert it to f16 and bf16, sum its tensors' bytes", run: c01 },
+    Lesson { id: "C02", source: "000", claim: "Conv weights = out × in × kh × kw; example 64×3×3×3 = 1,728 (bias not counted).", experiment: "count simple-cnn's conv1 weight", run: c02 },
+    Lesson { id: "C03", source: "000", claim: "Gradient memory equals parameter memory, and lives only through backward.", experiment: "one Adam step of simple-cnn; gradients alive after it", run: c03 },
+    Lesson { id: "C04", source: "000", claim: "A (1,64,224,224) f32 activation is about 126 MB.", experiment: "allocate it", run: c04 },
+    Lesson { id: "C05", source: "000", claim: "ResNet-50: parameters ≈ 98 MB in f32; the first conv's output at batch 256 ≈ 802 MB; peak intermediates 5–8× the parameter memory.", experiment: "resnet50 at 224², batch 32, and conv1's output at batch 256", run: c05 },
+    Lesson { id: "C06/C28", source: "000, 002", claim: "Mixed precision cuts memory 30–50% (\"about half\").", experiment: "simple-cnn batch 64, two Adam steps in f32, under autocast f16, and as model.half()", run: c06 },
+    Lesson { id: "C07", source: "000, 001", claim: "Gradient checkpointing takes activation memory from O(n) to O(1), for 20–30% more compute.", experiment: "mlp of 4…36 layers, plain and checkpointed every √n layers", run: c07 },
+    Lesson { id: "C08", source: "000", claim: "Memory grows linearly with batch size.", experiment: "simple-cnn, batches 8…128", run: c08 },
+    Lesson { id: "C09", source: "000", claim: "ReLU adds no memory; GELU keeps intermediates.", experiment: "what simple-cnn's ReLUs save for backward", run: c09 },
+    Lesson { id: "C10", source: "000", claim: "Keep 20–30% of memory free as headroom.", experiment: "reserved vs allocated over two steps of simple-cnn", run: c10 },
+    Lesson { id: "C11", source: "001", claim: "ResNet-152 on a 32 GB V100 goes out of memory above batch 64.", experiment: "resnet50 --depth 152 at 224², SGD, batches 64…192 under 32 GiB", run: c11 },
+    Lesson { id: "C12", source: "001", claim: "GPT-3 175B needs 680 GB in f32, 340 GB in f16; 10× the parameters needs ~100× the memory.", experiment: "the 175b preset's parameters; gpt2 vs gpt2-xl training peaks", run: c12 },
+    Lesson { id: "C13", source: "001", claim: "ResNet-50 activations are 40–60% of total memory.", experiment: "resnet50 at 224², batch 32, SGD, step 2", run: c13 },
+    Lesson { id: "C14", source: "001", claim: "Activation memory scales with input area: 224² is 4× 112².", experiment: "resnet-mini at 32², 64², 128²", run: c14 },
+    Lesson { id: "C15", source: "001", claim: "Adam keeps 2 extra states per parameter; AdamW 12 bytes per parameter (grad + m + v), 16 with the weight; SGD with momentum keeps 1.", experiment: "optimizer state of simple-cnn after two steps", run: c15 },
+    Lesson { id: "C16", source: "001", claim: "\"But with a non-linear threshold\": ResNet-101 batch 32 → 64 went 28 → 31 GB.", experiment: "resnet50 --depth 101 at batch 32 and 64", run: c16 },
+    Lesson { id: "C17", source: "001", claim: "Self-attention memory grows with the square of the sequence length: 512 → 1024 took 12 GB → 45 GB.", experiment: "gpt (2 layers, dim 128) at 128…1024 tokens", run: c17 },
+    Lesson { id: "C18", source: "001", claim: "FP16 is 2 bytes, BF16 is 2.5 bytes; mixed precision keeps f32 master weights, so it saves about 50%.", experiment: "allocate f16 and bf16 tensors", run: c18 },
+    Lesson { id: "C19", source: "001, 002", claim: "Gradient accumulation over k micro-batches keeps peak memory at the micro-batch level while matching the large-batch gradient.", experiment: "simple-cnn batch 64 at once vs micro-batches of 16", run: c19 },
+    Lesson { id: "C20", source: "001", claim: "backward with retain_graph=True, kept across iterations, leaks memory.", experiment: "five mlp steps on one retained graph", run: c20 },
+    Lesson { id: "C21", source: "001", claim: "DDP find_unused_parameters wastes 20–30%.", experiment: "none possible on one device", run: c21 },
+    Lesson { id: "C22", source: "001", claim: "A CUDA context costs ~700 MB per process before any tensor.", experiment: "the allocator's reserved bytes on a fresh device", run: c22 },
+    Lesson { id: "C23", source: "001", claim: "empty_cache() returns cached blocks, pausing work ~50 ms.", experiment: "one simple-cnn step, then empty_cache, timed", run: c23 },
+    Lesson { id: "C24/C36", source: "001, 004", claim: "Find the largest batch that fits by trying sizes and catching out-of-memory, then fall back to a smaller batch.", experiment: "simple-cnn batches 16…256 under a 512 MiB limit", run: c24 },
+    Lesson { id: "C26", source: "002", claim: "SimpleConvNet, batch 64, Adam: params 4.12 + activations 38.5 + gradients 4.12 + Adam 8.24 + input 0.75 = 55.73 MiB.", experiment: "two Adam steps of simple-cnn", run: c26 },
+    Lesson { id: "C27", source: "002", claim: "Measured after each of 2 training steps: memory_allocated 54.12 MB and memory_reserved 54.12 MB.", experiment: "memory after step 2 of simple-cnn", run: c27 },
+    Lesson { id: "C29", source: "003", claim: "set_per_process_memory_fraction(0.8) caps what the process may take; past it allocation fails with out-of-memory.", experiment: "simple-cnn under 80% of its own reserved peak", run: c29 },
+    Lesson { id: "C30", source: "002, 004", claim: "Evaluation under no_grad uses less memory: no saved activations, no grads.", experiment: "simple-cnn training step vs eval + no_grad forward", run: c30 },
+    Lesson { id: "C31", source: "004", claim: "Variable-length inputs (NLP) fragment the cache.", experiment: "40 training steps at lengths 32–512 vs all at 272 (control), PyTorch's policy", run: c31 },
+    Lesson { id: "C32", source: "004", claim: "When the batch size changes the cached blocks may not be reusable, so less memory is really available.", experiment: "batch 24 then 40 vs 40 throughout (control)", run: c32 },
+    Lesson { id: "C33", source: "004", claim: "BatchNorm uses its running statistics in eval mode.", experiment: "a ResNet-50 training step vs eval + no_grad", run: c33 },
+    Lesson { id: "C34", source: "004", claim: "Two models loaded at once need both footprints; load them one at a time.", experiment: "two simple-cnn models in one process", run: c34 },
+    Lesson { id: "C35", source: "004", claim: "A custom op that saves tensors it does not need for backward holds memory.", experiment: "ReLU vs a custom ReLU that also saves its input", run: c35 },
+    Lesson { id: "C37", source: "001, 004", claim: "memory_allocated / memory_reserved / max_memory_allocated / reset_peak_memory_stats / memory_summary show the state; the profiler sorts ops by memory.", experiment: "the statistics after a simple-cnn step", run: c37 },
+];

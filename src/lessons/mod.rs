@@ -1,0 +1,159 @@
+//! Lessons: each claim of the documents (`../shared/CLAIMS.md`) as an
+//! experiment that measures it and a verdict drawn from the measured
+//! figures — holds, wrong (with the right number), partly (with which part),
+//! or out of reach on one wgpu device (with the nearest thing measured).
+//! Experiments run on a simulated device by default (exact to the byte, as
+//! the estimator tests show) or on the GPU with `--measure`.
+//! `catalog.rs` holds the lessons, `report.rs` the HTML page.
+
+pub mod catalog;
+pub mod report;
+
+use crate::estimate::{analyze, run::run_steps, Analysis, Plan};
+use crate::memory::AllocatorConfig;
+use crate::nn::ModelSpec;
+use crate::tensor::{DType, Engine};
+use crate::train::{Mode, OptimizerConfig, OptimizerKind};
+use serde::Serialize;
+
+/// What a lesson concluded.
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "verdict", content = "detail", rename_all = "snake_case")]
+pub enum Verdict {
+    Holds,
+    /// The claim is wrong; the right figure.
+    Wrong(String),
+    /// Part of it holds; which part.
+    Partly(String),
+    /// Needs hardware or software vramlab cannot have; the nearest figure.
+    OutOfScope(String),
+}
+
+impl Verdict {
+    pub fn word(&self) -> &'static str {
+        match self {
+            Verdict::Holds => "holds",
+            Verdict::Wrong(_) => "wrong",
+            Verdict::Partly(_) => "partly",
+            Verdict::OutOfScope(_) => "out of scope",
+        }
+    }
+}
+
+/// One measured figure.
+#[derive(Debug, Clone, Serialize)]
+pub struct Figure {
+    pub name: String,
+    pub value: f64,
+    pub unit: &'static str,
+}
+
+/// A curve for the report (x, y).
+#[derive(Debug, Clone, Serialize)]
+pub struct Series {
+    pub title: String,
+    pub x_label: String,
+    pub y_label: String,
+    pub lines: Vec<(String, Vec<(f64, f64)>)>,
+}
+
+/// What running a lesson gives.
+#[derive(Debug, Clone, Serialize)]
+pub struct Outcome {
+    pub figures: Vec<Figure>,
+    #[serde(flatten)]
+    pub verdict: Verdict,
+    /// One line: why.
+    pub reason: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub series: Option<Series>,
+}
+
+/// A lesson: the claim quoted in English, the experiment, and its run.
+pub struct Lesson {
+    pub id: &'static str,
+    /// The article(s) it comes from (`000` … `004`).
+    pub source: &'static str,
+    pub claim: &'static str,
+    pub experiment: &'static str,
+    pub run: fn(&Ctx) -> anyhow::Result<Outcome>,
+}
+
+/// Where experiments run.
+pub struct Ctx {
+    /// A real device (`--measure`); else every engine is simulated.
+    pub device: Option<crate::device::AdapterOptions>,
+}
+
+impl Ctx {
+    pub fn simulated() -> Ctx {
+        Ctx { device: None }
+    }
+
+    /// A fresh engine: the GPU with `--measure`, else a simulated device.
+    pub fn engine(&self, config: AllocatorConfig) -> anyhow::Result<Engine> {
+        Ok(match &self.device {
+            Some(o) => Engine::new(o, config)?,
+            None => Engine::simulated(config, None),
+        })
+    }
+
+    /// Where the figures came from.
+    pub fn source(&self) -> &'static str {
+        if self.device.is_some() {
+            "measured on the GPU"
+        } else {
+            "simulated device (exact to the byte)"
+        }
+    }
+
+    /// `steps` steps of `plan`, analysed.
+    pub fn run(&self, plan: &Plan, steps: usize) -> anyhow::Result<Analysis> {
+        let p = run_steps(self.engine(plan.config.clone())?, plan, 0, steps)?;
+        Ok(analyze(&p.events, &p.layer_outputs))
+    }
+}
+
+/// A training plan with the defaults lessons use (Adam, f32, train).
+pub fn plan(model: ModelSpec, batch: usize) -> Plan {
+    Plan {
+        model,
+        batch,
+        optimizer: OptimizerConfig::new(OptimizerKind::Adam, None, None, None),
+        mode: Mode::Train,
+        amp: None,
+        dtype: DType::F32,
+        config: AllocatorConfig::default(),
+    }
+}
+
+pub const MIB: f64 = 1048576.0;
+
+pub fn mib(b: u64) -> f64 {
+    b as f64 / MIB
+}
+
+pub fn fig(name: impl Into<String>, value: f64, unit: &'static str) -> Figure {
+    Figure {
+        name: name.into(),
+        value,
+        unit,
+    }
+}
+
+/// The lesson called `id` (case-insensitive; `C6` is `C06`, and `C28`
+/// finds `C06/C28`).
+pub fn find(id: &str) -> Option<&'static Lesson> {
+    let want = id.trim().to_ascii_uppercase();
+    let norm = |s: &str| -> String {
+        match s.strip_prefix('C').and_then(|n| n.parse::<u32>().ok()) {
+            Some(n) => format!("C{n:02}"),
+            None => s.to_string(),
+        }
+    };
+    let want = norm(&want);
+    catalog::LESSONS.iter().find(|l| {
+        l.id.split('/')
+            .any(|part| norm(part) == want || part == want)
+    })
+}
