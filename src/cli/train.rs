@@ -50,6 +50,11 @@ pub struct TrainArgs {
     /// The batch: `x` (float, [N, ..input]) and `y` (int64 labels, [N]).
     #[arg(long, value_name = "BATCH.safetensors")]
     pub data: Option<PathBuf>,
+    /// Gradient accumulation: each step runs K micro-batches of batch/K
+    /// (forward and backward each, losses scaled by 1/K, gradients summed
+    /// in .grad), then one optimizer step. The peak is a micro-batch's.
+    #[arg(long, value_name = "K", default_value_t = 1)]
+    pub accumulate: usize,
     /// gpt: train on this text file, character level (printable ASCII and
     /// newline; other bytes read as spaces), fresh random windows each step.
     /// Without it gpt trains on the Apache License text in data/.
@@ -206,10 +211,22 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
             );
         }
     }
+    let k = args.accumulate;
+    if k == 0 || (k > 1 && (data.is_some() || !args.batch.is_multiple_of(k))) {
+        anyhow::bail!(
+            "--accumulate {k}: needs K ≥ 1 dividing --batch {} into micro-batches, and generated batches (not --data)",
+            args.batch
+        );
+    }
+    if k > 1 && (args.retain_graph || args.amp == Some(crate::tensor::DType::F16)) {
+        anyhow::bail!("--accumulate trains without --retain-graph and without f16 loss scaling (use --amp bf16)");
+    }
+    // Samples per micro-batch (the whole batch without --accumulate).
+    let per = args.batch / k;
     let text_batch = |rng: &mut Rng, engine: &Engine| -> anyhow::Result<Option<Batch>> {
         match (&text, &spec) {
             (Some(t), crate::nn::ModelSpec::Gpt { seq, .. }) => {
-                Ok(Some(t.batch(engine, rng, args.batch, *seq)?))
+                Ok(Some(t.batch(engine, rng, per, *seq)?))
             }
             _ => Ok(None),
         }
@@ -219,15 +236,19 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
             Batch::from_safetensors(&engine, d, spec.classes()).map_err(anyhow::Error::msg)?
         }
         None if text.is_some() => text_batch(&mut rng, &engine)?.context("text batch")?,
-        None => Batch::random_for(
-            &engine,
-            &mut rng,
-            &spec,
-            args.batch,
-            crate::tensor::DType::F32,
-        )?,
+        None => Batch::random_for(&engine, &mut rng, &spec, per, crate::tensor::DType::F32)?,
     };
     batch.to_dtype(args.dtype)?;
+    // The other K − 1 micro-batches.
+    let mut more: Vec<Batch> = Vec::new();
+    for _ in 1..k {
+        let mut b = match text_batch(&mut rng, &engine)? {
+            Some(b) => b,
+            None => Batch::random_for(&engine, &mut rng, &spec, per, crate::tensor::DType::F32)?,
+        };
+        b.to_dtype(args.dtype)?;
+        more.push(b);
+    }
     let gpu_name = engine.device_name();
     let uses_f16 =
         args.amp == Some(crate::tensor::DType::F16) || args.dtype == crate::tensor::DType::F16;
@@ -306,9 +327,19 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         if i > 0 {
             if let Some(b) = text_batch(&mut rng, &trainer.engine)? {
                 batch = b;
+                for m in more.iter_mut() {
+                    if let Some(b) = text_batch(&mut rng, &trainer.engine)? {
+                        *m = b;
+                    }
+                }
             }
         }
-        let (r, out) = trainer.step(&batch)?;
+        let (r, out) = if more.is_empty() {
+            trainer.step(&batch)?
+        } else {
+            let micro: Vec<Batch> = std::iter::once(&batch).chain(&more).cloned().collect();
+            trainer.step_accumulated(&micro)?
+        };
         if !r.loss.is_finite() {
             return Err(super::args::non_finite_loss(r.step, r.loss).into());
         }

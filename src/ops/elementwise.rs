@@ -44,9 +44,27 @@ pub fn mul(a: &Tensor, b: &Tensor) -> Result<Tensor, TensorError> {
     binary("mul", a, b)
 }
 
-/// Gradient accumulation: `prev + g`, or `g` when there is nothing yet.
+/// Gradient accumulation: `prev += g` in place when `prev` is the only
+/// handle to its storage (what PyTorch's AccumulateGrad does: no new
+/// tensor, so a second contribution costs no memory), else `prev + g`;
+/// `g` when there is nothing yet.
 pub fn accumulate(prev: Option<Tensor>, g: Tensor) -> Result<Tensor, TensorError> {
     match prev {
+        Some(prev) if prev.is_unique() && prev.dtype() == g.dtype() => {
+            same_shape("add", &prev, &g)?;
+            check_u32("add", &prev)?;
+            let n = prev.numel();
+            // Each invocation reads and writes the same pair of elements,
+            // so reading and writing one buffer is race-free.
+            launch_pairs(
+                &prev,
+                &typed_kernel("add", SOURCE, "add", prev.dtype()),
+                &[&prev.slice(), &g.slice(), &prev.slice()],
+                bytemuck::bytes_of(&CountParams::new(n)),
+                n,
+            )?;
+            Ok(prev)
+        }
         Some(prev) => add(&prev, &g),
         None => Ok(g),
     }

@@ -182,6 +182,12 @@ impl Tensor {
         Ok(t)
     }
 
+    /// Whether this handle is the only one to its storage (no view or
+    /// saved copy shares it), so writing it in place is invisible elsewhere.
+    pub fn is_unique(&self) -> bool {
+        Arc::strong_count(&self.storage) == 1
+    }
+
     /// Called when backward saves this tensor: a forward output becomes an
     /// activation (parameters and inputs keep their category).
     pub fn mark_saved(&self) {

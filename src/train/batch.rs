@@ -7,6 +7,7 @@ use crate::memory::Category;
 use crate::nn::init::Rng;
 use crate::tensor::{DType, Engine, Tensor, TensorError};
 
+#[derive(Clone)]
 pub struct Batch {
     pub x: Tensor,
     /// Labels as f32 class indices (what the cross-entropy kernel reads).

@@ -174,6 +174,79 @@ impl Trainer {
         Ok((record, outputs))
     }
 
+    /// One optimizer step over `micro` micro-batches (gradient
+    /// accumulation): each runs forward and backward with its loss scaled by
+    /// 1/K, so `.grad` sums to the mean over all of them, as one batch of
+    /// their total size gives (each micro-batch's loss is its own mean);
+    /// then one optimizer step. Only one micro-batch's activations are ever
+    /// alive. The record's loss is the mean of the micro-batches' losses.
+    pub fn step_accumulated(
+        &mut self,
+        micro: &[Batch],
+    ) -> Result<(StepRecord, StepOutputs), TensorError> {
+        if micro.len() < 2 {
+            return match micro.first() {
+                Some(b) => self.step(b),
+                None => Err(TensorError::InvalidShape {
+                    op: "accumulate",
+                    message: "no micro-batches".into(),
+                }),
+            };
+        }
+        if self.mode == Mode::Inference || self.retained.is_some() || self.scaler.is_some() {
+            return Err(TensorError::InvalidShape {
+                op: "accumulate",
+                message: "gradient accumulation trains without retain_graph and without f16 loss scaling (use --amp bf16)".into(),
+            });
+        }
+        let t0 = Instant::now();
+        self.steps += 1;
+        let engine = self.engine.clone();
+        engine.allocator().reset_peak_memory_stats();
+        self.store.zero_grad();
+        let k = micro.len() as f32;
+        let mut losses = 0.0;
+        let mut last = None;
+        for batch in micro {
+            let tape = Tape::new();
+            engine.mark_phase("forward");
+            engine.reset_op_numbers();
+            let forward = engine.scope(Category::Output, "forward");
+            let x = Value::constant(batch.x.clone());
+            let run = || -> Result<(Value, Value), TensorError> {
+                let logits = match self.mode {
+                    Mode::Checkpoint => self.model.forward_checkpointed(&tape, &self.store, &x)?,
+                    _ => self.model.forward(&tape, &self.store, &x)?,
+                };
+                let loss = f::cross_entropy(&tape, &logits, &batch.labels)?;
+                Ok((logits, loss))
+            };
+            let (logits, loss) = match self.amp {
+                Some(d) => tape.autocast(d, run)?,
+                None => run()?,
+            };
+            drop((forward, x));
+            engine.mark_phase("backward");
+            let backward = engine.scope(Category::Temporary, "backward");
+            tape.backward_scaled(&loss, &mut self.store, 1.0 / k)?;
+            drop(backward);
+            losses += loss.tensor().to_vec()?[0];
+            last = Some((logits, loss));
+        }
+        engine.mark_phase("optimizer");
+        let step_op = format!("{}.step", self.optimizer.name());
+        let optimizer = engine.scope(Category::OptimizerState, &step_op);
+        self.optimizer.step(&mut self.store)?;
+        drop(optimizer);
+        let (logits, loss) = last.ok_or(TensorError::InvalidShape {
+            op: "accumulate",
+            message: "no micro-batches".into(),
+        })?;
+        let (mut record, outputs) = self.finish(t0, logits, loss)?;
+        record.loss = losses / k;
+        Ok((record, outputs))
+    }
+
     fn finish(
         &mut self,
         t0: Instant,
