@@ -93,7 +93,7 @@ fn every_claim_has_a_lesson_with_a_measured_verdict() {
         "page incomplete: {}",
         &dom[..dom.len().min(300)]
     );
-    assert!(dom.contains(r#"data-plots="9""#), "nine plots");
+    assert!(dom.contains(r#"data-plots="10""#), "ten plots");
     assert!(dir.join("lessons.json").exists());
     let _ = std::fs::remove_dir_all(&dir);
 }

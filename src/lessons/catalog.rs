@@ -17,6 +17,7 @@ fn outcome(figures: Vec<super::Figure>, verdict: Verdict, reason: impl Into<Stri
         verdict,
         reason: reason.into(),
         series: None,
+        extra_series: Vec::new(),
     }
 }
 
@@ -260,6 +261,22 @@ fn c07(ctx: &Ctx) -> anyhow::Result<Outcome> {
             extra = flops(&c)? / flops(&p)? - 1.0;
         }
     }
+    // Depth 36, segment length 1…36: memory falls then rises (√36 = 6 is
+    // the balance), recomputation stays one extra forward.
+    let mut seg = Vec::new();
+    let widths36: Vec<usize> = std::iter::repeat_n(256, 37).chain([10]).collect();
+    for every in [1usize, 2, 3, 4, 6, 9, 12, 18, 36] {
+        let c = crate::estimate::Plan {
+            mode: Mode::Checkpoint,
+            optimizer: sgd0,
+            ..plan(mlp(widths36.clone(), every), 4096)
+        };
+        seg.push((every as f64, mib(working_peak(&ctx.run(&c, 1)?))));
+    }
+    let best = seg
+        .iter()
+        .cloned()
+        .fold((0.0, f64::MAX), |b, p| if p.1 < b.1 { p } else { b });
     let grow_plain = plain[4].1 / plain[0].1;
     let grow_ck = ck[4].1 / ck[0].1;
     let mut o = outcome(
@@ -267,6 +284,8 @@ fn c07(ctx: &Ctx) -> anyhow::Result<Outcome> {
             fig("peak above the weights, depth 36 / depth 4, plain", grow_plain, "×"),
             fig("the same, checkpoint every √n layers", grow_ck, "×"),
             fig("extra matmul FLOPs per step, checkpointed (depth 36)", extra * 100.0, "%"),
+            fig("depth 36: the best segment length", best.0, "layers"),
+            fig("depth 36: its peak above the weights", best.1, "MiB"),
         ],
         if grow_ck > 1.5 {
             Verdict::Wrong(format!(
@@ -283,6 +302,12 @@ fn c07(ctx: &Ctx) -> anyhow::Result<Outcome> {
         x_label: "layers".into(),
         y_label: "MiB".into(),
         lines: vec![("plain".into(), plain), ("checkpoint every √n".into(), ck)],
+    });
+    o.extra_series.push(Series {
+        title: "Checkpointing 36 layers: peak above the weights vs segment length".into(),
+        x_label: "layers per checkpointed segment".into(),
+        y_label: "MiB".into(),
+        lines: vec![("peak above the weights".into(), seg)],
     });
     Ok(o)
 }
@@ -797,6 +822,36 @@ fn c29(ctx: &Ctx) -> anyhow::Result<Outcome> {
     ))
 }
 
+/// Memory a forward holds and peaks at under one of PyTorch's modes.
+fn forward_under(
+    ctx: &Ctx,
+    spec: &ModelSpec,
+    eval: bool,
+    no_grad: bool,
+) -> anyhow::Result<(u64, u64)> {
+    let e = ctx.engine(AllocatorConfig::default())?;
+    let mut rng = Rng::new(0);
+    let mut store = ParamStore::new();
+    let model = spec.build(&e, &mut store, &mut rng)?;
+    let b = Batch::random_for(&e, &mut rng, spec, 8, DType::F32)?;
+    let base = e.allocator().memory_allocated();
+    e.allocator().reset_peak_memory_stats();
+    let tape = Tape::new();
+    let _s = e.scope(Category::Output, "forward");
+    let x = crate::autograd::Value::constant(b.x.clone());
+    let run = || model.forward(&tape, &store, &x);
+    let logits = match (eval, no_grad) {
+        (true, true) => tape.eval(|| tape.no_grad(run)),
+        (true, false) => tape.eval(run),
+        (false, true) => tape.no_grad(run),
+        (false, false) => run(),
+    }?;
+    let held = e.allocator().memory_allocated() - base;
+    let peak = e.allocator().max_memory_allocated() - base;
+    drop(logits);
+    Ok((held, peak))
+}
+
 fn c30(ctx: &Ctx) -> anyhow::Result<Outcome> {
     let t = ctx.run(&plan(ModelSpec::SimpleCnn, 64), 1)?;
     let i = ctx.run(
@@ -806,21 +861,64 @@ fn c30(ctx: &Ctx) -> anyhow::Result<Outcome> {
         },
         1,
     )?;
-    Ok(outcome(
-        vec![
-            fig("training step peak", mib(t.peak_allocated_bytes), "MiB"),
-            fig(
-                "eval + no_grad forward peak",
-                mib(i.peak_allocated_bytes),
-                "MiB",
-            ),
-        ],
-        if i.peak_allocated_bytes < t.peak_allocated_bytes && cat(&i, "activation") == 0 {
-            Verdict::Holds
-        } else {
-            Verdict::Wrong("inference saved activations".into())
+    // A model with BatchNorm and one with dropout under the four mode mixes.
+    let bn = ModelSpec::Resnet50 {
+        depth: 50,
+        width: 8,
+        resolution: 64,
+        classes: 10,
+    };
+    let gpt = ModelSpec::Gpt {
+        config: GptConfig {
+            layers: 2,
+            heads: 4,
+            dim: 64,
+            seq_len: 64,
+            vocab: 96,
         },
-        "no_grad saves nothing for backward; no gradients or optimizer state are made",
+        seq: 64,
+        dropout: 0.1,
+    };
+    let mut figures = vec![
+        fig(
+            "simple-cnn training step peak",
+            mib(t.peak_allocated_bytes),
+            "MiB",
+        ),
+        fig(
+            "simple-cnn eval + no_grad forward peak",
+            mib(i.peak_allocated_bytes),
+            "MiB",
+        ),
+    ];
+    let mut ok = i.peak_allocated_bytes < t.peak_allocated_bytes && cat(&i, "activation") == 0;
+    for (name, spec) in [("resnet50 (BatchNorm)", &bn), ("gpt (dropout 0.1)", &gpt)] {
+        let train = forward_under(ctx, spec, false, false)?;
+        let eval = forward_under(ctx, spec, true, false)?;
+        let ng = forward_under(ctx, spec, false, true)?;
+        let both = forward_under(ctx, spec, true, true)?;
+        figures.push(fig(
+            format!("{name}: held after forward, train mode"),
+            mib(train.0),
+            "MiB",
+        ));
+        figures.push(fig(
+            format!("{name}: eval() only (graph recorded)"),
+            mib(eval.0),
+            "MiB",
+        ));
+        figures.push(fig(
+            format!("{name}: no_grad only (train mode)"),
+            mib(ng.0),
+            "MiB",
+        ));
+        figures.push(fig(format!("{name}: eval() + no_grad"), mib(both.0), "MiB"));
+        ok &= ng.0 < eval.0 && both.0 <= ng.0;
+    }
+    Ok(outcome(
+        figures,
+        if ok { Verdict::Holds } else { Verdict::Wrong("no_grad kept activations".into()) },
+        "no_grad is what saves the memory (nothing is saved for backward); eval() alone still records the graph (dropout off and BatchNorm's running statistics change only what is computed, and dropout's masks)",
     ))
 }
 
@@ -1027,7 +1125,7 @@ pub static LESSONS: [Lesson; 34] = [
     Lesson { id: "C26", source: "002", claim: "SimpleConvNet, batch 64, Adam: params 4.12 + activations 38.5 + gradients 4.12 + Adam 8.24 + input 0.75 = 55.73 MiB.", experiment: "two Adam steps of simple-cnn", run: c26 },
     Lesson { id: "C27", source: "002", claim: "Measured after each of 2 training steps: memory_allocated 54.12 MB and memory_reserved 54.12 MB.", experiment: "memory after step 2 of simple-cnn", run: c27 },
     Lesson { id: "C29", source: "003", claim: "set_per_process_memory_fraction(0.8) caps what the process may take; past it allocation fails with out-of-memory.", experiment: "simple-cnn under 80% of its own reserved peak", run: c29 },
-    Lesson { id: "C30", source: "002, 004", claim: "Evaluation under no_grad uses less memory: no saved activations, no grads.", experiment: "simple-cnn training step vs eval + no_grad forward", run: c30 },
+    Lesson { id: "C30", source: "002, 004", claim: "Evaluation under no_grad uses less memory: no saved activations, no grads.", experiment: "simple-cnn training step vs eval + no_grad forward; a ResNet-50 (BatchNorm) and a GPT (dropout) forward under train, eval(), no_grad and both", run: c30 },
     Lesson { id: "C31", source: "004", claim: "Variable-length inputs (NLP) fragment the cache.", experiment: "40 training steps at lengths 32–512 vs all at 272 (control), PyTorch's policy", run: c31 },
     Lesson { id: "C32", source: "004", claim: "When the batch size changes the cached blocks may not be reusable, so less memory is really available.", experiment: "batch 24 then 40 vs 40 throughout (control)", run: c32 },
     Lesson { id: "C33", source: "004", claim: "BatchNorm uses its running statistics in eval mode.", experiment: "a ResNet-50 training step vs eval + no_grad", run: c33 },

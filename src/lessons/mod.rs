@@ -67,6 +67,9 @@ pub struct Outcome {
     pub reason: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub series: Option<Series>,
+    /// More plots, after the first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub extra_series: Vec<Series>,
 }
 
 /// A lesson: the claim quoted in English, the experiment, and its run.

@@ -182,7 +182,7 @@ blockquote{margin:.4em 0;padding:.2em .8em;border-left:3px solid #bbb;color:#444
                     out.verdict.word(),
                     esc(&out.reason)
                 );
-                if let Some(s) = &out.series {
+                for s in out.series.iter().chain(&out.extra_series) {
                     o += &svg(s);
                 }
             }
