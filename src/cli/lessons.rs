@@ -11,7 +11,7 @@ use std::path::PathBuf;
 #[derive(Debug, Args)]
 pub struct LessonsArgs {
     /// Run every lesson and write DIR/index.html (self-contained: plots as
-    /// inline SVG, no scripts) and DIR/lessons.json.
+    /// inline SVG, no external files) and DIR/lessons.json.
     #[arg(long, value_name = "DIR")]
     pub report: Option<PathBuf>,
     /// Run the experiments on the GPU instead of a simulated device (the
