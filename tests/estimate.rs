@@ -134,7 +134,6 @@ fn inference_peaks_lower_and_checkpoint_keeps_fewer_activations() {
 
 #[test]
 fn checkpointed_forward_gives_the_plain_gradients() {
-    use vramlab::autograd::{functions as f, Tape, Value};
     use vramlab::nn::ParamStore;
     use vramlab::train::Batch;
     for name in [
@@ -151,26 +150,10 @@ fn checkpointed_forward_gives_the_plain_gradients() {
         let model = spec.build(&e, &mut store, &mut Rng::new(1)).unwrap();
         let batch =
             Batch::random_for(&e, &mut Rng::new(2), &spec, 2, vramlab::tensor::DType::F32).unwrap();
-        let mut grads = Vec::new();
-        for checkpointed in [false, true] {
-            store.zero_grad();
-            let tape = Tape::new();
-            let x = Value::constant(batch.x.clone());
-            let logits = if checkpointed {
-                model.forward_checkpointed(&tape, &store, &x)
-            } else {
-                model.forward(&tape, &store, &x)
-            }
-            .unwrap();
-            let loss = f::cross_entropy(&tape, &logits, &batch.labels).unwrap();
-            tape.backward(&loss, &mut store).unwrap();
-            grads.push(
-                store
-                    .iter()
-                    .map(|p| p.grad.as_ref().unwrap().to_vec().unwrap())
-                    .collect::<Vec<_>>(),
-            );
-        }
+        let grads: Vec<_> = [false, true]
+            .into_iter()
+            .map(|ck| grads_of(model.as_ref(), &mut store, &batch, ck))
+            .collect();
         for (a, b) in grads[0].iter().zip(&grads[1]) {
             assert!(max_rel_err(b, &to_f64(a)) < 1e-5, "{name}");
         }

@@ -373,7 +373,6 @@ fn dropout_keeps_one_byte_masks_and_replays_them() {
 /// the forward, so its gradients equal the plain run's.
 #[test]
 fn checkpointed_gpt_with_dropout_gives_the_plain_gradients() {
-    use vramlab::autograd::{functions as f, Tape, Value};
     use vramlab::nn::{ModelSpec, ParamStore};
     use vramlab::train::Batch;
     let e = engine();
@@ -394,22 +393,7 @@ fn checkpointed_gpt_with_dropout_gives_the_plain_gradients() {
         let model = spec.build(&e, &mut store, &mut Rng::new(1)).unwrap();
         let b =
             Batch::random_for(&e, &mut Rng::new(2), &spec, 3, vramlab::tensor::DType::F32).unwrap();
-        let tape = Tape::new();
-        let x = Value::constant(b.x.clone());
-        let logits = if checkpointed {
-            model.forward_checkpointed(&tape, &store, &x)
-        } else {
-            model.forward(&tape, &store, &x)
-        }
-        .unwrap();
-        let loss = f::cross_entropy(&tape, &logits, &b.labels).unwrap();
-        tape.backward(&loss, &mut store).unwrap();
-        grads.push(
-            store
-                .iter()
-                .map(|p| p.grad.as_ref().unwrap().to_vec().unwrap())
-                .collect::<Vec<_>>(),
-        );
+        grads.push(grads_of(model.as_ref(), &mut store, &b, checkpointed));
     }
     for (a, b) in grads[0].iter().zip(&grads[1]) {
         let err = max_rel_err(a, &to_f64(b));

@@ -10,14 +10,10 @@
 //! native_dropout, what CUDA runs; "bool" in the fixture).
 //! Runs on a simulated device: the bytes depend on shapes only.
 
-use std::collections::{BTreeMap, HashSet};
-use vramlab::autograd::{functions as f, Tape, Value};
-use vramlab::memory::{AllocatorConfig, Category};
+mod common;
+use common::saved_bytes_by_part;
 use vramlab::nn::gpt::GptConfig;
-use vramlab::nn::init::Rng;
-use vramlab::nn::{ModelSpec, ParamStore};
-use vramlab::tensor::Engine;
-use vramlab::train::Batch;
+use vramlab::nn::ModelSpec;
 
 fn fixture() -> serde_json::Value {
     let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -41,43 +37,6 @@ fn part_of(scope: &str) -> String {
     }
 }
 
-/// vramlab's saved bytes per part for one forward (+ loss), each storage
-/// once, parameters left out.
-fn vramlab_saved(cfg: GptConfig, batch: usize, dropout: f32) -> BTreeMap<String, u64> {
-    let engine = Engine::simulated(AllocatorConfig::default(), None);
-    let spec = ModelSpec::Gpt {
-        config: cfg,
-        seq: cfg.seq_len,
-        dropout,
-    };
-    let mut store = ParamStore::new();
-    let model = spec.build(&engine, &mut store, &mut Rng::new(0)).unwrap();
-    let b = Batch::random_for(
-        &engine,
-        &mut Rng::new(1),
-        &spec,
-        batch,
-        vramlab::tensor::DType::F32,
-    )
-    .unwrap();
-    let tape = Tape::new();
-    engine.start_saved_log();
-    let _fwd = engine.scope(Category::Output, "forward");
-    let logits = model
-        .forward(&tape, &store, &Value::constant(b.x.clone()))
-        .unwrap();
-    let _loss = f::cross_entropy(&tape, &logits, &b.labels).unwrap();
-    let mut seen = HashSet::new();
-    let mut parts = BTreeMap::new();
-    for t in engine.take_saved_log() {
-        if t.category == Category::Parameter || !seen.insert(t.block) {
-            continue;
-        }
-        *parts.entry(part_of(&t.scope)).or_insert(0) += t.bytes;
-    }
-    parts
-}
-
 #[test]
 fn saved_bytes_per_block_match_pytorch() {
     for case in fixture().as_array().unwrap() {
@@ -92,7 +51,12 @@ fn saved_bytes_per_block_match_pytorch() {
         };
         let (n, s) = (get("batch") as u64, cfg.seq_len as u64);
         let dropout = c["dropout"].as_f64().unwrap_or(0.0) as f32;
-        let ours = vramlab_saved(cfg, n as usize, dropout);
+        let spec = ModelSpec::Gpt {
+            config: cfg,
+            seq: cfg.seq_len,
+            dropout,
+        };
+        let ours = saved_bytes_by_part(&spec, n as usize, part_of);
         let theirs = &case["parts"];
         let num = |part: &str, kind: &str| theirs[part][kind].as_u64().unwrap();
         for i in 0..cfg.layers {

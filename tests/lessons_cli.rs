@@ -73,15 +73,7 @@ fn every_claim_has_a_lesson_with_a_measured_verdict() {
 
     // The page in headless Chromium: every section, every plot drawn.
     let page = dir.join("index.html");
-    let chromium = ["chromium", "chromium-browser", "google-chrome"]
-        .into_iter()
-        .find(|c| {
-            Command::new(c)
-                .arg("--version")
-                .output()
-                .is_ok_and(|o| o.status.success())
-        })
-        .expect("this test needs Chromium: apt-get install -y chromium (scripts/test.sh does)");
+    let chromium = chromium();
     let out = Command::new(chromium)
         .args(["--headless", "--no-sandbox", "--disable-gpu", "--dump-dom"])
         .arg(format!("file://{}", page.display()))

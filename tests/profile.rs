@@ -96,15 +96,7 @@ fn timeline_html_renders_in_headless_chromium() {
         .unwrap();
     assert!(status.success());
     let page = dir.join("timeline.html");
-    let chromium = ["chromium", "chromium-browser", "google-chrome"]
-        .into_iter()
-        .find(|c| {
-            std::process::Command::new(c)
-                .arg("--version")
-                .output()
-                .is_ok_and(|o| o.status.success())
-        })
-        .expect("this test needs Chromium: apt-get install -y chromium (scripts/test.sh does)");
+    let chromium = chromium();
     let out = std::process::Command::new(chromium)
         .args(["--headless", "--no-sandbox", "--disable-gpu", "--dump-dom"])
         .arg(format!("file://{}", page.display()))

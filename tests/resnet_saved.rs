@@ -8,13 +8,9 @@
 //! the same: ReLU saves its output either way, and BatchNorm saves its input
 //! (the convolution's output), never its output.
 
-use std::collections::{BTreeMap, HashSet};
-use vramlab::autograd::{functions as f, Tape, Value};
-use vramlab::memory::{AllocatorConfig, Category};
-use vramlab::nn::init::Rng;
-use vramlab::nn::{ModelSpec, ParamStore};
-use vramlab::tensor::{DType, Engine};
-use vramlab::train::Batch;
+mod common;
+use common::saved_bytes_by_part;
+use vramlab::nn::ModelSpec;
 
 fn part_of(scope: &str) -> String {
     if let Some(rest) = scope.strip_prefix("layer") {
@@ -30,29 +26,6 @@ fn part_of(scope: &str) -> String {
     } else {
         "head".into()
     }
-}
-
-fn vramlab_saved(spec: &ModelSpec, batch: usize) -> BTreeMap<String, u64> {
-    let engine = Engine::simulated(AllocatorConfig::default(), None);
-    let mut store = ParamStore::new();
-    let model = spec.build(&engine, &mut store, &mut Rng::new(0)).unwrap();
-    let b = Batch::random_for(&engine, &mut Rng::new(1), spec, batch, DType::F32).unwrap();
-    let tape = Tape::new();
-    engine.start_saved_log();
-    let _fwd = engine.scope(Category::Output, "forward");
-    let logits = model
-        .forward(&tape, &store, &Value::constant(b.x.clone()))
-        .unwrap();
-    let _loss = f::cross_entropy(&tape, &logits, &b.labels).unwrap();
-    let mut seen = HashSet::new();
-    let mut parts = BTreeMap::new();
-    for t in engine.take_saved_log() {
-        if t.category == Category::Parameter || !seen.insert(t.block) {
-            continue;
-        }
-        *parts.entry(part_of(&t.scope)).or_insert(0) += t.bytes;
-    }
-    parts
 }
 
 #[test]
@@ -71,7 +44,7 @@ fn saved_bytes_per_stage_match_pytorch() {
             classes: get("classes"),
         };
         let batch = get("batch");
-        let ours = vramlab_saved(&spec, batch);
+        let ours = saved_bytes_by_part(&spec, batch, part_of);
         let theirs = &case["parts"];
         let num = |part: &str, kind: &str| theirs[part][kind].as_u64().unwrap();
         for s in 1..=4 {

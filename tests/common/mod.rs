@@ -245,3 +245,83 @@ where
     );
     serde_json::from_slice(&out.stdout).expect("vramlab printed JSON")
 }
+
+/// One forward, cross-entropy and backward of `model` on `batch` (plain or
+/// checkpointed), from zeroed gradients: every parameter's gradient.
+pub fn grads_of(
+    model: &dyn vramlab::nn::Model,
+    store: &mut vramlab::nn::ParamStore,
+    batch: &vramlab::train::Batch,
+    checkpointed: bool,
+) -> Vec<Vec<f32>> {
+    use vramlab::autograd::{functions as f, Tape, Value};
+    store.zero_grad();
+    let tape = Tape::new();
+    let x = Value::constant(batch.x.clone());
+    let logits = if checkpointed {
+        model.forward_checkpointed(&tape, store, &x)
+    } else {
+        model.forward(&tape, store, &x)
+    }
+    .unwrap();
+    let loss = f::cross_entropy(&tape, &logits, &batch.labels).unwrap();
+    tape.backward(&loss, store).unwrap();
+    store
+        .iter()
+        .map(|p| p.grad.as_ref().unwrap().to_vec().unwrap())
+        .collect()
+}
+
+/// The first Chromium on PATH (scripts/test.sh installs Debian's).
+pub fn chromium() -> &'static str {
+    ["chromium", "chromium-browser", "google-chrome"]
+        .into_iter()
+        .find(|c| {
+            std::process::Command::new(c)
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+        .expect("this test needs Chromium: apt-get install -y chromium (scripts/test.sh does)")
+}
+
+/// What one forward (+ cross-entropy) of `spec` at `batch` saves for
+/// backward, each storage once, parameters left out, summed by the part of
+/// the model (`part_of` maps the saving op's scope to a part) — what
+/// PyTorch's saved_tensors_hooks count gives on the other side. On a
+/// simulated device: the bytes depend on shapes only.
+pub fn saved_bytes_by_part(
+    spec: &vramlab::nn::ModelSpec,
+    batch: usize,
+    part_of: fn(&str) -> String,
+) -> std::collections::BTreeMap<String, u64> {
+    use vramlab::autograd::{functions as f, Tape, Value};
+    use vramlab::memory::Category;
+    let engine = Engine::simulated(AllocatorConfig::default(), None);
+    let mut store = vramlab::nn::ParamStore::new();
+    let model = spec.build(&engine, &mut store, &mut Rng::new(0)).unwrap();
+    let b = vramlab::train::Batch::random_for(
+        &engine,
+        &mut Rng::new(1),
+        spec,
+        batch,
+        vramlab::tensor::DType::F32,
+    )
+    .unwrap();
+    let tape = Tape::new();
+    engine.start_saved_log();
+    let _fwd = engine.scope(Category::Output, "forward");
+    let logits = model
+        .forward(&tape, &store, &Value::constant(b.x.clone()))
+        .unwrap();
+    let _loss = f::cross_entropy(&tape, &logits, &b.labels).unwrap();
+    let mut seen = std::collections::HashSet::new();
+    let mut parts = std::collections::BTreeMap::new();
+    for t in engine.take_saved_log() {
+        if t.category == Category::Parameter || !seen.insert(t.block) {
+            continue;
+        }
+        *parts.entry(part_of(&t.scope)).or_insert(0) += t.bytes;
+    }
+    parts
+}
