@@ -5,11 +5,12 @@
 // variance to normalise; the unbiased one, n/(n-1), into the running
 // variance, with momentum), running statistics in eval.
 //   moments: stage one of a per-channel sum, a workgroup per (channel, group
-//     of positions) with a tree in workgroup memory (as channel_sum.wgsl), of
-//     mode 0: x   1: (x − s[c])²   2: g   3: g·(x − s[c])
+//     of positions) with a tree in workgroup memory (as channel_sum.wgsl,
+//     which gives the plain sums Σx and Σg), of
+//     mode 1: (x − s[c])²   3: g·(x − s[c])
 //     where s is the channel mean (so the variance is two-pass, not
 //     E[x²] − E[x]², which cancels); sum_partials adds the groups.
-//   mean_of (a thread per channel): mean = Σx / n.
+//   mean_of (a thread per channel): mean = Σx / n (Σx from channel_sum).
 //   finish (a thread per channel): 1/σ and the running statistics.
 //   eval_stats (a thread per channel): mean and 1/σ from the running ones.
 //   normalize: y = (x − mean[c])·invstd[c]·w[c] + b[c]
@@ -34,12 +35,9 @@ struct Params {
 var<workgroup> sums: array<f32, 256>;
 
 fn term(at: u32, c: u32) -> f32 {
-    switch p.mode {
-        case 0u: { return a[at]; }
-        case 1u: { let d = a[at] - s[c]; return d * d; }
-        case 2u: { return b[at]; }
-        default: { return b[at] * (a[at] - s[c]); }
-    }
+    let d = a[at] - s[c];
+    if (p.mode == 1u) { return d * d; }
+    return b[at] * d;
 }
 
 // a = x, b = g, s = channel means; out = parts [groups, C].

@@ -7,6 +7,7 @@
 //! `[C]` vectors, the weight and the running buffers, and so does the tape
 //! (the two vectors as one `[2, C]` tensor: the same bytes).
 
+use super::bias::sum_channels_into;
 use super::partials::sum_partials;
 use super::{check_u32, launch};
 use crate::device::{Kernel, Workgroups};
@@ -86,8 +87,9 @@ fn params(n: usize, c: usize, inner: usize, train: bool) -> Params {
     }
 }
 
-/// `out[c] = Σ term(x, g, mean)` over every position of channel c (mode as
-/// in the shader), two-stage.
+/// `out[off + c] = Σ term(x, g, mean)` over every position of channel c
+/// (mode 1: (x − mean)², mode 3: g·(x − mean); plain sums of x or g are
+/// the bias gradient's channel sums), two-stage.
 fn channel_moment(
     x: &Tensor,
     g: &Tensor,
@@ -161,7 +163,7 @@ pub fn batchnorm(
     };
     if train {
         let sums = Tensor::empty(e, &[c], DType::F32, "batchnorm.sums")?;
-        channel_moment(x, x, x, &sums, 0, p, 0)?;
+        sum_channels_into(x, c, inner, &sums, 0)?;
         per_channel(&MEAN_OF, [&stats, x, &sums, x, x, x])?;
         channel_moment(x, x, &stats, &sums, 0, p, 1)?;
         per_channel(&FINISH, [&stats, x, x, &sums, running_mean, running_var])?;
@@ -202,7 +204,7 @@ pub fn batchnorm_backward(
     let p = params(n, c, inner, train);
     // [Σg | Σg(x − mean)]
     let sums = Tensor::empty(e, &[2, c], DType::F32, "batchnorm.grad_sums")?;
-    channel_moment(x, g, stats, &sums, 0, p, 2)?;
+    sum_channels_into(g, c, inner, &sums, 0)?;
     channel_moment(x, g, stats, &sums, c, p, 3)?;
     let dw = Tensor::empty(e, &[c], DType::F32, "batchnorm.grad_weight")?;
     launch(

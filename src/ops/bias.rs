@@ -94,8 +94,22 @@ pub fn sum_channels(
     inner: usize,
     label: &str,
 ) -> Result<Tensor, TensorError> {
-    let p = params(t, channels, inner)?;
+    params(t, channels, inner)?;
     let out = Tensor::empty(t.engine(), &[channels], t.dtype(), label)?;
+    sum_channels_into(t, channels, inner, &out, 0)?;
+    Ok(out)
+}
+
+/// [`sum_channels`] into `out[off..off + channels]` (BatchNorm keeps its
+/// per-channel sums side by side in one tensor).
+pub(crate) fn sum_channels_into(
+    t: &Tensor,
+    channels: usize,
+    inner: usize,
+    out: &Tensor,
+    off: usize,
+) -> Result<(), TensorError> {
+    let p = params(t, channels, inner)?;
     let total = p.outer as usize * inner;
     let groups = total.div_ceil(PER_GROUP).max(1);
     // Stage one: a partial sum per (group of positions, channel), in a
@@ -127,6 +141,5 @@ pub fn sum_channels(
         bytemuck::bytes_of(&sp),
         crate::device::Workgroups::Linear((groups * channels) as u64),
     )?;
-    sum_partials(&parts, &out, 0, groups, channels, 0, false)?;
-    Ok(out)
+    sum_partials(&parts, out, 0, groups, channels, off, false)
 }
