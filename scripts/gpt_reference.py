@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_reference import OPTIMIZERS, hyper, optimizer, save_case  # noqa: E402
+from torch_reference import OPTIMIZERS, hyper, optimizer, save_case, train_steps  # noqa: E402
 
 torch.set_default_dtype(torch.float32)
 
@@ -121,25 +121,6 @@ class Gpt(nn.Module):
         return F.linear(self.ln_f(h), self.wte.weight)
 
 
-def loss_of(logits, y):
-    return F.cross_entropy(logits, y.reshape(-1))
-
-
-def train_steps(net, opt, x, y, steps):
-    for _ in range(steps):
-        opt.zero_grad(set_to_none=True)
-        logits = net(x)
-        loss = loss_of(logits, y)
-        loss.backward()
-        grads = {n: p.grad.detach().clone() for n, p in net.named_parameters()}
-        opt.step()
-    out = {"logits": logits.detach().clone(), "loss": loss.detach().reshape(())}
-    for n, p in net.named_parameters():
-        out[f"grad.{n}"] = grads[n]
-        out[f"param.{n}"] = p.detach().clone()
-    return out
-
-
 SMALL = dict(layers=2, heads=3, dim=12, seq_len=7, vocab=11, batch=3)
 
 
@@ -150,7 +131,8 @@ def step_case(opt_name, seed=7, steps=2, cfg=SMALL):
     y = torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["seq_len"]), dtype=torch.int64)
     weights = {k: v.detach().clone().contiguous() for k, v in net.state_dict().items() if k != "mask"}
     opt = optimizer(opt_name, net.parameters(), cfg)
-    expected = train_steps(net, opt, x, y, steps)
+    # Labels [B, S] flattened as the logits [B·S, V] are (the file keeps [B, S]).
+    expected = train_steps(net, opt, x, y.reshape(-1), steps)
     h = hyper(opt_name, cfg)
     meta = {
         "model": "gpt",

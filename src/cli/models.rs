@@ -20,10 +20,7 @@ pub fn run(args: &ModelsArgs) -> anyhow::Result<()> {
     for (name, about) in ZOO {
         let spec = ModelSpec::default_for(name).map_err(anyhow::Error::msg)?;
         let params = spec.parameter_shapes();
-        let count: usize = params
-            .iter()
-            .map(|(_, s)| s.iter().product::<usize>())
-            .sum();
+        let count = spec.parameter_count();
         out.push((name, about, spec, params, count));
     }
     if args.json {

@@ -179,13 +179,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
             args.dtype
         );
     }
-    if args.dtype != crate::tensor::DType::F32 && !spec.supports_16bit_model() {
-        anyhow::bail!(
-            "{} runs in f32 (its LayerNorm, GELU, embedding, BatchNorm and max-pool kernels are f32 only); use --amp f16 or --amp bf16 for 16-bit compute instead of --dtype {}",
-            spec.name(),
-            args.dtype
-        );
-    }
+    spec.check_dtype(args.dtype).map_err(anyhow::Error::msg)?;
     store.to_dtype(args.dtype)?;
     let is_gpt = matches!(spec, crate::nn::ModelSpec::Gpt { .. });
     if args.text.is_some() && !is_gpt {

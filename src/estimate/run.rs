@@ -28,16 +28,12 @@ impl Plan {
     /// The model (weights from `seed`), one random batch, and a trainer in
     /// the plan's mode with its optimizer.
     pub fn trainer(&self, engine: &Engine, seed: u64) -> Result<(Trainer, Batch), TensorError> {
-        if self.dtype != DType::F32 && !self.model.supports_16bit_model() {
-            return Err(TensorError::InvalidShape {
+        self.model
+            .check_dtype(self.dtype)
+            .map_err(|message| TensorError::InvalidShape {
                 op: "model",
-                message: format!(
-                    "{} runs in f32 (its LayerNorm, GELU, embedding, BatchNorm and max-pool kernels are f32 only); for 16-bit compute use --amp f16 or --amp bf16 instead of --dtype {}",
-                    self.model.name(),
-                    self.dtype
-                ),
-            });
-        }
+                message,
+            })?;
         let mut rng = Rng::new(seed);
         let mut store = ParamStore::new();
         let model = self.model.build(engine, &mut store, &mut rng)?;

@@ -100,24 +100,26 @@ fn c02(ctx: &Ctx) -> anyhow::Result<Outcome> {
     ))
 }
 
+/// Bytes of the gradients alive in `store`.
+fn grad_bytes(store: &ParamStore) -> usize {
+    store
+        .iter()
+        .filter_map(|p| p.grad.as_ref())
+        .map(|g| g.nbytes())
+        .sum()
+}
+
 fn c03(ctx: &Ctx) -> anyhow::Result<Outcome> {
-    let a = ctx.run(&plan(ModelSpec::SimpleCnn, 64), 1)?;
-    let params = mib(cat(&a, "parameter"));
     // After the step (optimizer done, before the next zero_grad) gradients
     // are still allocated.
     let e = ctx.engine(AllocatorConfig::default())?;
     let (mut t, b) = plan(ModelSpec::SimpleCnn, 64).trainer(&e, 0)?;
     t.step(&b)?;
-    let grads: usize = t
-        .store
-        .iter()
-        .filter_map(|p| p.grad.as_ref())
-        .map(|g| g.nbytes())
-        .sum();
+    let grads = grad_bytes(&t.store);
     let pbytes: usize = t.store.iter().map(|p| p.value.nbytes()).sum();
     Ok(outcome(
         vec![
-            fig("parameters", params, "MiB"),
+            fig("parameters", mib(pbytes as u64), "MiB"),
             fig("gradients alive after the step", mib(grads as u64), "MiB"),
         ],
         if grads == pbytes {
@@ -424,40 +426,20 @@ fn c11(ctx: &Ctx) -> anyhow::Result<Outcome> {
 }
 
 fn c12(ctx: &Ctx) -> anyhow::Result<Outcome> {
-    let cfg = GptConfig::preset("175b").map_err(anyhow::Error::msg)?;
-    let spec = ModelSpec::Gpt {
-        config: cfg,
-        seq: 2048,
-        dropout: 0.0,
-    };
-    let params: usize = spec
-        .parameter_shapes()
-        .iter()
-        .map(|(_, s)| s.iter().product::<usize>())
-        .sum();
-    let small = |p: &str| -> anyhow::Result<f64> {
-        let c = GptConfig::preset(p).map_err(anyhow::Error::msg)?;
-        let s = ModelSpec::Gpt {
-            config: c,
-            seq: 1024,
+    let gpt = |p: &str, seq: usize| -> anyhow::Result<ModelSpec> {
+        Ok(ModelSpec::Gpt {
+            config: GptConfig::preset(p).map_err(anyhow::Error::msg)?,
+            seq,
             dropout: 0.0,
-        };
-        Ok(s.parameter_shapes()
-            .iter()
-            .map(|(_, s)| s.iter().product::<usize>())
-            .sum::<usize>() as f64)
+        })
     };
-    let (p2, pxl) = (small("gpt2")?, small("gpt2-xl")?);
-    let a = |p: &str| -> anyhow::Result<f64> {
-        let c = GptConfig::preset(p).map_err(anyhow::Error::msg)?;
-        let s = ModelSpec::Gpt {
-            config: c,
-            seq: 1024,
-            dropout: 0.0,
-        };
+    let params = gpt("175b", 2048)?.parameter_count();
+    let (small, xl) = (gpt("gpt2", 1024)?, gpt("gpt2-xl", 1024)?);
+    let (p2, pxl) = (small.parameter_count() as f64, xl.parameter_count() as f64);
+    let peak = |s: ModelSpec| -> anyhow::Result<f64> {
         Ok(ctx.run(&plan(s, 1), 1)?.peak_allocated_bytes as f64)
     };
-    let mem_ratio = a("gpt2-xl")? / a("gpt2")?;
+    let mem_ratio = peak(xl)? / peak(small)?;
     let gb = params as f64 * 4.0 / 1e9;
     Ok(outcome(
         vec![
@@ -705,12 +687,7 @@ fn c21(ctx: &Ctx) -> anyhow::Result<Outcome> {
     let e = ctx.engine(AllocatorConfig::default())?;
     let (mut t, b) = plan(ModelSpec::SimpleCnn, 64).trainer(&e, 0)?;
     t.step(&b)?;
-    let grads: usize = t
-        .store
-        .iter()
-        .filter_map(|p| p.grad.as_ref())
-        .map(|g| g.nbytes())
-        .sum();
+    let grads = grad_bytes(&t.store);
     let peak = e.allocator().max_memory_allocated();
     Ok(outcome(
         vec![

@@ -134,31 +134,26 @@ impl GptConfig {
             ("wte.weight".to_string(), vec![v, d]),
             ("wpe.weight".to_string(), vec![self.seq_len, d]),
         ];
-        let mut lin = |p: String, i: usize, o: usize| {
+        // A linear's weight [o, i] and bias [o]; a LayerNorm's are [d], [d].
+        let lin = |out: &mut Vec<(String, Vec<usize>)>, p: String, i: usize, o: usize| {
             out.push((format!("{p}.weight"), vec![o, i]));
             out.push((format!("{p}.bias"), vec![o]));
         };
+        let ln = |out: &mut Vec<(String, Vec<usize>)>, p: String| {
+            out.push((format!("{p}.weight"), vec![d]));
+            out.push((format!("{p}.bias"), vec![d]));
+        };
         for b in 0..self.layers {
-            lin(format!("h.{b}.ln_1"), 0, d);
+            ln(&mut out, format!("h.{b}.ln_1"));
             for n in ["q_proj", "k_proj", "v_proj", "c_proj"] {
-                lin(format!("h.{b}.attn.{n}"), d, d);
+                lin(&mut out, format!("h.{b}.attn.{n}"), d, d);
             }
-            lin(format!("h.{b}.ln_2"), 0, d);
-            lin(format!("h.{b}.mlp.c_fc"), d, 4 * d);
-            lin(format!("h.{b}.mlp.c_proj"), 4 * d, d);
+            ln(&mut out, format!("h.{b}.ln_2"));
+            lin(&mut out, format!("h.{b}.mlp.c_fc"), d, 4 * d);
+            lin(&mut out, format!("h.{b}.mlp.c_proj"), 4 * d, d);
         }
-        lin("ln_f".to_string(), 0, d);
-        // LayerNorms: weight [d], bias [d] (the `0` inputs above).
-        for (name, shape) in out.iter_mut() {
-            if name.contains("ln_") && name.ends_with(".weight") {
-                *shape = vec![d];
-            }
-        }
+        ln(&mut out, "ln_f".to_string());
         out
-    }
-
-    pub fn head_dim(&self) -> usize {
-        self.dim / self.heads.max(1)
     }
 }
 

@@ -175,6 +175,26 @@ impl ModelSpec {
         !matches!(self, ModelSpec::Gpt { .. } | ModelSpec::Resnet50 { .. })
     }
 
+    /// Refuses a 16-bit model dtype for a model whose kernels are f32 only,
+    /// saying what to use instead.
+    pub fn check_dtype(&self, dtype: crate::tensor::DType) -> Result<(), String> {
+        if dtype == crate::tensor::DType::F32 || self.supports_16bit_model() {
+            return Ok(());
+        }
+        Err(format!(
+            "{} runs in f32 (its LayerNorm, GELU, embedding, BatchNorm and max-pool kernels are f32 only); for 16-bit compute use --amp f16 or --amp bf16 instead of --dtype {dtype}",
+            self.name()
+        ))
+    }
+
+    /// Number of parameters (elements), from the shapes alone.
+    pub fn parameter_count(&self) -> usize {
+        self.parameter_shapes()
+            .iter()
+            .map(|(_, s)| s.iter().product::<usize>())
+            .sum()
+    }
+
     /// Number of output classes.
     pub fn classes(&self) -> usize {
         match self {

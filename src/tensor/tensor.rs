@@ -200,7 +200,7 @@ impl Tensor {
             }
             category
         };
-        self.engine().log_saved(super::engine::SavedTensor {
+        self.engine().log_saved(|| super::engine::SavedTensor {
             block: handle,
             bytes: self.nbytes() as u64,
             category,
