@@ -19,11 +19,17 @@
 //   gathers of one value each.
 // Rows and columns past the edge read a clamped in-range element and are
 // never stored, so loads need no branch.
+// C is written through strides (c_rs, c_cs), so a product can be run
+// transposed, Cᵀ = Bᵀ·Aᵀ, and still land in C's row-major layout: a narrow
+// product (the fc forward: 64×10) then spreads its long side over the lanes.
 // Blocked summation: each BK slice of K is summed on its own, then added to
 // the running total, so rounding error grows with K/BK + BK rather than with
 // K (long reductions such as conv weight gradients stay as accurate as
 // PyTorch's). With splits > 1 the partial results go to a workspace that
 // sum_partials.wgsl adds up in a fixed order.
+// Accumulating into C is a variant (ACCUMULATE), not a runtime test: on a
+// CPU adapter a branch does not skip its body, so a runtime flag cost every
+// output a masked load of C even when it was overwritten.
 // Inputs are bound read_write too: tensors share segment buffers, and wgpu
 // rejects a read-only and a read-write binding of one buffer in one dispatch.
 struct Params {
@@ -31,7 +37,7 @@ struct Params {
     a_rs: u32, a_cs: u32, b_rs: u32, b_cs: u32,
     a_bs: u32, b_bs: u32, c_bs: u32, accumulate: u32,
     a_off: u32, b_off: u32, c_off: u32, splits: u32,
-    k_chunk: u32, _p0: u32, _p1: u32, _p2: u32,
+    k_chunk: u32, c_rs: u32, c_cs: u32, _p2: u32,
 }
 
 #if IMPLICIT_B
@@ -246,24 +252,28 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         // columns, TN even, n and C's offsets even), so it writes whole words.
 #for j in 0..TN/2
         if (c{{2*j}} < p.n) {
-            let ci = c_base + r{{i}} * p.n + c{{2*j}};
+            let ci = c_base + r{{i}} * p.c_rs + c{{2*j}};
             var v = vec2<f32>(acc{{i}}_{{2*j}}, acc{{i}}_{{2*j+1}});
 #if BIAS_ROWS
             v += vec2<f32>(bias{{i}}, bias{{i}});
 #endif
-            if (p.accumulate != 0u) { v += vec2<f32>(ld_c(ci), ld_c(ci + 1u)); }
+#if ACCUMULATE
+            v += vec2<f32>(ld_c(ci), ld_c(ci + 1u));
+#endif
             st2_c(ci / 2u, v, ci + 2u);
         }
 #endfor
 #else
 #for j in 0..TN
         if (c{{j}} < p.n) {
-            let ci = c_base + r{{i}} * p.n + c{{j}};
+            let ci = c_base + r{{i}} * p.c_rs + c{{j}} * p.c_cs;
             var v = acc{{i}}_{{j}};
 #if BIAS_ROWS
             v += bias{{i}};
 #endif
-            if (p.accumulate != 0u) { v += ld_c(ci); }
+#if ACCUMULATE
+            v += ld_c(ci);
+#endif
             st_c(ci, v);
         }
 #endfor

@@ -38,6 +38,7 @@ fn bench_reports_shapes_plans_and_device_time() {
     assert_eq!(fc["shape"]["k"], 100_352);
     assert!(fc["splits"].as_u64().unwrap() > 1, "{fc}");
     assert_eq!(fc["class"], "narrow");
+    assert!(fc["transposed"].is_boolean(), "{fc}");
     // conv2's weight gradient: 128×576 summed over the 16 samples, implicit.
     let dw = find("conv2.backward", 128, 576);
     assert_eq!(dw["shape"]["reduce_batch"], true);

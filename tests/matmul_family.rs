@@ -7,7 +7,8 @@
 mod common;
 use common::*;
 use vramlab::ops::matmul::{
-    choose_tile, gemm, plan_split, Gemm, MatView, MatmulKernel, ShapeClass, Target, TileConfig,
+    choose, choose_tile, gemm, plan_split, Gemm, MatView, MatmulKernel, ShapeClass, Target,
+    TileConfig,
 };
 use vramlab::tensor::Tensor;
 
@@ -285,4 +286,44 @@ fn the_wall_clock_fallback_times_each_kernel_alone() {
     // Timing by syncs must not change results.
     let want = matmul_ref(&a.to_vec().unwrap(), &b.to_vec().unwrap(), 40, 30, 20);
     assert!(max_rel_err(&c.to_vec().unwrap(), &want) < TOL);
+}
+
+#[test]
+fn narrow_products_run_transposed_where_chosen_and_stay_exact() {
+    // Few columns, many rows (the fc forward's class): on 8-lane CPU
+    // adapters these run as Cᵀ = Bᵀ·Aᵀ written back through C's strides.
+    let e = engine();
+    let mut rng = Rng::new(13);
+    let target = Target::of(&e);
+    let fc = plain(64, 10, 30_011, false, true);
+    let choice = choose(&fc, target, false, false);
+    assert_eq!(
+        choice.transposed,
+        target == Target::CpuSubgroup8,
+        "{choice:?}"
+    );
+    assert!(plan_split(&fc).splits > 1);
+    check(&e, &mut rng, &fc, MatmulKernel::Tiled, "narrow, split K");
+    for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+        let g = plain(37, 3, 45, ta, tb);
+        check(
+            &e,
+            &mut rng,
+            &g,
+            MatmulKernel::Tiled,
+            &format!("narrow ta={ta} tb={tb}"),
+        );
+    }
+    // Batched, accumulating into C at an offset, with a shared left operand.
+    let mut g = plain(41, 7, 300, false, true);
+    g.batch = 3;
+    g.a = g.a.shared();
+    g.accumulate = true;
+    check(
+        &e,
+        &mut rng,
+        &g,
+        MatmulKernel::Tiled,
+        "narrow batched accumulate",
+    );
 }

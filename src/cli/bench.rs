@@ -15,7 +15,7 @@ use crate::memory::AllocatorConfig;
 use crate::nn::init::Rng;
 use crate::nn::ModelSpec;
 use crate::ops::matmul::{
-    choose_tile, gemm, plan_split, GemmShape, MatmulKernel, ShapeClass, Target, TileConfig,
+    choose, choose_tile, gemm, plan_split, GemmShape, MatmulKernel, ShapeClass, Target, TileConfig,
 };
 use crate::profile::OpTimes;
 use crate::tensor::{DType, Engine, Tensor};
@@ -74,7 +74,10 @@ struct ShapeRow {
     shape: GemmShape,
     /// How many times the step issues it.
     count: usize,
+    /// The class of the product as issued.
     class: ShapeClass,
+    /// Run as Cᵀ = Bᵀ·Aᵀ (with the tile of the transposed product's class).
+    transposed: bool,
     tile: String,
     splits: usize,
     seconds: f64,
@@ -412,13 +415,14 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         ));
         let mut shapes = Vec::new();
         for (shape, count) in step_shapes(&spec, args.batch)? {
-            let class = ShapeClass::of(shape.m, shape.n, shape.k);
+            let choice = choose(&shape.gemm(), target, false, false);
             let secs = time_gemm(&e, &shape, MatmulKernel::Tiled, args.reps, &mut rng)?;
             let gflops = shape.flops() / secs / 1e9;
             let row = ShapeRow {
                 count,
-                class,
-                tile: choose_tile(class, target).describe(),
+                class: ShapeClass::of(shape.m, shape.n, shape.k),
+                transposed: choice.transposed,
+                tile: choice.describe(),
                 splits: plan_split(&shape.gemm()).splits,
                 seconds: secs,
                 gflops,
@@ -427,7 +431,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             };
             let s = &row.shape;
             say(format!(
-                "  {:<16} ×{:<2} {:>5}×{:<6}·K {:<6} batch {:<3}{}{} {:>8.2} GFLOP/s ({:>3.0}% of square) {:?}, split {}",
+                "  {:<16} ×{:<2} {:>5}×{:<6}·K {:<6} batch {:<3}{}{} {:>8.2} GFLOP/s ({:>3.0}% of square) {:?}{}, split {}",
                 s.op,
                 count,
                 s.m,
@@ -443,7 +447,12 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 },
                 gflops,
                 row.of_square * 100.0,
-                class,
+                row.class,
+                if choice.transposed {
+                    format!(" run as Cᵀ ({:?})", choice.class)
+                } else {
+                    String::new()
+                },
                 row.splits
             ));
             shapes.push(row);
@@ -511,12 +520,17 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 tried.push((t.describe(), shape.flops() / secs / 1e9));
             }
             tried.sort_by(|a, b| b.1.total_cmp(&a.1));
-            let chosen = choose_tile(ShapeClass::of(shape.m, shape.n, shape.k), target).describe();
-            let chosen_gflops = tried
-                .iter()
-                .find(|t| t.0 == chosen)
-                .map(|t| t.1)
-                .unwrap_or(f64::NAN);
+            let chosen = choose(&shape.gemm(), target, false, false).describe();
+            // A transposed choice is not among the candidates (they run
+            // as issued): time it as the models run it.
+            let chosen_gflops = match tried.iter().find(|t| t.0 == chosen) {
+                Some(t) => t.1,
+                None => {
+                    let secs =
+                        time_gemm(&e, &shape, MatmulKernel::Tiled, args.reps.min(3), &mut rng)?;
+                    shape.flops() / secs / 1e9
+                }
+            };
             let row = TuneRow {
                 class: class.clone(),
                 shape: format!(

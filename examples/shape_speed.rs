@@ -1,0 +1,130 @@
+//! Time one product shape under several tiles, interleaved rep by rep
+//! (device timestamps where the adapter has them): for trying an idea on
+//! one of the shapes `vramlab bench` lists.
+//! `cargo run --release --example shape_speed -- M N K [at] [bt] [ashared] [reduce] [batch=B]
+//! [conv=C,H,W,KH,KW,S,P,WO,T] [reps=R] -- TILE...`
+//! where a TILE is `WX,WY,TM,TN,BK,shared|direct[,strided][,sgA]` or `chosen`.
+
+use std::time::Instant;
+use vramlab::device::AdapterOptions;
+use vramlab::memory::AllocatorConfig;
+use vramlab::ops::matmul::{gemm, ConvGeometry, GemmShape, MatmulKernel, TileConfig};
+use vramlab::tensor::{Engine, Tensor};
+
+fn tile(spec: &str) -> Result<MatmulKernel, Box<dyn std::error::Error>> {
+    if spec == "chosen" {
+        return Ok(MatmulKernel::Tiled);
+    }
+    let f: Vec<&str> = spec.split(',').collect();
+    if f.len() < 6 {
+        return Err(
+            format!("tile {spec:?}: want WX,WY,TM,TN,BK,shared|direct[,strided][,sgA]").into(),
+        );
+    }
+    let n = |i: usize| f[i].parse::<u32>();
+    let mut t = TileConfig::new(n(0)?, n(1)?, n(2)?, n(3)?, n(4)?, f[5] == "shared");
+    t.strided_cols = f[6..].contains(&"strided");
+    t.subgroup_a = f[6..].contains(&"sgA");
+    Ok(MatmulKernel::Fixed(t))
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let split = args
+        .iter()
+        .position(|a| a == "--")
+        .ok_or("usage: M N K [at] [bt] [reps] -- TILE...")?;
+    let (shape_args, tiles) = (&args[..split], &args[split + 1..]);
+    let opt = |p: &str| {
+        shape_args
+            .iter()
+            .find_map(|a| a.strip_prefix(p).map(str::to_string))
+    };
+    let num = |i: usize| {
+        shape_args
+            .get(i)
+            .ok_or("M N K needed")
+            .map(|s| s.parse::<usize>())
+    };
+    let shape = GemmShape {
+        op: "shape".into(),
+        m: num(0)??,
+        n: num(1)??,
+        k: num(2)??,
+        batch: opt("batch=").map(|b| b.parse()).transpose()?.unwrap_or(1),
+        a_transposed: shape_args.iter().any(|a| a == "at"),
+        b_transposed: shape_args.iter().any(|a| a == "bt"),
+        a_shared: shape_args.iter().any(|a| a == "ashared"),
+        b_shared: false,
+        reduce_batch: shape_args.iter().any(|a| a == "reduce"),
+        conv: opt("conv=")
+            .map(|c| -> Result<ConvGeometry, Box<dyn std::error::Error>> {
+                let v = c
+                    .split(',')
+                    .map(|x| x.parse::<usize>())
+                    .collect::<Result<Vec<_>, _>>()?;
+                if v.len() != 9 {
+                    return Err("conv=C,H,W,KH,KW,STRIDE,PAD,WO,TRANSPOSED(0|1)".into());
+                }
+                Ok(ConvGeometry {
+                    c: v[0],
+                    h: v[1],
+                    w: v[2],
+                    kh: v[3],
+                    kw: v[4],
+                    stride: v[5],
+                    pad: v[6],
+                    wo: v[7],
+                    transposed: v[8] == 1,
+                })
+            })
+            .transpose()?,
+    };
+    let reps = shape_args
+        .iter()
+        .filter_map(|a| a.strip_prefix("reps="))
+        .next()
+        .map(|r| r.parse())
+        .transpose()?
+        .unwrap_or(7usize);
+    let kernels = tiles
+        .iter()
+        .map(|t| tile(t))
+        .collect::<Result<Vec<_>, _>>()?;
+    let e = Engine::new(&AdapterOptions::default(), AllocatorConfig::default())?;
+    let source = e.start_timing();
+    println!("{:?}", source);
+    let (na, nb, nc) = shape.sizes();
+    let fill = |n: usize| (0..n).map(|i| (i % 13) as f32 / 13.0).collect::<Vec<f32>>();
+    let a = Tensor::from_slice(&e, &fill(na), &[na], "a")?;
+    let b = Tensor::from_slice(&e, &fill(nb), &[nb], "b")?;
+    let c = Tensor::from_slice(&e, &vec![0.0; nc], &[nc], "c")?;
+    let g = shape.gemm();
+    let mut times = vec![Vec::new(); kernels.len()];
+    for rep in 0..=reps {
+        for (i, k) in kernels.iter().enumerate() {
+            e.take_dispatch_times()?;
+            let t0 = Instant::now();
+            gemm(&g, &a, &b, &c, *k)?;
+            e.synchronize()?;
+            let wall = t0.elapsed().as_secs_f64();
+            let dev = e
+                .take_dispatch_times()?
+                .map(|(_, t)| t.iter().map(|d| d.seconds).sum::<f64>())
+                .unwrap_or(wall);
+            if rep > 0 {
+                times[i].push(dev);
+            }
+        }
+    }
+    for (t, spec) in times.iter_mut().zip(tiles) {
+        t.sort_by(|x, y| x.total_cmp(y));
+        let med = t[t.len() / 2];
+        println!(
+            "{spec:<32} {:>9.3} ms {:>8.2} GFLOP/s",
+            med * 1e3,
+            shape.flops() / med / 1e9
+        );
+    }
+    Ok(())
+}
