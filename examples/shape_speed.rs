@@ -76,6 +76,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     pad: v[6],
                     wo: v[7],
                     transposed: v[8] == 1,
+                    flipped: false,
                 })
             })
             .transpose()?,

@@ -88,8 +88,15 @@ fn ld_b_at(base: u32, k_index: u32, n_index: u32) -> f32 {
     let kk2 = CV_KH * CV_KW;
     let c = kk / kk2;
     let r = kk - c * kk2;
+#if CONV_FLIP
+    // The kernel read rotated by 180° (a stride-1 convolution's input
+    // gradient is the convolution of dY with the flipped kernel).
+    let ky = CV_KH - 1u - r / CV_KW;
+    let kx = CV_KW - 1u - (r - (r / CV_KW) * CV_KW);
+#else
     let ky = r / CV_KW;
     let kx = r - ky * CV_KW;
+#endif
     let oy = col / CV_WO;
     let ox = col - oy * CV_WO;
 #if CONV_PAD0

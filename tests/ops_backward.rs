@@ -31,6 +31,13 @@ fn conv2d_forward_and_backward_match_f64() {
         // K = 576 on one small image: the product splits K into partial
         // sums, so the bias is added after them rather than in the epilogue.
         ((1, 64, 5, 5), (3, 3, 3), 1, 1),
+        // Stride 1, square kernels: dX is computed as a convolution of dY
+        // with the flipped kernel (transposed padding KH−1−P = 2, 0, 4).
+        ((2, 5, 9, 7), (6, 5, 5), 1, 2),
+        ((3, 4, 8, 6), (7, 3, 3), 1, 2),
+        ((2, 3, 6, 7), (4, 5, 5), 1, 0),
+        // Stride 1 with a non-square kernel: the im2col route.
+        ((2, 3, 6, 7), (4, 3, 2), 1, 1),
     ];
     for ((n, c, h, w), (o, kh, kw), stride, pad) in cases {
         let x = rng.vec(n * c * h * w);

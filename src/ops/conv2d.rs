@@ -3,13 +3,16 @@
 //! operand is read from x in place (no im2col buffer) and whose epilogue
 //! adds the bias (no second pass over the output). Backward: `dW = Σ_n
 //! dY[n] · im2col(x[n])ᵀ`, implicit too, in one batch-reduced product;
-//! `dcol = Wᵀ · dY` into a workspace, in chunks of samples so it stays under
-//! the device's binding limit, then `dX = col2im(dcol)`; `db = Σ dY`. Like
-//! PyTorch (cuDNN), only the input is kept for backward.
+//! for stride 1, `dX` is itself a convolution (of dY with the transposed,
+//! flipped kernel), implicit as well; otherwise `dcol = Wᵀ · dY` into a
+//! workspace, in chunks of samples so it stays under the device's binding
+//! limit, then `dX = col2im(dcol)`; `db = Σ dY`. Like PyTorch (cuDNN), only
+//! the input is kept for backward.
 
 use super::bias::sum_channels;
 use super::matmul::{gemm, gemm_bias, ConvGeometry, Gemm, MatView, MatmulKernel};
 use super::plane_grid;
+use super::swap_axes::swap_axes_12_as;
 use crate::device::compose::Defs;
 use crate::device::{Kernel, Workgroups};
 use crate::memory::Category;
@@ -122,7 +125,19 @@ impl Dims {
             pad: self.cfg.padding,
             wo: self.wo,
             transposed: false,
+            flipped: false,
         }
+    }
+
+    /// Whether dX can be computed as a convolution of dY (implicit GEMM,
+    /// no workspace of im2col's shape and no col2im): stride 1, a square
+    /// kernel and padding below its size (so the transposed convolution's
+    /// padding KH−1−P is one number and not negative), f32.
+    fn dx_as_convolution(&self, dtype: DType) -> bool {
+        self.cfg.stride == 1
+            && self.kh == self.kw
+            && self.cfg.padding < self.kh
+            && dtype == DType::F32
     }
 
     fn ckk(&self) -> usize {
@@ -285,6 +300,52 @@ pub fn conv2d_backward_ex(
         }),
     };
     gemm(&g, dy, x, &dw, MatmulKernel::Tiled)?;
+    if let Some(dx) = dx.as_ref().filter(|_| d.dx_as_convolution(x.dtype())) {
+        // dX[n] (C×HW) = W' (C × O·KH·KW) · im2col(dY[n]) with padding
+        // KH−1−P and the window flipped, where W'[c, o, ·] = W[o, c, ·]:
+        // a stride-1 convolution's input gradient is the convolution of dY
+        // with the transposed, flipped kernel. Implicit like the forward:
+        // only the transposed weight (O·C·KH·KW values) as workspace, where
+        // the im2col route wrote C·KH·KW values per output position and
+        // col2im read them back (on llvmpipe, 9× the output's stores).
+        let kk = d.kh * d.kw;
+        let wt = swap_axes_12_as(
+            &weight.reshape(&[1, d.o, d.c, kk])?,
+            "conv2d.weight_t",
+            Some(Category::Workspace),
+        )?;
+        let g = Gemm {
+            m: d.c,
+            n: d.h * d.w,
+            k: d.o * kk,
+            batch: d.n,
+            a: MatView::dense(0, d.c, d.o * kk, false).shared(),
+            b: MatView {
+                offset: 0,
+                row_stride: 0,
+                col_stride: 0,
+                batch_stride: d.o * d.hw(),
+            },
+            c_offset: 0,
+            c_batch_stride: d.c * d.h * d.w,
+            accumulate: false,
+            reduce_batch: false,
+            implicit_b: Some(ConvGeometry {
+                c: d.o,
+                h: d.ho,
+                w: d.wo,
+                kh: d.kh,
+                kw: d.kw,
+                stride: 1,
+                pad: d.kh - 1 - d.cfg.padding,
+                wo: d.w,
+                transposed: false,
+                flipped: true,
+            }),
+        };
+        gemm(&g, &wt, dy, dx, MatmulKernel::Tiled)?;
+        return Ok((Some(dx.clone()), dw, db));
+    }
     let chunk = d.chunk(x);
     for n0 in (0..d.n).step_by(chunk) {
         let nb = chunk.min(d.n - n0);

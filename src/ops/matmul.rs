@@ -146,6 +146,7 @@ impl TileConfig {
             .with("IMPLICIT_B", conv.is_some() as u8)
             .with("IMPLICIT_BT", conv.is_some_and(|c| c.transposed) as u8)
             .with("CONV_PAD0", conv.is_some_and(|c| c.pad == 0) as u8)
+            .with("CONV_FLIP", conv.is_some_and(|c| c.flipped) as u8)
             .with("ELEM_C", out.name())
             .with("TC", out.storage())
             .with("WX", self.wx)
@@ -176,8 +177,9 @@ impl TileConfig {
                 defs = defs.with(name, v);
             }
             conv_name = format!(
-                " implicit im2col{} {}x{}x{} k{}x{} s{} p{} wo{}",
+                " implicit im2col{}{} {}x{}x{} k{}x{} s{} p{} wo{}",
                 if cv.transposed { "ᵀ" } else { "" },
+                if cv.flipped { " flipped" } else { "" },
                 cv.c,
                 cv.h,
                 cv.w,
@@ -277,10 +279,10 @@ pub fn choose_tile(class: ShapeClass, target: Target) -> TileConfig {
         // and 32-deep K slices: 5–17% faster than contiguous 16-deep on
         // the square and conv2 products, interleaved in one run
         // (`examples/shape_speed.rs`).
-        (Target::CpuSubgroup8, ShapeClass::Square) => TileConfig::new(8, 4, 32, 8, 32, false)
+        (Target::CpuSubgroup8, ShapeClass::Square) => TileConfig::new(8, 4, 32, 8, 16, false)
             .with_subgroup_a()
             .with_strided_cols(),
-        (Target::CpuSubgroup8, ShapeClass::Shallow) => TileConfig::new(8, 1, 32, 8, 32, false)
+        (Target::CpuSubgroup8, ShapeClass::Shallow) => TileConfig::new(8, 1, 32, 8, 16, false)
             .with_subgroup_a()
             .with_strided_cols(),
         (Target::CpuSubgroup8, ShapeClass::Narrow) => {
@@ -344,8 +346,21 @@ pub fn choose(g: &Gemm, target: Target, out_16bit: bool, bias: bool) -> TileChoi
     } else {
         class
     };
+    let mut tile = choose_tile(class, target);
+    let rows = if transposed { g.n } else { g.m };
+    if target == Target::CpuSubgroup8 && class == ShapeClass::Square {
+        // As few padded rows as the workgroup height allows (ties to the
+        // taller group): a 64-row product (a stride-1 convolution's input
+        // gradient with 64 input channels) in 128-row tiles did half its
+        // work on clamped rows, 556 ms where 64-row tiles take 287.
+        let padded = |wy: u32| rows.div_ceil((wy * tile.tm) as usize) * (wy * tile.tm) as usize;
+        tile.wy = [4, 2, 1]
+            .into_iter()
+            .min_by_key(|&wy| (padded(wy), std::cmp::Reverse(wy)))
+            .unwrap_or(tile.wy);
+    }
     TileChoice {
-        tile: choose_tile(class, target),
+        tile,
         class,
         transposed,
     }
@@ -454,6 +469,9 @@ pub struct ConvGeometry {
     pub wo: usize,
     /// B is im2colᵀ (positions × rows) rather than im2col.
     pub transposed: bool,
+    /// The kernel window is read rotated by 180° (row (c, ky, kx) reads
+    /// tap (KH−1−ky, KW−1−kx)): the input gradient as a convolution.
+    pub flipped: bool,
 }
 
 impl ConvGeometry {

@@ -6,6 +6,7 @@
 
 use super::{check_u32, launch};
 use crate::device::Kernel;
+use crate::memory::Category;
 use crate::tensor::{DType, Tensor, TensorError};
 
 const SOURCE: &str = include_str!("../../shaders/swap_axes.wgsl");
@@ -22,6 +23,16 @@ struct Params {
 
 /// `x.transpose(1, 2).contiguous()` for a 4-D `x`.
 pub fn swap_axes_12(x: &Tensor, label: &str) -> Result<Tensor, TensorError> {
+    swap_axes_12_as(x, label, None)
+}
+
+/// [`swap_axes_12`] into a tensor of the given memory category (a
+/// convolution's transposed weight is a workspace).
+pub(crate) fn swap_axes_12_as(
+    x: &Tensor,
+    label: &str,
+    category: Option<Category>,
+) -> Result<Tensor, TensorError> {
     x.require_f32("swap axes")?;
     check_u32("swap axes", x)?;
     let [a, b, c, e] = match x.shape() {
@@ -33,7 +44,7 @@ pub fn swap_axes_12(x: &Tensor, label: &str) -> Result<Tensor, TensorError> {
             })
         }
     };
-    let out = Tensor::empty(x.engine(), &[a, c, b, e], DType::F32, label)?;
+    let out = Tensor::empty_as(x.engine(), &[a, c, b, e], DType::F32, label, category)?;
     let p = Params {
         a: a as u32,
         b: b as u32,
