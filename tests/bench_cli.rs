@@ -39,6 +39,14 @@ fn bench_reports_shapes_plans_and_device_time() {
     assert!(fc["splits"].as_u64().unwrap() > 1, "{fc}");
     assert_eq!(fc["class"], "narrow");
     assert!(fc["transposed"].is_boolean(), "{fc}");
+    // Every shape carries the time to write its output alone (K = 1) and
+    // the share of the square rate that bound allows (timings are not
+    // compared here).
+    for s in shapes {
+        let floor = s["write_floor_seconds"].as_f64().unwrap();
+        let ceiling = s["ceiling_of_square"].as_f64().unwrap();
+        assert!(floor > 0.0 && ceiling > 0.0, "{s}");
+    }
     // conv2's weight gradient: 128×576 summed over the 16 samples, implicit.
     let dw = find("conv2.backward", 128, 576);
     assert_eq!(dw["shape"]["reduce_batch"], true);

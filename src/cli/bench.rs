@@ -1,7 +1,8 @@
 //! `vramlab bench`: kernel speed on this adapter. Square matmuls (GFLOP/s),
 //! every matrix product shape each zoo model's training step issues (logged
-//! from a step, then replayed alone), and the whole step per model with its
-//! device time per phase. `--tune` tries a grid of tile shapes per shape
+//! from a step, then replayed alone, each beside the time its output takes
+//! to write with K = 1, which bounds products with little work per output),
+//! and the whole step per model with its device time per phase. `--tune` tries a grid of tile shapes per shape
 //! class and prints the best, which is how `choose_tile` was filled in.
 //!
 //! Timing: wall clock around a product and a wait for the GPU, median of
@@ -84,6 +85,12 @@ struct ShapeRow {
     gflops: f64,
     /// GFLOP/s over the 1024³ square product's (or the largest size run).
     of_square: f64,
+    /// Seconds for the same product with K = 1: writing the output (and
+    /// any partial sums) alone. A product with little work per output
+    /// cannot run faster than this.
+    write_floor_seconds: f64,
+    /// The best `of_square` that floor allows.
+    ceiling_of_square: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -418,7 +425,17 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             let choice = choose(&shape.gemm(), target, false, false);
             let secs = time_gemm(&e, &shape, MatmulKernel::Tiled, args.reps, &mut rng)?;
             let gflops = shape.flops() / secs / 1e9;
+            // The same outputs from a one-deep product: what writing them
+            // (and any partial sums) costs with no arithmetic to speak of.
+            let floor_shape = GemmShape {
+                k: 1,
+                conv: None,
+                ..shape.clone()
+            };
+            let floor = time_gemm(&e, &floor_shape, MatmulKernel::Tiled, args.reps, &mut rng)?;
             let row = ShapeRow {
+                write_floor_seconds: floor,
+                ceiling_of_square: shape.flops() / floor / 1e9 / reference,
                 count,
                 class: ShapeClass::of(shape.m, shape.n, shape.k),
                 transposed: choice.transposed,
@@ -431,7 +448,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             };
             let s = &row.shape;
             say(format!(
-                "  {:<16} ×{:<2} {:>5}×{:<6}·K {:<6} batch {:<3}{}{} {:>8.2} GFLOP/s ({:>3.0}% of square) {:?}{}, split {}",
+                "  {:<16} ×{:<2} {:>5}×{:<6}·K {:<6} batch {:<3}{}{} {:>8.2} GFLOP/s ({:>3.0}% of square{}) {:?}{}, split {}",
                 s.op,
                 count,
                 s.m,
@@ -447,6 +464,16 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 },
                 gflops,
                 row.of_square * 100.0,
+                // Said only where writing the output bounds the rate.
+                if row.ceiling_of_square < 2.0 {
+                    format!(
+                        "; writing C alone {:.1} ms: at most {:.0}%",
+                        row.write_floor_seconds * 1e3,
+                        row.ceiling_of_square * 100.0
+                    )
+                } else {
+                    String::new()
+                },
                 row.class,
                 if choice.transposed {
                     format!(" run as Cᵀ ({:?})", choice.class)

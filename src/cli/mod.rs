@@ -50,8 +50,9 @@ pub enum Command {
     /// estimated (and measured) points, a fitted line and power law, a plot.
     Sweep(Box<sweep::SweepArgs>),
     /// Kernel speed on this adapter: square matmuls, every product shape of
-    /// each zoo model's step, the whole step with device time per phase and
-    /// op; --tune tries tile shapes per shape class.
+    /// each zoo model's step (with the time its output alone takes to write,
+    /// which bounds shallow products), the whole step with device time per
+    /// phase and op; --tune tries tile shapes per shape class.
     Bench(Box<bench::BenchArgs>),
     /// Run the built-in allocation workloads (vramlab's own training traces
     /// and synthetic fragmentation patterns) through every allocator strategy.
