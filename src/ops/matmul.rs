@@ -7,7 +7,8 @@
 //! `sum_partials` adds up; a batch whose products are summed (conv weight
 //! gradients, one product per sample) goes the same way in one dispatch
 //! instead of a loop of one-workgroup dispatches. Operands are read through
-//! strides, so `transpose_a` / `transpose_b` cost no copy.
+//! strides, so `transpose_a` / `transpose_b` cost no copy, and C is written
+//! through strides, so a narrow product can run as Cᵀ = Bᵀ·Aᵀ ([`choose`]).
 //!
 //! The split and its workspace depend only on the shapes, never on the
 //! adapter, so a simulated device allocates exactly what a real one does.
@@ -271,7 +272,8 @@ impl Target {
 }
 
 /// The tile for `class` on `target`, chosen with `vramlab bench --tune`
-/// and `examples/matmul_speed.rs` (figures in the README's kernel section).
+/// `examples/matmul_speed.rs` and `examples/shape_speed.rs` (figures in the
+/// README's kernel section).
 pub fn choose_tile(class: ShapeClass, target: Target) -> TileConfig {
     match (target, class) {
         // Columns strided across the lanes (lane x owns x, x+8, …: one
