@@ -33,7 +33,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let split = args
         .iter()
         .position(|a| a == "--")
-        .ok_or("usage: M N K [at] [bt] [reps] -- TILE...")?;
+        .ok_or("usage: M N K [at] [bt] [ashared] [reduce] [batch=B] [conv=C,H,W,KH,KW,S,P,WO,T] [reps=R] -- TILE...")?;
     let (shape_args, tiles) = (&args[..split], &args[split + 1..]);
     let opt = |p: &str| {
         shape_args
@@ -87,7 +87,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .next()
         .map(|r| r.parse())
         .transpose()?
-        .unwrap_or(7usize);
+        .unwrap_or(7usize)
+        .max(1);
     let kernels = tiles
         .iter()
         .map(|t| tile(t))

@@ -300,7 +300,7 @@ pub fn conv2d_backward_ex(
         }),
     };
     gemm(&g, dy, x, &dw, MatmulKernel::Tiled)?;
-    if let Some(dx) = dx.as_ref().filter(|_| d.dx_as_convolution(x.dtype())) {
+    if let Some(out) = dx.as_ref().filter(|_| d.dx_as_convolution(x.dtype())) {
         // dX[n] (C×HW) = W' (C × O·KH·KW) · im2col(dY[n]) with padding
         // KH−1−P and the window flipped, where W'[c, o, ·] = W[o, c, ·]:
         // a stride-1 convolution's input gradient is the convolution of dY
@@ -343,8 +343,8 @@ pub fn conv2d_backward_ex(
                 flipped: true,
             }),
         };
-        gemm(&g, &wt, dy, dx, MatmulKernel::Tiled)?;
-        return Ok((Some(dx.clone()), dw, db));
+        gemm(&g, &wt, dy, out, MatmulKernel::Tiled)?;
+        return Ok((dx, dw, db));
     }
     let chunk = d.chunk(x);
     for n0 in (0..d.n).step_by(chunk) {
