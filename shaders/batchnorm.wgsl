@@ -4,12 +4,9 @@
 // as PyTorch's native_batch_norm: batch statistics in training (biased
 // variance to normalise; the unbiased one, n/(n-1), into the running
 // variance, with momentum), running statistics in eval.
-//   moments: stage one of a per-channel sum, a workgroup per (channel, group
-//     of positions) with a tree in workgroup memory (as channel_sum.wgsl,
-//     which gives the plain sums Σx and Σg), of
-//     mode 1: (x − s[c])²   3: g·(x − s[c])
-//     where s is the channel mean (so the variance is two-pass, not
-//     E[x²] − E[x]², which cancels); sum_partials adds the groups.
+//   The per-channel sums come from channel_sum.wgsl: Σx and Σg plain, and
+//     Σ(x − mean)² and Σg·(x − mean) centred on the channel mean (so the
+//     variance is two-pass, not E[x²] − E[x]², which cancels).
 //   mean_of (a thread per channel): mean = Σx / n (Σx from channel_sum).
 //   finish (a thread per channel): 1/σ and the running statistics.
 //   eval_stats (a thread per channel): mean and 1/σ from the running ones.
@@ -19,8 +16,7 @@
 //   dweight (a thread per channel): Σ g·x̂ = invstd·Σ g(x − mean).
 struct Params {
     outer: u32, channels: u32, inner: u32, total: u32,
-    per_group: u32, groups: u32, mode: u32, train: u32,
-    eps: f32, momentum: f32, _p0: u32, _p1: u32,
+    train: u32, eps: f32, momentum: f32, _p0: u32,
 }
 
 @group(0) @binding(0) var<storage, read_write> a: array<f32>;
@@ -31,41 +27,6 @@ struct Params {
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
 @group(0) @binding(6) var<uniform> p: Params;
 #include prelude
-
-var<workgroup> sums: array<f32, 256>;
-
-fn term(at: u32, c: u32) -> f32 {
-    let d = a[at] - s[c];
-    if (p.mode == 1u) { return d * d; }
-    return b[at] * d;
-}
-
-// a = x, b = g, s = channel means; out = parts [groups, C].
-@compute @workgroup_size(256)
-fn moments(@builtin(workgroup_id) wid: vec3<u32>,
-           @builtin(num_workgroups) nwg: vec3<u32>,
-           @builtin(local_invocation_index) lidx: u32) {
-    let w = wid.x + wid.y * nwg.x + wid.z * nwg.x * nwg.y;
-    let live = w < p.channels * p.groups;
-    let c = w % p.channels;
-    let g = w / p.channels;
-    let begin = g * p.per_group;
-    let end = select(begin, min(begin + p.per_group, p.total), live);
-    var acc = 0.0;
-    for (var j = begin + lidx; j < end; j += 256u) {
-        let o = j / p.inner;
-        let i = j - o * p.inner;
-        acc += term((o * p.channels + c) * p.inner + i, c);
-    }
-    sums[lidx] = acc;
-    workgroupBarrier();
-    for (var k = 128u; k > 0u; k >>= 1u) {
-        if (lidx < k) { sums[lidx] += sums[lidx + k]; }
-        workgroupBarrier();
-    }
-    if (lidx == 0u && live) { out[g * p.channels + c] = sums[0]; }
-    if (p._p0 == 0xffffffffu) { out[0] = u[0] + v[0]; }
-}
 
 // s = Σx; writes a = mean.
 @compute @workgroup_size(256)

@@ -6,6 +6,9 @@
 // the 256 and parts[g·channels + c] receives the total. sum_partials.wgsl
 // adds the groups up. Many workgroups per channel fill a GPU, where one
 // thread per channel over N·H·W positions left it idle.
+// CENTRED sums a term about a per-channel centre instead (BatchNorm's
+// two-pass statistics, which E[x²] − E[x]² would cancel away):
+//   CENTRED == 1: (t − mean[c])²        CENTRED == 2: g·(t − mean[c])
 struct Params {
     outer: u32, channels: u32, inner: u32, total: u32,
     per_group: u32, groups: u32, _p0: u32, _p1: u32,
@@ -13,8 +16,34 @@ struct Params {
 
 @group(0) @binding(0) var<storage, read_write> t: array<{{T}}>;
 @group(0) @binding(1) var<storage, read_write> parts: array<f32>;
-@group(0) @binding(2) var<uniform> p: Params;
+#if CENTRED
+@group(0) @binding(2) var<storage, read_write> mean: array<f32>;
+#if CENTRED == 2
+@group(0) @binding(3) var<storage, read_write> g: array<{{T}}>;
+#accessors t g
+@group(0) @binding(4) var<uniform> p: Params;
+#else
 #accessors t
+@group(0) @binding(3) var<uniform> p: Params;
+#endif
+#else
+#accessors t
+@group(0) @binding(2) var<uniform> p: Params;
+#endif
+
+// The summed term at element `at` of channel `c`.
+fn term(at: u32, c: u32) -> f32 {
+#if CENTRED
+    let d = ld_t(at) - mean[c];
+#if CENTRED == 2
+    return ld_g(at) * d;
+#else
+    return d * d;
+#endif
+#else
+    return ld_t(at);
+#endif
+}
 
 var<workgroup> sums: array<f32, 256>;
 
@@ -39,7 +68,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         var o = j0 / p.inner;
         var i = j0 - o * p.inner;
         for (var j = j0; j < end; j += 256u) {
-            acc += ld_t((o * p.channels + c) * p.inner + i);
+            acc += term((o * p.channels + c) * p.inner + i, c);
             i += 256u;
             if (i >= p.inner) { i -= p.inner; o += 1u; }
         }
@@ -47,7 +76,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         for (var j = j0; j < end; j += 256u) {
             let o = j / p.inner;
             let i = j - o * p.inner;
-            acc += ld_t((o * p.channels + c) * p.inner + i);
+            acc += term((o * p.channels + c) * p.inner + i, c);
         }
     }
     sums[lidx] = acc;

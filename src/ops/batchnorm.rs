@@ -7,24 +7,19 @@
 //! `[C]` vectors, the weight and the running buffers, and so does the tape
 //! (the two vectors as one `[2, C]` tensor: the same bytes).
 
-use super::bias::sum_channels_into;
+use super::bias::{channel_sums, sum_channels_into, Centre};
 use super::partials::sum_partials;
 use super::{check_u32, launch};
-use crate::device::{Kernel, Workgroups};
-use crate::memory::Category;
+use crate::device::Kernel;
 use crate::tensor::{DType, Tensor, TensorError};
 
 const SOURCE: &str = include_str!("../../shaders/batchnorm.wgsl");
-const MOMENTS: Kernel = Kernel::fixed("batchnorm_moments", SOURCE, "moments");
 const MEAN_OF: Kernel = Kernel::fixed("batchnorm_mean", SOURCE, "mean_of");
 const FINISH: Kernel = Kernel::fixed("batchnorm_stats", SOURCE, "finish");
 const EVAL_STATS: Kernel = Kernel::fixed("batchnorm_eval_stats", SOURCE, "eval_stats");
 const NORMALIZE: Kernel = Kernel::fixed("batchnorm_normalize", SOURCE, "normalize");
 const DX: Kernel = Kernel::fixed("batchnorm_backward_input", SOURCE, "dx");
 const DWEIGHT: Kernel = Kernel::fixed("batchnorm_backward_weight", SOURCE, "dweight");
-
-/// Positions one reduction workgroup takes (256 threads × 64).
-const PER_GROUP: usize = 256 * 64;
 
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
@@ -33,13 +28,10 @@ struct Params {
     channels: u32,
     inner: u32,
     total: u32,
-    per_group: u32,
-    groups: u32,
-    mode: u32,
     train: u32,
     eps: f32,
     momentum: f32,
-    _p: [u32; 2],
+    _p: u32,
 }
 
 /// PyTorch's BatchNorm2d defaults.
@@ -77,51 +69,11 @@ fn params(n: usize, c: usize, inner: usize, train: bool) -> Params {
         channels: c as u32,
         inner: inner as u32,
         total: total as u32,
-        per_group: PER_GROUP as u32,
-        groups: total.div_ceil(PER_GROUP).max(1) as u32,
-        mode: 0,
         train: train as u32,
         eps: EPS,
         momentum: MOMENTUM,
-        _p: [0; 2],
+        _p: 0,
     }
-}
-
-/// `out[off + c] = Σ term(x, g, mean)` over every position of channel c
-/// (mode 1: (x − mean)², mode 3: g·(x − mean); plain sums of x or g are
-/// the bias gradient's channel sums), two-stage.
-fn channel_moment(
-    x: &Tensor,
-    g: &Tensor,
-    mean: &Tensor,
-    out: &Tensor,
-    off: usize,
-    mut p: Params,
-    mode: u32,
-) -> Result<(), TensorError> {
-    p.mode = mode;
-    let (groups, c) = (p.groups as usize, p.channels as usize);
-    let parts = Tensor::empty_as(
-        x.engine(),
-        &[groups, c],
-        DType::F32,
-        "batchnorm.partials",
-        Some(Category::Workspace),
-    )?;
-    x.engine().dispatch(
-        &MOMENTS,
-        &[
-            &x.slice(),
-            &g.slice(),
-            &mean.slice(),
-            &x.slice(),
-            &x.slice(),
-            &parts.slice(),
-        ],
-        bytemuck::bytes_of(&p),
-        Workgroups::Linear((groups * c) as u64),
-    )?;
-    sum_partials(&parts, out, 0, groups, c, off, false)
 }
 
 /// `batch_norm(x, running_mean, running_var, w, b, training)`; in training
@@ -165,7 +117,7 @@ pub fn batchnorm(
         let sums = Tensor::empty(e, &[c], DType::F32, "batchnorm.sums")?;
         sum_channels_into(x, c, inner, &sums, 0)?;
         per_channel(&MEAN_OF, [&stats, x, &sums, x, x, x])?;
-        channel_moment(x, x, &stats, &sums, 0, p, 1)?;
+        channel_sums(x, c, inner, &sums, 0, Centre::Squared { mean: &stats })?;
         per_channel(&FINISH, [&stats, x, x, &sums, running_mean, running_var])?;
     } else {
         per_channel(&EVAL_STATS, [&stats, x, x, x, running_mean, running_var])?;
@@ -205,7 +157,7 @@ pub fn batchnorm_backward(
     // [Σg | Σg(x − mean)]
     let sums = Tensor::empty(e, &[2, c], DType::F32, "batchnorm.grad_sums")?;
     sum_channels_into(g, c, inner, &sums, 0)?;
-    channel_moment(x, g, stats, &sums, c, p, 3)?;
+    channel_sums(x, c, inner, &sums, c, Centre::TimesG { mean: stats, g })?;
     let dw = Tensor::empty(e, &[c], DType::F32, "batchnorm.grad_weight")?;
     launch(
         x,

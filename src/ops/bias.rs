@@ -109,6 +109,31 @@ pub(crate) fn sum_channels_into(
     out: &Tensor,
     off: usize,
 ) -> Result<(), TensorError> {
+    channel_sums(t, channels, inner, out, off, Centre::None)
+}
+
+/// What the channel sum adds up about a per-channel centre.
+#[derive(Clone, Copy)]
+pub(crate) enum Centre<'a> {
+    /// Σ t.
+    None,
+    /// Σ (t − mean[c])² (`mean` holds at least `channels` f32 values).
+    Squared { mean: &'a Tensor },
+    /// Σ g·(t − mean[c]).
+    TimesG { mean: &'a Tensor, g: &'a Tensor },
+}
+
+/// `out[off + c] = Σ term` over every position of channel c, two-stage:
+/// the bias gradient's plain sums and BatchNorm's centred ones (the same
+/// kernel, `CENTRED`).
+pub(crate) fn channel_sums(
+    t: &Tensor,
+    channels: usize,
+    inner: usize,
+    out: &Tensor,
+    off: usize,
+    centre: Centre,
+) -> Result<(), TensorError> {
     let p = params(t, channels, inner)?;
     let total = p.outer as usize * inner;
     let groups = total.div_ceil(PER_GROUP).max(1);
@@ -130,14 +155,22 @@ pub(crate) fn sum_channels_into(
         groups: groups as u32,
         _pad: [0; 2],
     };
+    let (mode, what, extra): (u8, &str, Vec<&Tensor>) = match centre {
+        Centre::None => (0, "", vec![]),
+        Centre::Squared { mean } => (1, " (t−mean)²", vec![mean]),
+        Centre::TimesG { mean, g } => (2, " g·(t−mean)", vec![mean, g]),
+    };
+    let mut slices = vec![t.slice(), parts.slice()];
+    slices.extend(extra.iter().map(|x| x.slice()));
+    let bindings: Vec<_> = slices.iter().collect();
     t.engine().dispatch(
         &Kernel::variant(
-            format!("channel_sum[{}]", t.dtype()),
+            format!("channel_sum[{}{what}]", t.dtype()),
             CHANNEL_SUM,
             "main",
-            Defs::elem(t.dtype().elem()),
+            Defs::elem(t.dtype().elem()).with("CENTRED", mode),
         ),
-        &[&t.slice(), &parts.slice()],
+        &bindings,
         bytemuck::bytes_of(&sp),
         crate::device::Workgroups::Linear((groups * channels) as u64),
     )?;
