@@ -72,19 +72,7 @@ fn every_claim_has_a_lesson_with_a_measured_verdict() {
     assert_eq!(get("C15")["verdict"], "holds");
 
     // The page in headless Chromium: every section, every plot drawn.
-    let page = dir.join("index.html");
-    let chromium = chromium();
-    let out = Command::new(chromium)
-        .args(["--headless", "--no-sandbox", "--disable-gpu", "--dump-dom"])
-        .arg(format!("file://{}", page.display()))
-        .output()
-        .unwrap();
-    let dom = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        dom.contains(r#"data-status="ok""#),
-        "page incomplete: {}",
-        &dom[..dom.len().min(300)]
-    );
+    let dom = rendered_dom(&dir.join("index.html"));
     assert!(dom.contains(r#"data-plots="10""#), "ten plots");
     assert!(dir.join("lessons.json").exists());
     let _ = std::fs::remove_dir_all(&dir);

@@ -95,19 +95,7 @@ fn timeline_html_renders_in_headless_chromium() {
         .status()
         .unwrap();
     assert!(status.success());
-    let page = dir.join("timeline.html");
-    let chromium = chromium();
-    let out = std::process::Command::new(chromium)
-        .args(["--headless", "--no-sandbox", "--disable-gpu", "--dump-dom"])
-        .arg(format!("file://{}", page.display()))
-        .output()
-        .unwrap();
-    let dom = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        dom.contains(r#"data-status="ok""#),
-        "page did not finish drawing: {}",
-        &dom[..dom.len().min(300)]
-    );
+    rendered_dom(&dir.join("timeline.html"));
     let _ = std::fs::remove_dir_all(&dir);
 }
 

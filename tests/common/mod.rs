@@ -285,6 +285,24 @@ pub fn chromium() -> &'static str {
         .expect("this test needs Chromium: apt-get install -y chromium (scripts/test.sh does)")
 }
 
+/// `page` loaded in headless Chromium: its DOM after the scripts ran,
+/// asserting the page's self-check finished (`data-status="ok"`).
+pub fn rendered_dom(page: &std::path::Path) -> String {
+    let out = std::process::Command::new(chromium())
+        .args(["--headless", "--no-sandbox", "--disable-gpu", "--dump-dom"])
+        .arg(format!("file://{}", page.display()))
+        .output()
+        .unwrap();
+    let dom = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        dom.contains(r#"data-status="ok""#),
+        "{} did not finish drawing: {}",
+        page.display(),
+        &dom[..dom.len().min(300)]
+    );
+    dom
+}
+
 /// What one forward (+ cross-entropy) of `spec` at `batch` saves for
 /// backward, each storage once, parameters left out, summed by the part of
 /// the model (`part_of` maps the saving op's scope to a part) — what
