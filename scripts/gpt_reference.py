@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_reference import OPTIMIZERS, hyper, optimizer, save_case, train_steps  # noqa: E402
+from torch_reference import OPTIMIZERS, optimizer, save_case, step_meta, train_steps  # noqa: E402
 
 torch.set_default_dtype(torch.float32)
 
@@ -133,17 +133,7 @@ def step_case(opt_name, seed=7, steps=2, cfg=SMALL):
     opt = optimizer(opt_name, net.parameters(), cfg)
     # Labels [B, S] flattened as the logits [B·S, V] are (the file keeps [B, S]).
     expected = train_steps(net, opt, x, y.reshape(-1), steps)
-    h = hyper(opt_name, cfg)
-    meta = {
-        "model": "gpt",
-        "heads": str(cfg["heads"]),
-        "optimizer": opt_name,
-        "steps": str(steps),
-        "lr": repr(h["lr"]),
-        "momentum": repr(h.get("momentum", 0.0)),
-        "weight_decay": repr(h["weight_decay"]),
-        "torch": torch.__version__,
-    }
+    meta = step_meta("gpt", opt_name, cfg, steps, heads=str(cfg["heads"]))
     return weights, {"x": x, "y": y}, expected, meta
 
 

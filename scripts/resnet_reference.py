@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_reference import hyper, optimizer, save_case, train_steps  # noqa: E402
+from torch_reference import optimizer, save_case, step_meta, train_steps  # noqa: E402
 
 torch.set_default_dtype(torch.float32)
 
@@ -118,20 +118,10 @@ def step_case(opt_name, seed=7, steps=1, cfg=SMALL):
     weights = {k: v.detach().clone().contiguous() for k, v in net.named_parameters()}
     opt = optimizer(opt_name, net.parameters(), cfg)
     expected = train_steps(net, opt, x, y, steps)
-    h = hyper(opt_name, cfg)
-    meta = {
-        "model": "resnet50",
-        "optimizer": opt_name,
-        "steps": str(steps),
-        "lr": repr(h["lr"]),
-        "momentum": repr(h.get("momentum", 0.0)),
-        "weight_decay": repr(h["weight_decay"]),
-        "torch": torch.__version__,
-        # Fifty BatchNorm layers at batch 4 are ill-conditioned: PyTorch's
-        # own f32 result is up to a few 1e-2 from float64 here; the test
-        # holds vramlab to being as close to float64 as PyTorch is.
-        "judge": "as_close_as_torch",
-    }
+    # Fifty BatchNorm layers at batch 4 are ill-conditioned: PyTorch's own
+    # f32 result is up to a few 1e-2 from float64 here; the test holds
+    # vramlab to being as close to float64 as PyTorch is.
+    meta = step_meta("resnet50", opt_name, cfg, steps, judge="as_close_as_torch")
     buffers = {k: v.detach().clone() for k, v in net.named_buffers() if "running" in k}
     # The float64 truth of the same steps, stored as f32.
     net64 = Resnet(50, cfg["width"], cfg["classes"]).double()

@@ -256,6 +256,22 @@ def grad_scaler_sequence(path):
         f.write("\n")
 
 
+def step_meta(model, opt_name, cfg, steps, **extra):
+    """A fixture's metadata: the model, the optimizer and its hyper-parameters
+    as `vramlab train` takes them, the steps, torch's version; then `extra`."""
+    h = hyper(opt_name, cfg)
+    return {
+        "model": model,
+        "optimizer": opt_name,
+        "steps": str(steps),
+        "lr": repr(h["lr"]),
+        "momentum": repr(h.get("momentum", 0.0)),
+        "weight_decay": repr(h["weight_decay"]),
+        "torch": torch.__version__,
+        **extra,
+    }
+
+
 def cmd_amp(a):
     os.makedirs(a.out, exist_ok=True)
     grad_scaler_sequence(f"{a.out}/grad_scaler.json")
@@ -275,17 +291,7 @@ def cmd_amp(a):
             weights = {k: v.detach().clone().contiguous() for k, v in net.state_dict().items()}
             opt = optimizer("adam", net.parameters(), cfg)
             expected = train_steps_amp(net, opt, x, y, 2, dtype)
-            h = hyper("adam", cfg)
-            meta = {
-                "model": model,
-                "optimizer": "adam",
-                "steps": "2",
-                "lr": repr(h["lr"]),
-                "momentum": "0.0",
-                "weight_decay": repr(h["weight_decay"]),
-                "amp": name,
-                "torch": torch.__version__,
-            }
+            meta = step_meta(model, "adam", cfg, 2, amp=name)
             d = f"{a.out}/{model}-{name}"
             save_case(d, weights, {"x": x, "y": y}, expected, meta, half=half,
                       stride_above=20000 if half else None)
@@ -307,17 +313,7 @@ def case(model, opt_name, seed, steps, cfg, half=False):
     weights = {k: v.detach().clone().contiguous() for k, v in net.state_dict().items()}
     opt = optimizer(opt_name, net.parameters(), cfg)
     expected = train_steps(net, opt, x, y, steps)
-    h = hyper(opt_name, cfg)
-    meta = {
-        "model": model,
-        "optimizer": opt_name,
-        "steps": str(steps),
-        "lr": repr(h["lr"]),
-        "momentum": repr(h.get("momentum", 0.0)),
-        "weight_decay": repr(h["weight_decay"]),
-        "torch": torch.__version__,
-    }
-    return weights, {"x": x, "y": y}, expected, meta
+    return weights, {"x": x, "y": y}, expected, step_meta(model, opt_name, cfg, steps)
 
 
 def train_command(meta, d):
