@@ -376,15 +376,13 @@ fn checkpointed_gpt_with_dropout_gives_the_plain_gradients() {
     use vramlab::nn::{ModelSpec, ParamStore};
     use vramlab::train::Batch;
     let e = engine();
+    // The tests' small gpt, with dropout.
+    let ModelSpec::Gpt { config, seq, .. } = small("gpt") else {
+        unreachable!("small(\"gpt\") is a gpt")
+    };
     let spec = ModelSpec::Gpt {
-        config: vramlab::nn::gpt::GptConfig {
-            layers: 2,
-            heads: 2,
-            dim: 16,
-            seq_len: 12,
-            vocab: 20,
-        },
-        seq: 12,
+        config,
+        seq,
         dropout: 0.3,
     };
     let mut grads = Vec::new();
