@@ -1,6 +1,7 @@
 //! Outputs are written whole or not at all (src/io/atomic.rs): a writer
 //! killed mid-write leaves the previous file intact, and a link planted at
-//! the output is replaced, not written through.
+//! the output is replaced, not written through. Standard output is a file
+//! too: a reader that goes away (`| head`) ends the command quietly.
 
 use std::path::Path;
 use std::process::Command;
@@ -133,4 +134,34 @@ fn a_link_planted_at_the_output_is_not_followed() {
         .is_symlink());
     assert!(temporaries(&dir).is_empty());
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_reader_that_goes_away_ends_the_command_quietly() {
+    use std::io::{BufRead, BufReader};
+    // A 175B estimate prints thousands of rows: far more than a pipe holds,
+    // so the command is still writing when the reader closes its end.
+    let mut child = bin()
+        .args([
+            "estimate", "--model", "gpt", "--preset", "175b", "--batch", "8",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    assert!(first.contains("vramlab estimate"), "{first}");
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains("panicked"),
+        "closing the pipe made the command panic: {stderr}"
+    );
+    assert!(
+        !out.status.success(),
+        "the command cannot have printed all its rows"
+    );
 }
