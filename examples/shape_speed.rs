@@ -3,7 +3,7 @@
 //! one of the shapes `vramlab bench` lists.
 //! `cargo run --release --example shape_speed -- M N K [at] [bt] [ashared] [reduce] [batch=B]
 //! [conv=C,H,W,KH,KW,S,P,WO,T] [reps=R] -- TILE...`
-//! where a TILE is `WX,WY,TM,TN,BK,shared|direct[,strided][,sgA]` or `chosen`.
+//! where a TILE is `WX,WY,TM,TN,BK,shared|direct[,strided][,sgA][,vec4]` or `chosen`.
 
 use std::time::Instant;
 use vramlab::device::AdapterOptions;
@@ -17,14 +17,16 @@ fn tile(spec: &str) -> Result<MatmulKernel, Box<dyn std::error::Error>> {
     }
     let f: Vec<&str> = spec.split(',').collect();
     if f.len() < 6 {
-        return Err(
-            format!("tile {spec:?}: want WX,WY,TM,TN,BK,shared|direct[,strided][,sgA]").into(),
-        );
+        return Err(format!(
+            "tile {spec:?}: want WX,WY,TM,TN,BK,shared|direct[,strided][,sgA][,vec4]"
+        )
+        .into());
     }
     let n = |i: usize| f[i].parse::<u32>();
     let mut t = TileConfig::new(n(0)?, n(1)?, n(2)?, n(3)?, n(4)?, f[5] == "shared");
     t.strided_cols = f[6..].contains(&"strided");
     t.subgroup_a = f[6..].contains(&"sgA");
+    t.vec4 = f[6..].contains(&"vec4");
     Ok(MatmulKernel::Fixed(t))
 }
 

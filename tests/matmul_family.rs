@@ -42,15 +42,18 @@ fn tiles() -> Vec<TileConfig> {
     v
 }
 
-/// C (poisoned with NaN) = op(A)·op(B) for one product, checked.
+/// C (poisoned with NaN) = op(A)·op(B) for one product, checked; C sits at
+/// `c_offset` with batch stride `c_batch_stride`, and what lies between
+/// its matrices must come back untouched.
 fn check(e: &vramlab::tensor::Engine, rng: &mut Rng, g: &Gemm, kernel: MatmulKernel, what: &str) {
     let batches = |shared: bool| if shared { 1 } else { g.batch };
     let na = batches(g.a.batch_stride == 0) * g.m * g.k;
     let nb = batches(g.b.batch_stride == 0) * g.k * g.n;
-    let nc = if g.reduce_batch { 1 } else { g.batch } * g.m * g.n;
-    let (a, b) = (rng.vec(na), rng.vec(nb));
-    let ta = Tensor::from_slice(e, &a, &[na], "a").unwrap();
-    let tb = Tensor::from_slice(e, &b, &[nb], "b").unwrap();
+    let c_matrices = if g.reduce_batch { 1 } else { g.batch };
+    let nc = g.c_offset + (c_matrices - 1) * g.c_batch_stride + g.m * g.n;
+    let (a, b) = (rng.vec(na + g.a.offset), rng.vec(nb + g.b.offset));
+    let ta = Tensor::from_slice(e, &a, &[a.len()], "a").unwrap();
+    let tb = Tensor::from_slice(e, &b, &[b.len()], "b").unwrap();
     let start = if g.accumulate {
         rng.vec(nc)
     } else {
@@ -62,28 +65,47 @@ fn check(e: &vramlab::tensor::Engine, rng: &mut Rng, g: &Gemm, kernel: MatmulKer
     let at = |v: &MatView, data: &[f32], bt: usize, r: usize, c: usize| {
         data[v.offset + bt * v.batch_stride + r * v.row_stride + c * v.col_stride] as f64
     };
-    let mut want = vec![0f64; nc];
+    let mut want: Vec<Option<f64>> = vec![None; nc];
     for bt in 0..g.batch {
-        let cb = if g.reduce_batch { 0 } else { bt * g.m * g.n };
+        let cb = g.c_offset
+            + if g.reduce_batch {
+                0
+            } else {
+                bt * g.c_batch_stride
+            };
         for i in 0..g.m {
             for j in 0..g.n {
                 let s: f64 = (0..g.k)
                     .map(|kk| at(&g.a, &a, bt, i, kk) * at(&g.b, &b, bt, kk, j))
                     .sum();
-                want[cb + i * g.n + j] += s;
+                let w = want[cb + i * g.n + j].get_or_insert(if g.accumulate {
+                    start[cb + i * g.n + j] as f64
+                } else {
+                    0.0
+                });
+                *w += s;
             }
         }
     }
-    if g.accumulate {
-        for (w, s) in want.iter_mut().zip(&start) {
-            *w += *s as f64;
+    let (mut got_written, mut want_written) = (Vec::new(), Vec::new());
+    for (i, w) in want.iter().enumerate() {
+        match w {
+            Some(w) => {
+                got_written.push(got[i]);
+                want_written.push(*w);
+            }
+            None => assert_eq!(
+                got[i].to_bits(),
+                start[i].to_bits(),
+                "{what} {kernel:?}: element {i} lies outside C but was written"
+            ),
         }
     }
     assert!(
-        got.iter().all(|v| v.is_finite()),
+        got_written.iter().all(|v| v.is_finite()),
         "{what} {kernel:?}: unwritten output"
     );
-    let err = max_rel_err(&got, &want);
+    let err = max_rel_err(&got_written, &want_written);
     assert!(err < TOL, "{what} {kernel:?}: rel err {err}");
 }
 
@@ -326,4 +348,73 @@ fn narrow_products_run_transposed_where_chosen_and_stay_exact() {
         MatmulKernel::Tiled,
         "narrow batched accumulate",
     );
+}
+
+#[test]
+fn vec4_accesses_are_used_where_the_layout_allows_and_stay_exact() {
+    // A tile asking for vec4 B loads and C stores gets them only where N,
+    // the strides and the offsets are multiples of 4 and the operand is
+    // dense along its rows; elsewhere the same tile runs scalar. Odd M and
+    // K, and an N that is not a multiple of the tile's width, keep the
+    // clamped edges in play.
+    let e = engine();
+    let mut rng = Rng::new(17);
+    e.start_timing().expect("a GPU engine can time");
+    let strided = TileConfig::new(4, 3, 3, 8, 7, false)
+        .with_strided_cols()
+        .with_vec4();
+    let contiguous = TileConfig::new(4, 3, 3, 8, 7, false).with_vec4();
+    let mut cases: Vec<(Gemm, &str, &str)> = vec![
+        (plain(37, 44, 29, false, false), "B and C", " vec4 B C]"),
+        (plain(37, 44, 29, true, false), "Aᵀ, B and C", " vec4 B C]"),
+        (plain(37, 44, 29, false, true), "Bᵀ: C only", " vec4 C]"),
+        (plain(37, 42, 29, false, false), "N = 42: none", "]"),
+    ];
+    let mut acc = plain(5, 12, 9, false, false);
+    acc.batch = 3;
+    acc.c_offset = 4;
+    acc.c_batch_stride = 5 * 12 + 4;
+    acc.accumulate = true;
+    cases.push((acc, "batched, accumulating at an offset", " vec4 B C]"));
+    let mut odd_c = acc;
+    odd_c.c_offset = 2;
+    cases.push((odd_c, "C at an odd offset: B only", " vec4 B]"));
+    let mut odd_b = plain(6, 8, 5, false, false);
+    odd_b.b.offset = 2;
+    cases.push((odd_b, "B at an odd offset: C only", " vec4 C]"));
+    let mut shared_b = plain(9, 16, 11, false, false);
+    shared_b.batch = 2;
+    shared_b.b = shared_b.b.shared();
+    shared_b.c_batch_stride = 9 * 16;
+    cases.push((shared_b, "shared B", " vec4 B C]"));
+    for tile in [strided, contiguous] {
+        for (g, what, suffix) in &cases {
+            e.take_dispatch_times().unwrap();
+            check(&e, &mut rng, g, MatmulKernel::Fixed(tile), what);
+            let (_, times) = e.take_dispatch_times().unwrap().unwrap();
+            let kernels: Vec<_> = times
+                .iter()
+                .filter(|t| t.kernel.starts_with("matmul["))
+                .collect();
+            assert_eq!(kernels.len(), 1, "{what}: {kernels:?}");
+            let name = &kernels[0].kernel;
+            assert!(
+                name.ends_with(suffix) && (suffix.len() > 1 || !name.contains(" vec4 ")),
+                "{what} with {}: ran {name}",
+                tile.describe()
+            );
+        }
+    }
+    // Split K: the partial sums go through vec4 stores too, and the chosen
+    // tile on this adapter still matches f64.
+    let split = plain(9, 12, 20_011, false, false);
+    assert!(plan_split(&split).splits > 1);
+    check(
+        &e,
+        &mut rng,
+        &split,
+        MatmulKernel::Fixed(strided),
+        "split K",
+    );
+    check(&e, &mut rng, &split, MatmulKernel::Tiled, "split K, chosen");
 }
