@@ -219,7 +219,12 @@ impl TileConfig {
                 "matmul[{}→{} {}{}{}{}{}]",
                 elem.name(),
                 out.name(),
-                self.describe(),
+                // What the tile asks for vec4 is named by what it got.
+                TileConfig {
+                    vec4: false,
+                    ..*self
+                }
+                .describe(),
                 conv_name,
                 if bias_rows { " +bias" } else { "" },
                 if accumulate { " +=" } else { "" },
