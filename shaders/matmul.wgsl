@@ -24,6 +24,9 @@
 //   vec4 store 0.98 ns per float where four scalar ones take 1.36, a vec4
 //   load 0.76 where scalar ones take 1.42), and the K = 10 fc product is
 //   mostly stores.
+//   VEC_K (direct tiles, f32, A and B both dense along K, K and the split
+//   a multiple of 4: the fc forward run as Cᵀ): A and B are loaded as vec4
+//   along K, four steps of K per load, summed in the same order.
 // Rows and columns past the edge read a clamped in-range element and are
 // never stored, so loads need no branch.
 // C is written through strides (c_rs, c_cs), so a product can be run
@@ -61,16 +64,23 @@ const CV_PAD = {{CV_PAD}}u;
 const CV_WO = {{CV_WO}}u;
 #endif
 
+#if VEC_K
+@group(0) @binding(0) var<storage, read_write> a: array<vec4<f32>>;
+#else
 @group(0) @binding(0) var<storage, read_write> a: array<{{T}}>;
-#if VEC_B
+#accessors a
+#endif
+#if B4
 @group(0) @binding(1) var<storage, read_write> b: array<vec4<f32>>;
 #else
 @group(0) @binding(1) var<storage, read_write> b: array<{{T}}>;
+#accessors b
 #endif
 #if VEC_C
 @group(0) @binding(2) var<storage, read_write> c: array<vec4<f32>>;
 #else
 @group(0) @binding(2) var<storage, read_write> c: array<{{TC}}>;
+#accessors c:ELEM_C
 #endif
 #if BIAS_ROWS
 // Epilogue: C[r, col] = product + bias[r] (conv: a bias per output
@@ -83,25 +93,12 @@ const CV_WO = {{CV_WO}}u;
 #else
 @group(0) @binding(3) var<uniform> p: Params;
 #endif
-#if VEC_B
-#if VEC_C
-#accessors a
-#else
-#accessors a c:ELEM_C
-#endif
-#else
-#if VEC_C
-#accessors a b
-#else
-#accessors a b c:ELEM_C
-#endif
-#endif
 
 // B[kk, col] at batch base `base`: a strided element, or with IMPLICIT_B
 // the im2col element of the input (row kk = (c, ky, kx), column col = output
 // position (oy, ox); zero in the padding) read straight from the input, so
 // no im2col buffer is written and read back.
-#if !VEC_B
+#if !B4
 fn ld_b_at(base: u32, k_index: u32, n_index: u32) -> f32 {
 #if IMPLICIT_B
     // B = im2col (K runs over its rows) or, IMPLICIT_BT, im2colᵀ (the
@@ -197,9 +194,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     let cg{{g}} = min(c{{4*g}}, n_last - 3u) / 4u;
 #endfor
 #else
+#if VEC_K
+    // Column j of B starts at cb_j and runs along K.
+#for j in 0..TN
+    let cb{{j}} = b_base + min(c{{j}}, n_last) * p.b_cs;
+#endfor
+#else
 #for j in 0..TN
     let cc{{j}} = min(c{{j}}, n_last);
 #endfor
+#endif
 #endif
 #endif
 
@@ -256,6 +260,32 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 #endfor
 #else
         let k_stop = min(k0 + {{BK}}u, k_end);
+#if VEC_K
+        for (var kk = k0; kk < k_stop; kk += 4u) {
+#if SUBGROUP_A
+#for q in 0..TM/WX
+            let a_mine{{q}} = a[(ra_lane{{q}} + kk) / 4u];
+#endfor
+#for i in 0..TM
+            let av{{i}} = subgroupBroadcast(a_mine{{i/WX}}, {{i-i/WX*WX}}u);
+#endfor
+#else
+#for i in 0..TM
+            let av{{i}} = a[(ra{{i}} + kk) / 4u];
+#endfor
+#endif
+#for j in 0..TN
+            let bv{{j}} = b[(cb{{j}} + kk) / 4u];
+#endfor
+#for e in 0..4
+#for i in 0..TM
+#for j in 0..TN
+            part{{i}}_{{j}} = fma(av{{i}}[{{e}}], bv{{j}}[{{e}}], part{{i}}_{{j}});
+#endfor
+#endfor
+#endfor
+        }
+#else
         for (var kk = k0; kk < k_stop; kk++) {
 #if SUBGROUP_A
 #for q in 0..TM/WX
@@ -283,12 +313,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 #endfor
 #endif
 #endif
+#endif
+#if !VEC_K
 #for i in 0..TM
 #for j in 0..TN
             part{{i}}_{{j}} = fma(av{{i}}, bv{{j}}, part{{i}}_{{j}});
 #endfor
 #endfor
         }
+#endif
 #for i in 0..TM
 #for j in 0..TN
         acc{{i}}_{{j}} += part{{i}}_{{j}};

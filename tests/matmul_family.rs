@@ -356,19 +356,35 @@ fn vec4_accesses_are_used_where_the_layout_allows_and_stay_exact() {
     // the strides and the offsets are multiples of 4 and the operand is
     // dense along its rows; elsewhere the same tile runs scalar. Odd M and
     // K, and an N that is not a multiple of the tile's width, keep the
-    // clamped edges in play.
+    // clamped edges in play. Reading along K also needs K slices of a
+    // multiple of 4.
     let e = engine();
     let mut rng = Rng::new(17);
     e.start_timing().expect("a GPU engine can time");
-    let strided = TileConfig::new(4, 3, 3, 8, 7, false)
+    let strided = TileConfig::new(4, 3, 3, 8, 8, false)
         .with_strided_cols()
         .with_vec4();
-    let contiguous = TileConfig::new(4, 3, 3, 8, 7, false).with_vec4();
+    let contiguous = TileConfig::new(4, 3, 3, 8, 8, false).with_vec4();
     let mut cases: Vec<(Gemm, &str, &str)> = vec![
         (plain(37, 44, 29, false, false), "B and C", " vec4 B C]"),
         (plain(37, 44, 29, true, false), "Aᵀ, B and C", " vec4 B C]"),
         (plain(37, 44, 29, false, true), "Bᵀ: C only", " vec4 C]"),
         (plain(37, 42, 29, false, false), "N = 42: none", "]"),
+        (
+            plain(37, 44, 28, false, true),
+            "A and Bᵀ along K",
+            " vec4 K C]",
+        ),
+        (
+            plain(37, 42, 28, false, true),
+            "along K, N = 42",
+            " vec4 K]",
+        ),
+        (
+            plain(37, 44, 28, true, true),
+            "Aᵀ is not along K",
+            " vec4 C]",
+        ),
     ];
     let mut acc = plain(5, 12, 9, false, false);
     acc.batch = 3;
@@ -417,4 +433,25 @@ fn vec4_accesses_are_used_where_the_layout_allows_and_stay_exact() {
         "split K",
     );
     check(&e, &mut rng, &split, MatmulKernel::Tiled, "split K, chosen");
+    // The fc forward's shape, split along K in chunks of a multiple of 4:
+    // on 8-lane CPU adapters it runs as Cᵀ with A and B read along K.
+    let fc = plain(64, 10, 100_352, false, true);
+    let s = plan_split(&fc);
+    assert!(s.splits > 1 && s.k_chunk.is_multiple_of(4), "{s:?}");
+    e.take_dispatch_times().unwrap();
+    check(
+        &e,
+        &mut rng,
+        &fc,
+        MatmulKernel::Tiled,
+        "fc forward, split K",
+    );
+    let (_, times) = e.take_dispatch_times().unwrap().unwrap();
+    let along_k = times.iter().any(|t| t.kernel.contains(" vec4 K"));
+    assert_eq!(
+        along_k,
+        Target::of(&e) == Target::CpuSubgroup8,
+        "{:?}",
+        times.iter().map(|t| &t.kernel).collect::<Vec<_>>()
+    );
 }

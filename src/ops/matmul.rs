@@ -62,8 +62,12 @@ pub struct TileConfig {
 /// Which of a product's operands go through vec4 accesses in one dispatch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Vec4Io {
+    /// B along its rows (N).
     pub b: bool,
+    /// C along its rows.
     pub c: bool,
+    /// A and B along K (both dense along K: the fc forward run as Cᵀ).
+    pub k: bool,
 }
 
 impl TileConfig {
@@ -182,6 +186,8 @@ impl TileConfig {
             .with("PAIR_STORE", out.is_16bit() as u8)
             .with("VEC_B", vec4.b as u8)
             .with("VEC_C", vec4.c as u8)
+            .with("VEC_K", vec4.k as u8)
+            .with("B4", (vec4.b || vec4.k) as u8)
             .with("COLS4", (vec4.b || vec4.c) as u8);
         let mut conv_name = String::new();
         if let Some(cv) = conv {
@@ -228,11 +234,13 @@ impl TileConfig {
                 conv_name,
                 if bias_rows { " +bias" } else { "" },
                 if accumulate { " +=" } else { "" },
-                match (vec4.b, vec4.c) {
-                    (true, true) => " vec4 B C",
-                    (true, false) => " vec4 B",
-                    (false, true) => " vec4 C",
-                    (false, false) => "",
+                match (vec4.b, vec4.c, vec4.k) {
+                    (true, true, _) => " vec4 B C",
+                    (true, false, _) => " vec4 B",
+                    (false, true, true) => " vec4 K C",
+                    (false, true, false) => " vec4 C",
+                    (false, false, true) => " vec4 K",
+                    (false, false, false) => "",
                 }
             ),
             SOURCE,
@@ -930,17 +938,29 @@ fn dispatch(
     // vec4 accesses need every index they form to be a multiple of 4 (and
     // the bound array to end on a whole vec4).
     let fours = |xs: &[usize]| xs.iter().all(|x| x.is_multiple_of(4));
-    let vec4 = tile.vec4 && !tile.shared && tile.tn.is_multiple_of(4) && n.is_multiple_of(4);
+    let asked = tile.vec4 && !tile.shared;
+    let cols4 = asked && tile.tn.is_multiple_of(4) && n.is_multiple_of(4);
+    let dense_b = g.implicit_b.is_none() && elem_of(b) == Elem::F32;
+    let vec_b = cols4
+        && dense_b
+        && bv.col_stride == 1
+        && fours(&[bv.row_stride, bv.offset, bv.batch_stride, b.numel()]);
     let vec4 = Vec4Io {
-        b: vec4
-            && g.implicit_b.is_none()
-            && elem_of(b) == Elem::F32
-            && bv.col_stride == 1
-            && fours(&[bv.row_stride, bv.offset, bv.batch_stride, b.numel()]),
-        c: vec4
+        b: vec_b,
+        c: cols4
             && elem_of(c) == Elem::F32
             && c_cs == 1
             && fours(&[c_rs, c_offset, c_batch_stride, c.numel()]),
+        // Every K slice starts at a multiple of 4: the split and the slice
+        // depth are, and K ends on one.
+        k: asked
+            && !vec_b
+            && dense_b
+            && av.col_stride == 1
+            && bv.row_stride == 1
+            && fours(&[g.k, k_chunk, tile.bk as usize])
+            && fours(&[av.row_stride, av.offset, av.batch_stride, a.numel()])
+            && fours(&[bv.col_stride, bv.offset, bv.batch_stride, b.numel()]),
     };
     let (a_s, b_s, c_s) = (a.slice(), b.slice(), c.slice());
     let bias_s = bias.map(|t| t.slice());
