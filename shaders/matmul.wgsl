@@ -143,6 +143,14 @@ fn ld_b_at(base: u32, k_index: u32, n_index: u32) -> f32 {
 }
 #endif
 
+// Row `row` of A at step kk of K: one element, or with VEC_K the four from
+// kk on (row and kk multiples of 4).
+#if VEC_K
+fn ld_a_at(row: u32, kk: u32) -> vec4<f32> { return a[(row + kk) / 4u]; }
+#else
+fn ld_a_at(row: u32, kk: u32) -> f32 { return ld_a(row + kk * p.a_cs); }
+#endif
+
 #if SHARED
 var<workgroup> a_tile: array<f32, {{BK*WY*TM}}>;
 var<workgroup> b_tile: array<f32, {{BK*WX*TN}}>;
@@ -265,43 +273,26 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         let k_stop = min(k0 + {{BK}}u, k_end);
 #if VEC_K
         for (var kk = k0; kk < k_stop; kk += 4u) {
+#else
+        for (var kk = k0; kk < k_stop; kk++) {
+#endif
 #if SUBGROUP_A
 #for q in 0..TM/WX
-            let a_mine{{q}} = a[(ra_lane{{q}} + kk) / 4u];
+            let a_mine{{q}} = ld_a_at(ra_lane{{q}}, kk);
 #endfor
 #for i in 0..TM
             let av{{i}} = subgroupBroadcast(a_mine{{i/WX}}, {{i-i/WX*WX}}u);
 #endfor
 #else
 #for i in 0..TM
-            let av{{i}} = a[(ra{{i}} + kk) / 4u];
+            let av{{i}} = ld_a_at(ra{{i}}, kk);
 #endfor
 #endif
+#if VEC_K
 #for j in 0..TN
             let bv{{j}} = b[(cb{{j}} + kk) / 4u];
 #endfor
-#for e in 0..4
-#for i in 0..TM
-#for j in 0..TN
-            part{{i}}_{{j}} = fma(av{{i}}[{{e}}], bv{{j}}[{{e}}], part{{i}}_{{j}});
-#endfor
-#endfor
-#endfor
-        }
 #else
-        for (var kk = k0; kk < k_stop; kk++) {
-#if SUBGROUP_A
-#for q in 0..TM/WX
-            let a_mine{{q}} = ld_a(ra_lane{{q}} + kk * p.a_cs);
-#endfor
-#for i in 0..TM
-            let av{{i}} = subgroupBroadcast(a_mine{{i/WX}}, {{i-i/WX*WX}}u);
-#endfor
-#else
-#for i in 0..TM
-            let av{{i}} = ld_a(ra{{i}} + kk * p.a_cs);
-#endfor
-#endif
 #if VEC_B
             let brow = (b_base + kk * p.b_rs) / 4u;
 #for g in 0..TN/4
@@ -317,14 +308,22 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 #endif
 #endif
 #endif
-#if !VEC_K
+#if VEC_K
+#for e in 0..4
+#for i in 0..TM
+#for j in 0..TN
+            part{{i}}_{{j}} = fma(av{{i}}[{{e}}], bv{{j}}[{{e}}], part{{i}}_{{j}});
+#endfor
+#endfor
+#endfor
+#else
 #for i in 0..TM
 #for j in 0..TN
             part{{i}}_{{j}} = fma(av{{i}}, bv{{j}}, part{{i}}_{{j}});
 #endfor
 #endfor
-        }
 #endif
+        }
 #for i in 0..TM
 #for j in 0..TN
         acc{{i}}_{{j}} += part{{i}}_{{j}};
