@@ -116,6 +116,37 @@ pub(crate) fn typed_kernel(
     )
 }
 
+/// Dispatches an elementwise kernel whose source has a `VEC4` variant (f32,
+/// one invocation per vec4) where `t` is f32 and `n` a multiple of 4, else
+/// its pairwise variant in `t`'s dtype. llvmpipe pays per access, not per
+/// byte (`examples/store_width.rs`), so four floats per load and store
+/// cost less than two.
+pub(crate) fn launch_vec4_or_pairs(
+    t: &Tensor,
+    name: &'static str,
+    source: &'static str,
+    bindings: &[&BufferSlice],
+    params: &[u8],
+    n: usize,
+) -> Result<(), TensorError> {
+    if t.dtype() == crate::tensor::DType::F32 && n.is_multiple_of(4) {
+        let kernel = Kernel::variant(
+            format!("{name}[f32 vec4]"),
+            source,
+            "main",
+            crate::device::compose::Defs::elem(crate::device::compose::Elem::F32).with("VEC4", 1u8),
+        );
+        return launch(t, &kernel, bindings, params, n / 4);
+    }
+    launch_pairs(
+        t,
+        &typed_kernel(name, source, "main", t.dtype()),
+        bindings,
+        params,
+        n,
+    )
+}
+
 /// Dispatches a pairwise elementwise kernel (one invocation per two
 /// elements, so a packed bf16 word has one writer) over `n` elements.
 pub(crate) fn launch_pairs(

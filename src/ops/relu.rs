@@ -1,6 +1,6 @@
 //! `relu`: max(x, 0) into a new tensor.
 
-use super::{check_u32, launch_pairs, typed_kernel, CountParams};
+use super::{check_u32, launch_vec4_or_pairs, CountParams};
 use crate::tensor::{Tensor, TensorError};
 
 const RELU: &str = include_str!("../../shaders/relu.wgsl");
@@ -11,9 +11,10 @@ pub fn relu(x: &Tensor) -> Result<Tensor, TensorError> {
     check_u32("relu", x)?;
     let out = Tensor::empty(x.engine(), x.shape(), x.dtype(), "relu.out")?;
     let n = x.numel();
-    launch_pairs(
+    launch_vec4_or_pairs(
         x,
-        &typed_kernel("relu", RELU, "main", x.dtype()),
+        "relu",
+        RELU,
         &[&x.slice(), &out.slice()],
         bytemuck::bytes_of(&CountParams::new(n)),
         n,
@@ -27,9 +28,10 @@ pub fn relu_backward(y: &Tensor, dy: &Tensor) -> Result<Tensor, TensorError> {
     super::same_dtype("relu backward", y, dy)?;
     let dx = Tensor::empty(y.engine(), y.shape(), y.dtype(), "relu.grad_input")?;
     let n = y.numel();
-    launch_pairs(
+    launch_vec4_or_pairs(
         y,
-        &typed_kernel("relu_backward", RELU_BACKWARD, "main", y.dtype()),
+        "relu_backward",
+        RELU_BACKWARD,
         &[&y.slice(), &dy.slice(), &dx.slice()],
         bytemuck::bytes_of(&CountParams::new(n)),
         n,
