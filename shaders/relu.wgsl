@@ -9,23 +9,12 @@ struct Params { n: u32, _p0: u32, _p1: u32, _p2: u32 }
 #if VEC4
 @group(0) @binding(0) var<storage, read_write> x: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read_write> out: array<vec4<f32>>;
-@group(0) @binding(2) var<uniform> p: Params;
-#include prelude
-
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>,
-        @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lidx: u32) {
-    let w = flat_index(wid, nwg, lidx);
-    if (w >= p.n / 4u) { return; }
-    let v = x[w];
-    out[w] = select(v, vec4<f32>(0.0), v < vec4<f32>(0.0));
-}
 #else
 @group(0) @binding(0) var<storage, read_write> x: array<{{T}}>;
 @group(0) @binding(1) var<storage, read_write> out: array<{{T}}>;
-@group(0) @binding(2) var<uniform> p: Params;
 #accessors x out
+#endif
+@group(0) @binding(2) var<uniform> p: Params;
 #include prelude
 
 @compute @workgroup_size(256)
@@ -33,12 +22,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lidx: u32) {
     let w = flat_index(wid, nwg, lidx);
+    // select, not max: max(NaN, 0) may be 0, and a NaN must reach the loss
+    // (as in PyTorch) instead of training on silently.
+#if VEC4
+    if (w >= p.n / 4u) { return; }
+    let v = x[w];
+    out[w] = select(v, vec4<f32>(0.0), v < vec4<f32>(0.0));
+#else
     let i = 2u * w;
     if (i >= p.n) { return; }
     let j = min(i + 1u, p.n - 1u);
-    // select, not max: max(NaN, 0) may be 0, and a NaN must reach the loss
-    // (as in PyTorch) instead of training on silently.
     let v = vec2<f32>(ld_x(i), ld_x(j));
     st2_out(w, select(v, vec2<f32>(0.0), v < vec2<f32>(0.0)), p.n);
-}
 #endif
+}

@@ -10,23 +10,13 @@ struct Params { n: u32, _p0: u32, _p1: u32, _p2: u32 }
 @group(0) @binding(0) var<storage, read_write> y: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read_write> dy: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read_write> dx: array<vec4<f32>>;
-@group(0) @binding(3) var<uniform> p: Params;
-#include prelude
-
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>,
-        @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lidx: u32) {
-    let w = flat_index(wid, nwg, lidx);
-    if (w >= p.n / 4u) { return; }
-    dx[w] = select(vec4<f32>(0.0), dy[w], y[w] > vec4<f32>(0.0));
-}
 #else
 @group(0) @binding(0) var<storage, read_write> y: array<{{T}}>;
 @group(0) @binding(1) var<storage, read_write> dy: array<{{T}}>;
 @group(0) @binding(2) var<storage, read_write> dx: array<{{T}}>;
-@group(0) @binding(3) var<uniform> p: Params;
 #accessors y dy dx
+#endif
+@group(0) @binding(3) var<uniform> p: Params;
 #include prelude
 
 @compute @workgroup_size(256)
@@ -34,10 +24,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lidx: u32) {
     let w = flat_index(wid, nwg, lidx);
+#if VEC4
+    if (w >= p.n / 4u) { return; }
+    dx[w] = select(vec4<f32>(0.0), dy[w], y[w] > vec4<f32>(0.0));
+#else
     let i = 2u * w;
     if (i >= p.n) { return; }
     let j = min(i + 1u, p.n - 1u);
     let g = vec2<f32>(select(0.0, ld_dy(i), ld_y(i) > 0.0), select(0.0, ld_dy(j), ld_y(j) > 0.0));
     st2_dx(w, g, p.n);
-}
 #endif
+}
