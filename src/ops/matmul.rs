@@ -938,13 +938,15 @@ fn dispatch(
     // vec4 accesses need every index they form to be a multiple of 4 (and
     // the bound array to end on a whole vec4).
     let fours = |xs: &[usize]| xs.iter().all(|x| x.is_multiple_of(4));
+    // A view read (or written) as vec4 along its unit stride: its other
+    // stride, offset, batch stride and the whole tensor in fours.
+    let in_fours = |v: &MatView, other_stride: usize, t: &Tensor| {
+        fours(&[other_stride, v.offset, v.batch_stride, t.numel()])
+    };
     let asked = tile.vec4 && !tile.shared;
     let cols4 = asked && tile.tn.is_multiple_of(4) && n.is_multiple_of(4);
     let dense_b = g.implicit_b.is_none() && elem_of(b) == Elem::F32;
-    let vec_b = cols4
-        && dense_b
-        && bv.col_stride == 1
-        && fours(&[bv.row_stride, bv.offset, bv.batch_stride, b.numel()]);
+    let vec_b = cols4 && dense_b && bv.col_stride == 1 && in_fours(&bv, bv.row_stride, b);
     let vec4 = Vec4Io {
         b: vec_b,
         c: cols4
@@ -959,8 +961,8 @@ fn dispatch(
             && av.col_stride == 1
             && bv.row_stride == 1
             && fours(&[g.k, k_chunk, tile.bk as usize])
-            && fours(&[av.row_stride, av.offset, av.batch_stride, a.numel()])
-            && fours(&[bv.col_stride, bv.offset, bv.batch_stride, b.numel()]),
+            && in_fours(&av, av.row_stride, a)
+            && in_fours(&bv, bv.col_stride, b),
     };
     let (a_s, b_s, c_s) = (a.slice(), b.slice(), c.slice());
     let bias_s = bias.map(|t| t.slice());
