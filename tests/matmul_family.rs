@@ -7,8 +7,8 @@
 mod common;
 use common::*;
 use vramlab::ops::matmul::{
-    choose, choose_tile, gemm, plan_split, Gemm, MatView, MatmulKernel, ShapeClass, Target,
-    TileConfig,
+    choose, choose_tile, gemm, plan_split, ConvGeometry, Gemm, MatView, MatmulKernel, ShapeClass,
+    Target, TileConfig,
 };
 use vramlab::tensor::Tensor;
 
@@ -27,6 +27,10 @@ fn tiles() -> Vec<TileConfig> {
             // Subgroup tiles only where the adapter has 8-lane subgroups.
             if !t.subgroup_a || Target::of(&engine()) == Target::CpuSubgroup8 {
                 v.push(t);
+                // And the 64-row thread tiles `choose` fits to the rows.
+                if target == Target::CpuSubgroup8 && class != ShapeClass::Short {
+                    v.push(TileConfig { tm: 64, wy: 1, ..t });
+                }
             }
         }
     }
@@ -308,6 +312,78 @@ fn the_wall_clock_fallback_times_each_kernel_alone() {
     // Timing by syncs must not change results.
     let want = matmul_ref(&a.to_vec().unwrap(), &b.to_vec().unwrap(), 40, 30, 20);
     assert!(max_rel_err(&c.to_vec().unwrap(), &want) < TOL);
+}
+
+#[test]
+fn eight_lane_tiles_fit_their_height_to_the_rows() {
+    // (rows, columns, K) -> (thread-tile rows, workgroup rows): 64-row
+    // thread tiles where they pad no more rows than 32-row ones, in
+    // workgroups no taller than the product.
+    let height = |m: usize, n: usize, k: usize| {
+        let t = choose(
+            &plain(m, n, k, false, false),
+            Target::CpuSubgroup8,
+            false,
+            false,
+        )
+        .tile;
+        (t.tm, t.wy)
+    };
+    assert_eq!(height(128, 784, 576), (64, 2), "conv2 forward");
+    assert_eq!(height(64, 900, 1152), (64, 1), "conv2 input gradient");
+    assert_eq!(height(1024, 1024, 1024), (64, 2), "square");
+    assert_eq!(
+        height(96, 500, 300),
+        (32, 1),
+        "96 rows: three 32-row tiles, no padding"
+    );
+    assert_eq!(
+        height(160, 500, 300),
+        (32, 1),
+        "160 rows: five 32-row tiles"
+    );
+    assert_eq!(
+        height(192, 500, 300),
+        (64, 1),
+        "192 rows: three 64-row tiles"
+    );
+    assert_eq!(height(64, 900, 27), (64, 1), "conv1 forward (shallow)");
+    // A narrow product reading its im2col in place keeps its orientation.
+    let mut wgrad = plain(64, 27, 900, false, false);
+    wgrad.implicit_b = Some(ConvGeometry {
+        c: 3,
+        h: 32,
+        w: 32,
+        kh: 3,
+        kw: 3,
+        stride: 1,
+        pad: 0,
+        wo: 30,
+        transposed: true,
+        flipped: false,
+    });
+    let choice = choose(&wgrad, Target::CpuSubgroup8, false, false);
+    assert!(!choice.transposed);
+    assert_eq!(choice.class, ShapeClass::Narrow);
+    assert_eq!(
+        (choice.tile.tm, choice.tile.wy),
+        (64, 1),
+        "conv1 weight gradient"
+    );
+    assert_eq!(height(40, 900, 27), (64, 1), "40 rows pad to 64 either way");
+    assert_eq!(
+        height(10, 500, 64),
+        (16, 1),
+        "short products keep their tile"
+    );
+    // Other adapters keep their tables.
+    for target in [Target::Gpu, Target::Cpu] {
+        let g = plain(128, 784, 576, false, false);
+        assert_eq!(
+            choose(&g, target, false, false).tile,
+            choose_tile(ShapeClass::Square, target)
+        );
+    }
 }
 
 #[test]

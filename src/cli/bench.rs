@@ -3,7 +3,7 @@
 //! from a step, then replayed alone, each beside the time its output takes
 //! to write with K = 1, which bounds products with little work per output),
 //! and the whole step per model with its device time per phase. `--tune` tries a grid of tile shapes per shape
-//! class and prints the best, which is how `choose_tile` was filled in.
+//! class and prints the best, which is how `choose_tile` (and the row fitting in `choose`) was filled in.
 //!
 //! Timing: wall clock around a product and a wait for the GPU, median of
 //! `--reps`; device time from timestamp queries beside it where the adapter
@@ -16,7 +16,7 @@ use crate::memory::AllocatorConfig;
 use crate::nn::init::Rng;
 use crate::nn::ModelSpec;
 use crate::ops::matmul::{
-    choose, choose_tile, gemm, plan_split, GemmShape, MatmulKernel, ShapeClass, Target, TileConfig,
+    choose, gemm, plan_split, GemmShape, MatmulKernel, ShapeClass, Target, TileConfig,
 };
 use crate::profile::OpTimes;
 use crate::tensor::{DType, Engine, Tensor};
@@ -258,22 +258,30 @@ fn candidates(cpu: bool, subgroup8: bool) -> Vec<TileConfig> {
     let mut v = Vec::new();
     if subgroup8 {
         // Sharing A's loads wins on 8-lane subgroups (26 vs 9 GFLOP/s at
-        // 1024³ on llvmpipe): tune within that family.
-        for wy in [1, 2, 4, 8] {
+        // 1024³ on llvmpipe): tune within that family, with the vec4
+        // accesses the chosen tiles ask for, columns contiguous or strided
+        // across the lanes, and thread tiles up to 64 rows, so the chosen
+        // tile is among the candidates and the best is a like-for-like
+        // rival.
+        for wy in [1, 2, 4] {
             for (tm, tn) in [
-                (8, 2),
-                (8, 4),
-                (8, 8),
-                (16, 2),
                 (16, 4),
                 (16, 8),
-                (32, 1),
                 (32, 2),
                 (32, 4),
                 (32, 8),
+                (32, 16),
                 (48, 8),
+                (64, 4),
+                (64, 8),
             ] {
-                v.push(TileConfig::new(8, wy, tm, tn, 16, false).with_subgroup_a());
+                for strided in [false, true] {
+                    let mut t = TileConfig::new(8, wy, tm, tn, 16, false)
+                        .with_subgroup_a()
+                        .with_vec4();
+                    t.strided_cols = strided;
+                    v.push(t);
+                }
             }
         }
         return v;
@@ -390,7 +398,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         };
         let row = SquareRow {
             n,
-            tile: choose_tile(ShapeClass::Square, target).describe(),
+            tile: choose(&s.gemm(), target, false, false).describe(),
             seconds: secs,
             gflops: s.flops() / secs / 1e9,
             naive_gflops: naive,

@@ -399,16 +399,28 @@ pub fn choose(g: &Gemm, target: Target, out_16bit: bool, bias: bool) -> TileChoi
     };
     let mut tile = choose_tile(class, target);
     let rows = if transposed { g.n } else { g.m };
-    if target == Target::CpuSubgroup8 && class == ShapeClass::Square {
-        // As few padded rows as the workgroup height allows (ties to the
-        // taller group): a 64-row product (a stride-1 convolution's input
-        // gradient with 64 input channels) in 128-row tiles did half its
-        // work on clamped rows, 556 ms where 64-row tiles take 287.
-        let padded = |wy: u32| rows.div_ceil((wy * tile.tm) as usize) * (wy * tile.tm) as usize;
-        tile.wy = [4, 2, 1]
-            .into_iter()
-            .min_by_key(|&wy| (padded(wy), std::cmp::Reverse(wy)))
-            .unwrap_or(tile.wy);
+    if target == Target::CpuSubgroup8 && class != ShapeClass::Short {
+        // The thread tile's height and the workgroup's: as few padded rows
+        // as the heights allow, ties to the first listed. 64-row thread
+        // tiles read each B element for twice the rows, which pays where
+        // B's loads are dear (the im2col read in place: conv2's forward
+        // and weight gradient 1.2× faster, conv1's weight gradient 1.25×,
+        // its forward 1.1×, in `examples/shape_speed.rs`, interleaved) and
+        // is even on the dense square. A 64-row product (a stride-1
+        // convolution's input gradient with 64 input channels) in 128-row
+        // tiles did half its work on clamped rows, 556 ms where 64-row
+        // tiles take 287.
+        let heights: &[(u32, u32)] = if class == ShapeClass::Square {
+            &[(64, 2), (64, 1), (32, 4), (32, 2), (32, 1)]
+        } else {
+            &[(64, 1), (32, 1)]
+        };
+        let padded =
+            |&(tm, wy): &(u32, u32)| rows.div_ceil((tm * wy) as usize) * (tm * wy) as usize;
+        if let Some(&(tm, wy)) = heights.iter().min_by_key(|h| padded(h)) {
+            tile.tm = tm;
+            tile.wy = wy;
+        }
     }
     TileChoice {
         tile,
