@@ -16,7 +16,7 @@ use crate::memory::AllocatorConfig;
 use crate::nn::init::Rng;
 use crate::nn::ModelSpec;
 use crate::ops::matmul::{
-    choose, gemm, plan_split, GemmShape, MatmulKernel, ShapeClass, Target, TileConfig,
+    choose, gemm, plan_split, Gemm, GemmShape, MatmulKernel, ShapeClass, Target, TileConfig,
 };
 use crate::profile::OpTimes;
 use crate::tensor::{DType, Engine, Tensor};
@@ -83,8 +83,12 @@ struct ShapeRow {
     splits: usize,
     seconds: f64,
     gflops: f64,
-    /// GFLOP/s over the 1024³ square product's (or the largest size run).
+    /// GFLOP/s over the 1024³ square product's (or the largest size run),
+    /// the square timed again beside this shape rep by rep; the median of
+    /// the per-rep ratios.
     of_square: f64,
+    /// The square product's GFLOP/s in those reps (median).
+    square_gflops: f64,
     /// Seconds for the same product with K = 1: writing the output (and
     /// any partial sums) alone. A product with little work per output
     /// cannot run faster than this.
@@ -183,24 +187,68 @@ fn time_gemm_in(
     rng: &mut Rng,
     dtype: DType,
 ) -> anyhow::Result<f64> {
-    let [a, b, c] = operands(e, shape, rng, dtype)?;
-    let g = shape.gemm();
-    let once = || -> anyhow::Result<f64> {
+    let timed = Timed::new(e, shape, kernel, rng, dtype)?;
+    let [times] = interleaved(e, [&timed], reps)?;
+    Ok(median(times))
+}
+
+/// A product with its operands allocated, to be timed run by run.
+struct Timed {
+    g: Gemm,
+    abc: [Tensor; 3],
+    kernel: MatmulKernel,
+}
+
+impl Timed {
+    fn new(
+        e: &Engine,
+        shape: &GemmShape,
+        kernel: MatmulKernel,
+        rng: &mut Rng,
+        dtype: DType,
+    ) -> anyhow::Result<Timed> {
+        Ok(Timed {
+            g: shape.gemm(),
+            abc: operands(e, shape, rng, dtype)?,
+            kernel,
+        })
+    }
+
+    /// One run: device time (the sum of its dispatches' timestamps) where
+    /// the adapter has timestamp queries, else wall clock and a wait.
+    fn once(&self, e: &Engine) -> anyhow::Result<f64> {
+        let [a, b, c] = &self.abc;
         e.take_dispatch_times()?;
         let t0 = Instant::now();
-        gemm(&g, &a, &b, &c, kernel)?;
+        gemm(&self.g, a, b, c, self.kernel)?;
         e.synchronize()?;
         let wall = t0.elapsed().as_secs_f64();
         Ok(match e.take_dispatch_times()? {
             Some((TimingSource::TimestampQueries, t)) => t.iter().map(|d| d.seconds).sum(),
             _ => wall,
         })
-    };
-    once()?;
-    let times = (0..reps.max(1))
-        .map(|_| once())
-        .collect::<anyhow::Result<Vec<f64>>>()?;
-    Ok(median(times))
+    }
+}
+
+/// The seconds of each run of each product, the products taken in turn
+/// rep by rep after one warm-up each, so that ratios between them share
+/// the machine's state (a CPU adapter's speed drifts by half within
+/// minutes).
+fn interleaved<const N: usize>(
+    e: &Engine,
+    items: [&Timed; N],
+    reps: usize,
+) -> anyhow::Result<[Vec<f64>; N]> {
+    for t in items {
+        t.once(e)?;
+    }
+    let mut times: [Vec<f64>; N] = std::array::from_fn(|_| Vec::new());
+    for _ in 0..reps.max(1) {
+        for (t, v) in items.iter().zip(times.iter_mut()) {
+            v.push(t.once(e)?);
+        }
+    }
+    Ok(times)
 }
 
 fn square(n: usize) -> GemmShape {
@@ -414,25 +462,31 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         ));
         report.square.push(row);
     }
-    let reference = report
-        .square
-        .iter()
-        .find(|r| r.n == 1024)
-        .or(report.square.last())
-        .map(|r| r.gflops)
-        .unwrap_or(f64::NAN);
+    // The square product each shape's share is taken against, timed again
+    // beside every shape, rep by rep.
+    let reference_n = if args.sizes.contains(&1024) {
+        1024
+    } else {
+        args.sizes.last().copied().unwrap_or(1024)
+    };
+    let reference_shape = square(reference_n);
+    let reference = Timed::new(
+        &e,
+        &reference_shape,
+        MatmulKernel::Tiled,
+        &mut rng,
+        DType::F32,
+    )?;
 
     for (name, spec) in specs {
         say(format!(
-            "\n{} step, batch {}, Adam:",
+            "\n{} step, batch {}, Adam (each product's share of the {reference_n}³ square's rate: the square timed beside it, rep by rep):",
             spec.describe(),
             args.batch
         ));
         let mut shapes = Vec::new();
         for (shape, count) in step_shapes(&spec, args.batch)? {
             let choice = choose(&shape.gemm(), target, false, false);
-            let secs = time_gemm(&e, &shape, MatmulKernel::Tiled, args.reps, &mut rng)?;
-            let gflops = shape.flops() / secs / 1e9;
             // The same outputs from a one-deep product: what writing them
             // (and any partial sums) costs with no arithmetic to speak of.
             let floor_shape = GemmShape {
@@ -440,10 +494,32 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 conv: None,
                 ..shape.clone()
             };
-            let floor = time_gemm(&e, &floor_shape, MatmulKernel::Tiled, args.reps, &mut rng)?;
+            let [times, square_times, floor_times] = interleaved(
+                &e,
+                [
+                    &Timed::new(&e, &shape, MatmulKernel::Tiled, &mut rng, DType::F32)?,
+                    &reference,
+                    &Timed::new(&e, &floor_shape, MatmulKernel::Tiled, &mut rng, DType::F32)?,
+                ],
+                args.reps,
+            )?;
+            let secs = median(times.clone());
+            let floor = median(floor_times.clone());
+            let gflops = shape.flops() / secs / 1e9;
+            // Shares rep by rep (against the square timed beside it), then
+            // their median.
+            let share = |t: &[f64]| {
+                median(
+                    t.iter()
+                        .zip(&square_times)
+                        .map(|(x, sq)| sq / x * shape.flops() / reference_shape.flops())
+                        .collect(),
+                )
+            };
             let row = ShapeRow {
                 write_floor_seconds: floor,
-                ceiling_of_square: shape.flops() / floor / 1e9 / reference,
+                ceiling_of_square: share(&floor_times),
+                square_gflops: reference_shape.flops() / median(square_times.clone()) / 1e9,
                 count,
                 class: ShapeClass::of(shape.m, shape.n, shape.k),
                 transposed: choice.transposed,
@@ -451,7 +527,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 splits: plan_split(&shape.gemm()).splits,
                 seconds: secs,
                 gflops,
-                of_square: gflops / reference,
+                of_square: share(&times),
                 shape,
             };
             let s = &row.shape;
