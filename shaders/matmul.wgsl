@@ -191,7 +191,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 #endfor
 #if !SHARED
 #if SUBGROUP_A
-#for q in 0..TM/WX
+#for q in 0..QA
     let ra_lane{{q}} = a_base + min(row_tile + lid.y * {{TM}}u + {{q*WX}}u + lid.x, m_last) * p.a_rs;
 #endfor
 #else
@@ -277,7 +277,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         for (var kk = k0; kk < k_stop; kk++) {
 #endif
 #if SUBGROUP_A
-#for q in 0..TM/WX
+#for q in 0..QA
             let a_mine{{q}} = ld_a_at(ra_lane{{q}}, kk);
 #endfor
 #for i in 0..TM

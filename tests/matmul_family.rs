@@ -31,6 +31,12 @@ fn tiles() -> Vec<TileConfig> {
                 if target == Target::CpuSubgroup8 && class != ShapeClass::Short {
                     v.push(TileConfig { tm: 64, wy: 1, ..t });
                 }
+                // And short products' thread tiles of exactly their rows
+                // (not a multiple of the 8 lanes).
+                if target == Target::CpuSubgroup8 && class == ShapeClass::Short {
+                    v.push(TileConfig { tm: 10, ..t });
+                    v.push(TileConfig { tm: 3, ..t });
+                }
             }
         }
     }
@@ -371,11 +377,17 @@ fn eight_lane_tiles_fit_their_height_to_the_rows() {
         "conv1 weight gradient"
     );
     assert_eq!(height(40, 900, 27), (64, 1), "40 rows pad to 64 either way");
-    assert_eq!(
-        height(10, 500, 64),
-        (16, 1),
-        "short products keep their tile"
+    assert_eq!(height(10, 500, 64), (10, 1), "short: exactly its rows");
+    assert_eq!(height(31, 500, 64), (31, 1), "short: exactly its rows");
+    // The fc forward (64×10) runs as Cᵀ: 10 rows.
+    let fc = choose(
+        &plain(64, 10, 30_011, false, true),
+        Target::CpuSubgroup8,
+        false,
+        false,
     );
+    assert!(fc.transposed);
+    assert_eq!((fc.tile.tm, fc.tile.wy), (10, 1), "fc forward as Cᵀ");
     // Other adapters keep their tables.
     for target in [Target::Gpu, Target::Cpu] {
         let g = plain(128, 784, 576, false, false);
