@@ -42,10 +42,18 @@ fn bench_reports_shapes_plans_and_device_time() {
     // Every shape carries the time to write its output alone (K = 1) and
     // the share of the square rate that bound allows (timings are not
     // compared here).
+    // The share is taken against the 1024³ square timed beside each shape
+    // (whatever --sizes holds), rep by rep.
     for s in shapes {
         let floor = s["write_floor_seconds"].as_f64().unwrap();
         let ceiling = s["ceiling_of_square"].as_f64().unwrap();
         assert!(floor > 0.0 && ceiling > 0.0, "{s}");
+        let square = s["square_gflops"].as_f64().unwrap();
+        let share = s["of_square"].as_f64().unwrap();
+        assert!(square > 0.0 && share > 0.0, "{s}");
+        let gflops = s["gflops"].as_f64().unwrap();
+        // The median of per-rep ratios: with one rep, exactly the ratio.
+        assert!((share - gflops / square).abs() <= 1e-9 * share.max(1.0), "{s}");
     }
     // conv2's weight gradient: 128×576 summed over the 16 samples, implicit.
     let dw = find("conv2.backward", 128, 576);

@@ -213,13 +213,14 @@ impl Timed {
         })
     }
 
-    /// One run: device time (the sum of its dispatches' timestamps) where
-    /// the adapter has timestamp queries, else wall clock and a wait.
-    fn once(&self, e: &Engine) -> anyhow::Result<f64> {
+    /// One run of `kernel` on these operands: device time (the sum of its
+    /// dispatches' timestamps) where the adapter has timestamp queries,
+    /// else wall clock and a wait.
+    fn once_with(&self, e: &Engine, kernel: MatmulKernel) -> anyhow::Result<f64> {
         let [a, b, c] = &self.abc;
         e.take_dispatch_times()?;
         let t0 = Instant::now();
-        gemm(&self.g, a, b, c, self.kernel)?;
+        gemm(&self.g, a, b, c, kernel)?;
         e.synchronize()?;
         let wall = t0.elapsed().as_secs_f64();
         Ok(match e.take_dispatch_times()? {
@@ -238,13 +239,26 @@ fn interleaved<const N: usize>(
     items: [&Timed; N],
     reps: usize,
 ) -> anyhow::Result<[Vec<f64>; N]> {
-    for t in items {
-        t.once(e)?;
+    let runs = items.map(|t| (t, t.kernel));
+    let times = in_turn(e, &runs, reps)?;
+    times
+        .try_into()
+        .map_err(|_| anyhow::anyhow!("one time series per product"))
+}
+
+/// [`interleaved`] over (product, kernel) pairs: one series per pair.
+fn in_turn(
+    e: &Engine,
+    runs: &[(&Timed, MatmulKernel)],
+    reps: usize,
+) -> anyhow::Result<Vec<Vec<f64>>> {
+    for (t, k) in runs {
+        t.once_with(e, *k)?;
     }
-    let mut times: [Vec<f64>; N] = std::array::from_fn(|_| Vec::new());
+    let mut times = vec![Vec::new(); runs.len()];
     for _ in 0..reps.max(1) {
-        for (t, v) in items.iter().zip(times.iter_mut()) {
-            v.push(t.once(e)?);
+        for ((t, k), v) in runs.iter().zip(times.iter_mut()) {
+            v.push(t.once_with(e, *k)?);
         }
     }
     Ok(times)
@@ -616,29 +630,33 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             }
         }
         for (class, shape) in probes {
-            let mut tried = Vec::new();
-            for t in candidates(cpu, target == Target::CpuSubgroup8) {
-                let secs = time_gemm(
-                    &e,
-                    &shape,
-                    MatmulKernel::Fixed(t),
-                    args.reps.min(3),
-                    &mut rng,
-                )?;
-                tried.push((t.describe(), shape.flops() / secs / 1e9));
-            }
-            tried.sort_by(|a, b| b.1.total_cmp(&a.1));
+            // Every candidate on one set of operands, taken in turn rep by
+            // rep, so the ranking is not the machine's drift.
+            let timed = Timed::new(&e, &shape, MatmulKernel::Tiled, &mut rng, DType::F32)?;
+            let mut kernels: Vec<(String, MatmulKernel)> =
+                candidates(cpu, target == Target::CpuSubgroup8)
+                    .into_iter()
+                    .map(|t| (t.describe(), MatmulKernel::Fixed(t)))
+                    .collect();
             let chosen = choose(&shape.gemm(), target, false, false).describe();
             // A transposed choice is not among the candidates (they run
             // as issued): time it as the models run it.
-            let chosen_gflops = match tried.iter().find(|t| t.0 == chosen) {
-                Some(t) => t.1,
-                None => {
-                    let secs =
-                        time_gemm(&e, &shape, MatmulKernel::Tiled, args.reps.min(3), &mut rng)?;
-                    shape.flops() / secs / 1e9
-                }
-            };
+            if !kernels.iter().any(|(name, _)| *name == chosen) {
+                kernels.push((chosen.clone(), MatmulKernel::Tiled));
+            }
+            let runs: Vec<(&Timed, MatmulKernel)> =
+                kernels.iter().map(|(_, k)| (&timed, *k)).collect();
+            let times = in_turn(&e, &runs, args.reps.min(3))?;
+            let mut tried: Vec<(String, f64)> = kernels
+                .into_iter()
+                .zip(times)
+                .map(|((name, _), t)| (name, shape.flops() / median(t) / 1e9))
+                .collect();
+            let chosen_gflops = tried
+                .iter()
+                .find(|t| t.0 == chosen)
+                .map_or(f64::NAN, |t| t.1);
+            tried.sort_by(|a, b| b.1.total_cmp(&a.1));
             let row = TuneRow {
                 class: class.clone(),
                 shape: format!(
