@@ -53,7 +53,10 @@ fn bench_reports_shapes_plans_and_device_time() {
         assert!(square > 0.0 && share > 0.0, "{s}");
         let gflops = s["gflops"].as_f64().unwrap();
         // The median of per-rep ratios: with one rep, exactly the ratio.
-        assert!((share - gflops / square).abs() <= 1e-9 * share.max(1.0), "{s}");
+        assert!(
+            (share - gflops / square).abs() <= 1e-9 * share.max(1.0),
+            "{s}"
+        );
     }
     // conv2's weight gradient: 128×576 summed over the 16 samples, implicit.
     let dw = find("conv2.backward", 128, 576);

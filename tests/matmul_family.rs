@@ -33,6 +33,14 @@ fn tiles() -> Vec<TileConfig> {
                 }
                 // And short products' thread tiles of exactly their rows
                 // (not a multiple of the 8 lanes).
+                // And the 32×16 tile of products shallower than a K slice.
+                if target == Target::CpuSubgroup8 && class == ShapeClass::Shallow {
+                    v.push(TileConfig {
+                        tm: 32,
+                        tn: 16,
+                        ..t
+                    });
+                }
                 if target == Target::CpuSubgroup8 && class == ShapeClass::Short {
                     v.push(TileConfig { tm: 10, ..t });
                     v.push(TileConfig { tm: 3, ..t });
@@ -377,6 +385,16 @@ fn eight_lane_tiles_fit_their_height_to_the_rows() {
         "conv1 weight gradient"
     );
     assert_eq!(height(40, 900, 27), (64, 1), "40 rows pad to 64 either way");
+    // Less than one K slice: 32×16 thread tiles.
+    let fc_dx = choose(
+        &plain(64, 100_352, 10, false, false),
+        Target::CpuSubgroup8,
+        false,
+        false,
+    );
+    assert_eq!(fc_dx.class, ShapeClass::Shallow);
+    assert_eq!((fc_dx.tile.tm, fc_dx.tile.tn, fc_dx.tile.wy), (32, 16, 1));
+    assert_eq!(height(64, 900, 16), (64, 1), "one whole K slice: 64×8");
     assert_eq!(height(10, 500, 64), (10, 1), "short: exactly its rows");
     assert_eq!(height(31, 500, 64), (31, 1), "short: exactly its rows");
     // The fc forward (64×10) runs as Cᵀ: 10 rows.
