@@ -333,14 +333,9 @@ fn eight_lane_tiles_fit_their_height_to_the_rows() {
     // (rows, columns, K) -> (thread-tile rows, workgroup rows): 64-row
     // thread tiles where they pad no more rows than 32-row ones, in
     // workgroups no taller than the product.
+    let lane8 = |g: &Gemm| choose(g, Target::CpuSubgroup8, false, false);
     let height = |m: usize, n: usize, k: usize| {
-        let t = choose(
-            &plain(m, n, k, false, false),
-            Target::CpuSubgroup8,
-            false,
-            false,
-        )
-        .tile;
+        let t = lane8(&plain(m, n, k, false, false)).tile;
         (t.tm, t.wy)
     };
     assert_eq!(height(128, 784, 576), (64, 2), "conv2 forward");
@@ -376,7 +371,7 @@ fn eight_lane_tiles_fit_their_height_to_the_rows() {
         transposed: true,
         flipped: false,
     });
-    let choice = choose(&wgrad, Target::CpuSubgroup8, false, false);
+    let choice = lane8(&wgrad);
     assert!(!choice.transposed);
     assert_eq!(choice.class, ShapeClass::Narrow);
     assert_eq!(
@@ -386,24 +381,14 @@ fn eight_lane_tiles_fit_their_height_to_the_rows() {
     );
     assert_eq!(height(40, 900, 27), (64, 1), "40 rows pad to 64 either way");
     // Less than one K slice: 32×16 thread tiles.
-    let fc_dx = choose(
-        &plain(64, 100_352, 10, false, false),
-        Target::CpuSubgroup8,
-        false,
-        false,
-    );
+    let fc_dx = lane8(&plain(64, 100_352, 10, false, false));
     assert_eq!(fc_dx.class, ShapeClass::Shallow);
     assert_eq!((fc_dx.tile.tm, fc_dx.tile.tn, fc_dx.tile.wy), (32, 16, 1));
     assert_eq!(height(64, 900, 16), (64, 1), "one whole K slice: 64×8");
     assert_eq!(height(10, 500, 64), (10, 1), "short: exactly its rows");
     assert_eq!(height(31, 500, 64), (31, 1), "short: exactly its rows");
     // The fc forward (64×10) runs as Cᵀ: 10 rows.
-    let fc = choose(
-        &plain(64, 10, 30_011, false, true),
-        Target::CpuSubgroup8,
-        false,
-        false,
-    );
+    let fc = lane8(&plain(64, 10, 30_011, false, true));
     assert!(fc.transposed);
     assert_eq!((fc.tile.tm, fc.tile.wy), (10, 1), "fc forward as Cᵀ");
     // Other adapters keep their tables.
