@@ -12,11 +12,12 @@
 //   barriers cost coroutine switches).
 //   STRIDED_COLS: thread x owns columns x, x+WX, … (neighbouring threads
 //   read neighbouring addresses) instead of a contiguous run of TN.
-//   SUBGROUP_A (direct, WX = the subgroup size, TM a multiple of it; CPU
-//   adapters): the WX threads of a row share their TM rows of A, so lane x
-//   loads rows x, x+WX, … and subgroupBroadcast hands each value to all:
-//   one gather of WX distinct values where llvmpipe otherwise did WX
-//   gathers of one value each.
+//   SUBGROUP_A (direct, WX = the subgroup size; CPU adapters): the WX
+//   threads of a row share their TM rows of A, so lane x loads rows x,
+//   x+WX, … (QA = ceil(TM/WX) loads; rows past TM are read but unused)
+//   and subgroupBroadcast hands each value to all: one gather of WX
+//   distinct values where llvmpipe otherwise did WX gathers of one value
+//   each.
 //   VEC_B / VEC_C (direct tiles, f32, TN a multiple of 4, B or C dense
 //   along its rows with N and every offset a multiple of 4): each thread's
 //   columns come in runs of 4 (COLS4), B is loaded and C stored as vec4.

@@ -2,8 +2,9 @@
 //! every matrix product shape each zoo model's training step issues (logged
 //! from a step, then replayed alone, each beside the time its output takes
 //! to write with K = 1, which bounds products with little work per output),
-//! and the whole step per model with its device time per phase. `--tune` tries a grid of tile shapes per shape
-//! class and prints the best, which is how `choose_tile` (and the row fitting in `choose`) was filled in.
+//! and the whole step per model with its device time per phase. `--tune`
+//! tries a grid of tile shapes per shape class and prints the best, which is
+//! how `choose_tile` (and the 8-lane rules in `choose`) were filled in.
 //!
 //! Timing: wall clock around a product and a wait for the GPU, median of
 //! `--reps`; device time from timestamp queries beside it where the adapter

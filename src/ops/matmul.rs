@@ -50,8 +50,8 @@ pub struct TileConfig {
     /// Thread x owns columns x, x+wx, … rather than a contiguous run.
     pub strided_cols: bool,
     /// Share A's loads across a subgroup (direct tiles with wx = the
-    /// adapter's fixed subgroup size and tm a multiple of it; see
-    /// `shaders/matmul.wgsl`).
+    /// adapter's fixed subgroup size; tm need not be a multiple of it, the
+    /// last lanes' loads are clamped; see `shaders/matmul.wgsl`).
     pub subgroup_a: bool,
     /// Load B and store C as vec4 where the layout allows (direct tiles,
     /// f32, tn a multiple of 4, B or C dense along rows with n and every
@@ -401,45 +401,54 @@ pub fn choose(g: &Gemm, target: Target, out_16bit: bool, bias: bool) -> TileChoi
     };
     let mut tile = choose_tile(class, target);
     let rows = if transposed { g.n } else { g.m };
-    if target == Target::CpuSubgroup8 && class != ShapeClass::Short {
-        // The thread tile's height and the workgroup's: as few padded rows
-        // as the heights allow, ties to the first listed. 64-row thread
-        // tiles read each B element for twice the rows, which pays where
-        // B's loads are dear (the im2col read in place: conv2's forward
-        // and weight gradient 1.2× faster, conv1's weight gradient 1.25×,
-        // its forward 1.1×, in `examples/shape_speed.rs`, interleaved) and
-        // is even on the dense square. A 64-row product (a stride-1
-        // convolution's input gradient with 64 input channels) in 128-row
-        // tiles did half its work on clamped rows, 556 ms where 64-row
-        // tiles take 287.
-        let heights: &[(u32, u32)] = if class == ShapeClass::Square {
-            &[(64, 2), (64, 1), (32, 4), (32, 2), (32, 1)]
-        } else {
-            &[(64, 1), (32, 1)]
-        };
-        let padded =
-            |&(tm, wy): &(u32, u32)| rows.div_ceil((tm * wy) as usize) * (tm * wy) as usize;
-        if let Some(&(tm, wy)) = heights.iter().min_by_key(|h| padded(h)) {
-            tile.tm = tm;
-            tile.wy = wy;
+    if target == Target::CpuSubgroup8 {
+        // The 8-lane tiles' shape from the product's rows and depth: one
+        // rule per class, so which one applies is plain.
+        match class {
+            ShapeClass::Short => {
+                // Fewer than 32 rows: a thread tile of exactly that many
+                // (lane x loads rows x, x+8, …, the rest clamped), so no
+                // multiply-add is spent on padded rows. The fc forward (as
+                // Cᵀ, 10 rows) and weight gradient in 16-row tiles computed
+                // 6 padded rows in 16; with 10 they ran 16.1 → 13.9 and
+                // 16.9 → 14.7 ms (interleaved).
+                tile.tm = rows.clamp(1, 32) as u32;
+            }
+            ShapeClass::Shallow if g.k < tile.bk as usize => {
+                // Less than one K slice (the fc input gradient: K = 10):
+                // the product is mostly its output, and 32×16 thread tiles
+                // write it faster than 64×8 ones (`bench --tune`, then
+                // `shape_speed` interleaved: 18.7 against 31.3 ms; with
+                // K = 1, 18.4 against 26.4). conv1's forward (K = 27)
+                // keeps 64×8 (33.4 against 38.1).
+                tile.tm = 32;
+                tile.tn = 16;
+            }
+            _ => {
+                // The thread tile's height and the workgroup's: as few
+                // padded rows as the heights allow, ties to the first
+                // listed. 64-row thread tiles read each B element for
+                // twice the rows, which pays where B's loads are dear (the
+                // im2col read in place: conv2's forward and weight
+                // gradient 1.2× faster, conv1's weight gradient 1.25×, its
+                // forward 1.1×, in `examples/shape_speed.rs`, interleaved)
+                // and is even on the dense square. A 64-row product (a
+                // stride-1 convolution's input gradient with 64 input
+                // channels) in 128-row tiles did half its work on clamped
+                // rows, 556 ms where 64-row tiles take 287.
+                let heights: &[(u32, u32)] = if class == ShapeClass::Square {
+                    &[(64, 2), (64, 1), (32, 4), (32, 2), (32, 1)]
+                } else {
+                    &[(64, 1), (32, 1)]
+                };
+                let padded =
+                    |&(tm, wy): &(u32, u32)| rows.div_ceil((tm * wy) as usize) * (tm * wy) as usize;
+                if let Some(&(tm, wy)) = heights.iter().min_by_key(|h| padded(h)) {
+                    tile.tm = tm;
+                    tile.wy = wy;
+                }
+            }
         }
-    }
-    if target == Target::CpuSubgroup8 && class == ShapeClass::Shallow && g.k < tile.bk as usize {
-        // Less than one K slice (the fc input gradient: K = 10): the
-        // product is mostly its output, and 32×16 thread tiles write it
-        // faster than 64×8 ones (`bench --tune`, then `shape_speed`
-        // interleaved: 18.7 against 31.3 ms; with K = 1, 18.4 against
-        // 26.4). conv1's forward (K = 27) keeps 64×8 (33.4 against 38.1).
-        tile.tm = 32;
-        tile.tn = 16;
-    }
-    if target == Target::CpuSubgroup8 && class == ShapeClass::Short {
-        // Fewer than 32 rows: a thread tile of exactly that many (lane x
-        // loads rows x, x+8, …, the rest clamped), so no multiply-add is
-        // spent on padded rows. The fc forward (as Cᵀ, 10 rows) and weight
-        // gradient in 16-row tiles computed 6 padded rows in 16; with 10
-        // they ran 16.1 → 13.9 and 16.9 → 14.7 ms (interleaved).
-        tile.tm = rows.clamp(1, 32) as u32;
     }
     TileChoice {
         tile,
