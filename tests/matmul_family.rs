@@ -43,6 +43,11 @@ fn tiles() -> Vec<TileConfig> {
                 }
                 if target == Target::CpuSubgroup8 && class == ShapeClass::Short {
                     v.push(TileConfig { tm: 10, ..t });
+                    v.push(TileConfig {
+                        tm: 10,
+                        tn: 16,
+                        ..t
+                    });
                     v.push(TileConfig { tm: 3, ..t });
                 }
             }
@@ -391,6 +396,18 @@ fn eight_lane_tiles_fit_their_height_to_the_rows() {
     let fc = lane8(&plain(64, 10, 30_011, false, true));
     assert!(fc.transposed);
     assert_eq!((fc.tile.tm, fc.tile.wy), (10, 1), "fc forward as Cᵀ");
+    // Short products take 16 columns a lane where that pads no more
+    // columns: the fc weight gradient (10×100,352) does; the fc forward as
+    // Cᵀ (64 columns: 128 with 16 a lane) and 190 (192 against 256) do not.
+    assert_eq!(fc.tile.tn, 8, "fc forward as Cᵀ: 64 columns");
+    let fc_dw = lane8(&plain(10, 100_352, 64, true, false));
+    assert_eq!(
+        (fc_dw.tile.tm, fc_dw.tile.tn),
+        (10, 16),
+        "fc weight gradient"
+    );
+    assert_eq!(lane8(&plain(10, 190, 64, false, false)).tile.tn, 8);
+    assert_eq!(lane8(&plain(10, 256, 64, false, false)).tile.tn, 16);
     // Other adapters keep their tables.
     for target in [Target::Gpu, Target::Cpu] {
         let g = plain(128, 784, 576, false, false);

@@ -413,6 +413,16 @@ pub fn choose(g: &Gemm, target: Target, out_16bit: bool, bias: bool) -> TileChoi
                 // 6 padded rows in 16; with 10 they ran 16.1 → 13.9 and
                 // 16.9 → 14.7 ms (interleaved).
                 tile.tm = rows.clamp(1, 32) as u32;
+                // And 16 columns a lane where that pads no more columns
+                // than 8: each of the few rows' A loads then serves twice
+                // the columns. The fc weight gradient (10×100,352, K = 64)
+                // ran 12.1 → 9.6 ms (`shape_speed`, interleaved); the fc
+                // forward as Cᵀ (64 columns) keeps 8, as 16 would pad half.
+                let cols = if transposed { g.m } else { g.n };
+                let padded = |tn: usize| cols.div_ceil(8 * tn) * 8 * tn;
+                if padded(16) <= padded(8) {
+                    tile.tn = 16;
+                }
             }
             ShapeClass::Shallow if g.k < tile.bk as usize => {
                 // Less than one K slice (the fc input gradient: K = 10):
