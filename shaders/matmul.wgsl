@@ -33,6 +33,11 @@
 //   32 vec4s of A, which llvmpipe spills.)
 // Rows and columns past the edge read a clamped in-range element and are
 // never stored, so loads need no branch.
+// ONE_SLICE (each workgroup's K range no deeper than BK): the slice's sums
+// are the totals, so one set of TM×TN accumulators instead of two. On
+// llvmpipe a 32×16 tile's two sets spill 32 KB of stack; with one the fc
+// input gradient (K = 10) ran 13.3 → 11.9 ms and its K = 1 write floor
+// 9.1 → 7.5 (examples/shape_speed.rs, alternated builds).
 // C is written through strides (c_rs, c_cs), so a product can be run
 // transposed, Cᵀ = Bᵀ·Aᵀ, and still land in C's row-major layout: a narrow
 // product (the fc forward: 64×10) then spreads its long side over the lanes.
@@ -232,16 +237,27 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 #endif
 #endif
 
+#if SHARED
+    let tid = lid.y * {{WX}}u + lid.x;
+#endif
+#if ONE_SLICE
+    // K fits in one slice (the fc input gradient: K = 10): the slice's sums
+    // are the totals, so no second set of accumulators is kept live.
+#for i in 0..TM
+#for j in 0..TN
+    var part{{i}}_{{j}} = 0.0;
+#endfor
+#endfor
+    {
+        let k0 = k_begin;
+#else
 #for i in 0..TM
 #for j in 0..TN
     var acc{{i}}_{{j}} = 0.0;
 #endfor
 #endfor
-
-#if SHARED
-    let tid = lid.y * {{WX}}u + lid.x;
-#endif
     for (var k0 = k_begin; k0 < k_end; k0 += {{BK}}u) {
+#endif
 #if SHARED
         // Stage A[rows, k0..k0+BK) and B[k0..k0+BK, cols); past the edge, 0.
 #for l in 0..BK*WY*TM/THREADS
@@ -270,11 +286,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 #endfor
         workgroupBarrier();
 #endif
+#if !ONE_SLICE
 #for i in 0..TM
 #for j in 0..TN
         var part{{i}}_{{j}} = 0.0;
 #endfor
 #endfor
+#endif
 #if SHARED
         for (var kk = 0u; kk < {{BK}}u; kk++) {
 #for i in 0..TM
@@ -291,9 +309,22 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         for (var kk = k0; kk < k_stop; kk++) {
 #endif
 #if SUBGROUP_A
-#for q in 0..QA
+#for q in 0..QA_FULL
             let a_mine{{q}} = ld_a_at(ra_lane{{q}}, kk, a_cs);
 #endfor
+#if A_REM
+            // The last rows fill A_REM of the WX lanes; the rest skip the
+            // load (llvmpipe's per-lane load loop passes over masked-off
+            // lanes), where they would reread a clamped row.
+#if VEC_K
+            var a_mine{{QA_FULL}} = vec4<f32>(0.0);
+#else
+            var a_mine{{QA_FULL}} = 0.0;
+#endif
+            if (lid.x < {{A_REM}}u) {
+                a_mine{{QA_FULL}} = ld_a_at(ra_lane{{QA_FULL}}, kk, a_cs);
+            }
+#endif
 #for i in 0..TM
             let av{{i}} = subgroupBroadcast(a_mine{{i/WX}}, {{i-i/WX*WX}}u);
 #endfor
@@ -338,15 +369,24 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 #endfor
 #endif
         }
+#if !ONE_SLICE
 #for i in 0..TM
 #for j in 0..TN
         acc{{i}}_{{j}} += part{{i}}_{{j}};
 #endfor
 #endfor
+#endif
 #if SHARED
         workgroupBarrier();
 #endif
     }
+#if ONE_SLICE
+#for i in 0..TM
+#for j in 0..TN
+    let acc{{i}}_{{j}} = part{{i}}_{{j}};
+#endfor
+#endfor
+#endif
 
 #for i in 0..TM
     if (r{{i}} < p_m) {

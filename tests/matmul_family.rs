@@ -563,3 +563,31 @@ fn vec4_accesses_are_used_where_the_layout_allows_and_stay_exact() {
         times.iter().map(|t| &t.kernel).collect::<Vec<_>>()
     );
 }
+
+#[test]
+fn products_within_one_k_slice_run_the_one_slice_variant_exactly() {
+    // K no deeper than the tile's slice: the variant keeps one set of
+    // accumulators (the fc input gradient, K = 10). One element deeper
+    // and the blocked summation's two sets come back; both stay exact.
+    let e = engine();
+    let mut rng = Rng::new(19);
+    e.start_timing().expect("a GPU engine can time");
+    let tile = TileConfig::new(8, 1, 10, 16, 16, false)
+        .with_subgroup_a()
+        .with_strided_cols()
+        .with_vec4();
+    for (k, one) in [(1, true), (10, true), (16, true), (17, false), (40, false)] {
+        for (ta, tb) in [(false, false), (true, true)] {
+            let g = plain(23, 140, k, ta, tb);
+            e.take_dispatch_times().unwrap();
+            check(&e, &mut rng, &g, MatmulKernel::Fixed(tile), "one slice");
+            let (_, times) = e.take_dispatch_times().unwrap().unwrap();
+            let name = &times
+                .iter()
+                .find(|t| t.kernel.starts_with("matmul["))
+                .expect("a matmul dispatch")
+                .kernel;
+            assert_eq!(name.contains(" one slice"), one, "K = {k}: ran {name}");
+        }
+    }
+}

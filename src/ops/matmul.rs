@@ -59,6 +59,20 @@ pub struct TileConfig {
     pub vec4: bool,
 }
 
+/// What one dispatch asks of the family beyond its tile and element types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Variant {
+    /// C gets a bias per row, added in the epilogue (conv's bias).
+    pub bias_rows: bool,
+    /// C += product, instead of C = product.
+    pub accumulate: bool,
+    /// Which operands go through vec4 accesses.
+    pub vec4: Vec4Io,
+    /// Each workgroup's K range fits one BK slice, so one set of
+    /// accumulators holds the whole sum.
+    pub one_slice: bool,
+}
+
 /// Which of a product's operands go through vec4 accesses in one dispatch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Vec4Io {
@@ -161,10 +175,14 @@ impl TileConfig {
         elem: Elem,
         out: Elem,
         conv: Option<&ConvGeometry>,
-        bias_rows: bool,
-        accumulate: bool,
-        vec4: Vec4Io,
+        variant: Variant,
     ) -> Kernel {
+        let Variant {
+            bias_rows,
+            accumulate,
+            vec4,
+            one_slice,
+        } = variant;
         let mut defs = Defs::elem(elem)
             .with("BIAS_ROWS", bias_rows as u8)
             .with("ACCUMULATE", accumulate as u8)
@@ -180,6 +198,9 @@ impl TileConfig {
             .with("TM", self.tm)
             // A's loads per lane with SUBGROUP_A: TM rows over WX lanes.
             .with("QA", self.tm.div_ceil(self.wx))
+            // Of which QA_FULL fill every lane, and a last one A_REM lanes.
+            .with("QA_FULL", self.tm / self.wx)
+            .with("A_REM", self.tm % self.wx)
             .with("TN", self.tn)
             .with("BK", self.bk)
             .with("SHARED", self.shared as u8)
@@ -190,7 +211,8 @@ impl TileConfig {
             .with("VEC_C", vec4.c as u8)
             .with("VEC_K", vec4.k as u8)
             .with("B4", (vec4.b || vec4.k) as u8)
-            .with("COLS4", (vec4.b || vec4.c) as u8);
+            .with("COLS4", (vec4.b || vec4.c) as u8)
+            .with("ONE_SLICE", one_slice as u8);
         let mut conv_name = String::new();
         if let Some(cv) = conv {
             for (name, v) in [
@@ -224,7 +246,7 @@ impl TileConfig {
         }
         Kernel::variant(
             format!(
-                "matmul[{}→{} {}{}{}{}{}]",
+                "matmul[{}→{} {}{}{}{}{}{}]",
                 elem.name(),
                 out.name(),
                 // What the tile asks for vec4 is named by what it got.
@@ -236,6 +258,7 @@ impl TileConfig {
                 conv_name,
                 if bias_rows { " +bias" } else { "" },
                 if accumulate { " +=" } else { "" },
+                if one_slice { " one slice" } else { "" },
                 match (vec4.b, vec4.c, vec4.k) {
                     (true, true, _) => " vec4 B C",
                     (true, false, _) => " vec4 B",
@@ -1023,9 +1046,13 @@ fn dispatch(
             elem_of(a),
             elem_of(c),
             g.implicit_b.as_ref(),
-            bias.is_some(),
-            accumulate,
-            vec4,
+            Variant {
+                bias_rows: bias.is_some(),
+                accumulate,
+                vec4,
+                // Each workgroup's K range fits one slice.
+                one_slice: k_chunk.min(g.k) <= tile.bk as usize,
+            },
         ),
         &bindings,
         bytemuck::bytes_of(&params),
