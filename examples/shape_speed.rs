@@ -1,6 +1,8 @@
 //! Time one product shape under several tiles, interleaved rep by rep
 //! (device timestamps where the adapter has them): for trying an idea on
 //! one of the shapes `vramlab bench` lists.
+//! Prints each tile's median time, then each dispatch it ran (the kernel
+//! variant's name: vec4, one slice, …) with its own median.
 //! `cargo run --release --example shape_speed -- M N K [at] [bt] [ashared] [reduce] [batch=B]
 //! [conv=C,H,W,KH,KW,S,P,WO,T] [reps=R] -- TILE...`
 //! where a TILE is `WX,WY,TM,TN,BK,shared|direct[,strided][,sgA][,vec4]` or `chosen`.
@@ -105,6 +107,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let c = Tensor::from_slice(&e, &vec![0.0; nc], &[nc], "c")?;
     let g = shape.gemm();
     let mut times = vec![Vec::new(); kernels.len()];
+    // The dispatches each tile ran (the variant's name: vec4, one slice, …)
+    // and each one's times.
+    let mut ran: Vec<Vec<(String, Vec<f64>)>> = vec![Vec::new(); kernels.len()];
     for rep in 0..=reps {
         for (i, k) in kernels.iter().enumerate() {
             e.take_dispatch_times()?;
@@ -112,16 +117,28 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             gemm(&g, &a, &b, &c, *k)?;
             e.synchronize()?;
             let wall = t0.elapsed().as_secs_f64();
-            let dev = e
-                .take_dispatch_times()?
-                .map(|(_, t)| t.iter().map(|d| d.seconds).sum::<f64>())
+            let dispatches = e.take_dispatch_times()?.map(|(_, t)| t);
+            let dev = dispatches
+                .as_ref()
+                .map(|t| t.iter().map(|d| d.seconds).sum::<f64>())
                 .unwrap_or(wall);
+            if rep == 0 {
+                ran[i] = dispatches
+                    .iter()
+                    .flatten()
+                    .map(|d| (d.kernel.clone(), Vec::new()))
+                    .collect();
+            } else {
+                for ((_, ts), d) in ran[i].iter_mut().zip(dispatches.iter().flatten()) {
+                    ts.push(d.seconds);
+                }
+            }
             if rep > 0 {
                 times[i].push(dev);
             }
         }
     }
-    for (t, spec) in times.iter_mut().zip(tiles) {
+    for ((t, spec), ran) in times.iter_mut().zip(tiles).zip(&ran) {
         t.sort_by(|x, y| x.total_cmp(y));
         let med = t[t.len() / 2];
         println!(
@@ -129,6 +146,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             med * 1e3,
             shape.flops() / med / 1e9
         );
+        for (kernel, ts) in ran {
+            let mut ts = ts.clone();
+            ts.sort_by(|x, y| x.total_cmp(y));
+            let med = ts.get(ts.len() / 2).copied().unwrap_or(f64::NAN);
+            println!("    {:>9.3} ms  {kernel}", med * 1e3);
+        }
     }
     Ok(())
 }

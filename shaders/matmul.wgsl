@@ -37,7 +37,8 @@
 // are the totals, so one set of TM×TN accumulators instead of two. On
 // llvmpipe a 32×16 tile's two sets spill 32 KB of stack; with one the fc
 // input gradient (K = 10) ran 13.3 → 11.9 ms and its K = 1 write floor
-// 9.1 → 7.5 (examples/shape_speed.rs, alternated builds).
+// 9.1 → 7.5 (examples/shape_speed.rs, alternated builds). The same bits:
+// the one slice's sum was added to zero.
 // C is written through strides (c_rs, c_cs), so a product can be run
 // transposed, Cᵀ = Bᵀ·Aᵀ, and still land in C's row-major layout: a narrow
 // product (the fc forward: 64×10) then spreads its long side over the lanes.
@@ -354,9 +355,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 #endif
 #endif
 #if VEC_K
-#for e in 0..4
+            // Each accumulator takes its four steps in a row, so it is
+            // loaded and stored once per four where llvmpipe spills it (the
+            // fc forward: 12.9 → 11.8 ms, alternated builds); the order of
+            // each one's additions is unchanged.
 #for i in 0..TM
 #for j in 0..TN
+#for e in 0..4
             part{{i}}_{{j}} = fma(av{{i}}[{{e}}], bv{{j}}[{{e}}], part{{i}}_{{j}});
 #endfor
 #endfor

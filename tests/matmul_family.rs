@@ -400,10 +400,13 @@ fn eight_lane_tiles_fit_their_height_to_the_rows() {
     // columns: the fc weight gradient (10×100,352) does; the fc forward as
     // Cᵀ (64 columns: 128 with 16 a lane) and 190 (192 against 256) do not.
     assert_eq!(fc.tile.tn, 8, "fc forward as Cᵀ: 64 columns");
+    // Its long K ranges in 32-deep slices (a tighter error bound beyond
+    // 512); products run as they are keep 16.
+    assert_eq!(fc.tile.bk, 32, "fc forward as Cᵀ");
     let fc_dw = lane8(&plain(10, 100_352, 64, true, false));
     assert_eq!(
-        (fc_dw.tile.tm, fc_dw.tile.tn),
-        (10, 16),
+        (fc_dw.tile.tm, fc_dw.tile.tn, fc_dw.tile.bk),
+        (10, 16, 16),
         "fc weight gradient"
     );
     assert_eq!(lane8(&plain(10, 190, 64, false, false)).tile.tn, 8);
@@ -567,16 +570,27 @@ fn vec4_accesses_are_used_where_the_layout_allows_and_stay_exact() {
 #[test]
 fn products_within_one_k_slice_run_the_one_slice_variant_exactly() {
     // K no deeper than the tile's slice: the variant keeps one set of
-    // accumulators (the fc input gradient, K = 10). One element deeper
-    // and the blocked summation's two sets come back; both stay exact.
+    // accumulators (the fc input gradient, K = 10). One element deeper and
+    // the blocked summation's two sets come back; both stay exact.
     let e = engine();
     let mut rng = Rng::new(19);
     e.start_timing().expect("a GPU engine can time");
-    let tile = TileConfig::new(8, 1, 10, 16, 16, false)
+    let direct = TileConfig::new(8, 1, 10, 16, 16, false)
         .with_subgroup_a()
         .with_strided_cols()
         .with_vec4();
-    for (k, one) in [(1, true), (10, true), (16, true), (17, false), (40, false)] {
+    let staged = TileConfig::new(8, 8, 2, 4, 8, true);
+    let cases = [
+        (direct, 1, true),
+        (direct, 10, true),
+        (direct, 16, true),
+        (direct, 17, false),
+        (direct, 27, false),
+        (staged, 8, true),
+        (staged, 9, false),
+    ];
+    for (tile, k, one) in cases {
+        assert_eq!(tile.one_slice(k), one, "{} K = {k}", tile.describe());
         for (ta, tb) in [(false, false), (true, true)] {
             let g = plain(23, 140, k, ta, tb);
             e.take_dispatch_times().unwrap();

@@ -85,6 +85,16 @@ pub struct Vec4Io {
 }
 
 impl TileConfig {
+    /// Whether a workgroup K range of `k_range` fits one slice (the
+    /// shader's ONE_SLICE: one set of accumulators). Summing up to two
+    /// slices as one ran conv1's forward (K = 27) 17.1 → 14.7 ms, but the
+    /// changed rounding took simple-cnn-adam's conv1 weight gradient to
+    /// 2.4e-4 from the float64 truth (bound 1e-4; `tests/torch_fixtures.rs`),
+    /// so longer ranges keep the blocked sum's two sets.
+    pub fn one_slice(&self, k_range: usize) -> bool {
+        k_range <= self.bk as usize
+    }
+
     pub const fn new(wx: u32, wy: u32, tm: u32, tn: u32, bk: u32, shared: bool) -> TileConfig {
         TileConfig {
             wx,
@@ -445,6 +455,16 @@ pub fn choose(g: &Gemm, target: Target, out_16bit: bool, bias: bool) -> TileChoi
                 let padded = |tn: usize| cols.div_ceil(8 * tn) * 8 * tn;
                 if padded(16) <= padded(8) {
                     tile.tn = 16;
+                }
+                if transposed {
+                    // The fc forward as Cᵀ sums K ranges of 784 (K split
+                    // 128 ways): 32-deep slices bound its rounding error
+                    // by 784/32 + 32 = 56.5 units where 16-deep ones give
+                    // 65, and ran it 3–5% faster (`shape_speed`,
+                    // interleaved, three runs: 10.44 → 10.16, 10.58 →
+                    // 10.11, 10.41 → 9.87 ms; 64 deep was faster still but
+                    // bounds it by 76).
+                    tile.bk = 32;
                 }
             }
             ShapeClass::Shallow if g.k < tile.bk as usize => {
@@ -1050,8 +1070,7 @@ fn dispatch(
                 bias_rows: bias.is_some(),
                 accumulate,
                 vec4,
-                // Each workgroup's K range fits one slice.
-                one_slice: k_chunk.min(g.k) <= tile.bk as usize,
+                one_slice: tile.one_slice(k_chunk.min(g.k)),
             },
         ),
         &bindings,
