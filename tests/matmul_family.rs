@@ -461,6 +461,25 @@ fn narrow_products_run_transposed_where_chosen_and_stay_exact() {
     );
 }
 
+/// Runs and checks `g` with `tile` (timing on); the names of the matmul
+/// variants it dispatched.
+fn checked_kernels(
+    e: &vramlab::tensor::Engine,
+    rng: &mut Rng,
+    g: &Gemm,
+    tile: TileConfig,
+    what: &str,
+) -> Vec<String> {
+    e.take_dispatch_times().unwrap();
+    check(e, rng, g, MatmulKernel::Fixed(tile), what);
+    let (_, times) = e.take_dispatch_times().unwrap().unwrap();
+    times
+        .into_iter()
+        .filter(|t| t.kernel.starts_with("matmul["))
+        .map(|t| t.kernel)
+        .collect()
+}
+
 #[test]
 fn vec4_accesses_are_used_where_the_layout_allows_and_stay_exact() {
     // A tile asking for vec4 B loads and C stores gets them only where N,
@@ -516,15 +535,9 @@ fn vec4_accesses_are_used_where_the_layout_allows_and_stay_exact() {
     cases.push((shared_b, "shared B", " vec4 B C]"));
     for tile in [strided, contiguous] {
         for (g, what, suffix) in &cases {
-            e.take_dispatch_times().unwrap();
-            check(&e, &mut rng, g, MatmulKernel::Fixed(tile), what);
-            let (_, times) = e.take_dispatch_times().unwrap().unwrap();
-            let kernels: Vec<_> = times
-                .iter()
-                .filter(|t| t.kernel.starts_with("matmul["))
-                .collect();
+            let kernels = checked_kernels(&e, &mut rng, g, tile, what);
             assert_eq!(kernels.len(), 1, "{what}: {kernels:?}");
-            let name = &kernels[0].kernel;
+            let name = &kernels[0];
             assert!(
                 name.ends_with(suffix) && (suffix.len() > 1 || !name.contains(" vec4 ")),
                 "{what} with {}: ran {name}",
@@ -593,14 +606,9 @@ fn products_within_one_k_slice_run_the_one_slice_variant_exactly() {
         assert_eq!(tile.one_slice(k), one, "{} K = {k}", tile.describe());
         for (ta, tb) in [(false, false), (true, true)] {
             let g = plain(23, 140, k, ta, tb);
-            e.take_dispatch_times().unwrap();
-            check(&e, &mut rng, &g, MatmulKernel::Fixed(tile), "one slice");
-            let (_, times) = e.take_dispatch_times().unwrap().unwrap();
-            let name = &times
-                .iter()
-                .find(|t| t.kernel.starts_with("matmul["))
-                .expect("a matmul dispatch")
-                .kernel;
+            let kernels = checked_kernels(&e, &mut rng, &g, tile, "one slice");
+            assert_eq!(kernels.len(), 1, "K = {k}: {kernels:?}");
+            let name = &kernels[0];
             assert_eq!(name.contains(" one slice"), one, "K = {k}: ran {name}");
         }
     }
