@@ -400,9 +400,14 @@ fn eight_lane_tiles_fit_their_height_to_the_rows() {
     // columns: the fc weight gradient (10×100,352) does; the fc forward as
     // Cᵀ (64 columns: 128 with 16 a lane) and 190 (192 against 256) do not.
     assert_eq!(fc.tile.tn, 8, "fc forward as Cᵀ: 64 columns");
-    // Its long K ranges in 32-deep slices (a tighter error bound beyond
-    // 512); products run as they are keep 16.
-    assert_eq!(fc.tile.bk, 32, "fc forward as Cᵀ");
+    // Its long K ranges in 32-deep slices (an error bound no worse from
+    // 512 on); a short K range and products run as they are keep 16.
+    let simple_cnn_fc = plain(64, 10, 100_352, false, true);
+    assert_eq!(plan_split(&simple_cnn_fc).k_chunk, 784);
+    assert_eq!(lane8(&simple_cnn_fc).tile.bk, 32, "fc forward as Cᵀ");
+    // K = 30,011 splits into ranges of 257.
+    assert!(fc.transposed);
+    assert_eq!(fc.tile.bk, 16, "fc-like, ranges of 257");
     let fc_dw = lane8(&plain(10, 100_352, 64, true, false));
     assert_eq!(
         (fc_dw.tile.tm, fc_dw.tile.tn, fc_dw.tile.bk),

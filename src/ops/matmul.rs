@@ -456,14 +456,14 @@ pub fn choose(g: &Gemm, target: Target, out_16bit: bool, bias: bool) -> TileChoi
                 if padded(16) <= padded(8) {
                     tile.tn = 16;
                 }
-                if transposed {
+                if transposed && plan_split(g).k_chunk.min(g.k) >= 512 {
                     // The fc forward as Cᵀ sums K ranges of 784 (K split
                     // 128 ways): 32-deep slices bound its rounding error
                     // by 784/32 + 32 = 56.5 units where 16-deep ones give
-                    // 65, and ran it 3–5% faster (`shape_speed`,
-                    // interleaved, three runs: 10.44 → 10.16, 10.58 →
-                    // 10.11, 10.41 → 9.87 ms; 64 deep was faster still but
-                    // bounds it by 76).
+                    // 65 (from 512 on, 32 bounds it no worse), and ran it
+                    // 3–5% faster (`shape_speed`, interleaved, three runs:
+                    // 10.44 → 10.16, 10.58 → 10.11, 10.41 → 9.87 ms; 64
+                    // deep was faster still but bounds it by 76).
                     tile.bk = 32;
                 }
             }
