@@ -32,6 +32,13 @@ fn tile(spec: &str) -> Result<MatmulKernel, Box<dyn std::error::Error>> {
     Ok(MatmulKernel::Fixed(t))
 }
 
+/// The middle of `times` (NaN for none).
+fn median(times: &[f64]) -> f64 {
+    let mut t = times.to_vec();
+    t.sort_by(|x, y| x.total_cmp(y));
+    t.get(t.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let split = args
@@ -132,25 +139,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 for ((_, ts), d) in ran[i].iter_mut().zip(dispatches.iter().flatten()) {
                     ts.push(d.seconds);
                 }
-            }
-            if rep > 0 {
                 times[i].push(dev);
             }
         }
     }
-    for ((t, spec), ran) in times.iter_mut().zip(tiles).zip(&ran) {
-        t.sort_by(|x, y| x.total_cmp(y));
-        let med = t[t.len() / 2];
+    for ((t, spec), ran) in times.iter().zip(tiles).zip(&ran) {
+        let med = median(t);
         println!(
             "{spec:<32} {:>9.3} ms {:>8.2} GFLOP/s",
             med * 1e3,
             shape.flops() / med / 1e9
         );
         for (kernel, ts) in ran {
-            let mut ts = ts.clone();
-            ts.sort_by(|x, y| x.total_cmp(y));
-            let med = ts.get(ts.len() / 2).copied().unwrap_or(f64::NAN);
-            println!("    {:>9.3} ms  {kernel}", med * 1e3);
+            println!("    {:>9.3} ms  {kernel}", median(ts) * 1e3);
         }
     }
     Ok(())

@@ -14,8 +14,9 @@
 //   read neighbouring addresses) instead of a contiguous run of TN.
 //   SUBGROUP_A (direct, WX = the subgroup size; CPU adapters): the WX
 //   threads of a row share their TM rows of A, so lane x loads rows x,
-//   x+WX, … (QA = ceil(TM/WX) loads; rows past TM are read but unused)
-//   and subgroupBroadcast hands each value to all: one gather of WX
+//   x+WX, … (QA = ceil(TM/WX) loads: QA_FULL on every lane, and where WX
+//   does not divide TM a last one on the A_REM lanes that hold rows) and
+//   subgroupBroadcast hands each value to all: one gather of WX
 //   distinct values where llvmpipe otherwise did WX gathers of one value
 //   each.
 //   VEC_B / VEC_C (direct tiles, f32, TN a multiple of 4, B or C dense
@@ -176,8 +177,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     let c_base = p.c_off + z * p.c_bs;
     let row_tile = wid.y * {{WY*TM}}u;
     let col_tile = wid.x * {{WX*TN}}u;
-    let m_last = p.m - 1u;
-    let n_last = p.n - 1u;
     // The parameters the loop and the stores use, read once here: llvmpipe
     // 22.3 turned each uniform read inside a loop or branch into an 8-lane
     // gather (795 in the 32×16 tile's machine code, 15 with these copies).
@@ -191,6 +190,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     let b_cs = p.b_cs;
     let c_rs = p.c_rs;
     let c_cs = p.c_cs;
+    let m_last = p_m - 1u;
+    let n_last = p_n - 1u;
 
     // This thread's rows and columns (in tile coordinates, then global).
 #for i in 0..TM

@@ -50,8 +50,9 @@ pub struct TileConfig {
     /// Thread x owns columns x, x+wx, … rather than a contiguous run.
     pub strided_cols: bool,
     /// Share A's loads across a subgroup (direct tiles with wx = the
-    /// adapter's fixed subgroup size; tm need not be a multiple of it, the
-    /// last lanes' loads are clamped; see `shaders/matmul.wgsl`).
+    /// adapter's fixed subgroup size; tm need not be a multiple of it: the
+    /// last load is made by the lanes that hold rows; see
+    /// `shaders/matmul.wgsl`).
     pub subgroup_a: bool,
     /// Load B and store C as vec4 where the layout allows (direct tiles,
     /// f32, tn a multiple of 4, B or C dense along rows with n and every
@@ -452,7 +453,7 @@ pub fn choose(g: &Gemm, target: Target, out_16bit: bool, bias: bool) -> TileChoi
                 // ran 12.1 → 9.6 ms (`shape_speed`, interleaved); the fc
                 // forward as Cᵀ (64 columns) keeps 8, as 16 would pad half.
                 let cols = if transposed { g.m } else { g.n };
-                let padded = |tn: usize| cols.div_ceil(8 * tn) * 8 * tn;
+                let padded = |tn: u32| cols.next_multiple_of((tile.wx * tn) as usize);
                 if padded(16) <= padded(8) {
                     tile.tn = 16;
                 }
@@ -494,8 +495,7 @@ pub fn choose(g: &Gemm, target: Target, out_16bit: bool, bias: bool) -> TileChoi
                 } else {
                     &[(64, 1), (32, 1)]
                 };
-                let padded =
-                    |&(tm, wy): &(u32, u32)| rows.div_ceil((tm * wy) as usize) * (tm * wy) as usize;
+                let padded = |&(tm, wy): &(u32, u32)| rows.next_multiple_of((tm * wy) as usize);
                 if let Some(&(tm, wy)) = heights.iter().min_by_key(|h| padded(h)) {
                     tile.tm = tm;
                     tile.wy = wy;
