@@ -5,7 +5,8 @@
 //! variant's name: vec4, one slice, …) with its own median.
 //! `cargo run --release --example shape_speed -- M N K [at] [bt] [ashared] [reduce] [batch=B]
 //! [conv=C,H,W,KH,KW,S,P,WO,T] [reps=R] -- TILE...`
-//! where a TILE is `WX,WY,TM,TN,BK,shared|direct[,strided][,sgA][,vec4]` or `chosen`.
+//! where a TILE is `WX,WY,TM,TN,BK,shared|direct[,strided][,sgA][,vec4][,T]` or `chosen`
+//! (`T`: run as Cᵀ = Bᵀ·Aᵀ).
 
 use std::time::Instant;
 use vramlab::device::AdapterOptions;
@@ -20,7 +21,7 @@ fn tile(spec: &str) -> Result<MatmulKernel, Box<dyn std::error::Error>> {
     let f: Vec<&str> = spec.split(',').collect();
     if f.len() < 6 {
         return Err(format!(
-            "tile {spec:?}: want WX,WY,TM,TN,BK,shared|direct[,strided][,sgA][,vec4]"
+            "tile {spec:?}: want WX,WY,TM,TN,BK,shared|direct[,strided][,sgA][,vec4][,T]"
         )
         .into());
     }
@@ -29,6 +30,9 @@ fn tile(spec: &str) -> Result<MatmulKernel, Box<dyn std::error::Error>> {
     t.strided_cols = f[6..].contains(&"strided");
     t.subgroup_a = f[6..].contains(&"sgA");
     t.vec4 = f[6..].contains(&"vec4");
+    if f[6..].contains(&"T") {
+        return Ok(MatmulKernel::FixedTransposed(t));
+    }
     Ok(MatmulKernel::Fixed(t))
 }
 

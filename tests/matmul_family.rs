@@ -7,8 +7,8 @@
 mod common;
 use common::*;
 use vramlab::ops::matmul::{
-    choose, choose_tile, gemm, plan_split, ConvGeometry, Gemm, MatView, MatmulKernel, ShapeClass,
-    Target, TileConfig,
+    choose, choose_tile, gemm, gemm_bias, plan_split, ConvGeometry, Gemm, MatView, MatmulKernel,
+    ShapeClass, Target, TileConfig,
 };
 use vramlab::tensor::Tensor;
 
@@ -397,9 +397,14 @@ fn eight_lane_tiles_fit_their_height_to_the_rows() {
     assert!(fc.transposed);
     assert_eq!((fc.tile.tm, fc.tile.wy), (10, 1), "fc forward as Cᵀ");
     // Short products take 16 columns a lane where that pads no more
-    // columns: the fc weight gradient (10×100,352) does; the fc forward as
-    // Cᵀ (64 columns: 128 with 16 a lane) and 190 (192 against 256) do not.
-    assert_eq!(fc.tile.tn, 8, "fc forward as Cᵀ: 64 columns");
+    // columns: the fc weight gradient (10×100,352) does, 190 (192 against
+    // 256) does not. As Cᵀ (the fc forward) each column is a row of X, its
+    // own stream through memory: 4 a lane, strided.
+    assert_eq!(
+        (fc.tile.tn, fc.tile.strided_cols),
+        (4, true),
+        "fc forward as Cᵀ: 64 columns"
+    );
     // Its long K ranges in 32-deep slices (an error bound no worse from
     // 512 on); a short K range and products run as they are keep 16.
     let simple_cnn_fc = plain(64, 10, 100_352, false, true);
@@ -442,6 +447,29 @@ fn narrow_products_run_transposed_where_chosen_and_stay_exact() {
     );
     assert!(plan_split(&fc).splits > 1);
     check(&e, &mut rng, &fc, MatmulKernel::Tiled, "narrow, split K");
+    // A given tile run as Cᵀ, on any adapter (the kernel's parts are
+    // portable; only the choice is the 8-lane adapters').
+    let wide = TileConfig::new(8, 2, 4, 8, 16, false).with_strided_cols();
+    check(
+        &e,
+        &mut rng,
+        &plain(37, 5, 45, true, true),
+        MatmulKernel::FixedTransposed(wide),
+        "narrow as Cᵀ, a given tile",
+    );
+    // A row bias needs the rows as they are: refused, not run wrong.
+    let g = plain(6, 3, 5, false, false);
+    let t = |n: usize| Tensor::from_slice(&e, &vec![1.0; n], &[n], "t").unwrap();
+    let err = gemm_bias(
+        &g,
+        &t(30),
+        &t(15),
+        &t(18),
+        Some(&t(6)),
+        MatmulKernel::FixedTransposed(wide),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("untransposed"), "{err}");
     for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
         let g = plain(37, 3, 45, ta, tb);
         check(

@@ -295,6 +295,10 @@ pub enum MatmulKernel {
     Naive,
     /// A given tile shape (benchmarks and tuning).
     Fixed(TileConfig),
+    /// A given tile shape run as Cᵀ = Bᵀ·Aᵀ, the orientation [`choose`]
+    /// gives narrow products on 8-lane CPU adapters (benchmarks and tuning
+    /// of those: the fc forward).
+    FixedTransposed(TileConfig),
 }
 
 /// The shape classes the models issue, each with its own tile.
@@ -454,7 +458,17 @@ pub fn choose(g: &Gemm, target: Target, out_16bit: bool, bias: bool) -> TileChoi
                 // forward as Cᵀ (64 columns) keeps 8, as 16 would pad half.
                 let cols = if transposed { g.m } else { g.n };
                 let padded = |tn: u32| cols.next_multiple_of((tile.wx * tn) as usize);
-                if padded(16) <= padded(8) {
+                if transposed {
+                    // As Cᵀ each column is a row of the long operand (the
+                    // fc forward: a row of X, 401 KB from the next), so a
+                    // lane's columns are separate streams through memory
+                    // and its accumulators spill: 4 a lane, strided (lane
+                    // x owns x, x+8, …), ran the fc forward 12.3 → 10.1 ms
+                    // where 8 contiguous ones did (`shape_speed`,
+                    // interleaved; 2 a lane reloads A twice as often: 11.2).
+                    tile.tn = 4;
+                    tile.strided_cols = true;
+                } else if padded(16) <= padded(8) {
                     tile.tn = 16;
                 }
                 if transposed && plan_split(g).k_chunk.min(g.k) >= 512 {
@@ -837,6 +851,21 @@ pub fn gemm_bias(
         ),
         MatmulKernel::Naive => fixed(NAIVE_TILE),
         MatmulKernel::Fixed(t) => fixed(t),
+        MatmulKernel::FixedTransposed(tile) => {
+            if g.implicit_b.is_some() || bias.is_some() || c.dtype().is_16bit() {
+                return Err(TensorError::InvalidShape {
+                    op: OP,
+                    message: "a product reading B as an im2col, adding a row bias or \
+                              writing 16-bit output runs untransposed: use a plain tile"
+                        .into(),
+                });
+            }
+            TileChoice {
+                tile,
+                class: ShapeClass::of(g.n, g.m, g.k),
+                transposed: true,
+            }
+        }
     };
     let transposed = choice.transposed;
     let mut tile = choice.tile;
