@@ -40,6 +40,9 @@
 // input gradient (K = 10) ran 13.3 → 11.9 ms and its K = 1 write floor
 // 9.1 → 7.5 (examples/shape_speed.rs, alternated builds). The same bits:
 // the one slice's sum was added to zero.
+// ROWS_OUTER (one slice, direct subgroup-A tiles, K = KC compiled in): the
+// K range is loaded whole, then each row is summed and stored in turn, so
+// only one row's TN sums are live (see the block below).
 // C is written through strides (c_rs, c_cs), so a product can be run
 // transposed, Cᵀ = Bᵀ·Aᵀ, and still land in C's row-major layout: a narrow
 // product (the fc forward: 64×10) then spreads its long side over the lanes.
@@ -239,6 +242,34 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 #endif
 #endif
 
+#if ROWS_OUTER
+    // The whole K range (KC steps, a constant no deeper than BK: the fc
+    // input gradient, K = 10) loaded up front, then each row summed over it
+    // and stored before the next: its TN sums stay in registers, where the
+    // K loop kept all TM×TN live across its steps and llvmpipe spilled
+    // them to the stack and back at every step. The same order of
+    // additions (k ascending from zero), so the same bits.
+#for kk in 0..KC
+#for q in 0..QA_FULL
+    let a_mine{{q}}_{{kk}} = ld_a_at(ra_lane{{q}}, k_begin + {{kk}}u, a_cs);
+#endfor
+#if A_REM
+    var a_mine{{QA_FULL}}_{{kk}} = 0.0;
+    if (lid.x < {{A_REM}}u) {
+        a_mine{{QA_FULL}}_{{kk}} = ld_a_at(ra_lane{{QA_FULL}}, k_begin + {{kk}}u, a_cs);
+    }
+#endif
+#if VEC_B
+#for g in 0..TN/4
+    let bq{{kk}}_{{g}} = b[(b_base + (k_begin + {{kk}}u) * b_rs) / 4u + cg{{g}}];
+#endfor
+#else
+#for j in 0..TN
+    let bv{{kk}}_{{j}} = ld_b_at(b_base, k_begin + {{kk}}u, cc{{j}}, b_rs, b_cs);
+#endfor
+#endif
+#endfor
+#else
 #if SHARED
     let tid = lid.y * {{WX}}u + lid.x;
 #endif
@@ -394,7 +425,24 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 #endfor
 #endif
 
+#endif
+
 #for i in 0..TM
+#if ROWS_OUTER
+#for kk in 0..KC
+    let av{{i}}_{{kk}} = subgroupBroadcast(a_mine{{i/WX}}_{{kk}}, {{i-i/WX*WX}}u);
+#endfor
+#for j in 0..TN
+    var acc{{i}}_{{j}} = 0.0;
+#for kk in 0..KC
+#if VEC_B
+    acc{{i}}_{{j}} = fma(av{{i}}_{{kk}}, bq{{kk}}_{{j/4}}[{{j-j/4*4}}], acc{{i}}_{{j}});
+#else
+    acc{{i}}_{{j}} = fma(av{{i}}_{{kk}}, bv{{kk}}_{{j}}, acc{{i}}_{{j}});
+#endif
+#endfor
+#endfor
+#endif
     if (r{{i}} < p_m) {
 #if BIAS_ROWS
         let bias{{i}} = ld_bias(r{{i}});

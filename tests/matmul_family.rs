@@ -8,7 +8,7 @@ mod common;
 use common::*;
 use vramlab::ops::matmul::{
     choose, choose_tile, gemm, gemm_bias, plan_split, ConvGeometry, Gemm, MatView, MatmulKernel,
-    ShapeClass, Target, TileConfig,
+    ShapeClass, Target, TileConfig, ROWS_OUTER_MAX_FMAS,
 };
 use vramlab::tensor::Tensor;
 
@@ -626,23 +626,42 @@ fn products_within_one_k_slice_run_the_one_slice_variant_exactly() {
         .with_strided_cols()
         .with_vec4();
     let staged = TileConfig::new(8, 8, 2, 4, 8, true);
+    // Without subgroup A the K loop stays (rows outer needs the shared rows).
+    let plain_direct = TileConfig {
+        subgroup_a: false,
+        ..direct
+    };
+    // Direct subgroup-A tiles within one slice run rows outer, K compiled in.
     let cases = [
-        (direct, 1, true),
-        (direct, 10, true),
-        (direct, 16, true),
-        (direct, 17, false),
-        (direct, 27, false),
-        (staged, 8, true),
-        (staged, 9, false),
+        (direct, 1, " rows outer k=1"),
+        (direct, 10, " rows outer k=10"),
+        (direct, 16, " rows outer k=16"),
+        (direct, 17, ""),
+        (direct, 27, ""),
+        (plain_direct, 10, " one slice"),
+        (staged, 8, " one slice"),
+        (staged, 9, ""),
     ];
-    for (tile, k, one) in cases {
+    for (tile, k, variant) in cases {
+        let one = !variant.is_empty();
         assert_eq!(tile.one_slice(k), one, "{} K = {k}", tile.describe());
         for (ta, tb) in [(false, false), (true, true)] {
             let g = plain(23, 140, k, ta, tb);
             let kernels = checked_kernels(&e, &mut rng, &g, tile, "one slice");
             assert_eq!(kernels.len(), 1, "K = {k}: {kernels:?}");
             let name = &kernels[0];
-            assert_eq!(name.contains(" one slice"), one, "K = {k}: ran {name}");
+            for named in [" one slice", " rows outer"] {
+                assert_eq!(
+                    name.contains(named),
+                    variant.starts_with(named),
+                    "K = {k}: ran {name}"
+                );
+            }
+            assert!(name.contains(variant), "K = {k}: ran {name}");
         }
     }
+    // Past the cap on written-out multiply-adds the K loop stays.
+    let tall = TileConfig { tm: 64, ..direct };
+    assert_eq!(tall.rows_outer(8), 8);
+    assert_eq!(tall.rows_outer(9), 0, "64·16·9 > {ROWS_OUTER_MAX_FMAS}");
 }

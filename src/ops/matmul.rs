@@ -33,6 +33,12 @@ const MIN_SPLIT_K: usize = 256;
 /// The most workspace one batch of partial products may take; a larger
 /// reduced batch is done in groups that accumulate.
 const MAX_PARTIALS_BYTES: usize = 4 << 20;
+/// The most multiply-adds a rows-outer variant writes out (TM·TN·K). Its
+/// compile time grows faster than its code: on llvmpipe 32×16 at K = 10
+/// (5,120) compiled cold in about 2.2 s where the K loop took 1.2, and
+/// 64×16 (10,240) in 5.1 s for 7% more speed, so the fc input gradient
+/// keeps 32-row tiles.
+pub const ROWS_OUTER_MAX_FMAS: usize = 8192;
 
 /// A tile shape of the matmul family (see `shaders/matmul.wgsl`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
@@ -72,6 +78,10 @@ pub struct Variant {
     /// Each workgroup's K range fits one BK slice, so one set of
     /// accumulators holds the whole sum.
     pub one_slice: bool,
+    /// With `one_slice` and a subgroup-A direct tile: the K range's length
+    /// (a constant of the variant), loaded whole, then summed row by row.
+    /// 0: the K loop.
+    pub rows_outer: u32,
 }
 
 /// Which of a product's operands go through vec4 accesses in one dispatch.
@@ -94,6 +104,27 @@ impl TileConfig {
     /// so longer ranges keep the blocked sum's two sets.
     pub fn one_slice(&self, k_range: usize) -> bool {
         k_range <= self.bk as usize
+    }
+
+    /// The K to compile into a rows-outer variant for a product whose one
+    /// workgroup K range is all of `k` (the shader's ROWS_OUTER: K loaded
+    /// whole, then each row summed and stored before the next), or 0 for
+    /// the K loop. For direct subgroup-A tiles within one slice, up to
+    /// [`ROWS_OUTER_MAX_FMAS`] multiply-adds written out: the fc input
+    /// gradient (K = 10, 32×16) ran 11.6 → 10.2 ms (`shape_speed`,
+    /// medians of five runs each, alternated).
+    pub fn rows_outer(&self, k: usize) -> u32 {
+        let fmas = self.tm as usize * self.tn as usize * k;
+        if self.subgroup_a
+            && !self.shared
+            && k > 0
+            && self.one_slice(k)
+            && fmas <= ROWS_OUTER_MAX_FMAS
+        {
+            k as u32
+        } else {
+            0
+        }
     }
 
     pub const fn new(wx: u32, wy: u32, tm: u32, tn: u32, bk: u32, shared: bool) -> TileConfig {
@@ -193,6 +224,7 @@ impl TileConfig {
             accumulate,
             vec4,
             one_slice,
+            rows_outer,
         } = variant;
         let mut defs = Defs::elem(elem)
             .with("BIAS_ROWS", bias_rows as u8)
@@ -223,7 +255,9 @@ impl TileConfig {
             .with("VEC_K", vec4.k as u8)
             .with("B4", (vec4.b || vec4.k) as u8)
             .with("COLS4", (vec4.b || vec4.c) as u8)
-            .with("ONE_SLICE", one_slice as u8);
+            .with("ONE_SLICE", one_slice as u8)
+            .with("ROWS_OUTER", (rows_outer > 0) as u8)
+            .with("KC", rows_outer);
         let mut conv_name = String::new();
         if let Some(cv) = conv {
             for (name, v) in [
@@ -269,7 +303,13 @@ impl TileConfig {
                 conv_name,
                 if bias_rows { " +bias" } else { "" },
                 if accumulate { " +=" } else { "" },
-                if one_slice { " one slice" } else { "" },
+                if rows_outer > 0 {
+                    format!(" rows outer k={rows_outer}")
+                } else if one_slice {
+                    " one slice".to_string()
+                } else {
+                    String::new()
+                },
                 match (vec4.b, vec4.c, vec4.k) {
                     (true, true, _) => " vec4 B C",
                     (true, false, _) => " vec4 B",
@@ -1100,6 +1140,11 @@ fn dispatch(
                 accumulate,
                 vec4,
                 one_slice: tile.one_slice(k_chunk.min(g.k)),
+                rows_outer: if splits == 1 && !vec4.k {
+                    tile.rows_outer(g.k)
+                } else {
+                    0
+                },
             },
         ),
         &bindings,
