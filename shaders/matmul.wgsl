@@ -40,9 +40,9 @@
 // input gradient (K = 10) ran 13.3 → 11.9 ms and its K = 1 write floor
 // 9.1 → 7.5 (examples/shape_speed.rs, alternated builds). The same bits:
 // the one slice's sum was added to zero.
-// ROWS_OUTER (one slice, direct subgroup-A tiles, K = KC compiled in): the
-// K range is loaded whole, then each row is summed and stored in turn, so
-// only one row's TN sums are live (see the block below).
+// ROWS_OUTER (direct subgroup-A tiles, one split, K = KC compiled in): B's
+// K range is loaded whole, then each row is summed, slice by slice, and
+// stored in turn, so only one row's TN sums are live (see the block below).
 // C is written through strides (c_rs, c_cs), so a product can be run
 // transposed, Cᵀ = Bᵀ·Aᵀ, and still land in C's row-major layout: a narrow
 // product (the fc forward: 64×10) then spreads its long side over the lanes.
@@ -243,22 +243,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 #endif
 
 #if ROWS_OUTER
-    // The whole K range (KC steps, a constant no deeper than BK: the fc
-    // input gradient, K = 10) loaded up front, then each row summed over it
-    // and stored before the next: its TN sums stay in registers, where the
-    // K loop kept all TM×TN live across its steps and llvmpipe spilled
-    // them to the stack and back at every step. The same order of
-    // additions (k ascending from zero), so the same bits.
+    // B's whole K range (KC steps, a constant: KC·TN values a lane) loaded
+    // once; then, below, a loop over the tile's groups of WX rows, each
+    // row summed over it and stored before the next. Only one row's TN
+    // sums are live, where the K loop keeps all TM×TN (two sets past one
+    // slice) live across its steps and llvmpipe spills them to the stack
+    // and back at every step; and the loop keeps the code to one group.
 #for kk in 0..KC
-#for q in 0..QA_FULL
-    let a_mine{{q}}_{{kk}} = ld_a_at(ra_lane{{q}}, k_begin + {{kk}}u, a_cs);
-#endfor
-#if A_REM
-    var a_mine{{QA_FULL}}_{{kk}} = 0.0;
-    if (lid.x < {{A_REM}}u) {
-        a_mine{{QA_FULL}}_{{kk}} = ld_a_at(ra_lane{{QA_FULL}}, k_begin + {{kk}}u, a_cs);
-    }
-#endif
 #if VEC_B
 #for g in 0..TN/4
     let bq{{kk}}_{{g}} = b[(b_base + (k_begin + {{kk}}u) * b_rs) / 4u + cg{{g}}];
@@ -427,33 +418,70 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 
 #endif
 
-#for i in 0..TM
 #if ROWS_OUTER
+    for (var q = 0u; q < {{TM/WX}}u; q++) {
+    // Lane x loads row x of the group, for every step of K.
+    let group_row = row_tile + lid.y * {{TM}}u + q * {{WX}}u;
+    let ra_q = a_base + min(group_row + lid.x, m_last) * a_rs;
 #for kk in 0..KC
-    let av{{i}}_{{kk}} = subgroupBroadcast(a_mine{{i/WX}}_{{kk}}, {{i-i/WX*WX}}u);
+    let a_mine_{{kk}} = ld_a_at(ra_q, k_begin + {{kk}}u, a_cs);
 #endfor
+#endif
+#for i in 0..ROWS_EMIT
+    {
+#if ROWS_OUTER
+    let row_ = group_row + {{i}}u;
+#for kk in 0..KC
+    let av_{{kk}} = subgroupBroadcast(a_mine_{{kk}}, {{i}}u);
+#endfor
+    // Each BK slice summed on its own and added to the total, as the K
+    // loop does: the same order of additions, so the same bits.
 #for j in 0..TN
-    var acc{{i}}_{{j}} = 0.0;
-#for kk in 0..KC
+    var o{{j}} = 0.0;
+#for sl in 0..KC/BK
+    {
+        var part = 0.0;
+#for kk in sl*BK..sl*BK+BK
 #if VEC_B
-    acc{{i}}_{{j}} = fma(av{{i}}_{{kk}}, bq{{kk}}_{{j/4}}[{{j-j/4*4}}], acc{{i}}_{{j}});
+        part = fma(av_{{kk}}, bq{{kk}}_{{j/4}}[{{j-j/4*4}}], part);
 #else
-    acc{{i}}_{{j}} = fma(av{{i}}_{{kk}}, bv{{kk}}_{{j}}, acc{{i}}_{{j}});
+        part = fma(av_{{kk}}, bv{{kk}}_{{j}}, part);
 #endif
 #endfor
+        o{{j}} += part;
+    }
+#endfor
+#if KC_REM
+    {
+        var part = 0.0;
+#for kk in KC/BK*BK..KC
+#if VEC_B
+        part = fma(av_{{kk}}, bq{{kk}}_{{j/4}}[{{j-j/4*4}}], part);
+#else
+        part = fma(av_{{kk}}, bv{{kk}}_{{j}}, part);
+#endif
+#endfor
+        o{{j}} += part;
+    }
+#endif
+#endfor
+#else
+    let row_ = r{{i}};
+#for j in 0..TN
+    let o{{j}} = acc{{i}}_{{j}};
 #endfor
 #endif
-    if (r{{i}} < p_m) {
+    if (row_ < p_m) {
 #if BIAS_ROWS
-        let bias{{i}} = ld_bias(r{{i}});
+        let bias_row = ld_bias(row_);
 #endif
 #if VEC_C
 #for g in 0..TN/4
         if (c{{4*g}} < p_n) {
-            let ci = (c_base + r{{i}} * c_rs + c{{4*g}}) / 4u;
-            var v = vec4<f32>(acc{{i}}_{{4*g}}, acc{{i}}_{{4*g+1}}, acc{{i}}_{{4*g+2}}, acc{{i}}_{{4*g+3}});
+            let ci = (c_base + row_ * c_rs + c{{4*g}}) / 4u;
+            var v = vec4<f32>(o{{4*g}}, o{{4*g+1}}, o{{4*g+2}}, o{{4*g+3}});
 #if BIAS_ROWS
-            v += vec4<f32>(bias{{i}});
+            v += vec4<f32>(bias_row);
 #endif
 #if ACCUMULATE
             v += c[ci];
@@ -467,10 +495,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         // columns, TN even, n and C's offsets even), so it writes whole words.
 #for j in 0..TN/2
         if (c{{2*j}} < p_n) {
-            let ci = c_base + r{{i}} * c_rs + c{{2*j}};
-            var v = vec2<f32>(acc{{i}}_{{2*j}}, acc{{i}}_{{2*j+1}});
+            let ci = c_base + row_ * c_rs + c{{2*j}};
+            var v = vec2<f32>(o{{2*j}}, o{{2*j+1}});
 #if BIAS_ROWS
-            v += vec2<f32>(bias{{i}}, bias{{i}});
+            v += vec2<f32>(bias_row, bias_row);
 #endif
 #if ACCUMULATE
             v += vec2<f32>(ld_c(ci), ld_c(ci + 1u));
@@ -481,10 +509,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 #else
 #for j in 0..TN
         if (c{{j}} < p_n) {
-            let ci = c_base + r{{i}} * c_rs + c{{j}} * c_cs;
-            var v = acc{{i}}_{{j}};
+            let ci = c_base + row_ * c_rs + c{{j}} * c_cs;
+            var v = o{{j}};
 #if BIAS_ROWS
-            v += bias{{i}};
+            v += bias_row;
 #endif
 #if ACCUMULATE
             v += ld_c(ci);
@@ -495,5 +523,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 #endif
 #endif
     }
+    }
 #endfor
+#if ROWS_OUTER
+    }
+#endif
 }

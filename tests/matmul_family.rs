@@ -8,7 +8,7 @@ mod common;
 use common::*;
 use vramlab::ops::matmul::{
     choose, choose_tile, gemm, gemm_bias, plan_split, ConvGeometry, Gemm, MatView, MatmulKernel,
-    ShapeClass, Target, TileConfig, ROWS_OUTER_MAX_FMAS,
+    ShapeClass, Target, TileConfig, ROWS_OUTER_MAX_B,
 };
 use vramlab::tensor::Tensor;
 
@@ -33,13 +33,12 @@ fn tiles() -> Vec<TileConfig> {
                 }
                 // And short products' thread tiles of exactly their rows
                 // (not a multiple of the 8 lanes).
-                // And the 32×16 tile of products shallower than a K slice.
+                // And the 32×16 and 64×16 tiles of products shallower
+                // than a K slice (rows outer where K·16 ≤ 256).
                 if target == Target::CpuSubgroup8 && class == ShapeClass::Shallow {
-                    v.push(TileConfig {
-                        tm: 32,
-                        tn: 16,
-                        ..t
-                    });
+                    for tm in [32, 64] {
+                        v.push(TileConfig { tm, tn: 16, ..t });
+                    }
                 }
                 if target == Target::CpuSubgroup8 && class == ShapeClass::Short {
                     v.push(TileConfig { tm: 10, ..t });
@@ -388,7 +387,18 @@ fn eight_lane_tiles_fit_their_height_to_the_rows() {
     // Less than one K slice: 32×16 thread tiles.
     let fc_dx = lane8(&plain(64, 100_352, 10, false, false));
     assert_eq!(fc_dx.class, ShapeClass::Shallow);
-    assert_eq!((fc_dx.tile.tm, fc_dx.tile.tn, fc_dx.tile.wy), (32, 16, 1));
+    assert_eq!((fc_dx.tile.tm, fc_dx.tile.tn, fc_dx.tile.wy), (64, 16, 1));
+    assert_eq!(fc_dx.tile.rows_outer(10), 10, "fc input gradient");
+    assert_eq!(
+        lane8(&plain(40, 100_352, 10, false, false)).tile.tm,
+        64,
+        "40 rows pad to 64 either way"
+    );
+    assert_eq!(
+        lane8(&plain(96, 900, 10, false, false)).tile.tm,
+        32,
+        "96 rows: 96 in 32s, 128 in 64s"
+    );
     assert_eq!(height(64, 900, 16), (64, 1), "one whole K slice: 64×8");
     assert_eq!(height(10, 500, 64), (10, 1), "short: exactly its rows");
     assert_eq!(height(31, 500, 64), (31, 1), "short: exactly its rows");
@@ -614,37 +624,49 @@ fn vec4_accesses_are_used_where_the_layout_allows_and_stay_exact() {
 }
 
 #[test]
-fn products_within_one_k_slice_run_the_one_slice_variant_exactly() {
-    // K no deeper than the tile's slice: the variant keeps one set of
-    // accumulators (the fc input gradient, K = 10). One element deeper and
-    // the blocked summation's two sets come back; both stay exact.
+fn small_k_products_run_rows_outer_or_one_slice_exactly() {
+    // Small K (the fc input gradient: K = 10; conv1's forward: 27): rows
+    // outer, or where that does not apply and K fits the tile's slice, one
+    // set of accumulators. One element deeper and the blocked summation's
+    // two sets come back; all stay exact.
     let e = engine();
     let mut rng = Rng::new(19);
     e.start_timing().expect("a GPU engine can time");
-    let direct = TileConfig::new(8, 1, 10, 16, 16, false)
+    let direct = TileConfig::new(8, 1, 16, 16, 16, false)
         .with_subgroup_a()
         .with_strided_cols()
         .with_vec4();
     let staged = TileConfig::new(8, 8, 2, 4, 8, true);
-    // Without subgroup A the K loop stays (rows outer needs the shared rows).
+    // Rows outer needs subgroup A (the rows shared over the lanes) and a
+    // thread tile of whole 8-row groups; without them the one-slice loop.
     let plain_direct = TileConfig {
         subgroup_a: false,
         ..direct
     };
-    // Direct subgroup-A tiles within one slice run rows outer, K compiled in.
+    let ragged = TileConfig { tm: 10, ..direct };
+    // Direct subgroup-A tiles run rows outer, K compiled in, while B's range
+    // (TN·K) fits 256 values a lane: past one slice too (K = 27: slices of
+    // 16 and 11, K = 32: two whole ones), summed slice by slice.
+    let narrow = TileConfig { tn: 8, ..direct };
     let cases = [
         (direct, 1, " rows outer k=1"),
         (direct, 10, " rows outer k=10"),
         (direct, 16, " rows outer k=16"),
         (direct, 17, ""),
-        (direct, 27, ""),
+        (narrow, 27, " rows outer k=27"),
+        (narrow, 32, " rows outer k=32"),
+        (narrow, 33, ""),
+        (ragged, 10, " one slice"),
         (plain_direct, 10, " one slice"),
         (staged, 8, " one slice"),
         (staged, 9, ""),
     ];
     for (tile, k, variant) in cases {
-        let one = !variant.is_empty();
-        assert_eq!(tile.one_slice(k), one, "{} K = {k}", tile.describe());
+        let outer = variant.starts_with(" rows outer");
+        assert_eq!(tile.rows_outer(k) > 0, outer, "{} K = {k}", tile.describe());
+        if !outer {
+            assert_eq!(tile.one_slice(k), !variant.is_empty(), "K = {k}");
+        }
         for (ta, tb) in [(false, false), (true, true)] {
             let g = plain(23, 140, k, ta, tb);
             let kernels = checked_kernels(&e, &mut rng, &g, tile, "one slice");
@@ -660,8 +682,6 @@ fn products_within_one_k_slice_run_the_one_slice_variant_exactly() {
             assert!(name.contains(variant), "K = {k}: ran {name}");
         }
     }
-    // Past the cap on written-out multiply-adds the K loop stays.
-    let tall = TileConfig { tm: 64, ..direct };
-    assert_eq!(tall.rows_outer(8), 8);
-    assert_eq!(tall.rows_outer(9), 0, "64·16·9 > {ROWS_OUTER_MAX_FMAS}");
+    assert_eq!(narrow.rows_outer(ROWS_OUTER_MAX_B / 8), 32);
+    assert_eq!(narrow.rows_outer(ROWS_OUTER_MAX_B / 8 + 1), 0);
 }

@@ -33,12 +33,10 @@ const MIN_SPLIT_K: usize = 256;
 /// The most workspace one batch of partial products may take; a larger
 /// reduced batch is done in groups that accumulate.
 const MAX_PARTIALS_BYTES: usize = 4 << 20;
-/// The most multiply-adds a rows-outer variant writes out (TM·TN·K). Its
-/// compile time grows faster than its code: on llvmpipe 32×16 at K = 10
-/// (5,120) compiled cold in about 2.2 s where the K loop took 1.2, and
-/// 64×16 (10,240) in 5.1 s for 7% more speed, so the fc input gradient
-/// keeps 32-row tiles.
-pub const ROWS_OUTER_MAX_FMAS: usize = 8192;
+/// The most B values (TN·K) a rows-outer variant holds a lane. It writes
+/// out WX·TN·K multiply-adds (one group of rows), so this also bounds its
+/// code: 2,048 at most.
+pub const ROWS_OUTER_MAX_B: usize = 256;
 
 /// A tile shape of the matmul family (see `shaders/matmul.wgsl`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
@@ -78,9 +76,9 @@ pub struct Variant {
     /// Each workgroup's K range fits one BK slice, so one set of
     /// accumulators holds the whole sum.
     pub one_slice: bool,
-    /// With `one_slice` and a subgroup-A direct tile: the K range's length
-    /// (a constant of the variant), loaded whole, then summed row by row.
-    /// 0: the K loop.
+    /// For a subgroup-A direct tile in one split: the K range's length (a
+    /// constant of the variant), B's range loaded whole, then summed row by
+    /// row ([`TileConfig::rows_outer`]). 0: the K loop.
     pub rows_outer: u32,
 }
 
@@ -107,19 +105,22 @@ impl TileConfig {
     }
 
     /// The K to compile into a rows-outer variant for a product whose one
-    /// workgroup K range is all of `k` (the shader's ROWS_OUTER: K loaded
-    /// whole, then each row summed and stored before the next), or 0 for
-    /// the K loop. For direct subgroup-A tiles within one slice, up to
-    /// [`ROWS_OUTER_MAX_FMAS`] multiply-adds written out: the fc input
-    /// gradient (K = 10, 32×16) ran 11.6 → 10.2 ms (`shape_speed`,
-    /// medians of five runs each, alternated).
+    /// workgroup K range is all of `k` (the shader's ROWS_OUTER: B's K range
+    /// loaded whole, then a loop over groups of WX rows, each row summed
+    /// and stored before the next), or 0 for the K loop. For direct
+    /// subgroup-A tiles whose height is whole groups, where B's range is
+    /// at most [`ROWS_OUTER_MAX_B`] values a lane. Same bits as the K loop;
+    /// conv1's forward (K = 27, 64×8) ran 17.1 → 12.5 ms and the fc input
+    /// gradient (K = 10, 32×16) 10.9 → 9.5 (`shape_speed`, medians of
+    /// three runs alternated with the K loop), and both variants compile
+    /// faster (cold: 1.8 s against 2.3, 0.8 against 1.5).
     pub fn rows_outer(&self, k: usize) -> u32 {
-        let fmas = self.tm as usize * self.tn as usize * k;
+        let b_values = self.tn as usize * k;
         if self.subgroup_a
             && !self.shared
             && k > 0
-            && self.one_slice(k)
-            && fmas <= ROWS_OUTER_MAX_FMAS
+            && self.tm.is_multiple_of(self.wx)
+            && b_values <= ROWS_OUTER_MAX_B
         {
             k as u32
         } else {
@@ -257,7 +258,11 @@ impl TileConfig {
             .with("COLS4", (vec4.b || vec4.c) as u8)
             .with("ONE_SLICE", one_slice as u8)
             .with("ROWS_OUTER", (rows_outer > 0) as u8)
-            .with("KC", rows_outer);
+            .with("KC", rows_outer)
+            .with("KC_REM", rows_outer % self.bk)
+            // The store block's rows per pass: one group of WX in the
+            // rows-outer loop, else the whole thread tile.
+            .with("ROWS_EMIT", if rows_outer > 0 { self.wx } else { self.tm });
         let mut conv_name = String::new();
         if let Some(cv) = conv {
             for (name, v) in [
@@ -524,12 +529,16 @@ pub fn choose(g: &Gemm, target: Target, out_16bit: bool, bias: bool) -> TileChoi
             }
             ShapeClass::Shallow if g.k < tile.bk as usize => {
                 // Less than one K slice (the fc input gradient: K = 10):
-                // the product is mostly its output, and 32×16 thread tiles
-                // write it faster than 64×8 ones (`bench --tune`, then
+                // the product is mostly its output, and 16 columns a lane
+                // write it faster than 8 (`bench --tune`, then
                 // `shape_speed` interleaved: 18.7 against 31.3 ms; with
                 // K = 1, 18.4 against 26.4). conv1's forward (K = 27)
-                // keeps 64×8 (33.4 against 38.1).
-                tile.tm = 32;
+                // keeps 64×8 (33.4 against 38.1). Rows outer
+                // ([`TileConfig::rows_outer`]) keeps one row's sums live,
+                // so 64 rows cost no spills and read B once for twice the
+                // rows: 9.6 → 8.6 ms against 32 (three interleaved runs).
+                let padded = |tm: usize| rows.next_multiple_of(tm);
+                tile.tm = if padded(64) <= padded(32) { 64 } else { 32 };
                 tile.tn = 16;
             }
             _ => {
