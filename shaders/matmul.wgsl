@@ -40,6 +40,9 @@
 // input gradient (K = 10) ran 13.3 → 11.9 ms and its K = 1 write floor
 // 9.1 → 7.5 (examples/shape_speed.rs, alternated builds). The same bits:
 // the one slice's sum was added to zero.
+// K2 (direct subgroup-A tiles of at most 4 columns, B element by element,
+// even K ranges): two steps of K an iteration, each sum taking both in a
+// row (see the loop).
 // ROWS_OUTER (direct subgroup-A tiles, one split, K = KC compiled in): B's
 // K range is loaded whole, then each row is summed, slice by slice, and
 // stored in turn, so only one row's TN sums are live (see the block below).
@@ -327,6 +330,30 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 #endfor
 #else
         let k_stop = min(k0 + {{BK}}u, k_end);
+#if K2
+        // Two steps of K an iteration (even K ranges, subgroup-A tiles, B
+        // element by element): each sum takes both in a row, so where
+        // llvmpipe spills the sums each is loaded and stored once per two
+        // steps. The same order of additions.
+        for (var kk = k0; kk < k_stop; kk += 2u) {
+#for e in 0..2
+#for q in 0..QA_FULL
+            let a_mine{{q}}_{{e}} = ld_a_at(ra_lane{{q}}, kk + {{e}}u, a_cs);
+#endfor
+#if A_REM
+            var a_mine{{QA_FULL}}_{{e}} = 0.0;
+            if (lid.x < {{A_REM}}u) {
+                a_mine{{QA_FULL}}_{{e}} = ld_a_at(ra_lane{{QA_FULL}}, kk + {{e}}u, a_cs);
+            }
+#endif
+#for i in 0..TM
+            let av{{i}}_{{e}} = subgroupBroadcast(a_mine{{i/WX}}_{{e}}, {{i-i/WX*WX}}u);
+#endfor
+#for j in 0..TN
+            let bv{{j}}_{{e}} = ld_b_at(b_base, kk + {{e}}u, cc{{j}}, b_rs, b_cs);
+#endfor
+#endfor
+#else
 #if VEC_K
         for (var kk = k0; kk < k_stop; kk += 4u) {
 #else
@@ -377,6 +404,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 #endif
 #endif
 #endif
+#endif
+#if K2
+#for i in 0..TM
+#for j in 0..TN
+            part{{i}}_{{j}} = fma(av{{i}}_1, bv{{j}}_1, fma(av{{i}}_0, bv{{j}}_0, part{{i}}_{{j}}));
+#endfor
+#endfor
+#else
 #if VEC_K
             // Each accumulator takes its four steps in a row, so it is
             // loaded and stored once per four where llvmpipe spills it (the
@@ -395,6 +430,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
             part{{i}}_{{j}} = fma(av{{i}}, bv{{j}}, part{{i}}_{{j}});
 #endfor
 #endfor
+#endif
 #endif
         }
 #if !ONE_SLICE

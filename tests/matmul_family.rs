@@ -524,6 +524,47 @@ fn checked_kernels(
 }
 
 #[test]
+fn narrow_subgroup_tiles_take_two_k_steps_where_the_ranges_are_even() {
+    // conv1's weight gradient class: 64 rows, 4 columns a lane, long K, B
+    // element by element. Even K ranges run two steps an iteration, each
+    // sum taking both in a row; odd ones, 8-column tiles and vec4 B keep one.
+    let e = engine();
+    let mut rng = Rng::new(23);
+    e.start_timing().expect("a GPU engine can time");
+    let four = TileConfig::new(8, 1, 64, 4, 16, false).with_subgroup_a();
+    let eight = TileConfig { tn: 8, ..four };
+    let vec4 = four.with_vec4();
+    assert!(four.k2() && !eight.k2());
+    let cases = [
+        (four, plain(70, 27, 452, false, false), true, "K = 452"),
+        (four, plain(70, 27, 451, true, false), false, "K = 451"),
+        (four, plain(70, 27, 452, true, true), true, "Aᵀ, Bᵀ"),
+        (eight, plain(70, 27, 452, false, false), false, "8 columns"),
+        (vec4, plain(70, 28, 452, false, false), false, "vec4 B"),
+        (
+            four,
+            plain(64, 27, 2000, false, false),
+            true,
+            "split K, even ranges",
+        ),
+        (
+            four,
+            plain(64, 27, 2006, false, false),
+            false,
+            "split K, ranges of 287",
+        ),
+    ];
+    for (tile, g, k2, what) in cases {
+        if tile.subgroup_a && Target::of(&e) != Target::CpuSubgroup8 {
+            continue;
+        }
+        let kernels = checked_kernels(&e, &mut rng, &g, tile, what);
+        assert_eq!(kernels[0].contains(" k2"), k2, "{what}: ran {kernels:?}");
+    }
+    assert_eq!(plan_split(&plain(64, 27, 2006, false, false)).k_chunk, 287);
+}
+
+#[test]
 fn vec4_accesses_are_used_where_the_layout_allows_and_stay_exact() {
     // A tile asking for vec4 B loads and C stores gets them only where N,
     // the strides and the offsets are multiples of 4 and the operand is

@@ -80,6 +80,8 @@ pub struct Variant {
     /// constant of the variant), B's range loaded whole, then summed row by
     /// row ([`TileConfig::rows_outer`]). 0: the K loop.
     pub rows_outer: u32,
+    /// Two steps of K an iteration (even K ranges; [`TileConfig::k2`]).
+    pub k2: bool,
 }
 
 /// Which of a product's operands go through vec4 accesses in one dispatch.
@@ -102,6 +104,19 @@ impl TileConfig {
     /// so longer ranges keep the blocked sum's two sets.
     pub fn one_slice(&self, k_range: usize) -> bool {
         k_range <= self.bk as usize
+    }
+
+    /// Whether this tile takes two steps of K an iteration where the K
+    /// ranges are even and B is read element by element (the shader's K2):
+    /// direct subgroup-A tiles of at most 4 columns. Each sum then takes
+    /// both steps in a row, so where llvmpipe spills the sums each is loaded
+    /// and stored once per two steps; the same order of additions. conv1's
+    /// weight gradient (64×4, 512 sums a lane with the blocked summation's
+    /// two sets) ran 16.2 → 10.0 ms (`shape_speed`, medians of six runs
+    /// alternated with one step an iteration, every pair in its favour);
+    /// conv2's 64×8 products gained nothing measurable.
+    pub fn k2(&self) -> bool {
+        self.subgroup_a && !self.shared && self.tn <= 4 && self.bk.is_multiple_of(2)
     }
 
     /// The K to compile into a rows-outer variant for a product whose one
@@ -226,6 +241,7 @@ impl TileConfig {
             vec4,
             one_slice,
             rows_outer,
+            k2,
         } = variant;
         let mut defs = Defs::elem(elem)
             .with("BIAS_ROWS", bias_rows as u8)
@@ -258,6 +274,7 @@ impl TileConfig {
             .with("COLS4", (vec4.b || vec4.c) as u8)
             .with("ONE_SLICE", one_slice as u8)
             .with("ROWS_OUTER", (rows_outer > 0) as u8)
+            .with("K2", k2 as u8)
             .with("KC", rows_outer)
             .with("KC_REM", rows_outer % self.bk)
             // The store block's rows per pass: one group of WX in the
@@ -308,7 +325,9 @@ impl TileConfig {
                 conv_name,
                 if bias_rows { " +bias" } else { "" },
                 if accumulate { " +=" } else { "" },
-                if rows_outer > 0 {
+                if k2 {
+                    " k2".to_string()
+                } else if rows_outer > 0 {
                     format!(" rows outer k={rows_outer}")
                 } else if one_slice {
                     " one slice".to_string()
@@ -1135,6 +1154,11 @@ fn dispatch(
             && in_fours(&av, av.row_stride, a)
             && in_fours(&bv, bv.col_stride, b),
     };
+    let rows_outer = if splits == 1 && !vec4.k {
+        tile.rows_outer(g.k)
+    } else {
+        0
+    };
     let (a_s, b_s, c_s) = (a.slice(), b.slice(), c.slice());
     let bias_s = bias.map(|t| t.slice());
     let mut bindings = vec![&a_s, &b_s, &c_s];
@@ -1149,11 +1173,12 @@ fn dispatch(
                 accumulate,
                 vec4,
                 one_slice: tile.one_slice(k_chunk.min(g.k)),
-                rows_outer: if splits == 1 && !vec4.k {
-                    tile.rows_outer(g.k)
-                } else {
-                    0
-                },
+                rows_outer,
+                k2: rows_outer == 0
+                    && tile.k2()
+                    && !vec4.k
+                    && !vec4.b
+                    && [g.k, k_chunk].iter().all(|x| x.is_multiple_of(2)),
             },
         ),
         &bindings,
