@@ -518,8 +518,8 @@ pub fn choose(g: &Gemm, target: Target, out_16bit: bool, bias: bool) -> TileChoi
                 // And 16 columns a lane where that pads no more columns
                 // than 8: each of the few rows' A loads then serves twice
                 // the columns. The fc weight gradient (10×100,352, K = 64)
-                // ran 12.1 → 9.6 ms (`shape_speed`, interleaved); the fc
-                // forward as Cᵀ (64 columns) keeps 8, as 16 would pad half.
+                // ran 12.1 → 9.6 ms (`shape_speed`, interleaved). Run as
+                // Cᵀ, 4 (below).
                 let cols = if transposed { g.m } else { g.n };
                 let padded = |tn: u32| cols.next_multiple_of((tile.wx * tn) as usize);
                 if transposed {
