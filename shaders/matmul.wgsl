@@ -474,32 +474,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     // loop does: the same order of additions, so the same bits.
 #for j in 0..TN
     var o{{j}} = 0.0;
-#for sl in 0..KC/BK
+#for sl in 0..KC_SLICES
     {
         var part = 0.0;
 #for kk in sl*BK..sl*BK+BK
+#if kk < KC
 #if VEC_B
         part = fma(av_{{kk}}, bq{{kk}}_{{j/4}}[{{j-j/4*4}}], part);
 #else
         part = fma(av_{{kk}}, bv{{kk}}_{{j}}, part);
 #endif
-#endfor
-        o{{j}} += part;
-    }
-#endfor
-#if KC_REM
-    {
-        var part = 0.0;
-#for kk in KC/BK*BK..KC
-#if VEC_B
-        part = fma(av_{{kk}}, bq{{kk}}_{{j/4}}[{{j-j/4*4}}], part);
-#else
-        part = fma(av_{{kk}}, bv{{kk}}_{{j}}, part);
 #endif
 #endfor
         o{{j}} += part;
     }
-#endif
+#endfor
 #endfor
 #else
     let row_ = r{{i}};

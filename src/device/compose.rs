@@ -12,7 +12,8 @@
 //! - `{{EXPR}}` anywhere: EXPR is a definition's name, an integer, or
 //!   integers and names joined by `+ - * /` (usual precedence, no brackets).
 //! - `#if COND` / `#else` / `#endif`: COND is `NAME` (defined and not `0` or
-//!   `false`), `!NAME`, or `NAME == VALUE` / `NAME != VALUE`.
+//!   `false`), `!NAME`, `NAME == VALUE` / `NAME != VALUE`, or `A < B` (two
+//!   expressions, compared as integers).
 //! - `#for VAR in A..B` … `#endfor`: the lines repeated for VAR = A..B-1 (A, B
 //!   expressions), VAR usable in `{{ }}` inside; nests.
 //! - `#include NAME`: a shared snippet ([`PRELUDE`] as `prelude`).
@@ -355,6 +356,11 @@ fn condition(cond: &str, defs: &Defs, vars: &HashMap<String, i64>) -> Result<boo
             .map(|v| v.to_string())
             .or_else(|| defs.get(name).map(str::to_string))
     };
+    // `A < B`: both sides integer expressions (a loop variable against a
+    // definition: the last, partial slice of an unrolled K range).
+    if let Some((l, r)) = cond.split_once(" < ") {
+        return Ok(eval(l, defs, vars)? < eval(r, defs, vars)?);
+    }
     if let Some((l, r)) = cond.split_once("==") {
         return Ok(value(l).as_deref() == Some(r.trim()));
     }
@@ -455,6 +461,15 @@ mod tests {
         let defs = Defs::elem(Elem::F32).with("N", 3);
         let got = compose(t, &defs).unwrap();
         assert_eq!(got, "let x: f32 = 7;\nv0_3\none 1\nv2_1\nsmall\n", "{got}");
+    }
+
+    #[test]
+    fn less_than_compares_expressions() {
+        let t = "#for k in 0..S*4\n#if k < K\n{{k}}\n#endif\n#endfor";
+        let defs = Defs::default().with("S", 2).with("K", 6);
+        assert_eq!(compose(t, &defs).unwrap(), "0\n1\n2\n3\n4\n5\n");
+        let bad = compose("#if k < 3\nx\n#endif", &Defs::default());
+        assert!(bad.is_err(), "an unknown name is an error, not false");
     }
 
     #[test]

@@ -276,7 +276,7 @@ impl TileConfig {
             .with("ROWS_OUTER", (rows_outer > 0) as u8)
             .with("K2", k2 as u8)
             .with("KC", rows_outer)
-            .with("KC_REM", rows_outer % self.bk)
+            .with("KC_SLICES", rows_outer.div_ceil(self.bk))
             // The store block's rows per pass: one group of WX in the
             // rows-outer loop, else the whole thread tile.
             .with("ROWS_EMIT", if rows_outer > 0 { self.wx } else { self.tm });
