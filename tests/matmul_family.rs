@@ -553,6 +553,12 @@ fn narrow_subgroup_tiles_take_two_k_steps_where_the_ranges_are_even() {
             false,
             "split K, ranges of 287",
         ),
+        (
+            TileConfig { tm: 10, ..four },
+            plain(70, 27, 10, false, false),
+            true,
+            "one slice (10 rows: not rows outer)",
+        ),
     ];
     for (tile, g, k2, what) in cases {
         if tile.subgroup_a && Target::of(&e) != Target::CpuSubgroup8 {

@@ -325,14 +325,12 @@ impl TileConfig {
                 conv_name,
                 if bias_rows { " +bias" } else { "" },
                 if accumulate { " +=" } else { "" },
-                if k2 {
-                    " k2".to_string()
-                } else if rows_outer > 0 {
-                    format!(" rows outer k={rows_outer}")
-                } else if one_slice {
-                    " one slice".to_string()
-                } else {
-                    String::new()
+                match (rows_outer, one_slice, k2) {
+                    (0, true, true) => " one slice k2".to_string(),
+                    (0, true, false) => " one slice".to_string(),
+                    (0, false, true) => " k2".to_string(),
+                    (0, false, false) => String::new(),
+                    (k, _, _) => format!(" rows outer k={k}"),
                 },
                 match (vec4.b, vec4.c, vec4.k) {
                     (true, true, _) => " vec4 B C",
