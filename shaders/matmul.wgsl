@@ -41,8 +41,8 @@
 // 9.1 → 7.5 (examples/shape_speed.rs, alternated builds). The same bits:
 // the one slice's sum was added to zero.
 // K2 (direct subgroup-A tiles of at most 4 columns, B element by element,
-// even K ranges): two steps of K an iteration, each sum taking both in a
-// row (see the loop).
+// even K ranges): two steps of K an iteration (KSTEP), each sum taking both
+// in a row (see the loop).
 // ROWS_OUTER (direct subgroup-A tiles, one split, K = KC compiled in): B's
 // K range is loaded whole, then each row is summed, slice by slice, and
 // stored in turn, so only one row's TN sums are live (see the block below).
@@ -323,25 +323,32 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 #if SHARED
         for (var kk = 0u; kk < {{BK}}u; kk++) {
 #for i in 0..TM
-            let av{{i}} = a_tile[kk * {{WY*TM}}u + tr{{i}}];
+            let av{{i}}_0 = a_tile[kk * {{WY*TM}}u + tr{{i}}];
 #endfor
 #for j in 0..TN
-            let bv{{j}} = b_tile[kk * {{WX*TN}}u + tc{{j}}];
+            let bv{{j}}_0 = b_tile[kk * {{WX*TN}}u + tc{{j}}];
 #endfor
 #else
         let k_stop = min(k0 + {{BK}}u, k_end);
-#if K2
-        // Two steps of K an iteration (even K ranges, subgroup-A tiles, B
-        // element by element): each sum takes both in a row, so where
-        // llvmpipe spills the sums each is loaded and stored once per two
-        // steps. The same order of additions.
-        for (var kk = k0; kk < k_stop; kk += 2u) {
-#for e in 0..2
+        // K_ADVANCE steps of K an iteration: 4 with VEC_K (one vec4 of each
+        // operand), KSTEP = 2 with K2 (even K ranges, subgroup-A tiles of
+        // at most 4 columns, B element by element), else 1. Step e's
+        // values are named _e.
+        for (var kk = k0; kk < k_stop; kk += {{K_ADVANCE}}u) {
+#for e in 0..KSTEP
+#if SUBGROUP_A
 #for q in 0..QA_FULL
             let a_mine{{q}}_{{e}} = ld_a_at(ra_lane{{q}}, kk + {{e}}u, a_cs);
 #endfor
 #if A_REM
+            // The last rows fill A_REM of the WX lanes; the rest skip the
+            // load (llvmpipe's per-lane load loop passes over masked-off
+            // lanes), where they would reread a clamped row.
+#if VEC_K
+            var a_mine{{QA_FULL}}_{{e}} = vec4<f32>(0.0);
+#else
             var a_mine{{QA_FULL}}_{{e}} = 0.0;
+#endif
             if (lid.x < {{A_REM}}u) {
                 a_mine{{QA_FULL}}_{{e}} = ld_a_at(ra_lane{{QA_FULL}}, kk + {{e}}u, a_cs);
             }
@@ -349,89 +356,50 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 #for i in 0..TM
             let av{{i}}_{{e}} = subgroupBroadcast(a_mine{{i/WX}}_{{e}}, {{i-i/WX*WX}}u);
 #endfor
-#for j in 0..TN
-            let bv{{j}}_{{e}} = ld_b_at(b_base, kk + {{e}}u, cc{{j}}, b_rs, b_cs);
-#endfor
-#endfor
-#else
-#if VEC_K
-        for (var kk = k0; kk < k_stop; kk += 4u) {
-#else
-        for (var kk = k0; kk < k_stop; kk++) {
-#endif
-#if SUBGROUP_A
-#for q in 0..QA_FULL
-            let a_mine{{q}} = ld_a_at(ra_lane{{q}}, kk, a_cs);
-#endfor
-#if A_REM
-            // The last rows fill A_REM of the WX lanes; the rest skip the
-            // load (llvmpipe's per-lane load loop passes over masked-off
-            // lanes), where they would reread a clamped row.
-#if VEC_K
-            var a_mine{{QA_FULL}} = vec4<f32>(0.0);
-#else
-            var a_mine{{QA_FULL}} = 0.0;
-#endif
-            if (lid.x < {{A_REM}}u) {
-                a_mine{{QA_FULL}} = ld_a_at(ra_lane{{QA_FULL}}, kk, a_cs);
-            }
-#endif
-#for i in 0..TM
-            let av{{i}} = subgroupBroadcast(a_mine{{i/WX}}, {{i-i/WX*WX}}u);
-#endfor
 #else
 #for i in 0..TM
-            let av{{i}} = ld_a_at(ra{{i}}, kk, a_cs);
+            let av{{i}}_{{e}} = ld_a_at(ra{{i}}, kk + {{e}}u, a_cs);
 #endfor
 #endif
 #if VEC_K
 #for j in 0..TN
-            let bv{{j}} = b[(cb{{j}} + kk) / 4u];
+            let bv{{j}}_{{e}} = b[(cb{{j}} + kk + {{e}}u) / 4u];
 #endfor
 #else
 #if VEC_B
-            let brow = (b_base + kk * b_rs) / 4u;
+            let brow{{e}} = (b_base + (kk + {{e}}u) * b_rs) / 4u;
 #for g in 0..TN/4
-            let bq{{g}} = b[brow + cg{{g}}];
+            let bq{{g}}_{{e}} = b[brow{{e}} + cg{{g}}];
 #endfor
 #for j in 0..TN
-            let bv{{j}} = bq{{j/4}}[{{j-j/4*4}}];
+            let bv{{j}}_{{e}} = bq{{j/4}}_{{e}}[{{j-j/4*4}}];
 #endfor
 #else
 #for j in 0..TN
-            let bv{{j}} = ld_b_at(b_base, kk, cc{{j}}, b_rs, b_cs);
+            let bv{{j}}_{{e}} = ld_b_at(b_base, kk + {{e}}u, cc{{j}}, b_rs, b_cs);
 #endfor
 #endif
 #endif
+#endfor
 #endif
-#endif
-#if K2
+        // Each sum takes its steps in a row (the four of a VEC_K vec4, the
+        // KSTEP of an iteration), so where llvmpipe spills the sums each is
+        // loaded and stored once per iteration rather than once per step
+        // (the fc forward: 12.9 → 11.8 ms, alternated builds); the order of
+        // each one's additions is unchanged.
 #for i in 0..TM
 #for j in 0..TN
-            part{{i}}_{{j}} = fma(av{{i}}_1, bv{{j}}_1, fma(av{{i}}_0, bv{{j}}_0, part{{i}}_{{j}}));
-#endfor
-#endfor
-#else
 #if VEC_K
-            // Each accumulator takes its four steps in a row, so it is
-            // loaded and stored once per four where llvmpipe spills it (the
-            // fc forward: 12.9 → 11.8 ms, alternated builds); the order of
-            // each one's additions is unchanged.
-#for i in 0..TM
-#for j in 0..TN
 #for e in 0..4
-            part{{i}}_{{j}} = fma(av{{i}}[{{e}}], bv{{j}}[{{e}}], part{{i}}_{{j}});
-#endfor
-#endfor
+            part{{i}}_{{j}} = fma(av{{i}}_0[{{e}}], bv{{j}}_0[{{e}}], part{{i}}_{{j}});
 #endfor
 #else
-#for i in 0..TM
-#for j in 0..TN
-            part{{i}}_{{j}} = fma(av{{i}}, bv{{j}}, part{{i}}_{{j}});
-#endfor
+#for e in 0..KSTEP
+            part{{i}}_{{j}} = fma(av{{i}}_{{e}}, bv{{j}}_{{e}}, part{{i}}_{{j}});
 #endfor
 #endif
-#endif
+#endfor
+#endfor
         }
 #if !ONE_SLICE
 #for i in 0..TM

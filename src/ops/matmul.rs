@@ -274,7 +274,19 @@ impl TileConfig {
             .with("COLS4", (vec4.b || vec4.c) as u8)
             .with("ONE_SLICE", one_slice as u8)
             .with("ROWS_OUTER", (rows_outer > 0) as u8)
-            .with("K2", k2 as u8)
+            // Steps of K a loop iteration: KSTEP loaded one by one (two
+            // with K2), K_ADVANCE in all (a vec4's four with VEC_K).
+            .with("KSTEP", if k2 { 2 } else { 1 })
+            .with(
+                "K_ADVANCE",
+                if vec4.k {
+                    4
+                } else if k2 {
+                    2
+                } else {
+                    1
+                },
+            )
             .with("KC", rows_outer)
             .with("KC_SLICES", rows_outer.div_ceil(self.bk))
             // The store block's rows per pass: one group of WX in the
@@ -479,21 +491,24 @@ impl TileChoice {
     }
 }
 
+/// Whether `g` can run as Cᵀ = Bᵀ·Aᵀ: not where it reads B as an im2col in
+/// place, adds a row bias or writes packed 16-bit words (those need B, the
+/// rows and whole output words as they are).
+fn transposable(g: &Gemm, out_16bit: bool, bias: bool) -> bool {
+    g.implicit_b.is_none() && !bias && !out_16bit
+}
+
 /// The tile for `g` on `target`. A narrow product (few columns, many rows:
 /// the fc forward, 64×10) runs transposed on 8-lane CPU adapters: there
 /// the 8 lanes of a subgroup lie along the columns, so 10 columns filled
 /// 10 of a tile's 32 (31% useful work); as Cᵀ (10×64) the 64 lie along
-/// the lanes and the tile is 10 of 16 rows full (62.5%). Products that read
-/// B as an im2col in place, add a row bias or write packed 16-bit words
-/// keep their orientation (those need B, the rows and whole output words
-/// as they are).
+/// the lanes and the tile is 10 of 16 rows full (62.5%). Products that
+/// cannot be transposed ([`transposable`]) keep their orientation.
 pub fn choose(g: &Gemm, target: Target, out_16bit: bool, bias: bool) -> TileChoice {
     let class = ShapeClass::of(g.m, g.n, g.k);
     let transposed = target == Target::CpuSubgroup8
         && class == ShapeClass::Narrow
-        && g.implicit_b.is_none()
-        && !bias
-        && !out_16bit;
+        && transposable(g, out_16bit, bias);
     let class = if transposed {
         ShapeClass::of(g.n, g.m, g.k)
     } else {
@@ -918,7 +933,7 @@ pub fn gemm_bias(
         MatmulKernel::Naive => fixed(NAIVE_TILE),
         MatmulKernel::Fixed(t) => fixed(t),
         MatmulKernel::FixedTransposed(tile) => {
-            if g.implicit_b.is_some() || bias.is_some() || c.dtype().is_16bit() {
+            if !transposable(g, c.dtype().is_16bit(), bias.is_some()) {
                 return Err(TensorError::InvalidShape {
                     op: OP,
                     message: "a product reading B as an im2col, adding a row bias or \
