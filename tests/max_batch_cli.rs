@@ -12,7 +12,7 @@ fn max_batch_trains_and_the_next_batch_runs_out_of_memory() {
         "mlp",
         "--widths",
         "128,256,10",
-        "--limit",
+        "--memory-limit",
         "24MiB",
         "--json",
     ]);

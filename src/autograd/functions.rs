@@ -391,6 +391,20 @@ pub fn mse(tape: &Tape, pred: &Value, target: &Tensor) -> Result<Value, TensorEr
 pub trait Segment: Fn(&Tape, &ParamStore, &Value) -> Result<Value, TensorError> + 'static {}
 impl<F: Fn(&Tape, &ParamStore, &Value) -> Result<Value, TensorError> + 'static> Segment for F {}
 
+/// Runs `f` on `tape` under autocast to `amp` (if any) and in train or eval
+/// mode as given.
+fn in_state<R>(tape: &Tape, amp: Option<DType>, training: bool, f: impl FnOnce() -> R) -> R {
+    let run = || match amp {
+        Some(d) => tape.autocast(d, f),
+        None => f(),
+    };
+    if training {
+        run()
+    } else {
+        tape.eval(run)
+    }
+}
+
 /// `torch.utils.checkpoint.checkpoint(f, x)`: runs `f` without recording, so
 /// only its input is kept (saved by this node) and its output; backward
 /// re-runs `f` on a fresh tape, backpropagates through it into the
@@ -405,9 +419,13 @@ pub fn checkpoint(
     if !tape.grad_enabled() {
         return f(tape, store, x);
     }
+    // The segment runs, and is re-run in backward, under the autocast dtype
+    // and train/eval mode of the forward that called it, as PyTorch's
+    // checkpoint restores them: an f16 input meets f16 weights in both.
+    let (amp, training) = (tape.autocast_dtype(), tape.training());
     let quiet = Tape::new();
     let input = Value::constant(x.tensor().clone());
-    let y = quiet.no_grad(|| f(&quiet, store, &input))?;
+    let y = quiet.no_grad(|| in_state(&quiet, amp, training, || f(&quiet, store, &input)))?;
     drop(input);
     let saved = save(tape, x.tensor());
     let need_dx = x.requires_grad();
@@ -421,7 +439,7 @@ pub fn checkpoint(
             } else {
                 Value::constant(saved.clone())
             };
-            let out = f(&sub, store, &xin)?;
+            let out = in_state(&sub, amp, training, || f(&sub, store, &xin))?;
             let dx = sub.backward_from(&out, g.clone(), store, Some(&xin))?;
             Ok(vec![dx])
         }),

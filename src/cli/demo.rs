@@ -1,6 +1,6 @@
 //! `vramlab demo`: trains the articles' SimpleConvNet (batch 64, Adam, 2
 //! steps) on the GPU and shows its memory the way the article printed it, next
-//! to the article's own numbers (claims C26 and C27 in shared/CLAIMS.md).
+//! to the article's own numbers (claims C26 and C27 in docs/claims.md).
 
 use super::args::{AllocArgs, DeviceArgs};
 use crate::autograd::{functions as f, Tape, Value};

@@ -79,6 +79,9 @@ struct ModeRow {
     by_category: std::collections::BTreeMap<&'static str, u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     measured_peak_allocated_bytes: Option<u64>,
+    /// Steps the device's f16 GradScaler skipped (with --measure).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    measured_skipped_steps: Option<usize>,
 }
 
 /// `steps` steps of `p` on `engine`.
@@ -109,7 +112,8 @@ fn mode_rows(
             Some(d) => {
                 let engine = Engine::new(&d.options(), p.config.clone())?;
                 let m = steps_on(engine, &p, steps)?;
-                Some(analyze(&m.events, &m.layer_outputs).peak_allocated_bytes)
+                let peak = analyze(&m.events, &m.layer_outputs).peak_allocated_bytes;
+                Some((peak, m.skipped_steps))
             }
             None => None,
         };
@@ -120,10 +124,18 @@ fn mode_rows(
             step: mode,
             peak_allocated_bytes: a.peak_allocated_bytes,
             by_category: a.by_category,
-            measured_peak_allocated_bytes: measured,
+            measured_peak_allocated_bytes: measured.map(|m| m.0),
+            measured_skipped_steps: measured.map(|m| m.1),
         });
     }
     Ok(rows)
+}
+
+/// Why a measured f16 step can differ from its estimate.
+fn skipped_note(skipped: usize, steps: usize) -> String {
+    format!(
+        "  note: the device's GradScaler skipped {skipped} of {steps} steps: a gradient overflowed f16 at the\n  current scale (65536 at first, as in PyTorch, whose first steps often skip too), and a skipped\n  step allocates no optimizer state, so the device peaked lower. The estimate has no values to\n  overflow and assumes every step updates: the memory a run needs once the scale has settled."
+    )
 }
 
 fn mib(b: f64) -> f64 {
@@ -132,6 +144,9 @@ fn mib(b: f64) -> f64 {
 
 #[derive(Serialize)]
 struct Side<'a> {
+    /// Steps the f16 GradScaler skipped (measured side only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    skipped_steps: Option<usize>,
     peak_allocated_bytes: u64,
     peak_reserved_bytes: u64,
     by_category: &'a std::collections::BTreeMap<&'static str, u64>,
@@ -141,8 +156,9 @@ struct Side<'a> {
     seconds: f64,
 }
 
-fn side(a: &Analysis, seconds: f64) -> Side<'_> {
+fn side(a: &Analysis, seconds: f64, skipped_steps: Option<usize>) -> Side<'_> {
     Side {
+        skipped_steps,
         peak_allocated_bytes: a.peak_allocated_bytes,
         peak_reserved_bytes: a.peak_reserved_bytes,
         by_category: &a.by_category,
@@ -199,7 +215,7 @@ pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
     };
     let modes = mode_rows(&plan, args.steps, args.measure.then_some(&args.device))?;
     if args.json {
-        let mut est_side = serde_json::to_value(side(&a, est.seconds))?;
+        let mut est_side = serde_json::to_value(side(&a, est.seconds, None))?;
         est_side["layers"] = serde_json::to_value(&a.layers)?;
         let mut out = serde_json::json!({
             "plan": plan,
@@ -210,7 +226,7 @@ pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
             "precision_modes": modes,
         });
         if let Some((m, p)) = &measured {
-            out["measured"] = serde_json::to_value(side(m, p.seconds))?;
+            out["measured"] = serde_json::to_value(side(m, p.seconds, Some(p.skipped_steps)))?;
             out["device"] = p.device.clone().into();
         }
         println!("{}", serde_json::to_string_pretty(&out)?);
@@ -222,7 +238,9 @@ pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
         &a,
         est.parameters,
         &hand,
-        measured.as_ref().map(|(m, p)| (m, p.device.as_str())),
+        measured
+            .as_ref()
+            .map(|(m, p)| (m, p.device.as_str(), p.skipped_steps)),
         &modes,
     );
     Ok(())
@@ -234,7 +252,7 @@ fn print_text(
     a: &Analysis,
     parameters: usize,
     hand: &HandMethod,
-    measured: Option<(&Analysis, &str)>,
+    measured: Option<(&Analysis, &str, usize)>,
     modes: &[ModeRow],
 ) {
     let s = |b: u64| mib(b as f64);
@@ -305,7 +323,7 @@ fn print_text(
                 s(a.peak_reserved_bytes)
             );
         }
-        Some((m, device)) => {
+        Some((m, device, skipped)) => {
             println!("Estimate vs measured on {device} (bytes at the peak):");
             println!(
                 "  {:<16} {:>14} {:>14} {:>12} {:>8}",
@@ -313,12 +331,12 @@ fn print_text(
             );
             let row = |name: &str, e: u64, m: u64| {
                 let d = m as i64 - e as i64;
-                let pct = if m > 0 {
-                    100.0 * d as f64 / m as f64
-                } else {
-                    0.0
+                let pct = match (m, d) {
+                    (_, 0) => format!("{:>7.2}%", 0.0),
+                    (0, _) => format!("{:>8}", "n/a"),
+                    _ => format!("{:>7.2}%", 100.0 * d as f64 / m as f64),
                 };
-                println!("  {name:<16} {e:>14} {m:>14} {d:>12} {pct:>7.2}%");
+                println!("  {name:<16} {e:>14} {m:>14} {d:>12} {pct}");
             };
             for c in CATEGORIES {
                 let (e, mv) = (
@@ -339,6 +357,9 @@ fn print_text(
                 a.peak_reserved_bytes,
                 m.peak_reserved_bytes,
             );
+            if skipped > 0 {
+                println!("{}", skipped_note(skipped, args.steps));
+            }
         }
     }
     println!();
@@ -351,10 +372,15 @@ fn print_text(
     );
     let f32_peak = modes[0].peak_allocated_bytes as f64;
     for r in modes {
-        let measured = match r.measured_peak_allocated_bytes {
-            Some(m) if m == r.peak_allocated_bytes => "  measured: exact".to_string(),
-            Some(m) => format!("  measured: {:.2} MiB (differs!)", mib(m as f64)),
-            None => String::new(),
+        let measured = match (r.measured_peak_allocated_bytes, r.measured_skipped_steps) {
+            (Some(m), _) if m == r.peak_allocated_bytes => "  measured: exact".to_string(),
+            (Some(m), Some(k)) if k > 0 => format!(
+                "  measured: {:.2} MiB (the GradScaler skipped {k} of {} steps)",
+                mib(m as f64),
+                args.steps
+            ),
+            (Some(m), _) => format!("  measured: {:.2} MiB (differs!)", mib(m as f64)),
+            (None, _) => String::new(),
         };
         println!(
             "  {:<17} {:>9.2} {:>9.2} {:>9.2} {:>10.2} {:>9.2} {:>9.2} {:>10.2} {:>8.1}%{}",

@@ -75,7 +75,7 @@ pub fn run_list(args: &LessonsArgs) -> anyhow::Result<()> {
             println!("{}", serde_json::to_string_pretty(&list)?);
             return Ok(());
         }
-        println!("{} lessons, one per claim of the documents (../shared/CLAIMS.md); run one with `vramlab lesson ID`:\n", LESSONS.len());
+        println!("{} lessons, one per claim of the documents (docs/claims.md in vramlab's repository); run one with `vramlab lesson ID`:\n", LESSONS.len());
         for l in LESSONS.iter() {
             println!("  {:<8} {}", l.id, l.claim);
         }

@@ -21,9 +21,9 @@ use serde::Serialize;
 pub struct MaxBatchArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// The memory the training may reserve, e.g. 4GiB, 512MiB.
-    #[arg(long = "limit", value_name = "SIZE")]
-    pub limit: String,
+    /// Old spelling of --memory-limit (kept so scripts keep working).
+    #[arg(long = "limit", value_name = "SIZE", hide = true, conflicts_with_all = ["memory_limit", "memory_fraction"])]
+    pub limit: Option<String>,
     /// Allocator used on the GPU: pytorch or vramlab (the others are
     /// reported from simulation).
     #[arg(long, default_value = "pytorch")]
@@ -135,7 +135,17 @@ fn search(
 }
 
 pub fn run(args: &MaxBatchArgs) -> anyhow::Result<()> {
-    let limit = parse_size(&args.limit).map_err(|e| anyhow::anyhow!("--limit: {e}"))?;
+    // The limit is the device's cap, --memory-limit (or --memory-fraction of
+    // --capacity) as in every other command.
+    let base_config = args.alloc.config(None)?;
+    let limit = match &args.limit {
+        Some(s) => parse_size(s).map_err(|e| anyhow::anyhow!("--memory-limit: {e}"))?,
+        None => base_config.memory_limit.ok_or_else(|| {
+            anyhow::anyhow!(
+                "max-batch needs the memory to fit in: add --memory-limit SIZE (e.g. --memory-limit 16GiB), or --memory-fraction F with --capacity SIZE"
+            )
+        })?,
+    };
     if !(0.0..0.9).contains(&args.margin) {
         anyhow::bail!("--margin must be in [0, 0.9), got {}", args.margin);
     }
@@ -145,7 +155,7 @@ pub fn run(args: &MaxBatchArgs) -> anyhow::Result<()> {
     }
     let effective = (limit as f64 * (1.0 - args.margin)) as u64;
     let spec = args.model.spec()?;
-    let config = config_for(&args.allocator, &args.alloc.config(None)?, effective)?;
+    let config = config_for(&args.allocator, &base_config, effective)?;
     let base = args.step.plan(spec.clone(), 1, config.clone())?;
     let plan = |batch| Plan {
         batch,

@@ -76,6 +76,38 @@ pub enum Command {
 
 /// Runs the parsed command.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
+    let batch = match &cli.command {
+        Command::Demo(a) => Some(("--batch", a.batch)),
+        Command::Train(a) => Some(("--batch", a.batch)),
+        Command::Estimate(a) => Some(("--batch", a.batch)),
+        Command::Profile(a) => Some(("--batch", a.batch)),
+        Command::Bench(a) => Some(("--batch", a.batch)),
+        Command::MaxBatch(a) => Some(("--max", a.max)),
+        Command::Sweep(a) => a.batch.iter().max().map(|&b| ("--batch", b)),
+        _ => None,
+    };
+    dispatch(cli).map_err(|e| name_the_size_flag(e, batch))
+}
+
+/// A tensor too large for any device came from the sizes the user gave:
+/// the error names the batch flag (the usual cause) and where the model's
+/// own sizes are listed.
+fn name_the_size_flag(e: anyhow::Error, batch: Option<(&str, usize)>) -> anyhow::Error {
+    let too_large = e.chain().any(|c| {
+        matches!(
+            c.downcast_ref::<crate::tensor::TensorError>(),
+            Some(crate::tensor::TensorError::TooLarge { .. })
+        )
+    });
+    match batch {
+        Some((flag, n)) if too_large => anyhow::anyhow!(
+            "{flag} {n} is too large: {e:#}. Lower {flag} (or the model's size flags; `vramlab models` lists them)"
+        ),
+        _ => e,
+    }
+}
+
+fn dispatch(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Demo(a) => demo::run(&a),
         Command::Info(a) => info::run(&a),

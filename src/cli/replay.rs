@@ -41,14 +41,8 @@ pub struct ReplayArgs {
 }
 
 pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
-    let head = {
-        use std::io::Read;
-        let mut b = [0u8; 1];
-        std::fs::File::open(&args.trace)
-            .and_then(|mut f| f.read(&mut b).map(|_| b))
-            .map_err(|e| anyhow::anyhow!("cannot open trace {}: {e}", args.trace.display()))?
-    };
-    if crate::lab::torch_snapshot::is_pickle(&head) {
+    use crate::lab::file_kind::{sniff, FileKind, READ_AS_JSON_LINES};
+    if sniff(&args.trace).map_err(anyhow::Error::msg)? == FileKind::Snapshot {
         if args.export_snapshot.is_some() {
             anyhow::bail!("--export-snapshot writes a snapshot of a JSON Lines trace's replay; this file already is a PyTorch snapshot");
         }
@@ -161,8 +155,14 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
         print!("{}", memory_summary(alloc.stats(), &describe, false));
     }
     if let Some(e) = outcome.error {
+        // Failing on the first line, the file may be of another kind.
+        let kind = if outcome.events == 0 {
+            format!("{READ_AS_JSON_LINES}; ")
+        } else {
+            String::new()
+        };
         anyhow::bail!(
-            "{}: {e} (the statistics above cover the {} events before it)",
+            "{}: {e} ({kind}the statistics above cover the {} events before it)",
             args.trace.display(),
             outcome.events
         );
@@ -203,8 +203,14 @@ fn compare_strategies(args: &ReplayArgs, names: &[String]) -> anyhow::Result<()>
     let file = std::fs::File::open(&args.trace)
         .map_err(|e| anyhow::anyhow!("cannot open trace {}: {e}", args.trace.display()))?;
     let name = args.trace.display().to_string();
-    let w = Workload::from_trace(&name, BufReader::new(file))
-        .map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
+    let w = Workload::from_trace(&name, BufReader::new(file)).map_err(|e| {
+        let kind = if e.starts_with("line 1:") {
+            format!(" ({})", crate::lab::file_kind::READ_AS_JSON_LINES)
+        } else {
+            String::new()
+        };
+        anyhow::anyhow!("{name}: {e}{kind}")
+    })?;
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
     let results = compare_with(&w, &names, capacity, &config).map_err(anyhow::Error::msg)?;
     if let Some(dir) = &args.out {

@@ -66,6 +66,10 @@ pub struct StepProfile {
     pub seconds: f64,
     /// Memory at three levels right after the last step, model still alive.
     pub levels: crate::tensor::ThreeLevels,
+    /// Steps the f16 GradScaler skipped (a gradient overflowed): a skipped
+    /// step allocates no optimizer state. Only a real device can skip; a
+    /// simulated one has no values, so an estimate assumes every step updates.
+    pub skipped_steps: usize,
 }
 
 /// Runs `plan` on `engine` (simulated or real) with recording on from the
@@ -85,8 +89,10 @@ pub fn run_steps(
     engine.allocator().start_recording();
     let (mut trainer, batch) = plan.trainer(&engine, seed)?;
     let parameters = trainer.store.numel();
+    let mut skipped_steps = 0;
     for _ in 0..steps {
-        let outputs = trainer.step(&batch)?.1;
+        let (record, outputs) = trainer.step(&batch)?;
+        skipped_steps += record.skipped as usize;
         drop(outputs);
     }
     engine.synchronize()?;
@@ -99,6 +105,7 @@ pub fn run_steps(
         device: engine.device_name(),
         seconds: t0.elapsed().as_secs_f64(),
         levels,
+        skipped_steps,
     })
 }
 

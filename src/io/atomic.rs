@@ -1,13 +1,22 @@
 //! Every file vramlab writes is written whole or not at all: the bytes go
 //! to a new temporary file beside the target, are synced, and the temporary
 //! is renamed over the target. A crash, a kill or a full disk mid-write
-//! leaves the previous file intact (and at worst a `.NAME.*.tmp` beside it).
+//! leaves the previous file intact. An interrupt (Ctrl-C, SIGTERM, SIGHUP)
+//! removes the temporary before the process ends; one left by a killed
+//! process (SIGKILL, a power cut) is removed by the next write of the same
+//! target.
 //!
 //! The temporary's name is unique (process id, time, attempt) and it is
 //! opened with `create_new` (O_CREAT | O_EXCL), which fails on any existing
 //! path, symlinks included — so two writers never share a temporary, and a
 //! link planted where the temporary would go is never followed. The rename
 //! replaces a link at the target itself rather than writing through it.
+//!
+//! Only regular files (and new paths) are replaced that way. A character
+//! device or a FIFO (`/dev/null`, a named pipe), and a link under `/dev` or
+//! `/proc` (`/dev/stdout`), is written in place: renaming over it would
+//! replace the device node with a regular file. Block devices (disks),
+//! sockets and directories are refused.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
@@ -18,9 +27,15 @@ use std::time::{SystemTime, UNIX_EPOCH};
 /// pause after each 64 KiB written, so the test can kill a writer mid-write.
 const SLOW_WRITE_ENV: &str = "VRAMLAB_TEST_SLOW_WRITE_MS";
 
-/// Writes `bytes` to `path` atomically.
+/// Writes `bytes` to `path`: atomically where `path` is a regular file or
+/// new, in place where it is a device or a FIFO (see the module's rules).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    if target_of(path)? == Target::InPlace {
+        return write_in_place(path, bytes);
+    }
+    remove_dead_temporaries(path);
     let (tmp, mut file) = create_temp(path)?;
+    let _pending = super::interrupt::register(&tmp);
     let result = write_slowly_if_asked(&mut file, bytes)
         .and_then(|()| file.sync_all())
         .and_then(|()| {
@@ -31,6 +46,132 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
         let _ = std::fs::remove_file(&tmp);
     }
     result
+}
+
+/// How a target is written.
+#[derive(Debug, PartialEq, Eq)]
+enum Target {
+    /// A temporary renamed over it (regular files, links, new paths).
+    Replace,
+    /// Opened and written as it is (devices, FIFOs, `/dev/stdout`).
+    InPlace,
+}
+
+fn refuse(path: &Path, what: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!(
+            "{} is {what}; vramlab writes its output to a regular file (or a character device or FIFO); name a file instead",
+            path.display()
+        ),
+    )
+}
+
+fn target_of(path: &Path) -> io::Result<Target> {
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        // A new file; any other trouble is reported by creating it.
+        Err(_) => return Ok(Target::Replace),
+    };
+    let system = {
+        let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+        abs.starts_with("/dev") || abs.starts_with("/proc")
+    };
+    let ft = meta.file_type();
+    // A link outside /dev and /proc is replaced, never followed (a planted
+    // link must not redirect the write); under them (/dev/stdout) it is the
+    // way to a stream and is followed.
+    if ft.is_file() || (ft.is_symlink() && !system) {
+        return Ok(Target::Replace);
+    }
+    let followed = if ft.is_symlink() {
+        match std::fs::metadata(path) {
+            Ok(m) => m.file_type(),
+            Err(_) => return Ok(Target::InPlace),
+        }
+    } else {
+        ft
+    };
+    if followed.is_dir() {
+        return Err(refuse(path, "a directory"));
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if followed.is_block_device() {
+            return Err(refuse(path, "a block device (a disk)"));
+        }
+        if followed.is_socket() {
+            return Err(refuse(path, "a socket"));
+        }
+    }
+    Ok(Target::InPlace)
+}
+
+/// Writes through `path` as it is: devices and FIFOs take the bytes as a
+/// stream; a regular file reached under /dev or /proc is truncated first.
+fn write_in_place(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let regular = std::fs::metadata(path).is_ok_and(|m| m.is_file());
+    let mut f = OpenOptions::new()
+        .write(true)
+        .truncate(regular)
+        .open(path)?;
+    write_slowly_if_asked(&mut f, bytes)?;
+    f.flush()
+}
+
+/// Temporaries of `path` (`.NAME.PID.TIME.N.tmp`) whose writer no longer
+/// runs: a process killed mid-write (SIGKILL cannot be caught) left them.
+fn remove_dead_temporaries(path: &Path) {
+    let (Some(name), Ok(entries)) = (path.file_name(), std::fs::read_dir(dir_of(path))) else {
+        return;
+    };
+    let prefix = format!(".{}.", name.to_string_lossy());
+    for e in entries.flatten() {
+        let file = e.file_name();
+        let file = file.to_string_lossy();
+        let Some(rest) = file
+            .strip_prefix(&prefix)
+            .and_then(|r| r.strip_suffix(".tmp"))
+        else {
+            continue;
+        };
+        let parts: Vec<&str> = rest.split('.').collect();
+        let [pid, time, attempt] = parts[..] else {
+            continue;
+        };
+        if time.parse::<u128>().is_err() || attempt.parse::<u32>().is_err() {
+            continue;
+        }
+        if let Ok(pid) = pid.parse::<u32>() {
+            if pid != std::process::id() && !process_runs(pid) {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+}
+
+/// Whether process `pid` exists (signal 0 checks without sending).
+#[cfg(unix)]
+fn process_runs(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return true;
+    };
+    // SAFETY: kill with signal 0 sends nothing; it only checks the pid.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+#[cfg(not(unix))]
+fn process_runs(_pid: u32) -> bool {
+    true
+}
+
+fn dir_of(path: &Path) -> PathBuf {
+    match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
 }
 
 fn write_slowly_if_asked(file: &mut File, bytes: &[u8]) -> io::Result<()> {
@@ -58,10 +199,7 @@ fn create_temp(path: &Path) -> io::Result<(PathBuf, File)> {
             format!("{} names a directory, not a file", path.display()),
         )
     })?;
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
+    let dir = dir_of(path);
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
@@ -114,6 +252,65 @@ mod tests {
             .unwrap()
             .file_type()
             .is_symlink());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn devices_and_fifos_are_written_in_place_not_replaced() {
+        use std::os::unix::fs::FileTypeExt;
+        let is_char = |p: &str| {
+            std::fs::symlink_metadata(p)
+                .unwrap()
+                .file_type()
+                .is_char_device()
+        };
+        write_atomic(Path::new("/dev/null"), b"gone").unwrap();
+        assert!(is_char("/dev/null"));
+        // A full device reports its error and stays a device.
+        let e = write_atomic(Path::new("/dev/full"), &[0u8; 1 << 16]).unwrap_err();
+        assert!(is_char("/dev/full"), "{e}");
+
+        let dir = std::env::temp_dir().join(format!("vramlab-atomic-fifo-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("pipe");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let reader = {
+            let fifo = fifo.clone();
+            std::thread::spawn(move || std::fs::read(fifo).unwrap())
+        };
+        write_atomic(&fifo, b"through the pipe").unwrap();
+        assert_eq!(reader.join().unwrap(), b"through the pipe");
+        assert!(std::fs::symlink_metadata(&fifo)
+            .unwrap()
+            .file_type()
+            .is_fifo());
+        let e = write_atomic(&dir, b"x").unwrap_err();
+        assert!(e.to_string().contains("directory"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_dead_writers_temporary_is_removed_by_the_next_write() {
+        let dir = std::env::temp_dir().join(format!("vramlab-atomic-dead-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("out.v1.json");
+        // Past any pid_max: no such process.
+        let dead = dir.join(".out.v1.json.999999999.123.0.tmp");
+        // Ours and another target's are left alone.
+        let ours = dir.join(format!(".out.v1.json.{}.5.0.tmp", std::process::id()));
+        let other = dir.join(".other.json.999999999.123.0.tmp");
+        for f in [&dead, &ours, &other] {
+            std::fs::write(f, b"partial").unwrap();
+        }
+        write_atomic(&p, b"whole").unwrap();
+        assert!(!dead.exists());
+        assert!(ours.exists() && other.exists());
+        assert_eq!(std::fs::read(&p).unwrap(), b"whole");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

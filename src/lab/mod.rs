@@ -8,6 +8,7 @@
 //! state, vramlab runs as snapshots). The allocator itself is
 //! [`crate::memory`]; like it, nothing here touches wgpu.
 
+pub mod file_kind;
 pub mod pickle;
 pub mod replay;
 pub mod snapshot_export;

@@ -127,11 +127,6 @@ pub fn category_from_frames(frames: Option<&PyValue>) -> Category {
     Category::Untagged
 }
 
-/// Whether `bytes` look like a pickle (protocol 2+ starts with 0x80).
-pub fn is_pickle(bytes: &[u8]) -> bool {
-    bytes.first() == Some(&0x80)
-}
-
 /// Ids given to blocks that existed before the recording (never clash with
 /// the trace's own, which count from 1).
 const PRE_EXISTING_IDS: u64 = 1 << 48;
@@ -141,6 +136,31 @@ const PRE_EXISTING_IDS: u64 = 1 << 48;
 fn int(v: &PyValue, key: &str) -> u64 {
     (v.get(key).and_then(PyValue::as_i64).unwrap_or(0).max(0) as u64)
         .min(crate::memory::constants::MAX_BYTES)
+}
+
+/// A byte count the snapshot states (`size`, `total_size`): absent is 0, but
+/// negative or past 2^62 (the most vramlab models) is a corrupt file, and
+/// the error names where (`at`), so no block is replayed at a made-up size.
+fn size_field(v: &PyValue, key: &str, at: impl Fn() -> String) -> Result<u64, String> {
+    let Some(raw) = v.get(key) else {
+        return Ok(0);
+    };
+    let n = raw
+        .as_i64()
+        .ok_or_else(|| format!("{}: {key} is not an integer", at()))?;
+    if n < 0 {
+        return Err(format!(
+            "{}: {key} {n} is negative; a size cannot be, so the snapshot is corrupt",
+            at()
+        ));
+    }
+    if n as u64 > crate::memory::constants::MAX_BYTES {
+        return Err(format!(
+            "{}: {key} {n} is more than 2^62 bytes (4 EiB), the most vramlab models; the snapshot is corrupt",
+            at()
+        ));
+    }
+    Ok(n as u64)
 }
 
 /// `allocator_settings` as a configuration (PyTorch's names and units).
@@ -188,13 +208,15 @@ fn settings_of(root: &PyValue) -> (Option<AllocatorConfig>, bool) {
 /// (address, size, requested, allocated), expandable).
 type Recorded = (u64, u64, PoolKind, Vec<(u64, u64, u64, bool)>, bool);
 
-fn recorded_segments(root: &PyValue, device: usize) -> (Vec<Recorded>, bool) {
+fn recorded_segments(root: &PyValue, device: usize) -> Result<(Vec<Recorded>, bool), String> {
     let mut out = Vec::new();
     let mut expandable = false;
-    for seg in root
+    for (si, seg) in root
         .get("segments")
         .and_then(PyValue::as_list)
         .unwrap_or(&[])
+        .iter()
+        .enumerate()
     {
         if int(seg, "device") as usize != device {
             continue;
@@ -205,7 +227,7 @@ fn recorded_segments(root: &PyValue, device: usize) -> (Vec<Recorded>, bool) {
             .unwrap_or(false);
         expandable |= is_expandable;
         let address = int(seg, "address");
-        let size = int(seg, "total_size");
+        let size = size_field(seg, "total_size", || format!("segments[{si}]"))?;
         let pool = match seg.get("segment_type").and_then(PyValue::as_str) {
             Some("small") => PoolKind::Small,
             Some("large") => PoolKind::Large,
@@ -213,12 +235,18 @@ fn recorded_segments(root: &PyValue, device: usize) -> (Vec<Recorded>, bool) {
         };
         let mut blocks = Vec::new();
         let mut at = address;
-        for b in seg.get("blocks").and_then(PyValue::as_list).unwrap_or(&[]) {
+        for (bi, b) in seg
+            .get("blocks")
+            .and_then(PyValue::as_list)
+            .unwrap_or(&[])
+            .iter()
+            .enumerate()
+        {
             // Older versions give no block address: blocks tile the segment.
             let addr = b.get("address").and_then(PyValue::as_i64).map_or(at, |a| {
                 (a.max(0) as u64).min(crate::memory::constants::MAX_BYTES)
             });
-            let bsize = int(b, "size");
+            let bsize = size_field(b, "size", || format!("segments[{si}].blocks[{bi}]"))?;
             let state = b.get("state").and_then(PyValue::as_str).unwrap_or("");
             let allocated = state.starts_with("active");
             blocks.push((addr, bsize, int(b, "requested_size"), allocated));
@@ -227,7 +255,7 @@ fn recorded_segments(root: &PyValue, device: usize) -> (Vec<Recorded>, bool) {
         out.push((address, size, pool, blocks, is_expandable));
     }
     out.sort_by_key(|s| s.0);
-    (out, expandable)
+    Ok((out, expandable))
 }
 
 fn end_state(segments: &[Recorded], root: &PyValue, device: usize) -> EndState {
@@ -323,10 +351,12 @@ fn read_device(
     // its own; with it on, the allocator's own rule decides.)
     let releases_mean_empty_cache = config.garbage_collection_threshold == 0.0;
     let mut releasing = false;
-    for e in trace {
+    for (i, e) in trace.iter().enumerate() {
         let act = action(e);
         let addr = int(e, "addr");
-        let size = int(e, "size");
+        let size = size_field(e, "size", || {
+            format!("device_traces[{device}][{i}] ({act:?})")
+        })?;
         let release = act == "segment_free" || act == "segment_unmap";
         if release && !releasing && releases_mean_empty_cache {
             ops.push(Op::EmptyCache);
@@ -385,7 +415,7 @@ fn read_device(
             _ => {}
         }
     }
-    let (recorded, expandable) = recorded_segments(root, device);
+    let (recorded, expandable) = recorded_segments(root, device)?;
     let recorded_end = end_state(&recorded, root, device);
     // Rewind: what was there at the start.
     let trace_live: std::collections::HashSet<u64> = live.keys().copied().collect();

@@ -1,4 +1,4 @@
-//! Lessons: each claim of the documents (`../shared/CLAIMS.md`) as an
+//! Lessons: each claim of the documents (`docs/claims.md`) as an
 //! experiment that measures it and a verdict drawn from the measured
 //! figures — holds, wrong (with the right number), partly (with which part),
 //! or out of reach on one wgpu device (with the nearest thing measured).

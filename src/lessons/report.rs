@@ -127,7 +127,7 @@ table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 8px;text-
 blockquote{margin:.4em 0;padding:.2em .8em;border-left:3px solid #bbb;color:#444}section{margin:2em 0}\
 </style></head><body><h1>vramlab: the documents' claims, measured</h1>",
     );
-    o += &format!("<p>Each claim of the five articles (CLAIMS.md) as an experiment; figures from a {}. Verdicts follow from the figures.</p>", esc(source));
+    o += &format!("<p>Each claim of the five articles (docs/claims.md in vramlab's repository) as an experiment; figures from a {}. Verdicts follow from the figures.</p>", esc(source));
     o += "<table id=\"verdicts\"><tr><th>claim</th><th>verdict</th><th>why</th></tr>";
     for (l, r) in results {
         let (class, word, why) = match r {

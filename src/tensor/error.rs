@@ -15,6 +15,9 @@ pub enum TensorError {
     },
     #[error("{op}: {message}")]
     InvalidShape { op: &'static str, message: String },
+    /// A shape past what any device holds: sizes from a flag or a file.
+    #[error("{op}: a tensor of shape {shape:?} has more elements than any device can hold (over 2^62 bytes); check the sizes given")]
+    TooLarge { op: &'static str, shape: Vec<usize> },
     #[error("{got} values given for shape {shape:?}, which holds {want}")]
     DataLength {
         got: usize,

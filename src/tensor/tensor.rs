@@ -33,12 +33,14 @@ fn numel_of(op: &'static str, shape: &[usize]) -> Result<usize, TensorError> {
     let n = shape
         .iter()
         .try_fold(1usize, |a, &d| a.checked_mul(d))
-        .filter(|&n| (n as u64).checked_mul(4).is_some_and(|b| b <= crate::memory::constants::MAX_BYTES))
-        .ok_or_else(|| TensorError::InvalidShape {
+        .filter(|&n| {
+            (n as u64)
+                .checked_mul(4)
+                .is_some_and(|b| b <= crate::memory::constants::MAX_BYTES)
+        })
+        .ok_or_else(|| TensorError::TooLarge {
             op,
-            message: format!(
-                "a tensor of shape {shape:?} has more elements than any device can hold (over 2^62 bytes); check the sizes given"
-            ),
+            shape: shape.to_vec(),
         })?;
     if n == 0 {
         return Err(TensorError::Empty {

@@ -254,17 +254,34 @@ pub fn grads_of(
     batch: &vramlab::train::Batch,
     checkpointed: bool,
 ) -> Vec<Vec<f32>> {
+    grads_under(model, store, batch, checkpointed, None)
+}
+
+/// `grads_of` with the forward under autocast to `amp`, if given.
+pub fn grads_under(
+    model: &dyn vramlab::nn::Model,
+    store: &mut vramlab::nn::ParamStore,
+    batch: &vramlab::train::Batch,
+    checkpointed: bool,
+    amp: Option<vramlab::tensor::DType>,
+) -> Vec<Vec<f32>> {
     use vramlab::autograd::{functions as f, Tape, Value};
     store.zero_grad();
     let tape = Tape::new();
     let x = Value::constant(batch.x.clone());
-    let logits = if checkpointed {
-        model.forward_checkpointed(&tape, store, &x)
-    } else {
-        model.forward(&tape, store, &x)
-    }
-    .unwrap();
-    let loss = f::cross_entropy(&tape, &logits, &batch.labels).unwrap();
+    let forward = || {
+        let logits = if checkpointed {
+            model.forward_checkpointed(&tape, store, &x)
+        } else {
+            model.forward(&tape, store, &x)
+        }
+        .unwrap();
+        f::cross_entropy(&tape, &logits, &batch.labels).unwrap()
+    };
+    let loss = match amp {
+        Some(d) => tape.autocast(d, forward),
+        None => forward(),
+    };
     tape.backward(&loss, store).unwrap();
     store
         .iter()

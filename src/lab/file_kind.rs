@@ -1,0 +1,89 @@
+//! Which kind of trace file `replay` was given, decided from its bytes, not
+//! its name: a pickle of protocol 2 or later opens with byte 0x80 (PyTorch's
+//! `_dump_snapshot` writes protocol 2+); protocol 0 and 1 pickles are named
+//! and refused; anything else is read as JSON Lines, and its errors say so.
+
+use std::io::{Read, Seek, SeekFrom};
+use std::path::Path;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileKind {
+    /// A pickle of protocol 2 to 5: a PyTorch memory snapshot.
+    Snapshot,
+    /// vramlab's JSON Lines trace.
+    JsonLines,
+}
+
+/// Said beside every error of a file read as JSON Lines.
+pub const READ_AS_JSON_LINES: &str =
+    "read as a JSON Lines trace, since the file does not open with byte 0x80 as a PyTorch snapshot pickle does";
+
+/// Opcodes a protocol 0 or 1 pickle can open with (MARK, EMPTY_DICT,
+/// EMPTY_LIST, EMPTY_TUPLE, GLOBAL, NONE, and the text and binary scalars).
+/// None of them can open a JSON line, which opens with `{` or space.
+const OLD_PICKLE_OPENERS: &[u8] = b"(}])cNILFSVdlKJMUTXGP";
+
+/// The kind of the file at `path`.
+pub fn sniff(path: &Path) -> Result<FileKind, String> {
+    let mut f = std::fs::File::open(path)
+        .map_err(|e| format!("cannot open trace {}: {e}", path.display()))?;
+    let mut first = [0u8; 1];
+    let n = f
+        .read(&mut first)
+        .map_err(|e| format!("cannot read trace {}: {e}", path.display()))?;
+    if n == 0 {
+        return Ok(FileKind::JsonLines);
+    }
+    if first[0] == 0x80 {
+        return Ok(FileKind::Snapshot);
+    }
+    // Every pickle ends with STOP ('.'); a JSON Lines file does not.
+    let mut last = [0u8; 1];
+    let ends_with_stop = f.seek(SeekFrom::End(-1)).is_ok()
+        && f.read(&mut last).is_ok_and(|n| n == 1)
+        && last[0] == b'.';
+    if ends_with_stop && OLD_PICKLE_OPENERS.contains(&first[0]) {
+        return Err(format!(
+            "{}: a pickle of protocol 0 or 1 (it opens with opcode {:?} and ends with STOP); vramlab reads protocols 2 to 5, which torch.cuda.memory._dump_snapshot() writes. Save it again with protocol 4: python -c \"import pickle,sys; pickle.dump(pickle.load(open(sys.argv[1],'rb')), open(sys.argv[2],'wb'), protocol=4)\" OLD.pickle NEW.pickle",
+            path.display(),
+            first[0] as char
+        ));
+    }
+    Ok(FileKind::JsonLines)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kind_of(bytes: &[u8]) -> Result<FileKind, String> {
+        let dir = std::env::temp_dir().join(format!("vramlab-kind-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join(format!("f{}", bytes.len()));
+        std::fs::write(&p, bytes).unwrap();
+        let k = sniff(&p);
+        std::fs::remove_file(&p).unwrap();
+        k
+    }
+
+    #[test]
+    fn decides_by_the_first_and_last_bytes() {
+        assert_eq!(kind_of(b"\x80\x04N."), Ok(FileKind::Snapshot));
+        assert_eq!(kind_of(b""), Ok(FileKind::JsonLines));
+        assert_eq!(
+            kind_of(b"{\"op\":\"empty_cache\"}\n"),
+            Ok(FileKind::JsonLines)
+        );
+        // pickle.dumps({'a': 1}, protocol=0) and protocol=1.
+        for old in [
+            &b"(dp0\nVa\np1\nI1\ns."[..],
+            b"}q\x00X\x01\x00\x00\x00aq\x01K\x01s.",
+        ] {
+            let e = kind_of(old).unwrap_err();
+            assert!(e.contains("protocol 0 or 1"), "{e}");
+        }
+        // Text that merely ends in a full stop is still JSON Lines (and its
+        // parse error will say so).
+        assert_eq!(kind_of(b"hello."), Ok(FileKind::JsonLines));
+    }
+}
