@@ -1,5 +1,6 @@
 //! Outputs are written whole or not at all (src/io/atomic.rs): a writer
-//! killed mid-write leaves the previous file intact, and a link planted at
+//! killed mid-write leaves the previous file intact (and the next write
+//! removes its temporary), and a link planted at
 //! the output is replaced, not written through. Standard output is a file
 //! too: a reader that goes away (`| head`) ends the command quietly.
 
@@ -98,7 +99,9 @@ fn a_writer_killed_mid_write_leaves_the_previous_file_intact() {
         good,
         "the previous file must be intact"
     );
-    // A later run still writes (the leftover temporary is in nobody's way).
+    // A later run still writes, and removes what the killed writer left
+    // (SIGKILL cannot be caught; its process is gone, so its temporary is
+    // nobody's).
     let again = bin()
         .args(["replay", trace.to_str().unwrap(), "--export-snapshot"])
         .arg(&out)
@@ -106,6 +109,7 @@ fn a_writer_killed_mid_write_leaves_the_previous_file_intact() {
         .unwrap();
     assert!(again.status.success());
     assert!(vramlab::lab::pickle::unpickle(&std::fs::read(&out).unwrap()).is_ok());
+    assert!(temporaries(&dir).is_empty(), "{:?}", temporaries(&dir));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -107,9 +107,9 @@ impl Batch {
         seq: usize,
         vocab: usize,
     ) -> Result<Batch, TensorError> {
-        let count = batch.checked_mul(seq).ok_or(TensorError::InvalidShape {
+        let count = batch.checked_mul(seq).ok_or(TensorError::TooLarge {
             op: "batch",
-            message: format!("{batch} × {seq} tokens overflow"),
+            shape: vec![batch, seq],
         })?;
         if engine.is_simulated() {
             let _scope = engine.scope(Category::Input, "batch");
