@@ -276,6 +276,28 @@ fn an_interrupted_write_leaves_no_temporary() {
     }
 }
 
+/// A character device to write to: as root, a node of its own in `dir`, so
+/// that a writer that wrongly replaced it (the fault tested) could not
+/// replace the system's /dev/null (run as root against the old writer,
+/// this test once did); otherwise the system's, which a non-root rename
+/// cannot replace.
+#[cfg(unix)]
+fn char_device(dir: &Path, name: &str, minor: u32) -> PathBuf {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        let p = dir.join(name);
+        let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path; mem 1:minor is null (3) or full (7).
+        let made =
+            unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, minor)) };
+        let e = std::io::Error::last_os_error();
+        assert_eq!(made, 0, "mknod {}: {e}", p.display());
+        p
+    } else {
+        PathBuf::from(format!("/dev/{name}"))
+    }
+}
+
 /// Outputs that are not regular files are written in place: the atomic
 /// writer renamed its temporary over them, turning /dev/full (as root)
 /// into a regular file and exiting 0. A full device is an error now, a
@@ -289,15 +311,16 @@ fn device_and_fifo_outputs_are_written_in_place() {
     write_trace(&trace, 50);
     let t = trace.to_str().unwrap();
     let kind = |p: &str| std::fs::symlink_metadata(p).unwrap().file_type();
-    let o = vramlab(&["replay", t, "--export-snapshot", "/dev/null"]);
+    let null = char_device(&dir, "null", 3);
+    let null = null.to_str().unwrap();
+    let o = vramlab(&["replay", t, "--export-snapshot", null]);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert!(kind("/dev/null").is_char_device());
-    let err = fails_cleanly(&["replay", t, "--export-snapshot", "/dev/full"]);
-    assert!(
-        err.contains("/dev/full") && err.contains("No space left"),
-        "{err}"
-    );
-    assert!(kind("/dev/full").is_char_device());
+    assert!(kind(null).is_char_device());
+    let full = char_device(&dir, "full", 7);
+    let full = full.to_str().unwrap();
+    let err = fails_cleanly(&["replay", t, "--export-snapshot", full]);
+    assert!(err.contains(full) && err.contains("No space left"), "{err}");
+    assert!(kind(full).is_char_device());
 
     let fifo = dir.join("pipe");
     let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();

@@ -255,25 +255,53 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// A character device to write to: as root, a node of its own in `dir`
+    /// (so a writer that wrongly replaced it could not replace the system's
+    /// /dev/null); otherwise the system's, which a non-root rename cannot
+    /// replace.
+    #[cfg(unix)]
+    fn char_device(dir: &Path, name: &str, minor: u32) -> PathBuf {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            let p = dir.join(name);
+            let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+            // SAFETY: a valid NUL-terminated path; mem 1:minor is null (3) or full (7).
+            let made =
+                unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, minor)) };
+            assert_eq!(
+                made,
+                0,
+                "mknod {}: {}",
+                p.display(),
+                io::Error::last_os_error()
+            );
+            p
+        } else {
+            PathBuf::from(format!("/dev/{name}"))
+        }
+    }
+
     #[cfg(unix)]
     #[test]
     fn devices_and_fifos_are_written_in_place_not_replaced() {
         use std::os::unix::fs::FileTypeExt;
-        let is_char = |p: &str| {
+        let is_char = |p: &Path| {
             std::fs::symlink_metadata(p)
                 .unwrap()
                 .file_type()
                 .is_char_device()
         };
-        write_atomic(Path::new("/dev/null"), b"gone").unwrap();
-        assert!(is_char("/dev/null"));
-        // A full device reports its error and stays a device.
-        let e = write_atomic(Path::new("/dev/full"), &[0u8; 1 << 16]).unwrap_err();
-        assert!(is_char("/dev/full"), "{e}");
-
         let dir = std::env::temp_dir().join(format!("vramlab-atomic-fifo-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
+        let null = char_device(&dir, "null", 3);
+        write_atomic(&null, b"gone").unwrap();
+        assert!(is_char(&null));
+        // A full device reports its error and stays a device.
+        let full = char_device(&dir, "full", 7);
+        let e = write_atomic(&full, &[0u8; 1 << 16]).unwrap_err();
+        assert!(is_char(&full), "{e}");
+
         let fifo = dir.join("pipe");
         let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
         // SAFETY: a valid NUL-terminated path.
