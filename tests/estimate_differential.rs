@@ -78,8 +78,10 @@ fn draw_model(rng: &mut Rng, which: usize) -> ModelSpec {
                     checkpoint_every: pick(rng, &[0, 0, 1, 2, 3]),
                 }
             }
+            // Up to 16 channels (64 in the third block: K = 576, long
+            // enough for split-K products with odd output widths).
             1 => ModelSpec::ResnetMini {
-                width: between(rng, 2, 6),
+                width: between(rng, 2, 16),
                 depth: between(rng, 1, 3),
                 resolution: between(rng, 8, 20),
                 classes: between(rng, 2, 10),

@@ -110,3 +110,48 @@ fn an_unknown_lesson_lists_the_ids() {
     let e = String::from_utf8_lossy(&out.stderr);
     assert!(e.contains("C07") && e.contains("vramlab lessons"), "{e}");
 }
+
+/// `lessons --measure` runs every chosen lesson on the GPU and on the
+/// simulated device: a lesson the adapter cannot run (C05's 784 MiB conv
+/// output passes lavapipe's 128 MiB binding limit) is reported with its
+/// reason and the simulated verdict while the others still run, and the
+/// exit status says whether every verdict agreed.
+#[test]
+fn measured_lessons_report_what_could_not_run_and_agree_otherwise() {
+    let dir = std::env::temp_dir().join(format!("vramlab-lessons-gpu-{}", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .args([
+            "lessons",
+            "--report",
+            dir.to_str().unwrap(),
+            "--measure",
+            "--only",
+            "C05,C34",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("lessons.json")).unwrap()).unwrap();
+    let lessons = json.as_array().unwrap();
+    assert_eq!(lessons.len(), 2);
+    let mut all_agree = true;
+    for l in lessons {
+        let id = l["id"].as_str().unwrap();
+        let agrees = l["agrees_with_simulation"].as_bool().unwrap();
+        assert!(l["simulated_verdict"].is_string(), "{id}: {l}");
+        if !agrees {
+            all_agree = false;
+            let e = l["error"].as_str().unwrap_or("");
+            assert!(e.contains("could not run on this adapter"), "{id}: {l}");
+            assert!(stderr.contains(id), "{id}: {stderr}");
+        }
+    }
+    // C34 (two models, small) runs anywhere, with the simulation's verdict.
+    assert_eq!(lessons[1]["agrees_with_simulation"], true, "{}", lessons[1]);
+    assert_eq!(out.status.success(), all_agree, "{stderr}");
+    if !all_agree {
+        assert!(stderr.contains("1 of 2 lessons ran on the GPU"), "{stderr}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

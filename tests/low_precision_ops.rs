@@ -108,6 +108,11 @@ fn conv2d_forward_and_backward_in_each_dtype() {
         ((2, 3, 7, 5), (4, 3, 3), 1, 0),
         ((3, 2, 9, 8), (5, 3, 2), 2, 1),
         ((1, 5, 6, 7), (3, 1, 1), 1, 0),
+        // Odd output widths and a long K: the 16-bit product is summed in
+        // an f32 workspace over split K, where the 16-bit bias once failed
+        // ("bias: operands are f32 and f16"; resnet-mini at resolution 9).
+        ((1, 64, 5, 5), (3, 3, 3), 1, 1),
+        ((2, 64, 3, 3), (5, 3, 3), 1, 1),
     ];
     for d in DTYPES {
         for ((n, c, h, w), (o, kh, kw), stride, pad) in cases {

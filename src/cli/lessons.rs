@@ -18,6 +18,10 @@ pub struct LessonsArgs {
     /// figures are the same to the byte; slower; large models need a large GPU).
     #[arg(long)]
     pub measure: bool,
+    /// With --report: run only these lessons (e.g. C05,C34), for a slow
+    /// adapter or a second look.
+    #[arg(long, value_delimiter = ',', value_name = "ID,..", requires = "report")]
+    pub only: Option<Vec<String>>,
     #[command(flatten)]
     pub device: DeviceArgs,
     /// Print JSON (the list, or with --report every outcome).
@@ -85,14 +89,60 @@ pub fn run_list(args: &LessonsArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| anyhow::anyhow!("creating {}: {e}", dir.display()))?;
     let c = ctx(args.measure, &args.device);
     let t0 = std::time::Instant::now();
-    let results: Vec<(&Lesson, Result<Outcome, String>)> = LESSONS
+    // With --measure each lesson also runs on the simulated device, whose
+    // verdict the GPU's must repeat; a lesson the adapter cannot run (too
+    // little memory, a tensor past its binding limit) is reported with its
+    // reason and the simulated verdict, and the others still run.
+    let sim = Ctx::simulated();
+    let chosen: Vec<&Lesson> = match &args.only {
+        None => LESSONS.iter().collect(),
+        Some(ids) => ids
+            .iter()
+            .map(|id| lessons::find(id).ok_or_else(|| unknown_lesson(id)))
+            .collect::<anyhow::Result<_>>()?,
+    };
+    let runs: Vec<(
+        &Lesson,
+        Result<Outcome, String>,
+        Option<Result<Outcome, String>>,
+    )> = chosen
+        .into_iter()
+        .map(|l| {
+            let r = (l.run)(&c).map_err(|e| format!("{e:#}"));
+            let simulated = args
+                .measure
+                .then(|| (l.run)(&sim).map_err(|e| format!("{e:#}")));
+            (l, r, simulated)
+        })
+        .collect();
+    let results: Vec<(&Lesson, Result<Outcome, String>)> = runs
         .iter()
-        .map(|l| (l, (l.run)(&c).map_err(|e| format!("{e:#}"))))
+        .map(|(l, r, simulated)| {
+            let r = match (r, simulated) {
+                (Err(e), Some(Ok(s))) => Err(format!(
+                    "could not run on this adapter: {e} (simulated verdict: {})",
+                    s.verdict.word()
+                )),
+                _ => r.clone(),
+            };
+            (*l, r)
+        })
         .collect();
     let html = lessons::report::html(&results, c.source());
     let page = dir.join("index.html");
     crate::io::write_atomic(&page, html.as_bytes())?;
-    let all: Vec<_> = results.iter().map(|(l, r)| json_of(l, r)).collect();
+    let all: Vec<_> = runs
+        .iter()
+        .zip(&results)
+        .map(|((_, _, simulated), (l, r))| {
+            let mut v = json_of(l, r);
+            if let Some(s) = simulated {
+                v["simulated_verdict"] = s.as_ref().map_or("error", |o| o.verdict.word()).into();
+                v["agrees_with_simulation"] = agrees(r, s).into();
+            }
+            v
+        })
+        .collect();
     crate::io::write_atomic(
         &dir.join("lessons.json"),
         serde_json::to_string_pretty(&all)?.as_bytes(),
@@ -114,21 +164,56 @@ pub fn run_list(args: &LessonsArgs) -> anyhow::Result<()> {
             c.source()
         );
     }
+    if args.measure {
+        let (agreed, total) = (
+            runs.iter()
+                .filter(|(_, r, s)| s.as_ref().is_some_and(|s| agrees(r, s)))
+                .count(),
+            runs.len(),
+        );
+        let differ: Vec<String> = runs
+            .iter()
+            .zip(&results)
+            .filter(|((_, r, s), _)| !s.as_ref().is_some_and(|s| agrees(r, s)))
+            .map(|(_, (l, r))| match r {
+                Err(e) => format!("{}: {e}", l.id),
+                Ok(o) => format!(
+                    "{}: the GPU's verdict is {}, the simulation's differs",
+                    l.id,
+                    o.verdict.word()
+                ),
+            })
+            .collect();
+        if !differ.is_empty() {
+            anyhow::bail!(
+                "{agreed} of {total} lessons ran on the GPU with the simulation's verdict; the others (also in {}):\n  {}",
+                page.display(),
+                differ.join("\n  ")
+            );
+        }
+        return Ok(());
+    }
     if let Some((l, Err(e))) = results.iter().find(|(_, r)| r.is_err()) {
         anyhow::bail!("lesson {} failed: {e}", l.id);
     }
     Ok(())
 }
 
+fn unknown_lesson(id: &str) -> anyhow::Error {
+    let ids: Vec<&str> = LESSONS.iter().map(|l| l.id).collect();
+    anyhow::anyhow!(
+        "no lesson {id:?}; the lessons are: {} (`vramlab lessons` lists them)",
+        ids.join(", ")
+    )
+}
+
+/// Whether a measured lesson ran and reached the simulated verdict.
+fn agrees(measured: &Result<Outcome, String>, simulated: &Result<Outcome, String>) -> bool {
+    matches!((measured, simulated), (Ok(m), Ok(s)) if m.verdict.word() == s.verdict.word())
+}
+
 pub fn run_one(args: &LessonArgs) -> anyhow::Result<()> {
-    let l = lessons::find(&args.id).ok_or_else(|| {
-        let ids: Vec<&str> = LESSONS.iter().map(|l| l.id).collect();
-        anyhow::anyhow!(
-            "no lesson {:?}; the lessons are: {} (`vramlab lessons` lists them)",
-            args.id,
-            ids.join(", ")
-        )
-    })?;
+    let l = lessons::find(&args.id).ok_or_else(|| unknown_lesson(&args.id))?;
     let c = ctx(args.measure, &args.device);
     let r = (l.run)(&c).map_err(|e| format!("{e:#}"));
     if args.json {
