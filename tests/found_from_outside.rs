@@ -386,3 +386,73 @@ fn the_claims_are_in_the_repository() {
     // Each claim with its article and its numbers, e.g. C26's parameter count.
     assert!(claims.contains("- C26 (002)") && claims.contains("1,003,530"));
 }
+
+fn json_of(args: &[&str]) -> serde_json::Value {
+    let o = vramlab(args);
+    assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+/// `max-batch` counts a batch whose tensor passes the adapter's binding
+/// limit as not fitting and searches below it (it stopped with an error).
+#[test]
+fn max_batch_searches_below_the_binding_limit() {
+    let info = json_of(&["info", "--json"]);
+    let limit = info["limits"]["max_storage_buffer_binding_size"]
+        .as_u64()
+        .unwrap();
+    // An input row of 65,536 f32 values is 256 KiB: the limit holds this
+    // many rows (the largest tensor of the step by far).
+    let rows = (limit / (256 << 10)).min(2048);
+    let v = json_of(&[
+        "max-batch",
+        "--model",
+        "mlp",
+        "--widths",
+        "65536,2",
+        "--memory-limit",
+        "8GiB",
+        "--max",
+        "2048",
+        "--json",
+    ]);
+    assert_eq!(v["max_batch"].as_u64().unwrap(), rows, "{v}");
+    for t in v["trials"].as_array().unwrap() {
+        if t["on"] == "device" && t.get("limit").is_some() {
+            assert_eq!(t["fits"], false, "{t}");
+            assert!(t["batch"].as_u64().unwrap() > rows, "{t}");
+        }
+    }
+}
+
+/// Sizes that would have been made on the host before the device refused
+/// them abort no more (`memory allocation of 4294967296 bytes failed`,
+/// exit 134): the device memory is allocated first.
+#[test]
+fn host_data_is_made_only_for_what_the_device_holds() {
+    let info = json_of(&["info", "--json"]);
+    let limit = info["limits"]["max_storage_buffer_binding_size"]
+        .as_u64()
+        .unwrap();
+    // A square of twice the binding limit, and a demo batch past it.
+    let n = (((2 * limit / 4) as f64).sqrt() as u64 + 1).to_string();
+    let batch = (2 * limit / (3 * 32 * 32 * 4) + 1).to_string();
+    for args in [
+        &[
+            "bench",
+            "--sizes",
+            n.as_str(),
+            "--models",
+            "none",
+            "--no-precision",
+            "--reps",
+            "1",
+        ][..],
+        &["demo", "--batch", batch.as_str(), "--steps", "1"],
+    ] {
+        let err = fails_cleanly(args);
+        assert!(err.contains("binds at most"), "{args:?}: {err}");
+    }
+    let err = fails_cleanly(&["bench", "--sizes", "4294967296", "--models", "none"]);
+    assert!(err.contains("--sizes 4294967296"), "{err}");
+}

@@ -158,10 +158,12 @@ fn operands(
     dtype: DType,
 ) -> anyhow::Result<[Tensor; 3]> {
     let (na, nb, nc) = shape.sizes();
+    // Device memory first: a size the device cannot hold is an error before
+    // any host memory is spent on its values.
     Ok([
-        Tensor::from_f32_as(e, &rng.uniform(na, 1.0), &[na], dtype, "bench.a")?,
-        Tensor::from_f32_as(e, &rng.uniform(nb, 1.0), &[nb], dtype, "bench.b")?,
-        Tensor::from_f32_as(e, &vec![0.0; nc], &[nc], dtype, "bench.c")?,
+        Tensor::generated(e, &[na], dtype, "bench.a", |n| rng.uniform(n, 1.0))?,
+        Tensor::generated(e, &[nb], dtype, "bench.b", |n| rng.uniform(n, 1.0))?,
+        Tensor::generated(e, &[nc], dtype, "bench.c", |n| vec![0.0; n])?,
     ])
 }
 
@@ -398,6 +400,15 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     }
     if args.sizes.contains(&0) {
         anyhow::bail!("--sizes: 0 is not a matrix size");
+    }
+    if let Some(n) = args.sizes.iter().find(|&&n| {
+        n.checked_mul(n)
+            .and_then(|e| e.checked_mul(4))
+            .is_none_or(|b| b as u64 > crate::memory::constants::MAX_BYTES)
+    }) {
+        anyhow::bail!(
+            "--sizes {n}: an {n}×{n} f32 matrix is more than 2^62 bytes, more than any device holds; give sizes such as 1024,2048"
+        );
     }
     // Every flag checked before the first (possibly long) measurement.
     let specs = args

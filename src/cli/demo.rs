@@ -117,13 +117,15 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
     let mut store = ParamStore::new();
     let model = SimpleConvNet::new(&engine, &mut store, &mut rng)?;
     let mut adam = Adam::new(args.lr);
-    let n_in: usize = args.batch * INPUT.iter().product::<usize>();
     let batch_scope = engine.scope(Category::Input, "batch");
-    let x = Tensor::from_slice(
+    // Device memory first: a batch the device cannot hold is an error
+    // before its values are made on the host.
+    let x = Tensor::generated(
         &engine,
-        &rng.normal(n_in),
         &[args.batch, INPUT[0], INPUT[1], INPUT[2]],
+        crate::tensor::DType::F32,
         "input",
+        |n| rng.normal(n),
     )?;
     let labels: Vec<f32> = (0..args.batch)
         .map(|_| rng.below(CLASSES as u64) as f32)

@@ -58,6 +58,10 @@ struct Trial {
     fits: bool,
     peak_allocated_bytes: u64,
     peak_reserved_bytes: u64,
+    /// Why it did not fit, when not for memory: a tensor past what the
+    /// adapter binds or buffers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    limit: Option<String>,
 }
 
 fn config_for(
@@ -89,9 +93,10 @@ fn trial(engine: &Engine, plan: &Plan, steps: usize, on: &'static str) -> anyhow
                 fits: true,
                 peak_allocated_bytes: a.peak_allocated_bytes,
                 peak_reserved_bytes: a.peak_reserved_bytes,
+                limit: None,
             })
         }
-        Err(e) if e.is_oom() => {
+        Err(e) if e.is_oom() || past_adapter_limit(&e) => {
             // Everything the step held has dropped; give the cache back too.
             let _ = engine.allocator().take_events();
             engine.allocator().empty_cache();
@@ -102,10 +107,24 @@ fn trial(engine: &Engine, plan: &Plan, steps: usize, on: &'static str) -> anyhow
                 fits: false,
                 peak_allocated_bytes: a.max_memory_allocated(),
                 peak_reserved_bytes: a.max_memory_reserved(),
+                limit: past_adapter_limit(&e).then(|| e.to_string()),
             })
         }
         Err(e) => Err(e.into()),
     }
+}
+
+/// A batch whose tensor the adapter cannot bind or buffer does not fit,
+/// as one that runs out of memory does not: the search goes below it.
+fn past_adapter_limit(e: &crate::tensor::TensorError) -> bool {
+    use crate::device::DeviceError;
+    use crate::memory::AllocError;
+    use crate::tensor::TensorError;
+    matches!(
+        e,
+        TensorError::Device(DeviceError::BindingTooLarge { .. })
+            | TensorError::Alloc(AllocError::TooLarge { .. })
+    )
 }
 
 /// Largest batch in [1, max] for which `fits` holds (monotone), by doubling
@@ -280,15 +299,22 @@ pub fn run(args: &MaxBatchArgs) -> anyhow::Result<()> {
             "  {:>8} {:>9} {:>6} {:>16.2} {:>16.2}",
             t.batch,
             t.on,
-            if t.fits { "yes" } else { "OOM" },
+            match (t.fits, &t.limit) {
+                (true, _) => "yes",
+                (false, None) => "OOM",
+                (false, Some(_)) => "limit",
+            },
             mib(t.peak_allocated_bytes),
             mib(t.peak_reserved_bytes)
         );
     }
     println!(
-        "estimated: {estimated}; on the device: max batch {max_batch} (batch {} ran out of memory)",
+        "estimated: {estimated}; on the device: max batch {max_batch} (batch {} did not fit)",
         max_batch + 1
     );
+    if let Some(why) = trials.iter().find_map(|t| t.limit.as_ref()) {
+        println!("limit: a batch failed past what the adapter binds, not for memory: {why}");
+    }
     let gaps: Vec<usize> = trials
         .iter()
         .filter(|t| t.on == "device" && !t.fits && t.batch < max_batch)
