@@ -112,8 +112,8 @@ fn an_unknown_lesson_lists_the_ids() {
 }
 
 /// `lessons --measure` runs every chosen lesson on the GPU and on the
-/// simulated device: a lesson the adapter cannot run (C05's 784 MiB conv
-/// output passes lavapipe's 128 MiB binding limit) is reported with its
+/// simulated device: a lesson the adapter cannot run (C12's GPT embedding,
+/// 307 MiB, passes lavapipe's 128 MiB binding limit) is reported with its
 /// reason and the simulated verdict while the others still run, and the
 /// exit status says whether every verdict agreed.
 #[test]
@@ -126,7 +126,7 @@ fn measured_lessons_report_what_could_not_run_and_agree_otherwise() {
             dir.to_str().unwrap(),
             "--measure",
             "--only",
-            "C05,C34",
+            "C12,C34",
         ])
         .output()
         .unwrap();
