@@ -456,3 +456,31 @@ fn host_data_is_made_only_for_what_the_device_holds() {
     let err = fails_cleanly(&["bench", "--sizes", "4294967296", "--models", "none"]);
     assert!(err.contains("--sizes 4294967296"), "{err}");
 }
+
+/// A trace that stops with an error exports no snapshot: the file named
+/// keeps what it held (it was replaced by a snapshot of part of the trace).
+#[test]
+fn a_failed_replay_leaves_its_export_target_alone() {
+    let dir = scratch("export");
+    let trace = dir.join("t.jsonl");
+    std::fs::write(
+        &trace,
+        "{\"op\":\"alloc\",\"id\":1,\"size\":1200}\n{\"op\":\"free\",\"id\":1}\n{\"op\":\"free\",\"id\":1}\n",
+    )
+    .unwrap();
+    let out = dir.join("s.pickle");
+    std::fs::write(&out, b"ORIGINAL").unwrap();
+    let err = fails_cleanly(&[
+        "replay",
+        trace.to_str().unwrap(),
+        "--export-snapshot",
+        out.to_str().unwrap(),
+    ]);
+    assert!(
+        err.contains("line 3") && err.contains("was not written"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(&out).unwrap(), b"ORIGINAL");
+    assert!(temporaries(&dir).is_empty());
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -66,7 +66,14 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
     }
     let outcome = replay(&mut alloc, BufReader::new(file), args.timeline);
     let stats = alloc.stats().flat();
-    if let Some(path) = &args.export_snapshot {
+    // A trace that stopped with an error exports nothing: the file named
+    // keeps what it held (a snapshot of part of a trace would pass for one
+    // of all of it).
+    if let Some(path) = args
+        .export_snapshot
+        .as_ref()
+        .filter(|_| outcome.error.is_none())
+    {
         let events = alloc.take_events();
         let snap = crate::lab::snapshot_export::torch_snapshot(&events, alloc.config());
         crate::io::write_atomic(path, &crate::lab::pickle::pickle(&snap)).map_err(|e| {
@@ -161,8 +168,12 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
         } else {
             String::new()
         };
+        let kept = match &args.export_snapshot {
+            Some(p) => format!("; {} was not written", p.display()),
+            None => String::new(),
+        };
         anyhow::bail!(
-            "{}: {e} ({kind}the statistics above cover the {} events before it)",
+            "{}: {e} ({kind}the statistics above cover the {} events before it{kept})",
             args.trace.display(),
             outcome.events
         );

@@ -36,6 +36,13 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     remove_dead_temporaries(path);
     let (tmp, mut file) = create_temp(path)?;
     let _pending = super::interrupt::register(&tmp);
+    // The replacement keeps the permissions of the file it replaces (a
+    // private 0600 file must not become world-readable).
+    if let Ok(m) = std::fs::symlink_metadata(path) {
+        if m.is_file() {
+            let _ = file.set_permissions(m.permissions());
+        }
+    }
     let result = write_slowly_if_asked(&mut file, bytes)
         .and_then(|()| file.sync_all())
         .and_then(|()| {
@@ -318,6 +325,23 @@ mod tests {
             .is_fifo());
         let e = write_atomic(&dir, b"x").unwrap_err();
         assert!(e.to_string().contains("directory"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_replaced_file_keeps_its_permissions() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("vramlab-atomic-mode-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("private.json");
+        std::fs::write(&p, b"old").unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        write_atomic(&p, b"new").unwrap();
+        let mode = std::fs::metadata(&p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        assert_eq!(std::fs::read(&p).unwrap(), b"new");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
