@@ -484,3 +484,21 @@ fn a_failed_replay_leaves_its_export_target_alone() {
     assert!(temporaries(&dir).is_empty());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Kernel parameters are u32, but a simulated device sizes tensors from
+/// their shapes: a batch of 2^32 was truncated to 0 rows ("empty: a tensor
+/// of shape [0]"); its estimate now holds at least the input itself.
+#[test]
+fn an_estimate_past_2_pow_32_rows_is_not_truncated() {
+    let batch: u64 = 1 << 32;
+    let v = json_of(&[
+        "estimate",
+        "--model",
+        "mlp",
+        "--batch",
+        &batch.to_string(),
+        "--json",
+    ]);
+    let peak = v["estimate"]["peak_allocated_bytes"].as_u64().unwrap();
+    assert!(peak >= batch * 784 * 4, "{peak}");
+}

@@ -135,7 +135,9 @@ pub(crate) fn channel_sums(
     centre: Centre,
 ) -> Result<(), TensorError> {
     let p = params(t, channels, inner)?;
-    let total = p.outer as usize * inner;
+    // From the shape, not the kernel's u32 parameters: a simulated device
+    // sizes the workspace of tensors past 2^32 elements too.
+    let total = t.numel() / channels;
     let groups = total.div_ceil(PER_GROUP).max(1);
     // Stage one: a partial sum per (group of positions, channel), in a
     // workspace; stage two adds the groups up in order.

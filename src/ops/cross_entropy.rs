@@ -35,6 +35,8 @@ fn check(logits: &Tensor, labels: &Tensor) -> Result<Params, TensorError> {
             rhs: labels.shape().to_vec(),
         });
     }
+    // The kernel indexes in u32; a simulated device (estimates) runs none.
+    super::check_u32("cross_entropy", logits)?;
     Ok(Params {
         rows: s[0] as u32,
         classes: s[1] as u32,
@@ -47,7 +49,7 @@ pub fn cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<Tensor, TensorE
     let p = check(logits, labels)?;
     let losses = Tensor::empty_as(
         logits.engine(),
-        &[p.rows as usize],
+        &[logits.shape()[0]],
         DType::F32,
         "cross_entropy.rows",
         Some(Category::Temporary),
