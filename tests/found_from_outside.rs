@@ -502,3 +502,26 @@ fn an_estimate_past_2_pow_32_rows_is_not_truncated() {
     let peak = v["estimate"]["peak_allocated_bytes"].as_u64().unwrap();
     assert!(peak >= batch * 784 * 4, "{peak}");
 }
+
+/// Flags that `replay --allocators` cannot honour are refused, not
+/// silently dropped (no snapshot was written, no timeline printed).
+#[test]
+fn replay_refuses_flags_it_would_ignore() {
+    let dir = scratch("conflicts");
+    let trace = dir.join("t.jsonl");
+    write_trace(&trace, 10);
+    let out = dir.join("s.pickle");
+    let t = trace.to_str().unwrap();
+    for extra in [
+        &["--export-snapshot", out.to_str().unwrap()][..],
+        &["--timeline"],
+    ] {
+        let mut args = vec!["replay", t, "--allocators", "pytorch"];
+        args.extend_from_slice(extra);
+        let o = vramlab(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains("cannot be used with"), "{}", stderr(&o));
+    }
+    assert!(!out.exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -16,7 +16,7 @@ pub struct ReplayArgs {
     #[command(flatten)]
     pub alloc: AllocArgs,
     /// Also print allocated/reserved bytes after every event.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "allocators")]
     pub timeline: bool,
     /// Compare allocator strategies on this trace instead:
     /// pytorch,expandable,nocache,buckets,sliced,buddy,planner,vramlab (or a subset).
@@ -29,7 +29,7 @@ pub struct ReplayArgs {
     /// Also write the replay as a PyTorch memory snapshot (the pickle
     /// `torch.cuda.memory._dump_snapshot()` writes), for pytorch.org/memory_viz
     /// or `torch.cuda._memory_viz`. JSON Lines traces only.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", conflicts_with = "allocators")]
     pub export_snapshot: Option<PathBuf>,
     /// A PyTorch snapshot: replay only this device (default: every device
     /// with a history, each reported on its own).

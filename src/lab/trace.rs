@@ -79,6 +79,10 @@ impl<R: BufRead> Iterator for Lines<R> {
             if self.buf.last() == Some(&b'\r') {
                 self.buf.pop();
             }
+            // A UTF-8 byte order mark (Windows editors write one) is not text.
+            if self.line == 1 && self.buf.starts_with(b"\xEF\xBB\xBF") {
+                self.buf.drain(..3);
+            }
             let text = match std::str::from_utf8(&self.buf) {
                 Ok(t) => t,
                 Err(e) => {
@@ -215,6 +219,16 @@ mod tests {
                 category: None,
             }
         );
+    }
+
+    #[test]
+    fn a_byte_order_mark_and_crlf_are_not_text() {
+        let text = b"\xEF\xBB\xBF{\"op\":\"empty_cache\"}\r\n{\"op\":\"reset_peak\"}\n";
+        let got: Vec<_> = lines(&text[..]).map(|l| l.unwrap().1).collect();
+        assert_eq!(got, [r#"{"op":"empty_cache"}"#, r#"{"op":"reset_peak"}"#]);
+        for l in &got {
+            assert!(TraceEvent::parse_line(l).is_ok(), "{l}");
+        }
     }
 
     #[test]
