@@ -2,8 +2,10 @@
 //! a user ran: it must now succeed, or end with a clear error naming what
 //! was wrong (exit 1 or 2, no panic, no signal), and leave no file behind.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output};
+mod common;
+use common::files::{char_device, temporaries, write_trace};
 use vramlab::lab::pickle::{pickle, PyValue};
 
 fn vramlab(args: &[&str]) -> Output {
@@ -36,15 +38,6 @@ fn scratch(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
-}
-
-fn temporaries(dir: &Path) -> Vec<String> {
-    std::fs::read_dir(dir)
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.ends_with(".tmp"))
-        .collect()
 }
 
 /// `estimate --mode checkpoint` runs the precision table's autocast rows
@@ -209,21 +202,6 @@ fn replay_says_what_kind_of_file_it_assumed() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// A trace whose exported snapshot takes many 64 KiB chunks to write.
-fn write_trace(path: &Path, n: usize) {
-    let mut s = String::new();
-    for i in 0..n {
-        s += &format!(
-            "{{\"op\":\"alloc\",\"id\":{i},\"size\":{},\"label\":\"tensor number {i}\"}}\n",
-            1000 + i * 37 % 5000
-        );
-        if i % 3 == 0 {
-            s += &format!("{{\"op\":\"free\",\"id\":{i}}}\n");
-        }
-    }
-    std::fs::write(path, s).unwrap();
-}
-
 /// Ctrl-C (or SIGTERM) mid-write removes the temporary file: it was left
 /// behind (`train --dump` left 4 MB). The previous file stays whole.
 #[cfg(unix)]
@@ -273,28 +251,6 @@ fn an_interrupted_write_leaves_no_temporary() {
         assert!(temporaries(&dir).is_empty(), "{:?}", temporaries(&dir));
         assert_eq!(std::fs::read(&out).unwrap(), good);
         std::fs::remove_dir_all(&dir).unwrap();
-    }
-}
-
-/// A character device to write to: as root, a node of its own in `dir`, so
-/// that a writer that wrongly replaced it (the fault tested) could not
-/// replace the system's /dev/null (run as root against the old writer,
-/// this test once did); otherwise the system's, which a non-root rename
-/// cannot replace.
-#[cfg(unix)]
-fn char_device(dir: &Path, name: &str, minor: u32) -> PathBuf {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        let p = dir.join(name);
-        let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
-        // SAFETY: a valid NUL-terminated path; mem 1:minor is null (3) or full (7).
-        let made =
-            unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, minor)) };
-        let e = std::io::Error::last_os_error();
-        assert_eq!(made, 0, "mknod {}: {e}", p.display());
-        p
-    } else {
-        PathBuf::from(format!("/dev/{name}"))
     }
 }
 

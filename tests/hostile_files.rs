@@ -4,36 +4,13 @@
 //! the output is replaced, not written through. Standard output is a file
 //! too: a reader that goes away (`| head`) ends the command quietly.
 
-use std::path::Path;
+mod common;
+use common::files::{temporaries, write_trace};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_vramlab"))
-}
-
-/// A trace whose exported snapshot is a few hundred KiB (many chunks).
-fn write_trace(path: &Path, n: usize) {
-    let mut s = String::new();
-    for i in 0..n {
-        s += &format!(
-            "{{\"op\":\"alloc\",\"id\":{i},\"size\":{},\"label\":\"tensor number {i}\"}}\n",
-            1000 + i * 37 % 5000
-        );
-        if i % 3 == 0 {
-            s += &format!("{{\"op\":\"free\",\"id\":{i}}}\n");
-        }
-    }
-    std::fs::write(path, s).unwrap();
-}
-
-fn temporaries(dir: &Path) -> Vec<String> {
-    std::fs::read_dir(dir)
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.ends_with(".tmp"))
-        .collect()
 }
 
 #[test]

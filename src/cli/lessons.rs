@@ -43,6 +43,13 @@ pub struct LessonArgs {
     pub json: bool,
 }
 
+/// A lesson's outcome where it ran, and with --measure its simulated one.
+type Run<'a> = (
+    &'a Lesson,
+    Result<Outcome, String>,
+    Option<Result<Outcome, String>>,
+);
+
 fn ctx(measure: bool, device: &DeviceArgs) -> Ctx {
     Ctx {
         device: measure.then(|| device.options()),
@@ -101,11 +108,7 @@ pub fn run_list(args: &LessonsArgs) -> anyhow::Result<()> {
             .map(|id| lessons::find(id).ok_or_else(|| unknown_lesson(id)))
             .collect::<anyhow::Result<_>>()?,
     };
-    let runs: Vec<(
-        &Lesson,
-        Result<Outcome, String>,
-        Option<Result<Outcome, String>>,
-    )> = chosen
+    let runs: Vec<Run> = chosen
         .into_iter()
         .map(|l| {
             let r = (l.run)(&c).map_err(|e| format!("{e:#}"));

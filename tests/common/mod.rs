@@ -1,6 +1,8 @@
 //! Helpers shared by the GPU tests: a seeded generator and f64 references.
 #![allow(dead_code)]
 
+pub mod files;
+
 use vramlab::device::AdapterOptions;
 use vramlab::memory::AllocatorConfig;
 use vramlab::tensor::Engine;

@@ -1,0 +1,52 @@
+//! Helpers for the tests of files vramlab writes: a trace to replay, the
+//! temporaries an atomic write leaves, device nodes safe to write to.
+
+use std::path::{Path, PathBuf};
+
+/// A JSON Lines trace of `n` allocations (a third freed) whose exported
+/// snapshot takes many 64 KiB chunks to write.
+pub fn write_trace(path: &Path, n: usize) {
+    let mut s = String::new();
+    for i in 0..n {
+        s += &format!(
+            "{{\"op\":\"alloc\",\"id\":{i},\"size\":{},\"label\":\"tensor number {i}\"}}\n",
+            1000 + i * 37 % 5000
+        );
+        if i % 3 == 0 {
+            s += &format!("{{\"op\":\"free\",\"id\":{i}}}\n");
+        }
+    }
+    std::fs::write(path, s).unwrap();
+}
+
+/// The `.tmp` files in `dir` (an atomic write's temporaries).
+pub fn temporaries(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".tmp"))
+        .collect()
+}
+
+/// A character device to write to: as root, a node of its own in `dir`, so
+/// that a writer that wrongly replaced it (the fault tested) could not
+/// replace the system's /dev/null (run as root against the old writer,
+/// this test once did); otherwise the system's, which a non-root rename
+/// cannot replace.
+#[cfg(unix)]
+pub fn char_device(dir: &Path, name: &str, minor: u32) -> PathBuf {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        let p = dir.join(name);
+        let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path; mem 1:minor is null (3) or full (7).
+        let made =
+            unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, minor)) };
+        let e = std::io::Error::last_os_error();
+        assert_eq!(made, 0, "mknod {}: {e}", p.display());
+        p
+    } else {
+        PathBuf::from(format!("/dev/{name}"))
+    }
+}
