@@ -481,3 +481,53 @@ fn replay_refuses_flags_it_would_ignore() {
     assert!(!out.exists());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Each model rule broken is named by its flag and value (gpt had one
+/// message for all of them, "(got 64 and 4)" whatever was wrong), and a
+/// sequence past the kernels' 16,384-long rows is refused up front.
+#[test]
+fn model_size_errors_name_the_flag() {
+    for (args, want) in [
+        (
+            &["--dim", "10", "--heads", "3"][..],
+            "--dim 10 is not a multiple of --heads 3",
+        ),
+        (&["--dropout", "NaN"], "--dropout NaN"),
+        (&["--vocab", "0"], "--vocab must be at least 1"),
+        (&["--seq-len", "16385"], "--seq-len 16385"),
+    ] {
+        let mut a = vec!["estimate", "--model", "gpt"];
+        a.extend_from_slice(args);
+        let err = fails_cleanly(&a);
+        assert!(err.contains(want), "{a:?}: {err}");
+    }
+    let err = fails_cleanly(&["estimate", "--model", "attention", "--seq-len", "20000"]);
+    assert!(err.contains("--seq-len 20000"), "{err}");
+}
+
+/// Output directories are made (or refused, naming the flag) before any
+/// work: `sweep --out FILE` failed only after the whole sweep, and
+/// `--export-snapshot` into a new directory failed where `--dump` made it.
+#[test]
+fn output_paths_are_checked_first_and_named() {
+    let dir = scratch("outpaths");
+    let file = dir.join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    let f = file.to_str().unwrap();
+    let err = fails_cleanly(&["sweep", "--model", "mlp", "--batch", "1,2", "--out", f]);
+    assert!(err.contains("--out") && err.contains(f), "{err}");
+    let err = fails_cleanly(&["lessons", "--report", f]);
+    assert!(err.contains("--report"), "{err}");
+    let trace = dir.join("t.jsonl");
+    write_trace(&trace, 10);
+    let snap = dir.join("new/dir/s.pickle");
+    let o = vramlab(&[
+        "replay",
+        trace.to_str().unwrap(),
+        "--export-snapshot",
+        snap.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(snap.exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -142,6 +142,27 @@ pub fn non_finite_loss(step: usize, loss: f32) -> ArgError {
     ))
 }
 
+/// Makes the output directory a flag names, before any work: an error
+/// names the flag (a path that is an existing file, or not writable, is
+/// found at once, not after a long sweep).
+pub fn out_dir(flag: &str, dir: &std::path::Path) -> Result<(), ArgError> {
+    std::fs::create_dir_all(dir).map_err(|e| {
+        ArgError(format!(
+            "{flag} {}: cannot create the directory ({e}); name a directory, new or existing",
+            dir.display()
+        ))
+    })
+}
+
+/// Makes the directory an output file's flag names lives in, before any
+/// work, as `out_dir` does.
+pub fn out_file_dir(flag: &str, file: &std::path::Path) -> Result<(), ArgError> {
+    match file.parent() {
+        Some(d) if !d.as_os_str().is_empty() => out_dir(flag, d),
+        _ => Ok(()),
+    }
+}
+
 /// Parses an optional `--capacity`.
 pub fn parse_capacity(s: &Option<String>) -> Result<Option<u64>, ArgError> {
     s.as_ref()

@@ -93,7 +93,7 @@ pub fn run_list(args: &LessonsArgs) -> anyhow::Result<()> {
         println!("\n`vramlab lessons --report DIR` runs them all into DIR/index.html.");
         return Ok(());
     };
-    std::fs::create_dir_all(dir).map_err(|e| anyhow::anyhow!("creating {}: {e}", dir.display()))?;
+    super::args::out_dir("--report", dir)?;
     let c = ctx(args.measure, &args.device);
     let t0 = std::time::Instant::now();
     // With --measure each lesson also runs on the simulated device, whose

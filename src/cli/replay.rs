@@ -42,6 +42,12 @@ pub struct ReplayArgs {
 
 pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
     use crate::lab::file_kind::{sniff, FileKind, READ_AS_JSON_LINES};
+    if let Some(dir) = &args.out {
+        super::args::out_dir("--out", dir)?;
+    }
+    if let Some(f) = &args.export_snapshot {
+        super::args::out_file_dir("--export-snapshot", f)?;
+    }
     if sniff(&args.trace).map_err(anyhow::Error::msg)? == FileKind::Snapshot {
         if args.export_snapshot.is_some() {
             anyhow::bail!("--export-snapshot writes a snapshot of a JSON Lines trace's replay; this file already is a PyTorch snapshot");
@@ -225,8 +231,6 @@ fn compare_strategies(args: &ReplayArgs, names: &[String]) -> anyhow::Result<()>
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
     let results = compare_with(&w, &names, capacity, &config).map_err(anyhow::Error::msg)?;
     if let Some(dir) = &args.out {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", dir.display()))?;
         let svg = reserved_plot(&results, w.ops.len(), &name);
         crate::io::write_atomic(&dir.join("reserved.svg"), svg.as_bytes())?;
     }

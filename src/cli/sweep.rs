@@ -65,6 +65,9 @@ struct SweepFit {
 }
 
 pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
+    if let Some(dir) = &args.out {
+        super::args::out_dir("--out", dir)?;
+    }
     let lists = [
         ("batch", Some(args.batch.clone())),
         ("resolution", args.model.resolution.clone()),
@@ -176,7 +179,6 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
         "fit": fit_out,
     });
     if let Some(dir) = &args.out {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         let svg = plot(&points, dim, &name);
         crate::io::write_atomic(&dir.join("sweep.svg"), svg.as_bytes())?;
         crate::io::write_atomic(

@@ -434,6 +434,12 @@ impl ModelSpec {
             } if *seq_len == 0 || *dim == 0 || *hidden == 0 || *classes == 0 => {
                 bad("--seq-len, --dim, --hidden and --classes must be at least 1")
             }
+            ModelSpec::Attention { seq_len, .. } if *seq_len > crate::ops::MAX_LOOP_ITERATIONS => {
+                bad(&format!(
+                    "--seq-len {seq_len}: the attention softmax takes rows of at most {}",
+                    crate::ops::MAX_LOOP_ITERATIONS
+                ))
+            }
             ModelSpec::Resnet50 {
                 depth,
                 width,
@@ -452,19 +458,41 @@ impl ModelSpec {
                 config: c,
                 seq,
                 dropout,
-            } if c.layers == 0
-                    || !(0.0..1.0).contains(dropout)
-                    || c.heads == 0
-                    || c.vocab == 0
-                    || c.dim == 0
-                    || !c.dim.is_multiple_of(c.heads)
-                    || *seq == 0
-                    || *seq > c.seq_len =>
-            {
-                bad(&format!(
-                    "needs --layers, --heads, --vocab ≥ 1, --dim a multiple of --heads (got {} and {}), --dropout in [0, 1), and a sequence length in 1..={} positions",
-                    c.dim, c.heads, c.seq_len
-                ))
+            } => {
+                // The first rule broken, named by its flag and value.
+                let rows = crate::ops::MAX_LOOP_ITERATIONS;
+                let broken = [
+                    (c.layers == 0, "--layers must be at least 1".to_string()),
+                    (c.heads == 0, "--heads must be at least 1".into()),
+                    (c.vocab == 0, "--vocab must be at least 1".into()),
+                    (c.dim == 0, "--dim must be at least 1".into()),
+                    (
+                        c.heads > 0 && !c.dim.is_multiple_of(c.heads),
+                        format!("--dim {} is not a multiple of --heads {}", c.dim, c.heads),
+                    ),
+                    (
+                        !(0.0..1.0).contains(dropout),
+                        format!("--dropout {dropout} is not in [0, 1)"),
+                    ),
+                    (*seq == 0, "--seq-len must be at least 1".into()),
+                    (
+                        *seq > c.seq_len,
+                        format!("--seq-len {seq} is more than the {} positions", c.seq_len),
+                    ),
+                    // One thread walks each softmax and LayerNorm row.
+                    (
+                        *seq > rows,
+                        format!("--seq-len {seq}: the causal softmax takes rows of at most {rows}"),
+                    ),
+                    (
+                        c.dim > rows,
+                        format!("--dim {}: LayerNorm takes rows of at most {rows}", c.dim),
+                    ),
+                ];
+                match broken.into_iter().find(|(b, _)| *b) {
+                    Some((_, m)) => bad(&m),
+                    None => Ok(()),
+                }
             }
             _ => Ok(()),
         }
