@@ -531,3 +531,30 @@ fn output_paths_are_checked_first_and_named() {
     assert!(snap.exists());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Sizes from files and sizes from flags must agree: `--data` with 9
+/// input features silently turned `--widths 8,4,2` into 9→4→2.
+#[test]
+fn a_file_that_contradicts_a_size_flag_is_refused() {
+    use vramlab::io::SafeTensors;
+    let dir = scratch("sizes-agree");
+    let data = dir.join("d.safetensors");
+    let mut st = SafeTensors::new();
+    st.insert_f32("x", &[2, 9], &[0.5; 18]).unwrap();
+    st.insert_i64("y", &[2], &[0, 1]).unwrap();
+    st.write(&data).unwrap();
+    let d = data.to_str().unwrap();
+    let err = fails_cleanly(&[
+        "train", "--model", "mlp", "--widths", "8,4,2", "--data", d, "--steps", "1",
+    ]);
+    assert!(err.contains("--data") && err.contains("--widths"), "{err}");
+    // Without the flag, the file decides.
+    let o = vramlab(&["train", "--model", "mlp", "--data", d, "--steps", "1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // With flags that agree, both are fine.
+    let o = vramlab(&[
+        "train", "--model", "mlp", "--widths", "9,4,2", "--data", d, "--steps", "1",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -245,6 +245,36 @@ impl ModelArgs {
         )
     }
 
+    /// Each size flag and whether it was given.
+    fn given(&self) -> [(&'static str, bool); 14] {
+        [
+            ("widths", self.widths.is_some()),
+            ("checkpoint-every", self.checkpoint_every.is_some()),
+            ("width", self.width.is_some()),
+            ("depth", self.depth.is_some()),
+            ("resolution", self.resolution.is_some()),
+            ("seq-len", self.seq_len.is_some()),
+            ("dim", self.dim.is_some()),
+            ("hidden", self.hidden.is_some()),
+            ("classes", self.classes.is_some()),
+            ("preset", self.preset.is_some()),
+            ("layers", self.layers.is_some()),
+            ("heads", self.heads.is_some()),
+            ("vocab", self.vocab.is_some()),
+            ("dropout", self.dropout.is_some()),
+        ]
+    }
+
+    /// The size flags given (`--widths`, `--resolution`, …), by name;
+    /// `--checkpoint-every` and `--dropout` are not sizes.
+    pub fn size_flags_given(&self) -> Vec<&'static str> {
+        self.given()
+            .into_iter()
+            .filter(|(f, g)| *g && !["checkpoint-every", "dropout"].contains(f))
+            .map(|(f, _)| f)
+            .collect()
+    }
+
     /// The model with resolution and sequence length given explicitly (a
     /// sweep's point).
     pub fn spec_with(
@@ -330,22 +360,7 @@ impl ModelArgs {
                 ]);
             }
         }
-        let given = [
-            ("widths", self.widths.is_some()),
-            ("checkpoint-every", self.checkpoint_every.is_some()),
-            ("width", self.width.is_some()),
-            ("depth", self.depth.is_some()),
-            ("resolution", self.resolution.is_some()),
-            ("seq-len", self.seq_len.is_some()),
-            ("dim", self.dim.is_some()),
-            ("hidden", self.hidden.is_some()),
-            ("classes", self.classes.is_some()),
-            ("preset", self.preset.is_some()),
-            ("layers", self.layers.is_some()),
-            ("heads", self.heads.is_some()),
-            ("vocab", self.vocab.is_some()),
-            ("dropout", self.dropout.is_some()),
-        ];
+        let given = self.given();
         if let Some((flag, _)) = given.iter().find(|(f, g)| *g && !used.contains(f)) {
             return Err(ArgError(format!(
                 "--{flag} does not apply to {}; `vramlab models` lists each model's flags",

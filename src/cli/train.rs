@@ -122,6 +122,21 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         anyhow::bail!("--steps must be at least 1");
     }
     let mut spec = args.model.spec()?;
+    // Sizes from flags and sizes from files must agree: a file that
+    // changes a size the user gave is an error, not a silent override.
+    let from_flags = spec.clone();
+    let flags = args.model.size_flags_given();
+    let agree = |spec: &crate::nn::ModelSpec, file: &str, flag: &str| -> anyhow::Result<()> {
+        if *spec != from_flags && !flags.is_empty() {
+            anyhow::bail!(
+                "{flag} {file} holds {}, but the flags (--{}) give {}; leave those flags out (the file decides) or use a file of those sizes",
+                spec.describe(),
+                flags.join(", --"),
+                from_flags.describe()
+            );
+        }
+        Ok(())
+    };
     let weights = match &args.load {
         Some(p) => Some(SafeTensors::read(p)?),
         None => None,
@@ -140,12 +155,14 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
                     spec.name()
                 )
             })?;
+        agree(&spec, &w.origin, "--load")?;
     }
     if let Some(d) = &data {
         let (_, xs) = d.f32("x")?;
         spec.adapt_to_input(&xs)
             .map_err(anyhow::Error::msg)
             .with_context(|| format!("reading the input size from {}", d.origin))?;
+        agree(&spec, &d.origin, "--data")?;
     }
     if data.is_none() && args.batch == 0 {
         anyhow::bail!("--batch must be at least 1");
