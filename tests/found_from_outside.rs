@@ -5,7 +5,9 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 mod common;
-use common::files::{char_device, temporaries, write_trace};
+use common::files::{
+    char_device, fifo_with_reader, temporaries, write_trace, writer_caught_mid_write,
+};
 use vramlab::lab::pickle::{pickle, PyValue};
 
 fn vramlab(args: &[&str]) -> Output {
@@ -208,7 +210,6 @@ fn replay_says_what_kind_of_file_it_assumed() {
 #[test]
 fn an_interrupted_write_leaves_no_temporary() {
     use std::os::unix::process::ExitStatusExt;
-    use std::time::{Duration, Instant};
     for signal in [libc::SIGINT, libc::SIGTERM] {
         let dir = scratch(&format!("sig{signal}"));
         let trace = dir.join("t.jsonl");
@@ -222,28 +223,7 @@ fn an_interrupted_write_leaves_no_temporary() {
         ];
         assert!(vramlab(&args).status.success());
         let good = std::fs::read(&out).unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_vramlab"))
-            .args(args)
-            .env("VRAMLAB_TEST_SLOW_WRITE_MS", "300")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        let t0 = Instant::now();
-        while !temporaries(&dir)
-            .iter()
-            .any(|t| std::fs::metadata(dir.join(t)).is_ok_and(|m| m.len() > 0))
-        {
-            assert!(
-                t0.elapsed() < Duration::from_secs(60),
-                "no temporary appeared"
-            );
-            assert!(
-                child.try_wait().unwrap().is_none(),
-                "finished before the signal"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let mut child = writer_caught_mid_write(&args, &dir);
         // SAFETY: signalling our own child process.
         assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, signal) }, 0);
         let status = child.wait().unwrap();
@@ -278,14 +258,7 @@ fn device_and_fifo_outputs_are_written_in_place() {
     assert!(err.contains(full) && err.contains("No space left"), "{err}");
     assert!(kind(full).is_char_device());
 
-    let fifo = dir.join("pipe");
-    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
-    // SAFETY: a valid NUL-terminated path.
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-    let reader = {
-        let fifo = fifo.clone();
-        std::thread::spawn(move || std::fs::read(fifo).unwrap())
-    };
+    let (fifo, reader) = fifo_with_reader(&dir, "pipe");
     let o = vramlab(&["replay", t, "--export-snapshot", fifo.to_str().unwrap()]);
     assert!(o.status.success(), "{}", stderr(&o));
     let got = reader.join().unwrap();
@@ -349,14 +322,19 @@ fn json_of(args: &[&str]) -> serde_json::Value {
     serde_json::from_slice(&o.stdout).unwrap()
 }
 
+/// The adapter's `max_storage_buffer_binding_size`, as `info` reports it.
+fn binding_limit() -> u64 {
+    let info = json_of(&["info", "--json"]);
+    info["limits"]["max_storage_buffer_binding_size"]
+        .as_u64()
+        .unwrap()
+}
+
 /// `max-batch` counts a batch whose tensor passes the adapter's binding
 /// limit as not fitting and searches below it (it stopped with an error).
 #[test]
 fn max_batch_searches_below_the_binding_limit() {
-    let info = json_of(&["info", "--json"]);
-    let limit = info["limits"]["max_storage_buffer_binding_size"]
-        .as_u64()
-        .unwrap();
+    let limit = binding_limit();
     // An input row of 65,536 f32 values is 256 KiB: the limit holds this
     // many rows (the largest tensor of the step by far).
     let rows = (limit / (256 << 10)).min(2048);
@@ -386,10 +364,7 @@ fn max_batch_searches_below_the_binding_limit() {
 /// exit 134): the device memory is allocated first.
 #[test]
 fn host_data_is_made_only_for_what_the_device_holds() {
-    let info = json_of(&["info", "--json"]);
-    let limit = info["limits"]["max_storage_buffer_binding_size"]
-        .as_u64()
-        .unwrap();
+    let limit = binding_limit();
     // A square of twice the binding limit, and a demo batch past it.
     let n = (((2 * limit / 4) as f64).sqrt() as u64 + 1).to_string();
     let batch = (2 * limit / (3 * 32 * 32 * 4) + 1).to_string();

@@ -5,9 +5,8 @@
 //! too: a reader that goes away (`| head`) ends the command quietly.
 
 mod common;
-use common::files::{temporaries, write_trace};
+use common::files::{temporaries, write_trace, writer_caught_mid_write};
 use std::process::Command;
-use std::time::{Duration, Instant};
 
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_vramlab"))
@@ -40,33 +39,13 @@ fn a_writer_killed_mid_write_leaves_the_previous_file_intact() {
     );
     // Again, slowly (a pause after each 64 KiB), and killed once the
     // temporary file exists and holds part of the data.
-    let mut child = bin()
-        .args(["replay", trace.to_str().unwrap(), "--export-snapshot"])
-        .arg(&out)
-        .env("VRAMLAB_TEST_SLOW_WRITE_MS", "300")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let t0 = Instant::now();
-    loop {
-        let tmps = temporaries(&dir);
-        let partial = tmps
-            .iter()
-            .any(|t| std::fs::metadata(dir.join(t)).is_ok_and(|m| m.len() > 0));
-        if partial {
-            break;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "the writer never started its temporary file"
-        );
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "the writer finished before it could be killed"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let args = [
+        "replay",
+        trace.to_str().unwrap(),
+        "--export-snapshot",
+        out.to_str().unwrap(),
+    ];
+    let mut child = writer_caught_mid_write(&args, &dir);
     child.kill().unwrap();
     child.wait().unwrap();
     // The kill came mid-write: a partial temporary is left beside it.
@@ -145,4 +124,44 @@ fn a_reader_that_goes_away_ends_the_command_quietly() {
         !out.status.success(),
         "the command cannot have printed all its rows"
     );
+}
+
+/// The writer itself (`vramlab::io::write_atomic`): a character device or a
+/// FIFO is written in place and stays what it was (renamed over, /dev/full
+/// became a regular file); a full device's error is returned; a directory
+/// is refused.
+#[cfg(unix)]
+#[test]
+fn devices_and_fifos_are_written_in_place_not_replaced() {
+    use common::files::{char_device, fifo_with_reader};
+    use std::os::unix::fs::FileTypeExt;
+    use std::path::Path;
+    use vramlab::io::write_atomic;
+    let is_char = |p: &Path| {
+        std::fs::symlink_metadata(p)
+            .unwrap()
+            .file_type()
+            .is_char_device()
+    };
+    let dir = std::env::temp_dir().join(format!("vramlab-atomic-fifo-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let null = char_device(&dir, "null", 3);
+    write_atomic(&null, b"gone").unwrap();
+    assert!(is_char(&null));
+    // A full device reports its error and stays a device.
+    let full = char_device(&dir, "full", 7);
+    let e = write_atomic(&full, &[0u8; 1 << 16]).unwrap_err();
+    assert!(is_char(&full), "{e}");
+
+    let (fifo, reader) = fifo_with_reader(&dir, "pipe");
+    write_atomic(&fifo, b"through the pipe").unwrap();
+    assert_eq!(reader.join().unwrap(), b"through the pipe");
+    assert!(std::fs::symlink_metadata(&fifo)
+        .unwrap()
+        .file_type()
+        .is_fifo());
+    let e = write_atomic(&dir, b"x").unwrap_err();
+    assert!(e.to_string().contains("directory"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

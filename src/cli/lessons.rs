@@ -168,12 +168,6 @@ pub fn run_list(args: &LessonsArgs) -> anyhow::Result<()> {
         );
     }
     if args.measure {
-        let (agreed, total) = (
-            runs.iter()
-                .filter(|(_, r, s)| s.as_ref().is_some_and(|s| agrees(r, s)))
-                .count(),
-            runs.len(),
-        );
         let differ: Vec<String> = runs
             .iter()
             .zip(&results)
@@ -188,6 +182,7 @@ pub fn run_list(args: &LessonsArgs) -> anyhow::Result<()> {
             })
             .collect();
         if !differ.is_empty() {
+            let (total, agreed) = (runs.len(), runs.len() - differ.len());
             anyhow::bail!(
                 "{agreed} of {total} lessons ran on the GPU with the simulation's verdict; the others (also in {}):\n  {}",
                 page.display(),

@@ -30,18 +30,17 @@ const SLOW_WRITE_ENV: &str = "VRAMLAB_TEST_SLOW_WRITE_MS";
 /// Writes `bytes` to `path`: atomically where `path` is a regular file or
 /// new, in place where it is a device or a FIFO (see the module's rules).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    if target_of(path)? == Target::InPlace {
-        return write_in_place(path, bytes);
-    }
+    let keep = match target_of(path)? {
+        Target::InPlace => return write_in_place(path, bytes),
+        Target::Replace { keep } => keep,
+    };
     remove_dead_temporaries(path);
     let (tmp, mut file) = create_temp(path)?;
     let _pending = super::interrupt::register(&tmp);
     // The replacement keeps the permissions of the file it replaces (a
     // private 0600 file must not become world-readable).
-    if let Ok(m) = std::fs::symlink_metadata(path) {
-        if m.is_file() {
-            let _ = file.set_permissions(m.permissions());
-        }
+    if let Some(p) = keep {
+        let _ = file.set_permissions(p);
     }
     let result = write_slowly_if_asked(&mut file, bytes)
         .and_then(|()| file.sync_all())
@@ -58,8 +57,9 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
 /// How a target is written.
 #[derive(Debug, PartialEq, Eq)]
 enum Target {
-    /// A temporary renamed over it (regular files, links, new paths).
-    Replace,
+    /// A temporary renamed over it (regular files, links, new paths),
+    /// given the permissions of the regular file it replaces.
+    Replace { keep: Option<std::fs::Permissions> },
     /// Opened and written as it is (devices, FIFOs, `/dev/stdout`).
     InPlace,
 }
@@ -78,7 +78,7 @@ fn target_of(path: &Path) -> io::Result<Target> {
     let meta = match std::fs::symlink_metadata(path) {
         Ok(m) => m,
         // A new file; any other trouble is reported by creating it.
-        Err(_) => return Ok(Target::Replace),
+        Err(_) => return Ok(Target::Replace { keep: None }),
     };
     let system = {
         let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
@@ -88,8 +88,13 @@ fn target_of(path: &Path) -> io::Result<Target> {
     // A link outside /dev and /proc is replaced, never followed (a planted
     // link must not redirect the write); under them (/dev/stdout) it is the
     // way to a stream and is followed.
-    if ft.is_file() || (ft.is_symlink() && !system) {
-        return Ok(Target::Replace);
+    if ft.is_file() {
+        return Ok(Target::Replace {
+            keep: Some(meta.permissions()),
+        });
+    }
+    if ft.is_symlink() && !system {
+        return Ok(Target::Replace { keep: None });
     }
     let followed = if ft.is_symlink() {
         match std::fs::metadata(path) {
@@ -133,7 +138,7 @@ fn remove_dead_temporaries(path: &Path) {
     let (Some(name), Ok(entries)) = (path.file_name(), std::fs::read_dir(dir_of(path))) else {
         return;
     };
-    let prefix = format!(".{}.", name.to_string_lossy());
+    let prefix = temp_prefix(name);
     for e in entries.flatten() {
         let file = e.file_name();
         let file = file.to_string_lossy();
@@ -198,6 +203,13 @@ fn write_slowly_if_asked(file: &mut File, bytes: &[u8]) -> io::Result<()> {
     }
 }
 
+/// How every temporary of a target named `name` begins; the rest is
+/// `PID.TIME.ATTEMPT.tmp` (see `create_temp`, which `remove_dead_temporaries`
+/// parses).
+fn temp_prefix(name: &std::ffi::OsStr) -> String {
+    format!(".{}.", name.to_string_lossy())
+}
+
 /// A new, exclusively created temporary file in `path`'s directory.
 fn create_temp(path: &Path) -> io::Result<(PathBuf, File)> {
     let name = path.file_name().ok_or_else(|| {
@@ -213,8 +225,8 @@ fn create_temp(path: &Path) -> io::Result<(PathBuf, File)> {
     let mut last = None;
     for attempt in 0..64u32 {
         let tmp = dir.join(format!(
-            ".{}.{}.{nanos}.{attempt}.tmp",
-            name.to_string_lossy(),
+            "{}{}.{nanos}.{attempt}.tmp",
+            temp_prefix(name),
             std::process::id()
         ));
         match OpenOptions::new().write(true).create_new(true).open(&tmp) {
@@ -259,72 +271,6 @@ mod tests {
             .unwrap()
             .file_type()
             .is_symlink());
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    /// A character device to write to: as root, a node of its own in `dir`
-    /// (so a writer that wrongly replaced it could not replace the system's
-    /// /dev/null); otherwise the system's, which a non-root rename cannot
-    /// replace.
-    #[cfg(unix)]
-    fn char_device(dir: &Path, name: &str, minor: u32) -> PathBuf {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } == 0 {
-            let p = dir.join(name);
-            let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
-            // SAFETY: a valid NUL-terminated path; mem 1:minor is null (3) or full (7).
-            let made =
-                unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, minor)) };
-            assert_eq!(
-                made,
-                0,
-                "mknod {}: {}",
-                p.display(),
-                io::Error::last_os_error()
-            );
-            p
-        } else {
-            PathBuf::from(format!("/dev/{name}"))
-        }
-    }
-
-    #[cfg(unix)]
-    #[test]
-    fn devices_and_fifos_are_written_in_place_not_replaced() {
-        use std::os::unix::fs::FileTypeExt;
-        let is_char = |p: &Path| {
-            std::fs::symlink_metadata(p)
-                .unwrap()
-                .file_type()
-                .is_char_device()
-        };
-        let dir = std::env::temp_dir().join(format!("vramlab-atomic-fifo-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let null = char_device(&dir, "null", 3);
-        write_atomic(&null, b"gone").unwrap();
-        assert!(is_char(&null));
-        // A full device reports its error and stays a device.
-        let full = char_device(&dir, "full", 7);
-        let e = write_atomic(&full, &[0u8; 1 << 16]).unwrap_err();
-        assert!(is_char(&full), "{e}");
-
-        let fifo = dir.join("pipe");
-        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
-        // SAFETY: a valid NUL-terminated path.
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-        let reader = {
-            let fifo = fifo.clone();
-            std::thread::spawn(move || std::fs::read(fifo).unwrap())
-        };
-        write_atomic(&fifo, b"through the pipe").unwrap();
-        assert_eq!(reader.join().unwrap(), b"through the pipe");
-        assert!(std::fs::symlink_metadata(&fifo)
-            .unwrap()
-            .file_type()
-            .is_fifo());
-        let e = write_atomic(&dir, b"x").unwrap_err();
-        assert!(e.to_string().contains("directory"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -1055,12 +1055,14 @@ pub fn gemm_bias(
     if let Some(bias) = bias {
         // A 16-bit product summed in an f32 workspace (gemm_via_f32) has a
         // 16-bit bias: widened first (exactly), then added in f32.
-        if bias.dtype() != c.dtype() {
-            let wide = super::cast::cast(bias, c.dtype(), "matmul.bias_f32")?;
-            super::bias::add_bias(c, &wide, g.m, g.n)?;
+        let wide;
+        let bias = if bias.dtype() != c.dtype() {
+            wide = super::cast::cast(bias, c.dtype(), "matmul.bias_f32")?;
+            &wide
         } else {
-            super::bias::add_bias(c, bias, g.m, g.n)?;
-        }
+            bias
+        };
+        super::bias::add_bias(c, bias, g.m, g.n)?;
     }
     Ok(())
 }

@@ -50,3 +50,48 @@ pub fn char_device(dir: &Path, name: &str, minor: u32) -> PathBuf {
         PathBuf::from(format!("/dev/{name}"))
     }
 }
+
+/// A named pipe `dir/name` and a thread reading it whole; join the thread
+/// for what was written to it.
+#[cfg(unix)]
+pub fn fifo_with_reader(dir: &Path, name: &str) -> (PathBuf, std::thread::JoinHandle<Vec<u8>>) {
+    let fifo = dir.join(name);
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::read(fifo).unwrap())
+    };
+    (fifo, reader)
+}
+
+/// `vramlab ARGS` started with a pause after each 64 KiB it writes, once
+/// its temporary file exists and holds part of the data: a writer caught
+/// mid-write, to be killed or interrupted.
+pub fn writer_caught_mid_write(args: &[&str], dir: &Path) -> std::process::Child {
+    use std::time::{Duration, Instant};
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .args(args)
+        .env("VRAMLAB_TEST_SLOW_WRITE_MS", "300")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while !temporaries(dir)
+        .iter()
+        .any(|t| std::fs::metadata(dir.join(t)).is_ok_and(|m| m.len() > 0))
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the writer never started its temporary file"
+        );
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the writer finished before it could be stopped"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
+}
