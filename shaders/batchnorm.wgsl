@@ -35,8 +35,8 @@ fn mean_of(@builtin(workgroup_id) wid: vec3<u32>,
            @builtin(local_invocation_index) lidx: u32) {
     let c = flat_index(wid, nwg, lidx);
     if (c >= p.channels) { return; }
-    a[c] = s[c] / f32(p.total);
-    if (p._p0 == 0xffffffffu) { out[0] = b[0] + u[0] + v[0]; }
+    wr_a(c, rd_s(c) / f32(p.total));
+    if (p._p0 == 0xffffffffu) { wr_out(0, rd_b(0) + rd_u(0) + rd_v(0)); }
 }
 
 // a = stats [mean | invstd] (2C), the mean written; u = Σ(x − mean)²;
@@ -49,12 +49,12 @@ fn finish(@builtin(workgroup_id) wid: vec3<u32>,
     let c = flat_index(wid, nwg, lidx);
     if (c >= p.channels) { return; }
     let n = f32(p.total);
-    let mean = a[c];
-    let var_b = u[c] / n;
-    a[p.channels + c] = inverseSqrt(var_b + p.eps);
-    if (p._p0 == 0xffffffffu) { s[0] = b[0]; }
-    v[c] = (1.0 - p.momentum) * v[c] + p.momentum * mean;
-    out[c] = (1.0 - p.momentum) * out[c] + p.momentum * var_b * n / (n - 1.0);
+    let mean = rd_a(c);
+    let var_b = rd_u(c) / n;
+    wr_a(p.channels + c, inverseSqrt(var_b + p.eps));
+    if (p._p0 == 0xffffffffu) { wr_s(0, rd_b(0)); }
+    wr_v(c, (1.0 - p.momentum) * rd_v(c) + p.momentum * mean);
+    wr_out(c, (1.0 - p.momentum) * rd_out(c) + p.momentum * var_b * n / (n - 1.0));
 }
 
 // v = running mean, out = running var; writes a = stats [mean | invstd].
@@ -64,9 +64,9 @@ fn eval_stats(@builtin(workgroup_id) wid: vec3<u32>,
               @builtin(local_invocation_index) lidx: u32) {
     let c = flat_index(wid, nwg, lidx);
     if (c >= p.channels) { return; }
-    a[c] = v[c];
-    a[p.channels + c] = inverseSqrt(out[c] + p.eps);
-    if (p._p0 == 0xffffffffu) { s[0] = u[0] + b[0]; }
+    wr_a(c, rd_v(c));
+    wr_a(p.channels + c, inverseSqrt(rd_out(c) + p.eps));
+    if (p._p0 == 0xffffffffu) { wr_s(0, rd_u(0) + rd_b(0)); }
 }
 
 fn channel_of(i: u32) -> u32 {
@@ -81,8 +81,8 @@ fn normalize(@builtin(workgroup_id) wid: vec3<u32>,
     let i = flat_index(wid, nwg, lidx);
     if (i >= p.outer * p.channels * p.inner) { return; }
     let c = channel_of(i);
-    out[i] = (a[i] - s[c]) * s[p.channels + c] * v[c] + b[c];
-    if (p._p0 == 0xffffffffu) { out[0] = u[0]; }
+    wr_out(i, (rd_a(i) - rd_s(c)) * rd_s(p.channels + c) * rd_v(c) + rd_b(c));
+    if (p._p0 == 0xffffffffu) { wr_out(0, rd_u(0)); }
 }
 
 // a = x, b = g, s = [mean | invstd] (2C), u = [Σg | Σg(x−mean)] (2C),
@@ -94,15 +94,15 @@ fn dx(@builtin(workgroup_id) wid: vec3<u32>,
     let i = flat_index(wid, nwg, lidx);
     if (i >= p.outer * p.channels * p.inner) { return; }
     let c = channel_of(i);
-    let mean = s[c];
-    let inv = s[p.channels + c];
-    var g = b[i];
+    let mean = rd_s(c);
+    let inv = rd_s(p.channels + c);
+    var g = rd_b(i);
     if (p.train != 0u) {
         let n = f32(p.total);
-        let xh = (a[i] - mean) * inv;
-        g = g - u[c] / n - xh * inv * u[p.channels + c] / n;
+        let xh = (rd_a(i) - mean) * inv;
+        g = g - rd_u(c) / n - xh * inv * rd_u(p.channels + c) / n;
     }
-    out[i] = v[c] * inv * g;
+    wr_out(i, rd_v(c) * inv * g);
 }
 
 // s = [mean | invstd], u = [Σg | Σg(x−mean)]; out = dweight.
@@ -112,6 +112,6 @@ fn dweight(@builtin(workgroup_id) wid: vec3<u32>,
            @builtin(local_invocation_index) lidx: u32) {
     let c = flat_index(wid, nwg, lidx);
     if (c >= p.channels) { return; }
-    out[c] = s[p.channels + c] * u[p.channels + c];
-    if (p._p0 == 0xffffffffu) { out[0] = a[0] + b[0] + v[0]; }
+    wr_out(c, rd_s(p.channels + c) * rd_u(p.channels + c));
+    if (p._p0 == 0xffffffffu) { wr_out(0, rd_a(0) + rd_b(0) + rd_v(0)); }
 }

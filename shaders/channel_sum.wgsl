@@ -34,7 +34,7 @@ struct Params {
 // The summed term at element `at` of channel `c`.
 fn term(at: u32, c: u32) -> f32 {
 #if CENTRED
-    let d = ld_t(at) - mean[c];
+    let d = ld_t(at) - rd_mean(c);
 #if CENTRED == 2
     return ld_g(at) * d;
 #else
@@ -85,5 +85,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         if (lidx < s) { sums[lidx] += sums[lidx + s]; }
         workgroupBarrier();
     }
-    if (lidx == 0u && live) { parts[g * p.channels + c] = sums[0]; }
+    if (lidx == 0u && live) { wr_parts(g * p.channels + c, sums[0]); }
 }

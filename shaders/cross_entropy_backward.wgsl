@@ -14,16 +14,16 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let r = gid.x;
     if (r >= p.rows) { return; }
     let base = r * p.classes;
-    var m = x[base];
-    for (var c = 1u; c < p.classes; c++) { m = max(m, x[base + c]); }
+    var m = rd_x(base);
+    for (var c = 1u; c < p.classes; c++) { m = max(m, rd_x(base + c)); }
     var s = 0.0;
-    for (var c = 0u; c < p.classes; c++) { s += exp(x[base + c] - m); }
+    for (var c = 0u; c < p.classes; c++) { s += exp(rd_x(base + c) - m); }
     // softmax = exp(x - max) / sum: x - max is exact, unlike x - logsumexp.
-    let label = u32(labels[r]);
-    let g = dloss[0] / f32(p.rows);
+    let label = u32(rd_labels(r));
+    let g = rd_dloss(0) / f32(p.rows);
     for (var c = 0u; c < p.classes; c++) {
-        var d = exp(x[base + c] - m) / s;
+        var d = exp(rd_x(base + c) - m) / s;
         if (c == label) { d -= 1.0; }
-        dx[base + c] = d * g;
+        wr_dx(base + c, d * g);
     }
 }

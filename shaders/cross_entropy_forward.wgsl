@@ -14,9 +14,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let r = gid.x;
     if (r >= p.rows) { return; }
     let base = r * p.classes;
-    var m = x[base];
-    for (var c = 1u; c < p.classes; c++) { m = max(m, x[base + c]); }
+    var m = rd_x(base);
+    for (var c = 1u; c < p.classes; c++) { m = max(m, rd_x(base + c)); }
     var s = 0.0;
-    for (var c = 0u; c < p.classes; c++) { s += exp(x[base + c] - m); }
-    losses[r] = m + log(s) - x[base + u32(labels[r])];
+    for (var c = 0u; c < p.classes; c++) { s += exp(rd_x(base + c) - m); }
+    wr_losses(r, m + log(s) - rd_x(base + u32(rd_labels(r))));
 }

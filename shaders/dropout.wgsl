@@ -38,11 +38,11 @@ fn forward(@builtin(workgroup_id) wid: vec3<u32>,
         let i = 4u * w + k;
         if (i < p.n) {
             let kept = keep(i);
-            out[i] = select(0.0, a[i] * p.scale, kept);
+            wr_out(i, select(0.0, rd_a(i) * p.scale, kept));
             bits |= select(0u, 1u, kept) << (8u * k);
         }
     }
-    mask[w] = bits;
+    wr_mask(w, bits);
 }
 
 // a = g; out = dx = g · mask · scale; one invocation per element.
@@ -52,6 +52,6 @@ fn backward(@builtin(workgroup_id) wid: vec3<u32>,
             @builtin(local_invocation_index) lidx: u32) {
     let i = flat_index(wid, nwg, lidx);
     if (i >= p.n) { return; }
-    let kept = ((mask[i / 4u] >> (8u * (i % 4u))) & 1u) != 0u;
-    out[i] = select(0.0, a[i] * p.scale, kept);
+    let kept = ((rd_mask(i / 4u) >> (8u * (i % 4u))) & 1u) != 0u;
+    wr_out(i, select(0.0, rd_a(i) * p.scale, kept));
 }

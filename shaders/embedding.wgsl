@@ -34,7 +34,7 @@ fn gather(@builtin(workgroup_id) wid: vec3<u32>,
     if (i >= p.count * p.dim) { return; }
     let t = i / p.dim;
     let d = i - t * p.dim;
-    out[i] = a[row_of(b[t]) * p.dim + d];
+    wr_out(i, rd_a(row_of(rd_b(t)) * p.dim + d));
 }
 
 // a = g [count, dim], b = idx [count], out = dtable [rows, dim].
@@ -49,10 +49,10 @@ fn scatter(@builtin(workgroup_id) wid: vec3<u32>,
     var s = 0.0;
     for (var k = 0u; k < p.nt; k++) {
         let t = p.t0 + k;
-        if (row_of(b[t]) == v) { s += a[t * p.dim + d]; }
+        if (row_of(rd_b(t)) == v) { s += rd_a(t * p.dim + d); }
     }
-    if (p.accumulate != 0u) { s += out[i]; }
-    out[i] = s;
+    if (p.accumulate != 0u) { s += rd_out(i); }
+    wr_out(i, s);
 }
 
 // a = x [count = n·seq, dim], b = pos [rows, dim], out = [count, dim].
@@ -63,7 +63,7 @@ fn add_pos(@builtin(workgroup_id) wid: vec3<u32>,
     let i = flat_index(wid, nwg, lidx);
     if (i >= p.count * p.dim) { return; }
     let sd = i % (p.seq * p.dim);
-    out[i] = a[i] + b[sd];
+    wr_out(i, rd_a(i) + rd_b(sd));
 }
 
 // a = g [count = n·seq, dim], out = dpos [rows, dim]; nt = n (samples).
@@ -75,9 +75,9 @@ fn pos_backward(@builtin(workgroup_id) wid: vec3<u32>,
     if (i >= p.rows * p.dim) { return; }
     var s = 0.0;
     if (i < p.seq * p.dim) {
-        for (var n = p.t0; n < p.t0 + p.nt; n++) { s += a[n * p.seq * p.dim + i]; }
+        for (var n = p.t0; n < p.t0 + p.nt; n++) { s += rd_a(n * p.seq * p.dim + i); }
     }
-    if (p.accumulate != 0u) { s += out[i]; }
-    out[i] = s;
-    if (p._p == 0xffffffffu) { out[0] = b[0]; }
+    if (p.accumulate != 0u) { s += rd_out(i); }
+    wr_out(i, s);
+    if (p._p == 0xffffffffu) { wr_out(0, rd_b(0)); }
 }

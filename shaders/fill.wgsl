@@ -13,5 +13,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         @builtin(local_invocation_index) lidx: u32) {
     let i = flat_index(wid, nwg, lidx);
     if (i >= p.n) { return; }
-    out[i] = p.value;
+    wr_out(i, p.value);
 }

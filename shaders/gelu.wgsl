@@ -32,9 +32,9 @@ fn forward(@builtin(workgroup_id) wid: vec3<u32>,
            @builtin(local_invocation_index) lidx: u32) {
     let i = flat_index(wid, nwg, lidx);
     if (i >= p.n) { return; }
-    let v = x[i];
-    out[i] = v * sig2u(v);
-    if (p._p0 == 0xffffffffu) { out[0] = g[0]; }
+    let v = rd_x(i);
+    wr_out(i, v * sig2u(v));
+    if (p._p0 == 0xffffffffu) { wr_out(0, rd_g(0)); }
 }
 
 @compute @workgroup_size(256)
@@ -43,8 +43,8 @@ fn backward(@builtin(workgroup_id) wid: vec3<u32>,
             @builtin(local_invocation_index) lidx: u32) {
     let i = flat_index(wid, nwg, lidx);
     if (i >= p.n) { return; }
-    let v = x[i];
+    let v = rd_x(i);
     let s = sig2u(v);
     let d = s + 2.0 * v * s * (1.0 - s) * K0 * (1.0 + 3.0 * K1 * v * v);
-    out[i] = g[i] * d;
+    wr_out(i, rd_g(i) * d);
 }

@@ -29,23 +29,23 @@ fn forward(@builtin(workgroup_id) wid: vec3<u32>,
     var s = 0.0;
     var part = 0.0;
     for (var j = 0u; j < p.cols; j++) {
-        part += x[base + j];
+        part += rd_x(base + j);
         if ((j & 63u) == 63u) { s += part; part = 0.0; }
     }
     let m = (s + part) / f32(p.cols);
     s = 0.0;
     part = 0.0;
     for (var j = 0u; j < p.cols; j++) {
-        let d = x[base + j] - m;
+        let d = rd_x(base + j) - m;
         part += d * d;
         if ((j & 63u) == 63u) { s += part; part = 0.0; }
     }
     let rs = inverseSqrt((s + part) / f32(p.cols) + p.eps);
     for (var j = 0u; j < p.cols; j++) {
-        y[base + j] = (x[base + j] - m) * rs * w[j] + b[j];
+        wr_y(base + j, (rd_x(base + j) - m) * rs * rd_w(j) + rd_b(j));
     }
-    mean[r] = m;
-    rstd[r] = rs;
+    wr_mean(r, m);
+    wr_rstd(r, rs);
 }
 
 // Bindings: x, w, g (upstream gradient, in b), dx (in y), mean, rstd.
@@ -57,23 +57,23 @@ fn backward_input(@builtin(workgroup_id) wid: vec3<u32>,
     let r = flat_index(wid, nwg, lidx);
     if (r >= p.rows) { return; }
     let base = r * p.cols;
-    let m = mean[r];
-    let rs = rstd[r];
+    let m = rd_mean(r);
+    let rs = rd_rstd(r);
     var s1 = 0.0;
     var s2 = 0.0;
     var p1 = 0.0;
     var p2 = 0.0;
     for (var j = 0u; j < p.cols; j++) {
-        let gw = b[base + j] * w[j];
+        let gw = rd_b(base + j) * rd_w(j);
         p1 += gw;
-        p2 += gw * (x[base + j] - m) * rs;
+        p2 += gw * (rd_x(base + j) - m) * rs;
         if ((j & 63u) == 63u) { s1 += p1; s2 += p2; p1 = 0.0; p2 = 0.0; }
     }
     let c1 = (s1 + p1) / f32(p.cols);
     let c2 = (s2 + p2) / f32(p.cols);
     for (var j = 0u; j < p.cols; j++) {
-        let xh = (x[base + j] - m) * rs;
-        y[base + j] = rs * (b[base + j] * w[j] - c1 - xh * c2);
+        let xh = (rd_x(base + j) - m) * rs;
+        wr_y(base + j, rs * (rd_b(base + j) * rd_w(j) - c1 - xh * c2));
     }
 }
 
@@ -91,14 +91,14 @@ fn backward_params(@builtin(workgroup_id) wid: vec3<u32>,
     var pb = 0.0;
     for (var i = 0u; i < p.nr; i++) {
         let r = p.r0 + i;
-        let g = y[r * p.cols + j];
-        pw += g * (x[r * p.cols + j] - mean[r]) * rstd[r];
+        let g = rd_y(r * p.cols + j);
+        pw += g * (rd_x(r * p.cols + j) - rd_mean(r)) * rd_rstd(r);
         pb += g;
         if ((i & 63u) == 63u) { sw += pw; sb += pb; pw = 0.0; pb = 0.0; }
     }
     sw += pw;
     sb += pb;
-    if (p.accumulate != 0u) { sw += w[j]; sb += b[j]; }
-    w[j] = sw;
-    b[j] = sb;
+    if (p.accumulate != 0u) { sw += rd_w(j); sb += rd_b(j); }
+    wr_w(j, sw);
+    wr_b(j, sb);
 }

@@ -160,7 +160,7 @@ fn ld_b_at(base: u32, k_index: u32, n_index: u32, b_rs: u32, b_cs: u32) -> f32 {
 // Row `row` of A at step kk of K: one element, or with VEC_K the four from
 // kk on (row and kk multiples of 4).
 #if VEC_K
-fn ld_a_at(row: u32, kk: u32, a_cs: u32) -> vec4<f32> { return a[(row + kk) / 4u]; }
+fn ld_a_at(row: u32, kk: u32, a_cs: u32) -> vec4<f32> { return rd_a((row + kk) / 4u); }
 #else
 fn ld_a_at(row: u32, kk: u32, a_cs: u32) -> f32 { return ld_a(row + kk * a_cs); }
 #endif
@@ -255,7 +255,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 #for kk in 0..KC
 #if VEC_B
 #for g in 0..TN/4
-    let bq{{kk}}_{{g}} = b[(b_base + (k_begin + {{kk}}u) * b_rs) / 4u + cg{{g}}];
+    let bq{{kk}}_{{g}} = rd_b((b_base + (k_begin + {{kk}}u) * b_rs) / 4u + cg{{g}});
 #endfor
 #else
 #for j in 0..TN
@@ -363,13 +363,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 #endif
 #if VEC_K
 #for j in 0..TN
-            let bv{{j}}_{{e}} = b[(cb{{j}} + kk + {{e}}u) / 4u];
+            let bv{{j}}_{{e}} = rd_b((cb{{j}} + kk + {{e}}u) / 4u);
 #endfor
 #else
 #if VEC_B
             let brow{{e}} = (b_base + (kk + {{e}}u) * b_rs) / 4u;
 #for g in 0..TN/4
-            let bq{{g}}_{{e}} = b[brow{{e}} + cg{{g}}];
+            let bq{{g}}_{{e}} = rd_b(brow{{e}} + cg{{g}});
 #endfor
 #for j in 0..TN
             let bv{{j}}_{{e}} = bq{{j/4}}_{{e}}[{{j-j/4*4}}];
@@ -477,9 +477,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
             v += vec4<f32>(bias_row);
 #endif
 #if ACCUMULATE
-            v += c[ci];
+            v += rd_c(ci);
 #endif
-            c[ci] = v;
+            wr_c(ci, v);
         }
 #endfor
 #else

@@ -47,7 +47,7 @@ fn forward(@builtin(workgroup_id) wid: vec3<u32>,
             let ix = i32(ox * p.stride + kx) - i32(p.pad);
             if (ix < 0 || ix >= i32(p.w)) { continue; }
             let pos = u32(iy) * p.w + u32(ix);
-            let v = a[base + pos];
+            let v = rd_a(base + pos);
             if (!found || v > best || (is_nan(v) && !is_nan(best))) {
                 best = v;
                 at = pos;
@@ -55,8 +55,8 @@ fn forward(@builtin(workgroup_id) wid: vec3<u32>,
             }
         }
     }
-    out[o] = best;
-    idx[o] = f32(at);
+    wr_out(o, best);
+    wr_idx(o, f32(at));
 }
 
 // a = g [planes, ho, wo], idx from forward; out = dx [planes, h, w].
@@ -79,8 +79,8 @@ fn backward(@builtin(workgroup_id) wid: vec3<u32>,
     for (var oy = y_lo; oy <= y_hi; oy++) {
         for (var ox = x_lo; ox <= x_hi; ox++) {
             let o = plane * p.ho * p.wo + u32(oy) * p.wo + u32(ox);
-            if (u32(idx[o]) == pos) { s += a[o]; }
+            if (u32(rd_idx(o)) == pos) { s += rd_a(o); }
         }
     }
-    out[i] = s;
+    wr_out(i, s);
 }

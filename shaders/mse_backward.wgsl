@@ -18,5 +18,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         @builtin(local_invocation_index) lidx: u32) {
     let i = flat_index(wid, nwg, lidx);
     if (i >= p.n) { return; }
-    dx[i] = 2.0 / f32(p.n) * dloss[0] * (pred[i] - tgt[i]);
+    wr_dx(i, 2.0 / f32(p.n) * rd_dloss(0) * (rd_pred(i) - rd_tgt(i)));
 }

@@ -26,8 +26,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     // (as in PyTorch) instead of training on silently.
 #if VEC4
     if (w >= p.n / 4u) { return; }
-    let v = x[w];
-    out[w] = select(v, vec4<f32>(0.0), v < vec4<f32>(0.0));
+    let v = rd_x(w);
+    wr_out(w, select(v, vec4<f32>(0.0), v < vec4<f32>(0.0)));
 #else
     let i = 2u * w;
     if (i >= p.n) { return; }

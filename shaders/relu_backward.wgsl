@@ -26,7 +26,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     let w = flat_index(wid, nwg, lidx);
 #if VEC4
     if (w >= p.n / 4u) { return; }
-    dx[w] = select(vec4<f32>(0.0), dy[w], y[w] > vec4<f32>(0.0));
+    wr_dx(w, select(vec4<f32>(0.0), rd_dy(w), rd_y(w) > vec4<f32>(0.0)));
 #else
     let i = 2u * w;
     if (i >= p.n) { return; }

@@ -28,18 +28,18 @@ fn forward(@builtin(workgroup_id) wid: vec3<u32>,
     let base = r * p.cols;
     var kept = p.cols;
     if (p.causal != 0u) { kept = r % p.cols + 1u; }
-    var m = p.scale * a[base];
-    for (var j = 1u; j < kept; j++) { m = max(m, p.scale * a[base + j]); }
+    var m = p.scale * rd_a(base);
+    for (var j = 1u; j < kept; j++) { m = max(m, p.scale * rd_a(base + j)); }
     var s = 0.0;
     for (var j = 0u; j < kept; j++) {
-        let e = exp(p.scale * a[base + j] - m);
-        out[base + j] = e;
+        let e = exp(p.scale * rd_a(base + j) - m);
+        wr_out(base + j, e);
         s += e;
     }
     let inv = 1.0 / s;
-    for (var j = 0u; j < kept; j++) { out[base + j] = out[base + j] * inv; }
-    for (var j = kept; j < p.cols; j++) { out[base + j] = 0.0; }
-    if (p.causal == 0xffffffffu) { out[0] = b[0]; }
+    for (var j = 0u; j < kept; j++) { wr_out(base + j, rd_out(base + j) * inv); }
+    for (var j = kept; j < p.cols; j++) { wr_out(base + j, 0.0); }
+    if (p.causal == 0xffffffffu) { wr_out(0, rd_b(0)); }
 }
 
 // a = y (saved output), b = g (upstream gradient), out = dx.
@@ -51,8 +51,8 @@ fn backward(@builtin(workgroup_id) wid: vec3<u32>,
     if (r >= p.rows) { return; }
     let base = r * p.cols;
     var dot = 0.0;
-    for (var j = 0u; j < p.cols; j++) { dot += a[base + j] * b[base + j]; }
+    for (var j = 0u; j < p.cols; j++) { dot += rd_a(base + j) * rd_b(base + j); }
     for (var j = 0u; j < p.cols; j++) {
-        out[base + j] = p.scale * a[base + j] * (b[base + j] - dot);
+        wr_out(base + j, p.scale * rd_a(base + j) * (rd_b(base + j) - dot));
     }
 }

@@ -23,5 +23,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     let r2 = r / p.b;
     let cc = r2 % p.c;
     let aa = r2 / p.c;
-    out[i] = x[((aa * p.b + bb) * p.c + cc) * p.e + e];
+    wr_out(i, rd_x(((aa * p.b + bb) * p.c + cc) * p.e + e));
 }

@@ -16,10 +16,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         @builtin(local_invocation_index) lidx: u32) {
     let i = flat_index(wid, nwg, lidx);
     if (i >= p.n) { return; }
-    let v = g[i];
+    let v = rd_g(i);
     // Exponent all ones: inf or NaN (a bit test, immune to fast-math).
     if ((bitcast<u32>(v) & 0x7f800000u) == 0x7f800000u) {
         atomicMax(&found[0], 1u);
     }
-    g[i] = v * p.inv_scale;
+    wr_g(i, v * p.inv_scale);
 }

@@ -322,22 +322,22 @@ fn json_of(args: &[&str]) -> serde_json::Value {
     serde_json::from_slice(&o.stdout).unwrap()
 }
 
-/// The adapter's `max_storage_buffer_binding_size`, as `info` reports it.
-fn binding_limit() -> u64 {
+/// One of the adapter's limits, as `info` reports it.
+fn adapter_limit(name: &str) -> u64 {
     let info = json_of(&["info", "--json"]);
-    info["limits"]["max_storage_buffer_binding_size"]
-        .as_u64()
-        .unwrap()
+    info["limits"][name].as_u64().unwrap()
 }
 
-/// `max-batch` counts a batch whose tensor passes the adapter's binding
-/// limit as not fitting and searches below it (it stopped with an error).
+/// A batch whose input passes the adapter's binding limit runs, bound in
+/// windows: `max-batch` finds the largest batch asked for (it once stopped
+/// below the binding limit, and before that with an error).
 #[test]
-fn max_batch_searches_below_the_binding_limit() {
-    let limit = binding_limit();
+fn max_batch_runs_past_the_binding_limit() {
+    let limit = adapter_limit("max_storage_buffer_binding_size");
     // An input row of 65,536 f32 values is 256 KiB: the limit holds this
-    // many rows (the largest tensor of the step by far).
-    let rows = (limit / (256 << 10)).min(2048);
+    // many rows; the search may go to half as many again.
+    let rows = (limit / (256 << 10)).min(1024);
+    let max = (rows + rows / 2).to_string();
     let v = json_of(&[
         "max-batch",
         "--model",
@@ -347,25 +347,25 @@ fn max_batch_searches_below_the_binding_limit() {
         "--memory-limit",
         "8GiB",
         "--max",
-        "2048",
+        max.as_str(),
         "--json",
     ]);
-    assert_eq!(v["max_batch"].as_u64().unwrap(), rows, "{v}");
-    for t in v["trials"].as_array().unwrap() {
-        if t["on"] == "device" && t.get("limit").is_some() {
-            assert_eq!(t["fits"], false, "{t}");
-            assert!(t["batch"].as_u64().unwrap() > rows, "{t}");
-        }
-    }
+    assert_eq!(v["max_batch"].as_u64().unwrap().to_string(), max, "{v}");
+    assert!(v["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|t| t.get("limit").is_none_or(|l| l.is_null())));
 }
 
 /// Sizes that would have been made on the host before the device refused
 /// them abort no more (`memory allocation of 4294967296 bytes failed`,
-/// exit 134): the device memory is allocated first.
+/// exit 134): the device memory is allocated first. Past the binding
+/// limit a tensor runs in windows; past the largest buffer it is refused.
 #[test]
 fn host_data_is_made_only_for_what_the_device_holds() {
-    let limit = binding_limit();
-    // A square of twice the binding limit, and a demo batch past it.
+    let limit = adapter_limit("max_buffer_size");
+    // A square of twice the largest buffer, and a demo batch past it.
     let n = (((2 * limit / 4) as f64).sqrt() as u64 + 1).to_string();
     let batch = (2 * limit / (3 * 32 * 32 * 4) + 1).to_string();
     for args in [
@@ -382,7 +382,7 @@ fn host_data_is_made_only_for_what_the_device_holds() {
         &["demo", "--batch", batch.as_str(), "--steps", "1"],
     ] {
         let err = fails_cleanly(args);
-        assert!(err.contains("binds at most"), "{args:?}: {err}");
+        assert!(err.contains("max_buffer_size"), "{args:?}: {err}");
     }
     let err = fails_cleanly(&["bench", "--sizes", "4294967296", "--models", "none"]);
     assert!(err.contains("--sizes 4294967296"), "{err}");

@@ -20,6 +20,20 @@ pub struct DeviceArgs {
     /// adapters without it (same memory, other speed).
     #[arg(long)]
     pub no_shader_f16: bool,
+    /// Bind tensors in windows of at most SIZE (e.g. 64KiB) instead of the
+    /// adapter's max_storage_buffer_binding_size: to check that results do
+    /// not change when tensors span many windows, or to act like an adapter
+    /// with a smaller limit.
+    #[arg(long, value_name = "SIZE", value_parser = parse_window)]
+    pub binding_window: Option<u64>,
+}
+
+fn parse_window(s: &str) -> Result<u64, String> {
+    match parse_size(s) {
+        Ok(0) => Err("a window must hold at least one byte; give e.g. 64KiB".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 impl DeviceArgs {
@@ -28,6 +42,7 @@ impl DeviceArgs {
             backend: self.backend,
             adapter: self.adapter.clone(),
             without_shader_f16: self.no_shader_f16,
+            binding_limit: self.binding_window,
         }
     }
 }

@@ -122,7 +122,7 @@ fn past_adapter_limit(e: &crate::tensor::TensorError) -> bool {
     use crate::tensor::TensorError;
     matches!(
         e,
-        TensorError::Device(DeviceError::BindingTooLarge { .. })
+        TensorError::Device(DeviceError::TooManyWindows { .. })
             | TensorError::Alloc(AllocError::TooLarge { .. })
     )
 }

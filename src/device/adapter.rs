@@ -35,6 +35,10 @@ pub struct AdapterOptions {
     /// Do not enable SHADER_F16 even where the adapter has it (f16 is then
     /// packed in words and computed in f32, as on adapters without it).
     pub without_shader_f16: bool,
+    /// Bind tensors in windows of at most this many bytes instead of the
+    /// adapter's `max_storage_buffer_binding_size`: for tests, so tensors
+    /// of a few KiB span many windows.
+    pub binding_limit: Option<u64>,
 }
 
 /// What `info` shows about one adapter.

@@ -168,7 +168,17 @@ pub fn compose(template: &str, defs: &Defs) -> Result<String, ComposeError> {
     if out.contains("bf16_bits(") {
         out.push_str(BF16_BITS);
     }
-    Ok(out)
+    // `WINDOWS`: how many windows each storage binding is split into
+    // (comma-separated, in binding order; see super::windows).
+    let counts: Vec<u32> = match defs.get("WINDOWS") {
+        Some(list) => list
+            .split(',')
+            .map(|c| c.trim().parse::<u32>())
+            .collect::<Result<_, _>>()
+            .map_err(|e| err(0, format!("WINDOWS={list}: {e}")))?,
+        None => Vec::new(),
+    };
+    super::windows::bind_windows(&out, &counts).map_err(|m| err(0, m))
 }
 
 fn err(line: usize, message: impl Into<String>) -> ComposeError {
@@ -299,31 +309,31 @@ fn accessors(a: &str, elem: &str) -> Result<String, String> {
     // shared between invocations.
     Ok(match elem {
         "f32" => format!(
-            "fn ld_{a}(ix_: u32) -> f32 {{ return {a}[ix_]; }}\n\
-             fn st_{a}(ix_: u32, val_: f32) {{ {a}[ix_] = val_; }}\n\
+            "fn ld_{a}(ix_: u32) -> f32 {{ return rd_{a}(ix_); }}\n\
+             fn st_{a}(ix_: u32, val_: f32) {{ wr_{a}(ix_, val_); }}\n\
              fn st2_{a}(wi_: u32, val_: vec2<f32>, n_: u32) {{\n\
-             \x20   {a}[2u * wi_] = val_.x;\n\
-             \x20   if (2u * wi_ + 1u < n_) {{ {a}[2u * wi_ + 1u] = val_.y; }}\n\
+             \x20   wr_{a}(2u * wi_, val_.x);\n\
+             \x20   if (2u * wi_ + 1u < n_) {{ wr_{a}(2u * wi_ + 1u, val_.y); }}\n\
              }}\n"
         ),
         "f16" => format!(
-            "fn ld_{a}(ix_: u32) -> f32 {{ return f32({a}[ix_]); }}\n\
-             fn st_{a}(ix_: u32, val_: f32) {{ {a}[ix_] = f16(val_); }}\n\
+            "fn ld_{a}(ix_: u32) -> f32 {{ return f32(rd_{a}(ix_)); }}\n\
+             fn st_{a}(ix_: u32, val_: f32) {{ wr_{a}(ix_, f16(val_)); }}\n\
              fn st2_{a}(wi_: u32, val_: vec2<f32>, n_: u32) {{\n\
-             \x20   {a}[2u * wi_] = f16(val_.x);\n\
-             \x20   if (2u * wi_ + 1u < n_) {{ {a}[2u * wi_ + 1u] = f16(val_.y); }}\n\
+             \x20   wr_{a}(2u * wi_, f16(val_.x));\n\
+             \x20   if (2u * wi_ + 1u < n_) {{ wr_{a}(2u * wi_ + 1u, f16(val_.y)); }}\n\
              }}\n"
         ),
         // f16 on a device without native f16: two halves per word (element
         // i is the low half for even i), converted by WGSL's core builtins.
         "f16p" => format!(
-            "fn ld_{a}(ix_: u32) -> f32 {{ return unpack2x16float({a}[ix_ >> 1u])[ix_ & 1u]; }}\n\
+            "fn ld_{a}(ix_: u32) -> f32 {{ return unpack2x16float(rd_{a}(ix_ >> 1u))[ix_ & 1u]; }}\n\
              fn st_{a}(ix_: u32, val_: f32) {{\n\
-             \x20   let o_ = unpack2x16float({a}[ix_ >> 1u]);\n\
-             \x20   {a}[ix_ >> 1u] = pack2x16float(select(vec2<f32>(val_, o_.y), vec2<f32>(o_.x, val_), (ix_ & 1u) == 1u));\n\
+             \x20   let o_ = unpack2x16float(rd_{a}(ix_ >> 1u));\n\
+             \x20   wr_{a}(ix_ >> 1u, pack2x16float(select(vec2<f32>(val_, o_.y), vec2<f32>(o_.x, val_), (ix_ & 1u) == 1u)));\n\
              }}\n\
              fn st2_{a}(wi_: u32, val_: vec2<f32>, n_: u32) {{\n\
-             \x20   {a}[wi_] = pack2x16float(vec2<f32>(val_.x, select(0.0, val_.y, 2u * wi_ + 1u < n_)));\n\
+             \x20   wr_{a}(wi_, pack2x16float(vec2<f32>(val_.x, select(0.0, val_.y, 2u * wi_ + 1u < n_))));\n\
              }}\n"
         ),
         // Element i is the low (even i) or high (odd i) half of word i/2;
@@ -332,17 +342,17 @@ fn accessors(a: &str, elem: &str) -> Result<String, String> {
         // to one invocation (st2_ writes a whole word; past n, a zero half).
         "bf16" => format!(
             "fn ld_{a}(ix_: u32) -> f32 {{\n\
-             \x20   let w_ = {a}[ix_ >> 1u];\n\
+             \x20   let w_ = rd_{a}(ix_ >> 1u);\n\
              \x20   return bitcast<f32>(select(w_ << 16u, w_ & 0xffff0000u, (ix_ & 1u) == 1u));\n\
              }}\n\
              fn st_{a}(ix_: u32, val_: f32) {{\n\
              \x20   let h_ = bf16_bits(val_);\n\
-             \x20   let w_ = {a}[ix_ >> 1u];\n\
-             \x20   {a}[ix_ >> 1u] = select((w_ & 0xffff0000u) | h_, (w_ & 0xffffu) | (h_ << 16u), (ix_ & 1u) == 1u);\n\
+             \x20   let w_ = rd_{a}(ix_ >> 1u);\n\
+             \x20   wr_{a}(ix_ >> 1u, select((w_ & 0xffff0000u) | h_, (w_ & 0xffffu) | (h_ << 16u), (ix_ & 1u) == 1u));\n\
              }}\n\
              fn st2_{a}(wi_: u32, val_: vec2<f32>, n_: u32) {{\n\
              \x20   let hi_ = select(0u, bf16_bits(val_.y), 2u * wi_ + 1u < n_);\n\
-             \x20   {a}[wi_] = bf16_bits(val_.x) | (hi_ << 16u);\n\
+             \x20   wr_{a}(wi_, bf16_bits(val_.x) | (hi_ << 16u));\n\
              }}\n"
         ),
         other => return Err(format!("unknown element type {other}")),
@@ -477,7 +487,7 @@ mod tests {
         let t = "var<storage, read_write> a: array<{{T}}>;\n#accessors a";
         let f16 = compose(t, &Defs::elem(Elem::F16)).unwrap();
         assert!(f16.starts_with("enable f16;\n"));
-        assert!(f16.contains("array<f16>") && f16.contains("f32(a[ix_])"));
+        assert!(f16.contains("array<f16>") && f16.contains("f32(rd_a(ix_))"));
         let bf16 = compose(t, &Defs::elem(Elem::Bf16)).unwrap();
         assert!(bf16.contains("array<u32>") && bf16.contains("bitcast<f32>"));
         // A bf16 store brings its rounding helper, once.
@@ -493,8 +503,8 @@ mod tests {
         .unwrap();
         assert!(mixed.starts_with("enable f16;\n"));
         assert!(
-            mixed.contains("c[ix_] = f16(val_)")
-                && mixed.contains("fn ld_w(ix_: u32) -> f32 { return w[ix_]; }")
+            mixed.contains("wr_c(ix_, f16(val_))")
+                && mixed.contains("fn ld_w(ix_: u32) -> f32 { return rd_w(ix_); }")
         );
     }
 

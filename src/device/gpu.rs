@@ -20,8 +20,10 @@ use super::compose::{compose, Defs, Elem};
 use super::error::DeviceError;
 use super::grid::{grid_for, Workgroups};
 use super::timing::{DispatchTime, Timer, TimingSource};
+use super::windows::{split, table_bytes, Window};
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use wgpu::util::DeviceExt;
 
@@ -56,6 +58,26 @@ impl Kernel {
             source,
             entry,
             defs: Some(Arc::new(defs)),
+        }
+    }
+
+    /// This kernel with storage binding `i` split into `counts[i]` windows
+    /// (see [`super::windows`]); a variant of its own.
+    pub fn windowed(&self, counts: &[u32]) -> Kernel {
+        let list = counts
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
+        let defs = match &self.defs {
+            Some(d) => d.as_ref().clone(),
+            None => Defs::elem(Elem::F32),
+        };
+        Kernel {
+            name: Cow::Owned(format!("{}{{windows {list}}}", self.name)),
+            source: self.source,
+            entry: self.entry,
+            defs: Some(Arc::new(defs.with("WINDOWS", list))),
         }
     }
 
@@ -112,6 +134,9 @@ pub struct Gpu {
     pub queue: wgpu::Queue,
     pub info: wgpu::AdapterInfo,
     pub limits: wgpu::Limits,
+    /// The largest window a tensor is bound in: the binding limit rounded
+    /// to the offset alignment, or smaller where a test asks for it.
+    pub binding_window: u64,
     pub adapter_features: wgpu::Features,
     pub features: wgpu::Features,
     /// Why this adapter was chosen, in words.
@@ -119,6 +144,8 @@ pub struct Gpu {
     /// Every adapter that was found, for `info`.
     pub adapters: Vec<AdapterSummary>,
     pipelines: Mutex<HashMap<String, wgpu::ComputePipeline>>,
+    /// Dispatches that bound some tensor in more than one window.
+    windowed: AtomicU64,
     pending: Mutex<Pending>,
     timer: Mutex<Option<Timer>>,
     errors: Arc<Mutex<Vec<String>>>,
@@ -190,16 +217,27 @@ impl Gpu {
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
             lock(&sink).push(e.to_string());
         }));
+        let window_limit = options
+            .binding_limit
+            .map_or(limits.max_storage_buffer_binding_size, |l| {
+                l.min(limits.max_storage_buffer_binding_size)
+            });
+        let binding_window = super::windows::window_size(
+            window_limit,
+            limits.min_storage_buffer_offset_alignment as u64,
+        );
         Ok(Gpu {
             device,
             queue,
             info,
             limits,
+            binding_window,
             adapter_features,
             features,
             choice_reason,
             adapters: summaries,
             pipelines: Mutex::default(),
+            windowed: AtomicU64::new(0),
             timer: Mutex::new(None),
             pending: Mutex::new(Pending {
                 encoder: None,
@@ -317,6 +355,11 @@ impl Gpu {
         Ok(())
     }
 
+    /// Dispatches so far that bound a tensor in several windows.
+    pub fn windowed_dispatches(&self) -> u64 {
+        self.windowed.load(Ordering::Relaxed)
+    }
+
     /// Number of pipelines compiled so far (each kernel compiles once).
     pub fn pipelines_compiled(&self) -> usize {
         lock(&self.pipelines).len()
@@ -360,19 +403,6 @@ impl Gpu {
         self.read_times()
     }
 
-    /// Checks a binding against `max_storage_buffer_binding_size`.
-    pub fn check_binding(&self, what: &str, size: u64) -> Result<(), DeviceError> {
-        let limit = self.limits.max_storage_buffer_binding_size;
-        if size > limit {
-            return Err(DeviceError::BindingTooLarge {
-                what: what.to_string(),
-                needed: size,
-                limit,
-            });
-        }
-        Ok(())
-    }
-
     /// Records one dispatch of `kernel`: storage bindings 0..n in order, then
     /// `params` as a uniform at binding n (if not empty).
     pub fn dispatch(
@@ -414,9 +444,33 @@ impl Gpu {
         if grid.contains(&0) {
             return Ok(());
         }
-        for (i, b) in bindings.iter().enumerate() {
-            self.check_binding(&format!("binding {i} of {}", kernel.name), b.size)?;
-        }
+        // Each tensor in the windows the binding limit allows; a kernel
+        // with any tensor in several windows is a variant of its own.
+        let windows: Vec<Vec<Window>> = bindings
+            .iter()
+            .map(|b| split(b.offset, b.size, self.binding_window))
+            .collect();
+        let counts: Vec<u32> = windows.iter().map(|w| w.len() as u32).collect();
+        let windowed = counts.iter().any(|&c| c > 1);
+        let variant;
+        let kernel = if windowed {
+            let needed: u32 = counts.iter().sum();
+            let limit = self.limits.max_storage_buffers_per_shader_stage;
+            if needed > limit {
+                return Err(DeviceError::TooManyWindows {
+                    kernel: kernel.name.to_string(),
+                    sizes: bindings.iter().map(|b| b.size).collect(),
+                    needed,
+                    limit,
+                    window: self.binding_window,
+                });
+            }
+            self.windowed.fetch_add(1, Ordering::Relaxed);
+            variant = kernel.windowed(&counts);
+            &variant
+        } else {
+            kernel
+        };
         let pipeline = self.pipeline(kernel)?;
         let layout = pipeline.get_bind_group_layout(0);
         let uniform = (!params.is_empty()).then(|| {
@@ -429,23 +483,31 @@ impl Gpu {
                     usage: wgpu::BufferUsages::UNIFORM,
                 })
         });
-        let mut entries: Vec<wgpu::BindGroupEntry> = bindings
-            .iter()
-            .enumerate()
-            .map(|(i, b)| {
-                Ok(wgpu::BindGroupEntry {
-                    binding: i as u32,
-                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                        buffer: b.real()?,
-                        offset: b.offset,
-                        size: wgpu::BufferSize::new(b.size),
-                    }),
+        let table = windowed.then(|| {
+            self.device
+                .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                    label: Some("windows"),
+                    contents: &table_bytes(&windows),
+                    usage: wgpu::BufferUsages::UNIFORM,
                 })
-            })
-            .collect::<Result<_, DeviceError>>()?;
-        if let Some(u) = &uniform {
+        });
+        let mut entries: Vec<wgpu::BindGroupEntry> = Vec::new();
+        for (b, ws) in bindings.iter().zip(&windows) {
+            let buffer = b.real()?;
+            for w in ws {
+                entries.push(wgpu::BindGroupEntry {
+                    binding: entries.len() as u32,
+                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer,
+                        offset: w.offset,
+                        size: wgpu::BufferSize::new(w.size),
+                    }),
+                });
+            }
+        }
+        for u in uniform.iter().chain(&table) {
             entries.push(wgpu::BindGroupEntry {
-                binding: bindings.len() as u32,
+                binding: entries.len() as u32,
                 resource: u.as_entire_binding(),
             });
         }

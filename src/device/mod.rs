@@ -12,6 +12,7 @@ pub mod gpu;
 pub mod grid;
 pub mod info;
 pub mod timing;
+pub mod windows;
 
 pub use adapter::{AdapterOptions, AdapterSummary, BackendChoice};
 pub use buffer_source::WgpuSource;

@@ -429,16 +429,8 @@ impl Engine {
         label: &str,
         category: Option<Category>,
     ) -> Result<Storage, TensorError> {
-        // A simulated device holds no bytes and binds nothing: it models
-        // what the model needs (CUDA has no binding limit), at any size.
-        if !self.is_simulated() && bytes > self.max_binding() {
-            return Err(DeviceError::BindingTooLarge {
-                what: label.to_string(),
-                needed: bytes,
-                limit: self.max_binding(),
-            }
-            .into());
-        }
+        // No binding limit here: a tensor larger than one binding is bound
+        // in windows (device::windows); only the allocator refuses a size.
         let (scope_category, op) = self.current_scope();
         let category = category.unwrap_or(scope_category);
         let op = (!op.is_empty()).then_some(op);

@@ -108,14 +108,28 @@ pub fn engine() -> Engine {
 pub fn engine_without_native_f16() -> Engine {
     let options = AdapterOptions {
         without_shader_f16: true,
-        ..AdapterOptions::default()
+        ..adapter_options()
     };
     Engine::new(&options, AllocatorConfig::default())
         .unwrap_or_else(|e| panic!("GPU tests need an adapter: {e}"))
 }
 
+/// The adapter options every test engine uses: the adapter's own binding
+/// limit, or windows of `VRAMLAB_TEST_BINDING_WINDOW` bytes (CI runs the
+/// kernel tests again with a few KiB, so their tensors span many windows).
+pub fn adapter_options() -> AdapterOptions {
+    let binding_limit = std::env::var("VRAMLAB_TEST_BINDING_WINDOW").ok().map(|v| {
+        v.parse()
+            .expect("VRAMLAB_TEST_BINDING_WINDOW is a number of bytes")
+    });
+    AdapterOptions {
+        binding_limit,
+        ..AdapterOptions::default()
+    }
+}
+
 pub fn engine_with(config: AllocatorConfig) -> Engine {
-    match Engine::new(&AdapterOptions::default(), config) {
+    match Engine::new(&adapter_options(), config) {
         Ok(e) => e,
         Err(e) => panic!("GPU tests need an adapter: {e}"),
     }
