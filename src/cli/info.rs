@@ -39,12 +39,18 @@ pub fn run(args: &InfoArgs) -> anyhow::Result<()> {
     let l = &report.limits;
     println!("Limits that decide what fits:");
     println!(
-        "  max_buffer_size                      {:>14}  (largest segment)",
+        "  max_buffer_size                      {:>14}  (largest segment, so the largest tensor)",
         format_size(l.max_buffer_size)
     );
     println!(
-        "  max_storage_buffer_binding_size      {:>14}  (largest tensor)",
-        format_size(l.max_storage_buffer_binding_size)
+        "  max_storage_buffer_binding_size      {:>14}  (larger tensors are bound in windows of {})",
+        format_size(l.max_storage_buffer_binding_size),
+        format_size(l.binding_window)
+    );
+    println!(
+        "  max_storage_buffers_per_shader_stage {:>14}  (windows one kernel binds: {} of tensors at most)",
+        l.max_storage_buffers_per_shader_stage,
+        format_size(l.largest_dispatch_bytes)
     );
     println!(
         "  min_storage_buffer_offset_alignment  {:>14}  (blocks are 512 B aligned)",

@@ -12,6 +12,14 @@ pub struct LimitsSummary {
     pub max_storage_buffer_binding_size: u64,
     pub min_storage_buffer_offset_alignment: u32,
     pub max_storage_buffers_per_shader_stage: u32,
+    /// The window a tensor past the binding limit is bound in (the limit,
+    /// aligned; see device::windows).
+    pub binding_window: u64,
+    /// The largest tensor that runs: one segment, one buffer.
+    pub largest_tensor_bytes: u64,
+    /// The most bytes one kernel's tensors can bind together: a window per
+    /// storage binding the device allows.
+    pub largest_dispatch_bytes: u64,
     pub max_compute_workgroup_size_x: u32,
     pub max_compute_workgroup_size_y: u32,
     pub max_compute_workgroup_size_z: u32,
@@ -82,6 +90,10 @@ impl InfoReport {
                 max_storage_buffer_binding_size: l.max_storage_buffer_binding_size,
                 min_storage_buffer_offset_alignment: l.min_storage_buffer_offset_alignment,
                 max_storage_buffers_per_shader_stage: l.max_storage_buffers_per_shader_stage,
+                binding_window: gpu.binding_window,
+                largest_tensor_bytes: l.max_buffer_size,
+                largest_dispatch_bytes: gpu.binding_window
+                    * l.max_storage_buffers_per_shader_stage as u64,
                 max_compute_workgroup_size_x: l.max_compute_workgroup_size_x,
                 max_compute_workgroup_size_y: l.max_compute_workgroup_size_y,
                 max_compute_workgroup_size_z: l.max_compute_workgroup_size_z,
