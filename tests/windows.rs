@@ -192,3 +192,60 @@ fn a_dispatch_past_the_binding_budget_says_so() {
         "{err}"
     );
 }
+
+/// Products in windows against the f64 reference: odd sizes, windows
+/// ending mid-row (a window is not a whole number of rows), both
+/// transposes, batches, and one to many windows per operand.
+#[test]
+fn products_in_windows_match_f64() {
+    use common::{matmul_ref, max_rel_err, transpose, Rng, RngExt};
+    use vramlab::ops::matmul;
+    use vramlab::tensor::Tensor;
+    // 1 KiB windows: 256 floats, so a 97-wide row is cut 2.6 rows in.
+    let e = engine(Some(1024));
+    let mut rng = Rng::new(33);
+    for &(batch, m, k, n) in &[
+        (1, 1, 1, 1),
+        (1, 9, 97, 13),
+        (1, 31, 29, 37),
+        (3, 11, 23, 19),
+    ] {
+        let a = rng.vec(batch * m * k);
+        let b = rng.vec(batch * k * n);
+        let mut want = Vec::new();
+        for i in 0..batch {
+            want.extend(matmul_ref(
+                &a[i * m * k..(i + 1) * m * k],
+                &b[i * k * n..(i + 1) * k * n],
+                m,
+                k,
+                n,
+            ));
+        }
+        let before = e.gpu().unwrap().windowed_dispatches();
+        let (ta, tb) = if batch == 1 {
+            // Stored transposed, asked for the transposes.
+            let ta = Tensor::from_slice(&e, &transpose(&a, m, k), &[k, m], "at").unwrap();
+            let tb = Tensor::from_slice(&e, &transpose(&b, k, n), &[n, k], "bt").unwrap();
+            let got = matmul::matmul_ex(&ta, &tb, true, true, matmul::MatmulKernel::Tiled).unwrap();
+            let err = max_rel_err(&got.to_vec().unwrap(), &want);
+            assert!(err < 1e-4, "{m}x{k}x{n} transposed: rel err {err}");
+            (
+                Tensor::from_slice(&e, &a, &[m, k], "a").unwrap(),
+                Tensor::from_slice(&e, &b, &[k, n], "b").unwrap(),
+            )
+        } else {
+            (
+                Tensor::from_slice(&e, &a, &[batch, m, k], "a").unwrap(),
+                Tensor::from_slice(&e, &b, &[batch, k, n], "b").unwrap(),
+            )
+        };
+        let got = matmul::matmul(&ta, &tb).unwrap();
+        let err = max_rel_err(&got.to_vec().unwrap(), &want);
+        assert!(err < 1e-4, "{batch}x{m}x{k}x{n}: rel err {err}");
+        let windowed = e.gpu().unwrap().windowed_dispatches() - before;
+        if a.len().max(b.len()) * 4 > 1024 {
+            assert!(windowed > 0, "{batch}x{m}x{k}x{n}: nothing was windowed");
+        }
+    }
+}

@@ -110,11 +110,40 @@ impl Ctx {
         }
     }
 
-    /// `steps` steps of `plan`, analysed.
+    /// `steps` steps of `plan`, analysed. On a CPU adapter, whose memory
+    /// is the host's, a plan the simulation (exact to the byte) shows
+    /// needing more than the host has free is refused up front with both
+    /// figures: running it would swap or be killed, not fail cleanly.
     pub fn run(&self, plan: &Plan, steps: usize) -> anyhow::Result<Analysis> {
-        let p = run_steps(self.engine(plan.config.clone())?, plan, 0, steps)?;
+        let engine = self.engine(plan.config.clone())?;
+        if let Some(free) = engine.is_cpu_adapter().then(host_memory_free).flatten() {
+            let sim = run_steps(Engine::simulated(plan.config.clone(), None), plan, 0, steps)?;
+            let need = analyze(&sim.events, &sim.layer_outputs).peak_reserved_bytes;
+            // Host copies of inputs and the process itself need room too.
+            if need > free / 10 * 8 {
+                anyhow::bail!(
+                    "{} batch {} needs {:.2} GiB of device memory (simulated, exact), more than 80% of the {:.2} GiB this CPU adapter's host has free",
+                    plan.model.name(),
+                    plan.batch,
+                    need as f64 / GIB,
+                    free as f64 / GIB
+                );
+            }
+        }
+        let p = run_steps(engine, plan, 0, steps)?;
         Ok(analyze(&p.events, &p.layer_outputs))
     }
+}
+
+const GIB: f64 = 1073741824.0;
+
+/// The host's available memory (`MemAvailable` in /proc/meminfo), where
+/// there is one to read.
+fn host_memory_free() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 /// A training plan with the defaults lessons use (Adam, f32, train).
