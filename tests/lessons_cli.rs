@@ -112,10 +112,11 @@ fn an_unknown_lesson_lists_the_ids() {
 }
 
 /// `lessons --measure` runs every chosen lesson on the GPU and on the
-/// simulated device: a lesson the adapter cannot run (C12's GPT embedding,
-/// 307 MiB, passes lavapipe's 128 MiB binding limit) is reported with its
-/// reason and the simulated verdict while the others still run, and the
-/// exit status says whether every verdict agreed.
+/// simulated device: a lesson the adapter cannot run (C12 trains GPT-2-XL
+/// at 1,024 tokens, more memory than a CI host has free, so lavapipe
+/// refuses it up front) is reported with its reason and the simulated
+/// verdict while the others still run, and the exit status says whether
+/// every verdict agreed.
 #[test]
 fn measured_lessons_report_what_could_not_run_and_agree_otherwise() {
     let dir = std::env::temp_dir().join(format!("vramlab-lessons-gpu-{}", std::process::id()));

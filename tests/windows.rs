@@ -28,8 +28,7 @@ fn engine(window: Option<u64>) -> Engine {
         binding_limit: window,
         ..common::adapter_options()
     };
-    Engine::new(&options, AllocatorConfig::default())
-        .unwrap_or_else(|e| panic!("GPU tests need an adapter: {e}"))
+    common::engine_from(&options, AllocatorConfig::default())
 }
 
 fn run(plan: &Plan, window: Option<u64>, steps: usize) -> Result<Outcome, TensorError> {

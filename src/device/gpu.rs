@@ -69,15 +69,20 @@ impl Kernel {
             .map(u32::to_string)
             .collect::<Vec<_>>()
             .join(",");
-        let defs = match &self.defs {
-            Some(d) => d.as_ref().clone(),
-            None => Defs::elem(Elem::F32),
-        };
         Kernel {
             name: Cow::Owned(format!("{}{{windows {list}}}", self.name)),
             source: self.source,
             entry: self.entry,
-            defs: Some(Arc::new(defs.with("WINDOWS", list))),
+            defs: Some(Arc::new(self.defs().with("WINDOWS", list))),
+        }
+    }
+
+    /// The definitions this kernel composes with (the f32 defaults when
+    /// it has none).
+    fn defs(&self) -> Defs {
+        match &self.defs {
+            Some(d) => d.as_ref().clone(),
+            None => Defs::elem(Elem::F32),
         }
     }
 
@@ -90,10 +95,7 @@ impl Kernel {
     /// arrays become `u32` words of two halves (unpack2x16float /
     /// pack2x16float), and every kernel already writes whole words.
     pub fn wgsl_for(&self, native_f16: bool) -> Result<String, DeviceError> {
-        let mut defs = match &self.defs {
-            Some(d) => d.as_ref().clone(),
-            None => Defs::elem(Elem::F32),
-        };
+        let mut defs = self.defs();
         if !native_f16 {
             defs = defs.without_native_f16();
         }

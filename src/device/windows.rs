@@ -130,7 +130,7 @@ pub fn bind_windows(wgsl: &str, counts: &[u32]) -> Result<String, String> {
                 elem: elem.to_string(),
             });
         } else {
-            uniforms.push((i, binding));
+            uniforms.push(i);
         }
     }
     for (k, s) in storage.iter().enumerate() {
@@ -203,9 +203,9 @@ pub fn bind_windows(wgsl: &str, counts: &[u32]) -> Result<String, String> {
         functions.push_str(&rd);
         functions.push_str(&wr);
     }
-    for (line, _) in &uniforms {
-        let (_, kind, name, ty) = declaration(lines[*line]).expect("parsed above");
-        replaced[*line] = Some(format!(
+    for &line in &uniforms {
+        let (_, kind, name, ty) = declaration(lines[line]).expect("parsed above");
+        replaced[line] = Some(format!(
             "@group(0) @binding({next_binding}) var<{kind}> {name}: {ty};"
         ));
         next_binding += 1;

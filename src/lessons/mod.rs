@@ -10,7 +10,7 @@ pub mod catalog;
 pub mod report;
 
 use crate::estimate::{analyze, run::run_steps, Analysis, Plan};
-use crate::memory::AllocatorConfig;
+use crate::memory::{format_size, AllocatorConfig};
 use crate::nn::ModelSpec;
 use crate::tensor::{DType, Engine};
 use crate::train::{Mode, OptimizerConfig, OptimizerKind};
@@ -122,11 +122,11 @@ impl Ctx {
             // Host copies of inputs and the process itself need room too.
             if need > free / 10 * 8 {
                 anyhow::bail!(
-                    "{} batch {} needs {:.2} GiB of device memory (simulated, exact), more than 80% of the {:.2} GiB this CPU adapter's host has free",
+                    "{} batch {} needs {} of device memory (simulated, exact), more than 80% of the {} this CPU adapter's host has free",
                     plan.model.name(),
                     plan.batch,
-                    need as f64 / GIB,
-                    free as f64 / GIB
+                    format_size(need),
+                    format_size(free)
                 );
             }
         }
@@ -134,8 +134,6 @@ impl Ctx {
         Ok(analyze(&p.events, &p.layer_outputs))
     }
 }
-
-const GIB: f64 = 1073741824.0;
 
 /// The host's available memory (`MemAvailable` in /proc/meminfo), where
 /// there is one to read.

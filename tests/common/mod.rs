@@ -110,13 +110,12 @@ pub fn engine_without_native_f16() -> Engine {
         without_shader_f16: true,
         ..adapter_options()
     };
-    Engine::new(&options, AllocatorConfig::default())
-        .unwrap_or_else(|e| panic!("GPU tests need an adapter: {e}"))
+    engine_from(&options, AllocatorConfig::default())
 }
 
 /// The adapter options every test engine uses: the adapter's own binding
-/// limit, or windows of `VRAMLAB_TEST_BINDING_WINDOW` bytes (CI runs the
-/// kernel tests again with a few KiB, so their tensors span many windows).
+/// limit, or windows of `VRAMLAB_TEST_BINDING_WINDOW` bytes (to run any
+/// test with its tensors in many windows; CI does not set it).
 pub fn adapter_options() -> AdapterOptions {
     let binding_limit = std::env::var("VRAMLAB_TEST_BINDING_WINDOW").ok().map(|v| {
         v.parse()
@@ -129,10 +128,12 @@ pub fn adapter_options() -> AdapterOptions {
 }
 
 pub fn engine_with(config: AllocatorConfig) -> Engine {
-    match Engine::new(&adapter_options(), config) {
-        Ok(e) => e,
-        Err(e) => panic!("GPU tests need an adapter: {e}"),
-    }
+    engine_from(&adapter_options(), config)
+}
+
+/// An engine with these options; a test without an adapter fails saying so.
+pub fn engine_from(options: &AdapterOptions, config: AllocatorConfig) -> Engine {
+    Engine::new(options, config).unwrap_or_else(|e| panic!("GPU tests need an adapter: {e}"))
 }
 
 /// Largest relative error, measured against max(|ref|, 1e-2 * scale) so tiny
