@@ -57,26 +57,17 @@ fn check(
         );
     };
     let (exact, _) = truth.f32(name).unwrap();
+    if expected.metadata.get("judge").map(String::as_str) == Some("as_close_as_torch") {
+        return as_close_as_torch(&got, &torch, &exact, &format!("{case} {name}"));
+    }
     let torch_own = distance(&torch, &exact, &ill);
-    // An ill-conditioned case (resnet50: fifty BatchNorms at batch 4, where
-    // PyTorch's own f32 result is up to a few 1e-2 from float64) holds
-    // vramlab to being about as close to float64 as PyTorch is.
-    let as_close = expected.metadata.get("judge").map(String::as_str) == Some("as_close_as_torch");
-    let truth_tol = if as_close {
-        TOL.max(2.0 * torch_own)
-    } else {
-        TOL
-    };
     let vs_truth = judge(
         &got,
         &exact,
         &ill,
-        truth_tol,
+        TOL,
         &format!("{case} {name} vs the float64 truth (PyTorch's own distance {torch_own:.2e})"),
     );
-    if as_close {
-        return (vs_truth - torch_own).max(0.0);
-    }
     let vs_torch = judge(
         &got,
         &torch,
@@ -85,6 +76,50 @@ fn check(
         &format!("{case} {name} vs PyTorch (whose own error is {torch_own:.2e})"),
     );
     vs_truth.max(vs_torch - torch_own)
+}
+
+/// An ill-conditioned case (resnet50: fifty BatchNorms at batch 4, whose bias
+/// gradients are sums that cancel to ~1e-2 of their terms, so PyTorch's own
+/// f32 result is 1-3% from float64 norm-wise) holds vramlab to being as close
+/// to float64 as PyTorch is, within twice PyTorch's distance, in two measures
+/// of the same kind on both sides: the norm-wise distance, and the worst
+/// element's error over the tensor's largest value. (An element's error over
+/// its own value says nothing here: an element that cancels to 1% of the
+/// tensor's scale gets the noise every element gets, and its ratio changed 3x
+/// between Mesa 22's and Mesa 26's rounding, docs/accuracy.md.)
+/// Returns the excess over PyTorch's own distance.
+fn as_close_as_torch(got: &[f32], torch: &[f32], exact: &[f32], what: &str) -> f64 {
+    let scale = exact.iter().fold(0.0f64, |m, &v| m.max(v.abs() as f64));
+    if scale < ZERO as f64 {
+        return judge(got, exact, &[], TOL, what);
+    }
+    let worst = |v: &[f32]| {
+        v.iter()
+            .zip(exact)
+            .map(|(&g, &w)| (g as f64 - w as f64).abs())
+            .fold(0.0, f64::max)
+            / scale
+    };
+    let mut excess = 0.0f64;
+    for (measure, mine, own) in [
+        (
+            "norm-wise",
+            normwise(got, &to_f64(exact)),
+            normwise(torch, &to_f64(exact)),
+        ),
+        ("worst element over the largest", worst(got), worst(torch)),
+    ] {
+        let limit = TOL.max(2.0 * own);
+        if std::env::var_os("VRAMLAB_FIXTURE_DISTANCES").is_some() {
+            eprintln!("{what} {measure}: {mine:.3e} (PyTorch {own:.3e}, limit {limit:.3e})");
+        }
+        assert!(
+            mine < limit,
+            "{what} vs the float64 truth, {measure}: {mine:.3e} (PyTorch's own {own:.3e}, limit {limit:.3e})"
+        );
+        excess = excess.max(mine - own);
+    }
+    excess.max(0.0)
 }
 
 /// Adam's update lr·g/(|g|+eps) turns rounding noise in a gradient within
