@@ -97,7 +97,7 @@ fn strategies_run_on_wgpu_buffers_with_the_simulated_numbers() {
     let gpu = Gpu::new(&AdapterOptions::default()).expect("GPU tests need an adapter");
     let w = random_workload(42, 400);
     // Expandable segments need page mapping, which wgpu lacks: refused.
-    let src = WgpuSource::new(gpu.device.clone(), &gpu.limits, &gpu.info.name);
+    let src = WgpuSource::new(gpu.device.clone(), gpu.buffer_piece, None, &gpu.info.name);
     let mut expandable = online_on("expandable", src).unwrap();
     assert!(expandable.malloc(1 << 20, Category::Untagged).is_err());
     assert_eq!(expandable.reserved(), 0);
@@ -105,7 +105,7 @@ fn strategies_run_on_wgpu_buffers_with_the_simulated_numbers() {
         .iter()
         .filter(|n| !matches!(**n, "planner" | "expandable"))
     {
-        let src = WgpuSource::new(gpu.device.clone(), &gpu.limits, &gpu.info.name);
+        let src = WgpuSource::new(gpu.device.clone(), gpu.buffer_piece, None, &gpu.info.name);
         let real = run(online_on(name, src).unwrap().as_mut(), &w);
         let sim = run(online(name, None).unwrap().as_mut(), &w);
         assert_eq!(real.peak_reserved_bytes, sim.peak_reserved_bytes, "{name}");

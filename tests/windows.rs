@@ -4,11 +4,13 @@
 //! parameters, bit for bit, and the same memory, for every zoo model and
 //! precision. The kernels' arithmetic does not change with windows (only
 //! where each element is read from), so anything short of bit equality is
-//! a window read or written wrong.
+//! a window read or written wrong. The same holds with buffers forced down
+//! to a few KiB, so every segment is backed by many buffers and tensors
+//! cross from one into the next (device::segment_buffers).
 
 mod common;
 
-use vramlab::device::{AdapterOptions, DeviceError};
+use vramlab::device::DeviceError;
 use vramlab::estimate::Plan;
 use vramlab::memory::AllocatorConfig;
 use vramlab::nn::gpt::GptConfig;
@@ -23,16 +25,26 @@ struct Outcome {
     windowed_dispatches: u64,
 }
 
-fn engine(window: Option<u64>) -> Engine {
-    let options = AdapterOptions {
-        binding_limit: window,
-        ..common::adapter_options()
-    };
+/// A binding window or a buffer size forced small.
+#[derive(Clone, Copy, Debug)]
+enum Limit {
+    Whole,
+    Window(u64),
+    Buffer(u64),
+}
+
+fn engine(limit: Limit) -> Engine {
+    let mut options = common::adapter_options();
+    match limit {
+        Limit::Whole => {}
+        Limit::Window(w) => options.binding_limit = Some(w),
+        Limit::Buffer(b) => options.buffer_limit = Some(b),
+    }
     common::engine_from(&options, AllocatorConfig::default())
 }
 
-fn run(plan: &Plan, window: Option<u64>, steps: usize) -> Result<Outcome, TensorError> {
-    let e = engine(window);
+fn run(plan: &Plan, limit: Limit, steps: usize) -> Result<Outcome, TensorError> {
+    let e = engine(limit);
     let (mut trainer, batch) = plan.trainer(&e, 7)?;
     let mut losses = Vec::new();
     for _ in 0..steps {
@@ -68,19 +80,27 @@ fn largest_parameter(plan: &Plan) -> u64 {
 /// bindings; larger activations span more) and doubles while some
 /// dispatch needs more bindings than the device has.
 fn check(plan: &Plan) {
-    let whole = run(plan, None, 2).unwrap();
+    let whole = run(plan, Limit::Whole, 2).unwrap();
     assert_eq!(whole.windowed_dispatches, 0);
-    let mut window = (largest_parameter(plan) / 3).next_power_of_two().max(256);
+    let start = (largest_parameter(plan) / 3).next_power_of_two().max(256);
+    compare(plan, &whole, Limit::Window, start);
+    compare(plan, &whole, Limit::Buffer, start);
+}
+
+/// Runs `plan` with `limit(size)`, doubling `size` while some dispatch
+/// needs more bindings than the device has, and checks it agrees with
+/// `whole` bit for bit.
+fn compare(plan: &Plan, whole: &Outcome, limit: fn(u64) -> Limit, mut size: u64) {
     let windowed = loop {
-        match run(plan, Some(window), 2) {
+        match run(plan, limit(size), 2) {
             Ok(o) => break o,
-            Err(TensorError::Device(DeviceError::TooManyWindows { .. })) => window *= 2,
+            Err(TensorError::Device(DeviceError::TooManyWindows { .. })) => size *= 2,
             Err(e) => panic!("{}: {e}", plan.model.describe()),
         }
     };
-    let what = format!("{} in windows of {window} B", plan.model.describe());
+    let what = format!("{} with {:?}", plan.model.describe(), limit(size));
     assert!(
-        largest_parameter(plan) > window && windowed.windowed_dispatches > 0,
+        largest_parameter(plan) > size && windowed.windowed_dispatches > 0,
         "{what}: nothing was windowed"
     );
     assert_eq!(whole.losses, windowed.losses, "{what}: losses differ");
@@ -181,7 +201,7 @@ fn the_documents_convnet_trains_the_same_in_windows() {
 #[test]
 fn a_dispatch_past_the_binding_budget_says_so() {
     // 300 KB in 256 B windows: over a thousand windows for one fill.
-    let e = engine(Some(256));
+    let e = engine(Limit::Window(256));
     let err = vramlab::ops::fill::full(&e, &[75_000], 1.0, "big")
         .and_then(|t| t.to_vec().map(|_| ()))
         .unwrap_err()
@@ -197,11 +217,18 @@ fn a_dispatch_past_the_binding_budget_says_so() {
 /// transposes, batches, and one to many windows per operand.
 #[test]
 fn products_in_windows_match_f64() {
+    // 1 KiB windows, then 1 KiB buffers (each operand crosses several).
+    for limit in [Limit::Window(1024), Limit::Buffer(1024)] {
+        products_match_f64(limit);
+    }
+}
+
+fn products_match_f64(limit: Limit) {
     use common::{matmul_ref, max_rel_err, transpose, Rng, RngExt};
     use vramlab::ops::matmul;
     use vramlab::tensor::Tensor;
-    // 1 KiB windows: 256 floats, so a 97-wide row is cut 2.6 rows in.
-    let e = engine(Some(1024));
+    // 1 KiB: 256 floats, so a 97-wide row is cut 2.6 rows in.
+    let e = engine(limit);
     let mut rng = Rng::new(33);
     for &(batch, m, k, n) in &[
         (1, 1, 1, 1),
@@ -228,7 +255,10 @@ fn products_in_windows_match_f64() {
             let tb = Tensor::from_slice(&e, &transpose(&b, k, n), &[n, k], "bt").unwrap();
             let got = matmul::matmul_ex(&ta, &tb, true, true, matmul::MatmulKernel::Tiled).unwrap();
             let err = max_rel_err(&got.to_vec().unwrap(), &want);
-            assert!(err < 1e-4, "{m}x{k}x{n} transposed: rel err {err}");
+            assert!(
+                err < 1e-4,
+                "{limit:?} {m}x{k}x{n} transposed: rel err {err}"
+            );
             (
                 Tensor::from_slice(&e, &a, &[m, k], "a").unwrap(),
                 Tensor::from_slice(&e, &b, &[k, n], "b").unwrap(),
@@ -241,10 +271,13 @@ fn products_in_windows_match_f64() {
         };
         let got = matmul::matmul(&ta, &tb).unwrap();
         let err = max_rel_err(&got.to_vec().unwrap(), &want);
-        assert!(err < 1e-4, "{batch}x{m}x{k}x{n}: rel err {err}");
+        assert!(err < 1e-4, "{limit:?} {batch}x{m}x{k}x{n}: rel err {err}");
         let windowed = e.gpu().unwrap().windowed_dispatches() - before;
         if a.len().max(b.len()) * 4 > 1024 {
-            assert!(windowed > 0, "{batch}x{m}x{k}x{n}: nothing was windowed");
+            assert!(
+                windowed > 0,
+                "{limit:?} {batch}x{m}x{k}x{n}: nothing was windowed"
+            );
         }
     }
 }

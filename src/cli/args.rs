@@ -26,6 +26,12 @@ pub struct DeviceArgs {
     /// with a smaller limit.
     #[arg(long, value_name = "SIZE", value_parser = parse_window)]
     pub binding_window: Option<u64>,
+    /// Back memory with buffers of at most SIZE (e.g. 1MiB) instead of the
+    /// adapter's max_buffer_size: to check that results do not change when
+    /// a segment spans many buffers, or to act like an adapter with a
+    /// smaller limit.
+    #[arg(long, value_name = "SIZE", value_parser = parse_window)]
+    pub buffer_limit: Option<u64>,
 }
 
 fn parse_window(s: &str) -> Result<u64, String> {
@@ -43,6 +49,7 @@ impl DeviceArgs {
             adapter: self.adapter.clone(),
             without_shader_f16: self.no_shader_f16,
             binding_limit: self.binding_window,
+            buffer_limit: self.buffer_limit,
         }
     }
 }

@@ -39,8 +39,9 @@ pub fn run(args: &InfoArgs) -> anyhow::Result<()> {
     let l = &report.limits;
     println!("Limits that decide what fits:");
     println!(
-        "  max_buffer_size                      {:>14}  (largest segment, so the largest tensor)",
-        format_size(l.max_buffer_size)
+        "  max_buffer_size                      {:>14}  (larger segments are backed by buffers of {})",
+        format_size(l.max_buffer_size),
+        format_size(l.buffer_piece)
     );
     println!(
         "  max_storage_buffer_binding_size      {:>14}  (larger tensors are bound in windows of {})",
@@ -55,6 +56,20 @@ pub fn run(args: &InfoArgs) -> anyhow::Result<()> {
     println!(
         "  min_storage_buffer_offset_alignment  {:>14}  (blocks are 512 B aligned)",
         format!("{} B", l.min_storage_buffer_offset_alignment)
+    );
+    match l.device_memory_bytes {
+        Some(b) => println!(
+            "  device memory                        {:>14}  (this CPU adapter's memory is the host's)",
+            format_size(b)
+        ),
+        None => println!(
+            "  device memory                        {:>14}  (wgpu does not report a GPU's; its driver says when it is out)",
+            "unknown"
+        ),
+    }
+    println!(
+        "  largest tensor                       {:>14}  (the device's memory, and what one kernel binds)",
+        format_size(l.largest_tensor_bytes)
     );
     println!(
         "  max_compute_workgroup_size           {:>14}",

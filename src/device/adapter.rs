@@ -39,6 +39,10 @@ pub struct AdapterOptions {
     /// adapter's `max_storage_buffer_binding_size`: for tests, so tensors
     /// of a few KiB span many windows.
     pub binding_limit: Option<u64>,
+    /// Back segments with buffers of at most this many bytes instead of
+    /// the adapter's `max_buffer_size`: for tests, so a segment spans many
+    /// buffers and tensors cross from one into the next.
+    pub buffer_limit: Option<u64>,
 }
 
 /// What `info` shows about one adapter.

@@ -1,48 +1,58 @@
-//! The segment source that makes the allocator real: each segment is one
-//! wgpu storage buffer. Creation runs inside an out-of-memory error scope so a
-//! device that is full gives the allocator `SourceError::OutOfMemory` (and the
-//! allocator frees its cache and retries) instead of a wgpu panic.
+//! The segment source behind a real device: each allocator segment is
+//! memory in wgpu buffers, one buffer where the segment fits in one
+//! (`max_buffer_size`), else consecutive buffers (see `SegmentBuffers`).
+//! The allocator above sees one contiguous segment either way, so its
+//! sizes, rounding and statistics are PyTorch's on every adapter.
 
+use super::segment_buffers::SegmentBuffers;
 use crate::memory::{SegmentId, SegmentSource, SourceError};
 use std::collections::HashMap;
 
-/// Segments as wgpu buffers.
 pub struct WgpuSource {
     device: wgpu::Device,
-    buffers: HashMap<SegmentId, wgpu::Buffer>,
-    max_buffer_size: u64,
+    segments: HashMap<SegmentId, SegmentBuffers>,
+    piece: u64,
+    capacity: Option<u64>,
     name: String,
     used: u64,
 }
 
 impl WgpuSource {
-    pub fn new(device: wgpu::Device, limits: &wgpu::Limits, adapter_name: &str) -> Self {
+    /// Segments in buffers of at most `piece` bytes (a multiple of the
+    /// storage offset alignment). `capacity`: the device's memory, where it
+    /// is known (a CPU adapter's is the host's); wgpu does not report a
+    /// GPU's, so there the driver's out-of-memory error is the limit.
+    pub fn new(
+        device: wgpu::Device,
+        piece: u64,
+        capacity: Option<u64>,
+        adapter_name: &str,
+    ) -> Self {
         WgpuSource {
             device,
-            buffers: HashMap::new(),
-            max_buffer_size: limits.max_buffer_size,
+            segments: HashMap::new(),
+            piece,
+            capacity,
             name: adapter_name.to_string(),
             used: 0,
         }
     }
 
-    /// The buffer behind a segment.
-    pub fn buffer(&self, id: SegmentId) -> Option<&wgpu::Buffer> {
-        self.buffers.get(&id)
+    /// The buffers behind a segment.
+    pub fn buffers(&self, id: SegmentId) -> Option<&SegmentBuffers> {
+        self.segments.get(&id)
     }
 
     /// Bytes held in buffers right now.
     pub fn used(&self) -> u64 {
         self.used
     }
-}
 
-impl SegmentSource for WgpuSource {
-    fn allocate(&mut self, id: SegmentId, size: u64) -> Result<(), SourceError> {
+    fn create(&self, id: SegmentId, part: usize, size: u64) -> Result<wgpu::Buffer, SourceError> {
         let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some(&format!("segment {}", id.0)),
+            label: Some(&format!("segment {} part {part}", id.0)),
             size,
             usage: wgpu::BufferUsages::STORAGE
                 | wgpu::BufferUsages::COPY_SRC
@@ -57,29 +67,51 @@ impl SegmentSource for WgpuSource {
         if let Some(e) = validation_err {
             return Err(SourceError::Other(e.to_string()));
         }
-        self.buffers.insert(id, buffer);
+        Ok(buffer)
+    }
+}
+
+impl SegmentSource for WgpuSource {
+    fn allocate(&mut self, id: SegmentId, size: u64) -> Result<(), SourceError> {
+        if self
+            .capacity
+            .is_some_and(|c| self.used.saturating_add(size) > c)
+        {
+            return Err(SourceError::OutOfMemory);
+        }
+        // Buffers made before a later one fails are dropped with the Vec.
+        let mut buffers = Vec::with_capacity(size.div_ceil(self.piece) as usize);
+        let mut at = 0;
+        while at < size {
+            let part = self.piece.min(size - at);
+            buffers.push(self.create(id, buffers.len(), part)?);
+            at += part;
+        }
+        self.segments
+            .insert(id, SegmentBuffers::new(buffers, self.piece));
         self.used += size;
         Ok(())
     }
 
     fn release(&mut self, id: SegmentId, size: u64) {
-        // Dropping (not destroying) lets wgpu keep the buffer alive until
-        // submitted work that uses it has finished.
-        if self.buffers.remove(&id).is_some() {
+        // Dropping (not destroying) lets wgpu keep the buffers alive until
+        // submitted work that uses them has finished.
+        if self.segments.remove(&id).is_some() {
             self.used -= size;
         }
     }
 
     fn total_capacity(&self) -> Option<u64> {
-        None
+        self.capacity
     }
 
     fn free_capacity(&self) -> Option<u64> {
-        None
+        self.capacity.map(|c| c.saturating_sub(self.used))
     }
 
     fn max_segment_size(&self) -> u64 {
-        self.max_buffer_size
+        // Any size: a segment past one buffer is several.
+        u64::MAX
     }
 
     fn describe(&self) -> String {

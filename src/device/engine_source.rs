@@ -4,6 +4,7 @@
 //! allocation decisions a real one makes (what `estimate` relies on).
 
 use super::buffer_source::WgpuSource;
+use super::segment_buffers::SegmentBuffers;
 use crate::memory::{SegmentId, SegmentSource, SimulatedSource, SourceError};
 
 pub enum EngineSource {
@@ -12,10 +13,10 @@ pub enum EngineSource {
 }
 
 impl EngineSource {
-    /// The buffer behind a segment (none on a simulated device).
-    pub fn buffer(&self, id: SegmentId) -> Option<&wgpu::Buffer> {
+    /// The buffers behind a segment (none on a simulated device).
+    pub fn buffers(&self, id: SegmentId) -> Option<&SegmentBuffers> {
         match self {
-            EngineSource::Wgpu(w) => w.buffer(id),
+            EngineSource::Wgpu(w) => w.buffers(id),
             EngineSource::Simulated(_) => None,
         }
     }

@@ -9,13 +9,14 @@ pub enum DeviceError {
     NoMatchingAdapter { wanted: String, found: String },
     #[error("the adapter {adapter:?} refused to create a device: {reason}")]
     RequestDevice { adapter: String, reason: String },
-    #[error("dispatch of {kernel} binds tensors of {sizes:?} bytes in {needed} windows of at most {window} bytes, but this device binds at most {limit} storage buffers per kernel (max_storage_buffers_per_shader_stage); use smaller tensors (a smaller batch)")]
+    #[error("dispatch of {kernel} binds tensors of {sizes:?} bytes in {needed} windows (at most {window} bytes each, none across the {piece}-byte buffers memory is made of), but this device binds at most {limit} storage buffers per kernel (max_storage_buffers_per_shader_stage); use smaller tensors (a smaller batch)")]
     TooManyWindows {
         kernel: String,
         sizes: Vec<u64>,
         needed: u32,
         limit: u32,
         window: u64,
+        piece: u64,
     },
     #[error("dispatch of {kernel} needs a grid of {groups} workgroups, more than this device can launch; split the work")]
     GridTooLarge { kernel: String, groups: u64 },

@@ -19,6 +19,7 @@ use super::adapter::{backends_for, choose, AdapterOptions, AdapterSummary};
 use super::compose::{compose, Defs, Elem};
 use super::error::DeviceError;
 use super::grid::{grid_for, Workgroups};
+use super::segment_buffers::SegmentBuffers;
 use super::timing::{DispatchTime, Timer, TimingSource};
 use super::windows::{split, table_bytes, Window};
 use std::borrow::Cow;
@@ -103,17 +104,18 @@ impl Kernel {
     }
 }
 
-/// A range of a buffer bound to a kernel: a tensor's block. A tensor on a
-/// simulated device has no buffer.
+/// A range of a segment bound to a kernel: a tensor's block. A tensor on a
+/// simulated device has no buffers.
 #[derive(Debug, Clone)]
 pub struct BufferSlice {
-    pub buffer: Option<wgpu::Buffer>,
+    pub buffer: Option<SegmentBuffers>,
+    /// Byte offset in the segment.
     pub offset: u64,
     pub size: u64,
 }
 
 impl BufferSlice {
-    fn real(&self) -> Result<&wgpu::Buffer, DeviceError> {
+    fn real(&self) -> Result<&SegmentBuffers, DeviceError> {
         self.buffer.as_ref().ok_or_else(|| {
             DeviceError::Wgpu("a tensor of a simulated device was bound to a real GPU".into())
         })
@@ -139,6 +141,9 @@ pub struct Gpu {
     /// The largest window a tensor is bound in: the binding limit rounded
     /// to the offset alignment, or smaller where a test asks for it.
     pub binding_window: u64,
+    /// The most bytes one buffer of a segment holds: `max_buffer_size`
+    /// aligned, or smaller where a test asks for it (see SegmentBuffers).
+    pub buffer_piece: u64,
     pub adapter_features: wgpu::Features,
     pub features: wgpu::Features,
     /// Why this adapter was chosen, in words.
@@ -228,12 +233,20 @@ impl Gpu {
             window_limit,
             limits.min_storage_buffer_offset_alignment as u64,
         );
+        let alignment = limits.min_storage_buffer_offset_alignment as u64;
+        let buffer_piece = super::windows::window_size(
+            options
+                .buffer_limit
+                .map_or(limits.max_buffer_size, |l| l.min(limits.max_buffer_size)),
+            alignment,
+        );
         Ok(Gpu {
             device,
             queue,
             info,
             limits,
             binding_window,
+            buffer_piece,
             adapter_features,
             features,
             choice_reason,
@@ -344,7 +357,7 @@ impl Gpu {
         let bytes = n as u64 * 16;
         let raw = self.download(
             &BufferSlice {
-                buffer: Some(resolve),
+                buffer: Some(SegmentBuffers::single(resolve)),
                 offset: 0,
                 size: bytes,
             },
@@ -450,7 +463,10 @@ impl Gpu {
         // with any tensor in several windows is a variant of its own.
         let windows: Vec<Vec<Window>> = bindings
             .iter()
-            .map(|b| split(b.offset, b.size, self.binding_window))
+            .map(|b| {
+                let piece = b.buffer.as_ref().map_or(u64::MAX, SegmentBuffers::piece);
+                split(b.offset, b.size, self.binding_window, piece)
+            })
             .collect();
         let counts: Vec<u32> = windows.iter().map(|w| w.len() as u32).collect();
         let windowed = counts.iter().any(|&c| c > 1);
@@ -465,6 +481,7 @@ impl Gpu {
                     needed,
                     limit,
                     window: self.binding_window,
+                    piece: self.buffer_piece,
                 });
             }
             self.windowed.fetch_add(1, Ordering::Relaxed);
@@ -495,12 +512,12 @@ impl Gpu {
         });
         let mut entries: Vec<wgpu::BindGroupEntry> = Vec::new();
         for (b, ws) in bindings.iter().zip(&windows) {
-            let buffer = b.real()?;
+            let buffers = b.real()?;
             for w in ws {
                 entries.push(wgpu::BindGroupEntry {
                     binding: entries.len() as u32,
                     resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                        buffer,
+                        buffer: buffers.buffer(w.buffer),
                         offset: w.offset,
                         size: wgpu::BufferSize::new(w.size),
                     }),
@@ -579,7 +596,8 @@ impl Gpu {
     }
 
     /// Records a copy of `bytes` into `dst`, ordered after every command
-    /// recorded before it (see the module docs for why this matters).
+    /// recorded before it (see the module docs for why this matters): one
+    /// copy per buffer of the segment the range touches.
     pub fn upload(&self, dst: &BufferSlice, bytes: &[u8]) -> Result<(), DeviceError> {
         if bytes.is_empty() {
             return Ok(());
@@ -587,43 +605,63 @@ impl Gpu {
         let target = dst.real()?;
         let len = (bytes.len() as u64).div_ceil(wgpu::COPY_BUFFER_ALIGNMENT)
             * wgpu::COPY_BUFFER_ALIGNMENT;
-        let mut padded;
-        let contents = if len as usize == bytes.len() {
-            bytes
-        } else {
-            padded = bytes.to_vec();
-            padded.resize(len as usize, 0);
-            &padded
-        };
-        let staging = self
-            .device
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some("upload"),
-                contents,
-                usage: wgpu::BufferUsages::COPY_SRC,
+        for w in split(dst.offset, len, self.copy_limit(), target.piece()) {
+            let from = w.start as usize;
+            let to = ((w.start + w.size) as usize).min(bytes.len());
+            let mut contents = bytes[from..to].to_vec();
+            contents.resize(w.size as usize, 0);
+            let staging = self
+                .device
+                .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                    label: Some("upload"),
+                    contents: &contents,
+                    usage: wgpu::BufferUsages::COPY_SRC,
+                });
+            self.with_encoder(|enc| {
+                enc.copy_buffer_to_buffer(&staging, 0, target.buffer(w.buffer), w.offset, w.size);
             });
-        self.with_encoder(|enc| {
-            enc.copy_buffer_to_buffer(&staging, 0, target, dst.offset, len);
-        });
+        }
         Ok(())
     }
 
+    /// The most bytes one staging or readback buffer takes.
+    fn copy_limit(&self) -> u64 {
+        super::windows::window_size(
+            self.limits.max_buffer_size,
+            self.limits.min_storage_buffer_offset_alignment as u64,
+        )
+    }
+
     /// Copies `len` bytes of `src` back to the CPU, waiting for all recorded
-    /// work first.
+    /// work first: one readback per buffer of the segment the range touches.
     pub fn download(&self, src: &BufferSlice, len: u64) -> Result<Vec<u8>, DeviceError> {
         if len == 0 {
             return Ok(Vec::new());
         }
         let source = src.real()?;
         let padded = len.div_ceil(wgpu::COPY_BUFFER_ALIGNMENT) * wgpu::COPY_BUFFER_ALIGNMENT;
+        let mut bytes = Vec::with_capacity(padded as usize);
+        for w in split(src.offset, padded, self.copy_limit(), source.piece()) {
+            bytes.extend(self.read_back(source.buffer(w.buffer), w.offset, w.size)?);
+        }
+        bytes.truncate(len as usize);
+        Ok(bytes)
+    }
+
+    fn read_back(
+        &self,
+        source: &wgpu::Buffer,
+        offset: u64,
+        size: u64,
+    ) -> Result<Vec<u8>, DeviceError> {
         let readback = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("readback"),
-            size: padded,
+            size,
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
         self.with_encoder(|enc| {
-            enc.copy_buffer_to_buffer(source, src.offset, &readback, 0, padded);
+            enc.copy_buffer_to_buffer(source, offset, &readback, 0, size);
         });
         self.flush();
         let (tx, rx) = std::sync::mpsc::channel();
@@ -641,7 +679,7 @@ impl Gpu {
             let view = readback
                 .get_mapped_range(..)
                 .map_err(|e| DeviceError::Readback(format!("{e:?}")))?;
-            view[..len as usize].to_vec()
+            view.to_vec()
         };
         readback.unmap();
         Ok(bytes)

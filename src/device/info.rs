@@ -15,7 +15,15 @@ pub struct LimitsSummary {
     /// The window a tensor past the binding limit is bound in (the limit,
     /// aligned; see device::windows).
     pub binding_window: u64,
-    /// The largest tensor that runs: one segment, one buffer.
+    /// The bytes one buffer of a segment holds: a larger segment is backed
+    /// by several (see SegmentBuffers).
+    pub buffer_piece: u64,
+    /// The device's memory, known for a CPU adapter (the host's); `null`
+    /// on a GPU, whose memory wgpu does not report (its driver's
+    /// out-of-memory error is then the limit).
+    pub device_memory_bytes: Option<u64>,
+    /// The largest tensor that runs: the device's memory, and no more than
+    /// one kernel can bind (`largest_dispatch_bytes`).
     pub largest_tensor_bytes: u64,
     /// The most bytes one kernel's tensors can bind together: a window per
     /// storage binding the device allows.
@@ -81,6 +89,10 @@ impl InfoReport {
                 gpu.info.backend.to_str()
             ),
         };
+        let memory = (gpu.info.device_type == wgpu::DeviceType::Cpu)
+            .then(super::host_memory::total)
+            .flatten();
+        let dispatch = gpu.binding_window * l.max_storage_buffers_per_shader_stage as u64;
         InfoReport {
             adapters: gpu.adapters.clone(),
             adapter: gpu.summary(),
@@ -91,9 +103,10 @@ impl InfoReport {
                 min_storage_buffer_offset_alignment: l.min_storage_buffer_offset_alignment,
                 max_storage_buffers_per_shader_stage: l.max_storage_buffers_per_shader_stage,
                 binding_window: gpu.binding_window,
-                largest_tensor_bytes: l.max_buffer_size,
-                largest_dispatch_bytes: gpu.binding_window
-                    * l.max_storage_buffers_per_shader_stage as u64,
+                buffer_piece: gpu.buffer_piece,
+                device_memory_bytes: memory,
+                largest_tensor_bytes: memory.unwrap_or(u64::MAX).min(dispatch),
+                largest_dispatch_bytes: dispatch,
                 max_compute_workgroup_size_x: l.max_compute_workgroup_size_x,
                 max_compute_workgroup_size_y: l.max_compute_workgroup_size_y,
                 max_compute_workgroup_size_z: l.max_compute_workgroup_size_z,

@@ -10,7 +10,9 @@ pub mod engine_source;
 pub mod error;
 pub mod gpu;
 pub mod grid;
+pub mod host_memory;
 pub mod info;
+pub mod segment_buffers;
 pub mod timing;
 pub mod windows;
 
@@ -21,4 +23,5 @@ pub use error::DeviceError;
 pub use gpu::{BufferSlice, Gpu, Kernel};
 pub use grid::{grid_for, Workgroups};
 pub use info::InfoReport;
+pub use segment_buffers::SegmentBuffers;
 pub use timing::{DispatchTime, TimingSource};

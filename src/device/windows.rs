@@ -14,44 +14,59 @@
 //! `max_storage_buffers_per_shader_stage` buffers (32 on lavapipe), so the
 //! windows of all its tensors together must fit in that.
 //!
+//! The same windows carry a tensor across buffers: a segment larger than
+//! one wgpu buffer may be (`max_buffer_size`, 2 GiB on lavapipe) is backed
+//! by several (`SegmentBuffers`), and a tensor whose range crosses from one
+//! into the next gets a window on each side, never one across.
+//!
 //! On the WGSL side ([`bind_windows`]), after composing: the storage
 //! declaration of binding `i` with `k` windows becomes `k` declarations
 //! `x_w0 .. x_w{k-1}`, every binding is renumbered to make room, and a
 //! uniform table `win_` after the last binding holds where each window
 //! starts, in 4-byte words from the tensor's start.
 
-/// Where one window of a tensor lies in its buffer.
+/// Where one window of a tensor lies: which of its segment's buffers, and
+/// where in it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Window {
-    /// Byte offset in the buffer.
+    /// Index of the buffer in the segment (see `SegmentBuffers`).
+    pub buffer: usize,
+    /// Byte offset in that buffer.
     pub offset: u64,
     pub size: u64,
     /// Byte offset from the tensor's start.
     pub start: u64,
 }
 
-/// The windows that cover `size` bytes at `offset`, none larger than
-/// `window` bytes (a multiple of the offset alignment and of 16, so every
-/// window starts where the device accepts a binding and on a whole
-/// `vec4`). A range that fits is one window.
-pub fn split(offset: u64, size: u64, window: u64) -> Vec<Window> {
-    if size <= window || window == 0 {
-        return vec![Window {
-            offset,
-            size,
-            start: 0,
-        }];
+/// The windows that cover `size` bytes at `offset` of a segment made of
+/// buffers of `piece` bytes each: none larger than `window` bytes and none
+/// crossing from one buffer into the next. `window` and `piece` are
+/// multiples of the offset alignment and of 16, and a tensor starts on a
+/// multiple of both, so every window starts where the device accepts a
+/// binding and on a whole `vec4`. A range that fits is one window.
+pub fn split(offset: u64, size: u64, window: u64, piece: u64) -> Vec<Window> {
+    let window = if window == 0 { u64::MAX } else { window };
+    let piece = if piece == 0 { u64::MAX } else { piece };
+    let mut out = Vec::new();
+    let mut at = offset;
+    let end = offset + size;
+    loop {
+        let buffer = at / piece;
+        let base = buffer * piece;
+        let stop = end
+            .min(base.saturating_add(piece))
+            .min(at.saturating_add(window));
+        out.push(Window {
+            buffer: buffer as usize,
+            offset: at - base,
+            size: stop - at,
+            start: at - offset,
+        });
+        if stop >= end {
+            return out;
+        }
+        at = stop;
     }
-    (0..size.div_ceil(window))
-        .map(|k| {
-            let start = k * window;
-            Window {
-                offset: offset + start,
-                size: window.min(size - start),
-                start,
-            }
-        })
-        .collect()
 }
 
 /// The largest window a device with binding limit `limit` and offset
@@ -244,11 +259,11 @@ mod tests {
     #[test]
     fn windows_cover_the_range_in_order_within_the_limit() {
         for (size, window) in [(100u64, 256u64), (256, 256), (257, 256), (4096 + 8, 1024)] {
-            let w = split(512, size, window);
+            let w = split(512, size, window, u64::MAX);
             assert_eq!(w.iter().map(|w| w.size).sum::<u64>(), size);
             assert!(w
                 .iter()
-                .all(|w| w.size <= window && w.offset == 512 + w.start));
+                .all(|w| w.size <= window && w.offset == 512 + w.start && w.buffer == 0));
             assert_eq!(w.len() as u64, size.div_ceil(window));
         }
         assert_eq!(window_size(1000, 256), 768);
@@ -295,12 +310,44 @@ mod tests {
         assert!(bind_windows(atomic, &[2]).is_err());
     }
 
+    /// Windows never cross a buffer boundary, cover the range in order,
+    /// and each lies inside its buffer, for every offset, size, window and
+    /// piece on the alignment grid.
+    #[test]
+    fn windows_stay_inside_one_buffer() {
+        for piece in [256u64, 768, 1024, 4096] {
+            for window in [256u64, 512, 1280, u64::MAX] {
+                for offset in (0..6144).step_by(512) {
+                    for size in [4u64, 256, 300, 1024, 2000, 5000] {
+                        let w = split(offset, size, window, piece);
+                        let mut next = 0;
+                        for w in &w {
+                            assert_eq!(w.start, next, "{offset} {size} {window} {piece}");
+                            assert!(w.size > 0 && w.size <= window);
+                            assert!(w.offset + w.size <= piece);
+                            assert_eq!(w.buffer as u64 * piece + w.offset, offset + w.start);
+                            assert_eq!(w.offset % 256, 0);
+                            next += w.size;
+                        }
+                        assert_eq!(next, size);
+                    }
+                }
+            }
+        }
+        // A range that fits a window but crosses a boundary is two windows.
+        let w = split(512, 1024, u64::MAX, 1024);
+        assert_eq!(
+            (w.len(), w[1].buffer, w[1].offset, w[1].start),
+            (2, 1, 0, 512)
+        );
+    }
+
     #[test]
     fn the_table_lists_later_window_starts_in_words() {
         let w = vec![
-            split(0, 2048, 1024),
-            split(0, 100, 1024),
-            split(0, 3000, 1024),
+            split(0, 2048, 1024, u64::MAX),
+            split(0, 100, 1024, u64::MAX),
+            split(0, 3000, 1024, u64::MAX),
         ];
         let t: Vec<u32> = bytemuck::cast_slice(&table_bytes(&w)).to_vec();
         assert_eq!(t, vec![256, 256, 512, 0]);

@@ -116,7 +116,11 @@ impl Ctx {
     /// figures: running it would swap or be killed, not fail cleanly.
     pub fn run(&self, plan: &Plan, steps: usize) -> anyhow::Result<Analysis> {
         let engine = self.engine(plan.config.clone())?;
-        if let Some(free) = engine.is_cpu_adapter().then(host_memory_free).flatten() {
+        if let Some(free) = engine
+            .is_cpu_adapter()
+            .then(crate::device::host_memory::available)
+            .flatten()
+        {
             let sim = run_steps(Engine::simulated(plan.config.clone(), None), plan, 0, steps)?;
             let need = analyze(&sim.events, &sim.layer_outputs).peak_reserved_bytes;
             // Host copies of inputs and the process itself need room too.
@@ -133,15 +137,6 @@ impl Ctx {
         let p = run_steps(engine, plan, 0, steps)?;
         Ok(analyze(&p.events, &p.layer_outputs))
     }
-}
-
-/// The host's available memory (`MemAvailable` in /proc/meminfo), where
-/// there is one to read.
-fn host_memory_free() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
 }
 
 /// A training plan with the defaults lessons use (Adam, f32, train).

@@ -30,7 +30,8 @@ pub trait SegmentSource {
     fn total_capacity(&self) -> Option<u64>;
     /// Bytes the device could still hand out, when known.
     fn free_capacity(&self) -> Option<u64>;
-    /// The largest single segment the source can make (wgpu's `max_buffer_size`).
+    /// The largest single segment the source can make (none on wgpu, which
+    /// backs a segment past one buffer with several: u64::MAX).
     fn max_segment_size(&self) -> u64;
     /// A short name for messages ("simulated 16.00 GiB", "wgpu llvmpipe").
     fn describe(&self) -> String;

@@ -14,7 +14,8 @@
 use super::error::TensorError;
 use crate::device::gpu::lock;
 use crate::device::{
-    AdapterOptions, BufferSlice, DeviceError, EngineSource, Gpu, Kernel, WgpuSource, Workgroups,
+    AdapterOptions, BufferSlice, DeviceError, EngineSource, Gpu, Kernel, SegmentBuffers,
+    WgpuSource, Workgroups,
 };
 use crate::memory::{
     Allocation, AllocatorConfig, BlockHandle, CachingAllocator, Category, SimulatedSource,
@@ -112,7 +113,17 @@ impl Engine {
     /// `config`.
     pub fn new(options: &AdapterOptions, config: AllocatorConfig) -> Result<Engine, DeviceError> {
         let gpu = Gpu::new(options)?;
-        let source = WgpuSource::new(gpu.device.clone(), &gpu.limits, &gpu.info.name);
+        // A CPU adapter's memory is the host's: past it, out of memory
+        // rather than swapping. wgpu reports no GPU's memory.
+        let capacity = (gpu.info.device_type == wgpu::DeviceType::Cpu)
+            .then(crate::device::host_memory::total)
+            .flatten();
+        let source = WgpuSource::new(
+            gpu.device.clone(),
+            gpu.buffer_piece,
+            capacity,
+            &gpu.info.name,
+        );
         Ok(Self::with(Some(gpu), EngineSource::Wgpu(source), config))
     }
 
@@ -436,7 +447,7 @@ impl Engine {
         let op = (!op.is_empty()).then_some(op);
         let mut alloc = self.allocator();
         let a = alloc.malloc_tagged(bytes, label, category, op)?;
-        let buffer = alloc.source().buffer(a.segment).cloned();
+        let buffer = alloc.source().buffers(a.segment).cloned();
         if buffer.is_none() && !self.is_simulated() {
             return Err(DeviceError::Wgpu(format!("segment {:?} has no buffer", a.segment)).into());
         }
@@ -455,7 +466,7 @@ impl Engine {
 pub struct Storage {
     engine: Engine,
     allocation: Allocation,
-    buffer: Option<wgpu::Buffer>,
+    buffer: Option<SegmentBuffers>,
     bytes: u64,
 }
 

@@ -113,16 +113,20 @@ pub fn engine_without_native_f16() -> Engine {
     engine_from(&options, AllocatorConfig::default())
 }
 
-/// The adapter options every test engine uses: the adapter's own binding
-/// limit, or windows of `VRAMLAB_TEST_BINDING_WINDOW` bytes (to run any
-/// test with its tensors in many windows; CI does not set it).
+/// The adapter options every test engine uses: the adapter's own limits,
+/// or windows of `VRAMLAB_TEST_BINDING_WINDOW` bytes and buffers of
+/// `VRAMLAB_TEST_BUFFER_LIMIT` bytes (to run any test with its tensors in
+/// many windows, or its segments in many buffers; CI does not set them).
 pub fn adapter_options() -> AdapterOptions {
-    let binding_limit = std::env::var("VRAMLAB_TEST_BINDING_WINDOW").ok().map(|v| {
-        v.parse()
-            .expect("VRAMLAB_TEST_BINDING_WINDOW is a number of bytes")
-    });
+    let bytes = |name: &str| {
+        std::env::var(name).ok().map(|v| {
+            v.parse()
+                .unwrap_or_else(|_| panic!("{name} is a number of bytes"))
+        })
+    };
     AdapterOptions {
-        binding_limit,
+        binding_limit: bytes("VRAMLAB_TEST_BINDING_WINDOW"),
+        buffer_limit: bytes("VRAMLAB_TEST_BUFFER_LIMIT"),
         ..AdapterOptions::default()
     }
 }
