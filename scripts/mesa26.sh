@@ -8,8 +8,9 @@
 # The first call builds a minimal sid root with debootstrap in
 # $VRAMLAB_MESA26_ROOT (default /opt/vramlab-mesa26; about 1 min and 1 GB)
 # from the Debian mirror apt already uses. Needs root (chroot, mounts).
-# The current directory, /tmp and the command's own directory are visible
-# inside at the same paths; the mounts vanish with the command.
+# The current directory, /tmp, the command's own directory and
+# $CARGO_TARGET_DIR are visible inside at the same paths; the mounts vanish
+# with the command.
 set -euo pipefail
 root=${VRAMLAB_MESA26_ROOT:-/opt/vramlab-mesa26}
 [ $# -gt 0 ] || { echo "usage: scripts/mesa26.sh COMMAND [ARGS...]" >&2; exit 2; }
@@ -39,8 +40,11 @@ if ! compgen -G "$root/usr/share/vulkan/icd.d/lvp_icd*.json" > /dev/null; then
   rm -rf "$root"
   mv "$root.partial" "$root"
 fi
+# The command's directory, and cargo's target directory where it is set
+# elsewhere (tests run the vramlab binary beside their own).
 cmd_dir=""
 case "$1" in /*) cmd_dir=$(dirname "$1") ;; esac
+case "${CARGO_TARGET_DIR:-}" in /*) cmd_dir="$cmd_dir $CARGO_TARGET_DIR" ;; esac
 exec unshare --mount --propagation private /bin/bash -c '
   root=$1; dir=$2; cmd_dir=$3; shift 3
   mount -t proc proc "$root/proc"
