@@ -229,11 +229,8 @@ impl Gpu {
             .map_or(limits.max_storage_buffer_binding_size, |l| {
                 l.min(limits.max_storage_buffer_binding_size)
             });
-        let binding_window = super::windows::window_size(
-            window_limit,
-            limits.min_storage_buffer_offset_alignment as u64,
-        );
         let alignment = limits.min_storage_buffer_offset_alignment as u64;
+        let binding_window = super::windows::window_size(window_limit, alignment);
         let buffer_piece = super::windows::window_size(
             options
                 .buffer_limit
@@ -368,6 +365,14 @@ impl Gpu {
             t.resolved(&ticks);
         }
         Ok(())
+    }
+
+    /// The device's memory where it is known: a CPU adapter's is the
+    /// host's; wgpu reports no GPU's.
+    pub fn device_memory(&self) -> Option<u64> {
+        (self.info.device_type == wgpu::DeviceType::Cpu)
+            .then(super::host_memory::total)
+            .flatten()
     }
 
     /// Dispatches so far that bound a tensor in several windows.
@@ -608,8 +613,14 @@ impl Gpu {
         for w in split(dst.offset, len, self.copy_limit(), target.piece()) {
             let from = w.start as usize;
             let to = ((w.start + w.size) as usize).min(bytes.len());
-            let mut contents = bytes[from..to].to_vec();
-            contents.resize(w.size as usize, 0);
+            // Copied only where the last piece needs padding to 4 bytes.
+            let contents: Cow<[u8]> = if to - from == w.size as usize {
+                Cow::Borrowed(&bytes[from..to])
+            } else {
+                let mut padded = bytes[from..to].to_vec();
+                padded.resize(w.size as usize, 0);
+                Cow::Owned(padded)
+            };
             let staging = self
                 .device
                 .create_buffer_init(&wgpu::util::BufferInitDescriptor {
@@ -640,9 +651,15 @@ impl Gpu {
         }
         let source = src.real()?;
         let padded = len.div_ceil(wgpu::COPY_BUFFER_ALIGNMENT) * wgpu::COPY_BUFFER_ALIGNMENT;
-        let mut bytes = Vec::with_capacity(padded as usize);
+        let mut bytes = Vec::new();
         for w in split(src.offset, padded, self.copy_limit(), source.piece()) {
-            bytes.extend(self.read_back(source.buffer(w.buffer), w.offset, w.size)?);
+            let part = self.read_back(source.buffer(w.buffer), w.offset, w.size)?;
+            // One piece (the usual case) is returned as read, not copied.
+            if bytes.is_empty() {
+                bytes = part;
+            } else {
+                bytes.extend(part);
+            }
         }
         bytes.truncate(len as usize);
         Ok(bytes)

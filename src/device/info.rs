@@ -89,9 +89,7 @@ impl InfoReport {
                 gpu.info.backend.to_str()
             ),
         };
-        let memory = (gpu.info.device_type == wgpu::DeviceType::Cpu)
-            .then(super::host_memory::total)
-            .flatten();
+        let memory = gpu.device_memory();
         let dispatch = gpu.binding_window * l.max_storage_buffers_per_shader_stage as u64;
         InfoReport {
             adapters: gpu.adapters.clone(),

@@ -113,11 +113,9 @@ impl Engine {
     /// `config`.
     pub fn new(options: &AdapterOptions, config: AllocatorConfig) -> Result<Engine, DeviceError> {
         let gpu = Gpu::new(options)?;
-        // A CPU adapter's memory is the host's: past it, out of memory
-        // rather than swapping. wgpu reports no GPU's memory.
-        let capacity = (gpu.info.device_type == wgpu::DeviceType::Cpu)
-            .then(crate::device::host_memory::total)
-            .flatten();
+        // Past a CPU adapter's memory (the host's): out of memory rather
+        // than swapping.
+        let capacity = gpu.device_memory();
         let source = WgpuSource::new(
             gpu.device.clone(),
             gpu.buffer_piece,
