@@ -199,17 +199,161 @@ fn the_documents_convnet_trains_the_same_in_windows() {
 }
 
 #[test]
-fn a_dispatch_past_the_binding_budget_says_so() {
-    // 300 KB in 256 B windows: over a thousand windows for one fill.
+fn a_dispatch_that_cannot_be_cut_past_the_binding_budget_says_so() {
+    // A channel sum reads all of its input in one dispatch: 300 KB in
+    // 256 B windows is over a thousand bindings.
     let e = engine(Limit::Window(256));
-    let err = vramlab::ops::fill::full(&e, &[75_000], 1.0, "big")
+    let err = vramlab::ops::fill::full(&e, &[3, 2, 12_500], 1.0, "big")
+        .and_then(|t| vramlab::ops::bias::sum_channels(&t, 2, 12_500, "sum"))
         .and_then(|t| t.to_vec().map(|_| ()))
         .unwrap_err()
         .to_string();
     assert!(
-        err.contains("max_storage_buffers_per_shader_stage") && err.contains("fill"),
+        err.contains("max_storage_buffers_per_shader_stage") && err.contains("channel_sum"),
         "{err}"
     );
+}
+
+/// The bits of every flat kernel's outputs on `e`: fills, the binary ops,
+/// accumulation, ReLU (pairs and vec4), GELU and its backward, casts to
+/// and from 16-bit types, and AdamW and SGD steps.
+fn flat_outputs(e: &Engine) -> Vec<(String, Vec<u32>)> {
+    use common::{Rng, RngExt};
+    use vramlab::nn::ParamStore;
+    use vramlab::ops::{cast, elementwise, fill, gelu, relu};
+    use vramlab::optim::{Adam, Optimizer, Sgd};
+    use vramlab::tensor::Tensor;
+    let mut rng = Rng::new(41);
+    let mut out = Vec::new();
+    let mut keep = |name: &str, t: &Tensor| {
+        let bits = t.to_vec().unwrap().iter().map(|v| v.to_bits()).collect();
+        out.push((name.to_string(), bits));
+    };
+    for n in [30_011usize, 30_012] {
+        let x = Tensor::from_slice(e, &rng.vec(n), &[n], "x").unwrap();
+        let y = Tensor::from_slice(e, &rng.vec(n), &[n], "y").unwrap();
+        keep("full", &fill::full(e, &[n], 0.25, "full").unwrap());
+        keep(
+            "zeros f16",
+            &fill::zeros_as(e, &[n], DType::F16, "z").unwrap(),
+        );
+        keep("add", &elementwise::add(&x, &y).unwrap());
+        keep("sub", &elementwise::sub(&x, &y).unwrap());
+        keep("mul", &elementwise::mul(&x, &y).unwrap());
+        let acc = elementwise::add(&x, &y).unwrap();
+        keep(
+            "accumulate",
+            &elementwise::accumulate(Some(acc), x.clone()).unwrap(),
+        );
+        let r = relu::relu(&x).unwrap();
+        keep("relu", &r);
+        keep("relu backward", &relu::relu_backward(&r, &y).unwrap());
+        keep("gelu", &gelu::gelu(&x).unwrap());
+        keep("gelu backward", &gelu::gelu_backward(&x, &y).unwrap());
+        for d in [DType::F16, DType::Bf16] {
+            let h = cast::cast(&x, d, "h").unwrap();
+            keep(&format!("cast {d}"), &h);
+            keep(
+                &format!("cast {d} back"),
+                &cast::cast(&h, DType::F32, "back").unwrap(),
+            );
+            keep(&format!("{d} add"), &elementwise::add(&h, &h).unwrap());
+        }
+        let mut store = ParamStore::new();
+        for name in ["w", "v"] {
+            let id = store.add(name, x.clone());
+            store.get_mut(id).grad = Some(y.clone());
+        }
+        let mut adam = Adam::adamw(1e-3);
+        let mut store_sgd = ParamStore::new();
+        let id = store_sgd.add("s", elementwise::add(&x, &x).unwrap());
+        store_sgd.get_mut(id).grad = Some(y.clone());
+        let mut sgd = Sgd::new(0.1, 0.9);
+        for _ in 0..2 {
+            adam.step(&mut store).unwrap();
+            sgd.step(&mut store_sgd).unwrap();
+        }
+        for p in store.iter().chain(store_sgd.iter()) {
+            keep(&format!("step {}", p.name), &p.value);
+        }
+    }
+    out
+}
+
+#[test]
+fn flat_kernels_past_the_binding_budget_run_in_ranges_bit_for_bit() {
+    // 256 B windows, then 256 B buffers: a 30,011-element f32 tensor spans
+    // 469 of them, and one dispatch binds at most 32 (lavapipe) to 48.
+    let whole = flat_outputs(&engine(Limit::Whole));
+    for limit in [Limit::Window(256), Limit::Buffer(256)] {
+        let e = engine(limit);
+        let parts = flat_outputs(&e);
+        assert!(e.gpu().unwrap().windowed_dispatches() > 0);
+        assert_eq!(whole.len(), parts.len());
+        for ((name, a), (_, b)) in whole.iter().zip(&parts) {
+            let differ = a.iter().zip(b).filter(|(x, y)| x != y).count();
+            assert_eq!(
+                differ,
+                0,
+                "{limit:?}: {name} differs in {differ} of {} elements",
+                a.len()
+            );
+        }
+    }
+}
+
+/// Products whose operands together span far more windows than one
+/// dispatch binds, cut into parts (matmul_budget): plain, both transposes,
+/// batched, and a long K summed in slices, against f64.
+#[test]
+fn products_past_the_binding_budget_match_f64() {
+    use common::{matmul_ref, max_rel_err, transpose, Rng, RngExt};
+    use vramlab::ops::matmul;
+    use vramlab::tensor::Tensor;
+    let e = engine(Limit::Window(1024));
+    let budget = e.gpu().unwrap().limits.max_storage_buffers_per_shader_stage as usize;
+    let mut rng = Rng::new(35);
+    for &(batch, m, k, n) in &[(1, 40, 301, 29), (3, 37, 45, 43), (1, 2, 3_001, 3)] {
+        let (a, b) = (rng.vec(batch * m * k), rng.vec(batch * k * n));
+        let windows = (a.len() + b.len() + batch * m * n) * 4 / 1024;
+        assert!(windows > budget, "{m}x{k}x{n} fits one dispatch");
+        let mut want = Vec::new();
+        for i in 0..batch {
+            let (ai, bi) = (&a[i * m * k..][..m * k], &b[i * k * n..][..k * n]);
+            want.extend(matmul_ref(ai, bi, m, k, n));
+        }
+        let shape = |r, c| {
+            if batch == 1 {
+                vec![r, c]
+            } else {
+                vec![batch, r, c]
+            }
+        };
+        let ta = Tensor::from_slice(&e, &a, &shape(m, k), "a").unwrap();
+        let tb = Tensor::from_slice(&e, &b, &shape(k, n), "b").unwrap();
+        let got = matmul::matmul(&ta, &tb).unwrap().to_vec().unwrap();
+        let err = max_rel_err(&got, &want);
+        assert!(err < 1e-4, "{batch}x{m}x{k}x{n}: rel err {err}");
+        if batch == 1 {
+            let at = Tensor::from_slice(&e, &transpose(&a, m, k), &[k, m], "at").unwrap();
+            let bt = Tensor::from_slice(&e, &transpose(&b, k, n), &[n, k], "bt").unwrap();
+            for (x, y, tx, ty) in [
+                (&at, &tb, true, false),
+                (&ta, &bt, false, true),
+                (&at, &bt, true, true),
+            ] {
+                let got = matmul::matmul_ex(x, y, tx, ty, matmul::MatmulKernel::Tiled)
+                    .unwrap()
+                    .to_vec()
+                    .unwrap();
+                let err = max_rel_err(&got, &want);
+                assert!(
+                    err < 1e-4,
+                    "{m}x{k}x{n} transposed {tx} {ty}: rel err {err}"
+                );
+            }
+        }
+    }
 }
 
 /// Products in windows against the f64 reference: odd sizes, windows

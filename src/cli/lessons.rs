@@ -108,13 +108,25 @@ pub fn run_list(args: &LessonsArgs) -> anyhow::Result<()> {
             .map(|id| lessons::find(id).ok_or_else(|| unknown_lesson(id)))
             .collect::<anyhow::Result<_>>()?,
     };
+    // A line per lesson on stderr as it ends: a measured run takes minutes
+    // per large model on a software adapter.
+    let total = chosen.len();
     let runs: Vec<Run> = chosen
         .into_iter()
-        .map(|l| {
+        .enumerate()
+        .map(|(i, l)| {
+            let start = std::time::Instant::now();
             let r = (l.run)(&c).map_err(|e| format!("{e:#}"));
             let simulated = args
                 .measure
                 .then(|| (l.run)(&sim).map_err(|e| format!("{e:#}")));
+            let verdict = r.as_ref().map_or("not run", |o| o.verdict.word());
+            eprintln!(
+                "[{}/{total}] {:<8} {verdict:<10} {:.1} s",
+                i + 1,
+                l.id,
+                start.elapsed().as_secs_f64()
+            );
             (l, r, simulated)
         })
         .collect();

@@ -18,6 +18,7 @@
 use super::adapter::{backends_for, choose, AdapterOptions, AdapterSummary};
 use super::compose::{compose, Defs, Elem};
 use super::error::DeviceError;
+use super::flat::{ranges, Flat, Part};
 use super::grid::{grid_for, Workgroups};
 use super::segment_buffers::SegmentBuffers;
 use super::timing::{DispatchTime, Timer, TimingSource};
@@ -423,6 +424,93 @@ impl Gpu {
         self.read_times()
     }
 
+    /// Whether one dispatch may bind all of `bindings`: their windows
+    /// together within `max_storage_buffers_per_shader_stage`.
+    pub fn fits_one_dispatch(&self, bindings: &[&BufferSlice]) -> bool {
+        let needed: usize = bindings.iter().map(|b| self.windows_of(b).len()).sum();
+        needed <= self.limits.max_storage_buffers_per_shader_stage as usize
+    }
+
+    /// The unit every binding offset is a multiple of: the device's offset
+    /// alignment and a whole `vec4`.
+    pub fn offset_unit(&self) -> u64 {
+        super::windows::window_size(1, self.limits.min_storage_buffer_offset_alignment as u64)
+    }
+
+    /// The windows `b` is bound in.
+    fn windows_of(&self, b: &BufferSlice) -> Vec<Window> {
+        let piece = b.buffer.as_ref().map_or(u64::MAX, SegmentBuffers::piece);
+        split(b.offset, b.size, self.binding_window, piece)
+    }
+
+    /// Records a flat kernel (see [`super::flat`]): one dispatch when its
+    /// windows fit the binding budget, else one per element range, each
+    /// binding its own part of every `Part::Elements` binding and the
+    /// params' leading `u32` (the element count) set to the range's.
+    pub fn dispatch_flat(
+        &self,
+        kernel: &Kernel,
+        bindings: &[(&BufferSlice, Part)],
+        params: &[u8],
+        shape: Flat,
+        op: impl FnOnce() -> Arc<str>,
+    ) -> Result<(), DeviceError> {
+        let groups = |elements: u64| {
+            Workgroups::Linear(
+                elements
+                    .div_ceil(shape.per_invocation.max(1))
+                    .div_ceil(shape.workgroup.max(1)),
+            )
+        };
+        let slices: Vec<&BufferSlice> = bindings.iter().map(|(b, _)| *b).collect();
+        let limit = self.limits.max_storage_buffers_per_shader_stage as u64;
+        let (mut whole, mut split_windows, mut split_parts) = (0, 0, 0);
+        for (b, p) in bindings {
+            let n = self.windows_of(b).len() as u64;
+            if *p == Part::Whole {
+                whole += n;
+            } else {
+                split_windows += n;
+                split_parts += 1;
+            }
+        }
+        let fits = whole + split_windows <= limit;
+        if fits || split_parts == 0 || whole + split_parts > limit || params.len() < 4 {
+            // One dispatch: it fits, or no split can help (dispatch_as
+            // then names what does not fit).
+            return self.dispatch_as(kernel, &slices, params, groups(shape.elements), op);
+        }
+        let each = (limit - whole) / split_parts;
+        let alignment = self.limits.min_storage_buffer_offset_alignment as u64;
+        let parts: Vec<Part> = bindings.iter().map(|(_, p)| *p).collect();
+        let name = op();
+        // A buffer holds at least one window of this size, and a window
+        // never crosses a buffer.
+        let window = self.binding_window.min(self.buffer_piece);
+        for r in ranges(shape, &parts, window, alignment, each) {
+            let sub: Vec<BufferSlice> = bindings
+                .iter()
+                .map(|(b, p)| match *p {
+                    Part::Whole => (*b).clone(),
+                    Part::Elements(bytes) => {
+                        let skip = (r.first * bytes).min(b.size);
+                        let want = (r.count * bytes).div_ceil(4) * 4;
+                        BufferSlice {
+                            buffer: b.buffer.clone(),
+                            offset: b.offset + skip,
+                            size: want.min(b.size - skip),
+                        }
+                    }
+                })
+                .collect();
+            let refs: Vec<&BufferSlice> = sub.iter().collect();
+            let mut p = params.to_vec();
+            p[..4].copy_from_slice(&(r.count as u32).to_le_bytes());
+            self.dispatch_as(kernel, &refs, &p, groups(r.count), || name.clone())?;
+        }
+        Ok(())
+    }
+
     /// Records one dispatch of `kernel`: storage bindings 0..n in order, then
     /// `params` as a uniform at binding n (if not empty).
     pub fn dispatch(
@@ -466,13 +554,7 @@ impl Gpu {
         }
         // Each tensor in the windows the binding limit allows; a kernel
         // with any tensor in several windows is a variant of its own.
-        let windows: Vec<Vec<Window>> = bindings
-            .iter()
-            .map(|b| {
-                let piece = b.buffer.as_ref().map_or(u64::MAX, SegmentBuffers::piece);
-                split(b.offset, b.size, self.binding_window, piece)
-            })
-            .collect();
+        let windows: Vec<Vec<Window>> = bindings.iter().map(|b| self.windows_of(b)).collect();
         let counts: Vec<u32> = windows.iter().map(|w| w.len() as u32).collect();
         let windowed = counts.iter().any(|&c| c > 1);
         let variant;

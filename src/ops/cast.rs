@@ -4,7 +4,7 @@
 
 use super::{check_u32, CountParams};
 use crate::device::compose::Defs;
-use crate::device::Kernel;
+use crate::device::{Kernel, Part};
 use crate::tensor::{DType, Tensor, TensorError};
 
 const SOURCE: &str = include_str!("../../shaders/cast.wgsl");
@@ -39,11 +39,13 @@ pub fn cast_into(x: &Tensor, out: &Tensor) -> Result<(), TensorError> {
             rhs: out.shape().to_vec(),
         });
     }
-    super::launch(
+    let bytes = |t: &Tensor| Part::Elements(t.dtype().size_in_bytes() as u64);
+    super::launch_flat(
         x,
         &kernel(x.dtype(), out.dtype()),
-        &[&x.slice(), &out.slice()],
+        &[(&x.slice(), bytes(x)), (&out.slice(), bytes(out))],
         bytemuck::bytes_of(&CountParams::new(n)),
-        n.div_ceil(2),
+        n,
+        2,
     )
 }

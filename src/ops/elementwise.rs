@@ -2,7 +2,9 @@
 //! `add`'s backward is the identity for both inputs (the tape passes the
 //! upstream gradient through), so it needs no kernel of its own.
 
-use super::{check_u32, launch_pairs, same_dtype, same_shape, typed_kernel, CountParams};
+use super::{
+    check_u32, launch_flat, same_dtype, same_parts, same_shape, typed_kernel, CountParams,
+};
 use crate::tensor::{Tensor, TensorError};
 
 const SOURCE: &str = include_str!("../../shaders/binary.wgsl");
@@ -14,12 +16,13 @@ fn binary(op: &'static str, a: &Tensor, b: &Tensor) -> Result<Tensor, TensorErro
     check_u32(op, a)?;
     let out = Tensor::empty(a.engine(), a.shape(), a.dtype(), &format!("{op}.out"))?;
     let n = a.numel();
-    launch_pairs(
+    launch_flat(
         a,
         &typed_kernel(op, SOURCE, op, a.dtype()),
-        &[&a.slice(), &b.slice(), &out.slice()],
+        &same_parts(a, &[&a.slice(), &b.slice(), &out.slice()]),
         bytemuck::bytes_of(&CountParams::new(n)),
         n,
+        2,
     )?;
     Ok(out)
 }
@@ -56,12 +59,13 @@ pub fn accumulate(prev: Option<Tensor>, g: Tensor) -> Result<Tensor, TensorError
             let n = prev.numel();
             // Each invocation reads and writes the same pair of elements,
             // so reading and writing one buffer is race-free.
-            launch_pairs(
+            launch_flat(
                 &prev,
                 &typed_kernel("add", SOURCE, "add", prev.dtype()),
-                &[&prev.slice(), &g.slice(), &prev.slice()],
+                &same_parts(&prev, &[&prev.slice(), &g.slice(), &prev.slice()]),
                 bytemuck::bytes_of(&CountParams::new(n)),
                 n,
+                2,
             )?;
             Ok(prev)
         }

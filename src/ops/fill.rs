@@ -1,7 +1,7 @@
 //! `fill`: set every element to a value, on the GPU (ordered with other work).
 
-use super::{check_u32, launch};
-use crate::device::Kernel;
+use super::{check_u32, launch_flat};
+use crate::device::{Kernel, Part};
 use crate::tensor::{DType, Engine, Tensor, TensorError};
 
 const FILL: Kernel = Kernel::fixed("fill", include_str!("../../shaders/fill.wgsl"), "main");
@@ -24,7 +24,14 @@ pub fn fill(t: &Tensor, value: f32) -> Result<(), TensorError> {
         value,
         _pad: [0; 2],
     };
-    launch(t, &FILL, &[&t.slice()], bytemuck::bytes_of(&params), n)
+    launch_flat(
+        t,
+        &FILL,
+        &[(&t.slice(), Part::Elements(4))],
+        bytemuck::bytes_of(&params),
+        n,
+        1,
+    )
 }
 
 /// A new f32 tensor full of `value`.
@@ -60,6 +67,13 @@ pub fn zeros_as(
         value: 0.0,
         _pad: [0; 2],
     };
-    launch(&t, &FILL, &[&t.slice()], bytemuck::bytes_of(&params), words)?;
+    launch_flat(
+        &t,
+        &FILL,
+        &[(&t.slice(), Part::Elements(4))],
+        bytemuck::bytes_of(&params),
+        words,
+        1,
+    )?;
     Ok(t)
 }

@@ -2,7 +2,7 @@
 //! `gelu(approximate='tanh')`), f32. Backward needs the input, which is
 //! what PyTorch saves: unlike ReLU, the output alone does not give the slope.
 
-use super::{check_u32, launch, CountParams};
+use super::{check_u32, launch_flat, same_parts, CountParams};
 use crate::device::Kernel;
 use crate::tensor::{DType, Tensor, TensorError};
 
@@ -15,12 +15,13 @@ pub fn gelu(x: &Tensor) -> Result<Tensor, TensorError> {
     x.require_f32("gelu")?;
     check_u32("gelu", x)?;
     let y = Tensor::empty(x.engine(), x.shape(), DType::F32, "gelu.out")?;
-    launch(
+    launch_flat(
         x,
         &FORWARD,
-        &[&x.slice(), &x.slice(), &y.slice()],
+        &same_parts(x, &[&x.slice(), &x.slice(), &y.slice()]),
         bytemuck::bytes_of(&CountParams::new(x.numel())),
         x.numel(),
+        1,
     )?;
     Ok(y)
 }
@@ -30,12 +31,13 @@ pub fn gelu_backward(x: &Tensor, g: &Tensor) -> Result<Tensor, TensorError> {
     super::same_shape("gelu backward", x, g)?;
     g.require_f32("gelu backward")?;
     let dx = Tensor::empty(x.engine(), x.shape(), DType::F32, "gelu.grad_input")?;
-    launch(
+    launch_flat(
         x,
         &BACKWARD,
-        &[&x.slice(), &g.slice(), &dx.slice()],
+        &same_parts(x, &[&x.slice(), &g.slice(), &dx.slice()]),
         bytemuck::bytes_of(&CountParams::new(x.numel())),
         x.numel(),
+        1,
     )?;
     Ok(dx)
 }

@@ -15,7 +15,7 @@
 
 use super::partials::sum_partials;
 use crate::device::compose::{Defs, Elem};
-use crate::device::{Kernel, Workgroups};
+use crate::device::Kernel;
 use crate::memory::Category;
 use crate::tensor::{DType, Tensor, TensorError};
 
@@ -619,27 +619,27 @@ const NAIVE_TILE: TileConfig = TileConfig {
 
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct MatmulParams {
-    m: u32,
-    n: u32,
-    k: u32,
-    batch: u32,
-    a_rs: u32,
-    a_cs: u32,
-    b_rs: u32,
-    b_cs: u32,
-    a_bs: u32,
-    b_bs: u32,
-    c_bs: u32,
-    accumulate: u32,
-    a_off: u32,
-    b_off: u32,
-    c_off: u32,
-    splits: u32,
-    k_chunk: u32,
-    c_rs: u32,
-    c_cs: u32,
-    _pad: u32,
+pub(super) struct MatmulParams {
+    pub(super) m: u32,
+    pub(super) n: u32,
+    pub(super) k: u32,
+    pub(super) batch: u32,
+    pub(super) a_rs: u32,
+    pub(super) a_cs: u32,
+    pub(super) b_rs: u32,
+    pub(super) b_cs: u32,
+    pub(super) a_bs: u32,
+    pub(super) b_bs: u32,
+    pub(super) c_bs: u32,
+    pub(super) accumulate: u32,
+    pub(super) a_off: u32,
+    pub(super) b_off: u32,
+    pub(super) c_off: u32,
+    pub(super) splits: u32,
+    pub(super) k_chunk: u32,
+    pub(super) c_rs: u32,
+    pub(super) c_cs: u32,
+    pub(super) _pad: u32,
 }
 
 /// Where a matrix (or a batch of matrices) sits inside a tensor, in elements:
@@ -1142,11 +1142,6 @@ fn dispatch(
         _pad: 0,
     };
     let (bm, bn) = tile.block();
-    let grid = [
-        n.div_ceil(bn) as u32,
-        m.div_ceil(bm) as u32,
-        (g.batch * splits) as u32,
-    ];
     // vec4 accesses need every index they form to be a multiple of 4 (and
     // the bound array to end on a whole vec4).
     let fours = |xs: &[usize]| xs.iter().all(|x| x.is_multiple_of(4));
@@ -1181,12 +1176,31 @@ fn dispatch(
     } else {
         0
     };
-    let (a_s, b_s, c_s) = (a.slice(), b.slice(), c.slice());
-    let bias_s = bias.map(|t| t.slice());
-    let mut bindings = vec![&a_s, &b_s, &c_s];
-    bindings.extend(bias_s.as_ref());
-    a.engine().dispatch(
-        &tile.kernel(
+    // A part of K (matmul_budget) compiles its own length where the
+    // variant holds it (rows_outer).
+    let k2 = rows_outer == 0
+        && tile.k2()
+        && !vec4.k
+        && !vec4.b
+        && [g.k, k_chunk].iter().all(|x| x.is_multiple_of(2));
+    let pairs = |on: bool| if on { 2 } else { 1 };
+    let steps = (
+        if vec4.b || vec4.c {
+            4
+        } else {
+            pairs(elem_of(c) != Elem::F32)
+        },
+        if vec4.k {
+            4
+        } else {
+            pairs(k2 || elem_of(a) != Elem::F32)
+        },
+    );
+    // A part of K (matmul_budget) runs the K loop: rows_outer compiles
+    // K's length in, and one variant per part length compiles slowly.
+    let variant = |accumulate: bool, whole_k: bool| {
+        let rows_outer = if whole_k { rows_outer } else { 0 };
+        tile.kernel(
             elem_of(a),
             elem_of(c),
             g.implicit_b.as_ref(),
@@ -1196,18 +1210,21 @@ fn dispatch(
                 vec4,
                 one_slice: tile.one_slice(k_chunk.min(g.k)),
                 rows_outer,
-                k2: rows_outer == 0
-                    && tile.k2()
-                    && !vec4.k
-                    && !vec4.b
-                    && [g.k, k_chunk].iter().all(|x| x.is_multiple_of(2)),
+                k2,
             },
-        ),
-        &bindings,
-        bytemuck::bytes_of(&params),
-        Workgroups::Grid(grid),
-    )?;
-    Ok(())
+        )
+    };
+    super::matmul_budget::Product {
+        kernel: variant(accumulate, true),
+        k_part: (bias.is_none() && g.implicit_b.is_none())
+            .then_some(&variant as &dyn Fn(_, _) -> _),
+        operands: [a, b, c],
+        bias,
+        block: (bm, bn),
+        steps,
+        implicit: g.implicit_b.as_ref(),
+    }
+    .dispatch(params)
 }
 
 /// Splits `[.., R, C]` into (batch, R, C).

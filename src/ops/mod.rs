@@ -15,6 +15,7 @@ pub mod gelu;
 pub mod layernorm;
 pub mod linear;
 pub mod matmul;
+mod matmul_budget;
 pub mod maxpool;
 pub mod mean;
 pub mod mse;
@@ -23,7 +24,7 @@ pub mod relu;
 pub mod softmax;
 pub mod swap_axes;
 
-use crate::device::{BufferSlice, Kernel, Workgroups};
+use crate::device::{BufferSlice, Flat, Kernel, Part, Workgroups};
 use crate::tensor::{Tensor, TensorError};
 
 /// Most loop iterations one shader invocation may run in one dispatch.
@@ -116,7 +117,8 @@ pub(crate) fn typed_kernel(
     )
 }
 
-/// Dispatches an elementwise kernel whose source has a `VEC4` variant (f32,
+/// Dispatches a flat elementwise kernel whose bindings all hold `n`
+/// elements of `t`'s dtype (see [`launch_flat`]): its `VEC4` variant (f32,
 /// one invocation per vec4) where `t` is f32 and `n` a multiple of 4, else
 /// its pairwise variant in `t`'s dtype. llvmpipe pays per access, not per
 /// byte (`examples/store_width.rs`), so four floats per load and store
@@ -129,6 +131,7 @@ pub(crate) fn launch_vec4_or_pairs(
     params: &[u8],
     n: usize,
 ) -> Result<(), TensorError> {
+    let parts = same_parts(t, bindings);
     if t.dtype() == crate::tensor::DType::F32 && n.is_multiple_of(4) {
         let kernel = Kernel::variant(
             format!("{name}[f32 vec4]"),
@@ -136,15 +139,56 @@ pub(crate) fn launch_vec4_or_pairs(
             "main",
             crate::device::compose::Defs::elem(crate::device::compose::Elem::F32).with("VEC4", 1u8),
         );
-        return launch(t, &kernel, bindings, params, n / 4);
+        return launch_flat(t, &kernel, &parts, params, n, 4);
     }
-    launch_pairs(
+    launch_flat(
         t,
         &typed_kernel(name, source, "main", t.dtype()),
-        bindings,
+        &parts,
         params,
         n,
+        2,
     )
+}
+
+/// Every binding split by elements of `t`'s dtype: the flat kernels whose
+/// tensors all share `t`'s shape and dtype.
+pub(crate) fn same_parts<'a>(
+    t: &Tensor,
+    bindings: &[&'a BufferSlice],
+) -> Vec<(&'a BufferSlice, Part)> {
+    let bytes = t.dtype().size_in_bytes() as u64;
+    bindings
+        .iter()
+        .map(|b| (*b, Part::Elements(bytes)))
+        .collect()
+}
+
+/// Dispatches a flat kernel over `n` elements, `per` per invocation, 256
+/// invocations per workgroup: invocation `i` touches only elements
+/// `[i·per, (i+1)·per)` of each `Part::Elements` binding and `params`
+/// begin with `n` as a `u32`. Where its tensors need more windows than one
+/// dispatch may bind, it runs range by range (`device::flat`), so such a
+/// kernel runs on tensors of any size.
+pub(crate) fn launch_flat(
+    t: &Tensor,
+    kernel: &Kernel,
+    bindings: &[(&BufferSlice, Part)],
+    params: &[u8],
+    n: usize,
+    per: u64,
+) -> Result<(), TensorError> {
+    t.engine().dispatch_flat(
+        kernel,
+        bindings,
+        params,
+        Flat {
+            elements: n as u64,
+            per_invocation: per,
+            workgroup: ELEMENTWISE_WORKGROUP,
+        },
+    )?;
+    Ok(())
 }
 
 /// Dispatches a pairwise elementwise kernel (one invocation per two

@@ -126,12 +126,16 @@ impl Optimizer for Adam {
                     ),
                 });
             }
-            crate::ops::launch_pairs(
+            crate::ops::launch_flat(
                 &p.value,
                 &crate::ops::typed_kernel("adam", ADAM, "main", p.value.dtype()),
-                &[&p.value.slice(), &g.slice(), &m.slice(), &v.slice()],
+                &crate::ops::same_parts(
+                    &p.value,
+                    &[&p.value.slice(), &g.slice(), &m.slice(), &v.slice()],
+                ),
                 bytemuck::bytes_of(&params),
                 n,
+                2,
             )?;
         }
         Ok(())

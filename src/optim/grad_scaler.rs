@@ -76,12 +76,16 @@ impl GradScaler {
                 inv_scale: inv,
                 _pad: [0; 2],
             };
-            crate::ops::launch(
+            crate::ops::launch_flat(
                 g,
                 &UNSCALE,
-                &[&g.slice(), &found.slice()],
+                &[
+                    (&g.slice(), crate::device::Part::Elements(4)),
+                    (&found.slice(), crate::device::Part::Whole),
+                ],
                 bytemuck::bytes_of(&params),
                 g.numel(),
+                1,
             )?;
         }
         // fill wrote 0.0 (bits 0); the kernel writes the integer 1.

@@ -96,12 +96,13 @@ impl Optimizer for Sgd {
                     ),
                 });
             }
-            crate::ops::launch_pairs(
+            crate::ops::launch_flat(
                 &p.value,
                 &crate::ops::typed_kernel("sgd", SGD, "main", p.value.dtype()),
-                &[&p.value.slice(), &g.slice(), &buf.slice()],
+                &crate::ops::same_parts(&p.value, &[&p.value.slice(), &g.slice(), &buf.slice()]),
                 bytemuck::bytes_of(&params),
                 n,
+                2,
             )?;
         }
         Ok(())

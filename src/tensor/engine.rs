@@ -14,8 +14,8 @@
 use super::error::TensorError;
 use crate::device::gpu::lock;
 use crate::device::{
-    AdapterOptions, BufferSlice, DeviceError, EngineSource, Gpu, Kernel, SegmentBuffers,
-    WgpuSource, Workgroups,
+    AdapterOptions, BufferSlice, DeviceError, EngineSource, Flat, Gpu, Kernel, Part,
+    SegmentBuffers, WgpuSource, Workgroups,
 };
 use crate::memory::{
     Allocation, AllocatorConfig, BlockHandle, CachingAllocator, Category, SimulatedSource,
@@ -298,6 +298,22 @@ impl Engine {
             Some(g) => g.dispatch_as(kernel, bindings, params, workgroups, || {
                 self.current_scope().1
             }),
+            None => Ok(()),
+        }
+    }
+
+    /// Records a flat kernel, split into element ranges where its windows
+    /// exceed the binding budget (see `device::flat`; nothing on a
+    /// simulated device).
+    pub fn dispatch_flat(
+        &self,
+        kernel: &Kernel,
+        bindings: &[(&BufferSlice, Part)],
+        params: &[u8],
+        shape: Flat,
+    ) -> Result<(), DeviceError> {
+        match self.gpu() {
+            Some(g) => g.dispatch_flat(kernel, bindings, params, shape, || self.current_scope().1),
             None => Ok(()),
         }
     }

@@ -1,0 +1,225 @@
+//! Products past the binding budget.
+//!
+//! A product binds A, B and C (and a bias) whole; in windows, that may
+//! need more bindings than one dispatch has (32 on lavapipe). Such a
+//! product runs as several dispatches of the same kernel, each over a part
+//! that touches a narrow range of every operand: batch entries, then
+//! K slices (where the product already sums K slices in a workspace),
+//! then row blocks of A and C, then column blocks of B and C, then K
+//! halves (the second adding to C what the first wrote). Each part
+//! binds only the elements it touches, its offsets rebased, so its windows
+//! shrink with it. A product that fits is one dispatch, bound as before.
+
+use super::matmul::{ConvGeometry, MatmulParams};
+use crate::device::{BufferSlice, Kernel, Workgroups};
+use crate::tensor::{Engine, Tensor, TensorError};
+
+/// What every part of one product shares.
+pub(super) struct Product<'a> {
+    pub kernel: Kernel,
+    /// The kernel for a part of K (`false`: not the whole of it), adding
+    /// to C when asked (K halves after the first add their sums to what
+    /// it wrote); None where K may not be cut: a bias in the epilogue, or
+    /// B read as an im2col.
+    pub k_part: Option<&'a dyn Fn(bool, bool) -> Kernel>,
+    /// A, B and C as the kernel reads them (B and A swapped for a
+    /// transposed product).
+    pub operands: [&'a Tensor; 3],
+    pub bias: Option<&'a Tensor>,
+    /// The kernel's block of rows and columns.
+    pub block: (usize, usize),
+    /// What a cut along N and along K must be a multiple of: 4 where the
+    /// kernel reads or writes `vec4`s along it, 2 for pairs, else 1.
+    pub steps: (u32, u32),
+    /// B read as a convolution's im2col: its offset then moves by whole
+    /// samples only.
+    pub implicit: Option<&'a ConvGeometry>,
+}
+
+impl Product<'_> {
+    /// Records the product, in parts where one dispatch cannot bind it.
+    pub fn dispatch(&self, p: MatmulParams) -> Result<(), TensorError> {
+        let engine = self.operands[0].engine();
+        let whole: Vec<BufferSlice> = self
+            .operands
+            .iter()
+            .chain(&self.bias)
+            .map(|t| t.slice())
+            .collect();
+        if fits(engine, &whole) {
+            return self.record(engine, &self.kernel, &whole, &p);
+        }
+        self.part(engine, &self.kernel, p)
+    }
+
+    fn record(
+        &self,
+        engine: &Engine,
+        kernel: &Kernel,
+        slices: &[BufferSlice],
+        p: &MatmulParams,
+    ) -> Result<(), TensorError> {
+        let refs: Vec<&BufferSlice> = slices.iter().collect();
+        let (bm, bn) = self.block;
+        let grid = [
+            (p.n as usize).div_ceil(bn) as u32,
+            (p.m as usize).div_ceil(bm) as u32,
+            p.batch * p.splits,
+        ];
+        engine.dispatch(kernel, &refs, bytemuck::bytes_of(p), Workgroups::Grid(grid))?;
+        Ok(())
+    }
+
+    /// `p` bound to the ranges it touches, or cut in two (or in its K
+    /// slices) and each part recorded the same way.
+    fn part(&self, engine: &Engine, kernel: &Kernel, p: MatmulParams) -> Result<(), TensorError> {
+        let (slices, rebased) = self.narrowed(engine, &p);
+        if fits(engine, &slices) {
+            return self.record(engine, kernel, &slices, &rebased);
+        }
+        let (bm, bn) = self.block;
+        if p.batch > 1 {
+            let half = p.batch / 2;
+            let mut first = p;
+            first.batch = half;
+            let mut rest = p;
+            rest.batch -= half;
+            rest.a_off += half * p.a_bs;
+            rest.b_off += half * p.b_bs;
+            rest.c_off += half * p.splits * p.c_bs;
+            self.part(engine, kernel, first)?;
+            return self.part(engine, kernel, rest);
+        }
+        if p.splits > 1 && self.implicit.is_none() {
+            // One K slice at a time, each into its own place in the
+            // workspace of partial products.
+            for s in 0..p.splits {
+                let k0 = s * p.k_chunk;
+                if k0 >= p.k {
+                    break;
+                }
+                let mut one = p;
+                one.splits = 1;
+                one.k = p.k_chunk.min(p.k - k0);
+                one.a_off += k0 * p.a_cs;
+                one.b_off += k0 * p.b_rs;
+                one.c_off += s * p.c_bs;
+                one.c_bs = p.splits * p.c_bs;
+                self.part(engine, kernel, one)?;
+            }
+            return Ok(());
+        }
+        // Row blocks need the bias to move with them, and it cannot.
+        // Whole blocks while there are several, then single rows (a row
+        // of a transposed operand may be a long stretch of memory).
+        if p.m > 1 && self.bias.is_none() {
+            let half = cut(p.m, bm, 1);
+            let mut first = p;
+            first.m = half;
+            let mut rest = p;
+            rest.m -= half;
+            rest.a_off += half * p.a_rs;
+            rest.c_off += half * p.c_rs;
+            self.part(engine, kernel, first)?;
+            return self.part(engine, kernel, rest);
+        }
+        let (n_step, k_step) = self.steps;
+        if p.n > n_step {
+            let half = cut(p.n, bn, n_step);
+            let mut first = p;
+            first.n = half;
+            let mut rest = p;
+            rest.n -= half;
+            rest.b_off += half * p.b_cs;
+            rest.c_off += half * p.c_cs;
+            self.part(engine, kernel, first)?;
+            return self.part(engine, kernel, rest);
+        }
+        // K halves, the second adding to what the first wrote.
+        if let (Some(k_part), true) = (self.k_part, p.k > k_step) {
+            let half = cut(p.k, 64, k_step);
+            {
+                let mut first = p;
+                first.k = half;
+                let mut rest = p;
+                rest.k -= half;
+                rest.a_off += half * p.a_cs;
+                rest.b_off += half * p.b_rs;
+                rest.accumulate = 1;
+                self.part(engine, &k_part(p.accumulate != 0, false), first)?;
+                return self.part(engine, &k_part(true, false), rest);
+            }
+        }
+        // Nothing left to cut: the dispatch names what does not fit.
+        self.record(engine, kernel, &slices, &rebased)
+    }
+
+    /// The ranges of A, B and C that `p` touches (the bias whole), and
+    /// `p` with its offsets counted from their starts. A range starts on
+    /// the device's offset unit and ends on a whole `vec4`, so every
+    /// access the kernel makes stays as aligned as before.
+    fn narrowed(&self, engine: &Engine, p: &MatmulParams) -> (Vec<BufferSlice>, MatmulParams) {
+        let unit = engine.gpu().map_or(16, |g| g.offset_unit());
+        let last = |v: u32| v.saturating_sub(1) as u64;
+        let a_end = p.a_off as u64
+            + last(p.batch) * p.a_bs as u64
+            + last(p.m) * p.a_rs as u64
+            + last(p.k) * p.a_cs as u64
+            + 1;
+        let b_end = match self.implicit {
+            Some(cv) => {
+                p.b_off as u64 + last(p.batch) * p.b_bs as u64 + (cv.c * cv.h * cv.w) as u64
+            }
+            None => {
+                p.b_off as u64
+                    + last(p.batch) * p.b_bs as u64
+                    + last(p.k) * p.b_rs as u64
+                    + last(p.n) * p.b_cs as u64
+                    + 1
+            }
+        };
+        let c_end = p.c_off as u64
+            + (last(p.batch) * p.splits as u64 + last(p.splits)) * p.c_bs as u64
+            + last(p.m) * p.c_rs as u64
+            + last(p.n) * p.c_cs as u64
+            + 1;
+        let mut q = *p;
+        let mut slices = Vec::new();
+        for (t, (start, end, off)) in self.operands.iter().zip([
+            (p.a_off, a_end, &mut q.a_off),
+            (p.b_off, b_end, &mut q.b_off),
+            (p.c_off, c_end, &mut q.c_off),
+        ]) {
+            let whole = t.slice();
+            let bytes = t.dtype().size_in_bytes() as u64;
+            let lo = (start as u64 * bytes) / unit * unit;
+            let hi = (end * bytes).next_multiple_of(16).min(whole.size).max(lo);
+            *off = start - (lo / bytes) as u32;
+            slices.push(BufferSlice {
+                buffer: whole.buffer.clone(),
+                offset: whole.offset + lo,
+                size: hi - lo,
+            });
+        }
+        slices.extend(self.bias.map(|t| t.slice()));
+        (slices, q)
+    }
+}
+
+/// Where to cut `len` in two: at a whole `block` past half of it while
+/// it spans more than one, else at half rounded up to `step`; always
+/// inside `1..len`.
+fn cut(len: u32, block: usize, step: u32) -> u32 {
+    let half = len.div_ceil(2);
+    let at = if len as usize > block {
+        (half as usize).next_multiple_of(block) as u32
+    } else {
+        half.next_multiple_of(step)
+    };
+    at.clamp(1, len - 1)
+}
+
+fn fits(engine: &Engine, slices: &[BufferSlice]) -> bool {
+    let refs: Vec<&BufferSlice> = slices.iter().collect();
+    engine.gpu().is_none_or(|g| g.fits_one_dispatch(&refs))
+}
