@@ -68,7 +68,7 @@ pub fn run(args: &InfoArgs) -> anyhow::Result<()> {
         ),
     }
     println!(
-        "  largest tensor                       {:>14}  (the device's memory, and what one kernel binds)",
+        "  largest tensor                       {:>14}  (for every op: memory, and what one reduction binds; elementwise ops, optimizers and products run in parts up to the memory)",
         format_size(l.largest_tensor_bytes)
     );
     println!(

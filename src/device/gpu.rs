@@ -22,7 +22,7 @@ use super::flat::{ranges, Flat, Part};
 use super::grid::{grid_for, Workgroups};
 use super::segment_buffers::SegmentBuffers;
 use super::timing::{DispatchTime, Timer, TimingSource};
-use super::windows::{split, table_bytes, Window};
+use super::windows::{pad, split, table_bytes, Window};
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -554,13 +554,14 @@ impl Gpu {
         }
         // Each tensor in the windows the binding limit allows; a kernel
         // with any tensor in several windows is a variant of its own.
-        let windows: Vec<Vec<Window>> = bindings.iter().map(|b| self.windows_of(b)).collect();
+        let mut windows: Vec<Vec<Window>> = bindings.iter().map(|b| self.windows_of(b)).collect();
+        let limit = self.limits.max_storage_buffers_per_shader_stage;
+        pad(&mut windows, limit);
         let counts: Vec<u32> = windows.iter().map(|w| w.len() as u32).collect();
         let windowed = counts.iter().any(|&c| c > 1);
         let variant;
         let kernel = if windowed {
             let needed: u32 = counts.iter().sum();
-            let limit = self.limits.max_storage_buffers_per_shader_stage;
             if needed > limit {
                 return Err(DeviceError::TooManyWindows {
                     kernel: kernel.name.to_string(),

@@ -22,8 +22,10 @@ pub struct LimitsSummary {
     /// on a GPU, whose memory wgpu does not report (its driver's
     /// out-of-memory error is then the limit).
     pub device_memory_bytes: Option<u64>,
-    /// The largest tensor that runs: the device's memory, and no more than
-    /// one kernel can bind (`largest_dispatch_bytes`).
+    /// The largest tensor every op runs on: the device's memory, and no
+    /// more than one kernel can bind (`largest_dispatch_bytes`). The flat
+    /// kernels and products run in parts past that (`device::flat`,
+    /// `ops::matmul_budget`), up to the memory.
     pub largest_tensor_bytes: u64,
     /// The most bytes one kernel's tensors can bind together: a window per
     /// storage binding the device allows.

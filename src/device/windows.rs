@@ -69,6 +69,32 @@ pub fn split(offset: u64, size: u64, window: u64, piece: u64) -> Vec<Window> {
     }
 }
 
+/// Rounds each windowed binding's count of windows up to a power of two
+/// by repeating its last window, where the budget allows: `rd_x` reads a
+/// repeated window's elements from the same memory, and a kernel is then
+/// one of a few variants instead of one per count (each compiles in
+/// seconds on a software adapter, and a product cut into parts would
+/// otherwise meet many counts).
+pub fn pad(windows: &mut [Vec<Window>], limit: u32) {
+    let padded = |w: &Vec<Window>| {
+        if w.len() > 1 {
+            w.len().next_power_of_two()
+        } else {
+            1
+        }
+    };
+    let total: usize = windows.iter().map(padded).sum();
+    if total > limit as usize {
+        return;
+    }
+    for w in windows.iter_mut() {
+        let n = padded(w);
+        if let Some(&last) = w.last() {
+            w.resize(n, last);
+        }
+    }
+}
+
 /// The largest window a device with binding limit `limit` and offset
 /// alignment `alignment` can use: `limit` rounded down to a multiple of
 /// both `alignment` and 16 bytes.
@@ -269,6 +295,20 @@ mod tests {
         assert_eq!(window_size(1000, 256), 768);
         assert_eq!(window_size(100, 32), 96);
         assert_eq!(window_size(10, 64), 64);
+    }
+
+    #[test]
+    fn padding_repeats_the_last_window_up_to_a_power_of_two_within_the_budget() {
+        let w = |n: u64| split(0, n * 16, 16, u64::MAX);
+        let mut ws = vec![w(1), w(3), w(5)];
+        pad(&mut ws, 32);
+        assert_eq!(ws.iter().map(Vec::len).collect::<Vec<_>>(), [1, 4, 8]);
+        assert_eq!(ws[1][3], ws[1][2], "the last window repeated");
+        assert_eq!(ws[2][..5], w(5)[..], "the real windows unchanged");
+        // Past the budget: left as they are.
+        let mut ws = vec![w(5), w(5)];
+        pad(&mut ws, 12);
+        assert_eq!(ws.iter().map(Vec::len).collect::<Vec<_>>(), [5, 5]);
     }
 
     const SHADER: &str = "\
