@@ -216,7 +216,7 @@ fn a_dispatch_that_cannot_be_cut_past_the_binding_budget_says_so() {
 
 /// The bits of every flat kernel's outputs on `e`: fills, the binary ops,
 /// accumulation, ReLU (pairs and vec4), GELU and its backward, casts to
-/// and from 16-bit types, and AdamW and SGD steps.
+/// and from 16-bit types, AdamW and SGD steps, and the row kernels.
 fn flat_outputs(e: &Engine) -> Vec<(String, Vec<u32>)> {
     use common::{Rng, RngExt};
     use vramlab::nn::ParamStore;
@@ -277,13 +277,42 @@ fn flat_outputs(e: &Engine) -> Vec<(String, Vec<u32>)> {
             keep(&format!("step {}", p.name), &p.value);
         }
     }
+    // Row kernels: softmax (plain, causal, backward), layer norm, the
+    // cross-entropy forward. Rows of 32 floats and
+    // matrices of 8 × 8: a range starts on the device's offset unit (32 B
+    // on lavapipe) in every tensor, layer norm's 4 B a row included, so
+    // ranges are 8 rows or more; wider rows would not fit 256 B windows.
+    use vramlab::ops::{cross_entropy, layernorm, softmax};
+    let (rows, cols) = (200, 32);
+    let x = Tensor::from_slice(e, &rng.vec(rows * cols), &[rows, cols], "x").unwrap();
+    let g = Tensor::from_slice(e, &rng.vec(rows * cols), &[rows, cols], "g").unwrap();
+    let y = softmax::softmax(&x, 0.7).unwrap();
+    keep("softmax", &y);
+    keep(
+        "softmax backward",
+        &softmax::softmax_backward(&y, &g, 0.7).unwrap(),
+    );
+    let s = Tensor::from_slice(e, &rng.vec(30 * 8 * 8), &[30, 8, 8], "s").unwrap();
+    keep("causal softmax", &softmax::softmax_causal(&s, 0.5).unwrap());
+    let w = Tensor::from_slice(e, &rng.vec(cols), &[cols], "w").unwrap();
+    let b = Tensor::from_slice(e, &rng.vec(cols), &[cols], "b").unwrap();
+    let ln = layernorm::layernorm(&x, &w, &b, 1e-5).unwrap();
+    keep("layernorm", &ln.y);
+    let labels: Vec<f32> = (0..rows).map(|r| ((r * 7) % cols) as f32).collect();
+    let labels = Tensor::from_slice(e, &labels, &[rows], "labels").unwrap();
+    keep(
+        "cross-entropy",
+        &cross_entropy::cross_entropy(&x, &labels).unwrap(),
+    );
     out
 }
 
 #[test]
 fn flat_kernels_past_the_binding_budget_run_in_ranges_bit_for_bit() {
     // 256 B windows, then 256 B buffers: a 30,011-element f32 tensor spans
-    // 469 of them, and one dispatch binds at most 32 (lavapipe) to 48.
+    // 469 of them, and one dispatch binds at most 32 (lavapipe) to 48; a
+    // row kernel's ranges are whole rows, a causal softmax's whole
+    // matrices.
     let whole = flat_outputs(&engine(Limit::Whole));
     for limit in [Limit::Window(256), Limit::Buffer(256)] {
         let e = engine(limit);
@@ -300,6 +329,37 @@ fn flat_kernels_past_the_binding_budget_run_in_ranges_bit_for_bit() {
             );
         }
     }
+}
+
+/// Layer norm's input gradient runs in ranges of rows past the budget;
+/// its parameter gradients (a sum over rows) bind everything at once, so
+/// the window is one where only the former is past the budget: 2,560 B,
+/// a tenth of x (input gradient: 3 × 10 + 3 windows; parameters: 24).
+#[test]
+fn layernorm_backward_past_the_binding_budget_bit_for_bit() {
+    use common::{Rng, RngExt};
+    use vramlab::ops::layernorm;
+    use vramlab::tensor::Tensor;
+    let run = |e: &Engine| {
+        let mut rng = Rng::new(43);
+        let (rows, cols) = (200, 32);
+        let x = Tensor::from_slice(e, &rng.vec(rows * cols), &[rows, cols], "x").unwrap();
+        let g = Tensor::from_slice(e, &rng.vec(rows * cols), &[rows, cols], "g").unwrap();
+        let w = Tensor::from_slice(e, &rng.vec(cols), &[cols], "w").unwrap();
+        let b = Tensor::from_slice(e, &rng.vec(cols), &[cols], "b").unwrap();
+        let ln = layernorm::layernorm(&x, &w, &b, 1e-5).unwrap();
+        let (dx, dw, db) = layernorm::layernorm_backward(&x, &w, &ln.mean, &ln.rstd, &g).unwrap();
+        [dx, dw, db].map(|t| {
+            t.to_vec()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect::<Vec<_>>()
+        })
+    };
+    let parts = engine(Limit::Window(2560));
+    assert_eq!(run(&engine(Limit::Whole)), run(&parts));
+    assert!(parts.gpu().unwrap().windowed_dispatches() > 0);
 }
 
 /// Products whose operands together span far more windows than one

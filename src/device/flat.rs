@@ -1,11 +1,12 @@
-//! Flat dispatches past the binding budget.
+//! Flat dispatches past the binding budget (elements, or whole rows).
 //!
 //! Windows let a kernel reach a tensor of any size, but every window is a
 //! binding, and a dispatch binds at most `max_storage_buffers_per_shader_stage`
 //! buffers (32 on lavapipe: 4 GiB of tensors per kernel in 128 MiB windows).
 //! A flat kernel, whose invocation `i` touches only elements
 //! `[i·per, (i+1)·per)` of each tensor it splits (the elementwise ops,
-//! casts, fills and the optimizers' updates), therefore runs as several
+//! casts, fills and the optimizers' updates; with a row as the element,
+//! softmax, layer norm and the cross-entropy forward), therefore runs as several
 //! dispatches over consecutive element ranges, each binding only the
 //! windows of its own range, with the element count its params begin with
 //! set to the range's. A flat kernel whose windows fit runs as one
@@ -22,13 +23,16 @@ pub enum Part {
 }
 
 /// A flat kernel's shape: how many elements, how many each invocation
-/// handles (2 for the pairwise kernels, 4 for `vec4` ones), and the
-/// workgroup size its shader declares.
+/// handles (2 for the pairwise kernels, 4 for `vec4` ones), the workgroup
+/// size its shader declares, and what every range's first element must
+/// be a multiple of (1 but where the kernel derives something from the
+/// element's index: a causal softmax's row within its matrix).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Flat {
     pub elements: u64,
     pub per_invocation: u64,
     pub workgroup: u64,
+    pub align: u64,
 }
 
 /// One dispatch of a split flat kernel: `count` elements from `first`.
@@ -66,7 +70,7 @@ pub fn ranges(
     windows_each: u64,
 ) -> Vec<Range> {
     let unit_bytes = lcm(alignment.max(1), 16);
-    let mut unit = shape.per_invocation.max(1);
+    let mut unit = lcm(shape.per_invocation.max(1), shape.align.max(1));
     let mut widest = 1;
     for p in parts {
         if let Part::Elements(b) = *p {
@@ -105,11 +109,13 @@ mod tests {
             (77, 1, vec![Part::Elements(4), Part::Whole], 256, 256, 2),
             (1 << 20, 4, vec![Part::Elements(4); 3], 1 << 16, 32, 10),
             (5, 2, vec![Part::Elements(2)], 16, 1, 1),
+            (1000, 1, vec![Part::Elements(12), Part::Whole], 512, 32, 4),
         ] {
             let shape = Flat {
                 elements,
                 per_invocation: per,
                 workgroup: 256,
+                align: if per == 1 { 3 } else { 1 },
             };
             let rs = ranges(shape, &parts, window, align, each);
             let mut next = 0;
@@ -117,6 +123,7 @@ mod tests {
                 assert_eq!(r.first, next, "ranges are consecutive");
                 assert!(r.count > 0);
                 assert_eq!(r.first % per, 0, "a range starts on a whole invocation");
+                assert_eq!(r.first % shape.align, 0, "a range starts where asked");
                 for p in &parts {
                     if let Part::Elements(b) = p {
                         assert_eq!(r.first * b % lcm(align, 16), 0, "aligned start");

@@ -3,7 +3,7 @@
 //! (log-sum-exp with the row maximum subtracted), and its gradient.
 
 use super::mean::mean;
-use crate::device::{Kernel, Workgroups};
+use crate::device::{Kernel, Part, Workgroups};
 use crate::memory::Category;
 use crate::tensor::{DType, Tensor, TensorError};
 
@@ -54,11 +54,18 @@ pub fn cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<Tensor, TensorE
         "cross_entropy.rows",
         Some(Category::Temporary),
     )?;
-    logits.engine().dispatch(
+    super::launch_rows(
+        logits,
         &FORWARD,
-        &[&logits.slice(), &labels.slice(), &losses.slice()],
+        &[
+            (&logits.slice(), Part::Elements(p.classes as u64 * 4)),
+            (&labels.slice(), Part::Elements(4)),
+            (&losses.slice(), Part::Elements(4)),
+        ],
         bytemuck::bytes_of(&p),
-        Workgroups::Linear((p.rows as u64).div_ceil(64)),
+        p.rows as usize,
+        64,
+        1,
     )?;
     mean(&losses, "loss")
 }

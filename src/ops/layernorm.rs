@@ -4,8 +4,8 @@
 //! needs them — PyTorch saves the input, these two `[rows]` tensors and the
 //! affine parameters, and so does the tape.
 
-use super::{check_u32, launch, MAX_LOOP_ITERATIONS};
-use crate::device::Kernel;
+use super::{check_u32, launch, launch_rows, ELEMENTWISE_WORKGROUP, MAX_LOOP_ITERATIONS};
+use crate::device::{Kernel, Part};
 use crate::tensor::{DType, Tensor, TensorError};
 
 const SOURCE: &str = include_str!("../../shaders/layernorm.wgsl");
@@ -84,19 +84,22 @@ pub fn layernorm(
     let mean = Tensor::empty(e, &[rows], DType::F32, "layernorm.mean")?;
     let rstd = Tensor::empty(e, &[rows], DType::F32, "layernorm.rstd")?;
     let p = params(rows, cols, eps);
-    launch(
+    let (row, one) = (Part::Elements(cols as u64 * 4), Part::Elements(4));
+    launch_rows(
         x,
         &FORWARD,
         &[
-            &x.slice(),
-            &w.slice(),
-            &b.slice(),
-            &y.slice(),
-            &mean.slice(),
-            &rstd.slice(),
+            (&x.slice(), row),
+            (&w.slice(), Part::Whole),
+            (&b.slice(), Part::Whole),
+            (&y.slice(), row),
+            (&mean.slice(), one),
+            (&rstd.slice(), one),
         ],
         bytemuck::bytes_of(&p),
         rows,
+        ELEMENTWISE_WORKGROUP,
+        1,
     )?;
     Ok(LayerNormOut { y, mean, rstd })
 }
@@ -117,19 +120,22 @@ pub fn layernorm_backward(
     let dw = Tensor::empty(e, &[cols], DType::F32, "layernorm.grad_weight")?;
     let db = Tensor::empty(e, &[cols], DType::F32, "layernorm.grad_bias")?;
     let mut p = params(rows, cols, 0.0);
-    launch(
+    let (row, one) = (Part::Elements(cols as u64 * 4), Part::Elements(4));
+    launch_rows(
         x,
         &BACKWARD_INPUT,
         &[
-            &x.slice(),
-            &w.slice(),
-            &g.slice(),
-            &dx.slice(),
-            &mean.slice(),
-            &rstd.slice(),
+            (&x.slice(), row),
+            (&w.slice(), Part::Whole),
+            (&g.slice(), row),
+            (&dx.slice(), row),
+            (&mean.slice(), one),
+            (&rstd.slice(), one),
         ],
         bytemuck::bytes_of(&p),
         rows,
+        ELEMENTWISE_WORKGROUP,
+        1,
     )?;
     // Rows in chunks under llvmpipe's loop limit; later chunks accumulate.
     let mut r0 = 0;

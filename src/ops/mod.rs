@@ -186,6 +186,35 @@ pub(crate) fn launch_flat(
             elements: n as u64,
             per_invocation: per,
             workgroup: ELEMENTWISE_WORKGROUP,
+            align: 1,
+        },
+    )?;
+    Ok(())
+}
+
+/// Dispatches a row kernel: one invocation per row of `rows`, `workgroup`
+/// to a group, each touching only its own row of every `Part::Elements`
+/// binding (a part's bytes are then a row's), with `params` beginning
+/// with the row count. Past the binding budget it runs in ranges of rows
+/// (`device::flat`), each starting on a multiple of `align` rows.
+pub(crate) fn launch_rows(
+    t: &Tensor,
+    kernel: &Kernel,
+    bindings: &[(&BufferSlice, Part)],
+    params: &[u8],
+    rows: usize,
+    workgroup: u64,
+    align: usize,
+) -> Result<(), TensorError> {
+    t.engine().dispatch_flat(
+        kernel,
+        bindings,
+        params,
+        Flat {
+            elements: rows as u64,
+            per_invocation: 1,
+            workgroup,
+            align: align as u64,
         },
     )?;
     Ok(())

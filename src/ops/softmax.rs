@@ -4,7 +4,7 @@
 //! causal variant of GPT's attention.
 
 use super::{check_u32, MAX_LOOP_ITERATIONS};
-use crate::device::{Kernel, Workgroups};
+use crate::device::{Kernel, Part};
 use crate::tensor::{DType, Tensor, TensorError};
 
 const SOURCE: &str = include_str!("../../shaders/softmax.wgsl");
@@ -49,13 +49,19 @@ fn run(
     out: &Tensor,
     p: Params,
 ) -> Result<(), TensorError> {
-    a.engine().dispatch(
+    // A row at a time past the binding budget; a causal row's place in
+    // its matrix is its index modulo the columns, so ranges start on a
+    // matrix.
+    let row = Part::Elements(p.cols as u64 * 4);
+    super::launch_rows(
+        a,
         kernel,
-        &[&a.slice(), &b.slice(), &out.slice()],
+        &[(&a.slice(), row), (&b.slice(), row), (&out.slice(), row)],
         bytemuck::bytes_of(&p),
-        Workgroups::Linear((p.rows as u64).div_ceil(64)),
-    )?;
-    Ok(())
+        p.rows as usize,
+        64,
+        if p.causal != 0 { p.cols as usize } else { 1 },
+    )
 }
 
 /// `softmax(scale · x)` along the last axis.

@@ -68,12 +68,15 @@ pub fn fifo_with_reader(dir: &Path, name: &str) -> (PathBuf, std::thread::JoinHa
 
 /// `vramlab ARGS` started with a pause after each 64 KiB it writes, once
 /// its temporary file exists and holds part of the data: a writer caught
-/// mid-write, to be killed or interrupted.
+/// mid-write, to be killed or interrupted. The pause is long (3 s, cut
+/// short by the signal) so that a loaded machine, whose test thread may
+/// wait hundreds of milliseconds for a core, still signals the writer
+/// before it finishes (300 ms let it finish under CI's load).
 pub fn writer_caught_mid_write(args: &[&str], dir: &Path) -> std::process::Child {
     use std::time::{Duration, Instant};
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
         .args(args)
-        .env("VRAMLAB_TEST_SLOW_WRITE_MS", "300")
+        .env("VRAMLAB_TEST_SLOW_WRITE_MS", "3000")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
