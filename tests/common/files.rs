@@ -71,10 +71,28 @@ pub fn fifo_with_reader(dir: &Path, name: &str) -> (PathBuf, std::thread::JoinHa
 /// mid-write, to be killed or interrupted. The pause is long (3 s, cut
 /// short by the signal) so that a loaded machine, whose test thread may
 /// wait hundreds of milliseconds for a core, still signals the writer
-/// before it finishes (300 ms let it finish under CI's load).
+/// before it finishes.
 pub fn writer_caught_mid_write(args: &[&str], dir: &Path) -> std::process::Child {
     use std::time::{Duration, Instant};
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"));
+    // The writer starts with the signals' default actions, as from a
+    // terminal: a shell that ran these tests in the background (`cmd &`,
+    // no job control) passed SIGINT on ignored, and vramlab rightly
+    // leaves an ignored signal ignored, so it wrote on and exited 0.
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: only async-signal-safe calls, between fork and exec.
+        unsafe {
+            command.pre_exec(|| {
+                for sig in [libc::SIGINT, libc::SIGTERM] {
+                    libc::signal(sig, libc::SIG_DFL);
+                }
+                Ok(())
+            });
+        }
+    }
+    let mut child = command
         .args(args)
         .env("VRAMLAB_TEST_SLOW_WRITE_MS", "3000")
         .stdout(std::process::Stdio::null())
