@@ -78,17 +78,21 @@ impl Product<'_> {
             return self.record(engine, kernel, &slices, &rebased);
         }
         let (bm, bn) = self.block;
-        if p.batch > 1 {
-            let half = p.batch / 2;
-            let mut first = p;
-            first.batch = half;
-            let mut rest = p;
-            rest.batch -= half;
-            rest.a_off += half * p.a_bs;
-            rest.b_off += half * p.b_bs;
-            rest.c_off += half * p.splits * p.c_bs;
+        let both = |[first, rest]: [MatmulParams; 2]| {
             self.part(engine, kernel, first)?;
-            return self.part(engine, kernel, rest);
+            self.part(engine, kernel, rest)
+        };
+        if p.batch > 1 {
+            return both(halves(
+                p,
+                p.batch / 2,
+                |q| &mut q.batch,
+                |q, h| {
+                    q.a_off += h * p.a_bs;
+                    q.b_off += h * p.b_bs;
+                    q.c_off += h * p.splits * p.c_bs;
+                },
+            ));
         }
         if p.splits > 1 && self.implicit.is_none() {
             // One K slice at a time, each into its own place in the
@@ -113,42 +117,42 @@ impl Product<'_> {
         // Whole blocks while there are several, then single rows (a row
         // of a transposed operand may be a long stretch of memory).
         if p.m > 1 && self.bias.is_none() {
-            let half = cut(p.m, bm, 1);
-            let mut first = p;
-            first.m = half;
-            let mut rest = p;
-            rest.m -= half;
-            rest.a_off += half * p.a_rs;
-            rest.c_off += half * p.c_rs;
-            self.part(engine, kernel, first)?;
-            return self.part(engine, kernel, rest);
+            return both(halves(
+                p,
+                cut(p.m, bm, 1),
+                |q| &mut q.m,
+                |q, h| {
+                    q.a_off += h * p.a_rs;
+                    q.c_off += h * p.c_rs;
+                },
+            ));
         }
         let (n_step, k_step) = self.steps;
         if p.n > n_step {
-            let half = cut(p.n, bn, n_step);
-            let mut first = p;
-            first.n = half;
-            let mut rest = p;
-            rest.n -= half;
-            rest.b_off += half * p.b_cs;
-            rest.c_off += half * p.c_cs;
-            self.part(engine, kernel, first)?;
-            return self.part(engine, kernel, rest);
+            return both(halves(
+                p,
+                cut(p.n, bn, n_step),
+                |q| &mut q.n,
+                |q, h| {
+                    q.b_off += h * p.b_cs;
+                    q.c_off += h * p.c_cs;
+                },
+            ));
         }
         // K halves, the second adding to what the first wrote.
         if let (Some(k_part), true) = (self.k_part, p.k > k_step) {
-            let half = cut(p.k, 64, k_step);
-            {
-                let mut first = p;
-                first.k = half;
-                let mut rest = p;
-                rest.k -= half;
-                rest.a_off += half * p.a_cs;
-                rest.b_off += half * p.b_rs;
-                rest.accumulate = 1;
-                self.part(engine, &k_part(p.accumulate != 0, false), first)?;
-                return self.part(engine, &k_part(true, false), rest);
-            }
+            let [first, mut rest] = halves(
+                p,
+                cut(p.k, 64, k_step),
+                |q| &mut q.k,
+                |q, h| {
+                    q.a_off += h * p.a_cs;
+                    q.b_off += h * p.b_rs;
+                },
+            );
+            rest.accumulate = 1;
+            self.part(engine, &k_part(p.accumulate != 0, false), first)?;
+            return self.part(engine, &k_part(true, false), rest);
         }
         // Nothing left to cut: the dispatch names what does not fit.
         self.record(engine, kernel, &slices, &rebased)
@@ -204,6 +208,22 @@ impl Product<'_> {
         slices.extend(self.bias.map(|t| t.slice()));
         (slices, q)
     }
+}
+
+/// `p` cut in two along one dimension: the first part its first `at`
+/// (`len` names the dimension's length), the rest moved past them by
+/// `shift`.
+fn halves(
+    p: MatmulParams,
+    at: u32,
+    len: fn(&mut MatmulParams) -> &mut u32,
+    shift: impl Fn(&mut MatmulParams, u32),
+) -> [MatmulParams; 2] {
+    let (mut first, mut rest) = (p, p);
+    *len(&mut first) = at;
+    *len(&mut rest) -= at;
+    shift(&mut rest, at);
+    [first, rest]
 }
 
 /// Where to cut `len` in two: at a whole `block` past half of it while
