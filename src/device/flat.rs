@@ -12,6 +12,8 @@
 //! set to the range's. A flat kernel whose windows fit runs as one
 //! dispatch, exactly as before.
 
+use super::windows::{gcd, lcm};
+
 /// How one binding of a flat kernel relates to the kernel's elements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Part {
@@ -42,23 +44,11 @@ pub struct Range {
     pub count: u64,
 }
 
-fn gcd(a: u64, b: u64) -> u64 {
-    let (mut x, mut y) = (a, b);
-    while y != 0 {
-        (x, y) = (y, x % y);
-    }
-    x
-}
-
-fn lcm(a: u64, b: u64) -> u64 {
-    a / gcd(a, b) * b
-}
-
 /// The ranges a flat kernel of `shape` over bindings `parts` runs in when
 /// each split binding may use `windows_each` windows of `window` bytes.
 /// Every range starts on a whole invocation and at a byte offset that is a
-/// multiple of `alignment` and 16 in every split binding (so it binds where
-/// the device accepts and on a whole `vec4`), and each binding's part of
+/// multiple of `unit_bytes` (the device's offset unit, `Gpu::offset_unit`)
+/// in every split binding, and each binding's part of
 /// it spans at most `windows_each / 2` windows' bytes, so that it takes at
 /// most `windows_each` windows even where buffer boundaries cut it (a
 /// buffer holds at least one window).
@@ -66,10 +56,10 @@ pub fn ranges(
     shape: Flat,
     parts: &[Part],
     window: u64,
-    alignment: u64,
+    unit_bytes: u64,
     windows_each: u64,
 ) -> Vec<Range> {
-    let unit_bytes = lcm(alignment.max(1), 16);
+    let unit_bytes = unit_bytes.max(1);
     let mut unit = lcm(shape.per_invocation.max(1), shape.align.max(1));
     let mut widest = 1;
     for p in parts {
@@ -117,7 +107,7 @@ mod tests {
                 workgroup: 256,
                 align: if per == 1 { 3 } else { 1 },
             };
-            let rs = ranges(shape, &parts, window, align, each);
+            let rs = ranges(shape, &parts, window, lcm(align, 16), each);
             let mut next = 0;
             for r in &rs {
                 assert_eq!(r.first, next, "ranges are consecutive");

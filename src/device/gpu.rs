@@ -481,13 +481,12 @@ impl Gpu {
             return self.dispatch_as(kernel, &slices, params, groups(shape.elements), op);
         }
         let each = (limit - whole) / split_parts;
-        let alignment = self.limits.min_storage_buffer_offset_alignment as u64;
         let parts: Vec<Part> = bindings.iter().map(|(_, p)| *p).collect();
         let name = op();
         // A buffer holds at least one window of this size, and a window
         // never crosses a buffer.
         let window = self.binding_window.min(self.buffer_piece);
-        for r in ranges(shape, &parts, window, alignment, each) {
+        for r in ranges(shape, &parts, window, self.offset_unit(), each) {
             let sub: Vec<BufferSlice> = bindings
                 .iter()
                 .map(|(b, p)| match *p {

@@ -103,12 +103,16 @@ pub fn window_size(limit: u64, alignment: u64) -> u64 {
     (limit / unit * unit).max(unit)
 }
 
-fn lcm(a: u64, b: u64) -> u64 {
+pub(crate) fn gcd(a: u64, b: u64) -> u64 {
     let (mut x, mut y) = (a, b);
     while y != 0 {
         (x, y) = (y, x % y);
     }
-    a / x * b
+    x
+}
+
+pub(crate) fn lcm(a: u64, b: u64) -> u64 {
+    a / gcd(a, b) * b
 }
 
 /// One storage declaration found in composed WGSL.

@@ -1176,8 +1176,6 @@ fn dispatch(
     } else {
         0
     };
-    // A part of K (matmul_budget) compiles its own length where the
-    // variant holds it (rows_outer).
     let k2 = rows_outer == 0
         && tile.k2()
         && !vec4.k
