@@ -400,14 +400,20 @@ fn c10(ctx: &Ctx) -> anyhow::Result<Outcome> {
 
 fn c11(ctx: &Ctx) -> anyhow::Result<Outcome> {
     let cap = 32u64 << 30;
-    let mut fits = 0;
-    for b in [64usize, 96, 128, 160, 176, 192] {
-        let p = crate::estimate::Plan {
+    let plans: Vec<_> = [64usize, 96, 128, 160, 176, 192]
+        .into_iter()
+        .map(|b| crate::estimate::Plan {
             optimizer: sgd(),
             ..plan(resnet50(152, 224), b)
-        };
-        if ctx.run(&p, 2)?.peak_reserved_bytes <= cap {
-            fits = b;
+        })
+        .collect();
+    for p in &plans {
+        ctx.check(p, 2)?;
+    }
+    let mut fits = 0;
+    for p in &plans {
+        if ctx.run(p, 2)?.peak_reserved_bytes <= cap {
+            fits = p.batch;
         }
     }
     Ok(outcome(
@@ -436,10 +442,13 @@ fn c12(ctx: &Ctx) -> anyhow::Result<Outcome> {
     let params = gpt("175b", 2048)?.parameter_count();
     let (small, xl) = (gpt("gpt2", 1024)?, gpt("gpt2-xl", 1024)?);
     let (p2, pxl) = (small.parameter_count() as f64, xl.parameter_count() as f64);
-    let peak = |s: ModelSpec| -> anyhow::Result<f64> {
-        Ok(ctx.run(&plan(s, 1), 1)?.peak_allocated_bytes as f64)
+    let (small, xl) = (plan(small, 1), plan(xl, 1));
+    ctx.check(&xl, 1)?;
+    ctx.check(&small, 1)?;
+    let peak = |p: &crate::estimate::Plan| -> anyhow::Result<f64> {
+        Ok(ctx.run(p, 1)?.peak_allocated_bytes as f64)
     };
-    let mem_ratio = peak(xl)? / peak(small)?;
+    let mem_ratio = peak(&xl)? / peak(&small)?;
     let gb = params as f64 * 4.0 / 1e9;
     Ok(outcome(
         vec![
@@ -545,19 +554,17 @@ fn c15(ctx: &Ctx) -> anyhow::Result<Outcome> {
 }
 
 fn c16(ctx: &Ctx) -> anyhow::Result<Outcome> {
-    let run = |b| -> anyhow::Result<f64> {
-        Ok(ctx
-            .run(
-                &crate::estimate::Plan {
-                    optimizer: sgd(),
-                    ..plan(resnet50(101, 224), b)
-                },
-                2,
-            )?
-            .peak_allocated_bytes as f64
-            / (1u64 << 30) as f64)
+    let plan_of = |b| crate::estimate::Plan {
+        optimizer: sgd(),
+        ..plan(resnet50(101, 224), b)
     };
-    let (a, b) = (run(32)?, run(64)?);
+    let (p32, p64) = (plan_of(32), plan_of(64));
+    ctx.check(&p64, 2)?;
+    ctx.check(&p32, 2)?;
+    let run = |p| -> anyhow::Result<f64> {
+        Ok(ctx.run(p, 2)?.peak_allocated_bytes as f64 / (1u64 << 30) as f64)
+    };
+    let (a, b) = (run(&p32)?, run(&p64)?);
     Ok(outcome(
         vec![fig("ResNet-101 batch 32 peak", a, "GiB"), fig("batch 64", b, "GiB")],
         Verdict::Wrong(format!("{a:.1} → {b:.1} GiB: {:.2}×, linear, no threshold (the article's 28 → 31 GB implies a fixed 25 GB)", b / a)),

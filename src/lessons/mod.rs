@@ -110,32 +110,60 @@ impl Ctx {
         }
     }
 
-    /// `steps` steps of `plan`, analysed. On a CPU adapter, whose memory
-    /// is the host's, a plan the simulation (exact to the byte) shows
-    /// needing more than the host has free is refused up front with both
-    /// figures: running it would swap or be killed, not fail cleanly.
+    /// `steps` steps of `plan`, analysed, after [`Ctx::check`]'s refusal.
     pub fn run(&self, plan: &Plan, steps: usize) -> anyhow::Result<Analysis> {
         let engine = self.engine(plan.config.clone())?;
-        if let Some(free) = engine
+        Self::check_on(&engine, plan, steps)?;
+        let p = run_steps(engine, plan, 0, steps)?;
+        Ok(analyze(&p.events, &p.layer_outputs))
+    }
+
+    /// Whether `plan` can run here. On a CPU adapter, whose memory is the
+    /// host's, a plan the simulation (exact to the byte) shows needing more
+    /// than the host has free is refused with both figures: running it would
+    /// swap or be killed, not fail cleanly. A lesson with several plans
+    /// checks them all before running any, so a refusal costs no run.
+    pub fn check(&self, plan: &Plan, steps: usize) -> anyhow::Result<()> {
+        match self.device {
+            None => Ok(()),
+            Some(_) => Self::check_on(&self.engine(plan.config.clone())?, plan, steps),
+        }
+    }
+
+    fn check_on(engine: &Engine, plan: &Plan, steps: usize) -> anyhow::Result<()> {
+        let Some(free) = engine
             .is_cpu_adapter()
             .then(crate::device::host_memory::available)
             .flatten()
-        {
-            let sim = run_steps(Engine::simulated(plan.config.clone(), None), plan, 0, steps)?;
-            let need = analyze(&sim.events, &sim.layer_outputs).peak_reserved_bytes;
-            // Host copies of inputs and the process itself need room too.
-            if need > free / 10 * 8 {
-                anyhow::bail!(
-                    "{} batch {} needs {} of device memory (simulated, exact), more than 80% of the {} this CPU adapter's host has free",
-                    plan.model.name(),
-                    plan.batch,
-                    format_size(need),
-                    format_size(free)
-                );
-            }
+        else {
+            return Ok(());
+        };
+        let sim = run_steps(Engine::simulated(plan.config.clone(), None), plan, 0, steps)?;
+        let need = analyze(&sim.events, &sim.layer_outputs).peak_reserved_bytes;
+        // Host copies of inputs and the process itself need room too.
+        if need > free / 10 * 8 {
+            anyhow::bail!(
+                "{} batch {} needs {} of device memory (simulated, exact), more than 80% of the {} this CPU adapter's host has free",
+                label(&plan.model),
+                plan.batch,
+                format_size(need),
+                format_size(free)
+            );
         }
-        let p = run_steps(engine, plan, 0, steps)?;
-        Ok(analyze(&p.events, &p.layer_outputs))
+        Ok(())
+    }
+}
+
+/// A model as a refusal names it: the zoo name, and the size knob that
+/// tells one lesson's plans apart.
+fn label(model: &ModelSpec) -> String {
+    match model {
+        ModelSpec::Resnet50 { depth, .. } => format!("ResNet-{depth}"),
+        ModelSpec::Gpt { seq, .. } => format!(
+            "gpt of {:.2}B parameters ({seq} tokens)",
+            model.parameter_count() as f64 / 1e9
+        ),
+        other => other.name().to_string(),
     }
 }
 
