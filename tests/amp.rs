@@ -31,6 +31,7 @@ fn plan(name: &str, batch: usize, mode: Mode, amp: Option<DType>) -> Plan {
         mode,
         amp,
         dtype: DType::F32,
+        loss: Default::default(),
         config: AllocatorConfig::default(),
     }
 }
@@ -47,6 +48,7 @@ fn half_models_are_estimated_exactly() {
             for mode in [Mode::Train, Mode::Inference] {
                 let p = Plan {
                     dtype: d,
+                    loss: Default::default(),
                     ..plan(name, batch, mode, None)
                 };
                 let sim = vramlab::estimate::run::run_steps(

@@ -33,6 +33,7 @@ fn estimate_equals_measurement_to_the_byte() {
                         mode,
                         amp: None,
                         dtype: vramlab::tensor::DType::F32,
+                        loss: Default::default(),
                         config: AllocatorConfig::default(),
                     };
                     let est = estimate(&plan).unwrap();
@@ -73,6 +74,7 @@ fn estimate_equals_measurement_under_the_vramlab_options() {
                 mode: Mode::Train,
                 amp: None,
                 dtype: vramlab::tensor::DType::F32,
+                loss: Default::default(),
                 config: config.clone(),
             };
             let est = estimate(&plan).unwrap();
@@ -101,6 +103,7 @@ fn inference_peaks_lower_and_checkpoint_keeps_fewer_activations() {
         mode,
         amp: None,
         dtype: vramlab::tensor::DType::F32,
+        loss: Default::default(),
         config: AllocatorConfig::default(),
     };
     let peak = |mode| {

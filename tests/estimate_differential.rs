@@ -25,8 +25,9 @@ use vramlab::lab::workload::{compare_with, Workload};
 use vramlab::memory::{AllocatorConfig, Category, MemEvent};
 use vramlab::nn::gpt::GptConfig;
 use vramlab::nn::ModelSpec;
+use vramlab::optim::OptimizerImpl;
 use vramlab::tensor::{DType, Engine, TensorError};
-use vramlab::train::{Batch, Mode, OptimizerConfig, OptimizerKind};
+use vramlab::train::{Batch, LossMode, Mode, OptimizerConfig, OptimizerKind};
 
 /// One drawn configuration.
 #[derive(Clone)]
@@ -150,7 +151,16 @@ fn draw_case(rng: &mut Rng, i: usize) -> Case {
         1 => OptimizerConfig::new(OptimizerKind::Sgd, None, Some(0.9), None),
         2 => OptimizerConfig::new(OptimizerKind::Adam, None, None, None),
         _ => OptimizerConfig::new(OptimizerKind::Adamw, None, None, None),
-    };
+    }
+    .with_impl(pick(
+        rng,
+        &[
+            OptimizerImpl::Foreach,
+            OptimizerImpl::ForLoop,
+            OptimizerImpl::Fused,
+        ],
+    ));
+    let loss = pick(rng, &[LossMode::CrossEntropy, LossMode::Fused]);
     let mode = [Mode::Train, Mode::Checkpoint, Mode::Inference][i / 6 % 3];
     // Plain f32, autocast, or a 16-bit model where its kernels allow one
     // (else autocast again).
@@ -178,6 +188,7 @@ fn draw_case(rng: &mut Rng, i: usize) -> Case {
             mode,
             amp,
             dtype,
+            loss,
             config,
         },
         accumulate,

@@ -25,6 +25,7 @@ fn plan() -> Plan {
         mode: Mode::Train,
         amp: None,
         dtype: vramlab::tensor::DType::F32,
+        loss: Default::default(),
         config: AllocatorConfig::default(),
     }
 }

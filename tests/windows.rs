@@ -128,6 +128,7 @@ fn plan(model: ModelSpec, batch: usize, amp: Option<DType>, kind: OptimizerKind)
         mode: Mode::Train,
         amp,
         dtype: DType::F32,
+        loss: Default::default(),
         config: AllocatorConfig::default(),
     }
 }

@@ -13,6 +13,9 @@ use crate::ops::linear::{linear as linear_fwd, linear_backward};
 use crate::ops::matmul::{matmul_ex, MatmulKernel};
 use crate::ops::mean::{mean_axis, mean_axis_backward, Axis};
 use crate::ops::mse::{mse as mse_fwd, mse_backward};
+use crate::ops::nll::{
+    log_softmax as log_softmax_fwd, log_softmax_backward, nll_loss as nll_fwd, nll_loss_backward,
+};
 use crate::ops::relu::{relu as relu_fwd, relu_backward};
 use crate::ops::softmax::{softmax as softmax_fwd, softmax_backward};
 use crate::tensor::{DType, ScopeGuard, Tensor, TensorError};
@@ -233,6 +236,42 @@ pub fn cross_entropy(tape: &Tape, logits: &Value, labels: &Tensor) -> Result<Val
         loss,
         &[logits],
         Box::new(move |g, _| Ok(vec![Some(cross_entropy_backward(&l, &y, g)?)])),
+    ))
+}
+
+/// `F.cross_entropy(logits, labels)` as PyTorch runs it: `log_softmax`
+/// (in f32: autocast's rule, and after model.half() the kernels' too),
+/// then `nll_loss`; see `ops::nll` for what each allocates and saves.
+pub fn cross_entropy_torch(
+    tape: &Tape,
+    logits: &Value,
+    labels: &Tensor,
+) -> Result<Value, TensorError> {
+    let scope = op_scope(logits, "cross_entropy");
+    let logits = &cast(tape, logits, DType::F32, "autocast.f32")?;
+    let logp = log_softmax(tape, logits)?;
+    let (loss, total_weight) = nll_fwd(logp.tensor(), labels)?;
+    note(&scope, &loss);
+    let (lp, y, tw) = (
+        save(tape, logp.tensor()),
+        save(tape, labels),
+        save(tape, &total_weight),
+    );
+    Ok(tape.record(
+        loss,
+        &[&logp],
+        Box::new(move |g, _| Ok(vec![Some(nll_loss_backward(&lp, &y, g, &tw)?)])),
+    ))
+}
+
+/// `torch.log_softmax(x, dim=1)` over `[rows, classes]`; saves its output.
+pub fn log_softmax(tape: &Tape, x: &Value) -> Result<Value, TensorError> {
+    let y = log_softmax_fwd(x.tensor())?;
+    let ys = save(tape, &y);
+    Ok(tape.record(
+        y,
+        &[x],
+        Box::new(move |g, _| Ok(vec![Some(log_softmax_backward(g, &ys)?)])),
     ))
 }
 

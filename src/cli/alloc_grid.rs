@@ -63,6 +63,7 @@ pub fn run(json: bool) -> anyhow::Result<()> {
                     mode: Mode::Train,
                     amp: None,
                     dtype: crate::tensor::DType::F32,
+                    loss: Default::default(),
                     config: AllocatorConfig::default(),
                 };
                 let (pr, pd) = measure(&plan, AllocatorConfig::default())?;

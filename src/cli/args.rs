@@ -410,6 +410,17 @@ pub struct StepArgs {
     /// SGD momentum (a momentum buffer per parameter when non-zero).
     #[arg(long)]
     pub momentum: Option<f32>,
+    /// Which torch.optim implementation the step follows: foreach
+    /// (PyTorch's default on CUDA; its temporaries are parameter-sized
+    /// lists), for-loop (`foreach=False`; one parameter's temporaries at a
+    /// time) or fused (`fused=True`; none).
+    #[arg(long, value_enum, default_value = "foreach")]
+    pub optimizer_impl: crate::optim::OptimizerImpl,
+    /// The loss: cross-entropy (PyTorch's F.cross_entropy: log_softmax,
+    /// then nll_loss; three vocabulary-sized buffers at its peak) or fused
+    /// (vramlab's one kernel; two).
+    #[arg(long, value_name = "cross-entropy|fused", default_value = "cross-entropy", value_parser = crate::train::LossMode::parse)]
+    pub loss: crate::train::LossMode,
     /// train: forward, backward, optimizer; checkpoint: the same with the
     /// model's segments checkpointed; inference: a no_grad forward.
     #[arg(long, value_enum, default_value = "train")]
@@ -440,7 +451,8 @@ pub fn parse_amp(s: &str) -> Result<crate::tensor::DType, String> {
 impl StepArgs {
     /// The optimizer with torch.optim's defaults, validated.
     pub fn optimizer(&self) -> Result<crate::train::OptimizerConfig, ArgError> {
-        let o = crate::train::OptimizerConfig::new(self.optimizer, None, self.momentum, None);
+        let o = crate::train::OptimizerConfig::new(self.optimizer, None, self.momentum, None)
+            .with_impl(self.optimizer_impl);
         o.validate().map_err(ArgError)?;
         Ok(o)
     }
@@ -460,6 +472,7 @@ impl StepArgs {
             mode: self.mode,
             amp: self.amp,
             dtype: crate::tensor::DType::F32,
+            loss: self.loss,
             config,
         })
     }

@@ -313,6 +313,7 @@ fn plan(spec: &ModelSpec, batch: usize) -> Plan {
         mode: Mode::Train,
         amp: None,
         dtype: crate::tensor::DType::F32,
+        loss: Default::default(),
         config: AllocatorConfig::default(),
     }
 }

@@ -82,6 +82,7 @@ pub fn recorded_suite() -> anyhow::Result<Vec<Workload>> {
             mode: Mode::Train,
             amp: None,
             dtype: crate::tensor::DType::F32,
+            loss: Default::default(),
             config: AllocatorConfig::default(),
         };
         let p = run_steps(

@@ -90,6 +90,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
             mode: crate::train::Mode::Train,
             amp,
             dtype: crate::tensor::DType::F32,
+            loss: Default::default(),
             config: config.clone(),
         })
     };

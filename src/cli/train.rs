@@ -40,6 +40,15 @@ pub struct TrainArgs {
     /// Weight decay (default 0; adamw 0.01).
     #[arg(long)]
     pub weight_decay: Option<f32>,
+    /// Which torch.optim implementation the step follows: foreach
+    /// (PyTorch's default on CUDA), for-loop (`foreach=False`) or fused
+    /// (`fused=True`); the same update, different temporaries.
+    #[arg(long, value_enum, default_value = "foreach")]
+    pub optimizer_impl: crate::optim::OptimizerImpl,
+    /// The loss: cross-entropy (PyTorch's F.cross_entropy: log_softmax,
+    /// then nll_loss) or fused (vramlab's one kernel, one buffer fewer).
+    #[arg(long, value_name = "cross-entropy|fused", default_value = "cross-entropy", value_parser = crate::train::LossMode::parse)]
+    pub loss: crate::train::LossMode,
     /// Seed for the initial weights and the random batch.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -176,7 +185,8 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     if let Some(w) = args.weight_decay {
         super::args::check_number("--weight-decay", w, false)?;
     }
-    let opt = OptimizerConfig::new(args.optimizer, args.lr, args.momentum, args.weight_decay);
+    let opt = OptimizerConfig::new(args.optimizer, args.lr, args.momentum, args.weight_decay)
+        .with_impl(args.optimizer_impl);
     opt.validate().map_err(anyhow::Error::msg)?;
 
     let alloc_config = args.alloc.config(None)?;
@@ -319,6 +329,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
                 mode: crate::train::Mode::Train,
                 amp: None,
                 dtype: crate::tensor::DType::F32,
+                loss: args.loss,
                 config: alloc_config.clone(),
             };
             Some(plan.step_peaks(args.steps)?)

@@ -20,6 +20,8 @@ pub struct Plan {
     pub amp: Option<DType>,
     /// The model's dtype (`model.half()`: f16; f32 normally).
     pub dtype: DType,
+    /// Which cross-entropy the step runs.
+    pub loss: crate::train::LossMode,
     #[serde(skip)]
     pub config: AllocatorConfig,
 }
@@ -42,6 +44,7 @@ impl Plan {
             .with_dtype(self.dtype)?
             .with_amp(self.amp);
         trainer.mode = self.mode;
+        trainer.loss = self.loss;
         Ok((trainer, batch))
     }
 

@@ -176,6 +176,7 @@ pub fn plan(model: ModelSpec, batch: usize) -> Plan {
         mode: Mode::Train,
         amp: None,
         dtype: DType::F32,
+        loss: Default::default(),
         config: AllocatorConfig::default(),
     }
 }

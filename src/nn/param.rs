@@ -52,6 +52,11 @@ impl ParamStore {
         self.params.iter_mut()
     }
 
+    /// The name of the `i`-th parameter in registration order ("" past the end).
+    pub fn name_of(&self, i: usize) -> &str {
+        self.params.get(i).map_or("", |p| p.name.as_str())
+    }
+
     pub fn len(&self) -> usize {
         self.params.len()
     }

@@ -19,6 +19,7 @@ mod matmul_budget;
 pub mod maxpool;
 pub mod mean;
 pub mod mse;
+pub mod nll;
 pub mod partials;
 pub mod relu;
 pub mod softmax;

@@ -4,10 +4,13 @@
 
 pub mod adam;
 pub mod grad_scaler;
+pub mod implementation;
+mod phases;
 pub mod sgd;
 
 pub use adam::Adam;
 pub use grad_scaler::GradScaler;
+pub use implementation::OptimizerImpl;
 pub use sgd::Sgd;
 
 use crate::nn::ParamStore;

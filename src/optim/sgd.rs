@@ -3,11 +3,25 @@
 //! copy of the gradient, PyTorch's `torch.clone(d_p)`), so memory steps up by
 //! one parameter-sized buffer there, and not at all without momentum.
 
-use super::Optimizer;
+use super::phases::{self, grad_of};
+use super::{Optimizer, OptimizerImpl};
 use crate::nn::ParamStore;
 use crate::tensor::{Tensor, TensorError};
 
 const SGD: &str = include_str!("../../shaders/sgd.wgsl");
+const PHASES: &str = include_str!("../../shaders/sgd_phases.wgsl");
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct PhaseParams {
+    n: u32,
+    phase: u32,
+    _p: [u32; 2],
+    lr: f32,
+    momentum: f32,
+    dampening: f32,
+    weight_decay: f32,
+}
 
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
@@ -29,6 +43,7 @@ pub struct Sgd {
     pub dampening: f32,
     pub weight_decay: f32,
     pub nesterov: bool,
+    pub implementation: OptimizerImpl,
     buffers: Vec<Option<Tensor>>,
 }
 
@@ -41,35 +56,61 @@ impl Sgd {
             dampening: 0.0,
             weight_decay: 0.0,
             nesterov: false,
+            implementation: OptimizerImpl::default(),
             buffers: Vec::new(),
         }
     }
 }
 
-impl Optimizer for Sgd {
-    fn name(&self) -> &'static str {
-        "sgd"
+impl Sgd {
+    fn params(&self, phase: u32, n: usize) -> PhaseParams {
+        PhaseParams {
+            n: n as u32,
+            phase,
+            _p: [0; 2],
+            lr: self.lr,
+            momentum: self.momentum,
+            dampening: self.dampening,
+            weight_decay: self.weight_decay,
+        }
     }
 
-    fn state_bytes(&self) -> usize {
-        self.buffers.iter().flatten().map(Tensor::nbytes).sum()
+    fn phase(&self, phase: u32, w: &Tensor, b: [&Tensor; 3]) -> Result<(), TensorError> {
+        let params = self.params(phase, w.numel());
+        phases::run(
+            "sgd_phases",
+            PHASES,
+            w,
+            &[w, b[0], b[1], b[2]],
+            bytemuck::bytes_of(&params),
+        )
     }
 
-    fn step(&mut self, store: &mut ParamStore) -> Result<(), TensorError> {
-        self.buffers.resize_with(store.len(), || None);
+    /// A new momentum buffer for parameter `i` (its first step), unfilled.
+    fn new_buffer(&mut self, i: usize, w: &Tensor, name: &str) -> Result<(), TensorError> {
+        self.buffers[i] = Some(Tensor::empty(
+            w.engine(),
+            w.shape(),
+            w.dtype(),
+            &format!("sgd.momentum_buffer.{name}"),
+        )?);
+        Ok(())
+    }
+
+    /// `_fused_sgd`: on the first step every momentum buffer is made
+    /// (`torch.empty_like`) before one kernel per parameter fills it.
+    fn fused(&mut self, store: &ParamStore) -> Result<(), TensorError> {
         let has_momentum = self.momentum != 0.0;
-        for (i, p) in store.iter_mut().enumerate() {
-            let Some(g) = &p.grad else { continue };
-            let first = has_momentum && self.buffers[i].is_none();
-            if first {
-                let label = format!("sgd.momentum_buffer.{}", p.name);
-                self.buffers[i] = Some(Tensor::empty(
-                    p.value.engine(),
-                    p.value.shape(),
-                    p.value.dtype(),
-                    &label,
-                )?);
+        let first = has_momentum && self.buffers.iter().all(Option::is_none);
+        if first {
+            for (i, p) in store.iter().enumerate() {
+                if p.grad.is_some() {
+                    self.new_buffer(i, &p.value, &p.name)?;
+                }
             }
+        }
+        for (i, p) in store.iter().enumerate() {
+            let Some(g) = &p.grad else { continue };
             let buf = self.buffers[i]
                 .as_ref()
                 .filter(|_| has_momentum)
@@ -85,17 +126,6 @@ impl Optimizer for Sgd {
                 dampening: self.dampening,
                 weight_decay: self.weight_decay,
             };
-            if g.dtype() != p.value.dtype() {
-                return Err(TensorError::InvalidShape {
-                    op: "sgd",
-                    message: format!(
-                        "{}: a {} gradient for a {} parameter",
-                        p.name,
-                        g.dtype(),
-                        p.value.dtype()
-                    ),
-                });
-            }
             crate::ops::launch_flat(
                 &p.value,
                 &crate::ops::typed_kernel("sgd", SGD, "main", p.value.dtype()),
@@ -106,5 +136,125 @@ impl Optimizer for Sgd {
             )?;
         }
         Ok(())
+    }
+
+    /// `_multi_tensor_sgd`: weight decay makes a new list of gradients; a
+    /// first step clones them into the momentum buffers; without Nesterov
+    /// `device_grads = bufs` drops the decayed list before the update.
+    fn foreach(&mut self, store: &ParamStore) -> Result<(), TensorError> {
+        let live: Vec<(usize, &Tensor, &Tensor)> = store
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| Some((i, &p.value, p.grad.as_ref()?)))
+            .collect();
+        // device_grads: handles on the gradients, or the decayed list.
+        let mut grads = Vec::with_capacity(live.len());
+        for &(_, w, g) in &live {
+            grads.push(if self.weight_decay != 0.0 {
+                let t = phases::temporary(w, "sgd._foreach_add")?;
+                self.phase(0, w, [g, w, &t])?;
+                t
+            } else {
+                g.clone()
+            });
+        }
+        if self.momentum != 0.0 {
+            for (&(i, w, _), g) in live.iter().zip(&grads) {
+                if self.buffers[i].is_none() {
+                    self.new_buffer(i, w, store.name_of(i))?;
+                    self.phase(1, w, [g, self.buf(i)?, w])?;
+                } else {
+                    self.phase(2, w, [g, self.buf(i)?, w])?;
+                }
+            }
+            if self.nesterov {
+                for (&(i, w, _), g) in live.iter().zip(&grads) {
+                    self.phase(3, w, [g, self.buf(i)?, w])?;
+                }
+            } else {
+                grads = live
+                    .iter()
+                    .map(|&(i, _, _)| self.buf(i).cloned())
+                    .collect::<Result<_, _>>()?;
+            }
+        }
+        for (&(_, w, _), g) in live.iter().zip(&grads) {
+            self.phase(5, w, [g, w, w])?;
+        }
+        Ok(())
+    }
+
+    /// `_single_tensor_sgd`: a parameter at a time; the decayed gradient
+    /// (or Nesterov's sum) lives until the next parameter's
+    /// `grad = grads[i]`, or until `grad = buf` drops it.
+    fn for_loop(&mut self, store: &ParamStore) -> Result<(), TensorError> {
+        let mut grad: Option<Tensor> = None;
+        for (i, p) in store.iter().enumerate() {
+            let Some(g0) = &p.grad else { continue };
+            let w = &p.value;
+            grad = None;
+            if self.weight_decay != 0.0 {
+                let t = phases::temporary(w, "sgd.grad.add")?;
+                self.phase(0, w, [g0, w, &t])?;
+                grad = Some(t);
+            }
+            if self.momentum != 0.0 {
+                let g = grad.clone().unwrap_or_else(|| g0.clone());
+                if self.buffers[i].is_none() {
+                    self.new_buffer(i, w, &p.name)?;
+                    self.phase(1, w, [&g, self.buf(i)?, w])?;
+                } else {
+                    self.phase(2, w, [&g, self.buf(i)?, w])?;
+                }
+                if self.nesterov {
+                    let t = phases::temporary(w, "sgd.grad.add")?;
+                    self.phase(4, w, [&g, self.buf(i)?, &t])?;
+                    drop(g);
+                    grad = Some(t);
+                } else {
+                    drop(g);
+                    grad = None; // grad = buf
+                    let b = self.buf(i)?.clone();
+                    self.phase(5, w, [&b, w, w])?;
+                    continue;
+                }
+            }
+            let g = grad.as_ref().unwrap_or(g0);
+            self.phase(5, w, [g, w, w])?;
+        }
+        drop(grad);
+        Ok(())
+    }
+
+    fn buf(&self, i: usize) -> Result<&Tensor, TensorError> {
+        self.buffers
+            .get(i)
+            .and_then(Option::as_ref)
+            .ok_or(TensorError::InvalidShape {
+                op: "sgd",
+                message: format!("parameter {i} has no momentum buffer"),
+            })
+    }
+}
+
+impl Optimizer for Sgd {
+    fn name(&self) -> &'static str {
+        "sgd"
+    }
+
+    fn state_bytes(&self) -> usize {
+        self.buffers.iter().flatten().map(Tensor::nbytes).sum()
+    }
+
+    fn step(&mut self, store: &mut ParamStore) -> Result<(), TensorError> {
+        self.buffers.resize_with(store.len(), || None);
+        for p in store.iter() {
+            grad_of("sgd", p)?;
+        }
+        match self.implementation {
+            OptimizerImpl::Fused => self.fused(store),
+            OptimizerImpl::Foreach => self.foreach(store),
+            OptimizerImpl::ForLoop => self.for_loop(store),
+        }
     }
 }

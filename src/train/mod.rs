@@ -3,10 +3,12 @@
 //! by the allocator's own statistics.
 
 pub mod batch;
+pub mod loss;
 pub mod optimizer;
 pub mod step;
 pub mod text;
 
 pub use batch::Batch;
+pub use loss::LossMode;
 pub use optimizer::{OptimizerConfig, OptimizerKind};
 pub use step::{Mode, StepRecord, Trainer};

@@ -2,7 +2,7 @@
 //! is not given (SGD lr 0.01 momentum 0; Adam lr 1e-3; AdamW lr 1e-3 and
 //! weight decay 0.01).
 
-use crate::optim::{Adam, Optimizer, Sgd};
+use crate::optim::{Adam, Optimizer, OptimizerImpl, Sgd};
 use serde::Serialize;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -19,6 +19,9 @@ pub struct OptimizerConfig {
     pub lr: f32,
     pub momentum: f32,
     pub weight_decay: f32,
+    /// foreach (PyTorch's default on CUDA), for-loop or fused: the same
+    /// update, different temporaries.
+    pub implementation: OptimizerImpl,
 }
 
 impl OptimizerConfig {
@@ -39,6 +42,15 @@ impl OptimizerConfig {
             lr: lr.unwrap_or(lr0),
             momentum: momentum.unwrap_or(0.0),
             weight_decay: weight_decay.unwrap_or(wd0),
+            implementation: OptimizerImpl::default(),
+        }
+    }
+
+    /// The same optimizer, implemented as `implementation`.
+    pub fn with_impl(self, implementation: OptimizerImpl) -> OptimizerConfig {
+        OptimizerConfig {
+            implementation,
+            ..self
         }
     }
 
@@ -69,6 +81,7 @@ impl OptimizerConfig {
             OptimizerKind::Sgd => {
                 let mut s = Sgd::new(self.lr, self.momentum);
                 s.weight_decay = self.weight_decay;
+                s.implementation = self.implementation;
                 Box::new(s)
             }
             OptimizerKind::Adam | OptimizerKind::Adamw => {
@@ -78,6 +91,7 @@ impl OptimizerConfig {
                     Adam::adamw(self.lr)
                 };
                 a.weight_decay = self.weight_decay;
+                a.implementation = self.implementation;
                 Box::new(a)
             }
         }

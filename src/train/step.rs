@@ -6,7 +6,7 @@
 //! keeps every record, so each step's saved activations stay allocated.
 
 use super::batch::Batch;
-use crate::autograd::{functions as f, Tape, Value};
+use crate::autograd::{Tape, Value};
 use crate::memory::Category;
 use crate::nn::{Model, ParamStore};
 use crate::optim::{GradScaler, Optimizer};
@@ -53,6 +53,8 @@ pub struct Trainer {
     pub amp: Option<DType>,
     /// Loss scaling (used with f16 autocast, as PyTorch recommends).
     pub scaler: Option<GradScaler>,
+    /// Which cross-entropy the step runs.
+    pub loss: super::LossMode,
 }
 
 /// The last step's outputs, kept for `--dump`.
@@ -79,6 +81,7 @@ impl Trainer {
             mode: Mode::Train,
             amp: None,
             scaler: None,
+            loss: super::LossMode::default(),
         }
     }
 
@@ -129,7 +132,7 @@ impl Trainer {
                     Mode::Checkpoint => self.model.forward_checkpointed(tape, &self.store, &x)?,
                     _ => self.model.forward(tape, &self.store, &x)?,
                 };
-                let loss = f::cross_entropy(tape, &logits, &batch.labels)?;
+                let loss = self.loss.apply(tape, &logits, &batch.labels)?;
                 Ok((logits, loss))
             };
             match amp {
@@ -218,7 +221,7 @@ impl Trainer {
                     Mode::Checkpoint => self.model.forward_checkpointed(&tape, &self.store, &x)?,
                     _ => self.model.forward(&tape, &self.store, &x)?,
                 };
-                let loss = f::cross_entropy(&tape, &logits, &batch.labels)?;
+                let loss = self.loss.apply(&tape, &logits, &batch.labels)?;
                 Ok((logits, loss))
             };
             let (logits, loss) = match self.amp {

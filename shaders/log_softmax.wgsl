@@ -1,0 +1,22 @@
+// Inputs are bound read_write too: tensors share segment buffers, and wgpu
+// rejects a read-only and a read-write binding of one buffer in one dispatch.
+// log_softmax over each row of x, as PyTorch computes it: (x - max) - log(sum
+// exp(x - max)); x - max is exact, so a row's largest entry loses nothing.
+struct Params { rows: u32, classes: u32, _p0: u32, _p1: u32 }
+
+@group(0) @binding(0) var<storage, read_write> x: array<f32>;
+@group(0) @binding(1) var<storage, read_write> y: array<f32>;
+@group(0) @binding(2) var<uniform> p: Params;
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let r = gid.x;
+    if (r >= p.rows) { return; }
+    let base = r * p.classes;
+    var m = rd_x(base);
+    for (var c = 1u; c < p.classes; c++) { m = max(m, rd_x(base + c)); }
+    var s = 0.0;
+    for (var c = 0u; c < p.classes; c++) { s += exp(rd_x(base + c) - m); }
+    let ls = log(s);
+    for (var c = 0u; c < p.classes; c++) { wr_y(base + c, (rd_x(base + c) - m) - ls); }
+}

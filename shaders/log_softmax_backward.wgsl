@@ -1,0 +1,20 @@
+// Inputs are bound read_write too: tensors share segment buffers, and wgpu
+// rejects a read-only and a read-write binding of one buffer in one dispatch.
+// _log_softmax_backward_data: dx = g - exp(y) * sum(g) per row, from the
+// saved output y = log_softmax(x).
+struct Params { rows: u32, classes: u32, _p0: u32, _p1: u32 }
+
+@group(0) @binding(0) var<storage, read_write> g: array<f32>;
+@group(0) @binding(1) var<storage, read_write> y: array<f32>;
+@group(0) @binding(2) var<storage, read_write> dx: array<f32>;
+@group(0) @binding(3) var<uniform> p: Params;
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let r = gid.x;
+    if (r >= p.rows) { return; }
+    let base = r * p.classes;
+    var s = 0.0;
+    for (var c = 0u; c < p.classes; c++) { s += rd_g(base + c); }
+    for (var c = 0u; c < p.classes; c++) { wr_dx(base + c, rd_g(base + c) - exp(rd_y(base + c)) * s); }
+}

@@ -1,0 +1,59 @@
+//! What the foreach and for-loop implementations share: a temporary the
+//! size of a parameter, and one pass of a phase kernel over a parameter.
+
+use crate::memory::Category;
+use crate::nn::Parameter;
+use crate::tensor::{Tensor, TensorError};
+
+/// A parameter-sized temporary in the parameter's dtype (PyTorch's foreach
+/// and for-loop temporaries are the parameter's dtype, f16 after half()).
+pub(super) fn temporary(like: &Tensor, label: &str) -> Result<Tensor, TensorError> {
+    Tensor::empty_as(
+        like.engine(),
+        like.shape(),
+        like.dtype(),
+        label,
+        Some(Category::Temporary),
+    )
+}
+
+/// One pass of a phase kernel (two elements per invocation) over `like`'s
+/// elements; every binding holds as many elements of its dtype.
+pub(super) fn run(
+    name: &'static str,
+    source: &'static str,
+    like: &Tensor,
+    bindings: &[&Tensor],
+    params: &[u8],
+) -> Result<(), TensorError> {
+    let slices: Vec<_> = bindings.iter().map(|t| t.slice()).collect();
+    let refs: Vec<_> = slices.iter().collect();
+    crate::ops::launch_flat(
+        like,
+        &crate::ops::typed_kernel(name, source, "main", like.dtype()),
+        &crate::ops::same_parts(like, &refs),
+        params,
+        like.numel(),
+        2,
+    )
+}
+
+/// The gradient of `p`, refused unless it has the parameter's dtype (the
+/// update kernels read both as one element type).
+pub(super) fn grad_of<'a>(
+    op: &'static str,
+    p: &'a Parameter,
+) -> Result<Option<&'a Tensor>, TensorError> {
+    match &p.grad {
+        Some(g) if g.dtype() != p.value.dtype() => Err(TensorError::InvalidShape {
+            op,
+            message: format!(
+                "{}: a {} gradient for a {} parameter",
+                p.name,
+                g.dtype(),
+                p.value.dtype()
+            ),
+        }),
+        g => Ok(g.as_ref()),
+    }
+}
