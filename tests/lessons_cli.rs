@@ -13,8 +13,12 @@ fn claims_in_docs() -> Vec<String> {
     let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/claims.md"))
         .expect("docs/claims.md");
     text.lines()
-        .filter_map(|l| l.strip_prefix("- C"))
-        .filter_map(|l| l.split_once(" (").map(|(ids, _)| format!("C{ids}")))
+        .filter_map(|l| {
+            l.strip_prefix("- C")
+                .map(|l| ("C", l))
+                .or_else(|| l.strip_prefix("- X").map(|l| ("X", l)))
+        })
+        .filter_map(|(p, l)| l.split_once(" (").map(|(ids, _)| format!("{p}{ids}")))
         .flat_map(|ids| ids.split('/').map(String::from).collect::<Vec<_>>())
         .collect()
 }
@@ -36,8 +40,13 @@ fn every_claim_has_a_lesson_with_a_measured_verdict() {
         })
         .collect();
     let claims = claims_in_docs();
-    // C01–C37 but C25, which the documents never used.
-    assert_eq!(claims.len(), 36, "{claims:?}");
+    // C01–C37 but C25, which the documents never used, and X01 beyond them.
+    assert_eq!(
+        claims.iter().filter(|c| c.starts_with('C')).count(),
+        36,
+        "{claims:?}"
+    );
+    assert!(claims.iter().any(|c| c == "X01"), "{claims:?}");
     for c in &claims {
         assert!(ids.iter().any(|i| i == c), "no lesson for {c}");
     }
@@ -87,7 +96,7 @@ fn every_claim_has_a_lesson_with_a_measured_verdict() {
 
     // The page in headless Chromium: every section, every plot drawn.
     let dom = rendered_dom(&dir.join("index.html"));
-    assert!(dom.contains(r#"data-plots="10""#), "ten plots");
+    assert!(dom.contains(r#"data-plots="12""#), "twelve plots");
     assert!(dir.join("lessons.json").exists());
     let _ = std::fs::remove_dir_all(&dir);
 }

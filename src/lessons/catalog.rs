@@ -8,8 +8,9 @@ use crate::memory::{AllocatorConfig, Category};
 use crate::nn::gpt::GptConfig;
 use crate::nn::init::Rng;
 use crate::nn::{ModelSpec, ParamStore};
+use crate::optim::OptimizerImpl;
 use crate::tensor::{DType, Tensor};
-use crate::train::{Batch, Mode, OptimizerConfig, OptimizerKind, Trainer};
+use crate::train::{Batch, LossMode, Mode, OptimizerConfig, OptimizerKind, Trainer};
 
 fn outcome(figures: Vec<super::Figure>, verdict: Verdict, reason: impl Into<String>) -> Outcome {
     Outcome {
@@ -1099,7 +1100,177 @@ fn c37(ctx: &Ctx) -> anyhow::Result<Outcome> {
     ))
 }
 
-pub static LESSONS: [Lesson; 34] = [
+/// Bytes of live blocks whose requested size is one of `sizes` at the
+/// first moment allocated memory peaks, and that peak.
+fn live_at_peak(events: &[crate::memory::MemEvent], sizes: &[u64]) -> (u64, u64) {
+    use crate::memory::EventKind;
+    let peak = events.iter().map(|e| e.allocated).max().unwrap_or(0);
+    let mut live = std::collections::HashMap::new();
+    for e in events {
+        match e.kind {
+            EventKind::Alloc => {
+                live.insert(e.address, e.requested);
+            }
+            EventKind::Free => {
+                live.remove(&e.address);
+            }
+            _ => {}
+        }
+        if e.kind == EventKind::Alloc && e.allocated == peak {
+            return (peak, live.values().filter(|r| sizes.contains(r)).sum());
+        }
+    }
+    (peak, 0)
+}
+
+/// GPT-2's architecture at `layers` × `dim` with `vocab` tokens, on
+/// sequences of 512.
+fn decoder(layers: usize, heads: usize, dim: usize, vocab: usize) -> ModelSpec {
+    ModelSpec::Gpt {
+        config: GptConfig {
+            layers,
+            heads,
+            dim,
+            seq_len: 1024,
+            vocab,
+        },
+        seq: 512,
+        dropout: 0.0,
+    }
+}
+
+/// Beyond the documents: the share of the peak that vocabulary-sized
+/// buffers (the loss's) hold as the vocabulary grows, per loss and
+/// precision, and what the optimizer's implementation adds at the step.
+fn x01(ctx: &Ctx) -> anyhow::Result<Outcome> {
+    let batch = 8usize;
+    let rows = (batch * 512) as u64;
+    let models = [("gpt2", 12usize, 12usize, 768usize), ("1B", 16, 16, 2048)];
+    let vocabs = [50_257usize, 128_256, 256_000];
+    let precisions = [(None, "f32"), (Some(DType::Bf16), "bf16 autocast")];
+    let adamw = OptimizerConfig::new(OptimizerKind::Adamw, None, None, None);
+    let mut cases = Vec::new();
+    for &(name, layers, heads, dim) in &models {
+        for &(amp, precision) in &precisions {
+            for loss in [LossMode::CrossEntropy, LossMode::Fused] {
+                for &vocab in &vocabs {
+                    let p = crate::estimate::Plan {
+                        optimizer: adamw,
+                        amp,
+                        loss,
+                        ..plan(decoder(layers, heads, dim, vocab), batch)
+                    };
+                    cases.push((format!("{name} {precision} {loss}"), vocab, p));
+                }
+            }
+        }
+    }
+    // The optimizer's part: one sequence per step, where the step peaks.
+    let mut steps = Vec::new();
+    for &(name, layers, heads, dim) in &models {
+        for implementation in [
+            OptimizerImpl::Foreach,
+            OptimizerImpl::ForLoop,
+            OptimizerImpl::Fused,
+        ] {
+            let p = crate::estimate::Plan {
+                optimizer: adamw.with_impl(implementation),
+                ..plan(decoder(layers, heads, dim, 50_257), 1)
+            };
+            steps.push((format!("{name} {implementation}"), p));
+        }
+    }
+    for p in cases.iter().map(|c| &c.2).chain(steps.iter().map(|s| &s.1)) {
+        ctx.check(p, 1)?;
+    }
+    let mut lines: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    let mut figures = Vec::new();
+    let mut shares = std::collections::HashMap::new();
+    for (line, vocab, p) in &cases {
+        let profile = ctx.profile(p, 1)?;
+        // f32 logits-sized buffers, and the 16-bit logits under autocast.
+        let v = *vocab as u64;
+        let (peak, held) = live_at_peak(&profile.events, &[rows * v * 4, rows * v * 2]);
+        let share = held as f64 / peak as f64 * 100.0;
+        shares.insert((line.clone(), *vocab), share);
+        match lines.iter_mut().find(|(l, _)| l == line) {
+            Some((_, pts)) => pts.push((*vocab as f64 / 1000.0, share)),
+            None => lines.push((line.clone(), vec![(*vocab as f64 / 1000.0, share)])),
+        }
+        if *vocab == 256_000 {
+            figures.push(fig(
+                format!("{line}, vocab 256k: peak"),
+                peak as f64 / (1u64 << 30) as f64,
+                "GiB",
+            ));
+            figures.push(fig(
+                format!("{line}, vocab 256k: vocabulary-sized buffers at the peak"),
+                share,
+                "%",
+            ));
+        }
+    }
+    let mut step_peaks = Vec::new();
+    for (name, p) in &steps {
+        let a = ctx.run(p, 2)?;
+        step_peaks.push(a.peak_allocated_bytes);
+        figures.push(fig(
+            format!("{name}, batch 1: peak allocated"),
+            a.peak_allocated_bytes as f64 / (1u64 << 30) as f64,
+            "GiB",
+        ));
+    }
+    let grows = |l: &str| {
+        let s: Vec<f64> = vocabs
+            .iter()
+            .map(|v| shares[&(l.to_string(), *v)])
+            .collect();
+        s.windows(2).all(|w| w[1] > w[0])
+    };
+    let torch_more = models.iter().all(|(m, ..)| {
+        precisions.iter().all(|(_, pr)| {
+            vocabs.iter().all(|v| {
+                let (ce, fused) = (
+                    shares[&(format!("{m} {pr} cross-entropy"), *v)],
+                    shares[&(format!("{m} {pr} fused"), *v)],
+                );
+                // Where the step peaks in the optimizer both hold the logits alone.
+                ce > fused || ((ce - fused).abs() < 0.5 && *v < 256_000)
+            })
+        })
+    });
+    let all_grow = lines.iter().all(|(l, _)| grows(l));
+    let big = shares[&("1B f32 cross-entropy".to_string(), 256_000)];
+    let foreach_adds = step_peaks[3] as f64 / step_peaks[5] as f64;
+    let mut o = outcome(
+        figures,
+        if torch_more && all_grow {
+            Verdict::Holds
+        } else {
+            Verdict::Partly("the loss's share did not grow with the vocabulary everywhere".into())
+        },
+        format!(
+            "beside the logits the loop holds, F.cross_entropy keeps the log-probabilities and two gradients in its backward, the fused loss one gradient; at vocab 256k the 1B decoder's f32 peak is {big:.0}% such buffers (at 50k it peaks in the optimizer step instead); at batch 1 foreach AdamW's sqrt list puts the 1B step at {foreach_adds:.2}× fused's peak"
+        ),
+    );
+    let (f32_lines, bf16_lines): (Vec<_>, Vec<_>) =
+        lines.into_iter().partition(|(l, _)| l.contains("f32"));
+    o.series = Some(Series {
+        title: "Vocabulary-sized buffers at the peak, f32 (batch 8 × 512, AdamW)".into(),
+        x_label: "vocabulary (thousands)".into(),
+        y_label: "% of peak allocated".into(),
+        lines: f32_lines,
+    });
+    o.extra_series.push(Series {
+        title: "The same under bf16 autocast (16-bit logits and their f32 copy)".into(),
+        x_label: "vocabulary (thousands)".into(),
+        y_label: "% of peak allocated".into(),
+        lines: bf16_lines,
+    });
+    Ok(o)
+}
+
+pub static LESSONS: [Lesson; 35] = [
     Lesson { id: "C01", source: "000", claim: "Parameter memory = Σ numel × bytes per element; f32 4, f16/bf16 2, int8 1.", experiment: "build simple-cnn, convert it to f16 and bf16, sum its tensors' bytes", run: c01 },
     Lesson { id: "C02", source: "000", claim: "Conv weights = out × in × kh × kw; example 64×3×3×3 = 1,728 (bias not counted).", experiment: "count simple-cnn's conv1 weight", run: c02 },
     Lesson { id: "C03", source: "000", claim: "Gradient memory equals parameter memory, and lives only through backward.", experiment: "one Adam step of simple-cnn; gradients alive after it", run: c03 },
@@ -1134,4 +1305,5 @@ pub static LESSONS: [Lesson; 34] = [
     Lesson { id: "C34", source: "004", claim: "Two models loaded at once need both footprints; load them one at a time.", experiment: "two simple-cnn models in one process", run: c34 },
     Lesson { id: "C35", source: "004", claim: "A custom op that saves tensors it does not need for backward holds memory.", experiment: "ReLU vs a custom ReLU that also saves its input", run: c35 },
     Lesson { id: "C37", source: "001, 004", claim: "memory_allocated / memory_reserved / max_memory_allocated / reset_peak_memory_stats / memory_summary show the state; the profiler sorts ops by memory.", experiment: "the statistics after a simple-cnn step", run: c37 },
+    Lesson { id: "X01", source: "beyond", claim: "(Not in the documents.) For a large vocabulary the loss, not the model, sets the peak: in backward PyTorch's F.cross_entropy holds four vocabulary-sized buffers at once (the logits, the log-probabilities, two gradients), a fused loss two; foreach optimizers add a parameter-sized list at the step.", experiment: "gpt2 and a 1B decoder (16 × 2048) at batch 8 × 512, vocab 50k, 128k, 256k, f32 and bf16 autocast, each --loss; AdamW's three implementations at batch 1", run: x01 },
 ];

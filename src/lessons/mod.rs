@@ -112,10 +112,20 @@ impl Ctx {
 
     /// `steps` steps of `plan`, analysed, after [`Ctx::check`]'s refusal.
     pub fn run(&self, plan: &Plan, steps: usize) -> anyhow::Result<Analysis> {
+        let p = self.profile(plan, steps)?;
+        Ok(analyze(&p.events, &p.layer_outputs))
+    }
+
+    /// `steps` steps of `plan` with their event log, after [`Ctx::check`]'s
+    /// refusal.
+    pub fn profile(
+        &self,
+        plan: &Plan,
+        steps: usize,
+    ) -> anyhow::Result<crate::estimate::StepProfile> {
         let engine = self.engine(plan.config.clone())?;
         Self::check_on(&engine, plan, steps)?;
-        let p = run_steps(engine, plan, 0, steps)?;
-        Ok(analyze(&p.events, &p.layer_outputs))
+        Ok(run_steps(engine, plan, 0, steps)?)
     }
 
     /// Whether `plan` can run here. On a CPU adapter, whose memory is the
