@@ -255,3 +255,46 @@ fn optimizer_implementations_match_f64_and_each_other() {
         }
     }
 }
+
+/// `tests/fixtures/pytorch_steps/cases.json`: PyTorch's own step recorded
+/// on meta tensors by `scripts/record_step.py` (the commands are in the
+/// fixtures' README), with the `vramlab estimate` arguments of the same
+/// step and how close each peak must be.
+#[derive(serde::Deserialize)]
+struct Case {
+    trace: String,
+    estimate: Vec<String>,
+    /// Largest |estimate / replay − 1| for peak allocated and reserved.
+    allocated: f64,
+    reserved: f64,
+}
+
+#[test]
+fn estimate_predicts_pytorchs_own_step_replayed() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/pytorch_steps");
+    let text = std::fs::read_to_string(format!("{dir}/cases.json")).expect("cases.json");
+    let cases: Vec<Case> = serde_json::from_str(&text).expect("cases.json parses");
+    assert!(cases.len() >= 9, "every optimizer × implementation");
+    for c in &cases {
+        let trace = format!("{dir}/{}", c.trace);
+        let replay = vramlab_json(["replay", trace.as_str(), "--json"]);
+        let peak = |k: &str| replay["stats"][k].as_u64().unwrap_or_else(|| panic!("{k}"));
+        let (ra, rr) = (
+            peak("allocated_bytes.all.peak"),
+            peak("reserved_bytes.all.peak"),
+        );
+        let mut args = vec!["estimate".to_string(), "--json".into()];
+        args.extend(c.estimate.iter().cloned());
+        let est = vramlab_json(&args);
+        let e = |k: &str| est["estimate"][k].as_u64().unwrap_or_else(|| panic!("{k}"));
+        let (ea, er) = (e("peak_allocated_bytes"), e("peak_reserved_bytes"));
+        let off = |a: u64, b: u64| (a as f64 / b as f64 - 1.0).abs();
+        assert!(
+            off(ea, ra) <= c.allocated && off(er, rr) <= c.reserved,
+            "{}: estimate {ea} / {er} against PyTorch's step replayed {ra} / {rr} (allowed {} / {})",
+            c.trace,
+            c.allocated,
+            c.reserved
+        );
+    }
+}

@@ -410,6 +410,11 @@ pub struct StepArgs {
     /// SGD momentum (a momentum buffer per parameter when non-zero).
     #[arg(long)]
     pub momentum: Option<f32>,
+    /// Weight decay (default: torch.optim's, 0.01 for adamw and 0 for the
+    /// others); Adam's and SGD's make a weight-decayed copy of the
+    /// gradients in foreach and for-loop.
+    #[arg(long)]
+    pub weight_decay: Option<f32>,
     /// Which torch.optim implementation the step follows: foreach
     /// (PyTorch's default on CUDA; its temporaries are parameter-sized
     /// lists), for-loop (`foreach=False`; one parameter's temporaries at a
@@ -451,8 +456,16 @@ pub fn parse_amp(s: &str) -> Result<crate::tensor::DType, String> {
 impl StepArgs {
     /// The optimizer with torch.optim's defaults, validated.
     pub fn optimizer(&self) -> Result<crate::train::OptimizerConfig, ArgError> {
-        let o = crate::train::OptimizerConfig::new(self.optimizer, None, self.momentum, None)
-            .with_impl(self.optimizer_impl);
+        if let Some(w) = self.weight_decay {
+            check_number("--weight-decay", w, false)?;
+        }
+        let o = crate::train::OptimizerConfig::new(
+            self.optimizer,
+            None,
+            self.momentum,
+            self.weight_decay,
+        )
+        .with_impl(self.optimizer_impl);
         o.validate().map_err(ArgError)?;
         Ok(o)
     }

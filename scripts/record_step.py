@@ -1,0 +1,641 @@
+#!/usr/bin/env python3
+"""Records the device-memory allocations and frees of PyTorch's own training
+step, as a JSON Lines trace that `vramlab replay TRACE` runs through its copy
+of the CUDA caching allocator. No GPU and no memory: the tensors are on
+PyTorch's meta device (shapes, no data), so gpt2-xl records in seconds.
+
+    python scripts/record_step.py gpt --preset gpt2 --batch 8 --seq-len 512 \\
+        --optimizer adamw --optimizer-impl foreach --steps 2 --out FILE
+    python scripts/record_step.py gpt --layers 2 --heads 2 --dim 64 --vocab 1000 \\
+        --seq-len 32 --batch 2 --optimizer adam --weight-decay 0.01 --out FILE
+    python scripts/record_step.py mlp|simple-cnn|resnet-mini|attention|resnet50 ...
+
+Trace lines: {"op":"alloc","id":7,"size":1200,"label":"aten.mm.default",
+"category":"activation","phase":"forward","step":1,"where":"h.0.attn.q_proj"}
+and {"op":"free","id":7}. size is the storage's nbytes (what the caching
+allocator is asked for); label the aten op whose output it is (or
+"parameter", "buffer:NAME", "input"). phase, step and where are for reading
+(replay ignores them): phase is setup, forward, loss, backward, optimizer,
+zero_grad or return; where is the module whose forward ran the op, or in
+backward the autograd node running (torch._C._current_autograd_node()).
+category: parameter; input; output (the logits and the loss, which the user
+holds); activation (any other forward/loss allocation alive when backward
+starts); gradient (a backward allocation that ends as some p.grad);
+optimizer_state (an optimizer-step allocation alive after the step);
+temporary (the rest).
+
+The step, exactly the PyTorch user's:
+
+    def train_step(x, y):
+        logits = model(x)                          # held until the function returns
+        loss = F.cross_entropy(logits.view(-1, V), y.view(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return                                     # logits, loss freed here
+
+called --steps times (default 2). Before the first step the trace allocates
+the parameters (model.parameters() order), the buffers (the GPT's causal
+mask, [1, 1, P, P] f32; --skip-buffers leaves them out), then x and y. The
+model is built on the meta device before recording, so its init ops are not
+recorded. What is alive after the last step (parameters, buffers, inputs,
+optimizer state) is left alive: the trace ends without freeing it.
+
+How. A TorchDispatchMode sees every aten op below autograd (composite ops
+already decomposed, as on CUDA). After an op returns, each output tensor's
+untyped_storage() not seen before is an allocation; views and in-place ops
+return known storages and allocate nothing. A weakref on the storage's
+Python object (PyTorch keeps one per StorageImpl, alive exactly as long as
+it) emits the free when the storage dies, which under CPython's reference
+counting is the moment its last tensor goes; the recorder holds only ids,
+sizes and weakrefs. Cyclic gc is off while recording (a gc.collect() at the
+end checks that nothing waited on a cycle). Zero-byte storages are left out:
+the allocator is never asked for them.
+
+CUDA-vs-meta rules (the trace is what CUDA would allocate):
+  * Device = meta, host = CPU. The model, x, y and everything created under
+    the step's `with torch.device("meta")` are meta (as a CUDA user's would
+    be CUDA); tensors PyTorch deliberately puts on the CPU stay real CPU
+    tensors and are not written: without fused=True (capturable=False),
+    Adam/AdamW's state['step'] (`torch.tensor(0.0, device="cpu")`) and the
+    `torch.tensor(1.0, device="cpu")` _multi_tensor_adam adds to it. With
+    fused=True the step is `torch.zeros((), device=p.device)`: a 4-byte
+    device allocation, kept. The run checks each state['step'] against this.
+    PyTorch lists no fused kernels for meta, so "meta" is added to
+    torch.optim's fused-device list; _fused_adam(w)_ have meta kernels,
+    _fused_sgd_ has none and is skipped (it only mutates its arguments).
+  * Gradient accumulation in autograd's InputBuffer (several gradients for
+    one tensor, e.g. at each residual branch): CUDA adds the new gradient in
+    place into the buffered one when that is dense and nothing else holds it
+    or its storage, else allocates old + new. PyTorch refuses the in-place
+    path for any tensor "subclass-like", which meta tensors and every tensor
+    while a dispatch mode is active are (at::isTensorSubclassLike). The
+    recorder restores CUDA's choice: an aten.add.Tensor that the engine runs
+    between two nodes (node pre/post hooks mark the nodes' own ops) is done
+    in place when CUDA's conditions hold. The reference counts are judged
+    relative to a self-test at start-up that compares, on real CPU tensors
+    without any mode, PyTorch's own choice in three cases (in place; a
+    gradient held twice; a gradient that is a view); the run stops if they
+    disagree. --no-inplace-accumulation records PyTorch's behaviour under a
+    mode instead (always old + new: one extra allocation per accumulation).
+  * Only op outputs are seen, not scratch a kernel allocates and frees
+    inside itself on CUDA: cuBLAS's workspace (allocated through the caching
+    allocator once per handle and stream and kept), cuDNN convolution
+    workspaces, embedding_dense_backward's sort buffers, LayerNorm
+    backward's partial sums for large inputs.
+  * Composite ops that choose by device: dropout (the GPT calls
+    native_dropout itself, as CUDA runs it) and BatchNorm (here
+    native_batch_norm: output, save_mean, save_invstd; CUDA with cuDNN runs
+    cudnn_batch_norm, which also returns a reserve-space tensor, not
+    modelled). A multi-output op's outputs are allocated in output order
+    (convolution_backward: grad_input, grad_weight, grad_bias; cuDNN's
+    order is not checked).
+  * Token ids: x is int64 [B, S] by default (the PyTorch user's ids; the
+    model's x.long() is then a no-op); --x-dtype float32 gives vramlab's
+    f32 ids, and x.long() then copies them to int64 in the forward. Labels y
+    are int64 [B*S] (gpt) or [B].
+
+Checked: --check-cpu runs the same steps on real CPU tensors with no mode
+and compares the CPU allocator's events (torch.profiler, profile_memory)
+with the trace: equal, event for event, for gpt (with dropout and f32 ids
+too), mlp and attention under every optimizer and implementation, once the
+CPU kernels' own scratch and the 8-byte-or-smaller events are set aside.
+Convolutions differ on the CPU (mkldnn) and cannot be checked this way.
+"""
+
+import argparse
+import gc
+import importlib.util
+import json
+import os
+import sys
+import time
+import types
+import warnings
+import weakref
+
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+import torch.optim.optimizer as optim_module  # noqa: E402
+import torch.utils._foreach_utils as foreach_utils  # noqa: E402
+from torch._prims_common import is_non_overlapping_and_dense_or_false  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from torch.utils._pytree import tree_leaves  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+if importlib.util.find_spec("safetensors") is None:
+    # The reference scripts import it at the top; nothing here uses it.
+    _st = types.ModuleType("safetensors")
+    _st.torch = types.ModuleType("safetensors.torch")
+    for _n in ("save_file", "load_file", "safe_open"):
+        setattr(_st.torch, _n, None)
+    _st.safe_open = None
+    sys.modules["safetensors"] = _st
+    sys.modules["safetensors.torch"] = _st.torch
+
+import gpt_reference  # noqa: E402
+import resnet_reference  # noqa: E402
+import torch_reference  # noqa: E402
+
+torch.set_default_dtype(torch.float32)
+
+# vramlab's GPT presets (src/nn/gpt.rs): layers, heads, dim, positions, vocab.
+GPT_PRESETS = {
+    "tiny": (2, 4, 64, 64, 96),
+    "gpt2": (12, 12, 768, 1024, 50257),
+    "gpt2-medium": (24, 16, 1024, 1024, 50257),
+    "gpt2-large": (36, 20, 1280, 1024, 50257),
+    "gpt2-xl": (48, 25, 1600, 1024, 50257),
+}
+
+META = torch.device("meta")
+ADD = torch.ops.aten.add.Tensor
+
+
+def allow_fused_on_meta():
+    """torch.optim checks fused=True's devices against this list."""
+    orig = foreach_utils._get_fused_kernels_supported_devices
+    if "meta" not in orig():
+        def devices():
+            return orig() + ["meta"]
+        foreach_utils._get_fused_kernels_supported_devices = devices
+        optim_module._get_fused_kernels_supported_devices = devices
+
+
+def storage_uses(t):
+    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+
+
+class Recorder(TorchDispatchMode):
+    """Allocations and frees of the device storages the ops it sees create."""
+
+    def __init__(self, accumulate=None):
+        super().__init__()
+        self.events = []  # dicts, in order; they hold no tensor
+        self.live = {}  # id(storage object) -> [alloc event, weakref]
+        self.quiet = {}  # id(storage object) -> weakref: host, skipped or empty storages
+        self.next_id = 0
+        self.phase = "setup"
+        self.step = 0
+        self.modules = []  # qualified names of the forwards running
+        self.in_node = False  # an autograd node's own apply is running
+        self.on = True
+        # (use count, storage use count) of a buffered gradient CUDA would
+        # add into in place, as seen from inside __torch_dispatch__; None:
+        # record what PyTorch does under the mode, unchanged.
+        self.accumulate = accumulate
+        self.accumulations = []  # (in place?, bytes) per engine accumulation
+
+    # -- storages --------------------------------------------------------
+    def known(self, st):
+        return id(st) in self.live or id(st) in self.quiet
+
+    def _freed(self, key, _ref):
+        entry = self.live.pop(key, None)
+        if entry is not None and self.on:
+            self.events.append({"op": "free", "id": entry[0]["id"]})
+
+    def add(self, st, label, category=None):
+        if st.nbytes() == 0 or st.device.type != "meta":
+            self.add_quiet(st)
+            return
+        ev = {"op": "alloc", "id": self.next_id, "size": st.nbytes(), "label": label}
+        if category:
+            ev["category"] = category
+        ev["phase"], ev["step"] = self.phase, self.step
+        where = self.where()
+        if where:
+            ev["where"] = where
+        self.next_id += 1
+        self.events.append(ev)
+        key = id(st)
+        self.live[key] = [ev, weakref.ref(st, lambda r, k=key: self._freed(k, r))]
+
+    def add_quiet(self, st):
+        key = id(st)
+        self.quiet[key] = weakref.ref(st, lambda r, k=key: self.quiet.pop(k, None))
+
+    def event_of(self, t):
+        entry = self.live.get(id(t.untyped_storage()))
+        return entry[0] if entry else None
+
+    def where(self):
+        if self.phase == "backward":
+            node = torch._C._current_autograd_node()
+            return node.name() if node is not None else None
+        return self.modules[-1] if self.modules else None
+
+    # -- autograd's InputBuffer ------------------------------------------
+    def engine_accumulation(self, func, args, kwargs):
+        if func is not ADD or kwargs or len(args) != 2 or self.in_node:
+            return False
+        node = torch._C._current_autograd_node()
+        if node is None or "AccumulateGrad" in node.name() or torch.is_grad_enabled():
+            return False
+        return all(isinstance(t, torch.Tensor) for t in args)
+
+    def cuda_adds_in_place(self, old, new):
+        return (not old._is_zerotensor() and not old.is_nested and not old.is_sparse
+                and not new.is_sparse and old.shape == new.shape and old.dtype == new.dtype
+                and is_non_overlapping_and_dense_or_false(old)
+                and (old._use_count(), storage_uses(old)) == self.accumulate)
+
+    def hook_graph(self, root):
+        """Pre and post hooks on every node of the graph below `root`
+        (AccumulateGrad's aside): they mark the nodes' own ops."""
+        def pre(_grad_outputs):
+            self.in_node = True
+
+        def post(_grad_inputs, _grad_outputs):
+            self.in_node = False
+
+        seen, todo = set(), [root]
+        while todo:
+            node = todo.pop()
+            if node is None or node in seen:
+                continue
+            seen.add(node)
+            if "AccumulateGrad" not in node.name():
+                node.register_prehook(pre)
+                node.register_hook(post)
+            todo.extend(n for n, _ in node.next_functions)
+
+    # -- the mode --------------------------------------------------------
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.engine_accumulation(func, args, kwargs):
+            old, new = args
+            if self.accumulate is None:
+                self.accumulations.append(("probe", old._use_count(), storage_uses(old)))
+            elif self.cuda_adds_in_place(old, new):
+                self.accumulations.append((True, old.untyped_storage().nbytes()))
+                return old.add_(new)
+            else:
+                self.accumulations.append((False, old.untyped_storage().nbytes()))
+        try:
+            out = func(*args, **kwargs)
+        except NotImplementedError:
+            # No meta kernel (_fused_sgd_): an op that only mutates its
+            # arguments and returns nothing allocates nothing; skip it.
+            schema = func._schema
+            if schema.returns or not any(a.alias_info and a.alias_info.is_write for a in schema.arguments):
+                raise
+            return None
+        name = None
+        for t in tree_leaves(out):
+            if not isinstance(t, torch.Tensor):
+                continue
+            st = t.untyped_storage()
+            if self.known(st):
+                entry = self.live.get(id(st))
+                if entry is not None and entry[0]["size"] != st.nbytes():
+                    raise SystemExit(f"{func} resized a storage ({entry[0]['size']} -> {st.nbytes()} bytes)")
+                continue
+            name = name or str(func)
+            self.add(st, name)
+        return out
+
+
+# -- the self-test of the InputBuffer emulation -------------------------------
+
+def _cases():
+    """Graphs where h gets two gradients; each returns (h, witness, loss):
+    the first gradient to reach h's buffer is the witness's (or a view of
+    it). PyTorch adds in place in the first case only."""
+    def residual(x, c):  # h's buffer: the add's gradient, then sin's
+        h = x * 1.5
+        s = h + h.sin()
+        return h, s, (s * c).sum()
+
+    def twice(x, c):  # the same gradient reaches h's buffer twice
+        h = x * 1.5
+        s = h + h
+        return h, s, (s.sin() * c).sum()
+
+    def view(x, c):  # the first gradient is a transposed view
+        h = x * 1.5
+        a = (h * c).sum()
+        ht = h.t()
+        return h, ht, a + (ht * c).sum()
+    return {"residual": residual, "twice": twice, "view": view}
+
+
+def self_test():
+    """(use count, storage use count) of a buffered gradient, seen from
+    inside the mode, at which CUDA adds in place: calibrated on the case
+    where PyTorch (CPU, no mode) adds in place, checked on the others."""
+    real, probes = {}, {}
+    for name, case in _cases().items():
+        x = torch.randn(16, 16, requires_grad=True)
+        h, witness, loss = case(x, torch.randn(16, 16))
+        # data_ptr(), not untyped_storage(): a storage's Python object holds
+        # a reference to it, which alone forbids the in-place path.
+        ptr = {}
+        witness.register_hook(lambda g: ptr.__setitem__("first", g.data_ptr()))
+        h.register_hook(lambda g: ptr.__setitem__("h", g.data_ptr()))
+        loss.backward()
+        real[name] = ptr["h"] == ptr["first"]
+
+        rec = Recorder(accumulate=None)
+        with META:
+            x = torch.randn(16, 16, requires_grad=True)
+            h, witness, loss = case(x, torch.randn(16, 16))
+        rec.phase = "backward"
+        rec.hook_graph(loss.grad_fn)
+        with rec:
+            loss.backward()
+        if len(rec.accumulations) != 1:
+            raise SystemExit(f"self-test {name}: {len(rec.accumulations)} accumulations, expected 1")
+        probes[name] = rec.accumulations[0][1:]
+    if not real["residual"]:
+        raise SystemExit(f"self-test: PyTorch {torch.__version__} no longer accumulates in place ({real})")
+    calibrated = probes["residual"]
+    for name in real:
+        if (probes[name] == calibrated) != real[name]:
+            raise SystemExit(f"self-test: in place {real}, but the reference counts are {probes}")
+    return calibrated
+
+
+# -- the models -----------------------------------------------------------------
+
+def build_model(a):
+    """(model, x, y, sizes), created on the current default device."""
+    if a.model == "gpt":
+        layers, heads, dim, positions, vocab = GPT_PRESETS[a.preset or "tiny"]
+        layers = a.layers or layers
+        heads = a.heads or heads
+        dim = a.dim or dim
+        vocab = a.vocab or vocab
+        seq = a.seq_len or positions
+        positions = a.positions or (positions if a.preset else seq)
+        if seq > positions:
+            raise SystemExit(f"--seq-len {seq} is more than the {positions} positions")
+        net = gpt_reference.Gpt(layers, heads, dim, positions, vocab, a.dropout)
+        dtype = torch.int64 if a.x_dtype == "int64" else torch.float32
+        x = torch.empty(a.batch, seq, dtype=dtype)
+        y = torch.empty(a.batch * seq, dtype=torch.int64)
+        return net, x, y, dict(layers=layers, heads=heads, dim=dim, positions=positions, vocab=vocab, seq=seq)
+    if a.model == "resnet50":
+        width, r, classes = a.width or 64, a.resolution or 224, a.classes or 1000
+        net = resnet_reference.Resnet(50, width, classes)
+        x = torch.empty(a.batch, 3, r, r)
+        y = torch.empty(a.batch, dtype=torch.int64)
+        return net, x, y, dict(width=width, resolution=r, classes=classes)
+    cfg = dict(torch_reference.SMALL[a.model])
+    net, input_shape, classes = torch_reference.build(a.model, cfg)
+    x = torch.empty(a.batch, *input_shape)
+    y = torch.empty(a.batch, dtype=torch.int64)
+    return net, x, y, {k: v for k, v in cfg.items() if k not in ("batch", "lr_scale")}
+
+
+def build_optimizer(a, params):
+    impl = {"foreach": dict(foreach=True), "for-loop": dict(foreach=False),
+            "fused": dict(fused=True)}[a.optimizer_impl]
+    if a.optimizer == "sgd":
+        wd = a.weight_decay or 0.0
+        return torch.optim.SGD(params, lr=a.lr, momentum=a.momentum, weight_decay=wd, **impl), wd
+    if a.optimizer == "adam":
+        wd = a.weight_decay or 0.0
+        return torch.optim.Adam(params, lr=a.lr, weight_decay=wd, **impl), wd
+    wd = 0.01 if a.weight_decay is None else a.weight_decay
+    return torch.optim.AdamW(params, lr=a.lr, weight_decay=wd, **impl), wd
+
+
+def record(a, accumulate):
+    allow_fused_on_meta()
+    with META:
+        model, x, y, sizes = build_model(a)
+    model.train()
+    opt, wd = build_optimizer(a, model.parameters())
+    rec = Recorder(accumulate)
+    names = {m: n for n, m in model.named_modules()}
+    params = list(model.parameters())
+
+    for p in params:
+        rec.add(p.untyped_storage(), "parameter", "parameter")
+    for n, b in model.named_buffers():
+        if a.skip_buffers:
+            rec.add_quiet(b.untyped_storage())
+        elif not rec.known(b.untyped_storage()):
+            rec.add(b.untyped_storage(), f"buffer:{n}", "parameter")
+    rec.add(x.untyped_storage(), "input", "input")
+    rec.add(y.untyped_storage(), "input", "input")
+
+    def phase(name):
+        # Categories of what the ending phase allocated, by what is alive now.
+        ending, rec.phase = rec.phase, name
+        category = {"forward": "activation", "loss": "activation",
+                    "backward": "temporary", "optimizer": "optimizer_state"}.get(ending)
+        if category:
+            for ev, _ in rec.live.values():
+                if ev["phase"] == ending and ev["step"] == rec.step and "category" not in ev:
+                    ev["category"] = category
+
+    def mark(category, tensors):
+        # Its own function: no local of train_step outlives its line.
+        for t in tensors:
+            ev = rec.event_of(t)
+            if ev is not None:
+                ev["category"] = category
+
+    def train_step(x, y):
+        phase("forward")
+        logits = model(x)
+        phase("loss")
+        loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), y.view(-1))
+        mark("output", [logits, loss])
+        rec.hook_graph(loss.grad_fn)
+        phase("backward")
+        loss.backward()
+        mark("gradient", [p.grad for p in params if p.grad is not None])
+        phase("optimizer")
+        opt.step()
+        phase("zero_grad")
+        opt.zero_grad(set_to_none=True)
+        phase("return")
+        return
+
+    def pre(mod, _args):
+        rec.modules.append(names.get(mod) or type(mod).__name__)
+
+    def post(mod, _args, _out):
+        rec.modules.pop()
+
+    h1 = torch.nn.modules.module.register_module_forward_pre_hook(pre)
+    h2 = torch.nn.modules.module.register_module_forward_hook(post)
+    gc.collect()
+    gc.disable()
+    t0 = time.perf_counter()
+    try:
+        with META, rec:
+            for s in range(a.steps):
+                rec.step = s + 1
+                train_step(x, y)
+                phase("between")
+    finally:
+        gc.enable()
+        h1.remove()
+        h2.remove()
+    seconds = time.perf_counter() - t0
+    n_events = len(rec.events)
+    gc.collect()
+    if len(rec.events) != n_events:
+        raise SystemExit(f"{len(rec.events) - n_events} storages were freed only by the cyclic garbage collector")
+    rec.on = False
+    for ev in rec.events:
+        if ev["op"] == "alloc":
+            ev.setdefault("category", "temporary")
+
+    # state['step']: on the CPU unless fused (then a 4-byte device allocation).
+    for p in params:
+        step = opt.state.get(p, {}).get("step")
+        if step is not None and (step.device.type == "meta") != (a.optimizer_impl == "fused"):
+            raise SystemExit(f"state['step'] is on {step.device} with --optimizer-impl {a.optimizer_impl}")
+    meta = dict(model=a.model, batch=a.batch, optimizer=a.optimizer, optimizer_impl=a.optimizer_impl,
+                lr=a.lr, weight_decay=wd, steps=a.steps, torch=torch.__version__, **sizes)
+    if a.optimizer == "sgd":
+        meta["momentum"] = a.momentum
+    inplace = sum(1 for ok, _ in rec.accumulations if ok)
+    meta["accumulations"] = f"{inplace} of {len(rec.accumulations)} in place"
+    return rec.events, seconds, meta
+
+
+def check_cpu(a, events):
+    """The same steps on real CPU tensors, no mode, under torch.profiler's
+    memory events (the CPU allocator's allocations and frees, in order).
+    Left out of the CPU's list: kernel scratch (freed inside the op that
+    allocated it; an empty/resize_ called by an op counts as that op).
+    Left out of both: events of 8 bytes or less (the CPU's host scalars,
+    which a CUDA run keeps on the CPU too, can't be told from the trace's
+    4-byte tensors). The rest must be equal, event for event (alloc/free
+    and bytes). A model with convolutions cannot pass (the CPU's mkldnn
+    convolutions allocate otherwise). Returns (ok, a line to print)."""
+    import difflib
+
+    import torch.profiler as profiler
+    from torch._C._profiler import _EventType
+    torch.manual_seed(0)
+    model, x, y, _ = build_model(a)
+    if x.dtype == torch.int64:
+        x.random_(0, 2)
+    else:
+        x.normal_()
+    y.random_(0, 2)
+    model.train()
+    opt, _ = build_optimizer(a, model.parameters())
+
+    def train_step(x, y):
+        logits = model(x)
+        loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), y.view(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return
+
+    with profiler.profile(activities=[profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        for _ in range(a.steps):
+            train_step(x, y)
+
+    factories = ("aten::empty", "aten::empty_strided", "aten::empty_like", "aten::resize_")
+
+    def op(e, alloc):  # the innermost aten op around an allocation event
+        e = e.parent
+        while e is not None and not e.name.startswith("aten::"):
+            e = e.parent
+        while alloc and e is not None and e.name in factories and e.parent is not None \
+                and e.parent.name.startswith("aten::"):
+            e = e.parent
+        return None if e is None else (e.name, e.start_time_ns)
+
+    found, todo = [], list(prof.profiler.kineto_results.experimental_event_tree())
+    while todo:
+        e = todo.pop()
+        if e.typed[0] == _EventType.Allocation:
+            size = e.extra_fields.alloc_size
+            found.append((e.start_time_ns, e.extra_fields.ptr, size, op(e, size > 0)))
+        todo.extend(e.children)
+    cpu, live = [], {}
+    for _, ptr, size, where in sorted(found, key=lambda f: f[0]):
+        if size > 0:
+            live[ptr] = len(cpu)
+            cpu.append(["alloc", size, where, False])
+        elif ptr in live:
+            alloc = cpu[live.pop(ptr)]
+            scratch = where is not None and where == alloc[2]
+            alloc[3] = scratch
+            cpu.append(["free", alloc[1], where, scratch])
+    cpu = [f"{c[0]} {c[1]}" for c in cpu if not c[3]]
+    sizes, ours = {}, []
+    for ev in events:
+        if ev["op"] == "alloc":
+            sizes[ev["id"]] = (ev["size"], ev["phase"])
+        size, phase = sizes[ev["id"]]
+        if phase != "setup":
+            ours.append(f"{ev['op']} {size}")
+    # Host scalars: 8 bytes or less, left out of both lists (the trace's
+    # 4-byte device tensors, the loss and such, with them).
+    cpu = [e for e in cpu if int(e.split()[1]) > 8]
+    ours = [e for e in ours if int(e.split()[1]) > 8]
+    if cpu != ours:
+        for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, cpu, ours, autojunk=False).get_opcodes():
+            if tag != "equal":
+                return False, (f"check-cpu: differs from the CPU run at the trace's event {j1} (after setup, "
+                               f"over 8 bytes): trace {ours[j1:j2][:6]}, CPU {cpu[i1:i2][:6]}")
+    return True, (f"check-cpu: ok, the trace's {len(ours)} events over 8 bytes (after setup) are "
+                  f"the CPU run's, less its kernel scratch")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", choices=["gpt", "resnet50"] + list(torch_reference.SMALL))
+    p.add_argument("--preset", choices=list(GPT_PRESETS), help="gpt: vramlab's GPT sizes (default: tiny's)")
+    p.add_argument("--layers", type=int)
+    p.add_argument("--heads", type=int)
+    p.add_argument("--dim", type=int)
+    p.add_argument("--vocab", type=int)
+    p.add_argument("--seq-len", type=int, help="gpt: tokens per sample (default: the positions)")
+    p.add_argument("--positions", type=int,
+                   help="gpt: rows of wpe and of the mask (default: the preset's, else --seq-len)")
+    p.add_argument("--dropout", type=float, default=0.0, help="gpt: dropout probability (native_dropout)")
+    p.add_argument("--x-dtype", choices=["int64", "float32"], default="int64", help="gpt: the token ids' dtype")
+    p.add_argument("--width", type=int, help="resnet50: stem width (64)")
+    p.add_argument("--resolution", type=int, help="resnet50: image side (224)")
+    p.add_argument("--classes", type=int, help="resnet50: classes (1000)")
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--optimizer", choices=["sgd", "adam", "adamw"], default="adamw")
+    p.add_argument("--optimizer-impl", choices=["foreach", "for-loop", "fused"], default="foreach")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--weight-decay", type=float, help="default: adamw 0.01, adam and sgd 0")
+    p.add_argument("--momentum", type=float, default=0.9, help="sgd")
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--skip-buffers", action="store_true", help="leave the model's buffers out of the trace")
+    p.add_argument("--no-inplace-accumulation", action="store_true",
+                   help="record autograd's gradient accumulation as PyTorch does it under a mode "
+                        "(always old + new), not as CUDA does")
+    p.add_argument("--check-cpu", action="store_true",
+                   help="also run the steps on real CPU tensors without any mode and check the trace "
+                        "against the CPU allocator's events (small models only: it computes)")
+    p.add_argument("--out", required=True, help="the trace (JSON Lines)")
+    a = p.parse_args()
+    if a.model != "gpt" and (a.preset or a.layers or a.heads or a.dim or a.vocab or a.seq_len):
+        raise SystemExit("--preset/--layers/--heads/--dim/--vocab/--seq-len are gpt's")
+    accumulate = (-1, -1) if a.no_inplace_accumulation else self_test()
+    events, seconds, meta = record(a, accumulate)
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+    with open(a.out, "w") as f:
+        for ev in events:
+            f.write(json.dumps(ev, separators=(",", ":")) + "\n")
+    allocs = sum(1 for e in events if e["op"] == "alloc")
+    print(f"{a.out}: {len(events)} events ({allocs} allocations), recorded in {seconds:.2f} s; {json.dumps(meta)}")
+    if a.check_cpu:
+        ok, line = check_cpu(a, events)
+        print(line)
+        if not ok:
+            sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
