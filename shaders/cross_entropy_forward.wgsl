@@ -8,10 +8,13 @@ struct Params { rows: u32, classes: u32, _p0: u32, _p1: u32 }
 @group(0) @binding(1) var<storage, read_write> labels: array<f32>;
 @group(0) @binding(2) var<storage, read_write> losses: array<f32>;
 @group(0) @binding(3) var<uniform> p: Params;
+#include prelude
 
-@compute @workgroup_size(64)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let r = gid.x;
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>,
+        @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lidx: u32) {
+    let r = flat_index(wid, nwg, lidx);
     if (r >= p.rows) { return; }
     let base = r * p.classes;
     var m = rd_x(base);

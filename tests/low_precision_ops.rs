@@ -20,7 +20,7 @@ use vramlab::ops::elementwise::{add, mul, sqdiff, sub};
 use vramlab::ops::linear::{linear, linear_backward};
 use vramlab::ops::mean::{mean_axis, mean_axis_backward, Axis};
 use vramlab::ops::relu::{relu, relu_backward};
-use vramlab::optim::{Adam, Optimizer, Sgd};
+use vramlab::optim::{Adam, Optimizer, OptimizerImpl, Sgd};
 use vramlab::tensor::{DType, Engine, Tensor};
 
 fn unit(d: DType) -> f64 {
@@ -252,13 +252,19 @@ fn optimizers_step_16bit_parameters() {
             let (w, tw) = rounded(&e, &mut rng, &[n], d);
             let (g, tg) = rounded(&e, &mut rng, &[n], d);
             // One step from zero state: Adam moves each weight by lr·sign(g)
-            // (m̂ = g, v̂ = g²); SGD with momentum by lr·g.
+            // (m̂ = g, v̂ = g²); SGD with momentum by lr·g. The fused kernels
+            // compute in f32 and round once; foreach and for-loop round
+            // their 16-bit temporaries too, as PyTorch's do.
             type Case = (&'static str, Box<dyn Optimizer>, fn(f64, f64) -> f64);
+            let mut adam = Adam::new(0.01);
+            adam.implementation = OptimizerImpl::Fused;
+            let mut sgd = Sgd::new(0.01, 0.9);
+            sgd.implementation = OptimizerImpl::Fused;
             let cases: [Case; 2] = [
-                ("adam", Box::new(Adam::new(0.01)), |w, g| {
+                ("adam", Box::new(adam), |w, g| {
                     w - 0.01 * g / (g.abs() + 1e-8)
                 }),
-                ("sgd", Box::new(Sgd::new(0.01, 0.9)), |w, g| w - 0.01 * g),
+                ("sgd", Box::new(sgd), |w, g| w - 0.01 * g),
             ];
             for (name, mut opt, step) in cases {
                 let mut store = ParamStore::new();

@@ -113,13 +113,12 @@ enum Kind {
 }
 
 const LR: f32 = 0.01;
-const WD: f32 = 0.01;
 
-fn build(kind: Kind, implementation: OptimizerImpl) -> Box<dyn Optimizer> {
+fn build(kind: Kind, implementation: OptimizerImpl, wd: f32) -> Box<dyn Optimizer> {
     match kind {
         Kind::Sgd { momentum, nesterov } => {
             let mut s = Sgd::new(LR, momentum);
-            s.weight_decay = WD;
+            s.weight_decay = wd;
             s.nesterov = nesterov;
             s.implementation = implementation;
             Box::new(s)
@@ -130,7 +129,7 @@ fn build(kind: Kind, implementation: OptimizerImpl) -> Box<dyn Optimizer> {
             } else {
                 Adam::adamw(LR)
             };
-            a.weight_decay = WD;
+            a.weight_decay = wd;
             a.implementation = implementation;
             Box::new(a)
         }
@@ -138,7 +137,7 @@ fn build(kind: Kind, implementation: OptimizerImpl) -> Box<dyn Optimizer> {
 }
 
 /// torch.optim's update in f64, `steps` steps with the gradients `grads[s]`.
-fn reference(kind: Kind, w: &[f64], grads: &[Vec<f64>]) -> Vec<f64> {
+fn reference(kind: Kind, wd: f32, w: &[f64], grads: &[Vec<f64>]) -> Vec<f64> {
     let mut w = w.to_vec();
     let (mut m, mut v) = (vec![0.0; w.len()], vec![0.0; w.len()]);
     for (s, g) in grads.iter().enumerate() {
@@ -147,7 +146,7 @@ fn reference(kind: Kind, w: &[f64], grads: &[Vec<f64>]) -> Vec<f64> {
             let mut gi = g[i];
             match kind {
                 Kind::Sgd { momentum, nesterov } => {
-                    gi += WD as f64 * w[i];
+                    gi += wd as f64 * w[i];
                     if momentum != 0.0 {
                         m[i] = if s == 0 {
                             gi
@@ -164,9 +163,9 @@ fn reference(kind: Kind, w: &[f64], grads: &[Vec<f64>]) -> Vec<f64> {
                 }
                 Kind::Adam | Kind::AdamW => {
                     if matches!(kind, Kind::AdamW) {
-                        w[i] *= 1.0 - (LR * WD) as f64;
+                        w[i] *= 1.0 - (LR * wd) as f64;
                     } else {
-                        gi += WD as f64 * w[i];
+                        gi += wd as f64 * w[i];
                     }
                     m[i] = 0.9 * m[i] + 0.1 * gi;
                     v[i] = 0.999 * v[i] + 0.001 * gi * gi;
@@ -205,7 +204,7 @@ fn optimizer_implementations_match_f64_and_each_other() {
         let grads: Vec<Vec<Vec<f32>>> = (0..3)
             .map(|_| sizes.iter().map(|&n| rng.vec(n)).collect())
             .collect();
-        for kind in kinds {
+        for (kind, wd) in kinds.iter().flat_map(|k| [(*k, 0.0), (*k, 0.01)]) {
             let mut results = Vec::new();
             for implementation in [
                 OptimizerImpl::Foreach,
@@ -221,7 +220,7 @@ fn optimizer_implementations_match_f64_and_each_other() {
                         store.add(&format!("w{k}"), t)
                     })
                     .collect();
-                let mut opt = build(kind, implementation);
+                let mut opt = build(kind, implementation, wd);
                 for g in &grads {
                     for (id, gk) in ids.iter().zip(g) {
                         store.get_mut(*id).grad =
@@ -235,7 +234,7 @@ fn optimizer_implementations_match_f64_and_each_other() {
                     .collect();
                 for (k, got) in got.iter().enumerate() {
                     let g: Vec<Vec<f64>> = grads.iter().map(|g| to_f64(&g[k])).collect();
-                    let want = reference(kind, &to_f64(&w0[k]), &g);
+                    let want = reference(kind, wd, &to_f64(&w0[k]), &g);
                     let err = max_rel_err(got, &want);
                     assert!(
                         err < TOL,
@@ -249,7 +248,10 @@ fn optimizer_implementations_match_f64_and_each_other() {
             for (imp, got) in &results[1..] {
                 for (a, b) in got.iter().zip(&results[0].1) {
                     let err = max_rel_err(a, &to_f64(b));
-                    assert!(err < 1e-6, "{name}, {kind:?}: {imp} vs foreach {err}");
+                    assert!(
+                        err < 1e-6,
+                        "{name}, {kind:?} wd {wd}: {imp} vs foreach {err}"
+                    );
                 }
             }
         }

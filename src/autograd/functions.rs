@@ -240,8 +240,10 @@ pub fn cross_entropy(tape: &Tape, logits: &Value, labels: &Tensor) -> Result<Val
 }
 
 /// `F.cross_entropy(logits, labels)` as PyTorch runs it: `log_softmax`
-/// (in f32: autocast's rule, and after model.half() the kernels' too),
-/// then `nll_loss`; see `ops::nll` for what each allocates and saves.
+/// (in f32, autocast's rule), then `nll_loss`; see `ops::nll` for what each
+/// allocates and saves. After model.half() PyTorch runs both in 16 bits;
+/// vramlab's kernels are f32, so there it widens the logits first (a
+/// deviation: one more buffer, and f32 log-probabilities and gradients).
 pub fn cross_entropy_torch(
     tape: &Tape,
     logits: &Value,

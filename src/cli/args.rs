@@ -422,8 +422,8 @@ pub struct StepArgs {
     #[arg(long, value_enum, default_value = "foreach")]
     pub optimizer_impl: crate::optim::OptimizerImpl,
     /// The loss: cross-entropy (PyTorch's F.cross_entropy: log_softmax,
-    /// then nll_loss; three vocabulary-sized buffers at its peak) or fused
-    /// (vramlab's one kernel; two).
+    /// then nll_loss; with the logits, four vocabulary-sized buffers at its
+    /// peak) or fused (vramlab's one kernel; two).
     #[arg(long, value_name = "cross-entropy|fused", default_value = "cross-entropy", value_parser = crate::train::LossMode::parse)]
     pub loss: crate::train::LossMode,
     /// train: forward, backward, optimizer; checkpoint: the same with the

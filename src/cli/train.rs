@@ -46,7 +46,8 @@ pub struct TrainArgs {
     #[arg(long, value_enum, default_value = "foreach")]
     pub optimizer_impl: crate::optim::OptimizerImpl,
     /// The loss: cross-entropy (PyTorch's F.cross_entropy: log_softmax,
-    /// then nll_loss) or fused (vramlab's one kernel, one buffer fewer).
+    /// then nll_loss; with the logits, four vocabulary-sized buffers at its
+    /// peak) or fused (vramlab's one kernel; two).
     #[arg(long, value_name = "cross-entropy|fused", default_value = "cross-entropy", value_parser = crate::train::LossMode::parse)]
     pub loss: crate::train::LossMode,
     /// Seed for the initial weights and the random batch.
@@ -343,6 +344,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     };
     let mut trainer =
         Trainer::new(engine, model, store, opt.build(), args.retain_graph).with_amp(args.amp);
+    trainer.loss = args.loss;
     let mut records = Vec::new();
     let mut last = None;
     for i in 0..args.steps {

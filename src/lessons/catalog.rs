@@ -1180,8 +1180,11 @@ fn x01(ctx: &Ctx) -> anyhow::Result<Outcome> {
             steps.push((format!("{name} {implementation}"), p));
         }
     }
-    for p in cases.iter().map(|c| &c.2).chain(steps.iter().map(|s| &s.1)) {
+    for p in cases.iter().map(|c| &c.2) {
         ctx.check(p, 1)?;
+    }
+    for (_, p) in &steps {
+        ctx.check(p, 2)?;
     }
     let mut lines: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
     let mut figures = Vec::new();
@@ -1213,7 +1216,7 @@ fn x01(ctx: &Ctx) -> anyhow::Result<Outcome> {
     let mut step_peaks = Vec::new();
     for (name, p) in &steps {
         let a = ctx.run(p, 2)?;
-        step_peaks.push(a.peak_allocated_bytes);
+        step_peaks.push((name.clone(), a.peak_allocated_bytes));
         figures.push(fig(
             format!("{name}, batch 1: peak allocated"),
             a.peak_allocated_bytes as f64 / (1u64 << 30) as f64,
@@ -1241,13 +1244,16 @@ fn x01(ctx: &Ctx) -> anyhow::Result<Outcome> {
     });
     let all_grow = lines.iter().all(|(l, _)| grows(l));
     let big = shares[&("1B f32 cross-entropy".to_string(), 256_000)];
-    let foreach_adds = step_peaks[3] as f64 / step_peaks[5] as f64;
+    let peak_of = |n: &str| step_peaks.iter().find(|(k, _)| k == n).map_or(0, |p| p.1);
+    let foreach_adds = peak_of("1B foreach") as f64 / peak_of("1B fused").max(1) as f64;
     let mut o = outcome(
         figures,
         if torch_more && all_grow {
             Verdict::Holds
         } else {
-            Verdict::Partly("the loss's share did not grow with the vocabulary everywhere".into())
+            Verdict::Partly(format!(
+                "measured otherwise: the share grows with the vocabulary everywhere: {all_grow}; cross-entropy holds at least the fused loss's everywhere: {torch_more}"
+            ))
         },
         format!(
             "beside the logits the loop holds, F.cross_entropy keeps the log-probabilities and two gradients in its backward, the fused loss one gradient; at vocab 256k the 1B decoder's f32 peak is {big:.0}% such buffers (at 50k it peaks in the optimizer step instead); at batch 1 foreach AdamW's sqrt list puts the 1B step at {foreach_adds:.2}× fused's peak"

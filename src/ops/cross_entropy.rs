@@ -64,7 +64,7 @@ pub fn cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<Tensor, TensorE
         ],
         bytemuck::bytes_of(&p),
         p.rows as usize,
-        64,
+        256,
         1,
     )?;
     mean(&losses, "loss")
@@ -92,7 +92,7 @@ pub fn cross_entropy_backward(
             &dx.slice(),
         ],
         bytemuck::bytes_of(&p),
-        Workgroups::Linear((p.rows as u64).div_ceil(64)),
+        Workgroups::Linear((p.rows as u64).div_ceil(256)),
     )?;
     Ok(dx)
 }

@@ -3,7 +3,7 @@
 //! of each per parameter) is allocated lazily at the first step, as PyTorch
 //! does, so memory steps up by 2× the parameters there.
 
-use super::phases::{self, grad_of};
+use super::phases::{self, free_in_reverse, grad_of};
 use super::{Optimizer, OptimizerImpl};
 use crate::nn::ParamStore;
 use crate::ops::fill;
@@ -206,7 +206,8 @@ impl Adam {
             let g = wd_grads.as_ref().map_or(*g, |l| &l[k]);
             self.phase(1, w, [g, &s.exp_avg, &s.exp_avg_sq, w, w])?;
         }
-        drop(wd_grads); // del device_grads
+        // del device_grads: CPython frees a list's items last to first.
+        free_in_reverse(wd_grads.unwrap_or_default());
         let mut denoms = Vec::with_capacity(live.len());
         for (w, g, s) in &live {
             let d = phases::temporary(w, "adam._foreach_sqrt")?;
@@ -216,6 +217,7 @@ impl Adam {
         for ((w, g, s), d) in live.iter().zip(&denoms) {
             self.phase(3, w, [g, &s.exp_avg, &s.exp_avg_sq, d, w])?;
         }
+        free_in_reverse(denoms);
         Ok(())
     }
 

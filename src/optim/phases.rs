@@ -38,6 +38,12 @@ pub(super) fn run(
     )
 }
 
+/// Drops a list of temporaries last to first, as CPython frees a list's
+/// items (the event log then reads as PyTorch's).
+pub(super) fn free_in_reverse(mut list: Vec<Tensor>) {
+    while list.pop().is_some() {}
+}
+
 /// The gradient of `p`, refused unless it has the parameter's dtype (the
 /// update kernels read both as one element type).
 pub(super) fn grad_of<'a>(

@@ -3,7 +3,7 @@
 //! copy of the gradient, PyTorch's `torch.clone(d_p)`), so memory steps up by
 //! one parameter-sized buffer there, and not at all without momentum.
 
-use super::phases::{self, grad_of};
+use super::phases::{self, free_in_reverse, grad_of};
 use super::{Optimizer, OptimizerImpl};
 use crate::nn::ParamStore;
 use crate::tensor::{Tensor, TensorError};
@@ -111,6 +111,16 @@ impl Sgd {
         }
         for (i, p) in store.iter().enumerate() {
             let Some(g) = &p.grad else { continue };
+            if has_momentum && self.buffers[i].is_none() {
+                // _fused_sgd makes buffers only when none exists at all.
+                return Err(TensorError::InvalidShape {
+                    op: "sgd",
+                    message: format!(
+                        "{}: its first gradient came after the first fused step, which made every momentum buffer; use --optimizer-impl foreach or for-loop",
+                        p.name
+                    ),
+                });
+            }
             let buf = self.buffers[i]
                 .as_ref()
                 .filter(|_| has_momentum)
@@ -172,15 +182,18 @@ impl Sgd {
                     self.phase(3, w, [g, self.buf(i)?, w])?;
                 }
             } else {
-                grads = live
+                // device_grads = bufs: the decayed list goes, last first.
+                let bufs = live
                     .iter()
                     .map(|&(i, _, _)| self.buf(i).cloned())
                     .collect::<Result<_, _>>()?;
+                free_in_reverse(std::mem::replace(&mut grads, bufs));
             }
         }
         for (&(_, w, _), g) in live.iter().zip(&grads) {
             self.phase(5, w, [g, w, w])?;
         }
+        free_in_reverse(grads);
         Ok(())
     }
 

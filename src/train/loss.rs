@@ -1,7 +1,8 @@
-//! Which cross-entropy a step runs. PyTorch's `F.cross_entropy` keeps three
-//! vocabulary-sized buffers alive at once in backward (the saved
-//! log-probabilities and two gradients), vramlab's fused kernel two; for a
-//! large vocabulary that is the difference between fitting and not.
+//! Which cross-entropy a step runs. With the logits the loop holds, PyTorch's
+//! `F.cross_entropy` keeps four vocabulary-sized buffers alive at once in
+//! backward (the logits, the saved log-probabilities, two gradients),
+//! vramlab's fused kernel two (the logits and their gradient); for a large
+//! vocabulary that is the difference between fitting and not.
 
 use crate::autograd::{functions as f, Tape, Value};
 use crate::tensor::{Tensor, TensorError};
