@@ -365,7 +365,20 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
             trainer.step_accumulated(&micro)?
         };
         if !r.loss.is_finite() {
-            return Err(super::args::non_finite_loss(r.step, r.loss).into());
+            let mut e = super::args::non_finite_loss(r.step, r.loss);
+            // PyTorch's foreach and for-loop Adam store sqrt(v) + eps in
+            // the parameters' dtype: in f16, eps 1e-8 rounds to 0 and a
+            // zero second moment divides by zero, as it does in PyTorch.
+            if args.dtype != crate::tensor::DType::F32
+                && opt.kind != OptimizerKind::Sgd
+                && opt.implementation != crate::optim::OptimizerImpl::Fused
+            {
+                e.0.push_str(&format!(
+                    ". With {} parameters, {} Adam keeps sqrt(v) + eps in {} too (as PyTorch's does), where eps = 1e-8 rounds to 0; pure 16-bit Adam is fragile in PyTorch as well: --amp {} keeps f32 parameters and state (--optimizer-impl fused computes in f32 but stores {})",
+                    args.dtype, opt.implementation, args.dtype, args.dtype, args.dtype
+                ));
+            }
+            return Err(e.into());
         }
         let device_time = match trainer.engine.take_dispatch_times()? {
             Some((source, times)) if timing.is_some() => Some(OpTimes::of(source, &times)),
