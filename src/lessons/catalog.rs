@@ -1103,21 +1103,18 @@ fn c37(ctx: &Ctx) -> anyhow::Result<Outcome> {
 /// Bytes of live blocks whose requested size is one of `sizes` at the
 /// first moment allocated memory peaks, and that peak.
 fn live_at_peak(events: &[crate::memory::MemEvent], sizes: &[u64]) -> (u64, u64) {
-    use crate::memory::EventKind;
+    use crate::memory::{EventKind, LiveBlocks};
     let peak = events.iter().map(|e| e.allocated).max().unwrap_or(0);
-    let mut live = std::collections::HashMap::new();
+    let mut live = LiveBlocks::default();
     for e in events {
-        match e.kind {
-            EventKind::Alloc => {
-                live.insert(e.address, e.requested);
-            }
-            EventKind::Free => {
-                live.remove(&e.address);
-            }
-            _ => {}
-        }
+        live.apply(e);
         if e.kind == EventKind::Alloc && e.allocated == peak {
-            return (peak, live.values().filter(|r| sizes.contains(r)).sum());
+            let held = live
+                .iter()
+                .map(|b| b.requested)
+                .filter(|r| sizes.contains(r))
+                .sum();
+            return (peak, held);
         }
     }
     (peak, 0)

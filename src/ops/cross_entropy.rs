@@ -18,12 +18,24 @@ const BACKWARD: Kernel = Kernel::fixed(
     "main",
 );
 
+/// The row kernels' uniform (`ops::nll`'s too): rows and classes.
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct Params {
-    rows: u32,
-    classes: u32,
+pub(super) struct Params {
+    pub rows: u32,
+    pub classes: u32,
     _pad: [u32; 2],
+}
+
+impl Params {
+    /// Of a `[rows, classes]` shape the caller has checked.
+    pub(super) fn of(shape: &[usize]) -> Params {
+        Params {
+            rows: shape[0] as u32,
+            classes: shape[1] as u32,
+            _pad: [0; 2],
+        }
+    }
 }
 
 fn check(logits: &Tensor, labels: &Tensor) -> Result<Params, TensorError> {
@@ -37,11 +49,7 @@ fn check(logits: &Tensor, labels: &Tensor) -> Result<Params, TensorError> {
     }
     // The kernel indexes in u32; a simulated device (estimates) runs none.
     super::check_u32("cross_entropy", logits)?;
-    Ok(Params {
-        rows: s[0] as u32,
-        classes: s[1] as u32,
-        _pad: [0; 2],
-    })
+    Ok(Params::of(s))
 }
 
 /// Mean cross-entropy, a one-element tensor.

@@ -6,6 +6,7 @@
 //! while the log-probabilities are still saved. Labels are class indices
 //! stored as f32 (exact below 2²⁴), as in `cross_entropy`.
 
+use super::cross_entropy::Params;
 use crate::device::{Kernel, Part, Workgroups};
 use crate::ops::fill;
 use crate::tensor::{DType, Tensor, TensorError};
@@ -31,14 +32,6 @@ const NLL_BACKWARD: Kernel = Kernel::fixed(
     "main",
 );
 
-#[repr(C)]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct Params {
-    rows: u32,
-    classes: u32,
-    _pad: [u32; 2],
-}
-
 /// `[rows, classes]`, f32, indexable in u32.
 fn rows_of(op: &'static str, x: &Tensor) -> Result<Params, TensorError> {
     let s = x.shape();
@@ -55,11 +48,7 @@ fn rows_of(op: &'static str, x: &Tensor) -> Result<Params, TensorError> {
         });
     }
     super::check_u32(op, x)?;
-    Ok(Params {
-        rows: s[0] as u32,
-        classes: s[1] as u32,
-        _pad: [0; 2],
-    })
+    Ok(Params::of(s))
 }
 
 fn check_labels(op: &'static str, x: &Tensor, labels: &Tensor) -> Result<Params, TensorError> {
