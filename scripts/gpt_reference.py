@@ -109,6 +109,10 @@ class Gpt(nn.Module):
             self.on_block(name)
 
     def forward(self, x):
+        return F.linear(self.features(x), self.wte.weight)
+
+    def features(self, x):
+        """The tied head's input: ln_f's output [N*S, D]."""
         idx = x.long()
         n, s = idx.shape
         self.mark("embedding")
@@ -118,7 +122,7 @@ class Gpt(nn.Module):
             self.mark(f"h.{i}")
             h = blk(h, n, s, self.mask)
         self.mark("head")
-        return F.linear(self.ln_f(h), self.wte.weight)
+        return self.ln_f(h)
 
 
 SMALL = dict(layers=2, heads=3, dim=12, seq_len=7, vocab=11, batch=3)
@@ -168,6 +172,25 @@ def ops_fixture(path):
     (y * g).sum().backward()
     out.update({"causal.x": x.detach(), "causal.g": g, "causal.y": y.detach(), "causal.dx": x.grad})
     save_file({k: v.contiguous() for k, v in out.items()}, path, metadata={"causal.scale": "0.4", "ln.eps": "1e-5"})
+
+
+def lce_fixture(path):
+    """PyTorch 2.15's chunked F.linear_cross_entropy (batch_chunk_size rows at
+    a time; the last chunk partial), loss and both gradients, for a head wider
+    than its input (V > D) and one narrower (V < D)."""
+    torch.manual_seed(5)
+    out, meta = {}, {}
+    for name, (n, d, v, rows) in {"wide": (19, 12, 29, 4), "narrow": (11, 24, 7, 3)}.items():
+        h = (torch.randn(n, d) * 2).requires_grad_()
+        w = torch.randn(v, d, requires_grad=True)
+        y = torch.randint(0, v, (n,))
+        opts = torch.nn.LinearCrossEntropyOptions(batch_chunk_size=rows)
+        loss = F.linear_cross_entropy(h, w, y, options=opts)
+        loss.backward()
+        out.update({f"{name}.h": h.detach(), f"{name}.w": w.detach(), f"{name}.y": y.float(),
+                    f"{name}.loss": loss.detach().reshape(1), f"{name}.dh": h.grad, f"{name}.dw": w.grad})
+        meta[f"{name}.rows"] = str(rows)
+    save_file({k: v.contiguous() for k, v in out.items()}, path, metadata=meta)
 
 
 def saved_bytes(layers, heads, dim, seq_len, vocab, batch, dropout=0.0):
@@ -227,6 +250,8 @@ def cmd_fixtures(a):
         print(f"wrote {d}")
     ops_fixture(f"{a.out}/gpt_ops.safetensors")
     print(f"wrote {a.out}/gpt_ops.safetensors")
+    lce_fixture(f"{a.out}/gpt_lce.safetensors")
+    print(f"wrote {a.out}/gpt_lce.safetensors")
     with open(f"{a.out}/gpt_saved.json", "w") as f:
         json.dump([saved_bytes(**c) for c in SAVED_CONFIGS], f, indent=1)
     print(f"wrote {a.out}/gpt_saved.json")

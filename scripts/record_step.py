@@ -34,7 +34,16 @@ The step, exactly the PyTorch user's:
         opt.zero_grad(set_to_none=True)
         return                                     # logits, loss freed here
 
-called --steps times (default 2). Before the first step the trace allocates
+called --steps times (default 2). With --loss chunked[:ROWS] (gpt) the first
+two lines are instead
+
+        h = model.features(x)                      # ln_f's output, held likewise
+        loss = F.linear_cross_entropy(h, model.wte.weight, y.view(-1),
+            options=torch.nn.LinearCrossEntropyOptions(batch_chunk_size=ROWS))
+
+PyTorch 2.15's chunked path, a custom op: on meta it would run its fake
+kernel (four empty outputs), so the recorder runs its Python body instead,
+as CUDA does, and records every aten op of it. Before the first step the trace allocates
 the parameters (model.parameters() order), the buffers (the GPT's causal
 mask, [1, 1, P, P] f32; --skip-buffers leaves them out), then x and y. The
 model is built on the meta device before recording, so its init ops are not
@@ -151,7 +160,10 @@ GPT_PRESETS = {
     "gpt2-xl": (48, 25, 1600, 1024, 50257),
 }
 
+import torch.nn.modules.linear_cross_entropy  # noqa: E402,F401  (registers the chunked op)
+
 META = torch.device("meta")
+CHUNKED_LCE = torch.ops.torch_nn._linear_cross_entropy_batch_chunked.default
 ADD = torch.ops.aten.add.Tensor
 
 
@@ -243,6 +255,20 @@ class Recorder(TorchDispatchMode):
                 and is_non_overlapping_and_dense_or_false(old)
                 and (old._use_count(), storage_uses(old)) == self.accumulate)
 
+    def chunked_lce(self, args, kwargs):
+        """The chunked linear_cross_entropy custom op. On meta it would run
+        its fake kernel (four empty outputs); on CUDA it runs its Python
+        body, whose allocations are the point: run that body here, under
+        this mode, so each of its aten ops is recorded. The CUDA-only
+        branches of that body (mixed-dtype casts) differ from meta only for
+        16-bit inputs; the GPT's head input and weight are f32."""
+        import torch.nn.modules.linear_cross_entropy as lce
+        if kwargs or any(isinstance(t, torch.Tensor) and t.dtype != torch.float32 for t in args[:2]):
+            raise SystemExit("the chunked linear_cross_entropy is recorded for f32 inputs, positional arguments only")
+        with self:
+            lce._check_batch_chunked_grad_flags(*args[:4], *args[12:15])
+            return lce._linear_cross_entropy_batch_chunked_accumulator(*args[:11], *args[12:15])
+
     def hook_graph(self, root):
         """Pre and post hooks on every node of the graph below `root`
         (AccumulateGrad's aside): they mark the nodes' own ops."""
@@ -266,6 +292,8 @@ class Recorder(TorchDispatchMode):
     # -- the mode --------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func is CHUNKED_LCE:
+            return self.chunked_lce(args, kwargs)
         if self.engine_accumulation(func, args, kwargs):
             old, new = args
             if self.accumulate is None:
@@ -404,6 +432,32 @@ def build_optimizer(a, params):
     return torch.optim.AdamW(params, lr=a.lr, weight_decay=wd, **impl), wd
 
 
+def parse_loss(text):
+    """--loss: (name, rows); rows None is PyTorch's own chunk size."""
+    if text == "cross-entropy":
+        return "cross-entropy", None
+    if text == "chunked":
+        return "chunked", None
+    if text.startswith("chunked:") and text[8:].isdigit() and int(text[8:]) > 0:
+        return "chunked", int(text[8:])
+    raise argparse.ArgumentTypeError(f"--loss {text!r}: cross-entropy, chunked or chunked:ROWS (ROWS >= 1)")
+
+
+def forward_and_loss(a, model, x, y):
+    """(what the step holds until it returns, the loss): the logits and
+    F.cross_entropy, or with --loss chunked the head's input and PyTorch
+    2.15's chunked F.linear_cross_entropy over the tied head."""
+    name, rows = a.loss
+    if name == "chunked":
+        if a.model != "gpt":
+            raise SystemExit("--loss chunked needs gpt (its head is the bias-free tied embedding)")
+        h = model.features(x)
+        opts = torch.nn.LinearCrossEntropyOptions(batch_chunk_size=rows)
+        return h, F.linear_cross_entropy(h, model.wte.weight, y.view(-1), options=opts)
+    logits = model(x)
+    return logits, F.cross_entropy(logits.view(-1, logits.shape[-1]), y.view(-1))
+
+
 def record(a, accumulate):
     allow_fused_on_meta()
     with META:
@@ -443,9 +497,13 @@ def record(a, accumulate):
 
     def train_step(x, y):
         phase("forward")
-        logits = model(x)
-        phase("loss")
-        loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), y.view(-1))
+        if a.loss[0] == "chunked":
+            # The head runs inside the loss: the phase changes there.
+            logits, loss = forward_and_loss(a, model, x, y)
+        else:
+            logits = model(x)
+            phase("loss")
+            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), y.view(-1))
         mark("output", [logits, loss])
         rec.hook_graph(loss.grad_fn)
         phase("backward")
@@ -494,7 +552,8 @@ def record(a, accumulate):
         step = opt.state.get(p, {}).get("step")
         if step is not None and (step.device.type == "meta") != (a.optimizer_impl == "fused"):
             raise SystemExit(f"state['step'] is on {step.device} with --optimizer-impl {a.optimizer_impl}")
-    meta = dict(model=a.model, batch=a.batch, optimizer=a.optimizer, optimizer_impl=a.optimizer_impl,
+    meta = dict(model=a.model, batch=a.batch, loss=a.loss[0] + (f":{a.loss[1]}" if a.loss[1] else ""),
+                optimizer=a.optimizer, optimizer_impl=a.optimizer_impl,
                 lr=a.lr, weight_decay=wd, steps=a.steps, torch=torch.__version__, **sizes)
     if a.optimizer == "sgd":
         meta["momentum"] = a.momentum
@@ -528,8 +587,7 @@ def check_cpu(a, events):
     opt, _ = build_optimizer(a, model.parameters())
 
     def train_step(x, y):
-        logits = model(x)
-        loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), y.view(-1))
+        logits, loss = forward_and_loss(a, model, x, y)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -610,6 +668,10 @@ def main():
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--weight-decay", type=float, help="default: adamw 0.01, adam and sgd 0")
     p.add_argument("--momentum", type=float, default=0.9, help="sgd")
+    p.add_argument("--loss", type=parse_loss, default=("cross-entropy", None),
+                   help="cross-entropy (F.cross_entropy over the logits, the default), chunked or "
+                        "chunked:ROWS (gpt: F.linear_cross_entropy over the tied head with "
+                        "LinearCrossEntropyOptions(batch_chunk_size=ROWS))")
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--skip-buffers", action="store_true", help="leave the model's buffers out of the trace")
     p.add_argument("--no-inplace-accumulation", action="store_true",

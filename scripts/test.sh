@@ -89,7 +89,8 @@ host=$(rustc -vV | sed -n 's/^host: //p' | tr 'a-z.-' 'A-Z__')
 env "CARGO_TARGET_${host}_RUNNER=$runner" cargo test \
   --test kernels --test matmul_family --test ops_backward --test ops_reductions \
   --test low_precision_ops --test gpt_ops --test resnet_ops \
-  --test torch_fixtures --test torch_amp --test hostile_numerics --test pytorch_step
+  --test torch_fixtures --test torch_amp --test hostile_numerics --test pytorch_step \
+  --test linear_cross_entropy
 # Windows' kernels against f64 there too. What does not depend on the
 # driver ran above only: the zoo trained whole and in windows (bit
 # equality), and products cut past the budget (how they are cut; their

@@ -10,6 +10,7 @@ use crate::ops::conv2d::{conv2d as conv2d_fwd, conv2d_backward, conv2d_backward_
 use crate::ops::cross_entropy::{cross_entropy as ce_fwd, cross_entropy_backward};
 use crate::ops::elementwise::add as add_fwd;
 use crate::ops::linear::{linear as linear_fwd, linear_backward};
+use crate::ops::linear_cross_entropy as lce;
 use crate::ops::matmul::{matmul_ex, MatmulKernel};
 use crate::ops::mean::{mean_axis, mean_axis_backward, Axis};
 use crate::ops::mse::{mse as mse_fwd, mse_backward};
@@ -263,6 +264,59 @@ pub fn cross_entropy_torch(
         loss,
         &[&logp],
         Box::new(move |g, _| Ok(vec![Some(nll_loss_backward(&lp, &y, g, &tw)?)])),
+    ))
+}
+
+/// PyTorch's chunked `F.linear_cross_entropy(h, W, labels, options=…)`
+/// (`ops::linear_cross_entropy`): the loss and both gradients in the forward
+/// pass, `rows` rows at a time (`None`: PyTorch's heuristic). Its backward
+/// scales the stored gradients by the loss's gradient in place and hands
+/// them on; having given them away it cannot run again (PyTorch's default
+/// `allow_retain_graph=False`).
+pub fn linear_cross_entropy(
+    tape: &Tape,
+    h: &Value,
+    w: &Value,
+    labels: &Tensor,
+    rows: Option<usize>,
+) -> Result<Value, TensorError> {
+    let scope = op_scope(h, "linear_cross_entropy");
+    let (hs, ws) = (h.tensor().shape(), w.tensor().shape());
+    if hs.len() != 2 || ws.len() != 2 {
+        return Err(TensorError::ShapeMismatch {
+            op: "linear_cross_entropy",
+            lhs: hs.to_vec(),
+            rhs: ws.to_vec(),
+        });
+    }
+    let rows = lce::chunk_rows(hs[0], hs[1], ws[0], rows);
+    let grads = tape.grad_enabled();
+    let out = lce::forward(
+        h.tensor(),
+        w.tensor(),
+        labels,
+        rows,
+        grads && h.requires_grad(),
+        grads && w.requires_grad(),
+    )?;
+    note(&scope, &out.loss);
+    let held = std::cell::RefCell::new(Some((out.grad_input, out.grad_weight)));
+    Ok(tape.record(
+        out.loss,
+        &[h, w],
+        Box::new(move |g, _| {
+            let (gi, gw) = held.borrow_mut().take().ok_or(TensorError::InvalidShape {
+                op: "linear_cross_entropy backward",
+                message: "ran twice: the chunked loss hands on the gradients its forward made \
+                          (PyTorch's allow_retain_graph=False); retaining the graph needs \
+                          --loss cross-entropy or --loss fused"
+                    .into(),
+            })?;
+            for t in gi.iter().chain(gw.iter()) {
+                lce::scale_by(t, g)?;
+            }
+            Ok(vec![gi, gw])
+        }),
     ))
 }
 

@@ -423,8 +423,11 @@ pub struct StepArgs {
     pub optimizer_impl: crate::optim::OptimizerImpl,
     /// The loss: cross-entropy (PyTorch's F.cross_entropy: log_softmax,
     /// then nll_loss; with the logits, four vocabulary-sized buffers at its
-    /// peak) or fused (vramlab's one kernel; two).
-    #[arg(long, value_name = "cross-entropy|fused", default_value = "cross-entropy", value_parser = crate::train::LossMode::parse)]
+    /// peak), fused (vramlab's one kernel; two) or chunked[:ROWS] (PyTorch
+    /// 2.15's F.linear_cross_entropy with LinearCrossEntropyOptions: the head
+    /// and loss ROWS rows at a time, no logits; gpt only; ROWS defaults to
+    /// PyTorch's own choice).
+    #[arg(long, value_name = "cross-entropy|fused|chunked[:ROWS]", default_value = "cross-entropy", value_parser = crate::train::LossMode::parse)]
     pub loss: crate::train::LossMode,
     /// train: forward, backward, optimizer; checkpoint: the same with the
     /// model's segments checkpointed; inference: a no_grad forward.

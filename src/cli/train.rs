@@ -47,8 +47,11 @@ pub struct TrainArgs {
     pub optimizer_impl: crate::optim::OptimizerImpl,
     /// The loss: cross-entropy (PyTorch's F.cross_entropy: log_softmax,
     /// then nll_loss; with the logits, four vocabulary-sized buffers at its
-    /// peak) or fused (vramlab's one kernel; two).
-    #[arg(long, value_name = "cross-entropy|fused", default_value = "cross-entropy", value_parser = crate::train::LossMode::parse)]
+    /// peak), fused (vramlab's one kernel; two) or chunked[:ROWS] (PyTorch
+    /// 2.15's F.linear_cross_entropy with LinearCrossEntropyOptions: the head
+    /// and loss ROWS rows at a time, no logits; gpt only; ROWS defaults to
+    /// PyTorch's own choice).
+    #[arg(long, value_name = "cross-entropy|fused|chunked[:ROWS]", default_value = "cross-entropy", value_parser = crate::train::LossMode::parse)]
     pub loss: crate::train::LossMode,
     /// Seed for the initial weights and the random batch.
     #[arg(long, default_value_t = 0)]
@@ -208,6 +211,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         );
     }
     spec.check_dtype(args.dtype).map_err(anyhow::Error::msg)?;
+    spec.check_loss(args.loss).map_err(anyhow::Error::msg)?;
     store.to_dtype(args.dtype)?;
     let is_gpt = matches!(spec, crate::nn::ModelSpec::Gpt { .. });
     if args.text.is_some() && !is_gpt {
@@ -433,7 +437,13 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     }
     if let (Some(path), Some(out)) = (&args.dump, &last) {
         let mut st = SafeTensors::new();
-        st.insert_f32("logits", out.logits.shape(), &out.logits.to_vec()?)?;
+        // The chunked loss never makes logits: its output is the head's input.
+        let output = if args.loss.fuses_head() {
+            "hidden"
+        } else {
+            "logits"
+        };
+        st.insert_f32(output, out.logits.shape(), &out.logits.to_vec()?)?;
         st.insert_f32("loss", &[], &out.loss.to_vec()?)?;
         trainer.store.dump(&mut st)?;
         st.metadata.insert("model".into(), spec.describe());
@@ -442,7 +452,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         st.write(path)?;
         if !args.json {
             println!(
-                "\nwrote {} ({} tensors: logits, loss, grad.*, param.*)",
+                "\nwrote {} ({} tensors: {output}, loss, grad.*, param.*)",
                 path.display(),
                 st.tensors.len()
             );

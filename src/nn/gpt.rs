@@ -378,6 +378,22 @@ impl Gpt {
         x: &Value,
         checkpointed: bool,
     ) -> Result<Value, TensorError> {
+        let h = self.run_to_head(tape, store, x, checkpointed)?;
+        // The tied head: logits = h · wteᵀ.
+        let head: Arc<str> = Arc::from("lm_head");
+        in_layer(&h, &head, || {
+            f::linear(tape, &h, &tape.param(store, self.wte), None)
+        })
+    }
+
+    /// Everything up to the head: ln_f's output `[N·S, D]`.
+    fn run_to_head(
+        &self,
+        tape: &Tape,
+        store: &ParamStore,
+        x: &Value,
+        checkpointed: bool,
+    ) -> Result<Value, TensorError> {
         let shape = x.tensor().shape().to_vec();
         if shape.len() != 2 || shape[1] != self.seq {
             return Err(TensorError::InvalidShape {
@@ -417,12 +433,7 @@ impl Gpt {
             // GELU, residual adds) beside its layers' rows.
             engine.note_layer_output(&Arc::from(format!("h.{i}")), h.tensor().shape());
         }
-        h = self.norm(tape, store, &self.ln_f, &h)?;
-        // The tied head: logits = h · wteᵀ.
-        let head: Arc<str> = Arc::from("lm_head");
-        in_layer(&h, &head, || {
-            f::linear(tape, &h, &tape.param(store, self.wte), None)
-        })
+        self.norm(tape, store, &self.ln_f, &h)
     }
 }
 
@@ -443,5 +454,17 @@ impl Model for Gpt {
         x: &Value,
     ) -> Result<Value, TensorError> {
         self.run(tape, store, x, true)
+    }
+
+    /// ln_f's output and the tied head's weight (the embedding table).
+    fn forward_head_input(
+        &self,
+        tape: &Tape,
+        store: &ParamStore,
+        x: &Value,
+        checkpointed: bool,
+    ) -> Result<Option<(Value, Value)>, TensorError> {
+        let h = self.run_to_head(tape, store, x, checkpointed)?;
+        Ok(Some((h, tape.param(store, self.wte))))
     }
 }

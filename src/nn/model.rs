@@ -31,6 +31,18 @@ pub trait Model {
         store: &ParamStore,
         x: &Value,
     ) -> Result<Value, TensorError>;
+    /// The head's input `[N, D]` and its weight `[classes, D]` instead of
+    /// the logits, for a loss that runs the head itself (`--loss chunked`);
+    /// `None` for a model whose head is not a bias-free linear map.
+    fn forward_head_input(
+        &self,
+        _tape: &Tape,
+        _store: &ParamStore,
+        _x: &Value,
+        _checkpointed: bool,
+    ) -> Result<Option<(Value, Value)>, TensorError> {
+        Ok(None)
+    }
 }
 
 /// Each zoo model with its size knobs.
@@ -173,6 +185,19 @@ impl ModelSpec {
     /// max-pool kernels are f32 only (they run under `--amp` instead).
     pub fn supports_16bit_model(&self) -> bool {
         !matches!(self, ModelSpec::Gpt { .. } | ModelSpec::Resnet50 { .. })
+    }
+
+    /// Refuses a loss the model's head cannot take: `--loss chunked` runs
+    /// the head inside the loss, which needs a bias-free linear head (gpt's,
+    /// tied to the embedding).
+    pub fn check_loss(&self, loss: crate::train::LossMode) -> Result<(), String> {
+        if !loss.fuses_head() || matches!(self, ModelSpec::Gpt { .. }) {
+            return Ok(());
+        }
+        Err(format!(
+            "--loss {loss} runs the model's head inside the loss, which needs a bias-free linear head onto the classes (gpt's); {}'s head is not one: use --loss cross-entropy or --loss fused",
+            self.name()
+        ))
     }
 
     /// Refuses a 16-bit model dtype for a model whose kernels are f32 only,

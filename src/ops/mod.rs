@@ -14,6 +14,7 @@ pub mod fill;
 pub mod gelu;
 pub mod layernorm;
 pub mod linear;
+pub mod linear_cross_entropy;
 pub mod matmul;
 mod matmul_budget;
 pub mod maxpool;

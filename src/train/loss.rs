@@ -1,10 +1,14 @@
 //! Which cross-entropy a step runs. With the logits the loop holds, PyTorch's
 //! `F.cross_entropy` keeps four vocabulary-sized buffers alive at once in
 //! backward (the logits, the saved log-probabilities, two gradients),
-//! vramlab's fused kernel two (the logits and their gradient); for a large
-//! vocabulary that is the difference between fitting and not.
+//! vramlab's fused kernel two (the logits and their gradient), PyTorch's
+//! chunked `linear_cross_entropy` none (a chunk's logits, and the head's
+//! gradients made in the forward pass); for a large vocabulary that is the
+//! difference between fitting and not.
 
 use crate::autograd::{functions as f, Tape, Value};
+use crate::nn::{Model, ParamStore};
+use crate::ops::linear_cross_entropy::MAX_CHUNK_ROWS;
 use crate::tensor::{Tensor, TensorError};
 use serde::Serialize;
 
@@ -19,16 +23,30 @@ pub enum LossMode {
     /// vramlab's fused kernel: the loss from the logits directly, and in
     /// backward one gradient computed from the saved logits.
     Fused,
+    /// PyTorch 2.15's chunked `F.linear_cross_entropy(h, W, y,
+    /// options=LinearCrossEntropyOptions(batch_chunk_size=ROWS))`: the head
+    /// and the loss a chunk of rows at a time, so the logits never exist;
+    /// `None` is PyTorch's own chunk size.
+    Chunked(Option<usize>),
 }
 
 impl LossMode {
-    pub const NAMES: &'static str = "cross-entropy, fused";
+    pub const NAMES: &'static str = "cross-entropy, fused, chunked[:ROWS]";
 
-    pub fn name(self) -> &'static str {
+    /// The mode's name as `--loss` takes it (`chunked:64`).
+    pub fn name(self) -> String {
         match self {
-            LossMode::CrossEntropy => "cross-entropy",
-            LossMode::Fused => "fused",
+            LossMode::CrossEntropy => "cross-entropy".into(),
+            LossMode::Fused => "fused".into(),
+            LossMode::Chunked(None) => "chunked".into(),
+            LossMode::Chunked(Some(r)) => format!("chunked:{r}"),
         }
+    }
+
+    /// Whether the loss runs the model's head itself (from the head's input
+    /// and weight) rather than taking the logits.
+    pub fn fuses_head(self) -> bool {
+        matches!(self, LossMode::Chunked(_))
     }
 
     /// `--loss NAME`.
@@ -36,24 +54,66 @@ impl LossMode {
         match s.trim() {
             "cross-entropy" | "cross_entropy" | "ce" => Ok(LossMode::CrossEntropy),
             "fused" => Ok(LossMode::Fused),
-            other => Err(format!(
-                "unknown loss {other:?}; the losses are: {} (chunked, PyTorch's linear_cross_entropy, is not built yet)",
-                Self::NAMES
-            )),
+            "chunked" => Ok(LossMode::Chunked(None)),
+            other => match other.strip_prefix("chunked:") {
+                Some(rows) => match rows.trim().parse::<usize>() {
+                    Ok(0) => Err("--loss chunked:0 asks for chunks of 0 rows; give ROWS of at least 1, or plain `chunked` for PyTorch's own chunk size".into()),
+                    Ok(r) if r > MAX_CHUNK_ROWS => Err(format!(
+                        "--loss chunked:{r}: a chunk has at most {MAX_CHUNK_ROWS} rows; give fewer, or plain `chunked` for PyTorch's own chunk size"
+                    )),
+                    Ok(r) => Ok(LossMode::Chunked(Some(r))),
+                    Err(_) => Err(format!(
+                        "--loss chunked:{rows}: ROWS must be a whole number of rows per chunk (chunked:64), or leave it out for PyTorch's own chunk size"
+                    )),
+                },
+                None => Err(format!(
+                    "unknown loss {other:?}; the losses are: {}",
+                    Self::NAMES
+                )),
+            },
         }
     }
 
-    /// The mean loss of `logits` `[N, classes]` against `labels` `[N]`.
-    pub fn apply(self, tape: &Tape, logits: &Value, labels: &Tensor) -> Result<Value, TensorError> {
-        match self {
-            LossMode::CrossEntropy => f::cross_entropy_torch(tape, logits, labels),
-            LossMode::Fused => f::cross_entropy(tape, logits, labels),
+    /// The model's forward pass and this loss over `labels`: what the step
+    /// holds until it ends (the logits, or under `chunked`, which never
+    /// makes them, the head's input) and the mean loss.
+    pub fn forward(
+        self,
+        tape: &Tape,
+        model: &dyn Model,
+        store: &ParamStore,
+        x: &Value,
+        checkpointed: bool,
+        labels: &Tensor,
+    ) -> Result<(Value, Value), TensorError> {
+        if let LossMode::Chunked(rows) = self {
+            let (h, w) = model
+                .forward_head_input(tape, store, x, checkpointed)?
+                .ok_or_else(|| TensorError::InvalidShape {
+                    op: "loss",
+                    message: format!(
+                        "--loss {} runs the head inside the loss and needs a bias-free linear head (gpt's); this model's is not one: use --loss cross-entropy or fused",
+                        self.name()
+                    ),
+                })?;
+            let loss = f::linear_cross_entropy(tape, &h, &w, labels, rows)?;
+            return Ok((h, loss));
         }
+        let logits = if checkpointed {
+            model.forward_checkpointed(tape, store, x)?
+        } else {
+            model.forward(tape, store, x)?
+        };
+        let loss = match self {
+            LossMode::Fused => f::cross_entropy(tape, &logits, labels)?,
+            _ => f::cross_entropy_torch(tape, &logits, labels)?,
+        };
+        Ok((logits, loss))
     }
 }
 
 impl std::fmt::Display for LossMode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
+        f.write_str(&self.name())
     }
 }

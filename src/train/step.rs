@@ -59,6 +59,8 @@ pub struct Trainer {
 
 /// The last step's outputs, kept for `--dump`.
 pub struct StepOutputs {
+    /// The logits; under `--loss chunked`, which never makes them, the
+    /// head's input.
     pub logits: Tensor,
     pub loss: Tensor,
 }
@@ -128,12 +130,10 @@ impl Trainer {
         let amp = self.amp;
         let forward_pass = |tape: &Tape| -> Result<(Value, Value), TensorError> {
             let run = || -> Result<(Value, Value), TensorError> {
-                let logits = match self.mode {
-                    Mode::Checkpoint => self.model.forward_checkpointed(tape, &self.store, &x)?,
-                    _ => self.model.forward(tape, &self.store, &x)?,
-                };
-                let loss = self.loss.apply(tape, &logits, &batch.labels)?;
-                Ok((logits, loss))
+                let checkpointed = self.mode == Mode::Checkpoint;
+                let model = self.model.as_ref();
+                self.loss
+                    .forward(tape, model, &self.store, &x, checkpointed, &batch.labels)
             };
             match amp {
                 Some(d) => tape.autocast(d, run),
@@ -217,12 +217,10 @@ impl Trainer {
             let forward = engine.scope(Category::Output, "forward");
             let x = Value::constant(batch.x.clone());
             let run = || -> Result<(Value, Value), TensorError> {
-                let logits = match self.mode {
-                    Mode::Checkpoint => self.model.forward_checkpointed(&tape, &self.store, &x)?,
-                    _ => self.model.forward(&tape, &self.store, &x)?,
-                };
-                let loss = self.loss.apply(&tape, &logits, &batch.labels)?;
-                Ok((logits, loss))
+                let checkpointed = self.mode == Mode::Checkpoint;
+                let model = self.model.as_ref();
+                self.loss
+                    .forward(&tape, model, &self.store, &x, checkpointed, &batch.labels)
             };
             let (logits, loss) = match self.amp {
                 Some(d) => tape.autocast(d, run)?,
