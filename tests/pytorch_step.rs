@@ -269,6 +269,9 @@ struct Case {
     /// Largest |estimate / replay − 1| for peak allocated and reserved.
     allocated: f64,
     reserved: f64,
+    /// Why a case is allowed more than 1% allocated or 3% reserved: the op
+    /// that allocates otherwise on each side, and by how much.
+    note: Option<String>,
 }
 
 #[test]
@@ -276,8 +279,16 @@ fn estimate_predicts_pytorchs_own_step_replayed() {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/pytorch_steps");
     let text = std::fs::read_to_string(format!("{dir}/cases.json")).expect("cases.json");
     let cases: Vec<Case> = serde_json::from_str(&text).expect("cases.json parses");
-    assert!(cases.len() >= 9, "every optimizer × implementation");
+    assert!(
+        cases.len() >= 30,
+        "every zoo model, optimizer implementation and loss"
+    );
     for c in &cases {
+        assert!(
+            (c.allocated <= 0.01 && c.reserved <= 0.03) || c.note.is_some(),
+            "{}: a wider tolerance needs a note saying which op differs and by how much",
+            c.trace
+        );
         let trace = format!("{dir}/{}", c.trace);
         let replay = vramlab_json(["replay", trace.as_str(), "--json"]);
         let peak = |k: &str| replay["stats"][k].as_u64().unwrap_or_else(|| panic!("{k}"));

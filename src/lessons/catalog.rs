@@ -1101,9 +1101,17 @@ fn c37(ctx: &Ctx) -> anyhow::Result<Outcome> {
 }
 
 /// Bytes of live blocks whose requested size is one of `sizes` at the
-/// first moment allocated memory peaks, and that peak.
+/// first moment allocated memory peaks, and that peak. Left out, because a
+/// 1B decoder's embedding (V × 2048 × 4 bytes) is exactly the size of its
+/// 16-bit logits at 8 × 512: parameters, gradients, optimizer state, the
+/// head's weight gradient and the optimizer step's temporaries.
 fn live_at_peak(events: &[crate::memory::MemEvent], sizes: &[u64]) -> (u64, u64) {
     use crate::memory::{EventKind, LiveBlocks};
+    let weights = [
+        Category::Parameter,
+        Category::Gradient,
+        Category::OptimizerState,
+    ];
     let peak = events.iter().map(|e| e.allocated).max().unwrap_or(0);
     let mut live = LiveBlocks::default();
     for e in events {
@@ -1111,6 +1119,11 @@ fn live_at_peak(events: &[crate::memory::MemEvent], sizes: &[u64]) -> (u64, u64)
         if e.kind == EventKind::Alloc && e.allocated == peak {
             let held = live
                 .iter()
+                .filter(|b| {
+                    !weights.contains(&b.category)
+                        && !b.label.contains("grad_weight")
+                        && !b.op.ends_with(".step")
+                })
                 .map(|b| b.requested)
                 .filter(|r| sizes.contains(r))
                 .sum();
