@@ -101,8 +101,17 @@ struct ShapeRow {
 struct StepRow {
     model: String,
     batch: usize,
+    /// Wall clock of a step with the kernel timer on, and a wait.
     seconds_median: f64,
     seconds_all: Vec<f64>,
+    /// Wall clock of the same step with the timer off, each rep right
+    /// after a timed one, and the device time of that timed one; their
+    /// difference is what the host adds (recording, binding, waiting).
+    untimed_seconds_all: Vec<f64>,
+    device_seconds_all: Vec<f64>,
+    untimed_seconds_median: f64,
+    device_seconds_median: f64,
+    host_seconds_median: f64,
     device_time: Option<OpTimes>,
     shapes: Vec<ShapeRow>,
 }
@@ -139,10 +148,51 @@ struct BenchReport {
     /// "device timestamps" or "wall clock with a wait".
     products_timed_by: &'static str,
     reps: usize,
+    /// Host time to record and submit one small dispatch (timer off).
+    dispatch_overhead: DispatchOverhead,
     square: Vec<SquareRow>,
     models: Vec<StepRow>,
     precision: Vec<PrecisionRow>,
     tune: Vec<TuneRow>,
+}
+
+/// What the host spends per kernel dispatch: `count` one-element fills
+/// recorded and submitted with the timer off, then one wait.
+#[derive(Debug, Serialize)]
+struct DispatchOverhead {
+    count: usize,
+    /// Median over reps of the recording time per dispatch (until the last
+    /// is recorded, before the wait).
+    record_micros: f64,
+    /// The same including the wait for the device to finish them.
+    total_micros: f64,
+}
+
+fn dispatch_overhead(e: &Engine, reps: usize) -> anyhow::Result<DispatchOverhead> {
+    const COUNT: usize = 2000;
+    e.stop_timing()?;
+    let t = crate::ops::fill::zeros(e, &[1], "bench.dispatch")?;
+    let (mut record, mut total) = (Vec::new(), Vec::new());
+    for rep in 0..=reps {
+        e.synchronize()?;
+        let t0 = Instant::now();
+        for i in 0..COUNT {
+            crate::ops::fill::fill(&t, i as f32)?;
+        }
+        let recorded = t0.elapsed().as_secs_f64();
+        e.synchronize()?;
+        // The first rep compiles the kernel and warms the caches.
+        if rep > 0 {
+            record.push(recorded / COUNT as f64 * 1e6);
+            total.push(t0.elapsed().as_secs_f64() / COUNT as f64 * 1e6);
+        }
+    }
+    e.start_timing();
+    Ok(DispatchOverhead {
+        count: COUNT,
+        record_micros: median(record),
+        total_micros: median(total),
+    })
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -451,12 +501,18 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             "wall clock with a wait"
         },
         reps: args.reps,
+        dispatch_overhead: dispatch_overhead(&e, args.reps)?,
         square: Vec::new(),
         models: Vec::new(),
         precision: Vec::new(),
         tune: Vec::new(),
     };
 
+    let o = &report.dispatch_overhead;
+    say(format!(
+        "host cost per dispatch ({} one-element fills, timer off): {:.1} µs to record and submit, {:.1} µs with the wait",
+        o.count, o.record_micros, o.total_micros
+    ));
     say("\nsquare matmul (n×n · n×n):".into());
     for &n in &args.sizes {
         let s = square(n);
@@ -595,7 +651,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         let (mut t, data) = plan(&spec, args.batch).trainer(&e, 0)?;
         t.step(&data)?;
         e.take_dispatch_times()?;
-        let mut secs = Vec::new();
+        let (mut secs, mut untimed, mut device) = (Vec::new(), Vec::new(), Vec::new());
         let mut last = None;
         for _ in 0..args.reps {
             let t0 = Instant::now();
@@ -603,6 +659,17 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             e.synchronize()?;
             secs.push(t0.elapsed().as_secs_f64());
             last = e.take_dispatch_times()?;
+            if let Some((_, times)) = &last {
+                device.push(times.iter().map(|d| d.seconds).sum::<f64>());
+                // The same step untimed: its wall clock less the device
+                // time just measured is the host's share.
+                e.stop_timing()?;
+                let t0 = Instant::now();
+                t.step(&data)?;
+                e.synchronize()?;
+                untimed.push(t0.elapsed().as_secs_f64());
+                e.start_timing();
+            }
         }
         let device_time = match (timing, last) {
             (Some(_), Some((source, times))) => Some(OpTimes::of(source, &times)),
@@ -610,6 +677,25 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         };
         let med = median(secs.clone());
         say(format!("  whole step: {:.1} ms (median)", med * 1e3));
+        let host: Vec<f64> = untimed.iter().zip(&device).map(|(w, d)| w - d).collect();
+        let (untimed_med, device_med, host_med) = if host.is_empty() {
+            (f64::NAN, f64::NAN, f64::NAN)
+        } else {
+            (
+                median(untimed.clone()),
+                median(device.clone()),
+                median(host),
+            )
+        };
+        if !device.is_empty() {
+            say(format!(
+                "  untimed step {:.2} ms, device time {:.2} ms: the host adds {:.2} ms (medians of {} pairs)",
+                untimed_med * 1e3,
+                device_med * 1e3,
+                host_med * 1e3,
+                device.len()
+            ));
+        }
         if let Some(d) = &device_time {
             say(d.table(8));
         }
@@ -618,6 +704,11 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             batch: args.batch,
             seconds_median: med,
             seconds_all: secs,
+            untimed_seconds_all: untimed,
+            device_seconds_all: device,
+            untimed_seconds_median: untimed_med,
+            device_seconds_median: device_med,
+            host_seconds_median: host_med,
             device_time,
             shapes,
         });

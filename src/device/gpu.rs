@@ -126,11 +126,33 @@ impl BufferSlice {
 /// Commands recorded but not yet submitted.
 struct Pending {
     encoder: Option<wgpu::CommandEncoder>,
+    /// The compute pass untimed dispatches share until another command (a
+    /// copy, a timed dispatch, the submit) ends it: one pass per run of
+    /// dispatches, not one each.
+    pass: Option<wgpu::ComputePass<'static>>,
+    /// The uniforms (kernel parameters, window tables) of the dispatches
+    /// recorded since the last submit, written once at the submit.
+    arena: Option<Arena>,
     commands: usize,
 }
 
-/// Submit after this many recorded commands, so per-dispatch parameter buffers
-/// do not pile up between synchronisation points.
+/// One buffer of uniforms per submit instead of one buffer per dispatch:
+/// each dispatch's bytes at their own aligned offset, staged on the host
+/// and written with `queue.write_buffer`, which wgpu orders before the
+/// submit's commands. An arena is never rewritten, so a bind group that
+/// outlives its submit (a dispatch recorded after a timing wait) still
+/// reads what it was given.
+struct Arena {
+    buffer: wgpu::Buffer,
+    bytes: Vec<u8>,
+}
+
+/// An arena's size: 256 dispatches of a 256-byte-aligned uniform and a
+/// window table each.
+const ARENA_BYTES: u64 = 128 << 10;
+
+/// Submit after this many recorded commands, so the GPU starts on work
+/// while the host records more.
 const MAX_PENDING_COMMANDS: usize = 256;
 
 /// One GPU: device, queue, limits, compiled pipelines, the open encoder.
@@ -151,7 +173,7 @@ pub struct Gpu {
     pub choice_reason: String,
     /// Every adapter that was found, for `info`.
     pub adapters: Vec<AdapterSummary>,
-    pipelines: Mutex<HashMap<String, wgpu::ComputePipeline>>,
+    pipelines: Mutex<HashMap<String, (wgpu::ComputePipeline, wgpu::BindGroupLayout)>>,
     /// Dispatches that bound some tensor in more than one window.
     windowed: AtomicU64,
     pending: Mutex<Pending>,
@@ -254,6 +276,8 @@ impl Gpu {
             timer: Mutex::new(None),
             pending: Mutex::new(Pending {
                 encoder: None,
+                pass: None,
+                arena: None,
                 commands: 0,
             }),
             errors,
@@ -290,7 +314,11 @@ impl Gpu {
         }
     }
 
-    fn pipeline(&self, kernel: &Kernel) -> Result<wgpu::ComputePipeline, DeviceError> {
+    /// The kernel's pipeline and its bind group layout, compiled once.
+    fn pipeline(
+        &self,
+        kernel: &Kernel,
+    ) -> Result<(wgpu::ComputePipeline, wgpu::BindGroupLayout), DeviceError> {
         let mut cache = lock(&self.pipelines);
         if let Some(p) = cache.get(kernel.name.as_ref()) {
             return Ok(p.clone());
@@ -311,8 +339,9 @@ impl Gpu {
                 compilation_options: Default::default(),
                 cache: None,
             });
-        cache.insert(kernel.name.to_string(), pipeline.clone());
-        Ok(pipeline)
+        let layout = pipeline.get_bind_group_layout(0);
+        cache.insert(kernel.name.to_string(), (pipeline.clone(), layout.clone()));
+        Ok((pipeline, layout))
     }
 
     /// Starts timing every dispatch (see [`super::timing`]); says how.
@@ -326,6 +355,14 @@ impl Gpu {
             Timer::new(&self.device, &self.queue, self.features, prefer_wall_clock)
         })
         .source
+    }
+
+    /// Stops timing: later dispatches run untimed (the times not yet taken
+    /// are dropped).
+    pub fn stop_timing(&self) -> Result<(), DeviceError> {
+        self.synchronize()?;
+        *lock(&self.timer) = None;
+        Ok(())
     }
 
     /// Names the phase later dispatches belong to.
@@ -388,6 +425,8 @@ impl Gpu {
 
     fn with_encoder(&self, f: impl FnOnce(&mut wgpu::CommandEncoder)) {
         let mut p = lock(&self.pending);
+        // Any other command ends the shared pass first.
+        p.pass = None;
         let enc = p.encoder.get_or_insert_with(|| {
             self.device
                 .create_command_encoder(&wgpu::CommandEncoderDescriptor {
@@ -401,7 +440,69 @@ impl Gpu {
         }
     }
 
+    /// Records into the shared compute pass, opening it if none is open.
+    fn with_pass(&self, f: impl FnOnce(&mut wgpu::ComputePass<'static>)) {
+        let mut p = lock(&self.pending);
+        if p.pass.is_none() {
+            let enc = p.encoder.get_or_insert_with(|| {
+                self.device
+                    .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                        label: Some("vramlab"),
+                    })
+            });
+            let pass = enc
+                .begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some("vramlab"),
+                    timestamp_writes: None,
+                })
+                .forget_lifetime();
+            p.pass = Some(pass);
+        }
+        if let Some(pass) = p.pass.as_mut() {
+            f(pass);
+        }
+        p.commands += 1;
+        if p.commands >= MAX_PENDING_COMMANDS {
+            Self::submit_locked(&self.queue, &mut p);
+        }
+    }
+
+    /// `data` (padded to 16 bytes) at its own aligned offset of the
+    /// pending arena, submitting first when the arena is full: the buffer,
+    /// offset and size to bind.
+    fn stage_uniform(&self, p: &mut Pending, data: &[u8]) -> (wgpu::Buffer, u64, u64) {
+        let align = (self.limits.min_uniform_buffer_offset_alignment as u64).max(16);
+        let size = (data.len() as u64).div_ceil(16).max(1) * 16;
+        let fits = p.arena.as_ref().is_some_and(|a| {
+            (a.bytes.len() as u64).next_multiple_of(align) + size <= a.buffer.size()
+        });
+        if !fits {
+            Self::submit_locked(&self.queue, p);
+            p.arena = Some(Arena {
+                buffer: self.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("uniforms"),
+                    size: ARENA_BYTES.max(size),
+                    usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                }),
+                bytes: Vec::with_capacity(ARENA_BYTES as usize),
+            });
+        }
+        let a = p.arena.as_mut().expect("an arena was just made");
+        let offset = (a.bytes.len() as u64).next_multiple_of(align);
+        a.bytes.resize(offset as usize, 0);
+        a.bytes.extend_from_slice(data);
+        a.bytes.resize((offset + size) as usize, 0);
+        (a.buffer.clone(), offset, size)
+    }
+
     fn submit_locked(queue: &wgpu::Queue, p: &mut Pending) {
+        p.pass = None;
+        if let Some(a) = p.arena.take() {
+            if !a.bytes.is_empty() {
+                queue.write_buffer(&a.buffer, 0, &a.bytes);
+            }
+        }
         if let Some(enc) = p.encoder.take() {
             queue.submit(Some(enc.finish()));
         }
@@ -577,26 +678,13 @@ impl Gpu {
         } else {
             kernel
         };
-        let pipeline = self.pipeline(kernel)?;
-        let layout = pipeline.get_bind_group_layout(0);
-        let uniform = (!params.is_empty()).then(|| {
-            let mut padded = params.to_vec();
-            padded.resize(params.len().div_ceil(16) * 16, 0);
-            self.device
-                .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                    label: Some("params"),
-                    contents: &padded,
-                    usage: wgpu::BufferUsages::UNIFORM,
-                })
-        });
-        let table = windowed.then(|| {
-            self.device
-                .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                    label: Some("windows"),
-                    contents: &table_bytes(&windows),
-                    usage: wgpu::BufferUsages::UNIFORM,
-                })
-        });
+        let (pipeline, layout) = self.pipeline(kernel)?;
+        let (uniform, table) = {
+            let mut p = lock(&self.pending);
+            let uniform = (!params.is_empty()).then(|| self.stage_uniform(&mut p, params));
+            let table = windowed.then(|| self.stage_uniform(&mut p, &table_bytes(&windows)));
+            (uniform, table)
+        };
         let mut entries: Vec<wgpu::BindGroupEntry> = Vec::new();
         for (b, ws) in bindings.iter().zip(&windows) {
             let buffers = b.real()?;
@@ -611,10 +699,14 @@ impl Gpu {
                 });
             }
         }
-        for u in uniform.iter().chain(&table) {
+        for (buffer, offset, size) in uniform.iter().chain(&table) {
             entries.push(wgpu::BindGroupEntry {
                 binding: entries.len() as u32,
-                resource: u.as_entire_binding(),
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer,
+                    offset: *offset,
+                    size: wgpu::BufferSize::new(*size),
+                }),
             });
         }
         let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
@@ -655,7 +747,16 @@ impl Gpu {
             .and_then(|t| t.stamps.as_ref())
             .map(|s| s.query_set.clone());
         let wall = timer.as_ref().is_some_and(|t| t.wall.is_some());
+        let timed = timer.is_some();
         drop(timer);
+        if !timed {
+            self.with_pass(|pass| {
+                pass.set_pipeline(&pipeline);
+                pass.set_bind_group(0, &bind_group, &[]);
+                pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+            });
+            return Ok(());
+        }
         self.with_encoder(|enc| {
             let writes = match (&query_set, pair) {
                 (Some(qs), Some(i)) => Some(wgpu::ComputePassTimestampWrites {

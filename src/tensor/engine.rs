@@ -208,6 +208,14 @@ impl Engine {
         self.gpu().map(|g| g.start_timing(false))
     }
 
+    /// Stops timing (nothing on a simulated device).
+    pub fn stop_timing(&self) -> Result<(), DeviceError> {
+        match self.gpu() {
+            Some(g) => g.stop_timing(),
+            None => Ok(()),
+        }
+    }
+
     /// Starts timing with the host clock and a sync per kernel, the
     /// fallback for adapters without timestamp queries, even where the
     /// adapter has them.
