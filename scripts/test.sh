@@ -90,7 +90,7 @@ env "CARGO_TARGET_${host}_RUNNER=$runner" cargo test \
   --test kernels --test matmul_family --test ops_backward --test ops_reductions \
   --test low_precision_ops --test gpt_ops --test resnet_ops \
   --test torch_fixtures --test torch_amp --test hostile_numerics --test pytorch_step \
-  --test linear_cross_entropy
+  --test linear_cross_entropy --test dispatch_batching
 # Windows' kernels against f64 there too. What does not depend on the
 # driver ran above only: the zoo trained whole and in windows (bit
 # equality), and products cut past the budget (how they are cut; their
