@@ -21,6 +21,14 @@ fn bench_reports_shapes_plans_and_device_time() {
         "1",
         "--json",
     ]);
+    // The host's cost per dispatch, recorded with the timer off.
+    let o = &r["dispatch_overhead"];
+    assert_eq!(o["count"], 2000);
+    let (record, total) = (
+        o["record_micros"].as_f64().unwrap(),
+        o["total_micros"].as_f64().unwrap(),
+    );
+    assert!(record > 0.0 && total >= record, "{o}");
     let sq = &r["square"][0];
     assert_eq!(sq["n"], 48);
     assert!(sq["gflops"].as_f64().unwrap() > 0.0, "{sq}");
@@ -92,9 +100,46 @@ fn bench_reports_shapes_plans_and_device_time() {
             .unwrap()
             .iter()
             .any(|o| o["name"] == "conv2.backward"));
+        // The untimed step beside the timed one's device time: the host's
+        // share is their difference, rep by rep (one rep here).
+        let f = |k: &str| model[k].as_f64().unwrap_or_else(|| panic!("{k}"));
+        let (untimed, device, host) = (
+            f("untimed_seconds_median"),
+            f("device_seconds_median"),
+            f("host_seconds_median"),
+        );
+        assert!(untimed > 0.0 && device > 0.0, "{model}");
+        assert!((host - (untimed - device)).abs() <= 1e-9, "{model}");
     } else {
         assert_eq!(r["products_timed_by"], "wall clock with a wait");
     }
+}
+
+/// `info` names the adapter's cooperative-matrix shapes (none on
+/// bookworm's lavapipe; 8×8×8 f16 under Mesa 26) in text and JSON alike.
+#[test]
+fn info_names_the_cooperative_matrices() {
+    let r = vramlab_json(["info", "--json"]);
+    let shapes = r["cooperative_matrices"].as_array().unwrap();
+    let offered = r["features"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|f| f == "experimental-cooperative-matrix");
+    assert_eq!(offered, !shapes.is_empty(), "{r}");
+    for s in shapes {
+        let s = s.as_str().unwrap();
+        assert!(s.contains('×') && s.contains('→'), "{s}");
+    }
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .arg("info")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("cooperative matrices (tensor cores):"),
+        "{text}"
+    );
 }
 
 #[test]

@@ -110,6 +110,17 @@ pub fn run(args: &InfoArgs) -> anyhow::Result<()> {
         "  enabled on vramlab's device: {}",
         report.enabled_features.join(", ")
     );
+    println!(
+        "  cooperative matrices (tensor cores): {}",
+        if report.cooperative_matrices.is_empty() {
+            "none offered by this adapter".to_string()
+        } else {
+            format!(
+                "{} (not used yet: vramlab has no tensor-core kernel)",
+                report.cooperative_matrices.join(", ")
+            )
+        }
+    );
     let native_f16 = report.enabled_features.iter().any(|x| x == "shader-f16");
     println!(
         "  tensors: f32; bf16 packed two per word, computed in f32; f16 {}",

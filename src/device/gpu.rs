@@ -169,6 +169,9 @@ pub struct Gpu {
     pub buffer_piece: u64,
     pub adapter_features: wgpu::Features,
     pub features: wgpu::Features,
+    /// The cooperative-matrix (tensor-core) shapes the adapter offers, as
+    /// `M×N×K A→C` (`8×8×8 f16→f32`); empty where it offers none.
+    pub cooperative_matrices: Vec<String>,
     /// Why this adapter was chosen, in words.
     pub choice_reason: String,
     /// Every adapter that was found, for `info`.
@@ -224,6 +227,26 @@ impl Gpu {
         let info = adapter.get_info();
         let limits = adapter.limits();
         let adapter_features = adapter.features();
+        let cooperative_matrices =
+            if adapter_features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
+                let name = |t: wgpu::CooperativeScalarType| format!("{t:?}").to_lowercase();
+                adapter
+                    .cooperative_matrix_properties()
+                    .iter()
+                    .map(|c| {
+                        format!(
+                            "{}×{}×{} {}→{}",
+                            c.m_size,
+                            c.n_size,
+                            c.k_size,
+                            name(c.ab_type),
+                            name(c.cr_type)
+                        )
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
         let mut features = adapter_features & wanted_features();
         if options.without_shader_f16 {
             features.remove(wgpu::Features::SHADER_F16);
@@ -269,6 +292,7 @@ impl Gpu {
             buffer_piece,
             adapter_features,
             features,
+            cooperative_matrices,
             choice_reason,
             adapters: summaries,
             pipelines: Mutex::default(),
@@ -473,22 +497,22 @@ impl Gpu {
     fn stage_uniform(&self, p: &mut Pending, data: &[u8]) -> (wgpu::Buffer, u64, u64) {
         let align = (self.limits.min_uniform_buffer_offset_alignment as u64).max(16);
         let size = (data.len() as u64).div_ceil(16).max(1) * 16;
-        let fits = p.arena.as_ref().is_some_and(|a| {
-            (a.bytes.len() as u64).next_multiple_of(align) + size <= a.buffer.size()
+        let full = p.arena.as_ref().is_some_and(|a| {
+            (a.bytes.len() as u64).next_multiple_of(align) + size > a.buffer.size()
         });
-        if !fits {
+        if full {
+            // Submitting writes the full arena and drops it from `p`.
             Self::submit_locked(&self.queue, p);
-            p.arena = Some(Arena {
-                buffer: self.device.create_buffer(&wgpu::BufferDescriptor {
-                    label: Some("uniforms"),
-                    size: ARENA_BYTES.max(size),
-                    usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-                    mapped_at_creation: false,
-                }),
-                bytes: Vec::with_capacity(ARENA_BYTES as usize),
-            });
         }
-        let a = p.arena.as_mut().expect("an arena was just made");
+        let a = p.arena.get_or_insert_with(|| Arena {
+            buffer: self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("uniforms"),
+                size: ARENA_BYTES.max(size),
+                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }),
+            bytes: Vec::with_capacity(ARENA_BYTES as usize),
+        });
         let offset = (a.bytes.len() as u64).next_multiple_of(align);
         a.bytes.resize(offset as usize, 0);
         a.bytes.extend_from_slice(data);

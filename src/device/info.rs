@@ -69,6 +69,9 @@ pub struct InfoReport {
     pub features: Vec<String>,
     /// The features vramlab enabled on its device.
     pub enabled_features: Vec<String>,
+    /// Cooperative-matrix shapes (`8×8×8 f16→f32`): what a tensor-core
+    /// kernel could use here. vramlab has no such kernel yet.
+    pub cooperative_matrices: Vec<String>,
     /// `null` where the backend gives no report (Metal, GL).
     pub driver_allocator: Option<DriverAllocator>,
     pub driver_allocator_note: String,
@@ -116,6 +119,7 @@ impl InfoReport {
             },
             features: feature_names(gpu.adapter_features),
             enabled_features: feature_names(gpu.features),
+            cooperative_matrices: gpu.cooperative_matrices.clone(),
             driver_allocator: report.map(|r| DriverAllocator {
                 total_allocated_bytes: r.total_allocated_bytes,
                 total_reserved_bytes: r.total_reserved_bytes,
