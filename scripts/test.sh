@@ -86,11 +86,11 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 echo "== cargo test (kernels and numerics) under Mesa 26's lavapipe"
 host=$(rustc -vV | sed -n 's/^host: //p' | tr 'a-z.-' 'A-Z__')
-env "CARGO_TARGET_${host}_RUNNER=$runner" cargo test \
+env "CARGO_TARGET_${host}_RUNNER=$runner" VRAMLAB_EXPECT_TENSOR_CORES=1 cargo test \
   --test kernels --test matmul_family --test ops_backward --test ops_reductions \
   --test low_precision_ops --test gpt_ops --test resnet_ops \
   --test torch_fixtures --test torch_amp --test hostile_numerics --test pytorch_step \
-  --test linear_cross_entropy --test dispatch_batching
+  --test linear_cross_entropy --test dispatch_batching --test matmul_coop
 # Windows' kernels against f64 there too. What does not depend on the
 # driver ran above only: the zoo trained whole and in windows (bit
 # equality), and products cut past the budget (how they are cut; their

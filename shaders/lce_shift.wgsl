@@ -23,8 +23,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     if (r >= p.rows) { return; }
     let base = r * p.classes;
     let y = min(u32(max(rd_labels(p.start + r), 0.0)), p.classes - 1u);
-    // The target logit is read before any invocation shifts the row.
-    let tgt = rd_logits(base + y);
     var m = bitcast<f32>(0xff800000u);
     for (var c = t; c < p.classes; c += 256u) { m = max(m, rd_logits(base + c)); }
     part[t] = m;
@@ -34,9 +32,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         workgroupBarrier();
     }
     let mx = part[0];
-    for (var c = t; c < p.classes; c += 256u) { wr_logits(base + c, rd_logits(base + c) - mx); }
-    if (t == 0u) {
-        wr_rowmax(r, mx);
-        wr_picked(r, tgt - mx);
+    // The invocation that shifts the target entry records it: reading it
+    // elsewhere would race with that write (barriers order workgroup
+    // memory, not storage).
+    for (var c = t; c < p.classes; c += 256u) {
+        let v = rd_logits(base + c) - mx;
+        wr_logits(base + c, v);
+        if (c == y) { wr_picked(r, v); }
     }
+    if (t == 0u) { wr_rowmax(r, mx); }
 }

@@ -170,7 +170,9 @@ fn autocast_logits_and_loss_track_f32_within_the_dtype() {
 }
 
 /// An autocast f16 step with f16 packed in words (no native f16) computes
-/// the very same numbers: both round each f32 result to f16 once.
+/// the very same numbers: both round each f32 result to f16 once. (Native
+/// f16 on tensor cores sums its products in another order: that kernel is
+/// checked against f64 in tests/matmul_coop.rs, so it is left out here.)
 #[test]
 fn packed_f16_autocast_equals_native() {
     let run = |e: &Engine| {
@@ -185,7 +187,11 @@ fn packed_f16_autocast_equals_native() {
             .collect();
         (r.loss, out.logits.to_vec().unwrap(), grads)
     };
-    let native = run(&engine());
+    let plain = vramlab::device::AdapterOptions {
+        without_cooperative_matrix: true,
+        ..adapter_options()
+    };
+    let native = run(&engine_from(&plain, AllocatorConfig::default()));
     let packed = run(&engine_without_native_f16());
     assert_eq!(native, packed);
 }

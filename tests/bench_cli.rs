@@ -127,6 +127,14 @@ fn info_names_the_cooperative_matrices() {
         .iter()
         .any(|f| f == "experimental-cooperative-matrix");
     assert_eq!(offered, !shapes.is_empty(), "{r}");
+    // Used exactly where the kernel's shape is offered (native f16 too).
+    let used = r["tensor_cores_used"].as_bool().unwrap();
+    let f16 = r["enabled_features"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|f| f == "shader-f16");
+    assert_eq!(used, f16 && shapes.iter().any(|s| s == "8×8×8 f16→f32"), "{r}");
     for s in shapes {
         let s = s.as_str().unwrap();
         assert!(s.contains('×') && s.contains('→'), "{s}");

@@ -20,6 +20,10 @@ pub struct DeviceArgs {
     /// adapters without it (same memory, other speed).
     #[arg(long)]
     pub no_shader_f16: bool,
+    /// Leave cooperative matrices (tensor cores) unused where the adapter
+    /// offers f16 ones: f16 products then run the plain tiled kernels.
+    #[arg(long)]
+    pub no_tensor_cores: bool,
     /// Bind tensors in windows of at most SIZE (e.g. 64KiB) instead of the
     /// adapter's max_storage_buffer_binding_size: to check that results do
     /// not change when tensors span many windows, or to act like an adapter
@@ -50,6 +54,7 @@ impl DeviceArgs {
             without_shader_f16: self.no_shader_f16,
             binding_limit: self.binding_window,
             buffer_limit: self.buffer_limit,
+            without_cooperative_matrix: self.no_tensor_cores,
         }
     }
 }

@@ -114,9 +114,14 @@ pub fn run(args: &InfoArgs) -> anyhow::Result<()> {
         "  cooperative matrices (tensor cores): {}",
         if report.cooperative_matrices.is_empty() {
             "none offered by this adapter".to_string()
+        } else if report.tensor_cores_used {
+            format!(
+                "{}; f16 products run on them (8×8×8 f16→f32; --no-tensor-cores leaves them unused)",
+                report.cooperative_matrices.join(", ")
+            )
         } else {
             format!(
-                "{} (not used yet: vramlab has no tensor-core kernel)",
+                "{}; left unused (they need 8×8×8 f16→f32 and native f16, and no --no-tensor-cores)",
                 report.cooperative_matrices.join(", ")
             )
         }

@@ -43,6 +43,9 @@ pub struct AdapterOptions {
     /// the adapter's `max_buffer_size`: for tests, so a segment spans many
     /// buffers and tensors cross from one into the next.
     pub buffer_limit: Option<u64>,
+    /// Leave cooperative matrices (tensor cores) unused even where the
+    /// adapter offers f16 ones: f16 products then run the plain kernels.
+    pub without_cooperative_matrix: bool,
 }
 
 /// What `info` shows about one adapter.

@@ -191,6 +191,10 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// Features vramlab uses when the adapter has them.
+/// The cooperative-matrix shape vramlab's tensor-core kernel uses, as
+/// [`Gpu::cooperative_matrices`] names it.
+pub const COOP_F16_F32: &str = "8×8×8 f16→f32";
+
 pub fn wanted_features() -> wgpu::Features {
     wgpu::Features::SHADER_F16 | wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::SUBGROUP
 }
@@ -251,11 +255,29 @@ impl Gpu {
         if options.without_shader_f16 {
             features.remove(wgpu::Features::SHADER_F16);
         }
+        // Tensor cores where the adapter multiplies 8×8×8 f16 into f32 and
+        // f16 is native: wgpu calls the feature experimental, so the device
+        // must be asked for it with the experimental token.
+        let coop = !options.without_cooperative_matrix
+            && features.contains(wgpu::Features::SHADER_F16)
+            && cooperative_matrices.iter().any(|c| c == COOP_F16_F32);
+        if coop {
+            features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+        }
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("vramlab"),
                 required_features: features,
                 required_limits: limits.clone(),
+                // SAFETY: wgpu asks callers of experimental features to accept
+                // that its implementation may still have bugs; vramlab only
+                // uses the 8×8 f16→f32 cooperative-matrix ops its kernel is
+                // tested with (tests/matmul_coop.rs, under Mesa 26 in CI).
+                experimental_features: if coop {
+                    unsafe { wgpu::ExperimentalFeatures::enabled() }
+                } else {
+                    wgpu::ExperimentalFeatures::disabled()
+                },
                 ..Default::default()
             })
             .await
@@ -494,7 +516,9 @@ impl Gpu {
     /// `data` (padded to 16 bytes) at its own aligned offset of the
     /// pending arena, submitting first when the arena is full: the buffer,
     /// offset and size to bind.
-    fn stage_uniform(&self, p: &mut Pending, data: &[u8]) -> (wgpu::Buffer, u64, u64) {
+    /// `small`: the timer is on and submits every dispatch or few, so a
+    /// small arena does (4 KiB, not 128 KiB each time).
+    fn stage_uniform(&self, p: &mut Pending, data: &[u8], small: bool) -> (wgpu::Buffer, u64, u64) {
         let align = (self.limits.min_uniform_buffer_offset_alignment as u64).max(16);
         let size = (data.len() as u64).div_ceil(16).max(1) * 16;
         let full = p.arena.as_ref().is_some_and(|a| {
@@ -507,11 +531,11 @@ impl Gpu {
         let a = p.arena.get_or_insert_with(|| Arena {
             buffer: self.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("uniforms"),
-                size: ARENA_BYTES.max(size),
+                size: if small { 4 << 10 } else { ARENA_BYTES }.max(size),
                 usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             }),
-            bytes: Vec::with_capacity(ARENA_BYTES as usize),
+            bytes: Vec::new(),
         });
         let offset = (a.bytes.len() as u64).next_multiple_of(align);
         a.bytes.resize(offset as usize, 0);
@@ -703,10 +727,11 @@ impl Gpu {
             kernel
         };
         let (pipeline, layout) = self.pipeline(kernel)?;
+        let small = lock(&self.timer).is_some();
         let (uniform, table) = {
             let mut p = lock(&self.pending);
-            let uniform = (!params.is_empty()).then(|| self.stage_uniform(&mut p, params));
-            let table = windowed.then(|| self.stage_uniform(&mut p, &table_bytes(&windows)));
+            let uniform = (!params.is_empty()).then(|| self.stage_uniform(&mut p, params, small));
+            let table = windowed.then(|| self.stage_uniform(&mut p, &table_bytes(&windows), small));
             (uniform, table)
         };
         let mut entries: Vec<wgpu::BindGroupEntry> = Vec::new();

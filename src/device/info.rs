@@ -69,9 +69,11 @@ pub struct InfoReport {
     pub features: Vec<String>,
     /// The features vramlab enabled on its device.
     pub enabled_features: Vec<String>,
-    /// Cooperative-matrix shapes (`8×8×8 f16→f32`): what a tensor-core
-    /// kernel could use here. vramlab has no such kernel yet.
+    /// Cooperative-matrix shapes (`8×8×8 f16→f32`) the adapter offers.
     pub cooperative_matrices: Vec<String>,
+    /// Whether vramlab's device runs f16 products on them (8×8×8 f16→f32
+    /// offered, native f16, not `--no-tensor-cores`).
+    pub tensor_cores_used: bool,
     /// `null` where the backend gives no report (Metal, GL).
     pub driver_allocator: Option<DriverAllocator>,
     pub driver_allocator_note: String,
@@ -120,6 +122,9 @@ impl InfoReport {
             features: feature_names(gpu.adapter_features),
             enabled_features: feature_names(gpu.features),
             cooperative_matrices: gpu.cooperative_matrices.clone(),
+            tensor_cores_used: gpu
+                .features
+                .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX),
             driver_allocator: report.map(|r| DriverAllocator {
                 total_allocated_bytes: r.total_allocated_bytes,
                 total_reserved_bytes: r.total_reserved_bytes,

@@ -69,7 +69,7 @@ pub fn chunk_rows(n: usize, d: usize, v: usize, rows: Option<usize>) -> usize {
             let aspect = target.next_power_of_two().min(n);
             let cap = n.saturating_mul(v) / (4 * d.max(1));
             let cap = if cap >= 1 { 1 << cap.ilog2() } else { 1 };
-            aspect.min(cap)
+            aspect.min(cap).min(MAX_CHUNK_ROWS)
         }
     };
     chunk.max(1)
@@ -154,6 +154,16 @@ fn check(h: &Tensor, w: &Tensor, labels: &Tensor) -> Result<(usize, usize, usize
         return Err(TensorError::InvalidShape {
             op: OP,
             message: format!("needs at least one class and one feature, got W {ws:?}"),
+        });
+    }
+    // A row's 256 invocations each walk a stride of the classes.
+    if ws[0] > MAX_CHUNK_ROWS {
+        return Err(TensorError::InvalidShape {
+            op: OP,
+            message: format!(
+                "{} classes are more than the {MAX_CHUNK_ROWS} its row kernels walk; use --loss fused or cross-entropy",
+                ws[0]
+            ),
         });
     }
     Ok((hs[0], hs[1], ws[0]))

@@ -918,6 +918,14 @@ pub fn gemm_bias(
     }
     a.engine()
         .note_gemm(|| GemmShape::of(g, &a.engine().current_scope().1));
+    // f16 products on tensor cores where the device has them; split
+    // products keep the plain kernels (their partials are planned from
+    // shapes alone, so memory is the same either way).
+    if kernel == MatmulKernel::Tiled && bias.is_none() && plan_split(g).group == 0 {
+        if let Some(lanes) = super::matmul_coop::usable(g, a, b, c) {
+            return super::matmul_coop::gemm(g, a, b, c, lanes);
+        }
+    }
     let fixed = |tile| TileChoice {
         tile,
         class: ShapeClass::of(g.m, g.n, g.k),

@@ -17,6 +17,7 @@ pub mod linear;
 pub mod linear_cross_entropy;
 pub mod matmul;
 mod matmul_budget;
+pub mod matmul_coop;
 pub mod maxpool;
 pub mod mean;
 pub mod mse;

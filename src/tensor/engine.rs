@@ -196,6 +196,19 @@ impl Engine {
             .then_some(g.info.subgroup_min_size)
     }
 
+    /// The subgroup size the tensor-core kernel runs on, where the device
+    /// enabled f16 cooperative matrices and its subgroups have one size.
+    pub fn tensor_core_lanes(&self) -> Option<u32> {
+        let g = self.gpu()?;
+        if !g
+            .features
+            .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+        {
+            return None;
+        }
+        self.fixed_subgroup_size()
+    }
+
     /// Whether kernels can compute on f16 storage (WGSL `enable f16`).
     pub fn has_shader_f16(&self) -> bool {
         self.gpu()

@@ -1,0 +1,224 @@
+//! f16 products on cooperative matrices (tensor cores) against f64, where
+//! the adapter offers them: Mesa 26's lavapipe (8×8×8 f16→f32) in CI's
+//! second pass, which sets VRAMLAB_EXPECT_TENSOR_CORES=1 so that a device
+//! without them fails there instead of passing quietly. Elsewhere (bookworm's
+//! lavapipe) the test checks that f16 products keep the plain kernels.
+
+mod common;
+use common::*;
+use half::f16;
+use vramlab::device::AdapterOptions;
+use vramlab::memory::AllocatorConfig;
+use vramlab::ops::matmul::{gemm, Gemm, MatView, MatmulKernel};
+use vramlab::tensor::{DType, Engine, Tensor};
+
+/// One product: sizes, batch, A and B read transposed, offsets, C's
+/// dtype, whether C accumulates.
+#[derive(Debug, Clone, Copy)]
+struct Case {
+    m: usize,
+    n: usize,
+    k: usize,
+    batch: usize,
+    ta: bool,
+    tb: bool,
+    off: usize,
+    out: DType,
+    accumulate: bool,
+}
+
+/// Runs `case` with `kernel`; returns C and its f64 reference (of the f16
+/// operands as stored), and the kernels that ran.
+fn run(e: &Engine, case: Case, rng: &mut Rng) -> (Vec<f32>, Vec<f64>, Vec<String>) {
+    let Case {
+        m,
+        n,
+        k,
+        batch,
+        ta,
+        tb,
+        off,
+        out,
+        accumulate,
+    } = case;
+    let round = |v: Vec<f32>| -> Vec<f16> { v.into_iter().map(f16::from_f32).collect() };
+    let a = round(rng.vec(off + batch * m * k));
+    let b = round(rng.vec(off + batch * k * n));
+    let c0 = rng.vec(batch * m * n);
+    let view = |rows, cols, t| MatView {
+        batch_stride: rows * cols,
+        ..MatView::dense(off, rows, cols, t)
+    };
+    // Stored [batch, m, k] (or [batch, k, m] read transposed), likewise B.
+    let g = Gemm {
+        m,
+        n,
+        k,
+        batch,
+        a: if ta {
+            view(k, m, true)
+        } else {
+            view(m, k, false)
+        },
+        b: if tb {
+            view(n, k, true)
+        } else {
+            view(k, n, false)
+        },
+        c_offset: 0,
+        c_batch_stride: m * n,
+        accumulate,
+        reduce_batch: false,
+        implicit_b: None,
+    };
+    let ta_ = Tensor::from_f16(e, &a, &[a.len()], "a").unwrap();
+    let tb_ = Tensor::from_f16(e, &b, &[b.len()], "b").unwrap();
+    let tc = match out {
+        DType::F16 => Tensor::from_f16(e, &round(c0.clone()), &[c0.len()], "c").unwrap(),
+        _ => Tensor::from_slice(e, &c0, &[c0.len()], "c").unwrap(),
+    };
+    e.start_timing();
+    gemm(&g, &ta_, &tb_, &tc, MatmulKernel::Tiled).unwrap();
+    let kernels = e
+        .take_dispatch_times()
+        .unwrap()
+        .map(|(_, t)| t.into_iter().map(|d| d.kernel).collect())
+        .unwrap_or_default();
+    e.stop_timing().unwrap();
+    let at = |x: &[f16], i: usize| x[off + i].to_f64();
+    let mut want = vec![0.0; batch * m * n];
+    for bi in 0..batch {
+        for i in 0..m {
+            for j in 0..n {
+                let mut s = 0.0;
+                for l in 0..k {
+                    let av = if ta {
+                        at(&a, bi * m * k + l * m + i)
+                    } else {
+                        at(&a, bi * m * k + i * k + l)
+                    };
+                    let bv = if tb {
+                        at(&b, bi * k * n + j * k + l)
+                    } else {
+                        at(&b, bi * k * n + l * n + j)
+                    };
+                    s += av * bv;
+                }
+                let o = bi * m * n + i * n + j;
+                let c_in = match out {
+                    DType::F16 => f16::from_f32(c0[o]).to_f64(),
+                    _ => c0[o] as f64,
+                };
+                want[o] = if accumulate { s + c_in } else { s };
+            }
+        }
+    }
+    (tc.to_vec().unwrap(), want, kernels)
+}
+
+fn cases() -> Vec<Case> {
+    let base = Case {
+        m: 8,
+        n: 8,
+        k: 8,
+        batch: 1,
+        ta: false,
+        tb: false,
+        off: 0,
+        out: DType::F32,
+        accumulate: false,
+    };
+    vec![
+        base,
+        Case {
+            m: 13,
+            n: 7,
+            k: 29,
+            ..base
+        },
+        Case {
+            m: 1,
+            n: 33,
+            k: 5,
+            ta: true,
+            ..base
+        },
+        Case {
+            m: 17,
+            n: 9,
+            k: 40,
+            tb: true,
+            off: 3,
+            ..base
+        },
+        Case {
+            m: 9,
+            n: 10,
+            k: 11,
+            batch: 3,
+            ta: true,
+            tb: true,
+            ..base
+        },
+        Case {
+            m: 24,
+            n: 16,
+            k: 64,
+            accumulate: true,
+            ..base
+        },
+        Case {
+            m: 11,
+            n: 6,
+            k: 19,
+            out: DType::F16,
+            ..base
+        },
+        Case {
+            m: 5,
+            n: 12,
+            k: 8,
+            batch: 2,
+            out: DType::F16,
+            accumulate: true,
+            off: 1,
+            ..base
+        },
+    ]
+}
+
+#[test]
+fn f16_products_on_tensor_cores_match_f64() {
+    let e = engine();
+    let expected = std::env::var("VRAMLAB_EXPECT_TENSOR_CORES").is_ok_and(|v| v == "1");
+    let lanes = e.tensor_core_lanes();
+    assert!(
+        lanes.is_some() || !expected,
+        "VRAMLAB_EXPECT_TENSOR_CORES=1 but this adapter ({}) gives vramlab no f16 cooperative matrices",
+        e.device_name()
+    );
+    let off = engine_from(
+        &AdapterOptions {
+            without_cooperative_matrix: true,
+            ..adapter_options()
+        },
+        AllocatorConfig::default(),
+    );
+    assert_eq!(off.tensor_core_lanes(), None, "--no-tensor-cores");
+    let mut rng = Rng::new(21);
+    for case in cases() {
+        for (name, engine, cores) in [
+            ("default", &e, lanes.is_some()),
+            ("--no-tensor-cores", &off, false),
+        ] {
+            let (got, want, kernels) = run(engine, case, &mut rng);
+            // f16 operands multiply exactly in f32; only the sums round
+            // (and an f16 C to 2⁻¹¹).
+            let tol = if case.out == DType::F16 { 2e-3 } else { 1e-5 };
+            let err = normwise(&got, &want);
+            assert!(err < tol, "{name} {case:?}: {err}");
+            let on_cores = kernels.iter().any(|k| k.starts_with("matmul_coop"));
+            assert_eq!(on_cores, cores, "{name} {case:?}: ran {kernels:?}");
+        }
+    }
+}
