@@ -134,7 +134,11 @@ fn info_names_the_cooperative_matrices() {
         .unwrap()
         .iter()
         .any(|f| f == "shader-f16");
-    assert_eq!(used, f16 && shapes.iter().any(|s| s == "8×8×8 f16→f32"), "{r}");
+    assert_eq!(
+        used,
+        f16 && shapes.iter().any(|s| s == "8×8×8 f16→f32"),
+        "{r}"
+    );
     for s in shapes {
         let s = s.as_str().unwrap();
         assert!(s.contains('×') && s.contains('→'), "{s}");
