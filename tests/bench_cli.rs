@@ -21,6 +21,8 @@ fn bench_reports_shapes_plans_and_device_time() {
         "1",
         "--json",
     ]);
+    // Whether f16 products run on tensor cores (false on bookworm's lavapipe).
+    assert!(r["tensor_cores"].is_boolean(), "{r}");
     // The host's cost per dispatch, recorded with the timer off.
     let o = &r["dispatch_overhead"];
     assert_eq!(o["count"], 2000);

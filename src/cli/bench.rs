@@ -145,6 +145,8 @@ struct BenchReport {
     adapter: String,
     backend: String,
     cpu_adapter: bool,
+    /// Whether f16 products run on cooperative matrices (tensor cores).
+    tensor_cores: bool,
     /// "device timestamps" or "wall clock with a wait".
     products_timed_by: &'static str,
     reps: usize,
@@ -491,10 +493,21 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             "wall clock with a wait"
         }
     ));
+    let tensor_cores = e.tensor_core_lanes();
+    say(format!(
+        "f16 products: {}",
+        match tensor_cores {
+            Some(lanes) => format!(
+                "on tensor cores (cooperative matrices, 8×8×8 f16→f32, {lanes} lanes a tile; split products on the plain kernels)"
+            ),
+            None => "plain tiled kernels (no f16 cooperative matrices in use; see `vramlab info`)".into(),
+        }
+    ));
     let mut report = BenchReport {
         adapter: e.device_name(),
         backend: e.backend_name().into(),
         cpu_adapter: cpu,
+        tensor_cores: tensor_cores.is_some(),
         products_timed_by: if e.has_timestamp_queries() {
             "device timestamps"
         } else {
