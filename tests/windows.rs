@@ -364,7 +364,7 @@ fn layernorm_backward_past_the_binding_budget_bit_for_bit() {
 }
 
 /// Products whose operands together span far more windows than one
-/// dispatch binds, cut into parts (matmul_budget): plain, both transposes,
+/// dispatch binds, cut into parts (ops::matmul::budget): plain, both transposes,
 /// batched, and a long K summed in slices, against f64.
 #[test]
 fn products_past_the_binding_budget_match_f64() {

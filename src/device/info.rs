@@ -25,7 +25,7 @@ pub struct LimitsSummary {
     /// The largest tensor every op runs on: the device's memory, and no
     /// more than one kernel can bind (`largest_dispatch_bytes`). The flat
     /// kernels and products run in parts past that (`device::flat`,
-    /// `ops::matmul_budget`), up to the memory.
+    /// `ops::matmul::budget`), up to the memory.
     pub largest_tensor_bytes: u64,
     /// The most bytes one kernel's tensors can bind together: a window per
     /// storage binding the device allows.

@@ -16,8 +16,6 @@ pub mod layernorm;
 pub mod linear;
 pub mod linear_cross_entropy;
 pub mod matmul;
-mod matmul_budget;
-pub mod matmul_coop;
 pub mod maxpool;
 pub mod mean;
 pub mod mse;

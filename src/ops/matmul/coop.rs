@@ -5,13 +5,13 @@
 //! enabled f16 cooperative matrices (`Engine::tensor_core_lanes`); products
 //! that need a K split keep the plain kernels.
 
-use super::matmul::{Gemm, MatmulParams};
-use super::MAX_LOOP_ITERATIONS;
+use super::{Gemm, MatmulParams};
 use crate::device::compose::{Defs, Elem};
 use crate::device::{Kernel, Workgroups};
+use crate::ops::MAX_LOOP_ITERATIONS;
 use crate::tensor::{DType, Tensor, TensorError};
 
-const SOURCE: &str = include_str!("../../shaders/matmul_coop.wgsl");
+const SOURCE: &str = include_str!("../../../shaders/matmul_coop.wgsl");
 
 /// The subgroup size to run `g` with on tensor cores, or `None` where the
 /// plain kernels must run it: no f16 cooperative matrices, operands not

@@ -10,7 +10,7 @@
 //! binds only the elements it touches, its offsets rebased, so its windows
 //! shrink with it. A product that fits is one dispatch, bound as before.
 
-use super::matmul::{ConvGeometry, MatmulParams};
+use super::{ConvGeometry, MatmulParams};
 use crate::device::{BufferSlice, Kernel, Workgroups};
 use crate::tensor::{Engine, Tensor, TensorError};
 

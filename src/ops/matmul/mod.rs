@@ -12,6 +12,11 @@
 //!
 //! The split and its workspace depend only on the shapes, never on the
 //! adapter, so a simulated device allocates exactly what a real one does.
+//! `budget` cuts a product past the binding budget; `coop` runs f16
+//! products on tensor cores.
+
+mod budget;
+pub mod coop;
 
 use super::partials::sum_partials;
 use crate::device::compose::{Defs, Elem};
@@ -19,7 +24,7 @@ use crate::device::Kernel;
 use crate::memory::Category;
 use crate::tensor::{DType, Tensor, TensorError};
 
-const SOURCE: &str = include_str!("../../shaders/matmul.wgsl");
+const SOURCE: &str = include_str!("../../../shaders/matmul.wgsl");
 /// The kernel element type of a tensor's dtype.
 pub(crate) fn elem_of(t: &Tensor) -> Elem {
     t.dtype().elem()
@@ -922,8 +927,8 @@ pub fn gemm_bias(
     // products keep the plain kernels (their partials are planned from
     // shapes alone, so memory is the same either way).
     if kernel == MatmulKernel::Tiled && bias.is_none() && plan_split(g).group == 0 {
-        if let Some(lanes) = super::matmul_coop::usable(g, a, b, c) {
-            return super::matmul_coop::gemm(g, a, b, c, lanes);
+        if let Some(lanes) = coop::usable(g, a, b, c) {
+            return coop::gemm(g, a, b, c, lanes);
         }
     }
     let fixed = |tile| TileChoice {
@@ -1202,7 +1207,7 @@ fn dispatch(
             pairs(k2 || elem_of(a) != Elem::F32)
         },
     );
-    // A part of K (matmul_budget) runs the K loop: rows_outer compiles
+    // A part of K (budget) runs the K loop: rows_outer compiles
     // K's length in, and one variant per part length compiles slowly.
     let variant = |accumulate: bool, whole_k: bool| {
         let rows_outer = if whole_k { rows_outer } else { 0 };
@@ -1220,7 +1225,7 @@ fn dispatch(
             },
         )
     };
-    super::matmul_budget::Product {
+    budget::Product {
         kernel: variant(accumulate, true),
         k_part: (bias.is_none() && g.implicit_b.is_none())
             .then_some(&variant as &dyn Fn(_, _) -> _),
