@@ -2,7 +2,8 @@
 # vramlab's test command (the README's, and CI's): makes sure a Vulkan driver
 # exists (installing Mesa's software driver, lavapipe, when it can) and a
 # headless Chromium for the timeline page's test (Debian's chromium), then
-# runs rustfmt, clippy and every test; then the kernel and numerics tests
+# runs rustfmt, clippy and every test, the product tests again through the
+# GPU tile family (VRAMLAB_TILE_FAMILY=gpu); then the kernel and numerics tests
 # again under a second driver, Mesa 26's lavapipe (scripts/mesa26.sh: a
 # Debian sid chroot, root needed; VRAMLAB_SKIP_MESA26=1 leaves it out, and
 # it is left out when extra cargo test args are given).
@@ -63,6 +64,16 @@ echo "== cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets --quiet -- -D warnings
 echo "== cargo test"
 cargo test "$@"
+
+# The GPU tile family (shaders/matmul_gpu.wgsl) on this driver: every
+# product of the kernel, model and PyTorch-fixture tests through it, as on
+# a GPU (CPU adapters otherwise run the direct family).
+if [ $# -eq 0 ]; then
+  echo "== cargo test (products through the GPU tile family: VRAMLAB_TILE_FAMILY=gpu)"
+  VRAMLAB_TILE_FAMILY=gpu cargo test --test matmul_family --test torch_fixtures \
+    --test low_precision_ops --test ops_backward --test kernels --test resnet_ops \
+    --test gpt_ops --test linear_cross_entropy --test torch_amp
+fi
 
 # The second driver: a different compiler (LLVM 22 against 15) rounds the
 # kernels differently (FMA contraction), so accuracy bounds that hold on one

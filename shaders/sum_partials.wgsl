@@ -1,5 +1,5 @@
 // out[off + i] (+)= Σ_z parts[start + z·len + i] for z in 0..count, in order: the
-// second half of a split-K or batch-reduced matmul (matmul.wgsl writes one
+// second half of a split-K or batch-reduced matmul (matmul_cpu.wgsl and matmul_gpu.wgsl write one
 // partial product per split and batch entry). A fixed order keeps results
 // deterministic. Partials are f32 whatever the output's type (ELEM); each partial is itself a blocked sum, so the total is as
 // accurate as one long blocked reduction.

@@ -32,3 +32,65 @@ fn demo_explains_its_peak_by_category() {
         "{state}"
     );
 }
+
+/// The README's screen of demo output is what `vramlab demo` prints: line
+/// for line, in order, with what varies by machine elided (seconds, the
+/// adapter's name, the loss past two decimals) and the README's `  ...`
+/// standing for lines it leaves out.
+#[test]
+fn the_readme_shows_what_the_demo_prints() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .arg("demo")
+        .output()
+        .expect("the vramlab binary runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed = String::from_utf8(out.stdout).unwrap();
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let start = readme
+        .find("```text\nvramlab demo:")
+        .expect("the README shows the demo's output");
+    let block = &readme[start + "```text\n".len()..];
+    let block = &block[..block.find("```").unwrap()];
+    let elide = |line: &str| -> String {
+        let mut l = line.trim_end().to_string();
+        if let Some(i) = l.find(" s)") {
+            if let Some(j) = l[..i].rfind('(') {
+                l.replace_range(j..i + 3, "(… s)");
+            }
+        }
+        if l.starts_with("batch ") {
+            if let Some(i) = l.find(" on ") {
+                l.truncate(i);
+            }
+        }
+        if let Some(i) = l.find("loss ") {
+            let digits = i + "loss ".len() + 4;
+            if l.len() > digits + 2 {
+                l.replace_range(digits..digits + 2, "");
+            }
+        }
+        l
+    };
+    let printed: Vec<String> = printed.lines().map(elide).collect();
+    let mut at = 0;
+    let mut skipping = false;
+    for want in block.lines().map(elide) {
+        if want.trim() == "..." {
+            skipping = true;
+            continue;
+        }
+        match printed[at..].iter().position(|l| *l == want) {
+            Some(i) if i == 0 || skipping => at += i + 1,
+            _ => panic!(
+                "README line not printed next by `vramlab demo`:\n  {want}\nprinted from there:\n{}",
+                printed[at..].join("\n")
+            ),
+        }
+        skipping = false;
+    }
+}

@@ -6,7 +6,6 @@
 
 mod common;
 use common::*;
-use vramlab::autograd::{Tape, Value};
 use vramlab::device::AdapterOptions;
 use vramlab::io::SafeTensors;
 use vramlab::memory::AllocatorConfig;
@@ -190,29 +189,7 @@ fn step(
     let mut store = ParamStore::new();
     let model = spec.build(e, &mut store, &mut rng).unwrap();
     let batch = Batch::random_for(e, &mut rng, spec, 3, DType::F32).unwrap();
-    let tape = Tape::new();
-    let x = Value::constant(batch.x.clone());
-    let run = || {
-        loss.forward(
-            &tape,
-            model.as_ref(),
-            &store,
-            &x,
-            checkpointed,
-            &batch.labels,
-        )
-    };
-    let (_, l) = match amp {
-        Some(d) => tape.autocast(d, run),
-        None => run(),
-    }
-    .unwrap();
-    tape.backward(&l, &mut store).unwrap();
-    let grads = store
-        .iter()
-        .map(|p| p.grad.as_ref().unwrap().to_vec().unwrap())
-        .collect();
-    (l.tensor().to_vec().unwrap()[0], grads)
+    loss_and_grads(model.as_ref(), &mut store, &batch, checkpointed, amp, loss)
 }
 
 #[test]

@@ -6,6 +6,7 @@
 
 mod common;
 use common::*;
+use vramlab::ops::matmul::tiles_gpu::GpuLimits;
 use vramlab::ops::matmul::{
     choose, choose_tile, gemm, gemm_bias, plan_split, ConvGeometry, Gemm, MatView, MatmulKernel,
     ShapeClass, Target, TileConfig, ROWS_OUTER_MAX_B,
@@ -52,15 +53,27 @@ fn tiles() -> Vec<TileConfig> {
             }
         }
     }
-    let mut contiguous_shared = TileConfig::new(8, 8, 2, 4, 8, true);
-    contiguous_shared.strided_cols = false;
+    // The GPU family beyond its table: every thread tile, K slices of 8
+    // (one-slice and two-slice ranges on the shapes below), and 128×128
+    // blocks where the adapter's workgroup memory holds them.
+    let limits = engine()
+        .gpu()
+        .map_or(GpuLimits::DEFAULT, |g| GpuLimits::of(&g.limits));
+    for t in [
+        TileConfig::new(8, 8, 4, 4, 16, true),
+        TileConfig::new(16, 8, 8, 4, 16, true),
+        TileConfig::new(8, 16, 4, 8, 16, true),
+        TileConfig::new(4, 16, 4, 4, 8, true),
+        TileConfig::new(32, 4, 4, 4, 8, true),
+        TileConfig::new(16, 16, 8, 8, 16, true),
+    ] {
+        if limits.fits(&t) && !v.contains(&t) {
+            v.push(t);
+        }
+    }
     let mut strided_direct = TileConfig::new(8, 4, 3, 5, 7, false);
     strided_direct.strided_cols = true;
-    v.extend([
-        contiguous_shared,
-        strided_direct,
-        TileConfig::new(16, 16, 1, 1, 16, false),
-    ]);
+    v.extend([strided_direct, TileConfig::new(16, 16, 1, 1, 16, false)]);
     v
 }
 
@@ -683,7 +696,7 @@ fn small_k_products_run_rows_outer_or_one_slice_exactly() {
         .with_subgroup_a()
         .with_strided_cols()
         .with_vec4();
-    let staged = TileConfig::new(8, 8, 2, 4, 8, true);
+    let staged = TileConfig::new(8, 8, 4, 4, 8, true);
     // Rows outer needs subgroup A (the rows shared over the lanes) and a
     // thread tile of whole 8-row groups; without them the one-slice loop.
     let plain_direct = TileConfig {
@@ -731,4 +744,75 @@ fn small_k_products_run_rows_outer_or_one_slice_exactly() {
     }
     assert_eq!(narrow.rows_outer(ROWS_OUTER_MAX_B / 8), 32);
     assert_eq!(narrow.rows_outer(ROWS_OUTER_MAX_B / 8 + 1), 0);
+}
+
+#[test]
+fn gpu_tiles_stage_in_fours_where_the_layout_allows_and_stay_exact() {
+    // The GPU family loads A along K, B along N and stores C as vec4 where
+    // the operands are dense along them with sizes and offsets in fours;
+    // otherwise element by element in the order that keeps neighbouring
+    // threads on neighbouring addresses. Every case checked against f64.
+    let e = engine();
+    let mut rng = Rng::new(23);
+    e.start_timing().expect("a GPU engine can time");
+    let tile = TileConfig::new(8, 8, 4, 4, 16, true);
+    let cases = [
+        // (m, n, k, ta, tb, expected in the name, not expected)
+        (
+            37,
+            200,
+            40,
+            false,
+            false,
+            vec![" vec4 A", " vec4 B", " vec4 C"],
+            vec![],
+        ),
+        (
+            37,
+            200,
+            40,
+            true,
+            false,
+            vec![" vec4 B", " vec4 C", "A→M"],
+            vec![" vec4 A"],
+        ),
+        (
+            37,
+            200,
+            40,
+            false,
+            true,
+            vec![" vec4 A", " vec4 C", "B→K"],
+            vec![" vec4 B"],
+        ),
+        (37, 201, 42, false, false, vec!["A→K B→N"], vec![" vec4"]),
+        (
+            130,
+            68,
+            200,
+            true,
+            true,
+            vec![" vec4 C", "A→M B→K"],
+            vec![" vec4 A", " vec4 B"],
+        ),
+    ];
+    for (m, n, k, ta, tb, want, not) in cases {
+        let g = plain(m, n, k, ta, tb);
+        let names = checked_kernels(&e, &mut rng, &g, tile, "gpu tile");
+        assert_eq!(names.len(), 1, "{names:?}");
+        for w in want {
+            assert!(
+                names[0].contains(w),
+                "{m}x{n}·K{k} ta={ta} tb={tb}: {}",
+                names[0]
+            );
+        }
+        for w in not {
+            assert!(
+                !names[0].contains(w),
+                "{m}x{n}·K{k} ta={ta} tb={tb}: {}",
+                names[0]
+            );
+        }
+    }
 }

@@ -16,8 +16,9 @@ use crate::estimate::run::Plan;
 use crate::memory::AllocatorConfig;
 use crate::nn::init::Rng;
 use crate::nn::ModelSpec;
+use crate::ops::matmul::tiles_gpu::{self, GpuLimits};
 use crate::ops::matmul::{
-    choose, gemm, plan_split, Gemm, GemmShape, MatmulKernel, ShapeClass, Target, TileConfig,
+    choose_for, gemm, plan_split, Gemm, GemmShape, MatmulKernel, ShapeClass, Target, TileConfig,
 };
 use crate::profile::OpTimes;
 use crate::tensor::{DType, Engine, Tensor};
@@ -156,6 +157,10 @@ struct BenchReport {
     models: Vec<StepRow>,
     precision: Vec<PrecisionRow>,
     tune: Vec<TuneRow>,
+    /// What tile tuning did in this run (`VRAMLAB_TUNE`; see
+    /// `src/ops/matmul/tune.rs`): classes tuned, tiles timed, classes read
+    /// from the cache file, and each class's tile.
+    tuning: crate::ops::matmul::tune::Stats,
 }
 
 /// What the host spends per kernel dispatch: `count` one-element fills
@@ -370,9 +375,24 @@ fn plan(spec: &ModelSpec, batch: usize) -> Plan {
     }
 }
 
-/// Tile shapes `--tune` tries.
-fn candidates(cpu: bool, subgroup8: bool) -> Vec<TileConfig> {
+/// Tile shapes `--tune` tries: the GPU family within the adapter's
+/// limits on GPUs; on CPU adapters the direct family (staging in workgroup
+/// memory never paid there), and on 8-lane ones its subgroup-A tiles.
+fn candidates(e: &Engine, cpu: bool, subgroup8: bool) -> Vec<TileConfig> {
     let mut v = Vec::new();
+    if !cpu {
+        let limits = e
+            .gpu()
+            .map_or(GpuLimits::DEFAULT, |g| GpuLimits::of(&g.limits));
+        for class in [ShapeClass::Square, ShapeClass::Narrow, ShapeClass::Short] {
+            for t in tiles_gpu::candidates(class, 16, &limits) {
+                if !v.contains(&t) {
+                    v.push(t);
+                }
+            }
+        }
+        return v;
+    }
     if subgroup8 {
         // Sharing A's loads wins on 8-lane subgroups (26 vs 9 GFLOP/s at
         // 1024³ on llvmpipe): tune within that family, with the vec4
@@ -408,38 +428,17 @@ fn candidates(cpu: bool, subgroup8: bool) -> Vec<TileConfig> {
         (16, 16),
         (8, 16),
         (16, 8),
-        (4, 64),
-        (64, 4),
         (16, 4),
         (4, 16),
         (32, 8),
         (8, 32),
     ] {
-        for (tm, tn) in [
-            (1, 1),
-            (2, 2),
-            (4, 4),
-            (4, 8),
-            (8, 4),
-            (8, 8),
-            (2, 4),
-            (4, 2),
-            (2, 8),
-            (8, 2),
-        ] {
-            for shared in [false, true] {
-                // CPU adapters: staging in workgroup memory only pays for
-                // small groups; GPUs: reading straight from storage never
-                // wins, so the grid stays small enough to tune in minutes.
-                if (cpu && shared && wx * wy > 64) || (!cpu && !shared) {
-                    continue;
-                }
-                for strided in [false, true] {
-                    let mut t = TileConfig::new(wx, wy, tm, tn, 16, shared);
-                    t.strided_cols = strided;
-                    if t.is_valid() && tm * tn <= 64 && wx * wy >= 32 {
-                        v.push(t);
-                    }
+        for (tm, tn) in [(2, 2), (4, 4), (4, 8), (8, 4), (8, 8), (2, 4), (4, 2)] {
+            for strided in [false, true] {
+                let mut t = TileConfig::new(wx, wy, tm, tn, 16, false);
+                t.strided_cols = strided;
+                if t.is_valid() && wx * wy >= 32 {
+                    v.push(t);
                 }
             }
         }
@@ -471,6 +470,11 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         .map(|m| ModelSpec::default_for(m).map(|s| (m.clone(), s)))
         .collect::<Result<Vec<_>, String>>()
         .map_err(anyhow::Error::msg)?;
+    if args.tune {
+        // Every shape class timed again, and the cache file's entries for
+        // them replaced.
+        crate::ops::matmul::tune::retune();
+    }
     let e = Engine::new(&args.device.options(), AllocatorConfig::default())?;
     let cpu = e.is_cpu_adapter();
     let target = Target::of(&e);
@@ -519,6 +523,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         models: Vec::new(),
         precision: Vec::new(),
         tune: Vec::new(),
+        tuning: Default::default(),
     };
 
     let o = &report.dispatch_overhead;
@@ -541,7 +546,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         };
         let row = SquareRow {
             n,
-            tile: choose(&s.gemm(), target, false, false).describe(),
+            tile: choose_for(&e, &s.gemm(), (DType::F32, DType::F32), false).describe(),
             seconds: secs,
             gflops: s.flops() / secs / 1e9,
             naive_gflops: naive,
@@ -579,7 +584,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         ));
         let mut shapes = Vec::new();
         for (shape, count) in step_shapes(&spec, args.batch)? {
-            let choice = choose(&shape.gemm(), target, false, false);
+            let choice = choose_for(&e, &shape.gemm(), (DType::F32, DType::F32), false);
             // The same outputs from a one-deep product: what writing them
             // (and any partial sums) costs with no arithmetic to speak of.
             let floor_shape = GemmShape {
@@ -751,11 +756,11 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             // rep, so the ranking is not the machine's drift.
             let timed = Timed::new(&e, &shape, MatmulKernel::Tiled, &mut rng, DType::F32)?;
             let mut kernels: Vec<(String, MatmulKernel)> =
-                candidates(cpu, target == Target::CpuSubgroup8)
+                candidates(&e, cpu, target == Target::CpuSubgroup8)
                     .into_iter()
                     .map(|t| (t.describe(), MatmulKernel::Fixed(t)))
                     .collect();
-            let chosen = choose(&shape.gemm(), target, false, false).describe();
+            let chosen = choose_for(&e, &shape.gemm(), (DType::F32, DType::F32), false).describe();
             // A transposed choice is not among the candidates (they run
             // as issued): time it as the models run it.
             if !kernels.iter().any(|(name, _)| *name == chosen) {
@@ -792,6 +797,17 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             ));
             report.tune.push(row);
         }
+    }
+    report.tuning = crate::ops::matmul::tune::stats();
+    let t = &report.tuning;
+    if t.tuned + t.from_cache > 0 {
+        say(format!(
+            "\ntile tuning: {} shape classes timed ({} tiles), {} read from {}",
+            t.tuned,
+            t.timed,
+            t.from_cache,
+            t.cache.as_deref().unwrap_or("no cache file")
+        ));
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);

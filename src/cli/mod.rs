@@ -52,7 +52,8 @@ pub enum Command {
     /// Kernel speed on this adapter: square matmuls, every product shape of
     /// each zoo model's step (with the time its output alone takes to write,
     /// which bounds shallow products), the whole step with device time per
-    /// phase and op; --tune tries tile shapes per shape class.
+    /// phase and op; --tune times tile shapes per shape class again and
+    /// rewrites the tile cache (VRAMLAB_TUNE=auto|on|off).
     Bench(Box<bench::BenchArgs>),
     /// Run the built-in allocation workloads (vramlab's own training traces
     /// and synthetic fragmentation patterns) through every allocator strategy.
@@ -76,6 +77,8 @@ pub enum Command {
 
 /// Runs the parsed command.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
+    // A bad tuning setting is the user's to fix, before any work.
+    crate::ops::matmul::tune::check_env().map_err(anyhow::Error::msg)?;
     let batch = match &cli.command {
         Command::Demo(a) => Some(("--batch", a.batch)),
         Command::Train(a) => Some(("--batch", a.batch)),

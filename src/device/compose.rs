@@ -16,7 +16,8 @@
 //!   expressions, compared as integers).
 //! - `#for VAR in A..B` … `#endfor`: the lines repeated for VAR = A..B-1 (A, B
 //!   expressions), VAR usable in `{{ }}` inside; nests.
-//! - `#include NAME`: a shared snippet ([`PRELUDE`] as `prelude`).
+//! - `#include NAME`: a shared snippet ([`PRELUDE`] as `prelude`;
+//!   `matmul_common`, expanded with the includer's definitions).
 //! - `#accessors a b c`: `ld_a(i) -> f32` and `st_a(i, v: f32)` for storage
 //!   arrays `a`, `b`, `c` declared as `array<{{T}}>`, in the element type
 //!   `ELEM` names (`f32`, `f16`, `bf16`), so arithmetic is always f32.
@@ -35,6 +36,10 @@ fn flat_index(wid: vec3<u32>, nwg: vec3<u32>, lidx: u32) -> u32 {
     return (wid.x + wid.y * nwg.x + wid.z * nwg.x * nwg.y) * 256u + lidx;
 }
 ";
+
+/// What the matmul kernels share (`#include matmul_common`): parameters,
+/// convolution constants, bindings and B's element loader.
+const MATMUL_COMMON: &str = include_str!("../../shaders/matmul_common.wgsl");
 
 /// f32 → bf16 bits, rounding to nearest even (NaN stays NaN: its quiet bit
 /// survives the shift); appended to any module whose accessors store bf16.
@@ -270,6 +275,11 @@ fn expand(
             Some(("include", name)) => {
                 match name {
                     "prelude" => out.push_str(PRELUDE),
+                    "matmul_common" => {
+                        // Expanded with the includer's definitions.
+                        let snippet: Vec<&str> = MATMUL_COMMON.lines().collect();
+                        expand(&snippet, 0, snippet.len(), defs, vars, out)?;
+                    }
                     other => return Err(err(i, format!("unknown snippet {other}"))),
                 }
                 i += 1;

@@ -157,6 +157,9 @@ const MAX_PENDING_COMMANDS: usize = 256;
 
 /// One GPU: device, queue, limits, compiled pipelines, the open encoder.
 pub struct Gpu {
+    /// What the adapter was opened with (the tuner opens a second device
+    /// of the same adapter with them).
+    pub options: AdapterOptions,
     pub device: wgpu::Device,
     pub queue: wgpu::Queue,
     pub info: wgpu::AdapterInfo,
@@ -306,6 +309,7 @@ impl Gpu {
             alignment,
         );
         Ok(Gpu {
+            options: options.clone(),
             device,
             queue,
             info,
@@ -473,30 +477,16 @@ impl Gpu {
         let mut p = lock(&self.pending);
         // Any other command ends the shared pass first.
         p.pass = None;
-        let enc = p.encoder.get_or_insert_with(|| {
-            self.device
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                    label: Some("vramlab"),
-                })
-        });
-        f(enc);
-        p.commands += 1;
-        if p.commands >= MAX_PENDING_COMMANDS {
-            Self::submit_locked(&self.queue, &mut p);
-        }
+        f(self.encoder(&mut p));
+        self.recorded(&mut p);
     }
 
     /// Records into the shared compute pass, opening it if none is open.
     fn with_pass(&self, f: impl FnOnce(&mut wgpu::ComputePass<'static>)) {
         let mut p = lock(&self.pending);
         if p.pass.is_none() {
-            let enc = p.encoder.get_or_insert_with(|| {
-                self.device
-                    .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                        label: Some("vramlab"),
-                    })
-            });
-            let pass = enc
+            let pass = self
+                .encoder(&mut p)
                 .begin_compute_pass(&wgpu::ComputePassDescriptor {
                     label: Some("vramlab"),
                     timestamp_writes: None,
@@ -507,17 +497,31 @@ impl Gpu {
         if let Some(pass) = p.pass.as_mut() {
             f(pass);
         }
+        self.recorded(&mut p);
+    }
+
+    /// The pending encoder, opened if none is.
+    fn encoder<'p>(&self, p: &'p mut Pending) -> &'p mut wgpu::CommandEncoder {
+        p.encoder.get_or_insert_with(|| {
+            self.device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("vramlab"),
+                })
+        })
+    }
+
+    /// Counts a recorded command; submits once enough are pending.
+    fn recorded(&self, p: &mut Pending) {
         p.commands += 1;
         if p.commands >= MAX_PENDING_COMMANDS {
-            Self::submit_locked(&self.queue, &mut p);
+            Self::submit_locked(&self.queue, p);
         }
     }
 
     /// `data` (padded to 16 bytes) at its own aligned offset of the
     /// pending arena, submitting first when the arena is full: the buffer,
-    /// offset and size to bind.
-    /// `small`: the timer is on and submits every dispatch or few, so a
-    /// small arena does (4 KiB, not 128 KiB each time).
+    /// offset and size to bind. `small` (the timer is on, and submits every
+    /// dispatch or few) starts a new arena at 4 KiB rather than 128 KiB.
     fn stage_uniform(&self, p: &mut Pending, data: &[u8], small: bool) -> (wgpu::Buffer, u64, u64) {
         let align = (self.limits.min_uniform_buffer_offset_alignment as u64).max(16);
         let size = (data.len() as u64).div_ceil(16).max(1) * 16;

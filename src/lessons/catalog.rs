@@ -1203,6 +1203,7 @@ fn x01(ctx: &Ctx) -> anyhow::Result<Outcome> {
     let mut lines: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
     let mut figures = Vec::new();
     let mut shares = std::collections::HashMap::new();
+    let mut peaks = std::collections::HashMap::new();
     for (line, vocab, p) in &cases {
         let profile = ctx.profile(p, 1)?;
         // f32 logits-sized buffers, and the 16-bit logits under autocast.
@@ -1210,6 +1211,7 @@ fn x01(ctx: &Ctx) -> anyhow::Result<Outcome> {
         let (peak, held) = live_at_peak(&profile.events, &[rows * v * 4, rows * v * 2]);
         let share = held as f64 / peak as f64 * 100.0;
         shares.insert((line.clone(), *vocab), share);
+        peaks.insert((line.clone(), *vocab), peak as f64 / (1u64 << 30) as f64);
         match lines.iter_mut().find(|(l, _)| l == line) {
             Some((_, pts)) => pts.push((*vocab as f64 / 1000.0, share)),
             None => lines.push((line.clone(), vec![(*vocab as f64 / 1000.0, share)])),
@@ -1266,12 +1268,7 @@ fn x01(ctx: &Ctx) -> anyhow::Result<Outcome> {
         .filter(|(l, _)| l.ends_with("chunked"))
         .all(|(_, pts)| pts.iter().all(|p| p.1 == 0.0));
     let big = shares[&("1B f32 cross-entropy".to_string(), 256_000)];
-    let peak_at = |line: &str| {
-        figures
-            .iter()
-            .find(|f| f.name == format!("{line}, vocab 256k: peak"))
-            .map_or(0.0, |f| f.value)
-    };
+    let peak_at = |line: &str| peaks[&(line.to_string(), 256_000)];
     let (ce_peak, chunked_peak) = (peak_at("1B f32 cross-entropy"), peak_at("1B f32 chunked"));
     let peak_of = |n: &str| step_peaks.iter().find(|(k, _)| k == n).map_or(0, |p| p.1);
     let foreach_adds = peak_of("1B foreach") as f64 / peak_of("1B fused").max(1) as f64;

@@ -18,7 +18,8 @@ fn dims(x: &Tensor, w: &Tensor) -> Result<(usize, usize, usize), TensorError> {
     Ok((xs[0], xs[1], ws[0]))
 }
 
-fn plain(m: usize, n: usize, k: usize, a: MatView, b: MatView) -> Gemm {
+/// One product (batch 1) writing a fresh C: the layers' products.
+pub(super) fn plain(m: usize, n: usize, k: usize, a: MatView, b: MatView) -> Gemm {
     Gemm {
         m,
         n,

@@ -12,6 +12,7 @@
 //! the mask; 10 bytes a row, small-pool blocks) and its 4-byte scalars,
 //! since vramlab's labels never hold `ignore_index`.
 
+use super::linear::plain;
 use super::matmul::{gemm, Gemm, MatView, MatmulKernel};
 use super::{check_u32, fill, launch, launch_flat, MAX_LOOP_ITERATIONS};
 use crate::device::{Kernel, Part, Workgroups};
@@ -226,8 +227,6 @@ pub fn forward(
             d,
             MatView::dense(start * d, rows, d, false),
             MatView::dense(0, v, d, true),
-            0,
-            false,
         );
         gemm(&g, h, w, &logits, MatmulKernel::Tiled)?;
         // Shift by the row max; the loss gains Σ w·(picked logit).
@@ -284,15 +283,17 @@ pub fn forward(
                 start * d,
             )?;
             drop(selected);
-            let g = plain(
-                rows,
-                d,
-                v,
-                MatView::dense(0, rows, v, false),
-                MatView::dense(0, v, d, false),
-                start * d,
-                true,
-            );
+            let g = Gemm {
+                c_offset: start * d,
+                accumulate: true,
+                ..plain(
+                    rows,
+                    d,
+                    v,
+                    MatView::dense(0, rows, v, false),
+                    MatView::dense(0, v, d, false),
+                )
+            };
             gemm(&g, &logits, w, gi, MatmulKernel::Tiled)?;
         }
         if let Some(gw) = &grad_weight {
@@ -300,15 +301,17 @@ pub fn forward(
             // (index_add_), from h·w written into the logits' buffer where
             // it fits (V ≥ D, PyTorch's `ctx.mul` out=), else into a new
             // tensor that lives until the next chunk's replaces it.
-            let g = plain(
-                v,
-                d,
-                rows,
-                MatView::dense(0, rows, v, true),
-                MatView::dense(start * d, rows, d, false),
-                0,
-                true,
-            );
+            let g = Gemm {
+                c_offset: 0,
+                accumulate: true,
+                ..plain(
+                    v,
+                    d,
+                    rows,
+                    MatView::dense(0, rows, v, true),
+                    MatView::dense(start * d, rows, d, false),
+                )
+            };
             gemm(&g, &logits, h, gw, MatmulKernel::Tiled)?;
             let hw = if v >= d {
                 logits.clone()
@@ -331,31 +334,6 @@ pub fn forward(
         grad_weight,
         rows: b,
     })
-}
-
-#[allow(clippy::too_many_arguments)]
-fn plain(
-    m: usize,
-    n: usize,
-    k: usize,
-    a: MatView,
-    b: MatView,
-    c_offset: usize,
-    accumulate: bool,
-) -> Gemm {
-    Gemm {
-        m,
-        n,
-        k,
-        batch: 1,
-        a,
-        b,
-        c_offset,
-        c_batch_stride: 0,
-        accumulate,
-        reduce_batch: false,
-        implicit_b: None,
-    }
 }
 
 fn dot(

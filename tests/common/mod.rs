@@ -286,28 +286,40 @@ pub fn grads_under(
     checkpointed: bool,
     amp: Option<vramlab::tensor::DType>,
 ) -> Vec<Vec<f32>> {
-    use vramlab::autograd::{functions as f, Tape, Value};
+    let fused = vramlab::train::LossMode::Fused;
+    loss_and_grads(model, store, batch, checkpointed, amp, fused).1
+}
+
+/// One forward (under autocast to `amp`, if given), `loss` and backward of
+/// `model` on `batch` from zeroed gradients: the loss and every
+/// parameter's gradient.
+pub fn loss_and_grads(
+    model: &dyn vramlab::nn::Model,
+    store: &mut vramlab::nn::ParamStore,
+    batch: &vramlab::train::Batch,
+    checkpointed: bool,
+    amp: Option<vramlab::tensor::DType>,
+    loss: vramlab::train::LossMode,
+) -> (f32, Vec<Vec<f32>>) {
+    use vramlab::autograd::{Tape, Value};
     store.zero_grad();
     let tape = Tape::new();
     let x = Value::constant(batch.x.clone());
     let forward = || {
-        let logits = if checkpointed {
-            model.forward_checkpointed(&tape, store, &x)
-        } else {
-            model.forward(&tape, store, &x)
-        }
-        .unwrap();
-        f::cross_entropy(&tape, &logits, &batch.labels).unwrap()
+        loss.forward(&tape, model, store, &x, checkpointed, &batch.labels)
+            .unwrap()
+            .1
     };
-    let loss = match amp {
+    let l = match amp {
         Some(d) => tape.autocast(d, forward),
         None => forward(),
     };
-    tape.backward(&loss, store).unwrap();
-    store
+    tape.backward(&l, store).unwrap();
+    let grads = store
         .iter()
         .map(|p| p.grad.as_ref().unwrap().to_vec().unwrap())
-        .collect()
+        .collect();
+    (l.tensor().to_vec().unwrap()[0], grads)
 }
 
 /// The first Chromium on PATH (scripts/test.sh installs Debian's).

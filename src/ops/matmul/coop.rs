@@ -5,7 +5,7 @@
 //! enabled f16 cooperative matrices (`Engine::tensor_core_lanes`); products
 //! that need a K split keep the plain kernels.
 
-use super::{Gemm, MatmulParams};
+use super::{Gemm, MatmulParams, Oriented};
 use crate::device::compose::{Defs, Elem};
 use crate::device::{Kernel, Workgroups};
 use crate::ops::MAX_LOOP_ITERATIONS;
@@ -42,28 +42,8 @@ pub fn usable(g: &Gemm, a: &Tensor, b: &Tensor, c: &Tensor) -> Option<u32> {
 /// 8×8 tile; the caller has checked [`usable`].
 pub fn gemm(g: &Gemm, a: &Tensor, b: &Tensor, c: &Tensor, lanes: u32) -> Result<(), TensorError> {
     let u = |x: usize| x as u32;
-    let params = MatmulParams {
-        m: u(g.m),
-        n: u(g.n),
-        k: u(g.k),
-        batch: u(g.batch),
-        a_rs: u(g.a.row_stride),
-        a_cs: u(g.a.col_stride),
-        b_rs: u(g.b.row_stride),
-        b_cs: u(g.b.col_stride),
-        a_bs: u(g.a.batch_stride),
-        b_bs: u(g.b.batch_stride),
-        c_bs: u(g.c_batch_stride),
-        accumulate: g.accumulate as u32,
-        a_off: u(g.a.offset),
-        b_off: u(g.b.offset),
-        c_off: u(g.c_offset),
-        splits: 1,
-        k_chunk: u(g.k),
-        c_rs: u(g.n),
-        c_cs: 1,
-        _pad: 0,
-    };
+    let o = Oriented::of(g, false);
+    let params = MatmulParams::new(g, &o, 1, g.k, g.c_offset, g.c_batch_stride, g.accumulate);
     let out = c.dtype().elem();
     let defs = Defs::elem(Elem::F16)
         .with("ELEM_C", out.name())

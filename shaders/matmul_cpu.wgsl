@@ -1,4 +1,4 @@
-// The matmul family: C[z] (+)= A[b] · B[b] over the K range of split s, for
+// The direct (CPU adapter) tile family: C[z] (+)= A[b] · B[b] over the K range of split s, for
 // z = b * splits + s, with A (M×K) and B (K×N) read through strides, so
 // transposed operands (backward passes) need no copies. One template for
 // every element type (ELEM for A and B, ELEM_C for C; arithmetic in f32)
@@ -6,10 +6,9 @@
 //   WX×WY threads per workgroup, each computing a TM×TN register tile
 //   (written out as named scalars by #for, so no compiler keeps it in
 //   memory); BM = WY·TM rows by BN = WX·TN columns per workgroup.
-//   SHARED: stage BK-deep slices of A and B in workgroup memory (GPUs,
-//   where that memory is on chip); otherwise read straight from storage
-//   (CPU adapters such as llvmpipe, where it is the same cache and the
-//   barriers cost coroutine switches).
+//   Operands are read straight from storage: on CPU adapters such as
+//   llvmpipe workgroup memory is the same cache and barriers cost
+//   coroutine switches (GPUs stage tiles: matmul_gpu.wgsl).
 //   STRIDED_COLS: thread x owns columns x, x+WX, … (neighbouring threads
 //   read neighbouring addresses) instead of a contiguous run of TN.
 //   SUBGROUP_A (direct, WX = the subgroup size; CPU adapters): the WX
@@ -57,29 +56,6 @@
 // Accumulating into C is a variant (ACCUMULATE), not a runtime test: on a
 // CPU adapter a branch does not skip its body, so a runtime flag cost every
 // output a masked load of C even when it was overwritten.
-// Inputs are bound read_write too: tensors share segment buffers, and wgpu
-// rejects a read-only and a read-write binding of one buffer in one dispatch.
-struct Params {
-    m: u32, n: u32, k: u32, batch: u32,
-    a_rs: u32, a_cs: u32, b_rs: u32, b_cs: u32,
-    a_bs: u32, b_bs: u32, c_bs: u32, accumulate: u32,
-    a_off: u32, b_off: u32, c_off: u32, splits: u32,
-    k_chunk: u32, c_rs: u32, c_cs: u32, _p2: u32,
-}
-
-#if IMPLICIT_B
-// The convolution whose im2col B is: C×H×W input per batch entry, KH×KW
-// kernel, stride, padding, output width. Constants, so the divisions below
-// compile to multiplies.
-const CV_C = {{CV_C}}u;
-const CV_H = {{CV_H}}u;
-const CV_W = {{CV_W}}u;
-const CV_KH = {{CV_KH}}u;
-const CV_KW = {{CV_KW}}u;
-const CV_STRIDE = {{CV_STRIDE}}u;
-const CV_PAD = {{CV_PAD}}u;
-const CV_WO = {{CV_WO}}u;
-#endif
 
 #if VEC_K
 @group(0) @binding(0) var<storage, read_write> a: array<vec4<f32>>;
@@ -99,63 +75,8 @@ const CV_WO = {{CV_WO}}u;
 @group(0) @binding(2) var<storage, read_write> c: array<{{TC}}>;
 #accessors c:ELEM_C
 #endif
-#if BIAS_ROWS
-// Epilogue: C[r, col] = product + bias[r] (conv: a bias per output
-// channel), fused so the output is written once instead of written, read
-// and written again by a separate bias pass.
-// (Storage bindings come first, the uniform after them.)
-@group(0) @binding(3) var<storage, read_write> bias: array<{{T}}>;
-@group(0) @binding(4) var<uniform> p: Params;
-#accessors bias
-#else
-@group(0) @binding(3) var<uniform> p: Params;
-#endif
+#include matmul_common
 
-// B[kk, col] at batch base `base`: a strided element, or with IMPLICIT_B
-// the im2col element of the input (row kk = (c, ky, kx), column col = output
-// position (oy, ox); zero in the padding) read straight from the input, so
-// no im2col buffer is written and read back.
-#if !B4
-fn ld_b_at(base: u32, k_index: u32, n_index: u32, b_rs: u32, b_cs: u32) -> f32 {
-#if IMPLICIT_B
-    // B = im2col (K runs over its rows) or, IMPLICIT_BT, im2colᵀ (the
-    // weight gradient dW = dY · im2colᵀ: K runs over output positions).
-#if IMPLICIT_BT
-    let kk = n_index;
-    let col = k_index;
-#else
-    let kk = k_index;
-    let col = n_index;
-#endif
-    let kk2 = CV_KH * CV_KW;
-    let c = kk / kk2;
-    let r = kk - c * kk2;
-#if CONV_FLIP
-    // The kernel read rotated by 180° (a stride-1 convolution's input
-    // gradient is the convolution of dY with the flipped kernel).
-    let ky = CV_KH - 1u - r / CV_KW;
-    let kx = CV_KW - 1u - (r - (r / CV_KW) * CV_KW);
-#else
-    let ky = r / CV_KW;
-    let kx = r - ky * CV_KW;
-#endif
-    let oy = col / CV_WO;
-    let ox = col - oy * CV_WO;
-#if CONV_PAD0
-    // No padding: every window lies inside the image.
-    return ld_b(base + (c * CV_H + oy * CV_STRIDE + ky) * CV_W + ox * CV_STRIDE + kx);
-#else
-    let iy = i32(oy * CV_STRIDE + ky) - i32(CV_PAD);
-    let ix = i32(ox * CV_STRIDE + kx) - i32(CV_PAD);
-    let inside = iy >= 0 && ix >= 0 && iy < i32(CV_H) && ix < i32(CV_W);
-    let at = select(0u, (c * CV_H + u32(iy)) * CV_W + u32(ix), inside);
-    return select(0.0, ld_b(base + at), inside);
-#endif
-#else
-    return ld_b(base + k_index * b_rs + n_index * b_cs);
-#endif
-}
-#endif
 
 // Row `row` of A at step kk of K: one element, or with VEC_K the four from
 // kk on (row and kk multiples of 4).
@@ -165,10 +86,6 @@ fn ld_a_at(row: u32, kk: u32, a_cs: u32) -> vec4<f32> { return rd_a((row + kk) /
 fn ld_a_at(row: u32, kk: u32, a_cs: u32) -> f32 { return ld_a(row + kk * a_cs); }
 #endif
 
-#if SHARED
-var<workgroup> a_tile: array<f32, {{BK*WY*TM}}>;
-var<workgroup> b_tile: array<f32, {{BK*WX*TN}}>;
-#endif
 
 @compute @workgroup_size({{WX}}, {{WY}}, 1)
 fn main(@builtin(workgroup_id) wid: vec3<u32>,
@@ -216,7 +133,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 #endif
     let c{{j}} = col_tile + tc{{j}};
 #endfor
-#if !SHARED
 #if SUBGROUP_A
 #for q in 0..QA
     let ra_lane{{q}} = a_base + min(row_tile + lid.y * {{TM}}u + {{q*WX}}u + lid.x, m_last) * a_rs;
@@ -243,7 +159,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 #endfor
 #endif
 #endif
-#endif
 
 #if ROWS_OUTER
     // B's whole K range (KC steps, a constant: KC·TN values a lane) loaded
@@ -264,9 +179,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 #endif
 #endfor
 #else
-#if SHARED
-    let tid = lid.y * {{WX}}u + lid.x;
-#endif
 #if ONE_SLICE
     // K fits in one slice (the fc input gradient: K = 10): the slice's sums
     // are the totals, so no second set of accumulators is kept live.
@@ -285,34 +197,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 #endfor
     for (var k0 = k_begin; k0 < k_end; k0 += {{BK}}u) {
 #endif
-#if SHARED
-        // Stage A[rows, k0..k0+BK) and B[k0..k0+BK, cols); past the edge, 0.
-#for l in 0..BK*WY*TM/THREADS
-        {
-            let e = tid + {{l*WX*WY}}u;
-            let kk = e % {{BK}}u;
-            let rr = e / {{BK}}u;
-            let gr = row_tile + rr;
-            let gk = k0 + kk;
-            var v = 0.0;
-            if (gr < p_m && gk < k_end) { v = ld_a(a_base + gr * a_rs + gk * a_cs); }
-            a_tile[kk * {{WY*TM}}u + rr] = v;
-        }
-#endfor
-#for l in 0..BK*WX*TN/THREADS
-        {
-            let e = tid + {{l*WX*WY}}u;
-            let cc = e % {{WX*TN}}u;
-            let kk = e / {{WX*TN}}u;
-            let gc = col_tile + cc;
-            let gk = k0 + kk;
-            var v = 0.0;
-            if (gc < p_n && gk < k_end) { v = ld_b_at(b_base, gk, gc, b_rs, b_cs); }
-            b_tile[kk * {{WX*TN}}u + cc] = v;
-        }
-#endfor
-        workgroupBarrier();
-#endif
 #if !ONE_SLICE
 #for i in 0..TM
 #for j in 0..TN
@@ -320,15 +204,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 #endfor
 #endfor
 #endif
-#if SHARED
-        for (var kk = 0u; kk < {{BK}}u; kk++) {
-#for i in 0..TM
-            let av{{i}}_0 = a_tile[kk * {{WY*TM}}u + tr{{i}}];
-#endfor
-#for j in 0..TN
-            let bv{{j}}_0 = b_tile[kk * {{WX*TN}}u + tc{{j}}];
-#endfor
-#else
         let k_stop = min(k0 + {{BK}}u, k_end);
         // K_ADVANCE steps of K an iteration: 4 with VEC_K (one vec4 of each
         // operand), KSTEP = 2 with K2 (even K ranges, subgroup-A tiles of
@@ -381,7 +256,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 #endif
 #endif
 #endfor
-#endif
         // Each sum takes its steps in a row (the four of a VEC_K vec4, the
         // KSTEP of an iteration), so where llvmpipe spills the sums each is
         // loaded and stored once per iteration rather than once per step
@@ -407,9 +281,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         acc{{i}}_{{j}} += part{{i}}_{{j}};
 #endfor
 #endfor
-#endif
-#if SHARED
-        workgroupBarrier();
 #endif
     }
 #if ONE_SLICE

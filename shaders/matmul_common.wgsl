@@ -1,0 +1,85 @@
+// What the matmul kernels share (#include matmul_common, after the A, B
+// and C bindings, since storage bindings are numbered in order): the parameters,
+// the convolution constants, the bias and parameter bindings, and B's
+// element loader (a strided element, or the im2col element read in place).
+// Inputs are bound read_write: tensors share segment buffers, and wgpu
+// rejects a read-only and a read-write binding of one buffer in one dispatch.
+struct Params {
+    m: u32, n: u32, k: u32, batch: u32,
+    a_rs: u32, a_cs: u32, b_rs: u32, b_cs: u32,
+    a_bs: u32, b_bs: u32, c_bs: u32, accumulate: u32,
+    a_off: u32, b_off: u32, c_off: u32, splits: u32,
+    k_chunk: u32, c_rs: u32, c_cs: u32, _p2: u32,
+}
+
+#if IMPLICIT_B
+// The convolution whose im2col B is: C×H×W input per batch entry, KH×KW
+// kernel, stride, padding, output width. Constants, so the divisions below
+// compile to multiplies.
+const CV_C = {{CV_C}}u;
+const CV_H = {{CV_H}}u;
+const CV_W = {{CV_W}}u;
+const CV_KH = {{CV_KH}}u;
+const CV_KW = {{CV_KW}}u;
+const CV_STRIDE = {{CV_STRIDE}}u;
+const CV_PAD = {{CV_PAD}}u;
+const CV_WO = {{CV_WO}}u;
+#endif
+
+#if BIAS_ROWS
+// Epilogue: C[r, col] = product + bias[r] (conv: a bias per output
+// channel), fused so the output is written once instead of written, read
+// and written again by a separate bias pass.
+// (Storage bindings come first, the uniform after them.)
+@group(0) @binding(3) var<storage, read_write> bias: array<{{T}}>;
+@group(0) @binding(4) var<uniform> p: Params;
+#accessors bias
+#else
+@group(0) @binding(3) var<uniform> p: Params;
+#endif
+
+// B[kk, col] at batch base `base`: a strided element, or with IMPLICIT_B
+// the im2col element of the input (row kk = (c, ky, kx), column col = output
+// position (oy, ox); zero in the padding) read straight from the input, so
+// no im2col buffer is written and read back.
+#if !B4
+fn ld_b_at(base: u32, k_index: u32, n_index: u32, b_rs: u32, b_cs: u32) -> f32 {
+#if IMPLICIT_B
+    // B = im2col (K runs over its rows) or, IMPLICIT_BT, im2colᵀ (the
+    // weight gradient dW = dY · im2colᵀ: K runs over output positions).
+#if IMPLICIT_BT
+    let kk = n_index;
+    let col = k_index;
+#else
+    let kk = k_index;
+    let col = n_index;
+#endif
+    let kk2 = CV_KH * CV_KW;
+    let c = kk / kk2;
+    let r = kk - c * kk2;
+#if CONV_FLIP
+    // The kernel read rotated by 180° (a stride-1 convolution's input
+    // gradient is the convolution of dY with the flipped kernel).
+    let ky = CV_KH - 1u - r / CV_KW;
+    let kx = CV_KW - 1u - (r - (r / CV_KW) * CV_KW);
+#else
+    let ky = r / CV_KW;
+    let kx = r - ky * CV_KW;
+#endif
+    let oy = col / CV_WO;
+    let ox = col - oy * CV_WO;
+#if CONV_PAD0
+    // No padding: every window lies inside the image.
+    return ld_b(base + (c * CV_H + oy * CV_STRIDE + ky) * CV_W + ox * CV_STRIDE + kx);
+#else
+    let iy = i32(oy * CV_STRIDE + ky) - i32(CV_PAD);
+    let ix = i32(ox * CV_STRIDE + kx) - i32(CV_PAD);
+    let inside = iy >= 0 && ix >= 0 && iy < i32(CV_H) && ix < i32(CV_W);
+    let at = select(0u, (c * CV_H + u32(iy)) * CV_W + u32(ix), inside);
+    return select(0.0, ld_b(base + at), inside);
+#endif
+#else
+    return ld_b(base + k_index * b_rs + n_index * b_cs);
+#endif
+}
+#endif

@@ -1,0 +1,310 @@
+//! Recording one product: its parameters as the kernel reads them, its
+//! orientation, and the kernel variant its operands' layout allows (vec4
+//! accesses, one slice, rows outer), handed to `budget.rs` to bind.
+
+use super::{budget, elem_of, tiles_gpu, Gemm, MatView, TileConfig, Variant, Vec4Io};
+use crate::device::compose::Elem;
+use crate::tensor::{Tensor, TensorError};
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+pub(crate) struct MatmulParams {
+    pub(crate) m: u32,
+    pub(crate) n: u32,
+    pub(crate) k: u32,
+    pub(crate) batch: u32,
+    pub(crate) a_rs: u32,
+    pub(crate) a_cs: u32,
+    pub(crate) b_rs: u32,
+    pub(crate) b_cs: u32,
+    pub(crate) a_bs: u32,
+    pub(crate) b_bs: u32,
+    pub(crate) c_bs: u32,
+    pub(crate) accumulate: u32,
+    pub(crate) a_off: u32,
+    pub(crate) b_off: u32,
+    pub(crate) c_off: u32,
+    pub(crate) splits: u32,
+    pub(crate) k_chunk: u32,
+    pub(crate) c_rs: u32,
+    pub(crate) c_cs: u32,
+    pub(crate) _pad: u32,
+}
+
+/// A product as the kernel runs it: as given, or as Cᵀ (n×m) = Bᵀ·Aᵀ,
+/// where the kernel's A is B read with its strides swapped, its B is A
+/// likewise, and its rows are C's columns.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Oriented {
+    pub(crate) m: usize,
+    pub(crate) n: usize,
+    pub(crate) a: MatView,
+    pub(crate) b: MatView,
+    pub(crate) c_rs: usize,
+    pub(crate) c_cs: usize,
+}
+
+impl Oriented {
+    pub(crate) fn of(g: &Gemm, transposed: bool) -> Oriented {
+        if !transposed {
+            return Oriented {
+                m: g.m,
+                n: g.n,
+                a: g.a,
+                b: g.b,
+                c_rs: g.n,
+                c_cs: 1,
+            };
+        }
+        let t = |v: MatView| MatView {
+            row_stride: v.col_stride,
+            col_stride: v.row_stride,
+            ..v
+        };
+        Oriented {
+            m: g.n,
+            n: g.m,
+            a: t(g.b),
+            b: t(g.a),
+            c_rs: 1,
+            c_cs: g.n,
+        }
+    }
+}
+
+impl MatmulParams {
+    /// The kernels' uniform for `g` run as `o`, its K in `splits` slices of
+    /// `k_chunk`, C at `c_offset` with `c_batch_stride` between entries.
+    pub(crate) fn new(
+        g: &Gemm,
+        o: &Oriented,
+        splits: usize,
+        k_chunk: usize,
+        c_offset: usize,
+        c_batch_stride: usize,
+        accumulate: bool,
+    ) -> MatmulParams {
+        let u = |x: usize| x as u32;
+        MatmulParams {
+            m: u(o.m),
+            n: u(o.n),
+            k: u(g.k),
+            batch: u(g.batch),
+            a_rs: u(o.a.row_stride),
+            a_cs: u(o.a.col_stride),
+            b_rs: u(o.b.row_stride),
+            b_cs: u(o.b.col_stride),
+            a_bs: u(o.a.batch_stride),
+            b_bs: u(o.b.batch_stride),
+            c_bs: u(c_batch_stride),
+            accumulate: accumulate as u32,
+            a_off: u(o.a.offset),
+            b_off: u(o.b.offset),
+            c_off: u(c_offset),
+            splits: u(splits),
+            k_chunk: u(k_chunk),
+            c_rs: u(o.c_rs),
+            c_cs: u(o.c_cs),
+            _pad: 0,
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn dispatch(
+    g: &Gemm,
+    [a, b, c]: [&Tensor; 3],
+    bias: Option<&Tensor>,
+    tile: &TileConfig,
+    transposed: bool,
+    splits: usize,
+    k_chunk: usize,
+    c_offset: usize,
+    c_batch_stride: usize,
+    accumulate: bool,
+) -> Result<(), TensorError> {
+    let o = Oriented::of(g, transposed);
+    let params = MatmulParams::new(g, &o, splits, k_chunk, c_offset, c_batch_stride, accumulate);
+    let Oriented {
+        m: _,
+        n,
+        a: av,
+        b: bv,
+        c_rs,
+        c_cs,
+    } = o;
+    let (a, b) = if transposed { (b, a) } else { (a, b) };
+    let (bm, bn) = tile.block();
+    if tile.shared {
+        return dispatch_gpu(g, [a, b, c], bias, tile, &o, params, k_chunk, accumulate);
+    }
+    // vec4 accesses need every index they form to be a multiple of 4 (and
+    // the bound array to end on a whole vec4).
+    let fours = |xs: &[usize]| xs.iter().all(|x| x.is_multiple_of(4));
+    // A view read (or written) as vec4 along its unit stride: its other
+    // stride, offset, batch stride and the whole tensor in fours.
+    let in_fours = |v: &MatView, other_stride: usize, t: &Tensor| {
+        fours(&[other_stride, v.offset, v.batch_stride, t.numel()])
+    };
+    let asked = tile.vec4 && !tile.shared;
+    let cols4 = asked && tile.tn.is_multiple_of(4) && n.is_multiple_of(4);
+    let dense_b = g.implicit_b.is_none() && elem_of(b) == Elem::F32;
+    let vec_b = cols4 && dense_b && bv.col_stride == 1 && in_fours(&bv, bv.row_stride, b);
+    let vec4 = Vec4Io {
+        b: vec_b,
+        c: cols4
+            && elem_of(c) == Elem::F32
+            && c_cs == 1
+            && fours(&[c_rs, c_offset, c_batch_stride, c.numel()]),
+        // Every K slice starts at a multiple of 4: the split and the slice
+        // depth are, and K ends on one.
+        k: asked
+            && !vec_b
+            && dense_b
+            && av.col_stride == 1
+            && bv.row_stride == 1
+            && fours(&[g.k, k_chunk, tile.bk as usize])
+            && in_fours(&av, av.row_stride, a)
+            && in_fours(&bv, bv.col_stride, b),
+    };
+    let rows_outer = if splits == 1 && !vec4.k {
+        tile.rows_outer(g.k)
+    } else {
+        0
+    };
+    let k2 = rows_outer == 0
+        && tile.k2()
+        && !vec4.k
+        && !vec4.b
+        && [g.k, k_chunk].iter().all(|x| x.is_multiple_of(2));
+    let pairs = |on: bool| if on { 2 } else { 1 };
+    let steps = (
+        if vec4.b || vec4.c {
+            4
+        } else {
+            pairs(elem_of(c) != Elem::F32)
+        },
+        if vec4.k {
+            4
+        } else {
+            pairs(k2 || elem_of(a) != Elem::F32)
+        },
+    );
+    // A part of K (budget) runs the K loop: rows_outer compiles
+    // K's length in, and one variant per part length compiles slowly.
+    let variant = |accumulate: bool, whole_k: bool| {
+        let rows_outer = if whole_k { rows_outer } else { 0 };
+        tile.kernel(
+            elem_of(a),
+            elem_of(c),
+            g.implicit_b.as_ref(),
+            Variant {
+                bias_rows: bias.is_some(),
+                accumulate,
+                vec4,
+                one_slice: tile.one_slice(k_chunk.min(g.k)),
+                rows_outer,
+                k2,
+            },
+        )
+    };
+    budget::Product {
+        kernel: variant(accumulate, true),
+        k_part: (bias.is_none() && g.implicit_b.is_none())
+            .then_some(&variant as &dyn Fn(_, _) -> _),
+        operands: [a, b, c],
+        bias,
+        block: (bm, bn),
+        steps,
+        implicit: g.implicit_b.as_ref(),
+    }
+    .dispatch(params)
+}
+
+/// [`dispatch`] for a GPU tile: the vec4 accesses and staging orders the
+/// operands' layout allows (see `shaders/matmul_gpu.wgsl`).
+#[allow(clippy::too_many_arguments)]
+fn dispatch_gpu(
+    g: &Gemm,
+    [a, b, c]: [&Tensor; 3],
+    bias: Option<&Tensor>,
+    tile: &TileConfig,
+    o: &Oriented,
+    params: MatmulParams,
+    k_chunk: usize,
+    accumulate: bool,
+) -> Result<(), TensorError> {
+    let (av, bv) = (&o.a, &o.b);
+    let fours = |xs: &[usize]| xs.iter().all(|x| x.is_multiple_of(4));
+    let (stage_a4, stage_b4) = tiles_gpu::vec_staging(tile);
+    let f32s = |t: &Tensor| elem_of(t) == Elem::F32;
+    let dense_b = g.implicit_b.is_none();
+    // A along K in fours: every K range starts and ends on a multiple of 4
+    // (K and the split are), and each row's start is one.
+    let vec_a = stage_a4
+        && f32s(a)
+        && av.col_stride == 1
+        && fours(&[
+            g.k,
+            k_chunk,
+            av.row_stride,
+            av.offset,
+            av.batch_stride,
+            a.numel(),
+        ]);
+    let vec_b = stage_b4
+        && f32s(b)
+        && dense_b
+        && bv.col_stride == 1
+        && fours(&[o.n, bv.row_stride, bv.offset, bv.batch_stride, b.numel()]);
+    let c_bs = params.c_bs as usize;
+    let vec_c =
+        f32s(c) && o.c_cs == 1 && fours(&[o.n, o.c_rs, params.c_off as usize, c_bs, c.numel()]);
+    let b_along_n = match &g.implicit_b {
+        // im2col: neighbouring columns are neighbouring output positions.
+        Some(cv) => !cv.transposed,
+        None => bv.col_stride == 1,
+    };
+    let variant = |accumulate: bool, _whole_k: bool| {
+        tiles_gpu::kernel(
+            tile,
+            elem_of(a),
+            elem_of(c),
+            g.implicit_b.as_ref(),
+            tiles_gpu::GpuVariant {
+                bias_rows: bias.is_some(),
+                accumulate,
+                vec_a,
+                vec_b,
+                vec_c,
+                a_along_k: av.col_stride == 1,
+                b_along_n,
+                one_slice: tile.one_slice(k_chunk.min(g.k)),
+            },
+        )
+    };
+    let pairs = |on: bool| if on { 2 } else { 1 };
+    let steps = (
+        if vec_b || vec_c {
+            4
+        } else {
+            pairs(elem_of(c) != Elem::F32)
+        },
+        if vec_a {
+            4
+        } else {
+            pairs(elem_of(a) != Elem::F32)
+        },
+    );
+    budget::Product {
+        kernel: variant(accumulate, true),
+        k_part: (bias.is_none() && g.implicit_b.is_none())
+            .then_some(&variant as &dyn Fn(_, _) -> _),
+        operands: [a, b, c],
+        bias,
+        block: tile.block(),
+        steps,
+        implicit: g.implicit_b.as_ref(),
+    }
+    .dispatch(params)
+}

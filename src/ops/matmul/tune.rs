@@ -1,0 +1,587 @@
+//! Autotuned tiles. The first product of a shape class on an adapter times
+//! a bounded set of candidate tiles (a time budget, a progress line on
+//! stderr), keeps the fastest and writes it to a cache file keyed by
+//! adapter and driver; later products of that class, and later runs, read
+//! it and time nothing.
+//!
+//! Candidates run on a second device of the same adapter, on operands of
+//! the product's shape filled with a constant, so tuning allocates nothing
+//! in the caching allocator the product runs under: what `estimate` and
+//! the observatory count is the same whichever tile wins. Every candidate
+//! keeps the fixed tile's K-slice depth, so they all give the same bits.
+//!
+//! Settings (environment, read once per process):
+//! - `VRAMLAB_TUNE`: `auto` (default: on for GPUs, off for CPU adapters,
+//!   where each candidate compiles for seconds and the 8-lane table was
+//!   tuned by hand), `on`, `off` (the fixed table per adapter class).
+//! - `VRAMLAB_TUNE_CACHE`: the cache file (default
+//!   `$XDG_CACHE_HOME/vramlab/tiles.json`, else `~/.cache/vramlab/tiles.json`).
+//! - `VRAMLAB_TUNE_BUDGET_MS`: time for one shape class (default 2000).
+//! - `VRAMLAB_TUNE_CANDIDATES`: the most tiles timed for one (default 24).
+
+use super::tiles_gpu::{self, GpuLimits};
+use super::{gemm_bias, Gemm, GemmShape, MatmulKernel, Target, TileChoice, TileConfig};
+use crate::device::compose::Elem;
+use crate::memory::AllocatorConfig;
+use crate::tensor::{DType, Engine, Tensor};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Bumped whenever a kernel family changes, so old timings are not trusted.
+const CACHE_VERSION: u32 = 1;
+
+/// Whether products choose their tiles by timing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// On GPUs, off on CPU adapters.
+    Auto,
+    On,
+    Off,
+}
+
+impl Mode {
+    pub fn parse(s: &str) -> Result<Mode, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "" | "auto" => Ok(Mode::Auto),
+            "on" | "1" | "yes" | "true" => Ok(Mode::On),
+            "off" | "0" | "no" | "false" => Ok(Mode::Off),
+            other => Err(format!(
+                "VRAMLAB_TUNE={other:?}: expected auto, on or off (off uses the fixed tile table)"
+            )),
+        }
+    }
+}
+
+/// The settings, from the environment; an error names a bad value.
+pub fn check_env() -> Result<(), String> {
+    Settings::from_env().map(|_| ())
+}
+
+#[derive(Debug, Clone)]
+struct Settings {
+    mode: Mode,
+    path: Option<PathBuf>,
+    budget: Duration,
+    max_candidates: usize,
+}
+
+impl Settings {
+    fn from_env() -> Result<Settings, String> {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+        let mode = Mode::parse(&var("VRAMLAB_TUNE").unwrap_or_default())?;
+        let number = |k: &str, default: u64| -> Result<u64, String> {
+            match var(k) {
+                None => Ok(default),
+                Some(v) => v
+                    .trim()
+                    .parse::<u64>()
+                    .map_err(|_| format!("{k}={v:?}: expected a whole number")),
+            }
+        };
+        let path = var("VRAMLAB_TUNE_CACHE").map(PathBuf::from).or_else(|| {
+            var("XDG_CACHE_HOME")
+                .map(PathBuf::from)
+                .or_else(|| var("HOME").map(|h| PathBuf::from(h).join(".cache")))
+                .map(|d| d.join("vramlab").join("tiles.json"))
+        });
+        Ok(Settings {
+            mode,
+            path,
+            budget: Duration::from_millis(number("VRAMLAB_TUNE_BUDGET_MS", 2000)?),
+            max_candidates: number("VRAMLAB_TUNE_CANDIDATES", 24)?.max(1) as usize,
+        })
+    }
+}
+
+/// One tuned shape class: the tile that won and what it ran at.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Entry {
+    pub wx: u32,
+    pub wy: u32,
+    pub tm: u32,
+    pub tn: u32,
+    pub bk: u32,
+    pub shared: bool,
+    pub strided_cols: bool,
+    pub subgroup_a: bool,
+    pub vec4: bool,
+    pub gflops: f64,
+    /// The tiles timed, and the fixed table's tile's rate among them.
+    pub candidates: usize,
+    pub fixed_gflops: f64,
+}
+
+impl Entry {
+    fn tile(&self) -> TileConfig {
+        TileConfig {
+            wx: self.wx,
+            wy: self.wy,
+            tm: self.tm,
+            tn: self.tn,
+            bk: self.bk,
+            shared: self.shared,
+            strided_cols: self.strided_cols,
+            subgroup_a: self.subgroup_a,
+            vec4: self.vec4,
+        }
+    }
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct CacheFile {
+    version: u32,
+    /// Adapter (name, backend, driver, ids) → shape class key → entry.
+    adapters: BTreeMap<String, BTreeMap<String, Entry>>,
+}
+
+/// What tuning did in this process, for `bench --json` and the tests.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Stats {
+    pub mode: Option<Mode>,
+    pub cache: Option<String>,
+    /// Shape classes tuned (timed) in this process.
+    pub tuned: usize,
+    /// Candidate tiles timed in this process.
+    pub timed: usize,
+    /// Shape classes whose tile came from the cache file.
+    pub from_cache: usize,
+    /// Every choice made: shape class key → tile.
+    pub choices: BTreeMap<String, String>,
+}
+
+struct State {
+    settings: Settings,
+    /// The cache file's entries, read once; `None` until read.
+    file: Option<CacheFile>,
+    /// A second device per adapter, for candidates.
+    probes: BTreeMap<String, Engine>,
+    /// Keys already answered in this process (and whether from timing).
+    known: BTreeMap<(String, String), Option<TileConfig>>,
+    retune: bool,
+    stats: Stats,
+    warned: bool,
+}
+
+static STATE: Mutex<Option<State>> = Mutex::new(None);
+
+fn state() -> MutexGuard<'static, Option<State>> {
+    let mut s = STATE.lock().unwrap_or_else(|e| e.into_inner());
+    if s.is_none() {
+        // A bad value was reported by the CLI (check_env); a library user
+        // gets the defaults.
+        let settings = Settings::from_env().unwrap_or(Settings {
+            mode: Mode::Auto,
+            path: None,
+            budget: Duration::from_secs(2),
+            max_candidates: 24,
+        });
+        *s = Some(State {
+            stats: Stats {
+                mode: Some(settings.mode),
+                cache: settings.path.as_ref().map(|p| p.display().to_string()),
+                ..Stats::default()
+            },
+            settings,
+            file: None,
+            probes: BTreeMap::new(),
+            known: BTreeMap::new(),
+            retune: false,
+            warned: false,
+        });
+    }
+    s
+}
+
+/// Time every shape class again in this process (`bench --tune`),
+/// replacing what the cache holds for them.
+pub fn retune() {
+    if let Some(s) = state().as_mut() {
+        s.retune = true;
+        s.known.clear();
+    }
+}
+
+/// What tuning did so far in this process.
+pub fn stats() -> Stats {
+    state()
+        .as_ref()
+        .map(|s| s.stats.clone())
+        .unwrap_or_default()
+}
+
+/// Whether products on `e` choose tiles by timing.
+pub fn enabled(e: &Engine) -> bool {
+    let mode = state().as_ref().map_or(Mode::Off, |s| s.settings.mode);
+    e.gpu().is_some()
+        && match mode {
+            Mode::On => true,
+            Mode::Off => false,
+            Mode::Auto => !e.is_cpu_adapter(),
+        }
+}
+
+fn adapter_key(e: &Engine) -> Option<String> {
+    let g = e.gpu()?;
+    let i = &g.info;
+    Some(format!(
+        "{} | {:?} | {} {} | {:#06x}:{:#06x}",
+        i.name, i.backend, i.driver, i.driver_info, i.vendor, i.device
+    ))
+}
+
+/// The shape class key: class, element types, how B is read, which
+/// operands are transposed, bias, orientation and the work's size (each
+/// factor of 4 its own class), so a 64³ and a 4096³ product tune apart.
+fn class_key(g: &Gemm, choice: &TileChoice, elem: Elem, out: Elem, bias: bool) -> String {
+    let work = (g.m as f64) * (g.n as f64) * (g.k.max(1) as f64) * (g.batch as f64);
+    let size = (work.log2() / 2.0).floor() as i64;
+    let b = match g.implicit_b {
+        None if g.b.col_stride != 1 && g.n > 1 => "Bᵀ",
+        None => "B",
+        Some(c) if c.transposed => "im2colᵀ",
+        Some(_) => "im2col",
+    };
+    let a = if g.a.col_stride != 1 && g.k > 1 {
+        "Aᵀ"
+    } else {
+        "A"
+    };
+    format!(
+        "{:?} {}→{} {a}·{b}{}{}{} 4^{size}",
+        choice.class,
+        elem.name(),
+        out.name(),
+        if g.reduce_batch { " Σbatch" } else { "" },
+        if bias { " +bias" } else { "" },
+        if choice.transposed { " as Cᵀ" } else { "" },
+    )
+    .to_lowercase()
+}
+
+/// The tiles to time for `choice` on `e`: the fixed choice first, then the
+/// adapter class's family, all with its K-slice depth.
+fn candidates(e: &Engine, choice: &TileChoice, out16: bool) -> Vec<TileConfig> {
+    let fixed = choice.tile;
+    let mut v = vec![fixed];
+    let more: Vec<TileConfig> = match Target::of(e) {
+        Target::Gpu => {
+            let limits = e
+                .gpu()
+                .map_or(GpuLimits::DEFAULT, |g| GpuLimits::of(&g.limits));
+            tiles_gpu::candidates(choice.class, fixed.bk, &limits)
+        }
+        Target::CpuSubgroup8 => {
+            let mut c = Vec::new();
+            for (tm, tn) in [(fixed.tm, fixed.tn), (32, 8), (64, 8), (32, 4), (16, 8)] {
+                for wy in [1, 2, 4] {
+                    for strided in [fixed.strided_cols, !fixed.strided_cols] {
+                        let mut t = fixed;
+                        t.tm = tm;
+                        t.tn = tn;
+                        t.wy = wy;
+                        t.strided_cols = strided;
+                        c.push(t);
+                    }
+                }
+            }
+            c
+        }
+        Target::Cpu => [(8, 16, 8, 8), (8, 8, 8, 8), (16, 8, 4, 4), (8, 16, 4, 2)]
+            .iter()
+            .map(|&(wx, wy, tm, tn)| {
+                let mut t = TileConfig::new(wx, wy, tm, tn, fixed.bk, false);
+                t.vec4 = fixed.vec4;
+                t
+            })
+            .collect(),
+    };
+    for t in more {
+        // 16-bit outputs are stored in whole words: an even thread width,
+        // as the fixed tile has (else the product would take an f32
+        // workspace, and tuning must not change what is allocated).
+        let words = !out16 || t.tn.is_multiple_of(2);
+        if t.is_valid() && words && !v.contains(&t) {
+            v.push(t);
+        }
+    }
+    v
+}
+
+/// The tile `g` runs with on `e` when tiles are tuned: from this process's
+/// answers, the cache file, or by timing now. `None` where tuning is off,
+/// the device is simulated, or timing failed (the fixed choice runs).
+pub fn tuned(
+    e: &Engine,
+    g: &Gemm,
+    choice: &TileChoice,
+    dtypes: (DType, DType),
+    bias: bool,
+) -> Option<TileConfig> {
+    if !enabled(e) {
+        return None;
+    }
+    let adapter = adapter_key(e)?;
+    let (elem, out) = (dtypes.0.elem(), dtypes.1.elem());
+    let key = class_key(g, choice, elem, out, bias);
+    let mut guard = state();
+    let s = guard.as_mut()?;
+    if let Some(known) = s.known.get(&(adapter.clone(), key.clone())) {
+        return *known;
+    }
+    if s.file.is_none() {
+        s.file = Some(read_cache(s.settings.path.as_ref()));
+    }
+    if !s.retune {
+        let cached = s
+            .file
+            .as_ref()
+            .and_then(|f| f.adapters.get(&adapter))
+            .and_then(|m| m.get(&key))
+            .map(Entry::tile)
+            .filter(|t| t.is_valid() && t.bk == choice.tile.bk);
+        if let Some(t) = cached {
+            s.stats.from_cache += 1;
+            s.stats.choices.insert(key.clone(), t.describe());
+            s.known.insert((adapter, key), Some(t));
+            return Some(t);
+        }
+    }
+    let found = time_candidates(s, e, &adapter, &key, g, choice, dtypes, bias);
+    s.known.insert(
+        (adapter.clone(), key.clone()),
+        found.as_ref().map(|x| x.tile()),
+    );
+    let entry = found?;
+    s.stats.tuned += 1;
+    s.stats.choices.insert(key.clone(), entry.tile().describe());
+    let tile = entry.tile();
+    if let Some(file) = s.file.as_mut() {
+        file.adapters
+            .entry(adapter.clone())
+            .or_default()
+            .insert(key.clone(), entry);
+    }
+    if let Err(why) = write_cache(s.settings.path.as_ref(), &adapter, &key, s.file.as_ref()) {
+        if !s.warned {
+            eprintln!("vramlab: tuned tiles kept for this run only: {why}");
+            s.warned = true;
+        }
+    }
+    Some(tile)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn time_candidates(
+    s: &mut State,
+    e: &Engine,
+    adapter: &str,
+    key: &str,
+    g: &Gemm,
+    choice: &TileChoice,
+    (dtype, out): (DType, DType),
+    bias: bool,
+) -> Option<Entry> {
+    let started = Instant::now();
+    let mut tiles = candidates(e, choice, out.is_16bit());
+    tiles.truncate(s.settings.max_candidates);
+    if !s.probes.contains_key(adapter) {
+        let options = e.gpu()?.options.clone();
+        let probe = Engine::new(&options, AllocatorConfig::default()).ok()?;
+        s.probes.insert(adapter.to_string(), probe);
+    }
+    let probe = s.probes.get(adapter)?;
+    let shape = GemmShape::of(g, "tune");
+    let pg = shape.gemm();
+    let (na, nb, nc) = shape.sizes();
+    let filled = |n: usize, dt: DType, name: &str| {
+        Tensor::generated(probe, &[n.max(1)], dt, name, |n| vec![0.5; n])
+    };
+    let operands = (|| {
+        Ok::<_, crate::tensor::TensorError>((
+            filled(na, dtype, "tune.a")?,
+            filled(nb, dtype, "tune.b")?,
+            filled(nc, out, "tune.c")?,
+            if bias {
+                Some(filled(g.m, dtype, "tune.bias")?)
+            } else {
+                None
+            },
+        ))
+    })();
+    let Ok((a, b, c, bias_t)) = operands else {
+        // Too large for a second copy beside the run: the fixed tile.
+        probe.allocator().empty_cache();
+        return None;
+    };
+    let flops = shape.flops().max(1.0);
+    eprint!(
+        "vramlab: tuning matmul tiles for {key} ({}×{}·K{} ×{}), {} candidates …",
+        g.m,
+        g.n,
+        g.k,
+        g.batch,
+        tiles.len()
+    );
+    let mut best: Option<(TileConfig, f64)> = None;
+    let mut fixed_rate = f64::NAN;
+    let mut timed = 0;
+    for (i, t) in tiles.iter().enumerate() {
+        // The fixed tile and one rival at least, then while the budget lasts.
+        if i >= 2 && started.elapsed() > s.settings.budget {
+            break;
+        }
+        let kernel = if choice.transposed {
+            MatmulKernel::FixedTransposed(*t)
+        } else {
+            MatmulKernel::Fixed(*t)
+        };
+        let Some(secs) = time_one(probe, &pg, [&a, &b, &c], bias_t.as_ref(), kernel) else {
+            continue;
+        };
+        timed += 1;
+        let rate = flops / secs / 1e9;
+        if i == 0 {
+            fixed_rate = rate;
+        }
+        if best.is_none_or(|(_, r)| rate > r) {
+            best = Some((*t, rate));
+        }
+    }
+    drop((a, b, c, bias_t));
+    probe.allocator().empty_cache();
+    s.stats.timed += timed;
+    let (tile, gflops) = best?;
+    eprintln!(
+        " {} at {:.1} GFLOP/s (fixed {} at {:.1}), {:.1} s",
+        tile.describe(),
+        gflops,
+        choice.tile.describe(),
+        fixed_rate,
+        started.elapsed().as_secs_f64()
+    );
+    Some(Entry {
+        wx: tile.wx,
+        wy: tile.wy,
+        tm: tile.tm,
+        tn: tile.tn,
+        bk: tile.bk,
+        shared: tile.shared,
+        strided_cols: tile.strided_cols,
+        subgroup_a: tile.subgroup_a,
+        vec4: tile.vec4,
+        gflops,
+        candidates: timed,
+        fixed_gflops: fixed_rate,
+    })
+}
+
+/// The fastest of a warm-up and three runs, in seconds: device time where
+/// the adapter has timestamp queries, else wall clock and a wait.
+fn time_one(
+    e: &Engine,
+    g: &Gemm,
+    [a, b, c]: [&Tensor; 3],
+    bias: Option<&Tensor>,
+    kernel: MatmulKernel,
+) -> Option<f64> {
+    gemm_bias(g, a, b, c, bias, kernel).ok()?;
+    e.synchronize().ok()?;
+    let timing = e.start_timing();
+    let mut best = f64::INFINITY;
+    for _ in 0..3 {
+        e.take_dispatch_times().ok()?;
+        let t0 = Instant::now();
+        gemm_bias(g, a, b, c, bias, kernel).ok()?;
+        e.synchronize().ok()?;
+        let wall = t0.elapsed().as_secs_f64();
+        let secs = match e.take_dispatch_times().ok()? {
+            Some((crate::device::TimingSource::TimestampQueries, t)) if !t.is_empty() => {
+                t.iter().map(|d| d.seconds).sum()
+            }
+            _ => wall,
+        };
+        best = best.min(secs);
+    }
+    if timing.is_some() {
+        e.stop_timing().ok()?;
+    }
+    (best.is_finite() && best > 0.0).then_some(best)
+}
+
+fn read_cache(path: Option<&PathBuf>) -> CacheFile {
+    let fresh = CacheFile {
+        version: CACHE_VERSION,
+        ..Default::default()
+    };
+    let Some(text) = path.and_then(|p| std::fs::read_to_string(p).ok()) else {
+        return fresh;
+    };
+    match serde_json::from_str::<CacheFile>(&text) {
+        Ok(f) if f.version == CACHE_VERSION => f,
+        // Another version's timings, or a damaged file: tuned again and
+        // rewritten.
+        _ => fresh,
+    }
+}
+
+/// Writes `key`'s entry: merged into the file as it is now (another run
+/// may have added entries), written whole to a temporary file and renamed
+/// over the old one, so a reader never sees half a file.
+fn write_cache(
+    path: Option<&PathBuf>,
+    adapter: &str,
+    key: &str,
+    ours: Option<&CacheFile>,
+) -> Result<(), String> {
+    let Some(path) = path else {
+        return Err("no cache file (set VRAMLAB_TUNE_CACHE or HOME)".into());
+    };
+    let Some(entry) = ours
+        .and_then(|f| f.adapters.get(adapter))
+        .and_then(|m| m.get(key))
+    else {
+        return Ok(());
+    };
+    let mut file = read_cache(Some(path));
+    file.adapters
+        .entry(adapter.to_string())
+        .or_default()
+        .insert(key.to_string(), entry.clone());
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    let text = serde_json::to_string_pretty(&file).map_err(|e| e.to_string())?;
+    let tmp = path.with_extension(format!("json.{}.tmp", std::process::id()));
+    std::fs::write(&tmp, text).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_parse_and_bad_values_say_what_is_expected() {
+        assert_eq!(Mode::parse("").unwrap(), Mode::Auto);
+        assert_eq!(Mode::parse("ON").unwrap(), Mode::On);
+        assert_eq!(Mode::parse("0").unwrap(), Mode::Off);
+        let e = Mode::parse("fast").unwrap_err();
+        assert!(e.contains("auto, on or off"), "{e}");
+    }
+
+    #[test]
+    fn a_damaged_or_old_cache_is_read_as_empty() {
+        let dir = std::env::temp_dir().join(format!("vramlab-tune-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("tiles.json");
+        std::fs::write(&p, "{not json").unwrap();
+        assert!(read_cache(Some(&p)).adapters.is_empty());
+        std::fs::write(&p, r#"{"version":0,"adapters":{"x":{}}}"#).unwrap();
+        assert!(read_cache(Some(&p)).adapters.is_empty());
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}

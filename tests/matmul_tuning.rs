@@ -1,0 +1,129 @@
+//! Tile tuning: the first run times candidates for each shape class and
+//! writes the cache file; a second run reads it, times nothing and picks
+//! the same tiles; a bad setting is refused with what to set instead; and
+//! tuning leaves the measured memory of a step exactly as the estimate.
+
+use serde_json::Value;
+use std::path::Path;
+use std::process::Command;
+
+fn vramlab(cache: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .args(args)
+        .env("VRAMLAB_TUNE", "on")
+        .env("VRAMLAB_TUNE_CACHE", cache)
+        // Each candidate compiles for a second or two on a CPU adapter.
+        .env("VRAMLAB_TUNE_CANDIDATES", "3")
+        .env("VRAMLAB_TUNE_BUDGET_MS", "60000")
+        .env_remove("VRAMLAB_TILE_FAMILY")
+        .output()
+        .expect("vramlab runs")
+}
+
+fn bench(cache: &Path) -> Value {
+    let out = vramlab(
+        cache,
+        &[
+            "bench",
+            "--sizes",
+            "72",
+            "--models",
+            "none",
+            "--reps",
+            "1",
+            "--no-precision",
+            "--json",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("bench --json prints JSON")
+}
+
+#[test]
+fn a_second_run_reads_the_cache_times_nothing_and_picks_the_same_tiles() {
+    let dir = std::env::temp_dir().join(format!("vramlab-tuning-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cache = dir.join("tiles.json");
+    let first = bench(&cache)["tuning"].clone();
+    assert!(first["tuned"].as_u64().unwrap() >= 1, "{first}");
+    assert!(first["timed"].as_u64().unwrap() >= 2, "{first}");
+    assert_eq!(first["from_cache"], 0, "{first}");
+    let file: Value = serde_json::from_str(&std::fs::read_to_string(&cache).unwrap()).unwrap();
+    let adapters = file["adapters"].as_object().unwrap();
+    assert_eq!(adapters.len(), 1, "{file}");
+    let entries = adapters.values().next().unwrap().as_object().unwrap();
+    assert_eq!(
+        entries.len() as u64,
+        first["tuned"].as_u64().unwrap(),
+        "{file}"
+    );
+    for e in entries.values() {
+        assert!(e["gflops"].as_f64().unwrap() > 0.0, "{e}");
+        assert!(e["gflops"].as_f64().unwrap() >= e["fixed_gflops"].as_f64().unwrap());
+    }
+
+    let second = bench(&cache)["tuning"].clone();
+    assert_eq!(second["timed"], 0, "{second}");
+    assert_eq!(second["tuned"], 0, "{second}");
+    assert_eq!(second["from_cache"], first["tuned"], "{second}");
+    assert_eq!(second["choices"], first["choices"]);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn a_bad_setting_is_refused_with_the_values_it_takes() {
+    let out = Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .args(["models"])
+        .env("VRAMLAB_TUNE", "fastest")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("VRAMLAB_TUNE") && err.contains("auto, on or off"),
+        "{err}"
+    );
+}
+
+#[test]
+fn tuning_leaves_the_measured_step_equal_to_the_estimate() {
+    let dir = std::env::temp_dir().join(format!("vramlab-tuning-est-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cache = dir.join("tiles.json");
+    let out = vramlab(
+        &cache,
+        &[
+            "estimate",
+            "--model",
+            "mlp",
+            "--batch",
+            "3",
+            "--measure",
+            "--json",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (est, m) = (&v["estimate"], &v["measured"]);
+    assert!(m.is_object(), "{v}");
+    for key in [
+        "peak_allocated_bytes",
+        "peak_reserved_bytes",
+        "device_allocs",
+    ] {
+        assert!(est[key].as_u64().unwrap() > 0, "{key}");
+        assert_eq!(est[key], m[key], "{key}");
+    }
+    // Tuning did happen (the cache file holds the step's classes).
+    let file = std::fs::read_to_string(&cache).unwrap();
+    assert!(file.contains("gflops"), "{file}");
+    std::fs::remove_dir_all(&dir).ok();
+}
