@@ -21,23 +21,18 @@
 //   VEC_B / VEC_C (direct tiles, f32, TN a multiple of 4, B or C dense
 //   along its rows with N and every offset a multiple of 4): each thread's
 //   columns come in runs of 4 (COLS4), B is loaded and C stored as vec4.
-//   llvmpipe pays per access, not per byte (examples/store_width.rs: a
-//   vec4 store 0.98 ns per float where four scalar ones take 1.36, a vec4
-//   load 0.76 where scalar ones take 1.42), and the K = 10 fc product is
+//   llvmpipe pays per access, not per byte, and the K = 10 fc product is
 //   mostly stores.
 //   VEC_K (direct tiles, f32, A and B both dense along K, K and the split
 //   a multiple of 4: the fc forward run as Cᵀ): A and B are loaded as vec4
-//   along K, four steps of K per load, summed in the same order. (A alone
-//   along K, with B element by element or along N, ran the conv2 forward
-//   and the square product 1.5–2× slower: a 32-row thread tile then holds
-//   32 vec4s of A, which llvmpipe spills.)
+//   along K, four steps of K per load, summed in the same order. (Not A
+//   alone, with B element by element or along N: a 32-row thread tile would
+//   then hold 32 vec4s of A, which llvmpipe spills.)
 // Rows and columns past the edge read a clamped in-range element and are
 // never stored, so loads need no branch.
 // ONE_SLICE (each workgroup's K range no deeper than BK): the slice's sums
 // are the totals, so one set of TM×TN accumulators instead of two. On
-// llvmpipe a 32×16 tile's two sets spill 32 KB of stack; with one the fc
-// input gradient (K = 10) ran 13.3 → 11.9 ms and its K = 1 write floor
-// 9.1 → 7.5 (examples/shape_speed.rs, alternated builds). The same bits:
+// llvmpipe a 32×16 tile's two sets spill 32 KB of stack. The same bits:
 // the one slice's sum was added to zero.
 // K2 (direct subgroup-A tiles of at most 4 columns, B element by element,
 // even K ranges): two steps of K an iteration (KSTEP), each sum taking both
@@ -101,10 +96,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     let row_tile = wid.y * {{WY*TM}}u;
     let col_tile = wid.x * {{WX*TN}}u;
     // The parameters the loop and the stores use, read once here: llvmpipe
-    // 22.3 turned each uniform read inside a loop or branch into an 8-lane
-    // gather (795 in the 32×16 tile's machine code, 15 with these copies).
-    // No time measurably gained, but that tile's code is 12% shorter and
-    // the 1024³ tile compiled cold in 1.7–2.4 s instead of 2.7.
+    // 22.3 turns each uniform read inside a loop or branch into an 8-lane
+    // gather, so the copies make the code shorter and quicker to compile.
     let p_m = p.m;
     let p_n = p.n;
     let a_rs = p.a_rs;
@@ -258,9 +251,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 #endfor
         // Each sum takes its steps in a row (the four of a VEC_K vec4, the
         // KSTEP of an iteration), so where llvmpipe spills the sums each is
-        // loaded and stored once per iteration rather than once per step
-        // (the fc forward: 12.9 → 11.8 ms, alternated builds); the order of
-        // each one's additions is unchanged.
+        // loaded and stored once per iteration rather than once per step;
+        // the order of each one's additions is unchanged.
 #for i in 0..TM
 #for j in 0..TN
 #if VEC_K

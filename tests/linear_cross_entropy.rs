@@ -171,9 +171,9 @@ fn chunked_loss_refuses_what_it_cannot_take() {
     );
     // A head the loss cannot run: refused before anything is built.
     let mlp = small("mlp");
-    let err = mlp.check_loss(LossMode::Chunked(None)).unwrap_err();
+    let err = LossMode::Chunked(None).check_model(&mlp).unwrap_err();
     assert!(err.contains("bias-free linear head"), "{err}");
-    assert!(small("gpt").check_loss(LossMode::Chunked(None)).is_ok());
+    assert!(LossMode::Chunked(None).check_model(&small("gpt")).is_ok());
 }
 
 /// The mean loss and every parameter's gradient after one forward and

@@ -3,8 +3,8 @@
 //! clones are cheap handles; when the tape is not recording, `record` drops
 //! them at once, so `no_grad` keeps nothing alive.
 
+use super::param::ParamStore;
 use super::tape::{Tape, Value};
-use crate::nn::ParamStore;
 use crate::ops::cast::cast as cast_fwd;
 use crate::ops::conv2d::{conv2d as conv2d_fwd, conv2d_backward, conv2d_backward_ex, Conv2dConfig};
 use crate::ops::cross_entropy::{cross_entropy as ce_fwd, cross_entropy_backward};

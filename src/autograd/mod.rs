@@ -2,6 +2,7 @@
 //! their place in it ([`Value`]), and the differentiable functions.
 
 pub mod functions;
+pub mod param;
 pub mod tape;
 pub mod transformer;
 pub mod vision;

@@ -13,8 +13,8 @@
 //! step after step; `checkpoint` (in functions.rs) records one node whose
 //! backward re-runs a segment on a fresh tape.
 
+use super::param::{ParamId, ParamStore};
 use crate::memory::Category;
-use crate::nn::param::{ParamId, ParamStore};
 use crate::ops::{elementwise, fill};
 use crate::tensor::{DType, Tensor, TensorError};
 use std::cell::RefCell;

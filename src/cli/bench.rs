@@ -343,11 +343,11 @@ fn square(n: usize) -> GemmShape {
 /// The distinct products one training step of `spec` issues, with counts.
 fn step_shapes(spec: &ModelSpec, batch: usize) -> anyhow::Result<Vec<(GemmShape, usize)>> {
     let e = Engine::simulated(AllocatorConfig::default(), None);
-    e.log_gemms(true);
+    crate::ops::matmul::log_gemms(&e, true);
     let (mut trainer, data) = plan(spec, batch).trainer(&e, 0)?;
     trainer.step(&data)?;
     let mut shapes: Vec<(GemmShape, usize)> = Vec::new();
-    for s in e.take_gemms() {
+    for s in crate::ops::matmul::take_gemms(&e) {
         match shapes.iter_mut().find(|(x, _)| {
             GemmShape {
                 op: s.op.clone(),

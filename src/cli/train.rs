@@ -211,7 +211,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         );
     }
     spec.check_dtype(args.dtype).map_err(anyhow::Error::msg)?;
-    spec.check_loss(args.loss).map_err(anyhow::Error::msg)?;
+    args.loss.check_model(&spec).map_err(anyhow::Error::msg)?;
     store.to_dtype(args.dtype)?;
     let is_gpt = matches!(spec, crate::nn::ModelSpec::Gpt { .. });
     if args.text.is_some() && !is_gpt {

@@ -32,7 +32,7 @@ impl Plan {
     pub fn trainer(&self, engine: &Engine, seed: u64) -> Result<(Trainer, Batch), TensorError> {
         self.model
             .check_dtype(self.dtype)
-            .and_then(|()| self.model.check_loss(self.loss))
+            .and_then(|()| self.loss.check_model(&self.model))
             .map_err(|message| TensorError::InvalidShape {
                 op: "model",
                 message,

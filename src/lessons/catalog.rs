@@ -237,10 +237,10 @@ fn c07(ctx: &Ctx) -> anyhow::Result<Outcome> {
     // The products' FLOPs of one step, counted from every matmul issued.
     let flops = |p: &crate::estimate::Plan| -> anyhow::Result<f64> {
         let e = ctx.engine(p.config.clone())?;
-        e.log_gemms(true);
+        crate::ops::matmul::log_gemms(&e, true);
         let (mut t, b) = p.trainer(&e, 0)?;
         t.step(&b)?;
-        Ok(e.take_gemms()
+        Ok(crate::ops::matmul::take_gemms(&e)
             .iter()
             .map(|g| 2.0 * (g.m * g.n * g.k * g.batch) as f64)
             .sum())

@@ -19,7 +19,7 @@
 use super::init::Rng;
 use super::layers::{in_layer, Linear};
 use super::model::Model;
-use super::param::{ParamId, ParamStore};
+use crate::autograd::param::{ParamId, ParamStore};
 use crate::autograd::{functions as f, transformer as t, Tape, Value};
 use crate::memory::Category;
 use crate::tensor::{DType, Engine, Tensor, TensorError};

@@ -4,7 +4,7 @@
 //! the order the random draws are made in).
 
 use super::init::{default_bound, Rng};
-use super::param::{ParamId, ParamStore};
+use crate::autograd::param::{ParamId, ParamStore};
 use crate::autograd::{functions as f, Tape, Value};
 use crate::memory::Category;
 use crate::ops::conv2d::Conv2dConfig;

@@ -7,7 +7,7 @@
 use super::init::Rng;
 use super::layers::Linear;
 use super::model::Model;
-use super::param::ParamStore;
+use crate::autograd::param::ParamStore;
 use crate::autograd::{functions as f, Tape, Value};
 use crate::tensor::{Engine, TensorError};
 

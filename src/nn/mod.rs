@@ -6,11 +6,12 @@ pub mod init;
 pub mod layers;
 pub mod mlp;
 pub mod model;
-pub mod param;
 pub mod resnet;
 pub mod resnet_mini;
 pub mod simple_cnn;
 
+/// Parameters live with autograd (checkpointing reruns a forward over
+/// them); models reach them here too.
+pub use crate::autograd::param::{self, ParamId, ParamStore, Parameter};
 pub use model::{Model, ModelSpec, ZOO};
-pub use param::{ParamId, ParamStore, Parameter};
 pub use simple_cnn::SimpleConvNet;

@@ -7,10 +7,10 @@ use super::attention::Attention;
 use super::gpt::{Gpt, GptConfig};
 use super::init::Rng;
 use super::mlp::Mlp;
-use super::param::ParamStore;
 use super::resnet::Resnet;
 use super::resnet_mini::ResnetMini;
 use super::simple_cnn::SimpleConvNet;
+use crate::autograd::param::ParamStore;
 use crate::autograd::{Tape, Value};
 use crate::io::SafeTensors;
 use crate::tensor::{Engine, TensorError};
@@ -185,19 +185,6 @@ impl ModelSpec {
     /// max-pool kernels are f32 only (they run under `--amp` instead).
     pub fn supports_16bit_model(&self) -> bool {
         !matches!(self, ModelSpec::Gpt { .. } | ModelSpec::Resnet50 { .. })
-    }
-
-    /// Refuses a loss the model's head cannot take: `--loss chunked` runs
-    /// the head inside the loss, which needs a bias-free linear head (gpt's,
-    /// tied to the embedding).
-    pub fn check_loss(&self, loss: crate::train::LossMode) -> Result<(), String> {
-        if !loss.fuses_head() || matches!(self, ModelSpec::Gpt { .. }) {
-            return Ok(());
-        }
-        Err(format!(
-            "--loss {loss} runs the model's head inside the loss, which needs a bias-free linear head onto the classes (gpt's); {}'s head is not one: use --loss cross-entropy or --loss fused",
-            self.name()
-        ))
     }
 
     /// Refuses a 16-bit model dtype for a model whose kernels are f32 only,

@@ -12,7 +12,7 @@
 use super::init::Rng;
 use super::layers::{in_layer, Linear};
 use super::model::Model;
-use super::param::{ParamId, ParamStore};
+use crate::autograd::param::{ParamId, ParamStore};
 use crate::autograd::{functions as f, vision as v, Tape, Value};
 use crate::memory::Category;
 use crate::ops::conv2d::Conv2dConfig;

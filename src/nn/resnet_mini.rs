@@ -8,7 +8,7 @@
 use super::init::Rng;
 use super::layers::{Conv2d, Linear};
 use super::model::Model;
-use super::param::ParamStore;
+use crate::autograd::param::ParamStore;
 use crate::autograd::{functions as f, Tape, Value};
 use crate::ops::conv2d::Conv2dConfig;
 use crate::tensor::{Engine, TensorError};

@@ -5,7 +5,7 @@
 
 use super::phases::{self, free_in_reverse, grad_of};
 use super::{Optimizer, OptimizerImpl};
-use crate::nn::ParamStore;
+use crate::autograd::param::ParamStore;
 use crate::ops::fill;
 use crate::tensor::{DType, Tensor, TensorError};
 

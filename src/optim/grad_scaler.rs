@@ -6,9 +6,9 @@
 //! grows. Defaults are PyTorch's: init 65536 (2^16), growth ×2, backoff
 //! ×0.5, interval 2000.
 
+use crate::autograd::param::ParamStore;
 use crate::device::Kernel;
 use crate::memory::Category;
-use crate::nn::ParamStore;
 use crate::tensor::{DType, Tensor, TensorError};
 
 const UNSCALE: Kernel = Kernel::fixed(

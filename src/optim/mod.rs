@@ -13,7 +13,7 @@ pub use grad_scaler::GradScaler;
 pub use implementation::OptimizerImpl;
 pub use sgd::Sgd;
 
-use crate::nn::ParamStore;
+use crate::autograd::param::ParamStore;
 use crate::tensor::TensorError;
 
 /// What the training loop needs of an optimizer.

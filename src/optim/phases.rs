@@ -1,8 +1,8 @@
 //! What the foreach and for-loop implementations share: a temporary the
 //! size of a parameter, and one pass of a phase kernel over a parameter.
 
+use crate::autograd::param::Parameter;
 use crate::memory::Category;
-use crate::nn::Parameter;
 use crate::tensor::{Tensor, TensorError};
 
 /// A parameter-sized temporary in the parameter's dtype (PyTorch's foreach

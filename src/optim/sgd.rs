@@ -5,7 +5,7 @@
 
 use super::phases::{self, free_in_reverse, grad_of};
 use super::{Optimizer, OptimizerImpl};
-use crate::nn::ParamStore;
+use crate::autograd::param::ParamStore;
 use crate::tensor::{Tensor, TensorError};
 
 const SGD: &str = include_str!("../../shaders/sgd.wgsl");

@@ -20,6 +20,8 @@ use crate::device::{
 use crate::memory::{
     Allocation, AllocatorConfig, BlockHandle, CachingAllocator, Category, SimulatedSource,
 };
+use std::any::{Any, TypeId};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
 /// The largest binding a simulated device allows (that of a typical
@@ -39,8 +41,10 @@ struct EngineInner {
     layer_outputs: Mutex<Vec<(Arc<str>, Vec<usize>)>>,
     /// Tensors saved for backward while on ([`Engine::start_saved_log`]).
     saved_log: Mutex<Option<Vec<SavedTensor>>>,
-    /// Every matrix product issued while on (`vramlab bench` replays them).
-    gemm_log: Mutex<Option<Vec<crate::ops::matmul::GemmShape>>>,
+    /// Instrumentation the layers above attach (the matmul log): one slot
+    /// per type, stored without knowing the types, so the engine depends on
+    /// none of those layers.
+    extensions: Mutex<HashMap<TypeId, Box<dyn Any + Send>>>,
     /// How many times each model-level op has run in this forward, so the
     /// two ReLUs of a model are `relu1` and `relu2`.
     op_numbers: Mutex<std::collections::HashMap<String, usize>>,
@@ -144,7 +148,7 @@ impl Engine {
                 layer_outputs: Mutex::new(Vec::new()),
                 saved_log: Mutex::new(None),
                 op_numbers: Mutex::new(Default::default()),
-                gemm_log: Mutex::new(None),
+                extensions: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -262,25 +266,21 @@ impl Engine {
         }
     }
 
-    /// Starts (or, with `false`, stops) logging the matrix products issued.
-    pub fn log_gemms(&self, on: bool) {
-        *lock(&self.inner.gemm_log) = on.then(Vec::new);
+    /// Attaches `value` as this engine's slot of type `T` (`None` empties it).
+    pub fn set_extension<T: Any + Send>(&self, value: Option<T>) {
+        let mut slots = lock(&self.inner.extensions);
+        match value {
+            Some(v) => slots.insert(TypeId::of::<T>(), Box::new(v)),
+            None => slots.remove(&TypeId::of::<T>()),
+        };
     }
 
-    /// Notes a product, when logging; `shape` is only built then (products
-    /// are issued on every step, the log is on only for `vramlab bench`).
-    pub fn note_gemm(&self, shape: impl FnOnce() -> crate::ops::matmul::GemmShape) {
-        if let Some(log) = lock(&self.inner.gemm_log).as_mut() {
-            log.push(shape());
-        }
-    }
-
-    /// The products logged so far, emptying the log.
-    pub fn take_gemms(&self) -> Vec<crate::ops::matmul::GemmShape> {
-        lock(&self.inner.gemm_log)
-            .as_mut()
-            .map(std::mem::take)
-            .unwrap_or_default()
+    /// Runs `f` on the slot of type `T`, if one is attached.
+    pub fn with_extension<T: Any + Send, R>(&self, f: impl FnOnce(Option<&mut T>) -> R) -> R {
+        let mut slots = lock(&self.inner.extensions);
+        f(slots
+            .get_mut(&TypeId::of::<T>())
+            .and_then(|b| b.downcast_mut::<T>()))
     }
 
     /// The largest buffer binding (`max_storage_buffer_binding_size`).

@@ -31,6 +31,19 @@ pub enum LossMode {
 }
 
 impl LossMode {
+    /// Refuses a loss `model`'s head cannot take: `--loss chunked` runs the
+    /// head inside the loss, which needs a bias-free linear head (gpt's,
+    /// tied to the embedding).
+    pub fn check_model(self, model: &crate::nn::ModelSpec) -> Result<(), String> {
+        if !self.fuses_head() || matches!(model, crate::nn::ModelSpec::Gpt { .. }) {
+            return Ok(());
+        }
+        Err(format!(
+            "--loss {self} runs the model's head inside the loss, which needs a bias-free linear head onto the classes (gpt's); {}'s head is not one: use --loss cross-entropy or --loss fused",
+            model.name()
+        ))
+    }
+
     pub const NAMES: &'static str = "cross-entropy, fused, chunked[:ROWS]";
 
     /// The mode's name as `--loss` takes it (`chunked:64`).

@@ -188,6 +188,21 @@ const NAIVE_TILE: TileConfig = TileConfig {
     vec4: false,
 };
 
+/// Every matrix product issued on an engine while on (`vramlab bench`
+/// replays a step's products): an engine extension, so the engine knows
+/// nothing of products.
+pub struct GemmLog(Vec<GemmShape>);
+
+/// Starts (or, with `false`, stops) logging the products issued on `e`.
+pub fn log_gemms(e: &crate::tensor::Engine, on: bool) {
+    e.set_extension(on.then(|| GemmLog(Vec::new())));
+}
+
+/// The products logged on `e` so far, emptying the log.
+pub fn take_gemms(e: &crate::tensor::Engine) -> Vec<GemmShape> {
+    e.with_extension::<GemmLog, _>(|log| log.map(|l| std::mem::take(&mut l.0)).unwrap_or_default())
+}
+
 /// Runs `g` on existing tensors. The caller guarantees the views lie inside
 /// the tensors (ops build them from shapes they checked).
 pub fn gemm(
@@ -232,8 +247,11 @@ pub fn gemm_bias(
     if g.m == 0 || g.n == 0 || g.batch == 0 {
         return Ok(());
     }
-    a.engine()
-        .note_gemm(|| GemmShape::of(g, &a.engine().current_scope().1));
+    a.engine().with_extension::<GemmLog, _>(|log| {
+        if let Some(log) = log {
+            log.0.push(GemmShape::of(g, &a.engine().current_scope().1));
+        }
+    });
     // f16 products on tensor cores where the device has them; split
     // products keep the plain kernels (their partials are planned from
     // shapes alone, so memory is the same either way).

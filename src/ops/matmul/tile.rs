@@ -74,24 +74,19 @@ pub struct Vec4Io {
 
 impl TileConfig {
     /// Whether a workgroup K range of `k_range` fits one slice (the
-    /// shader's ONE_SLICE: one set of accumulators). Summing up to two
-    /// slices as one ran conv1's forward (K = 27) 17.1 → 14.7 ms, but the
-    /// changed rounding took simple-cnn-adam's conv1 weight gradient to
-    /// 2.4e-4 from the float64 truth (bound 1e-4; `tests/torch_fixtures.rs`),
-    /// so longer ranges keep the blocked sum's two sets.
+    /// shader's ONE_SLICE: one set of accumulators). Longer ranges keep the
+    /// blocked sum's two sets: summing two slices as one breaks the 1e-4
+    /// bound against the float64 truth (`tests/torch_fixtures.rs`).
     pub fn one_slice(&self, k_range: usize) -> bool {
         k_range <= self.bk as usize
     }
 
     /// Whether this tile takes two steps of K an iteration where the K
     /// ranges are even and B is read element by element (the shader's K2):
-    /// direct subgroup-A tiles of at most 4 columns. Each sum then takes
-    /// both steps in a row, so where llvmpipe spills the sums each is loaded
-    /// and stored once per two steps; the same order of additions. conv1's
-    /// weight gradient (64×4, 512 sums a lane with the blocked summation's
-    /// two sets) ran 16.2 → 10.0 ms (`shape_speed`, medians of six runs
-    /// alternated with one step an iteration, every pair in its favour);
-    /// conv2's 64×8 products gained nothing measurable.
+    /// direct subgroup-A tiles of at most 4 columns (8-column ones gain
+    /// nothing measurable). Each sum then takes both steps in a row, so
+    /// where llvmpipe spills the sums each is loaded and stored once per two
+    /// steps; the same order of additions.
     pub fn k2(&self) -> bool {
         self.subgroup_a && !self.shared && self.tn <= 4 && self.bk.is_multiple_of(2)
     }
@@ -102,10 +97,8 @@ impl TileConfig {
     /// and stored before the next), or 0 for the K loop. For direct
     /// subgroup-A tiles whose height is whole groups, where B's range is
     /// at most [`ROWS_OUTER_MAX_B`] values a lane. Same bits as the K loop;
-    /// conv1's forward (K = 27, 64×8) ran 17.1 → 12.5 ms and the fc input
-    /// gradient (K = 10, 32×16) 10.9 → 9.5 (`shape_speed`, medians of
-    /// three runs alternated with the K loop), and both variants compile
-    /// faster (cold: 1.8 s against 2.3, 0.8 against 1.5).
+    /// only one row's sums are live, so llvmpipe spills none at each step,
+    /// and the variant compiles faster.
     pub fn rows_outer(&self, k: usize) -> u32 {
         let b_values = self.tn as usize * k;
         if self.subgroup_a
@@ -201,9 +194,9 @@ impl TileConfig {
     /// convolution's input, read in place. The geometry is compiled into
     /// the variant as constants: the index arithmetic of every B load
     /// divides by the kernel and output widths, and by constants a
-    /// compiler turns those divisions into multiplies (on llvmpipe runtime
-    /// divisions cost the conv products 40% of their speed). Without
-    /// padding no bounds test is needed.
+    /// compiler turns those divisions into multiplies (runtime divisions
+    /// are scalar code on a CPU adapter). Without padding no bounds test is
+    /// needed.
     pub fn kernel(
         &self,
         elem: Elem,
@@ -304,8 +297,8 @@ impl TileConfig {
 /// The convolution's definitions for a kernel reading B as its im2col (the
 /// geometry compiled in as constants: every B load divides by the kernel
 /// and output widths, and by constants a compiler turns those divisions
-/// into multiplies; on llvmpipe runtime divisions cost the conv products
-/// 40% of their speed), and the words naming it in the kernel's name.
+/// into multiplies, where runtime ones are scalar code on a CPU adapter),
+/// and the words naming it in the kernel's name.
 pub(super) fn conv_defs(defs: Defs, conv: Option<&ConvGeometry>) -> (Defs, String) {
     let mut defs = defs
         .with("IMPLICIT_B", conv.is_some() as u8)

@@ -1,0 +1,146 @@
+//! The crate's layering, read from its sources: which top-level module
+//! refers to which (`crate::NAME` outside comments), with no cycle among
+//! them, and the allocator (`memory`) free of wgpu and of every layer
+//! above it. A new reference that closes a cycle fails here with the
+//! files that make it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+type Graph = BTreeMap<String, BTreeMap<String, BTreeSet<String>>>;
+
+fn strip_comments(text: &str) -> String {
+    text.lines()
+        .map(|l| l.split_once("//").map_or(l, |(code, _)| code))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// module → module it refers to → files that do.
+fn graph() -> Graph {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut g = Graph::new();
+    let mut stack = vec![src.clone()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            if path.extension().is_none_or(|e| e != "rs") {
+                continue;
+            }
+            let rel = path.strip_prefix(&src).unwrap();
+            let first = rel
+                .components()
+                .next()
+                .unwrap()
+                .as_os_str()
+                .to_string_lossy();
+            let top = first.trim_end_matches(".rs").to_string();
+            if top == "lib" || top == "main" {
+                continue;
+            }
+            let text = strip_comments(&std::fs::read_to_string(&path).unwrap());
+            for (i, _) in text.match_indices("crate::") {
+                let name: String = text[i + 7..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                    .collect();
+                if !name.is_empty() && name != top {
+                    g.entry(top.clone())
+                        .or_default()
+                        .entry(name)
+                        .or_default()
+                        .insert(rel.display().to_string());
+                }
+            }
+            g.entry(top).or_default();
+        }
+    }
+    g
+}
+
+/// A cycle through `g`, as the modules in order, if there is one.
+fn cycle(g: &Graph) -> Option<Vec<String>> {
+    fn visit(
+        g: &Graph,
+        m: &str,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(at) = path.iter().position(|p| p == m) {
+            let mut c = path[at..].to_vec();
+            c.push(m.to_string());
+            return Some(c);
+        }
+        if done.contains(m) {
+            return None;
+        }
+        path.push(m.to_string());
+        for next in g.get(m).into_iter().flat_map(|e| e.keys()) {
+            if let Some(c) = visit(g, next, path, done) {
+                return Some(c);
+            }
+        }
+        path.pop();
+        done.insert(m.to_string());
+        None
+    }
+    let mut done = BTreeSet::new();
+    g.keys()
+        .find_map(|m| visit(g, m, &mut Vec::new(), &mut done))
+}
+
+#[test]
+fn no_module_refers_back_to_a_module_that_refers_to_it() {
+    let g = graph();
+    assert!(g.len() > 10, "read {} modules", g.len());
+    if let Some(c) = cycle(&g) {
+        let why: Vec<String> = c
+            .windows(2)
+            .map(|w| format!("{} → {}: {:?}", w[0], w[1], g[&w[0]][&w[1]]))
+            .collect();
+        panic!("import cycle {}\n{}", c.join(" → "), why.join("\n"));
+    }
+}
+
+#[test]
+fn the_allocator_needs_no_gpu_and_no_layer_above_it() {
+    let g = graph();
+    let memory = &g["memory"];
+    assert!(memory.is_empty(), "memory refers to {memory:?}");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/memory");
+    for entry in std::fs::read_dir(src).unwrap() {
+        let path = entry.unwrap().path();
+        let text = strip_comments(&std::fs::read_to_string(&path).unwrap());
+        // Code, not words: a message may name wgpu.
+        assert!(
+            !text.contains("wgpu::") && !text.contains("use wgpu"),
+            "{} uses wgpu",
+            path.display()
+        );
+    }
+}
+
+#[test]
+fn a_cycle_is_found_where_there_is_one() {
+    // The checker itself: a three-module loop and a clean chain.
+    let edge = |a: &str, b: &str| (a.to_string(), b.to_string());
+    let build = |edges: &[(String, String)]| {
+        let mut g = Graph::new();
+        for (a, b) in edges {
+            g.entry(a.clone())
+                .or_default()
+                .entry(b.clone())
+                .or_default();
+            g.entry(b.clone()).or_default();
+        }
+        g
+    };
+    let looped = build(&[edge("a", "b"), edge("b", "c"), edge("c", "a")]);
+    assert_eq!(cycle(&looped).unwrap(), ["a", "b", "c", "a"]);
+    let chain = build(&[edge("a", "b"), edge("b", "c"), edge("a", "c")]);
+    assert_eq!(cycle(&chain), None);
+}
