@@ -151,7 +151,7 @@ import torch_reference  # noqa: E402
 
 torch.set_default_dtype(torch.float32)
 
-# vramlab's GPT presets (src/nn/gpt.rs): layers, heads, dim, positions, vocab.
+# vramlab's GPT presets (crates/engine/src/nn/gpt.rs): layers, heads, dim, positions, vocab.
 GPT_PRESETS = {
     "tiny": (2, 4, 64, 64, 96),
     "gpt2": (12, 12, 768, 1024, 50257),

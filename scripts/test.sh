@@ -60,10 +60,16 @@ fi
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
-echo "== cargo clippy --all-targets -- -D warnings"
-cargo clippy --all-targets --quiet -- -D warnings
+echo "== cargo clippy --workspace --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets --quiet -- -D warnings
 echo "== cargo test"
-cargo test "$@"
+if [ $# -eq 0 ]; then
+  # Every crate's tests: the allocator's, the lab's and the engine's unit
+  # tests, and this crate's integration tests.
+  cargo test --workspace
+else
+  cargo test "$@"
+fi
 
 # The GPU tile family (shaders/matmul_gpu.wgsl) on this driver: every
 # product of the kernel, model and PyTorch-fixture tests through it, as on

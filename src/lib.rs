@@ -1,22 +1,19 @@
 //! vramlab: a GPU compute engine on wgpu that makes GPU memory visible.
 //!
-//! Layers, each importing only those below it:
-//! - [`memory`]: the caching allocator (no wgpu), its statistics and traces;
-//! - [`device`]: wgpu adapter/device/queue, pipelines, dispatch, readback, and
-//!   the segment source that backs the allocator with wgpu buffers;
-//! - [`tensor`] and [`ops`]: tensors living in allocator blocks, and kernels.
+//! Three crates below this one, each importing only those below it:
+//! - [`memory`] (`vramlab-alloc`): PyTorch's caching allocator and its
+//!   statistics, snapshots and events; no wgpu;
+//! - [`lab`] (`vramlab-lab`): allocator strategies, traces, snapshot formats
+//!   and replay;
+//! - the engine (`vramlab-engine`): [`device`], [`tensor`], [`ops`],
+//!   [`autograd`], [`nn`], [`optim`], [`train`], [`estimate`], [`profile`],
+//!   [`io`].
+//!
+//! This crate holds the command line ([`cli`]) and the lessons.
 
-pub mod autograd;
+pub use vramlab_alloc as memory;
+pub use vramlab_engine::{autograd, device, estimate, io, nn, ops, optim, profile, tensor, train};
+pub use vramlab_lab as lab;
+
 pub mod cli;
-pub mod device;
-pub mod estimate;
-pub mod io;
-pub mod lab;
 pub mod lessons;
-pub mod memory;
-pub mod nn;
-pub mod ops;
-pub mod optim;
-pub mod profile;
-pub mod tensor;
-pub mod train;

@@ -1,4 +1,4 @@
-//! Outputs are written whole or not at all (src/io/atomic.rs): a writer
+//! Outputs are written whole or not at all (crates/engine/src/io/atomic.rs): a writer
 //! killed mid-write leaves the previous file intact (and the next write
 //! removes its temporary), and a link planted at
 //! the output is replaced, not written through. Standard output is a file

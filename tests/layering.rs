@@ -1,6 +1,6 @@
-//! The crate's layering, read from its sources: which top-level module
-//! refers to which (`crate::NAME` outside comments), with no cycle among
-//! them, and the allocator (`memory`) free of wgpu and of every layer
+//! The layering, read from the sources of every crate: which layer (a
+//! top-level module, or the allocator and lab crates) refers to which
+//! (`crate::NAME` outside comments), with no cycle among them, and the allocator (`memory`) free of wgpu and of every layer
 //! above it. A new reference that closes a cycle fails here with the
 //! files that make it.
 
@@ -16,48 +16,68 @@ fn strip_comments(text: &str) -> String {
         .join("\n")
 }
 
-/// module → module it refers to → files that do.
+/// layer → layer it refers to → files that do. The layers: this crate's
+/// top-level modules (cli, lessons), the engine crate's (device, tensor,
+/// ops, …), and the allocator and lab crates as `memory` and `lab` (the
+/// names every crate above them knows them by).
 fn graph() -> Graph {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut g = Graph::new();
-    let mut stack = vec![src.clone()];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                stack.push(path);
-                continue;
-            }
-            if path.extension().is_none_or(|e| e != "rs") {
-                continue;
-            }
-            let rel = path.strip_prefix(&src).unwrap();
-            let first = rel
-                .components()
-                .next()
-                .unwrap()
-                .as_os_str()
-                .to_string_lossy();
-            let top = first.trim_end_matches(".rs").to_string();
-            if top == "lib" || top == "main" {
-                continue;
-            }
-            let text = strip_comments(&std::fs::read_to_string(&path).unwrap());
-            for (i, _) in text.match_indices("crate::") {
-                let name: String = text[i + 7..]
-                    .chars()
-                    .take_while(|c| c.is_ascii_lowercase() || *c == '_')
-                    .collect();
-                if !name.is_empty() && name != top {
-                    g.entry(top.clone())
-                        .or_default()
-                        .entry(name)
-                        .or_default()
-                        .insert(rel.display().to_string());
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let crates: [(&str, Option<&str>); 4] = [
+        ("src", None),
+        ("crates/engine/src", None),
+        ("crates/lab/src", Some("lab")),
+        ("crates/alloc/src", Some("memory")),
+    ];
+    let mut files: Vec<(String, std::path::PathBuf)> = Vec::new();
+    for (dir, fixed) in crates {
+        let src = root.join(dir);
+        let mut stack = vec![src.clone()];
+        while let Some(d) = stack.pop() {
+            for entry in std::fs::read_dir(&d).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    stack.push(path);
+                    continue;
                 }
+                if path.extension().is_none_or(|e| e != "rs") {
+                    continue;
+                }
+                let rel = path.strip_prefix(&src).unwrap();
+                let first = rel
+                    .components()
+                    .next()
+                    .unwrap()
+                    .as_os_str()
+                    .to_string_lossy();
+                let layer = match fixed {
+                    Some(name) => name.to_string(),
+                    None => first.trim_end_matches(".rs").to_string(),
+                };
+                if layer == "lib" || layer == "main" {
+                    continue;
+                }
+                files.push((layer, path));
             }
-            g.entry(top).or_default();
         }
+    }
+    let layers: BTreeSet<String> = files.iter().map(|(l, _)| l.clone()).collect();
+    let mut g = Graph::new();
+    for (layer, path) in &files {
+        let text = strip_comments(&std::fs::read_to_string(path).unwrap());
+        for (i, _) in text.match_indices("crate::") {
+            let name: String = text[i + 7..]
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                .collect();
+            if layers.contains(&name) && name != *layer {
+                g.entry(layer.clone())
+                    .or_default()
+                    .entry(name)
+                    .or_default()
+                    .insert(path.strip_prefix(root).unwrap().display().to_string());
+            }
+        }
+        g.entry(layer.clone()).or_default();
     }
     g
 }
@@ -111,7 +131,7 @@ fn the_allocator_needs_no_gpu_and_no_layer_above_it() {
     let g = graph();
     let memory = &g["memory"];
     assert!(memory.is_empty(), "memory refers to {memory:?}");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/memory");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/alloc/src");
     for entry in std::fs::read_dir(src).unwrap() {
         let path = entry.unwrap().path();
         let text = strip_comments(&std::fs::read_to_string(&path).unwrap());

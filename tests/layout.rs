@@ -1,5 +1,5 @@
-//! The design's invariant: the allocator (`src/memory`) and the allocator
-//! lab (`src/lab`) never touch wgpu, so allocator tests, trace replays and
+//! The design's invariant: the allocator (`crates/alloc`) and the allocator
+//! lab (`crates/lab`) never touch wgpu, so allocator tests, trace replays and
 //! snapshot work run without a GPU.
 
 use std::path::Path;
@@ -17,9 +17,9 @@ fn rust_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
 
 #[test]
 fn memory_and_lab_are_free_of_wgpu() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates");
     let mut files = Vec::new();
-    for d in ["memory", "lab"] {
+    for d in ["alloc/src", "lab/src"] {
         rust_files(&root.join(d), &mut files);
     }
     assert!(files.len() > 20, "found {} files", files.len());

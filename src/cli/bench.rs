@@ -158,7 +158,7 @@ struct BenchReport {
     precision: Vec<PrecisionRow>,
     tune: Vec<TuneRow>,
     /// What tile tuning did in this run (`VRAMLAB_TUNE`; see
-    /// `src/ops/matmul/tune.rs`): classes tuned, tiles timed, classes read
+    /// `crates/engine/src/ops/matmul/tune.rs`): classes tuned, tiles timed, classes read
     /// from the cache file, and each class's tile.
     tuning: crate::ops::matmul::tune::Stats,
 }

@@ -1,0 +1,285 @@
+//! Adam and AdamW, as torch.optim implements them (torch/optim/adam.py), in
+//! each of its three implementations. State (`exp_avg`, `exp_avg_sq`, one
+//! of each per parameter) is allocated lazily at the first step, as PyTorch
+//! does, so memory steps up by 2× the parameters there.
+
+use super::phases::{self, free_in_reverse, grad_of};
+use super::{Optimizer, OptimizerImpl};
+use crate::autograd::param::ParamStore;
+use crate::ops::fill;
+use crate::tensor::{DType, Tensor, TensorError};
+
+const ADAM: &str = include_str!("../../../../shaders/adam.wgsl");
+const PHASES: &str = include_str!("../../../../shaders/adam_phases.wgsl");
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct Params {
+    n: u32,
+    decoupled: u32,
+    phase: u32,
+    _p: u32,
+    lr: f32,
+    beta1: f32,
+    beta2: f32,
+    eps: f32,
+    weight_decay: f32,
+    bc1: f32,
+    bc2_sqrt: f32,
+    _q: f32,
+}
+
+/// Adam (`decoupled = false`) or AdamW (`decoupled = true`).
+pub struct Adam {
+    pub lr: f32,
+    pub betas: (f32, f32),
+    pub eps: f32,
+    pub weight_decay: f32,
+    pub decoupled: bool,
+    pub implementation: OptimizerImpl,
+    step: i32,
+    state: Vec<Option<State>>,
+}
+
+/// A parameter's state, in the order `_init_group` makes it.
+struct State {
+    /// `state["step"]`: on the device only for fused (on CUDA the other
+    /// implementations keep it on the CPU).
+    step: Option<Tensor>,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+}
+
+impl Adam {
+    /// torch.optim.Adam defaults: betas (0.9, 0.999), eps 1e-8, no weight
+    /// decay, foreach.
+    pub fn new(lr: f32) -> Adam {
+        Adam {
+            lr,
+            betas: (0.9, 0.999),
+            eps: 1e-8,
+            weight_decay: 0.0,
+            decoupled: false,
+            implementation: OptimizerImpl::default(),
+            step: 0,
+            state: Vec::new(),
+        }
+    }
+
+    /// torch.optim.AdamW defaults: weight decay 0.01, decoupled.
+    pub fn adamw(lr: f32) -> Adam {
+        Adam {
+            weight_decay: 0.01,
+            decoupled: true,
+            ..Adam::new(lr)
+        }
+    }
+
+    fn params(&self, phase: u32) -> Params {
+        let (b1, b2) = self.betas;
+        Params {
+            n: 0,
+            decoupled: self.decoupled as u32,
+            phase,
+            _p: 0,
+            lr: self.lr,
+            beta1: b1,
+            beta2: b2,
+            eps: self.eps,
+            weight_decay: self.weight_decay,
+            bc1: 1.0 - b1.powi(self.step),
+            bc2_sqrt: (1.0 - b2.powi(self.step)).sqrt(),
+            _q: 0.0,
+        }
+    }
+
+    /// `_init_group`: every parameter with a gradient gets its state before
+    /// any update runs (fused: the step count on the device first).
+    fn init(&mut self, store: &ParamStore) -> Result<(), TensorError> {
+        self.state.resize_with(store.len(), || None);
+        for (i, p) in store.iter().enumerate() {
+            if grad_of("adam", p)?.is_none() || self.state[i].is_some() {
+                continue;
+            }
+            let e = p.value.engine();
+            let step = match self.implementation {
+                OptimizerImpl::Fused => Some(fill::zeros_as(
+                    e,
+                    &[],
+                    DType::F32,
+                    &format!("adam.step.{}", p.name),
+                )?),
+                _ => None,
+            };
+            // zeros_like(param): the parameter's dtype (f16 after half()).
+            let d = p.value.dtype();
+            let exp_avg =
+                fill::zeros_as(e, p.value.shape(), d, &format!("adam.exp_avg.{}", p.name))?;
+            let exp_avg_sq = fill::zeros_as(
+                e,
+                p.value.shape(),
+                d,
+                &format!("adam.exp_avg_sq.{}", p.name),
+            )?;
+            self.state[i] = Some(State {
+                step,
+                exp_avg,
+                exp_avg_sq,
+            });
+        }
+        Ok(())
+    }
+
+    /// The parameters that have a gradient, with it and their state.
+    fn live<'a>(&'a self, store: &'a ParamStore) -> Vec<(&'a Tensor, &'a Tensor, &'a State)> {
+        store
+            .iter()
+            .zip(&self.state)
+            .filter_map(|(p, s)| Some((&p.value, p.grad.as_ref()?, s.as_ref()?)))
+            .collect()
+    }
+
+    /// `_fused_adam_`: one kernel per parameter, after `_foreach_add_` on
+    /// the step counts.
+    fn fused(&self, store: &ParamStore) -> Result<(), TensorError> {
+        let params = self.params(0);
+        for (w, g, s) in self.live(store) {
+            if let Some(step) = &s.step {
+                fill::fill(step, self.step as f32)?;
+            }
+            let n = w.numel();
+            crate::ops::launch_flat(
+                w,
+                &crate::ops::typed_kernel("adam", ADAM, "main", w.dtype()),
+                &crate::ops::same_parts(
+                    w,
+                    &[
+                        &w.slice(),
+                        &g.slice(),
+                        &s.exp_avg.slice(),
+                        &s.exp_avg_sq.slice(),
+                    ],
+                ),
+                bytemuck::bytes_of(&Params {
+                    n: n as u32,
+                    ..params
+                }),
+                n,
+                2,
+            )?;
+        }
+        Ok(())
+    }
+
+    fn phase(&self, phase: u32, w: &Tensor, b: [&Tensor; 5]) -> Result<(), TensorError> {
+        let params = Params {
+            n: w.numel() as u32,
+            ..self.params(phase)
+        };
+        phases::run(
+            "adam_phases",
+            PHASES,
+            w,
+            &[w, b[0], b[1], b[2], b[3], b[4]],
+            bytemuck::bytes_of(&params),
+        )
+    }
+
+    /// `_multi_tensor_adam`: a list op at a time over every parameter (one
+    /// device, one dtype). Adam's weight decay makes a new list of
+    /// gradients, deleted after the moments; `_foreach_sqrt` makes the
+    /// denominators' list, alive until the group ends.
+    fn foreach(&self, store: &ParamStore) -> Result<(), TensorError> {
+        let live = self.live(store);
+        let wd_grads = if !self.decoupled && self.weight_decay != 0.0 {
+            let mut l = Vec::with_capacity(live.len());
+            for (w, g, s) in &live {
+                let t = phases::temporary(w, "adam._foreach_add")?;
+                self.phase(0, w, [g, &s.exp_avg, &s.exp_avg_sq, &t, w])?;
+                l.push(t);
+            }
+            Some(l)
+        } else {
+            None
+        };
+        for (k, (w, g, s)) in live.iter().enumerate() {
+            let g = wd_grads.as_ref().map_or(*g, |l| &l[k]);
+            self.phase(1, w, [g, &s.exp_avg, &s.exp_avg_sq, w, w])?;
+        }
+        // del device_grads: CPython frees a list's items last to first.
+        free_in_reverse(wd_grads.unwrap_or_default());
+        let mut denoms = Vec::with_capacity(live.len());
+        for (w, g, s) in &live {
+            let d = phases::temporary(w, "adam._foreach_sqrt")?;
+            self.phase(2, w, [g, &s.exp_avg, &s.exp_avg_sq, &d, w])?;
+            denoms.push(d);
+        }
+        for ((w, g, s), d) in live.iter().zip(&denoms) {
+            self.phase(3, w, [g, &s.exp_avg, &s.exp_avg_sq, d, w])?;
+        }
+        free_in_reverse(denoms);
+        Ok(())
+    }
+
+    /// `_single_tensor_adam`: a parameter at a time. Adam's weight-decayed
+    /// gradient lives until the next parameter's `grad = grads[i]`;
+    /// `exp_avg_sq.sqrt()` until its division makes `denom`, and `denom`
+    /// until the next parameter's replaces it.
+    fn for_loop(&self, store: &ParamStore) -> Result<(), TensorError> {
+        let mut grad: Option<Tensor> = None;
+        let mut denom: Option<Tensor> = None;
+        for (w, g, s) in self.live(store) {
+            grad = None;
+            let (m, v) = (&s.exp_avg, &s.exp_avg_sq);
+            if !self.decoupled && self.weight_decay != 0.0 {
+                let t = phases::temporary(w, "adam.grad.add")?;
+                self.phase(0, w, [g, m, v, &t, w])?;
+                grad = Some(t);
+            }
+            let g = grad.as_ref().unwrap_or(g);
+            self.phase(1, w, [g, m, v, w, w])?;
+            let root = phases::temporary(w, "adam.exp_avg_sq.sqrt")?;
+            self.phase(4, w, [g, m, v, &root, w])?;
+            let d = phases::temporary(w, "adam.denom")?;
+            self.phase(5, w, [g, m, v, &root, &d])?;
+            drop(root);
+            self.phase(6, w, [g, m, v, &d, w])?;
+            let d = denom.insert(d);
+            self.phase(3, w, [g, m, v, d, w])?;
+        }
+        drop((grad, denom));
+        Ok(())
+    }
+}
+
+impl Optimizer for Adam {
+    fn name(&self) -> &'static str {
+        if self.decoupled {
+            "adamw"
+        } else {
+            "adam"
+        }
+    }
+
+    fn state_bytes(&self) -> usize {
+        self.state
+            .iter()
+            .flatten()
+            .map(|s| {
+                s.exp_avg.nbytes()
+                    + s.exp_avg_sq.nbytes()
+                    + s.step.as_ref().map_or(0, Tensor::nbytes)
+            })
+            .sum()
+    }
+
+    fn step(&mut self, store: &mut ParamStore) -> Result<(), TensorError> {
+        self.step += 1;
+        self.init(store)?;
+        match self.implementation {
+            OptimizerImpl::Fused => self.fused(store),
+            OptimizerImpl::Foreach => self.foreach(store),
+            OptimizerImpl::ForLoop => self.for_loop(store),
+        }
+    }
+}

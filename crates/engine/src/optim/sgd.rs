@@ -1,0 +1,273 @@
+//! SGD with momentum, dampening, Nesterov and weight decay, as torch.optim.SGD
+//! implements it. The momentum buffer is allocated at the first step (as a
+//! copy of the gradient, PyTorch's `torch.clone(d_p)`), so memory steps up by
+//! one parameter-sized buffer there, and not at all without momentum.
+
+use super::phases::{self, free_in_reverse, grad_of};
+use super::{Optimizer, OptimizerImpl};
+use crate::autograd::param::ParamStore;
+use crate::tensor::{Tensor, TensorError};
+
+const SGD: &str = include_str!("../../../../shaders/sgd.wgsl");
+const PHASES: &str = include_str!("../../../../shaders/sgd_phases.wgsl");
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct PhaseParams {
+    n: u32,
+    phase: u32,
+    _p: [u32; 2],
+    lr: f32,
+    momentum: f32,
+    dampening: f32,
+    weight_decay: f32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct Params {
+    n: u32,
+    has_momentum: u32,
+    first: u32,
+    nesterov: u32,
+    lr: f32,
+    momentum: f32,
+    dampening: f32,
+    weight_decay: f32,
+}
+
+/// torch.optim.SGD.
+pub struct Sgd {
+    pub lr: f32,
+    pub momentum: f32,
+    pub dampening: f32,
+    pub weight_decay: f32,
+    pub nesterov: bool,
+    pub implementation: OptimizerImpl,
+    buffers: Vec<Option<Tensor>>,
+}
+
+impl Sgd {
+    /// torch.optim.SGD(lr, momentum): no dampening, no weight decay.
+    pub fn new(lr: f32, momentum: f32) -> Sgd {
+        Sgd {
+            lr,
+            momentum,
+            dampening: 0.0,
+            weight_decay: 0.0,
+            nesterov: false,
+            implementation: OptimizerImpl::default(),
+            buffers: Vec::new(),
+        }
+    }
+}
+
+impl Sgd {
+    fn params(&self, phase: u32, n: usize) -> PhaseParams {
+        PhaseParams {
+            n: n as u32,
+            phase,
+            _p: [0; 2],
+            lr: self.lr,
+            momentum: self.momentum,
+            dampening: self.dampening,
+            weight_decay: self.weight_decay,
+        }
+    }
+
+    fn phase(&self, phase: u32, w: &Tensor, b: [&Tensor; 3]) -> Result<(), TensorError> {
+        let params = self.params(phase, w.numel());
+        phases::run(
+            "sgd_phases",
+            PHASES,
+            w,
+            &[w, b[0], b[1], b[2]],
+            bytemuck::bytes_of(&params),
+        )
+    }
+
+    /// A new momentum buffer for parameter `i` (its first step), unfilled.
+    fn new_buffer(&mut self, i: usize, w: &Tensor, name: &str) -> Result<(), TensorError> {
+        self.buffers[i] = Some(Tensor::empty(
+            w.engine(),
+            w.shape(),
+            w.dtype(),
+            &format!("sgd.momentum_buffer.{name}"),
+        )?);
+        Ok(())
+    }
+
+    /// `_fused_sgd`: on the first step every momentum buffer is made
+    /// (`torch.empty_like`) before one kernel per parameter fills it.
+    fn fused(&mut self, store: &ParamStore) -> Result<(), TensorError> {
+        let has_momentum = self.momentum != 0.0;
+        let first = has_momentum && self.buffers.iter().all(Option::is_none);
+        if first {
+            for (i, p) in store.iter().enumerate() {
+                if p.grad.is_some() {
+                    self.new_buffer(i, &p.value, &p.name)?;
+                }
+            }
+        }
+        for (i, p) in store.iter().enumerate() {
+            let Some(g) = &p.grad else { continue };
+            if has_momentum && self.buffers[i].is_none() {
+                // _fused_sgd makes buffers only when none exists at all.
+                return Err(TensorError::InvalidShape {
+                    op: "sgd",
+                    message: format!(
+                        "{}: its first gradient came after the first fused step, which made every momentum buffer; use --optimizer-impl foreach or for-loop",
+                        p.name
+                    ),
+                });
+            }
+            let buf = self.buffers[i]
+                .as_ref()
+                .filter(|_| has_momentum)
+                .unwrap_or(g);
+            let n = p.value.numel();
+            let params = Params {
+                n: n as u32,
+                has_momentum: has_momentum as u32,
+                first: first as u32,
+                nesterov: self.nesterov as u32,
+                lr: self.lr,
+                momentum: self.momentum,
+                dampening: self.dampening,
+                weight_decay: self.weight_decay,
+            };
+            crate::ops::launch_flat(
+                &p.value,
+                &crate::ops::typed_kernel("sgd", SGD, "main", p.value.dtype()),
+                &crate::ops::same_parts(&p.value, &[&p.value.slice(), &g.slice(), &buf.slice()]),
+                bytemuck::bytes_of(&params),
+                n,
+                2,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// `_multi_tensor_sgd`: weight decay makes a new list of gradients; a
+    /// first step clones them into the momentum buffers; without Nesterov
+    /// `device_grads = bufs` drops the decayed list before the update.
+    fn foreach(&mut self, store: &ParamStore) -> Result<(), TensorError> {
+        let live: Vec<(usize, &Tensor, &Tensor)> = store
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| Some((i, &p.value, p.grad.as_ref()?)))
+            .collect();
+        // device_grads: handles on the gradients, or the decayed list.
+        let mut grads = Vec::with_capacity(live.len());
+        for &(_, w, g) in &live {
+            grads.push(if self.weight_decay != 0.0 {
+                let t = phases::temporary(w, "sgd._foreach_add")?;
+                self.phase(0, w, [g, w, &t])?;
+                t
+            } else {
+                g.clone()
+            });
+        }
+        if self.momentum != 0.0 {
+            for (&(i, w, _), g) in live.iter().zip(&grads) {
+                if self.buffers[i].is_none() {
+                    self.new_buffer(i, w, store.name_of(i))?;
+                    self.phase(1, w, [g, self.buf(i)?, w])?;
+                } else {
+                    self.phase(2, w, [g, self.buf(i)?, w])?;
+                }
+            }
+            if self.nesterov {
+                for (&(i, w, _), g) in live.iter().zip(&grads) {
+                    self.phase(3, w, [g, self.buf(i)?, w])?;
+                }
+            } else {
+                // device_grads = bufs: the decayed list goes, last first.
+                let bufs = live
+                    .iter()
+                    .map(|&(i, _, _)| self.buf(i).cloned())
+                    .collect::<Result<_, _>>()?;
+                free_in_reverse(std::mem::replace(&mut grads, bufs));
+            }
+        }
+        for (&(_, w, _), g) in live.iter().zip(&grads) {
+            self.phase(5, w, [g, w, w])?;
+        }
+        free_in_reverse(grads);
+        Ok(())
+    }
+
+    /// `_single_tensor_sgd`: a parameter at a time; the decayed gradient
+    /// (or Nesterov's sum) lives until the next parameter's
+    /// `grad = grads[i]`, or until `grad = buf` drops it.
+    fn for_loop(&mut self, store: &ParamStore) -> Result<(), TensorError> {
+        let mut grad: Option<Tensor> = None;
+        for (i, p) in store.iter().enumerate() {
+            let Some(g0) = &p.grad else { continue };
+            let w = &p.value;
+            grad = None;
+            if self.weight_decay != 0.0 {
+                let t = phases::temporary(w, "sgd.grad.add")?;
+                self.phase(0, w, [g0, w, &t])?;
+                grad = Some(t);
+            }
+            if self.momentum != 0.0 {
+                let g = grad.clone().unwrap_or_else(|| g0.clone());
+                if self.buffers[i].is_none() {
+                    self.new_buffer(i, w, &p.name)?;
+                    self.phase(1, w, [&g, self.buf(i)?, w])?;
+                } else {
+                    self.phase(2, w, [&g, self.buf(i)?, w])?;
+                }
+                if self.nesterov {
+                    let t = phases::temporary(w, "sgd.grad.add")?;
+                    self.phase(4, w, [&g, self.buf(i)?, &t])?;
+                    drop(g);
+                    grad = Some(t);
+                } else {
+                    drop(g);
+                    grad = None; // grad = buf
+                    let b = self.buf(i)?.clone();
+                    self.phase(5, w, [&b, w, w])?;
+                    continue;
+                }
+            }
+            let g = grad.as_ref().unwrap_or(g0);
+            self.phase(5, w, [g, w, w])?;
+        }
+        drop(grad);
+        Ok(())
+    }
+
+    fn buf(&self, i: usize) -> Result<&Tensor, TensorError> {
+        self.buffers
+            .get(i)
+            .and_then(Option::as_ref)
+            .ok_or(TensorError::InvalidShape {
+                op: "sgd",
+                message: format!("parameter {i} has no momentum buffer"),
+            })
+    }
+}
+
+impl Optimizer for Sgd {
+    fn name(&self) -> &'static str {
+        "sgd"
+    }
+
+    fn state_bytes(&self) -> usize {
+        self.buffers.iter().flatten().map(Tensor::nbytes).sum()
+    }
+
+    fn step(&mut self, store: &mut ParamStore) -> Result<(), TensorError> {
+        self.buffers.resize_with(store.len(), || None);
+        for p in store.iter() {
+            grad_of("sgd", p)?;
+        }
+        match self.implementation {
+            OptimizerImpl::Fused => self.fused(store),
+            OptimizerImpl::Foreach => self.foreach(store),
+            OptimizerImpl::ForLoop => self.for_loop(store),
+        }
+    }
+}

@@ -1,0 +1,80 @@
+//! Character-level text for `train --model gpt`: printable ASCII (32–126)
+//! and newline as 96 tokens, so any English text file trains the `tiny`
+//! GPT preset (vocab 96) with no tokenizer. Each step draws fresh random
+//! windows from the text (seeded), as nanoGPT's `get_batch` does.
+
+use super::batch::Batch;
+use crate::nn::init::Rng;
+use crate::tensor::{Engine, TensorError};
+
+/// Tokens: printable ASCII and newline.
+pub const VOCAB: usize = 96;
+
+/// The text `train --model gpt` uses without `--text`: the Apache License
+/// 2.0 (this project's license; 11 KB of English).
+pub const DEFAULT_TEXT: &str = include_str!("../../../../data/apache-2.0.txt");
+
+/// A text as tokens.
+pub struct CharText {
+    pub tokens: Vec<u32>,
+    /// Bytes outside printable ASCII and newline, read as spaces.
+    pub replaced: usize,
+}
+
+/// A byte's token: ' '..='~' → 0..=94, '\n' → 95.
+fn token(b: u8) -> Option<u32> {
+    match b {
+        b' '..=b'~' => Some((b - b' ') as u32),
+        b'\n' => Some(95),
+        _ => None,
+    }
+}
+
+/// A token's character.
+pub fn char_of(t: u32) -> char {
+    match t {
+        0..=94 => (b' ' + t as u8) as char,
+        _ => '\n',
+    }
+}
+
+impl CharText {
+    /// Tokens of `text`; other bytes (tabs, carriage returns, UTF-8
+    /// beyond ASCII) become spaces and are counted.
+    pub fn new(text: &[u8]) -> CharText {
+        let mut replaced = 0;
+        let tokens = text
+            .iter()
+            .map(|&b| {
+                token(b).unwrap_or_else(|| {
+                    replaced += 1;
+                    0
+                })
+            })
+            .collect();
+        CharText { tokens, replaced }
+    }
+
+    /// `batch` random windows of `seq` tokens with their next-token labels.
+    pub fn batch(
+        &self,
+        engine: &Engine,
+        rng: &mut Rng,
+        batch: usize,
+        seq: usize,
+    ) -> Result<Batch, TensorError> {
+        if self.tokens.len() < seq + 2 {
+            return Err(TensorError::InvalidShape {
+                op: "text",
+                message: format!(
+                    "the text has {} characters; sequences of {seq} need at least {} (use a longer text or a shorter --seq-len)",
+                    self.tokens.len(),
+                    seq + 2
+                ),
+            });
+        }
+        let room = (self.tokens.len() - seq - 1) as u64;
+        let starts: Vec<usize> = (0..batch).map(|_| rng.below(room) as usize).collect();
+        Batch::token_windows(engine, &self.tokens, &starts, seq, VOCAB)
+    }
+}

@@ -1,0 +1,25 @@
+//! The allocator lab: what studies allocators rather than being one.
+//! Workloads (allocation traces) and the harness that runs them through
+//! competing strategies (`strategies/`: pytorch, nocache, buckets, sliced,
+//! buddy, planner, vramlab) and compares peaks and fragmentation; the
+//! synthetic suite; vramlab's JSON Lines trace format and its replay; and
+//! PyTorch's memory snapshots in and out (a plain-data unpickler and
+//! pickler, the snapshot as a workload with its recorded start and end
+//! state, vramlab runs as snapshots). The allocator itself is
+//! [`crate::memory`]; like it, nothing here touches wgpu.
+
+/// The allocator the strategies are measured against (`crate::memory::…`).
+pub use vramlab_alloc as memory;
+
+pub mod file_kind;
+pub mod pickle;
+pub mod replay;
+pub mod snapshot_export;
+pub mod strategies;
+pub mod synthetic;
+pub mod torch_snapshot;
+pub mod trace;
+pub mod workload;
+
+pub use replay::{replay, ReplayOutcome};
+pub use trace::TraceEvent;
