@@ -180,3 +180,92 @@ fn bad_flags_say_what_is_wrong() {
     assert_eq!(rc, 1);
     assert!(err.contains("cannot open trace"), "{err}");
 }
+
+/// `vramlab replay` run on a file outside the fixtures.
+fn replay_path(path: &std::path::Path, extra: &[&str]) -> (i32, Value, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .arg("replay")
+        .arg(path)
+        .arg("--json")
+        .args(extra)
+        .env_remove("VRAMLAB_ALLOC_CONF")
+        .output()
+        .expect("run vramlab");
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let json: Value = serde_json::from_str(&stdout).unwrap_or(Value::Null);
+    (
+        out.status.code().unwrap_or(-1),
+        json,
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+#[test]
+fn interval_files_replay_and_any_trace_is_written_as_one() {
+    let dir = std::env::temp_dir().join(format!("vramlab-intervals-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // Three buffers: 0 and 1 overlap in time, 2 starts when 0 ends (half
+    // open: it may take 0's memory), so at most 3 MiB + 1 MiB are live.
+    let csv = dir.join("three.csv");
+    std::fs::write(
+        &csv,
+        format!(
+            "id,lower,upper,size\n10,0,5,{}\n11,0,9,{}\n12,5,9,{}\n",
+            3 * MIB,
+            MIB,
+            2 * MIB
+        ),
+    )
+    .unwrap();
+    let (code, v, err) = replay_path(&csv, &[]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(v["events"], 6, "{v}");
+    assert_eq!(v["peak_live_requested_bytes"], 4 * MIB, "{v}");
+    assert_eq!(stat(&v, "allocated_bytes.all.peak"), 4 * MIB);
+
+    // A JSON Lines trace out as intervals, and the intervals replayed: the
+    // same peaks (a trace without empty_cache or reset_peak, which
+    // intervals do not carry).
+    let trace = dir.join("trace.jsonl");
+    let mut lines = String::new();
+    for i in 0..40u64 {
+        lines += &format!(
+            "{{\"op\":\"alloc\",\"id\":{i},\"size\":{}}}\n",
+            (i % 7 + 1) * 300_000 + i * 512
+        );
+        if i % 3 == 2 {
+            lines += &format!("{{\"op\":\"free\",\"id\":{}}}\n", i - 1);
+        }
+    }
+    std::fs::write(&trace, lines).unwrap();
+    let out = dir.join("trace.csv");
+    let (code, direct, err) = replay_path(&trace, &["--export-intervals", out.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert!(text.starts_with("id,lower,upper,size\n"), "{text}");
+    assert_eq!(text.lines().count(), 41, "{text}");
+    let (code, again, err) = replay_path(&out, &[]);
+    assert_eq!(code, 0, "{err}");
+    for key in [
+        "allocated_bytes.all.peak",
+        "reserved_bytes.all.peak",
+        "num_alloc_retries",
+    ] {
+        assert_eq!(stat(&again, key), stat(&direct, key), "{key}");
+    }
+    assert_eq!(
+        again["peak_live_requested_bytes"],
+        direct["peak_live_requested_bytes"]
+    );
+
+    // A broken interval file names its line and the format it was read as.
+    let bad = dir.join("bad.csv");
+    std::fs::write(&bad, "id,lower,upper,size\n0,5,2,64\n").unwrap();
+    let (code, _, err) = replay_path(&bad, &[]);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("line 2") && err.contains("interval file"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

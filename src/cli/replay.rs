@@ -12,6 +12,9 @@ use std::path::PathBuf;
 pub struct ReplayArgs {
     /// JSON Lines trace: {"op":"alloc","id":7,"size":1200}, {"op":"free","id":7},
     /// {"op":"empty_cache"}, {"op":"reset_peak"}; "label" and "category" (parameter, optimizer_state, activation, ...; what `vramlab` places by) are optional.
+    /// Or a PyTorch memory snapshot pickle, or an interval file (CSV with the
+    /// header id,lower,upper,size: half-open lifetimes, as MiniMalloc's
+    /// benchmarks), replayed as a trace with frees first at each time.
     pub trace: PathBuf,
     #[command(flatten)]
     pub alloc: AllocArgs,
@@ -31,6 +34,11 @@ pub struct ReplayArgs {
     /// or `torch.cuda._memory_viz`. JSON Lines traces only.
     #[arg(long, value_name = "FILE", conflicts_with = "allocators")]
     pub export_snapshot: Option<PathBuf>,
+    /// Also write the trace as an interval file (id,lower,upper,size; time
+    /// is the event index, lifetimes half open) for offline planners such as
+    /// MiniMalloc. JSON Lines traces and interval files.
+    #[arg(long, value_name = "FILE")]
+    pub export_intervals: Option<PathBuf>,
     /// A PyTorch snapshot: replay only this device (default: every device
     /// with a history, each reported on its own).
     #[arg(long, value_name = "N")]
@@ -48,19 +56,25 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
     if let Some(f) = &args.export_snapshot {
         super::args::out_file_dir("--export-snapshot", f)?;
     }
-    if sniff(&args.trace).map_err(anyhow::Error::msg)? == FileKind::Snapshot {
-        if args.export_snapshot.is_some() {
-            anyhow::bail!("--export-snapshot writes a snapshot of a JSON Lines trace's replay; this file already is a PyTorch snapshot");
+    if let Some(f) = &args.export_intervals {
+        super::args::out_file_dir("--export-intervals", f)?;
+    }
+    let kind = sniff(&args.trace).map_err(anyhow::Error::msg)?;
+    if kind == FileKind::Snapshot {
+        if args.export_snapshot.is_some() || args.export_intervals.is_some() {
+            anyhow::bail!("--export-snapshot and --export-intervals write out a JSON Lines trace or an interval file; this file is a PyTorch snapshot (replay it as it is)");
         }
         return replay_snapshot(args);
+    }
+    if let Some(path) = &args.export_intervals {
+        export_intervals(args, kind, path)?;
     }
     if let Some(names) = &args.allocators {
         return compare_strategies(args, names);
     }
     let capacity = args.alloc.capacity()?;
     let config = args.alloc.config(capacity)?;
-    let file = std::fs::File::open(&args.trace)
-        .map_err(|e| anyhow::anyhow!("cannot open trace {}: {e}", args.trace.display()))?;
+    let file = trace_reader(&args.trace, kind)?;
     let source = match capacity {
         Some(c) => SimulatedSource::new(c),
         None => SimulatedSource::unlimited(),
@@ -70,7 +84,7 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
     if args.export_snapshot.is_some() {
         alloc.start_recording();
     }
-    let outcome = replay(&mut alloc, BufReader::new(file), args.timeline);
+    let outcome = replay(&mut alloc, file, args.timeline);
     let stats = alloc.stats().flat();
     // A trace that stopped with an error exports nothing: the file named
     // keeps what it held (a snapshot of part of a trace would pass for one
@@ -217,10 +231,10 @@ fn compare_strategies(args: &ReplayArgs, names: &[String]) -> anyhow::Result<()>
     let capacity = args.alloc.capacity()?;
     // --alloc-conf and --memory-limit apply here as in a plain replay.
     let config = args.alloc.config(capacity)?;
-    let file = std::fs::File::open(&args.trace)
-        .map_err(|e| anyhow::anyhow!("cannot open trace {}: {e}", args.trace.display()))?;
+    let kind = crate::lab::file_kind::sniff(&args.trace).map_err(anyhow::Error::msg)?;
+    let file = trace_reader(&args.trace, kind)?;
     let name = args.trace.display().to_string();
-    let w = Workload::from_trace(&name, BufReader::new(file)).map_err(|e| {
+    let w = Workload::from_trace(&name, file).map_err(|e| {
         let kind = if e.starts_with("line 1:") {
             format!(" ({})", crate::lab::file_kind::READ_AS_JSON_LINES)
         } else {
@@ -481,6 +495,61 @@ fn replay_snapshot(args: &ReplayArgs) -> anyhow::Result<()> {
             println!();
             print_results(results);
         }
+    }
+    Ok(())
+}
+
+/// The trace at `path` as JSON Lines: the file itself, or an interval file
+/// converted (each buffer allocated at `lower`, freed at `upper`, frees
+/// first at one time).
+fn trace_reader(
+    path: &std::path::Path,
+    kind: crate::lab::file_kind::FileKind,
+) -> anyhow::Result<Box<dyn std::io::BufRead>> {
+    let file = std::fs::File::open(path)
+        .map_err(|e| anyhow::anyhow!("cannot open trace {}: {e}", path.display()))?;
+    if kind != crate::lab::file_kind::FileKind::Intervals {
+        return Ok(Box::new(BufReader::new(file)));
+    }
+    let intervals = crate::lab::intervals::read_csv(file).map_err(|e| {
+        anyhow::anyhow!(
+            "{}: {e} (read as an interval file, since its first line names id,lower,upper,size)",
+            path.display()
+        )
+    })?;
+    let lines = crate::lab::interval_trace::to_json_lines(&intervals);
+    Ok(Box::new(std::io::Cursor::new(lines.into_bytes())))
+}
+
+/// Writes the trace at `args.trace` as an interval file at `path`.
+fn export_intervals(
+    args: &ReplayArgs,
+    kind: crate::lab::file_kind::FileKind,
+    path: &std::path::Path,
+) -> anyhow::Result<()> {
+    use std::io::BufRead;
+    let reader = trace_reader(&args.trace, kind)?;
+    let mut events = Vec::new();
+    for (i, line) in reader.lines().enumerate() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        events.push(
+            crate::lab::TraceEvent::parse_line(&line)
+                .map_err(|e| anyhow::anyhow!("{} line {}: {e}", args.trace.display(), i + 1))?,
+        );
+    }
+    let intervals = crate::lab::intervals::from_trace(&events)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", args.trace.display()))?;
+    crate::io::write_atomic(path, crate::lab::intervals::to_csv(&intervals).as_bytes())
+        .map_err(|e| anyhow::anyhow!("cannot write --export-intervals {}: {e}", path.display()))?;
+    if !args.json {
+        eprintln!(
+            "wrote {} ({} buffers as intervals)",
+            path.display(),
+            intervals.len()
+        );
     }
     Ok(())
 }

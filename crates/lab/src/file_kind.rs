@@ -1,7 +1,8 @@
 //! Which kind of trace file `replay` was given, decided from its bytes, not
 //! its name: a pickle of protocol 2 or later opens with byte 0x80 (PyTorch's
 //! `_dump_snapshot` writes protocol 2+); protocol 0 and 1 pickles are named
-//! and refused; anything else is read as JSON Lines, and its errors say so.
+//! and refused; a first line naming the columns `id,lower,upper,size` is an
+//! interval file; anything else is read as JSON Lines, and its errors say so.
 
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
@@ -12,6 +13,9 @@ pub enum FileKind {
     Snapshot,
     /// vramlab's JSON Lines trace.
     JsonLines,
+    /// An interval file (`id,lower,upper,size` CSV: MiniMalloc's and the
+    /// offline-planning field's format).
+    Intervals,
 }
 
 /// Said beside every error of a file read as JSON Lines.
@@ -37,6 +41,9 @@ pub fn sniff(path: &Path) -> Result<FileKind, String> {
     if first[0] == 0x80 {
         return Ok(FileKind::Snapshot);
     }
+    if is_interval_header(&mut f) {
+        return Ok(FileKind::Intervals);
+    }
     // Every pickle ends with STOP ('.'); a JSON Lines file does not.
     let mut last = [0u8; 1];
     let ends_with_stop = f.seek(SeekFrom::End(-1)).is_ok()
@@ -50,6 +57,27 @@ pub fn sniff(path: &Path) -> Result<FileKind, String> {
         ));
     }
     Ok(FileKind::JsonLines)
+}
+
+/// Whether the file's first line is an interval header: the four columns
+/// `id`, `lower`, `upper`, `size` in any order.
+fn is_interval_header(f: &mut std::fs::File) -> bool {
+    let mut head = [0u8; 256];
+    let n = f
+        .seek(SeekFrom::Start(0))
+        .and_then(|_| f.read(&mut head))
+        .unwrap_or(0);
+    let text = String::from_utf8_lossy(&head[..n]);
+    let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
+    let Some(line) = text.lines().next() else {
+        return false;
+    };
+    let mut cols: Vec<String> = line
+        .split(',')
+        .map(|c| c.trim().to_ascii_lowercase())
+        .collect();
+    cols.sort();
+    cols == ["id", "lower", "size", "upper"]
 }
 
 #[cfg(test)]
@@ -70,6 +98,14 @@ mod tests {
     fn decides_by_the_first_and_last_bytes() {
         assert_eq!(kind_of(b"\x80\x04N."), Ok(FileKind::Snapshot));
         assert_eq!(kind_of(b""), Ok(FileKind::JsonLines));
+        assert_eq!(
+            kind_of(b"id,lower,upper,size\n0,0,10,4096\n"),
+            Ok(FileKind::Intervals)
+        );
+        assert_eq!(
+            kind_of(b"\xef\xbb\xbfsize, upper,lower,ID\n"),
+            Ok(FileKind::Intervals)
+        );
         assert_eq!(
             kind_of(b"{\"op\":\"empty_cache\"}\n"),
             Ok(FileKind::JsonLines)

@@ -11,7 +11,10 @@
 /// The allocator the strategies are measured against (`crate::memory::…`).
 pub use vramlab_alloc as memory;
 
+pub mod exact_planner;
 pub mod file_kind;
+pub mod interval_trace;
+pub mod intervals;
 pub mod pickle;
 pub mod replay;
 pub mod snapshot_export;

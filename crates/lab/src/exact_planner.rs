@@ -1,0 +1,723 @@
+//! An exact offline planner in the style of MiniMalloc (Moffitt, "MiniMalloc:
+//! A Lightweight Memory Allocator for Hardware-Accelerated Machine Learning",
+//! ASPLOS 2023): given buffers with sizes and half-open lifetimes, find
+//! offsets so that no two buffers live at the same time share a byte, with
+//! the smallest arena (max offset + size).
+//!
+//! The search solves the decision problem "does everything fit in capacity
+//! C?" by depth-first branch and bound over *canonical* placements — each
+//! buffer at the lowest offset its already-placed temporal neighbours allow,
+//! buffers taken in non-decreasing (offset, static order) — with
+//! MiniMalloc's pruning: per-section inference (the floor of each time
+//! section plus the unplaced bytes live there must fit under C), dominance
+//! (never leave a gap an unplaced buffer could fill), the unallocated floor,
+//! the monotonic floor, hatless pruning and dynamic temporal decomposition
+//! (once no unplaced buffer crosses a section boundary, the two sides are
+//! solved independently). The driver starts from a greedy incumbent and the
+//! peak-live lower bound, probes the lower bound first, then binary-searches
+//! the capacity with growing node limits and three static orders (MiniMalloc's
+//! round robin) until the bounds meet or the time budget runs out. An
+//! exhausted search at capacity C proves C + 1 a lower bound.
+
+use crate::intervals::{peak_live, validate, Interval};
+use std::cmp::Ordering;
+use std::collections::BTreeMap;
+use std::ops::Bound;
+use std::time::{Duration, Instant};
+
+/// What [`plan`] found: a valid plan and how good it is known to be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExactPlan {
+    /// Offset of each interval, in input order.
+    pub offsets: Vec<u64>,
+    /// The arena the plan needs: max over buffers of offset + size.
+    pub arena: u64,
+    /// A proven lower bound on every plan's arena.
+    pub lower_bound: u64,
+    /// True only when `arena == lower_bound` (proven optimal).
+    pub optimal: bool,
+    /// Search nodes visited, over all probes.
+    pub nodes: u64,
+    /// Wall time spent.
+    pub elapsed: Duration,
+}
+
+/// Proves a plan valid: returns its arena, or which two buffers collide.
+pub fn verify(intervals: &[Interval], offsets: &[u64]) -> Result<u64, String> {
+    validate(intervals)?;
+    if offsets.len() != intervals.len() {
+        return Err(format!(
+            "{} offsets for {} intervals; give one offset per interval",
+            offsets.len(),
+            intervals.len()
+        ));
+    }
+    let mut arena = 0u64;
+    let mut events: Vec<(i64, bool, usize)> = Vec::with_capacity(2 * intervals.len());
+    for (k, i) in intervals.iter().enumerate() {
+        let end = offsets[k].checked_add(i.size).ok_or_else(|| {
+            format!(
+                "interval {k} (id {}): offset {} + size {} overflows",
+                i.id, offsets[k], i.size
+            )
+        })?;
+        arena = arena.max(end);
+        events.push((i.lower, true, k));
+        events.push((i.upper, false, k));
+    }
+    // At equal times frees (false) come first: lifetimes are half open.
+    events.sort_unstable();
+    // Live buffers by offset: offset -> (end, index). They never overlap in
+    // memory, so checking a newcomer against its neighbours suffices.
+    let mut live: BTreeMap<u64, (u64, usize)> = BTreeMap::new();
+    let clash = |a: usize, b: usize| {
+        let (x, y) = (&intervals[a], &intervals[b]);
+        format!(
+            "ids {} ([{}, {}) at [{}, {})) and {} ([{}, {}) at [{}, {})) are live together and overlap in memory",
+            x.id,
+            x.lower,
+            x.upper,
+            offsets[a],
+            offsets[a] + x.size,
+            y.id,
+            y.lower,
+            y.upper,
+            offsets[b],
+            offsets[b] + y.size
+        )
+    };
+    for (_, alloc, k) in events {
+        let start = offsets[k];
+        if !alloc {
+            live.remove(&start);
+            continue;
+        }
+        let end = start + intervals[k].size;
+        if let Some((_, &(pend, p))) = live.range(..=start).next_back() {
+            if pend > start {
+                return Err(clash(p, k));
+            }
+        }
+        if let Some((&nstart, &(_, q))) = live
+            .range((Bound::Excluded(start), Bound::Unbounded))
+            .next()
+        {
+            if nstart < end {
+                return Err(clash(k, q));
+            }
+        }
+        live.insert(start, (end, k));
+    }
+    Ok(arena)
+}
+
+/// The arena of a plan (max offset + size), without checking it.
+pub fn arena_of(intervals: &[Interval], offsets: &[u64]) -> u64 {
+    intervals
+        .iter()
+        .zip(offsets)
+        .map(|(i, &o)| o + i.size)
+        .max()
+        .unwrap_or(0)
+}
+
+/// The static lower bound: the peak over time of the sum of live sizes.
+pub fn lower_bound(intervals: &[Interval]) -> u64 {
+    peak_live(intervals)
+}
+
+/// For each interval, the indices of those whose lifetimes overlap it.
+fn overlap_lists(intervals: &[Interval]) -> Vec<Vec<u32>> {
+    let n = intervals.len();
+    let mut by_lower: Vec<usize> = (0..n).collect();
+    by_lower.sort_unstable_by_key(|&k| intervals[k].lower);
+    let mut out = vec![Vec::new(); n];
+    for (a, &i) in by_lower.iter().enumerate() {
+        for &j in &by_lower[a + 1..] {
+            if intervals[j].lower >= intervals[i].upper {
+                break;
+            }
+            out[i].push(j as u32);
+            out[j].push(i as u32);
+        }
+    }
+    out
+}
+
+/// Places buffers in `order`, each in the best-fitting (smallest) gap among
+/// the placed buffers whose lifetimes overlap its own, else on top.
+fn greedy_in_order(intervals: &[Interval], overlaps: &[Vec<u32>], order: &[usize]) -> Vec<u64> {
+    const NONE: u64 = u64::MAX;
+    let mut offsets = vec![NONE; intervals.len()];
+    let mut near: Vec<(u64, u64)> = Vec::new();
+    for &b in order {
+        let size = intervals[b].size;
+        near.clear();
+        near.extend(
+            overlaps[b]
+                .iter()
+                .filter(|&&j| offsets[j as usize] != NONE)
+                .map(|&j| (offsets[j as usize], intervals[j as usize].size)),
+        );
+        near.sort_unstable();
+        let mut best: Option<(u64, u64)> = None; // (gap, offset)
+        let mut prev_end = 0;
+        for &(off, len) in &near {
+            if off >= prev_end + size {
+                let gap = off - prev_end;
+                if best.is_none_or(|(g, _)| gap < g) {
+                    best = Some((gap, prev_end));
+                }
+            }
+            prev_end = prev_end.max(off + len);
+        }
+        offsets[b] = best.map_or(prev_end, |(_, o)| o);
+    }
+    offsets
+}
+
+/// The greedy incumbent: best-fit placement in several orders (size, area,
+/// lifetime length, start time), the smallest arena kept.
+pub fn greedy(intervals: &[Interval]) -> Vec<u64> {
+    let overlaps = overlap_lists(intervals);
+    let n = intervals.len();
+    let width = |k: usize| (intervals[k].upper - intervals[k].lower) as u128;
+    let keys: [&dyn Fn(usize, usize) -> Ordering; 4] = [
+        &|a, b| intervals[b].size.cmp(&intervals[a].size),
+        &|a, b| (intervals[b].size as u128 * width(b)).cmp(&(intervals[a].size as u128 * width(a))),
+        &|a, b| width(b).cmp(&width(a)),
+        &|a, b| intervals[a].lower.cmp(&intervals[b].lower),
+    ];
+    let mut best: Option<(u64, Vec<u64>)> = None;
+    for key in keys {
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_by(|&a, &b| key(a, b).then(intervals[b].size.cmp(&intervals[a].size)));
+        let offsets = greedy_in_order(intervals, &overlaps, &order);
+        let arena = arena_of(intervals, &offsets);
+        if best.as_ref().is_none_or(|(a, _)| arena < *a) {
+            best = Some((arena, offsets));
+        }
+    }
+    best.map(|(_, o)| o).unwrap_or_default()
+}
+
+/// The problem as the search sees it: time cut into sections (between
+/// consecutive distinct endpoints), each buffer spanning a section range.
+struct Prep {
+    size: Vec<u64>,
+    /// Section span `[lo, hi)` of each buffer.
+    lo: Vec<usize>,
+    hi: Vec<usize>,
+    width: Vec<u64>,
+    overlaps: Vec<Vec<u32>>,
+    /// Buffers live in each section.
+    live: Vec<Vec<u32>>,
+    /// Per section boundary s (between s and s + 1): buffers spanning it.
+    cuts: Vec<u32>,
+}
+
+impl Prep {
+    fn new(intervals: &[Interval]) -> Prep {
+        let mut times: Vec<i64> = intervals.iter().flat_map(|i| [i.lower, i.upper]).collect();
+        times.sort_unstable();
+        times.dedup();
+        let pos = |t: i64| times.binary_search(&t).unwrap_or(0);
+        let nsec = times.len().saturating_sub(1);
+        let lo: Vec<usize> = intervals.iter().map(|i| pos(i.lower)).collect();
+        let hi: Vec<usize> = intervals.iter().map(|i| pos(i.upper)).collect();
+        let mut live = vec![Vec::new(); nsec];
+        let mut cuts = vec![0u32; nsec.saturating_sub(1)];
+        for b in 0..intervals.len() {
+            for (s, l) in live.iter_mut().enumerate().take(hi[b]).skip(lo[b]) {
+                l.push(b as u32);
+                if s + 1 < hi[b] {
+                    cuts[s] += 1;
+                }
+            }
+        }
+        Prep {
+            size: intervals.iter().map(|i| i.size).collect(),
+            width: intervals
+                .iter()
+                .map(|i| i.upper.abs_diff(i.lower))
+                .collect(),
+            lo,
+            hi,
+            overlaps: overlap_lists(intervals),
+            live,
+            cuts,
+        }
+    }
+}
+
+/// How one decision search ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Status {
+    Found,
+    /// Search space exhausted: nothing fits in the capacity.
+    NotFound,
+    /// Node limit reached.
+    Aborted,
+    /// Time budget spent.
+    Timeout,
+}
+
+const NONE: u64 = u64::MAX;
+
+/// MiniMalloc's static orders: W width, A area, T max section total, Z size.
+const HEURISTICS: [&[u8]; 3] = [b"WAT", b"TAW", b"TWA"];
+
+/// One decision search: does everything fit under `cap`?
+struct Search<'a> {
+    p: &'a Prep,
+    cap: u64,
+    heuristic: &'a [u8],
+    off: Vec<u64>,
+    sol: Vec<u64>,
+    min_off: Vec<u64>,
+    floor: Vec<u64>,
+    total: Vec<u64>,
+    cuts: Vec<u32>,
+    mark: Vec<bool>,
+    affected: Vec<usize>,
+    off_changes: Vec<(u32, u64)>,
+    sec_changes: Vec<(usize, u64)>,
+    nodes: u64,
+    limit: u64,
+    deadline: Instant,
+}
+
+impl<'a> Search<'a> {
+    fn new(p: &'a Prep, cap: u64, heuristic: &'a [u8], limit: u64, deadline: Instant) -> Self {
+        let n = p.size.len();
+        let nsec = p.live.len();
+        let mut total = vec![0u64; nsec];
+        for (s, l) in p.live.iter().enumerate() {
+            total[s] = l.iter().map(|&b| p.size[b as usize]).sum();
+        }
+        Search {
+            p,
+            cap,
+            heuristic,
+            off: vec![NONE; n],
+            sol: vec![NONE; n],
+            min_off: vec![0; n],
+            floor: vec![0; nsec],
+            total,
+            cuts: p.cuts.clone(),
+            mark: vec![false; nsec],
+            affected: Vec::new(),
+            off_changes: Vec::new(),
+            sec_changes: Vec::new(),
+            nodes: 0,
+            limit,
+            deadline,
+        }
+    }
+
+    /// Solves every initial partition (split where no buffer crosses).
+    fn run(&mut self) -> Status {
+        let nsec = self.p.live.len();
+        let mut start = 0;
+        for s in 0..nsec {
+            if s + 1 == nsec || self.cuts[s] == 0 {
+                let bufs: Vec<u32> = (start..=s)
+                    .flat_map(|x| self.p.live[x].iter().copied())
+                    .filter(|&b| self.p.lo[b as usize] >= start)
+                    .collect();
+                if !bufs.is_empty() {
+                    let st = self.sub_solve(&bufs, (start, s + 1));
+                    if st != Status::Found {
+                        return st;
+                    }
+                }
+                start = s + 1;
+            }
+        }
+        Status::Found
+    }
+
+    fn compare(&self, a: u32, b: u32, tot: &[u64]) -> Ordering {
+        let (x, y) = (a as usize, b as usize);
+        let p = self.p;
+        for &c in self.heuristic {
+            let o = match c {
+                b'W' => p.width[y].cmp(&p.width[x]),
+                b'A' => (p.size[y] as u128 * p.width[y] as u128)
+                    .cmp(&(p.size[x] as u128 * p.width[x] as u128)),
+                b'T' => tot[y].cmp(&tot[x]),
+                b'Z' => p.size[y].cmp(&p.size[x]),
+                _ => Ordering::Equal,
+            };
+            if o != Ordering::Equal {
+                return o;
+            }
+        }
+        x.cmp(&y)
+    }
+
+    /// Orders a partition's buffers statically, then searches it.
+    fn sub_solve(&mut self, bufs: &[u32], range: (usize, usize)) -> Status {
+        let n = self.p.size.len();
+        let mut tot = vec![0u64; n];
+        for &b in bufs {
+            let b = b as usize;
+            tot[b] = (self.p.lo[b]..self.p.hi[b])
+                .map(|s| self.total[s])
+                .max()
+                .unwrap_or(0);
+        }
+        let mut pre = bufs.to_vec();
+        pre.sort_by(|&a, &b| self.compare(a, b, &tot));
+        let ordering: Vec<(u64, u32)> = (0..pre.len() as u32).map(|k| (0, k)).collect();
+        self.search(&pre, &ordering, range, 0, 0)
+    }
+
+    /// Whether every section of the partition still fits under the capacity.
+    fn check(&self, range: (usize, usize), offset: u64) -> bool {
+        (range.0..range.1).all(|s| self.floor[s].max(offset) + self.total[s] <= self.cap)
+    }
+
+    fn search(
+        &mut self,
+        pre: &[u32],
+        orig: &[(u64, u32)],
+        range: (usize, usize),
+        min_offset: u64,
+        min_pre: u32,
+    ) -> Status {
+        if self.nodes >= self.limit {
+            return Status::Aborted;
+        }
+        self.nodes += 1;
+        if self.nodes & 15 == 0 && Instant::now() >= self.deadline {
+            return Status::Timeout;
+        }
+        let mut ordering: Vec<(u64, u32)> = orig
+            .iter()
+            .filter(|&&(_, k)| self.off[pre[k as usize] as usize] == NONE)
+            .map(|&(_, k)| (self.min_off[pre[k as usize] as usize], k))
+            .collect();
+        if ordering.is_empty() {
+            return Status::Found;
+        }
+        ordering.sort_unstable();
+        let p = self.p;
+        let min_height = ordering
+            .iter()
+            .map(|&(o, k)| o + p.size[pre[k as usize] as usize])
+            .min()
+            .unwrap_or(NONE);
+        for i in 0..ordering.len() {
+            let (o, k) = ordering[i];
+            // Dominance: an unplaced buffer would fit entirely below.
+            if o >= min_height {
+                break;
+            }
+            // Canonical order: non-decreasing (offset, preorder index).
+            if o < min_offset || (o == min_offset && k < min_pre) {
+                continue;
+            }
+            // Floors only rise, so a section that cannot take its unplaced
+            // bytes above `o` now never will, for this or any later (higher)
+            // candidate.
+            if !self.check(range, o) {
+                break;
+            }
+            let b = pre[k as usize] as usize;
+            let top = o + p.size[b];
+            self.off[b] = o;
+            self.sol[b] = o;
+            // Raise the minimum offsets of unplaced temporal neighbours.
+            let oc = self.off_changes.len();
+            let mut hatless = true;
+            for &j in &p.overlaps[b] {
+                let j = j as usize;
+                if self.off[j] != NONE {
+                    continue;
+                }
+                hatless = false;
+                if self.min_off[j] >= top {
+                    continue;
+                }
+                self.off_changes.push((j as u32, self.min_off[j]));
+                self.min_off[j] = top;
+                for s in p.lo[j]..p.hi[j] {
+                    if !self.mark[s] {
+                        self.mark[s] = true;
+                        self.affected.push(s);
+                    }
+                }
+            }
+            // Section floors and unplaced totals.
+            let sc = self.sec_changes.len();
+            for s in p.lo[b]..p.hi[b] {
+                self.sec_changes.push((s, self.floor[s]));
+                self.floor[s] = self.floor[s].max(top);
+                self.total[s] -= p.size[b];
+            }
+            // Unallocated floor: no section's floor is below its lowest
+            // unplaced buffer's minimum offset.
+            while let Some(s) = self.affected.pop() {
+                self.mark[s] = false;
+                let f = self.floor[s];
+                let mut m = NONE;
+                for &x in &p.live[s] {
+                    let x = x as usize;
+                    if self.off[x] == NONE {
+                        m = m.min(self.min_off[x]);
+                        if m <= f {
+                            break;
+                        }
+                    }
+                }
+                if m != NONE && f < m {
+                    self.sec_changes.push((s, f));
+                    self.floor[s] = m;
+                }
+            }
+            let status = if self.check(range, o) {
+                self.decompose(pre, &ordering, range, o, k, b)
+            } else {
+                Status::NotFound
+            };
+            // Undo.
+            while self.sec_changes.len() > sc {
+                let (s, f) = self.sec_changes.pop().unwrap_or((0, 0));
+                self.floor[s] = f;
+            }
+            for s in p.lo[b]..p.hi[b] {
+                self.total[s] += p.size[b];
+            }
+            while self.off_changes.len() > oc {
+                let (j, m) = self.off_changes.pop().unwrap_or((0, 0));
+                self.min_off[j as usize] = m;
+            }
+            self.off[b] = NONE;
+            if status != Status::NotFound {
+                return status;
+            }
+            // Hatless: nothing unplaced lives beside b, so no other choice
+            // here can do better than the one that just failed.
+            if hatless {
+                break;
+            }
+        }
+        Status::NotFound
+    }
+
+    /// After placing `b`: if boundaries lost their last crossing buffer,
+    /// solves the pieces independently; else continues the search.
+    fn decompose(
+        &mut self,
+        pre: &[u32],
+        ordering: &[(u64, u32)],
+        range: (usize, usize),
+        o: u64,
+        k: u32,
+        b: usize,
+    ) -> Status {
+        let p = self.p;
+        let mut cutpoints = Vec::new();
+        for s in p.lo[b]..p.hi[b].saturating_sub(1) {
+            self.cuts[s] -= 1;
+            if self.cuts[s] == 0 {
+                cutpoints.push(s + 1);
+            }
+        }
+        let status = if cutpoints.is_empty() {
+            self.search(pre, ordering, range, o, k)
+        } else {
+            let mut bounds = vec![range.0];
+            bounds.extend(cutpoints);
+            bounds.push(range.1);
+            let mut status = Status::Found;
+            for w in bounds.windows(2) {
+                let (c0, c1) = (w[0], w[1]);
+                let bufs: Vec<u32> = pre
+                    .iter()
+                    .copied()
+                    .filter(|&x| {
+                        let x = x as usize;
+                        self.off[x] == NONE && p.lo[x] < c1 && c0 < p.hi[x]
+                    })
+                    .collect();
+                if bufs.is_empty() {
+                    continue;
+                }
+                let st = self.sub_solve(&bufs, (c0, c1));
+                if st != Status::Found {
+                    status = st;
+                    break;
+                }
+            }
+            status
+        };
+        for s in p.lo[b]..p.hi[b].saturating_sub(1) {
+            self.cuts[s] += 1;
+        }
+        status
+    }
+}
+
+/// The outcome of probing one capacity.
+enum Probe {
+    Found(Vec<u64>),
+    NotFound,
+    Aborted,
+    Timeout,
+}
+
+/// Runs the decision search at `cap` with each static order in turn.
+fn probe(p: &Prep, cap: u64, limit: u64, deadline: Instant, nodes: &mut u64) -> Probe {
+    for h in HEURISTICS {
+        let mut s = Search::new(p, cap, h, limit, deadline);
+        let st = s.run();
+        *nodes += s.nodes;
+        match st {
+            Status::Found => return Probe::Found(s.sol),
+            Status::NotFound => return Probe::NotFound,
+            Status::Timeout => return Probe::Timeout,
+            Status::Aborted => {}
+        }
+    }
+    Probe::Aborted
+}
+
+/// What [`fit`] found at one capacity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fit {
+    /// A plan within the capacity, if one was found.
+    pub offsets: Option<Vec<u64>>,
+    /// True when the search was exhausted: no plan fits the capacity.
+    pub exhausted: bool,
+    /// Search nodes visited.
+    pub nodes: u64,
+}
+
+/// MiniMalloc's own question: does everything fit in `capacity`? Searches
+/// until a plan is found, the search is exhausted, or `budget` runs out.
+pub fn fit(intervals: &[Interval], capacity: u64, budget: Duration) -> Fit {
+    if let Err(e) = validate(intervals) {
+        panic!("exact_planner::fit: {e}");
+    }
+    let p = Prep::new(intervals);
+    let mut nodes = 0;
+    let deadline = Instant::now() + budget;
+    let mut limit = intervals.len() as u64;
+    let (offsets, exhausted) = loop {
+        limit = limit.saturating_mul(2);
+        match probe(&p, capacity, limit, deadline, &mut nodes) {
+            Probe::Found(o) => break (Some(o), false),
+            Probe::NotFound => break (None, true),
+            Probe::Timeout => break (None, false),
+            Probe::Aborted => {}
+        }
+    };
+    Fit {
+        offsets,
+        exhausted,
+        nodes,
+    }
+}
+
+/// Plans the intervals within `budget`: the best plan found, a proven lower
+/// bound, and whether the two meet. Panics on invalid intervals (see
+/// [`crate::intervals::validate`]).
+pub fn plan(intervals: &[Interval], budget: Duration) -> ExactPlan {
+    let start = Instant::now();
+    if let Err(e) = validate(intervals) {
+        panic!("exact_planner::plan: {e}");
+    }
+    let mut best = greedy(intervals);
+    let mut ub = arena_of(intervals, &best);
+    let mut lb = lower_bound(intervals);
+    let mut nodes = 0u64;
+    if lb < ub {
+        let p = Prep::new(intervals);
+        let deadline = start + budget;
+        // Deep recursion on large instances: search on a thread with a big stack.
+        let state = Bounds {
+            best,
+            ub,
+            lb,
+            nodes,
+        };
+        let run = |mut st: Bounds| {
+            drive(intervals, &p, deadline, &mut st);
+            st
+        };
+        let done = std::thread::scope(|scope| {
+            let copy = state.clone();
+            match std::thread::Builder::new()
+                .stack_size(512 << 20)
+                .spawn_scoped(scope, move || run(copy))
+            {
+                Ok(h) => h.join().ok(),
+                Err(_) => None,
+            }
+        });
+        let st = done.unwrap_or_else(|| run(state));
+        (best, ub, lb, nodes) = (st.best, st.ub, st.lb, st.nodes);
+    }
+    ExactPlan {
+        offsets: best,
+        arena: ub,
+        lower_bound: lb.min(ub),
+        optimal: lb >= ub,
+        nodes,
+        elapsed: start.elapsed(),
+    }
+}
+
+/// The incumbent, the bounds and the nodes spent so far.
+#[derive(Clone)]
+struct Bounds {
+    best: Vec<u64>,
+    ub: u64,
+    lb: u64,
+    nodes: u64,
+}
+
+/// The anytime loop: probe the lower bound, then binary-search the capacity
+/// between the bounds, doubling the node limit each round.
+fn drive(intervals: &[Interval], p: &Prep, deadline: Instant, st: &mut Bounds) {
+    let Bounds {
+        best,
+        ub,
+        lb,
+        nodes,
+    } = st;
+    let mut limit = (intervals.len() as u64).max(64);
+    while *lb < *ub && Instant::now() < deadline {
+        limit = limit.saturating_mul(2);
+        let mut lo = *lb;
+        let mut hi = *ub - 1;
+        let mut first = true;
+        while lo <= hi && *lb < *ub {
+            // First the lower bound itself (a hit is optimal), then halves.
+            let cap = if first { lo } else { lo + (hi - lo) / 2 };
+            first = false;
+            match probe(p, cap, limit, deadline, nodes) {
+                Probe::Found(offsets) => {
+                    let arena = arena_of(intervals, &offsets);
+                    debug_assert_eq!(verify(intervals, &offsets), Ok(arena));
+                    if arena < *ub {
+                        *ub = arena;
+                        *best = offsets;
+                    }
+                    if arena == 0 {
+                        break;
+                    }
+                    hi = arena - 1;
+                }
+                Probe::NotFound => {
+                    *lb = (*lb).max(cap + 1);
+                    lo = cap + 1;
+                }
+                Probe::Aborted => lo = cap + 1,
+                Probe::Timeout => return,
+            }
+        }
+    }
+}

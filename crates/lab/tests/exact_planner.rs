@@ -1,0 +1,249 @@
+//! The exact planner against the CSV format, its own checker, brute force on
+//! small random instances, and MiniMalloc's challenging benchmarks.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+use vramlab_lab::exact_planner::{arena_of, fit, greedy, lower_bound, plan, verify};
+use vramlab_lab::intervals::{parse_csv, to_csv, Interval};
+
+const NAMES: &str = "ABCDEFGHIJK";
+
+fn fixture(name: char) -> Vec<Interval> {
+    let path: PathBuf = [
+        env!("CARGO_MANIFEST_DIR"),
+        "tests/fixtures/minimalloc",
+        &format!("{name}.1048576.csv"),
+    ]
+    .iter()
+    .collect();
+    let text = std::fs::read_to_string(&path).unwrap();
+    parse_csv(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// xorshift64*: deterministic cases without a dependency.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn random_instance(rng: &mut Rng) -> Vec<Interval> {
+    let n = 2 + rng.below(6) as usize;
+    (0..n)
+        .map(|k| {
+            let lower = rng.below(8) as i64;
+            let upper = lower + 1 + rng.below(5) as i64;
+            Interval {
+                id: k as i64 * 3 - 5,
+                lower,
+                upper,
+                size: 1 + rng.below(6),
+            }
+        })
+        .collect()
+}
+
+/// The optimum by exhaustive search over every offset of every buffer.
+fn brute_force(v: &[Interval]) -> u64 {
+    fn go(v: &[Interval], k: usize, offs: &mut Vec<u64>, top: u64, best: &mut u64) {
+        if top >= *best {
+            return;
+        }
+        if k == v.len() {
+            *best = top;
+            return;
+        }
+        let mut o = 0;
+        while o + v[k].size < *best {
+            let free = (0..k).all(|j| {
+                !v[j].overlaps_in_time(&v[k])
+                    || offs[j] + v[j].size <= o
+                    || o + v[k].size <= offs[j]
+            });
+            if free {
+                offs.push(o);
+                go(v, k + 1, offs, top.max(o + v[k].size), best);
+                offs.pop();
+            }
+            o += 1;
+        }
+    }
+    let mut best = v.iter().map(|i| i.size).sum::<u64>() + 1;
+    go(v, 0, &mut Vec::new(), 0, &mut best);
+    best
+}
+
+#[test]
+fn csv_round_trips_on_every_fixture() {
+    for name in NAMES.chars() {
+        let v = fixture(name);
+        assert_eq!(parse_csv(&to_csv(&v)).unwrap(), v, "{name}");
+    }
+}
+
+#[test]
+fn the_checker_rejects_overlap_and_accepts_greedy() {
+    let v = fixture('A');
+    let offsets = greedy(&v);
+    assert_eq!(verify(&v, &offsets), Ok(arena_of(&v, &offsets)));
+    // Two buffers live together, placed at the same offset.
+    let (a, b) = (0..v.len())
+        .flat_map(|a| (a + 1..v.len()).map(move |b| (a, b)))
+        .find(|&(a, b)| v[a].overlaps_in_time(&v[b]))
+        .unwrap();
+    let mut bad = offsets.clone();
+    bad[b] = bad[a];
+    let e = verify(&v, &bad).unwrap_err();
+    assert!(e.contains("overlap in memory"), "{e}");
+    // Touching in time (half open) may share memory; touching in memory too.
+    let t = [
+        Interval {
+            id: 1,
+            lower: 0,
+            upper: 5,
+            size: 4,
+        },
+        Interval {
+            id: 2,
+            lower: 5,
+            upper: 9,
+            size: 4,
+        },
+        Interval {
+            id: 3,
+            lower: 3,
+            upper: 7,
+            size: 2,
+        },
+    ];
+    assert_eq!(verify(&t, &[0, 0, 4]), Ok(6));
+    assert!(verify(&t, &[0, 0, 3]).is_err());
+    assert!(verify(&t, &[0, 0]).is_err());
+}
+
+#[test]
+fn exact_matches_brute_force_on_small_random_instances() {
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut searched = 0;
+    for case in 0..1500 {
+        let v = random_instance(&mut rng);
+        let want = brute_force(&v);
+        searched += usize::from(arena_of(&v, &greedy(&v)) > want);
+        let got = plan(&v, Duration::from_secs(10));
+        assert_eq!(
+            verify(&v, &got.offsets),
+            Ok(got.arena),
+            "case {case}: {v:?}"
+        );
+        assert_eq!(got.arena, want, "case {case}: {}", to_csv(&v));
+        assert!(
+            got.optimal,
+            "case {case}: not proven optimal: {}",
+            to_csv(&v)
+        );
+        assert!(got.lower_bound <= want && got.lower_bound >= lower_bound(&v));
+        // The decision search proves one byte less impossible, and fits the
+        // optimum exactly.
+        let below = fit(&v, want - 1, Duration::from_secs(10));
+        assert!(
+            below.offsets.is_none() && below.exhausted,
+            "case {case}: {}",
+            to_csv(&v)
+        );
+        let at = fit(&v, want, Duration::from_secs(10));
+        let offsets = at
+            .offsets
+            .unwrap_or_else(|| panic!("case {case}: {}", to_csv(&v)));
+        assert!(verify(&v, &offsets).unwrap() <= want);
+    }
+    // `plan` must have had to search (beat greedy) in some cases; `fit`
+    // searches in every case.
+    assert!(searched >= 5, "only {searched} cases beat greedy");
+}
+
+#[test]
+fn challenging_instances_verify_and_beat_greedy() {
+    let budget = Duration::from_secs(8);
+    let t = Instant::now();
+    for name in NAMES.chars() {
+        let v = fixture(name);
+        let g = arena_of(&v, &greedy(&v));
+        let r = plan(&v, budget);
+        assert_eq!(verify(&v, &r.offsets), Ok(r.arena), "{name}");
+        assert!(
+            r.arena <= g,
+            "{name}: exact {} worse than greedy {g}",
+            r.arena
+        );
+        assert!(r.lower_bound <= r.arena && r.lower_bound >= lower_bound(&v));
+        assert!(
+            r.elapsed <= budget + Duration::from_secs(2),
+            "{name}: {:?}",
+            r.elapsed
+        );
+        eprintln!(
+            "{name}: greedy {:.4} exact {:.4} lb {:.4} optimal {} in {:.2}s",
+            g as f64 / 1048576.0,
+            r.arena as f64 / 1048576.0,
+            r.lower_bound as f64 / 1048576.0,
+            r.optimal,
+            r.elapsed.as_secs_f64()
+        );
+    }
+    eprintln!("total {:.1}s", t.elapsed().as_secs_f64());
+}
+
+/// Cuts the rectangle [0, t) x [0, c) (time x memory) into `pieces`
+/// rectangles by random guillotine cuts: a perfect packing, so the
+/// optimum equals the peak-live bound `c`.
+fn perfect_packing(rng: &mut Rng, t: i64, c: u64, pieces: usize) -> Vec<Interval> {
+    let mut rects = vec![(0i64, t, 0u64, c)];
+    while rects.len() < pieces {
+        let k = rng.below(rects.len() as u64) as usize;
+        let (l, u, lo, hi) = rects[k];
+        if rng.below(2) == 0 && u - l >= 2 {
+            let m = l + 1 + rng.below((u - l - 1) as u64) as i64;
+            rects[k] = (l, m, lo, hi);
+            rects.push((m, u, lo, hi));
+        } else if hi - lo >= 2 {
+            let m = lo + 1 + rng.below(hi - lo - 1);
+            rects[k] = (l, u, lo, m);
+            rects.push((l, u, m, hi));
+        }
+    }
+    rects
+        .iter()
+        .enumerate()
+        .map(|(k, &(lower, upper, lo, hi))| Interval {
+            id: k as i64,
+            lower,
+            upper,
+            size: hi - lo,
+        })
+        .collect()
+}
+
+#[test]
+fn perfect_packings_are_found() {
+    let mut rng = Rng(42);
+    for case in 0..60 {
+        let pieces = 5 + case / 2;
+        let v = perfect_packing(&mut rng, 64, 1 << 12, pieces);
+        let lb = lower_bound(&v);
+        let f = fit(&v, lb, Duration::from_secs(20));
+        eprintln!(
+            "case {case}: {} pieces, lb {lb}, found {}, nodes {}",
+            v.len(),
+            f.offsets.is_some(),
+            f.nodes
+        );
+        assert!(f.offsets.is_some(), "case {case}: {}", to_csv(&v));
+    }
+}
