@@ -1,7 +1,8 @@
 // What the matmul kernels share (#include matmul_common, after the A, B
-// and C bindings, since storage bindings are numbered in order): the parameters,
-// the convolution constants, the bias and parameter bindings, and B's
-// element loader (a strided element, or the im2col element read in place).
+// and C bindings, since storage bindings are numbered in order): the
+// parameters, the convolution constants, the bias and parameter bindings,
+// where a workgroup's product lies, and B's element loader (a strided
+// element, or the im2col element read in place).
 // Inputs are bound read_write: tensors share segment buffers, and wgpu
 // rejects a read-only and a read-write binding of one buffer in one dispatch.
 struct Params {
@@ -37,6 +38,18 @@ const CV_WO = {{CV_WO}}u;
 #else
 @group(0) @binding(3) var<uniform> p: Params;
 #endif
+
+// Where workgroup z's product lies: batch entry z / splits and K split
+// z % splits (K range [k_begin, k_end)), with A's, B's and C's bases there
+// (C's per z: each split writes its own partial product).
+struct Place { k_begin: u32, k_end: u32, a_base: u32, b_base: u32, c_base: u32 }
+
+fn place_of(z: u32) -> Place {
+    let bt = z / p.splits;
+    let k_begin = (z % p.splits) * p.k_chunk;
+    return Place(k_begin, min(k_begin + p.k_chunk, p.k), p.a_off + bt * p.a_bs,
+                 p.b_off + bt * p.b_bs, p.c_off + z * p.c_bs);
+}
 
 // B[kk, col] at batch base `base`: a strided element, or with IMPLICIT_B
 // the im2col element of the input (row kk = (c, ky, kx), column col = output

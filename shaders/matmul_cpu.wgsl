@@ -85,14 +85,12 @@ fn ld_a_at(row: u32, kk: u32, a_cs: u32) -> f32 { return ld_a(row + kk * a_cs); 
 @compute @workgroup_size({{WX}}, {{WY}}, 1)
 fn main(@builtin(workgroup_id) wid: vec3<u32>,
         @builtin(local_invocation_id) lid: vec3<u32>) {
-    let z = wid.z;
-    let bt = z / p.splits;
-    let s = z % p.splits;
-    let k_begin = s * p.k_chunk;
-    let k_end = min(k_begin + p.k_chunk, p.k);
-    let a_base = p.a_off + bt * p.a_bs;
-    let b_base = p.b_off + bt * p.b_bs;
-    let c_base = p.c_off + z * p.c_bs;
+    let at = place_of(wid.z);
+    let k_begin = at.k_begin;
+    let k_end = at.k_end;
+    let a_base = at.a_base;
+    let b_base = at.b_base;
+    let c_base = at.c_base;
     let row_tile = wid.y * {{WY*TM}}u;
     let col_tile = wid.x * {{WX*TN}}u;
     // The parameters the loop and the stores use, read once here: llvmpipe

@@ -1,7 +1,7 @@
 //! The layering, read from the sources of every crate: which layer (a
 //! top-level module, or the allocator and lab crates) refers to which
-//! (`crate::NAME` outside comments), with no cycle among them, and the allocator (`memory`) free of wgpu and of every layer
-//! above it. A new reference that closes a cycle fails here with the
+//! (`crate::NAME` outside comments), with no cycle among them, and the allocator (`memory`) referring to no
+//! layer above it. A new reference that closes a cycle fails here with the
 //! files that make it.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -127,21 +127,11 @@ fn no_module_refers_back_to_a_module_that_refers_to_it() {
 }
 
 #[test]
-fn the_allocator_needs_no_gpu_and_no_layer_above_it() {
+fn the_allocator_refers_to_no_layer_above_it() {
+    // (That it names no wgpu, nor does the lab, is tests/layout.rs's.)
     let g = graph();
     let memory = &g["memory"];
     assert!(memory.is_empty(), "memory refers to {memory:?}");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/alloc/src");
-    for entry in std::fs::read_dir(src).unwrap() {
-        let path = entry.unwrap().path();
-        let text = strip_comments(&std::fs::read_to_string(&path).unwrap());
-        // Code, not words: a message may name wgpu.
-        assert!(
-            !text.contains("wgpu::") && !text.contains("use wgpu"),
-            "{} uses wgpu",
-            path.display()
-        );
-    }
 }
 
 #[test]

@@ -11,14 +11,13 @@
 //! has them. Benchmarks compare as ratios within one run.
 
 use super::args::DeviceArgs;
-use crate::device::TimingSource;
 use crate::estimate::run::Plan;
 use crate::memory::AllocatorConfig;
 use crate::nn::init::Rng;
 use crate::nn::ModelSpec;
 use crate::ops::matmul::tiles_gpu::{self, GpuLimits};
 use crate::ops::matmul::{
-    choose_for, gemm, plan_split, Gemm, GemmShape, MatmulKernel, ShapeClass, Target, TileConfig,
+    choose_for, plan_split, Gemm, GemmShape, MatmulKernel, ShapeClass, Target, TileConfig,
 };
 use crate::profile::OpTimes;
 use crate::tensor::{DType, Engine, Tensor};
@@ -278,15 +277,13 @@ impl Timed {
     /// else wall clock and a wait.
     fn once_with(&self, e: &Engine, kernel: MatmulKernel) -> anyhow::Result<f64> {
         let [a, b, c] = &self.abc;
-        e.take_dispatch_times()?;
-        let t0 = Instant::now();
-        gemm(&self.g, a, b, c, kernel)?;
-        e.synchronize()?;
-        let wall = t0.elapsed().as_secs_f64();
-        Ok(match e.take_dispatch_times()? {
-            Some((TimingSource::TimestampQueries, t)) => t.iter().map(|d| d.seconds).sum(),
-            _ => wall,
-        })
+        Ok(crate::ops::matmul::tune::seconds_of(
+            e,
+            &self.g,
+            [a, b, c],
+            None,
+            kernel,
+        )?)
     }
 }
 

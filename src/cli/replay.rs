@@ -527,18 +527,13 @@ fn export_intervals(
     kind: crate::lab::file_kind::FileKind,
     path: &std::path::Path,
 ) -> anyhow::Result<()> {
-    use std::io::BufRead;
     let reader = trace_reader(&args.trace, kind)?;
     let mut events = Vec::new();
-    for (i, line) in reader.lines().enumerate() {
-        let line = line?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        events.push(
-            crate::lab::TraceEvent::parse_line(&line)
-                .map_err(|e| anyhow::anyhow!("{} line {}: {e}", args.trace.display(), i + 1))?,
-        );
+    for item in crate::lab::trace::lines(reader) {
+        let at =
+            |line: usize, e: String| anyhow::anyhow!("{} line {line}: {e}", args.trace.display());
+        let (line, text) = item.map_err(|(line, e)| at(line, e))?;
+        events.push(crate::lab::TraceEvent::parse_line(&text).map_err(|e| at(line, e))?);
     }
     let intervals = crate::lab::intervals::from_trace(&events)
         .map_err(|e| anyhow::anyhow!("{}: {e}", args.trace.display()))?;

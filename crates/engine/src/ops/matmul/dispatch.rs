@@ -4,6 +4,7 @@
 
 use super::{budget, elem_of, tiles_gpu, Gemm, MatView, TileConfig, Variant, Vec4Io};
 use crate::device::compose::Elem;
+use crate::device::Kernel;
 use crate::tensor::{Tensor, TensorError};
 
 #[repr(C)]
@@ -138,14 +139,6 @@ pub(super) fn dispatch(
     if tile.shared {
         return dispatch_gpu(g, [a, b, c], bias, tile, &o, params, k_chunk, accumulate);
     }
-    // vec4 accesses need every index they form to be a multiple of 4 (and
-    // the bound array to end on a whole vec4).
-    let fours = |xs: &[usize]| xs.iter().all(|x| x.is_multiple_of(4));
-    // A view read (or written) as vec4 along its unit stride: its other
-    // stride, offset, batch stride and the whole tensor in fours.
-    let in_fours = |v: &MatView, other_stride: usize, t: &Tensor| {
-        fours(&[other_stride, v.offset, v.batch_stride, t.numel()])
-    };
     let asked = tile.vec4 && !tile.shared;
     let cols4 = asked && tile.tn.is_multiple_of(4) && n.is_multiple_of(4);
     let dense_b = g.implicit_b.is_none() && elem_of(b) == Elem::F32;
@@ -177,19 +170,7 @@ pub(super) fn dispatch(
         && !vec4.k
         && !vec4.b
         && [g.k, k_chunk].iter().all(|x| x.is_multiple_of(2));
-    let pairs = |on: bool| if on { 2 } else { 1 };
-    let steps = (
-        if vec4.b || vec4.c {
-            4
-        } else {
-            pairs(elem_of(c) != Elem::F32)
-        },
-        if vec4.k {
-            4
-        } else {
-            pairs(k2 || elem_of(a) != Elem::F32)
-        },
-    );
+    let steps = cut_steps(vec4.b || vec4.c, vec4.k, k2, a, c);
     // A part of K (budget) runs the K loop: rows_outer compiles
     // K's length in, and one variant per part length compiles slowly.
     let variant = |accumulate: bool, whole_k: bool| {
@@ -208,17 +189,16 @@ pub(super) fn dispatch(
             },
         )
     };
-    budget::Product {
-        kernel: variant(accumulate, true),
-        k_part: (bias.is_none() && g.implicit_b.is_none())
-            .then_some(&variant as &dyn Fn(_, _) -> _),
-        operands: [a, b, c],
+    record(
+        g,
+        [a, b, c],
         bias,
-        block: (bm, bn),
+        (bm, bn),
         steps,
-        implicit: g.implicit_b.as_ref(),
-    }
-    .dispatch(params)
+        &variant,
+        accumulate,
+        params,
+    )
 }
 
 /// [`dispatch`] for a GPU tile: the vec4 accesses and staging orders the
@@ -235,7 +215,6 @@ fn dispatch_gpu(
     accumulate: bool,
 ) -> Result<(), TensorError> {
     let (av, bv) = (&o.a, &o.b);
-    let fours = |xs: &[usize]| xs.iter().all(|x| x.is_multiple_of(4));
     let (stage_a4, stage_b4) = tiles_gpu::vec_staging(tile);
     let f32s = |t: &Tensor| elem_of(t) == Elem::F32;
     let dense_b = g.implicit_b.is_none();
@@ -244,19 +223,14 @@ fn dispatch_gpu(
     let vec_a = stage_a4
         && f32s(a)
         && av.col_stride == 1
-        && fours(&[
-            g.k,
-            k_chunk,
-            av.row_stride,
-            av.offset,
-            av.batch_stride,
-            a.numel(),
-        ]);
+        && fours(&[g.k, k_chunk])
+        && in_fours(av, av.row_stride, a);
     let vec_b = stage_b4
         && f32s(b)
         && dense_b
         && bv.col_stride == 1
-        && fours(&[o.n, bv.row_stride, bv.offset, bv.batch_stride, b.numel()]);
+        && o.n.is_multiple_of(4)
+        && in_fours(bv, bv.row_stride, b);
     let c_bs = params.c_bs as usize;
     let vec_c =
         f32s(c) && o.c_cs == 1 && fours(&[o.n, o.c_rs, params.c_off as usize, c_bs, c.numel()]);
@@ -283,26 +257,71 @@ fn dispatch_gpu(
             },
         )
     };
+    let steps = cut_steps(vec_b || vec_c, vec_a, false, a, c);
+    record(
+        g,
+        [a, b, c],
+        bias,
+        tile.block(),
+        steps,
+        &variant,
+        accumulate,
+        params,
+    )
+}
+
+/// Whether every index is a multiple of 4: vec4 accesses need each index
+/// they form in fours, and the bound array to end on a whole vec4.
+fn fours(xs: &[usize]) -> bool {
+    xs.iter().all(|x| x.is_multiple_of(4))
+}
+
+/// Whether a view can be read (or written) as vec4 along its unit stride:
+/// its other stride, offset, batch stride and the whole tensor in fours.
+fn in_fours(v: &MatView, other_stride: usize, t: &Tensor) -> bool {
+    fours(&[other_stride, v.offset, v.batch_stride, t.numel()])
+}
+
+/// What a cut of the product along N and along K must be a multiple of
+/// (`budget.rs`): 4 along what vec4 accesses run, 2 where 16-bit words are
+/// written in pairs (N), or read in pairs or two K steps taken at a time
+/// (`k2`), else 1.
+fn cut_steps(vec_cols: bool, vec_k: bool, k2: bool, a: &Tensor, c: &Tensor) -> (u32, u32) {
     let pairs = |on: bool| if on { 2 } else { 1 };
-    let steps = (
-        if vec_b || vec_c {
+    (
+        if vec_cols {
             4
         } else {
             pairs(elem_of(c) != Elem::F32)
         },
-        if vec_a {
+        if vec_k {
             4
         } else {
-            pairs(elem_of(a) != Elem::F32)
+            pairs(k2 || elem_of(a) != Elem::F32)
         },
-    );
+    )
+}
+
+/// Records the product with `variant`'s kernel for the whole of K (and,
+/// where K may be cut — no bias in the epilogue, no im2col B — for its
+/// parts), in parts where one dispatch cannot bind it.
+#[allow(clippy::too_many_arguments)]
+fn record(
+    g: &Gemm,
+    operands: [&Tensor; 3],
+    bias: Option<&Tensor>,
+    block: (usize, usize),
+    steps: (u32, u32),
+    variant: &dyn Fn(bool, bool) -> Kernel,
+    accumulate: bool,
+    params: MatmulParams,
+) -> Result<(), TensorError> {
     budget::Product {
         kernel: variant(accumulate, true),
-        k_part: (bias.is_none() && g.implicit_b.is_none())
-            .then_some(&variant as &dyn Fn(_, _) -> _),
-        operands: [a, b, c],
+        k_part: (bias.is_none() && g.implicit_b.is_none()).then_some(variant),
+        operands,
         bias,
-        block: tile.block(),
+        block,
         steps,
         implicit: g.implicit_b.as_ref(),
     }

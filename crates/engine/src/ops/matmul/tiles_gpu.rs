@@ -210,8 +210,7 @@ pub fn candidates(class: ShapeClass, bk: u32, limits: &GpuLimits) -> Vec<TileCon
     };
     for &(wx, wy) in shapes {
         for (tm, tn) in [(8, 8), (4, 4), (8, 4), (4, 8)] {
-            let mut t = TileConfig::new(wx, wy, tm, tn, bk, true);
-            t.bk = bk;
+            let t = TileConfig::new(wx, wy, tm, tn, bk, true);
             if is_valid(&t) && limits.fits(&t) && !v.contains(&t) {
                 v.push(t);
             }

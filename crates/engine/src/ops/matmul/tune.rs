@@ -91,11 +91,26 @@ impl Settings {
         Ok(Settings {
             mode,
             path,
-            budget: Duration::from_millis(number("VRAMLAB_TUNE_BUDGET_MS", 2000)?),
-            max_candidates: number("VRAMLAB_TUNE_CANDIDATES", 24)?.max(1) as usize,
+            budget: Duration::from_millis(number("VRAMLAB_TUNE_BUDGET_MS", DEFAULT_BUDGET_MS)?),
+            max_candidates: number("VRAMLAB_TUNE_CANDIDATES", DEFAULT_CANDIDATES)?.max(1) as usize,
         })
     }
+
+    /// Every setting at its default (what a library user with a bad
+    /// environment gets; the CLI refuses it first, see [`check_env`]).
+    fn defaults() -> Settings {
+        Settings {
+            mode: Mode::Auto,
+            path: None,
+            budget: Duration::from_millis(DEFAULT_BUDGET_MS),
+            max_candidates: DEFAULT_CANDIDATES as usize,
+        }
+    }
 }
+
+/// Time for one shape class, and the most tiles timed for one.
+const DEFAULT_BUDGET_MS: u64 = 2000;
+const DEFAULT_CANDIDATES: u64 = 24;
 
 /// One tuned shape class: the tile that won and what it ran at.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -171,14 +186,7 @@ static STATE: Mutex<Option<State>> = Mutex::new(None);
 fn state() -> MutexGuard<'static, Option<State>> {
     let mut s = STATE.lock().unwrap_or_else(|e| e.into_inner());
     if s.is_none() {
-        // A bad value was reported by the CLI (check_env); a library user
-        // gets the defaults.
-        let settings = Settings::from_env().unwrap_or(Settings {
-            mode: Mode::Auto,
-            path: None,
-            budget: Duration::from_secs(2),
-            max_candidates: 24,
-        });
+        let settings = Settings::from_env().unwrap_or_else(|_| Settings::defaults());
         *s = Some(State {
             stats: Stats {
                 mode: Some(settings.mode),
@@ -493,23 +501,35 @@ fn time_one(
     let timing = e.start_timing();
     let mut best = f64::INFINITY;
     for _ in 0..3 {
-        e.take_dispatch_times().ok()?;
-        let t0 = Instant::now();
-        gemm_bias(g, a, b, c, bias, kernel).ok()?;
-        e.synchronize().ok()?;
-        let wall = t0.elapsed().as_secs_f64();
-        let secs = match e.take_dispatch_times().ok()? {
-            Some((crate::device::TimingSource::TimestampQueries, t)) if !t.is_empty() => {
-                t.iter().map(|d| d.seconds).sum()
-            }
-            _ => wall,
-        };
-        best = best.min(secs);
+        best = best.min(seconds_of(e, g, [a, b, c], bias, kernel).ok()?);
     }
     if timing.is_some() {
         e.stop_timing().ok()?;
     }
     (best.is_finite() && best > 0.0).then_some(best)
+}
+
+/// One run of the product in seconds: the sum of its dispatches' device
+/// timestamps where the engine's timer has them, else wall clock around
+/// the product and a wait (`vramlab bench` times its products with it too).
+pub fn seconds_of(
+    e: &Engine,
+    g: &Gemm,
+    [a, b, c]: [&Tensor; 3],
+    bias: Option<&Tensor>,
+    kernel: MatmulKernel,
+) -> Result<f64, crate::tensor::TensorError> {
+    e.take_dispatch_times()?;
+    let t0 = Instant::now();
+    gemm_bias(g, a, b, c, bias, kernel)?;
+    e.synchronize()?;
+    let wall = t0.elapsed().as_secs_f64();
+    Ok(match e.take_dispatch_times()? {
+        Some((crate::device::TimingSource::TimestampQueries, t)) if !t.is_empty() => {
+            t.iter().map(|d| d.seconds).sum()
+        }
+        _ => wall,
+    })
 }
 
 fn read_cache(path: Option<&PathBuf>) -> CacheFile {
