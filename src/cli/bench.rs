@@ -163,40 +163,51 @@ struct BenchReport {
 }
 
 /// What the host spends per kernel dispatch: `count` one-element fills
-/// recorded and submitted with the timer off, then one wait.
+/// recorded with the timer off, submitted as one, then one wait.
 #[derive(Debug, Serialize)]
 struct DispatchOverhead {
     count: usize,
-    /// Median over reps of the recording time per dispatch (until the last
-    /// is recorded, before the wait).
+    /// Median over reps of the recording time per dispatch (validation,
+    /// bind group, pass commands; no submit).
     record_micros: f64,
-    /// The same including the wait for the device to finish them.
+    /// Median over reps of the submit's time, per dispatch.
+    submit_micros: f64,
+    /// Recording, submit and the wait for the device to finish them.
     total_micros: f64,
 }
 
 fn dispatch_overhead(e: &Engine, reps: usize) -> anyhow::Result<DispatchOverhead> {
-    const COUNT: usize = 2000;
+    // Fewer than a submit's worth (MAX_PENDING_COMMANDS), so the recording
+    // time is the host's alone, not the device's work started by a submit.
+    const COUNT: usize = 200;
     e.stop_timing()?;
     let t = crate::ops::fill::zeros(e, &[1], "bench.dispatch")?;
-    let (mut record, mut total) = (Vec::new(), Vec::new());
+    let (mut record, mut submit, mut total) = (Vec::new(), Vec::new(), Vec::new());
+    let micros = |d: std::time::Duration| d.as_secs_f64() / COUNT as f64 * 1e6;
     for rep in 0..=reps {
         e.synchronize()?;
         let t0 = Instant::now();
         for i in 0..COUNT {
             crate::ops::fill::fill(&t, i as f32)?;
         }
-        let recorded = t0.elapsed().as_secs_f64();
+        let recorded = t0.elapsed();
+        if let Some(g) = e.gpu() {
+            g.flush();
+        }
+        let submitted = t0.elapsed();
         e.synchronize()?;
         // The first rep compiles the kernel and warms the caches.
         if rep > 0 {
-            record.push(recorded / COUNT as f64 * 1e6);
-            total.push(t0.elapsed().as_secs_f64() / COUNT as f64 * 1e6);
+            record.push(micros(recorded));
+            submit.push(micros(submitted - recorded));
+            total.push(micros(t0.elapsed()));
         }
     }
     e.start_timing();
     Ok(DispatchOverhead {
         count: COUNT,
         record_micros: median(record),
+        submit_micros: median(submit),
         total_micros: median(total),
     })
 }
@@ -525,8 +536,8 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
 
     let o = &report.dispatch_overhead;
     say(format!(
-        "host cost per dispatch ({} one-element fills, timer off): {:.1} µs to record and submit, {:.1} µs with the wait",
-        o.count, o.record_micros, o.total_micros
+        "host cost per dispatch ({} one-element fills, timer off, one submit): {:.2} µs to record, {:.2} µs to submit, {:.1} µs with the wait",
+        o.count, o.record_micros, o.submit_micros, o.total_micros
     ));
     say("\nsquare matmul (n×n · n×n):".into());
     for &n in &args.sizes {
