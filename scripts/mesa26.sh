@@ -4,7 +4,7 @@
 # lowering) differs from bookworm's Mesa 22, so the kernels are checked on two
 # compilers. It also exposes cooperative matrices, which bookworm's lacks.
 #   scripts/mesa26.sh target/release/vramlab info
-#   CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER=$PWD/scripts/mesa26.sh cargo test --test kernels
+#   CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER=$PWD/scripts/mesa26.sh cargo test --test suite -- kernels::
 # The first call builds a minimal sid root with debootstrap in
 # $VRAMLAB_MESA26_ROOT (default /opt/vramlab-mesa26; about 1 min and 1 GB)
 # from the Debian mirror apt already uses. Needs root (chroot, mounts).

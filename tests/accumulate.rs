@@ -2,7 +2,7 @@
 //! give the gradients of one batch of their total size (losses are means,
 //! scaled by 1/K), while the peak is a micro-batch's.
 
-mod common;
+use crate::common;
 use common::*;
 use vramlab::nn::ParamStore;
 use vramlab::tensor::Tensor;

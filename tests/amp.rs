@@ -2,7 +2,7 @@
 //! to the byte under autocast, autocast results against f32, and
 //! GradScaler's scale sequence and overflow handling.
 
-mod common;
+use crate::common;
 use common::*;
 use vramlab::estimate::run::estimate;
 use vramlab::estimate::{analyze, run_step, Plan};

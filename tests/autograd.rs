@@ -3,7 +3,7 @@
 //! semantics (grads persist until zero_grad and accumulate; no_grad saves
 //! nothing), and SimpleConvNet learning on a fixed batch.
 
-mod common;
+use crate::common;
 use common::*;
 use vramlab::autograd::{functions as f, Tape, Value};
 use vramlab::nn::init::Rng as ModelRng;

@@ -4,7 +4,7 @@
 //! the step's device time per phase summing to its total. Figures are not
 //! judged here (speed lives in benchmarks); shapes, plans and bookkeeping are.
 
-mod common;
+use crate::common;
 use common::*;
 
 #[test]

@@ -3,7 +3,7 @@
 //! article's hand count lacks — are what separates it from the article's
 //! 55.73 MiB (issue 15's fix of the demo's explanation).
 
-mod common;
+use crate::common;
 
 #[test]
 fn demo_explains_its_peak_by_category() {

@@ -3,7 +3,7 @@
 //! own parameters across submits, arena refills, passes ended by copies,
 //! timed stretches (a pass each, with waits) and windowed bindings.
 
-mod common;
+use crate::common;
 use common::*;
 use vramlab::device::AdapterOptions;
 use vramlab::memory::AllocatorConfig;

@@ -4,7 +4,7 @@
 //! inference and checkpoint modes, at several batch sizes. And a
 //! checkpointed forward gives the same gradients as the plain one.
 
-mod common;
+use crate::common;
 use common::*;
 use vramlab::estimate::run::estimate;
 use vramlab::estimate::{analyze, run_step, Plan};
@@ -66,7 +66,10 @@ fn estimate_equals_measurement_to_the_byte() {
 fn estimate_equals_measurement_under_the_vramlab_options() {
     for (name, batch) in [("simple-cnn", 8), ("mlp", 32), ("resnet-mini", 3)] {
         let mut reserved = Vec::new();
-        for config in [AllocatorConfig::default(), AllocatorConfig::vramlab()] {
+        for config in [
+            AllocatorConfig::default(),
+            vramlab::lab::strategies::vramlab::config(),
+        ] {
             let plan = Plan {
                 model: small(name),
                 batch,
@@ -94,10 +97,10 @@ fn estimate_equals_measurement_under_the_vramlab_options() {
 #[test]
 fn inference_peaks_lower_and_checkpoint_keeps_fewer_activations() {
     let plan = |mode| Plan {
-        model: ModelSpec::Mlp {
+        model: ModelSpec::from(vramlab::nn::MlpSpec {
             widths: vec![64; 17].into_iter().chain([10]).collect(),
             checkpoint_every: 0,
-        },
+        }),
         batch: 512,
         optimizer: OptimizerConfig::new(OptimizerKind::Sgd, None, None, None),
         mode,

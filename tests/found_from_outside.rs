@@ -2,12 +2,12 @@
 //! a user ran: it must now succeed, or end with a clear error naming what
 //! was wrong (exit 1 or 2, no panic, no signal), and leave no file behind.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
-mod common;
+use crate::common;
 use common::files::{
     char_device, fifo_with_reader, temporaries, write_trace, writer_caught_mid_write,
 };
+use std::path::PathBuf;
+use std::process::{Command, Output};
 use vramlab::lab::pickle::{pickle, PyValue};
 
 fn vramlab(args: &[&str]) -> Output {

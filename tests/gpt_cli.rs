@@ -3,7 +3,7 @@
 //! parameters on a simulated device without building anything in host
 //! memory; flags that do not fit are errors that say why.
 
-mod common;
+use crate::common;
 use common::*;
 use std::process::Command;
 

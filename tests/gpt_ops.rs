@@ -3,7 +3,7 @@
 //! awkward sizes; each reference's backward is checked against finite
 //! differences in f64 first, so the references themselves are right.
 
-mod common;
+use crate::common;
 use common::*;
 use vramlab::ops::embedding::{
     add_positions, add_positions_backward, embedding, embedding_backward,
@@ -377,14 +377,15 @@ fn checkpointed_gpt_with_dropout_gives_the_plain_gradients() {
     use vramlab::train::Batch;
     let e = engine();
     // The tests' small gpt, with dropout.
-    let ModelSpec::Gpt { config, seq, .. } = small("gpt") else {
-        unreachable!("small(\"gpt\") is a gpt")
-    };
-    let spec = ModelSpec::Gpt {
+    let small = small("gpt");
+    let vramlab::nn::GptSpec { config, seq, .. } = *small
+        .get::<vramlab::nn::GptSpec>()
+        .expect("small(\"gpt\") is a gpt");
+    let spec = ModelSpec::from(vramlab::nn::GptSpec {
         config,
         seq,
         dropout: 0.3,
-    };
+    });
     let mut grads = Vec::new();
     for checkpointed in [false, true] {
         let mut store = ParamStore::new();

@@ -10,7 +10,7 @@
 //! native_dropout, what CUDA runs; "bool" in the fixture).
 //! Runs on a simulated device: the bytes depend on shapes only.
 
-mod common;
+use crate::common;
 use common::saved_bytes_by_part;
 use vramlab::nn::gpt::GptConfig;
 use vramlab::nn::ModelSpec;
@@ -51,11 +51,11 @@ fn saved_bytes_per_block_match_pytorch() {
         };
         let (n, s) = (get("batch") as u64, cfg.seq_len as u64);
         let dropout = c["dropout"].as_f64().unwrap_or(0.0) as f32;
-        let spec = ModelSpec::Gpt {
+        let spec = ModelSpec::from(vramlab::nn::GptSpec {
             config: cfg,
             seq: cfg.seq_len,
             dropout,
-        };
+        });
         let ours = saved_bytes_by_part(&spec, n as usize, part_of);
         let theirs = &case["parts"];
         let num = |part: &str, kind: &str| theirs[part][kind].as_u64().unwrap();

@@ -4,7 +4,7 @@
 //! the output is replaced, not written through. Standard output is a file
 //! too: a reader that goes away (`| head`) ends the command quietly.
 
-mod common;
+use crate::common;
 use common::files::{temporaries, write_trace, writer_caught_mid_write};
 use std::process::Command;
 

@@ -269,7 +269,7 @@ proptest! {
         if let Some(e) = &out.error {
             prop_assert!(e.line >= 1 && !e.message.is_empty());
         }
-        a.check_invariants().map_err(TestCaseError::fail)?;
+        a.check_invariants().map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert!(a.memory_reserved() <= 1 << 30);
         match Workload::from_trace("t", Cursor::new(text.as_bytes())) {
             Ok(w) => {
@@ -280,7 +280,7 @@ proptest! {
                 let r = vramlab::lab::workload::compare(&w, &names, Some(1 << 30));
                 prop_assert!(r.is_ok());
             }
-            Err(e) => prop_assert!(e.starts_with("line "), "{e}"),
+            Err(e) => prop_assert!(e.to_string().starts_with("line "), "{e}"),
         }
     }
 
@@ -325,7 +325,7 @@ proptest! {
             for name in ["mlp", "simple-cnn", "resnet-mini", "attention"] {
                 let mut spec = vramlab::nn::ModelSpec::default_for(name).unwrap();
                 if let Err(e) = spec.adapt_to_weights(&st) {
-                    prop_assert!(!e.is_empty());
+                    prop_assert!(!e.to_string().is_empty());
                 }
             }
             for name in st.tensors.keys() {
@@ -348,7 +348,7 @@ proptest! {
                         live.push(x.handle);
                     }
                 }
-                a.check_invariants().map_err(TestCaseError::fail)?;
+                a.check_invariants().map_err(|e| TestCaseError::fail(e.to_string()))?;
                 for h in live {
                     a.free(h).unwrap();
                 }

@@ -2,7 +2,7 @@
 //! does) so it reaches the loss, and `train` stops at a non-finite loss with
 //! an error that says what to check; NaN flags are refused up front.
 
-mod common;
+use crate::common;
 
 use vramlab::io::SafeTensors;
 use vramlab::tensor::Tensor;

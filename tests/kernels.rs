@@ -1,7 +1,7 @@
 //! Every kernel against an f64 CPU reference on random inputs of awkward
 //! sizes (1, 7, 33, 257, non-square), relative error under 1e-4.
 
-mod common;
+use crate::common;
 use common::*;
 use vramlab::ops::{elementwise, fill, matmul, relu};
 use vramlab::tensor::{Tensor, TensorError};

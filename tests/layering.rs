@@ -154,3 +154,123 @@ fn a_cycle_is_found_where_there_is_one() {
     let chain = build(&[edge("a", "b"), edge("b", "c"), edge("a", "c")]);
     assert_eq!(cycle(&chain), None);
 }
+
+/// Every module of every crate by its path (`["ops", "matmul"]`), with its
+/// source file: `a/b.rs` and `a/b/mod.rs` are `a::b`.
+fn modules() -> Vec<(String, Vec<String>, std::path::PathBuf)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut out = Vec::new();
+    for dir in [
+        "src",
+        "crates/engine/src",
+        "crates/lab/src",
+        "crates/alloc/src",
+    ] {
+        let src = root.join(dir);
+        let mut stack = vec![src.clone()];
+        while let Some(d) = stack.pop() {
+            for entry in std::fs::read_dir(&d).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    stack.push(path);
+                    continue;
+                }
+                if path.extension().is_none_or(|e| e != "rs") {
+                    continue;
+                }
+                let rel = path.strip_prefix(&src).unwrap().with_extension("");
+                let mut parts: Vec<String> = rel
+                    .components()
+                    .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                    .collect();
+                if parts.last().is_some_and(|p| p == "mod") {
+                    parts.pop();
+                }
+                if parts == ["lib"] || parts == ["main"] {
+                    continue;
+                }
+                out.push((dir.to_string(), parts, path));
+            }
+        }
+    }
+    out
+}
+
+/// Within each crate, sibling modules (children of one parent) → the
+/// siblings they refer to (`super::x` or `crate::…::x`, outside comments).
+/// A reference between a module and its own ancestor is not an edge.
+fn sibling_graph() -> Graph {
+    let mods = modules();
+    let known: BTreeSet<(String, Vec<String>)> = mods
+        .iter()
+        .map(|(c, m, _)| (c.clone(), m.clone()))
+        .collect();
+    let mut g = Graph::new();
+    for (krate, m, path) in &mods {
+        let text = strip_comments(&std::fs::read_to_string(path).unwrap());
+        let is_mod_rs = path.file_name().is_some_and(|f| f == "mod.rs");
+        let name = |p: &[String]| format!("{krate}:{}", p.join("::"));
+        g.entry(name(m)).or_default();
+        for start in ["super::", "crate::"] {
+            for (i, _) in text.match_indices(start) {
+                if i > 0 && text[..i].ends_with(|c: char| c.is_alphanumeric() || c == '_') {
+                    continue;
+                }
+                let rest: Vec<String> = text[i + start.len()..]
+                    .split("::")
+                    .map(|s| {
+                        s.chars()
+                            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                            .collect::<String>()
+                    })
+                    .take_while(|s| !s.is_empty())
+                    .collect();
+                let mut full: Vec<String> = if start == "super::" {
+                    // `super` of a file module is its parent; of a mod.rs,
+                    // the parent's parent.
+                    let up = if is_mod_rs { 2 } else { 1 };
+                    m[..m.len().saturating_sub(up)].to_vec()
+                } else {
+                    Vec::new()
+                };
+                full.extend(rest);
+                let Some(target) = (1..=full.len())
+                    .rev()
+                    .map(|k| full[..k].to_vec())
+                    .find(|p| known.contains(&(krate.clone(), p.clone())))
+                else {
+                    continue;
+                };
+                let common = m.iter().zip(&target).take_while(|(a, b)| a == b).count();
+                if common >= m.len() || common >= target.len() {
+                    continue;
+                }
+                let (from, to) = (&m[..=common], &target[..=common]);
+                g.entry(name(from))
+                    .or_default()
+                    .entry(name(to))
+                    .or_default()
+                    .insert(path.display().to_string());
+            }
+        }
+    }
+    g
+}
+
+#[test]
+fn no_module_of_any_crate_is_in_an_import_cycle_with_its_siblings() {
+    let g = sibling_graph();
+    assert!(g.len() > 100, "read {} modules", g.len());
+    assert!(
+        g.get("crates/engine/src:nn::zoo")
+            .is_some_and(|e| e.contains_key("crates/engine/src:nn::mlp")),
+        "the reader sees zoo.rs naming mlp.rs"
+    );
+    if let Some(c) = cycle(&g) {
+        let why: Vec<String> = c
+            .windows(2)
+            .map(|w| format!("{} → {}: {:?}", w[0], w[1], g[&w[0]][&w[1]]))
+            .collect();
+        panic!("import cycle {}\n{}", c.join(" → "), why.join("\n"));
+    }
+}

@@ -3,7 +3,7 @@
 //! headless Chromium with every section and plot drawn; `--measure` on the
 //! GPU gives the simulated figures; bad ids are errors that list the ids.
 
-mod common;
+use crate::common;
 use common::*;
 use std::process::Command;
 

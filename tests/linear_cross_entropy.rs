@@ -4,7 +4,7 @@
 //! against PyTorch's own values, and through a GPT step against the other
 //! losses.
 
-mod common;
+use crate::common;
 use common::*;
 use vramlab::device::AdapterOptions;
 use vramlab::io::SafeTensors;
@@ -162,7 +162,7 @@ fn chunked_loss_refuses_what_it_cannot_take() {
         ("chunked:x", "whole number"),
         ("chunky", "chunked[:ROWS]"),
     ] {
-        let err = LossMode::parse(text).unwrap_err();
+        let err = LossMode::parse(text).unwrap_err().to_string();
         assert!(err.contains(want), "{text}: {err}");
     }
     assert_eq!(
@@ -171,7 +171,10 @@ fn chunked_loss_refuses_what_it_cannot_take() {
     );
     // A head the loss cannot run: refused before anything is built.
     let mlp = small("mlp");
-    let err = LossMode::Chunked(None).check_model(&mlp).unwrap_err();
+    let err = LossMode::Chunked(None)
+        .check_model(&mlp)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("bias-free linear head"), "{err}");
     assert!(LossMode::Chunked(None).check_model(&small("gpt")).is_ok());
 }

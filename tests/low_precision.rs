@@ -9,7 +9,7 @@
 //! (f16) and 4e-3 (bf16), measured against the largest output as
 //! `max_rel_err` does.
 
-mod common;
+use crate::common;
 use common::*;
 use vramlab::ops::cast::cast;
 use vramlab::ops::matmul::{gemm, Gemm, MatView, MatmulKernel};

@@ -11,7 +11,7 @@
 //! through a 16-bit `grad_im2col` workspace and col2im sums up to KH·KW of
 //! its rounded values, so those results are judged norm-wise, within 4u.
 
-mod common;
+use crate::common;
 use common::*;
 use vramlab::nn::ParamStore;
 use vramlab::ops::bias::sum_channels;

@@ -4,7 +4,7 @@
 //! without them fails there instead of passing quietly. Elsewhere (bookworm's
 //! lavapipe) the test checks that f16 products keep the plain kernels.
 
-mod common;
+use crate::common;
 use common::*;
 use half::f16;
 use vramlab::device::AdapterOptions;

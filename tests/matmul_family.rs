@@ -4,7 +4,7 @@
 //! poisoned with NaN first so an unwritten element fails; and per-dispatch
 //! timing.
 
-mod common;
+use crate::common;
 use common::*;
 use vramlab::ops::matmul::tiles_gpu::GpuLimits;
 use vramlab::ops::matmul::{

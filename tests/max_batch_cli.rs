@@ -2,7 +2,7 @@
 //! batch that trains while batch + 1 runs out of memory, and the process
 //! keeps training after every out-of-memory.
 
-mod common;
+use crate::common;
 
 #[test]
 fn max_batch_trains_and_the_next_batch_runs_out_of_memory() {

@@ -2,7 +2,7 @@
 //! the GPU against f64 CPU references on awkward sizes, and the references'
 //! own gradients against finite differences in f64.
 
-mod common;
+use crate::common;
 use common::*;
 use vramlab::ops::conv2d::{conv2d, conv2d_backward, Conv2dConfig};
 use vramlab::ops::cross_entropy::{cross_entropy, cross_entropy_backward};

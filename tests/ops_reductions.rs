@@ -4,7 +4,7 @@
 //! f64 references on odd sizes, each reference's gradient checked by finite
 //! differences.
 
-mod common;
+use crate::common;
 use common::*;
 use vramlab::autograd::{functions as f, Tape, Value};
 use vramlab::nn::ParamStore;

@@ -3,7 +3,7 @@
 //! snapshot at the peak holds exactly the peak's bytes, and the HTML page
 //! renders in headless Chromium without errors.
 
-mod common;
+use crate::common;
 use common::*;
 use vramlab::estimate::run::run_steps;
 use vramlab::estimate::Plan;
@@ -14,12 +14,12 @@ use vramlab::train::{Mode, OptimizerConfig, OptimizerKind};
 
 fn plan() -> Plan {
     Plan {
-        model: ModelSpec::ResnetMini {
+        model: ModelSpec::from(vramlab::nn::ResnetMiniSpec {
             width: 4,
             depth: 2,
             resolution: 12,
             classes: 5,
-        },
+        }),
         batch: 3,
         optimizer: OptimizerConfig::new(OptimizerKind::Adam, None, None, None),
         mode: Mode::Train,

@@ -2,7 +2,7 @@
 //! torch.optim's foreach, for-loop and fused implementations — each
 //! against an f64 reference, and the implementations against each other.
 
-mod common;
+use crate::common;
 use common::*;
 use vramlab::device::AdapterOptions;
 use vramlab::memory::AllocatorConfig;

@@ -5,7 +5,7 @@
 //! strided 7×7 stem convolution without a bias. The BatchNorm reference's
 //! gradient is checked against finite differences first.
 
-mod common;
+use crate::common;
 use common::*;
 use vramlab::ops::batchnorm::{batchnorm, batchnorm_backward, EPS, MOMENTUM};
 use vramlab::ops::conv2d::{conv2d, conv2d_backward_ex, Conv2dConfig};

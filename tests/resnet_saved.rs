@@ -8,7 +8,7 @@
 //! the same: ReLU saves its output either way, and BatchNorm saves its input
 //! (the convolution's output), never its output.
 
-mod common;
+use crate::common;
 use common::saved_bytes_by_part;
 use vramlab::nn::ModelSpec;
 
@@ -37,12 +37,12 @@ fn saved_bytes_per_stage_match_pytorch() {
     for case in cases.as_array().unwrap() {
         let c = &case["config"];
         let get = |k: &str| c[k].as_u64().unwrap() as usize;
-        let spec = ModelSpec::Resnet50 {
+        let spec = ModelSpec::from(vramlab::nn::Resnet50Spec {
             depth: get("depth"),
             width: get("width"),
             resolution: get("resolution"),
             classes: get("classes"),
-        };
+        });
         let batch = get("batch");
         let ours = saved_bytes_by_part(&spec, batch, part_of);
         let theirs = &case["parts"];

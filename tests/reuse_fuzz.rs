@@ -9,7 +9,7 @@
 //! tensor on the GPU, drop it before any submit, and immediately write a new
 //! tensor that likely reuses its block.
 
-mod common;
+use crate::common;
 use common::*;
 use vramlab::ops::{elementwise, fill};
 use vramlab::tensor::Tensor;

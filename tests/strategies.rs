@@ -4,7 +4,7 @@
 //! produce OOMs; the suite's numbers have the shape `bench-alloc --json`
 //! promises, and `vramlab` reserves less than `pytorch` on every workload.
 
-mod common;
+use crate::common;
 use common::Rng;
 use vramlab::lab::strategies::planner::{plan, Lifetime};
 use vramlab::lab::strategies::{online, NAMES};

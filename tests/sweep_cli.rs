@@ -3,7 +3,7 @@
 //! (attention), as the fits report; an out-of-memory point is recorded and
 //! the sweep goes on.
 
-mod common;
+use crate::common;
 use serde_json::Value;
 
 fn sweep(args: &[&str]) -> Value {

@@ -6,7 +6,7 @@
 //! steps with `Trainer::with_amp` and must agree within tolerances that
 //! follow from the formats (see `tolerance`). The tests read files only.
 
-mod common;
+use crate::common;
 use common::*;
 use std::path::{Path, PathBuf};
 use vramlab::io::SafeTensors;

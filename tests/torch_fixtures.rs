@@ -5,7 +5,7 @@
 //! the same files, trains the same steps, and must agree to 1e-4 relative
 //! error everywhere. The tests read the files only; they need no PyTorch.
 
-mod common;
+use crate::common;
 use common::*;
 use std::path::{Path, PathBuf};
 use vramlab::io::SafeTensors;

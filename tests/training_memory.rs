@@ -5,10 +5,10 @@
 //! momentum buffer appears lazily, and the zoo's declared parameter shapes
 //! are the built models' shapes.
 
-mod common;
+use crate::common;
 use common::*;
 use vramlab::autograd::{functions as f, Tape, Value};
-use vramlab::nn::{ModelSpec, ParamStore, ZOO};
+use vramlab::nn::{ModelSpec, ParamStore, ZooEntry, ZOO};
 use vramlab::optim::{Optimizer, Sgd};
 use vramlab::tensor::Tensor;
 use vramlab::train::{Batch, Trainer};
@@ -23,10 +23,10 @@ fn mlp_step_peak(k: usize) -> u64 {
     let e = engine();
     let mut widths = vec![WIDTH; LAYERS + 1];
     widths.push(10);
-    let spec = ModelSpec::Mlp {
+    let spec = ModelSpec::from(vramlab::nn::MlpSpec {
         widths,
         checkpoint_every: k,
-    };
+    });
     let mut store = ParamStore::new();
     let model = spec.build(&e, &mut store, &mut Rng::new(1)).unwrap();
     let batch = Batch::random(&e, &mut Rng::new(2), BATCH, &[WIDTH], 10).unwrap();
@@ -63,10 +63,10 @@ fn checkpointing_a_deep_mlp_lowers_the_peak_as_theory_says() {
 #[test]
 fn retain_graph_across_steps_grows_memory_every_step() {
     let e = engine();
-    let spec = ModelSpec::Mlp {
+    let spec = ModelSpec::from(vramlab::nn::MlpSpec {
         widths: vec![64, 128, 128, 10],
         checkpoint_every: 0,
-    };
+    });
     let mut store = ParamStore::new();
     let model = spec.build(&e, &mut store, &mut Rng::new(3)).unwrap();
     let batch = Batch::random(&e, &mut Rng::new(4), 32, &[64], 10).unwrap();
@@ -103,10 +103,10 @@ fn retain_graph_across_steps_grows_memory_every_step() {
 fn gradient_accumulation_over_micro_batches_gives_the_large_batch_gradient() {
     let e = engine();
     let (n, k, inputs) = (24, 4, 9);
-    let spec = ModelSpec::Mlp {
+    let spec = ModelSpec::from(vramlab::nn::MlpSpec {
         widths: vec![inputs, 13, 5],
         checkpoint_every: 0,
-    };
+    });
     let mut store = ParamStore::new();
     let model = spec.build(&e, &mut store, &mut Rng::new(5)).unwrap();
     let mut rng = Rng::new(6);
@@ -157,10 +157,10 @@ fn gradient_accumulation_over_micro_batches_gives_the_large_batch_gradient() {
 #[test]
 fn sgd_momentum_buffer_is_allocated_at_the_first_step() {
     let e = engine();
-    let spec = ModelSpec::Mlp {
+    let spec = ModelSpec::from(vramlab::nn::MlpSpec {
         widths: vec![8, 16, 4],
         checkpoint_every: 0,
-    };
+    });
     let mut store = ParamStore::new();
     let model = spec.build(&e, &mut store, &mut Rng::new(7)).unwrap();
     let n = store.numel();
@@ -181,7 +181,7 @@ fn sgd_momentum_buffer_is_allocated_at_the_first_step() {
 #[test]
 fn declared_parameter_shapes_are_the_built_models() {
     let e = engine();
-    for (name, _) in ZOO {
+    for &ZooEntry { name, .. } in ZOO {
         let spec = ModelSpec::default_for(name).unwrap();
         let mut store = ParamStore::new();
         spec.build(&e, &mut store, &mut Rng::new(0)).unwrap();

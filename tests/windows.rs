@@ -8,7 +8,7 @@
 //! to a few KiB, so every segment is backed by many buffers and tensors
 //! cross from one into the next (device::segment_buffers).
 
-mod common;
+use crate::common;
 
 use vramlab::device::DeviceError;
 use vramlab::estimate::Plan;
@@ -136,32 +136,32 @@ fn plan(model: ModelSpec, batch: usize, amp: Option<DType>, kind: OptimizerKind)
 fn models() -> Vec<(ModelSpec, usize)> {
     vec![
         (
-            ModelSpec::Mlp {
+            ModelSpec::from(vramlab::nn::MlpSpec {
                 widths: vec![203, 97, 61, 10],
                 checkpoint_every: 0,
-            },
+            }),
             13,
         ),
         (
-            ModelSpec::ResnetMini {
+            ModelSpec::from(vramlab::nn::ResnetMiniSpec {
                 width: 8,
                 depth: 2,
                 resolution: 14,
                 classes: 5,
-            },
+            }),
             3,
         ),
         (
-            ModelSpec::Attention {
+            ModelSpec::from(vramlab::nn::AttentionSpec {
                 seq_len: 13,
                 dim: 20,
                 hidden: 37,
                 classes: 4,
-            },
+            }),
             5,
         ),
         (
-            ModelSpec::Gpt {
+            ModelSpec::from(vramlab::nn::GptSpec {
                 config: GptConfig {
                     layers: 2,
                     heads: 2,
@@ -171,7 +171,7 @@ fn models() -> Vec<(ModelSpec, usize)> {
                 },
                 seq: 11,
                 dropout: 0.1,
-            },
+            }),
             3,
         ),
     ]
@@ -196,7 +196,12 @@ fn every_model_trains_the_same_in_windows_under_autocast() {
 #[test]
 fn the_documents_convnet_trains_the_same_in_windows() {
     // SimpleConvNet: conv outputs and the 100,352-wide fc span windows.
-    check(&plan(ModelSpec::SimpleCnn, 2, None, OptimizerKind::Sgd));
+    check(&plan(
+        ModelSpec::from(vramlab::nn::SimpleCnnSpec),
+        2,
+        None,
+        OptimizerKind::Sgd,
+    ));
 }
 
 #[test]

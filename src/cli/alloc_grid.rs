@@ -6,8 +6,9 @@
 
 use crate::estimate::run::run_steps;
 use crate::estimate::Plan;
+use crate::memory::mib;
 use crate::memory::AllocatorConfig;
-use crate::nn::{ModelSpec, ZOO};
+use crate::nn::{ModelSpec, ZooEntry, ZOO};
 use crate::tensor::Engine;
 use crate::train::{Mode, OptimizerConfig, OptimizerKind};
 use serde::Serialize;
@@ -50,7 +51,7 @@ fn measure(plan: &Plan, config: AllocatorConfig) -> anyhow::Result<(u64, i64)> {
 
 pub fn run(json: bool) -> anyhow::Result<()> {
     let mut cells = Vec::new();
-    for (model, _) in ZOO {
+    for &ZooEntry { name: model, .. } in ZOO {
         for (optimizer, kind, momentum) in [
             ("adam", OptimizerKind::Adam, None),
             ("sgd", OptimizerKind::Sgd, Some(0.9)),
@@ -67,7 +68,7 @@ pub fn run(json: bool) -> anyhow::Result<()> {
                     config: AllocatorConfig::default(),
                 };
                 let (pr, pd) = measure(&plan, AllocatorConfig::default())?;
-                let (vr, vd) = measure(&plan, AllocatorConfig::vramlab())?;
+                let (vr, vd) = measure(&plan, crate::lab::strategies::vramlab::config())?;
                 cells.push(Cell {
                     model,
                     optimizer,
@@ -106,9 +107,9 @@ pub fn run(json: bool) -> anyhow::Result<()> {
             c.model,
             c.optimizer,
             c.batch,
-            c.pytorch_reserved_bytes as f64 / 1048576.0,
+            mib(c.pytorch_reserved_bytes),
             c.pytorch_device_allocs,
-            c.vramlab_reserved_bytes as f64 / 1048576.0,
+            mib(c.vramlab_reserved_bytes),
             c.vramlab_device_allocs,
             c.outcome()
         );

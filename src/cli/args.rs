@@ -100,8 +100,9 @@ impl AllocArgs {
     pub fn config(&self, device_capacity: Option<u64>) -> Result<AllocatorConfig, ArgError> {
         let capacity = self.capacity()?.or(device_capacity);
         let mut cfg = match &self.alloc_conf {
-            Some(s) => AllocatorConfig::parse(s),
-            None => AllocatorConfig::from_env(),
+            // vramlab's own options too (lookahead, …): the lab parses them.
+            Some(s) => crate::lab::strategies::vramlab::parse_alloc_conf(s),
+            None => crate::lab::strategies::vramlab::alloc_conf_from_env(),
         }
         .map_err(|e| {
             let from = if self.alloc_conf.is_some() {
@@ -272,30 +273,33 @@ impl ModelArgs {
         )
     }
 
-    /// Each size flag and whether it was given.
-    fn given(&self) -> [(&'static str, bool); 14] {
-        [
-            ("widths", self.widths.is_some()),
-            ("checkpoint-every", self.checkpoint_every.is_some()),
-            ("width", self.width.is_some()),
-            ("depth", self.depth.is_some()),
-            ("resolution", self.resolution.is_some()),
-            ("seq-len", self.seq_len.is_some()),
-            ("dim", self.dim.is_some()),
-            ("hidden", self.hidden.is_some()),
-            ("classes", self.classes.is_some()),
-            ("preset", self.preset.is_some()),
-            ("layers", self.layers.is_some()),
-            ("heads", self.heads.is_some()),
-            ("vocab", self.vocab.is_some()),
-            ("dropout", self.dropout.is_some()),
-        ]
+    /// The size flags as the zoo's [`Sizes`](crate::nn::Sizes), with
+    /// resolution and sequence length given explicitly (a sweep's point).
+    fn sizes(&self, resolution: Option<usize>, seq_len: Option<usize>) -> crate::nn::Sizes {
+        crate::nn::Sizes {
+            widths: self.widths.clone(),
+            checkpoint_every: self.checkpoint_every,
+            width: self.width,
+            depth: self.depth,
+            resolution,
+            seq_len,
+            dim: self.dim,
+            hidden: self.hidden,
+            classes: self.classes,
+            preset: self.preset.clone(),
+            layers: self.layers,
+            heads: self.heads,
+            vocab: self.vocab,
+            dropout: self.dropout,
+        }
     }
 
     /// The size flags given (`--widths`, `--resolution`, …), by name;
     /// `--checkpoint-every` and `--dropout` are not sizes.
     pub fn size_flags_given(&self) -> Vec<&'static str> {
-        self.given()
+        let first = |v: &Option<Vec<usize>>| v.as_ref().and_then(|v| v.first().copied());
+        self.sizes(first(&self.resolution), first(&self.seq_len))
+            .given()
             .into_iter()
             .filter(|(f, g)| *g && !["checkpoint-every", "dropout"].contains(f))
             .map(|(f, _)| f)
@@ -303,105 +307,17 @@ impl ModelArgs {
     }
 
     /// The model with resolution and sequence length given explicitly (a
-    /// sweep's point).
+    /// sweep's point); a flag that does not apply to the model is refused.
     pub fn spec_with(
         &self,
         resolution_value: Option<usize>,
         seq_len_value: Option<usize>,
     ) -> Result<crate::nn::ModelSpec, ArgError> {
-        use crate::nn::ModelSpec;
-        let mut spec = ModelSpec::default_for(&self.model).map_err(ArgError)?;
-        let mut used: Vec<&str> = Vec::new();
-        match &mut spec {
-            ModelSpec::Mlp {
-                widths,
-                checkpoint_every,
-            } => {
-                if let Some(w) = &self.widths {
-                    *widths = w.clone();
-                }
-                if let Some(k) = self.checkpoint_every {
-                    *checkpoint_every = k;
-                }
-                used.extend(["widths", "checkpoint-every"]);
-            }
-            ModelSpec::SimpleCnn => {}
-            ModelSpec::ResnetMini {
-                width,
-                depth,
-                resolution,
-                classes,
-            } => {
-                set(width, self.width);
-                set(depth, self.depth);
-                set(resolution, resolution_value);
-                set(classes, self.classes);
-                used.extend(["width", "depth", "resolution", "classes"]);
-            }
-            ModelSpec::Attention {
-                seq_len,
-                dim,
-                hidden,
-                classes,
-            } => {
-                set(seq_len, seq_len_value);
-                set(dim, self.dim);
-                set(hidden, self.hidden);
-                set(classes, self.classes);
-                used.extend(["seq-len", "dim", "hidden", "classes"]);
-            }
-            ModelSpec::Resnet50 {
-                depth,
-                width,
-                resolution,
-                classes,
-            } => {
-                set(depth, self.depth);
-                set(width, self.width);
-                set(resolution, resolution_value);
-                set(classes, self.classes);
-                used.extend(["depth", "width", "resolution", "classes"]);
-            }
-            ModelSpec::Gpt {
-                config,
-                seq,
-                dropout,
-            } => {
-                if let Some(d) = self.dropout {
-                    *dropout = d;
-                }
-                if let Some(p) = &self.preset {
-                    *config = crate::nn::gpt::GptConfig::preset(p).map_err(ArgError)?;
-                    *seq = config.seq_len;
-                }
-                set(&mut config.layers, self.layers);
-                set(&mut config.heads, self.heads);
-                set(&mut config.dim, self.dim);
-                set(&mut config.vocab, self.vocab);
-                if let Some(s) = seq_len_value {
-                    *seq = s;
-                    config.seq_len = config.seq_len.max(s);
-                }
-                used.extend([
-                    "preset", "layers", "heads", "dim", "vocab", "seq-len", "dropout",
-                ]);
-            }
-        }
-        let given = self.given();
-        if let Some((flag, _)) = given.iter().find(|(f, g)| *g && !used.contains(f)) {
-            return Err(ArgError(format!(
-                "--{flag} does not apply to {}; `vramlab models` lists each model's flags",
-                spec.name()
-            )));
-        }
-        spec.validate().map_err(ArgError)?;
+        let arg_error = |e: crate::tensor::SpecError| ArgError(e.to_string());
+        let mut spec = crate::nn::ModelSpec::default_for(&self.model).map_err(arg_error)?;
+        spec.apply(&self.sizes(resolution_value, seq_len_value))
+            .map_err(arg_error)?;
         Ok(spec)
-    }
-}
-
-fn set(slot: &mut usize, value: Option<usize>) {
-    if let Some(v) = value {
-        *slot = v;
     }
 }
 
@@ -474,7 +390,7 @@ impl StepArgs {
             self.weight_decay,
         )
         .with_impl(self.optimizer_impl);
-        o.validate().map_err(ArgError)?;
+        o.validate().map_err(|e| ArgError(e.to_string()))?;
         Ok(o)
     }
 

@@ -12,6 +12,7 @@
 
 use super::args::DeviceArgs;
 use crate::estimate::run::Plan;
+use crate::memory::mib;
 use crate::memory::AllocatorConfig;
 use crate::nn::init::Rng;
 use crate::nn::ModelSpec;
@@ -176,6 +177,7 @@ struct DispatchOverhead {
     total_micros: f64,
 }
 
+/// Measures [`DispatchOverhead`]: `reps` timed runs after a warm-up.
 fn dispatch_overhead(e: &Engine, reps: usize) -> anyhow::Result<DispatchOverhead> {
     // Fewer than a submit's worth (MAX_PENDING_COMMANDS), so the recording
     // time is the host's alone, not the device's work started by a submit.
@@ -212,6 +214,7 @@ fn dispatch_overhead(e: &Engine, reps: usize) -> anyhow::Result<DispatchOverhead
     })
 }
 
+/// The median of `v` (the upper one of an even count; NaN when empty).
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
@@ -269,6 +272,8 @@ struct Timed {
 }
 
 impl Timed {
+    /// Allocates `shape`'s operands and output in `dtype`, to run with
+    /// `kernel`.
     fn new(
         e: &Engine,
         shape: &GemmShape,
@@ -332,6 +337,7 @@ fn in_turn(
     Ok(times)
 }
 
+/// The plain n×n · n×n product.
 fn square(n: usize) -> GemmShape {
     GemmShape {
         op: format!("square {n}"),
@@ -454,7 +460,35 @@ fn candidates(e: &Engine, cpu: bool, subgroup8: bool) -> Vec<TileConfig> {
     v
 }
 
+/// Runs `vramlab bench`: each section in turn over one engine, then the
+/// JSON report with `--json`.
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
+    let specs = check_flags(args)?;
+    if args.tune {
+        // Every shape class timed again, and the cache file's entries for
+        // them replaced.
+        crate::ops::matmul::tune::retune();
+    }
+    let mut ctx = Ctx::new(args)?;
+    let mut report = start_report(&ctx)?;
+    squares(&mut ctx, &mut report)?;
+    let reference = Reference::new(&mut ctx)?;
+    for (name, spec) in specs {
+        let row = model_step(&mut ctx, &reference, name, &spec)?;
+        report.models.push(row);
+    }
+    if !args.no_precision {
+        precision(&mut ctx, &mut report)?;
+    }
+    if args.tune {
+        tune(&mut ctx, &mut report)?;
+    }
+    finish(&ctx, &mut report)
+}
+
+/// Refuses bad flags before the first (possibly long) measurement;
+/// returns the models to time, by name.
+fn check_flags(args: &BenchArgs) -> anyhow::Result<Vec<(String, ModelSpec)>> {
     if args.reps == 0 || args.batch == 0 {
         anyhow::bail!("--reps and --batch must be at least 1");
     }
@@ -470,43 +504,73 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             "--sizes {n}: an {n}×{n} f32 matrix is more than 2^62 bytes, more than any device holds; give sizes such as 1024,2048"
         );
     }
-    // Every flag checked before the first (possibly long) measurement.
-    let specs = args
-        .models
+    args.models
         .iter()
         .filter(|m| m.as_str() != "none")
         .map(|m| ModelSpec::default_for(m).map(|s| (m.clone(), s)))
-        .collect::<Result<Vec<_>, String>>()
-        .map_err(anyhow::Error::msg)?;
-    if args.tune {
-        // Every shape class timed again, and the cache file's entries for
-        // them replaced.
-        crate::ops::matmul::tune::retune();
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(anyhow::Error::from)
+}
+
+/// What every section shares: the flags, the engine (timing on), what the
+/// adapter is, and the rng the operands come from.
+struct Ctx<'a> {
+    args: &'a BenchArgs,
+    e: Engine,
+    cpu: bool,
+    target: Target,
+    timing: Option<crate::device::TimingSource>,
+    rng: Rng,
+}
+
+impl<'a> Ctx<'a> {
+    /// Opens the engine and turns its kernel timer on.
+    fn new(args: &'a BenchArgs) -> anyhow::Result<Ctx<'a>> {
+        let e = Engine::new(&args.device.options(), AllocatorConfig::default())?;
+        let cpu = e.is_cpu_adapter();
+        let target = Target::of(&e);
+        let timing = e.start_timing();
+        Ok(Ctx {
+            args,
+            e,
+            cpu,
+            target,
+            timing,
+            rng: Rng::new(1),
+        })
     }
-    let e = Engine::new(&args.device.options(), AllocatorConfig::default())?;
-    let cpu = e.is_cpu_adapter();
-    let target = Target::of(&e);
-    let timing = e.start_timing();
-    let mut rng = Rng::new(1);
-    let say = |s: String| {
-        if !args.json {
+
+    /// Prints a line of text (nothing with `--json`).
+    fn say(&self, s: String) {
+        if !self.args.json {
             println!("{s}");
         }
-    };
-    say(format!(
-        "vramlab bench on {} ({}), {} adapter; median of {} runs after a warm-up; products timed by {}",
-        e.device_name(),
-        e.backend_name(),
-        if cpu { "CPU" } else { "GPU" },
-        args.reps,
-        if e.has_timestamp_queries() {
+    }
+
+    /// How products are timed on this adapter.
+    fn timed_by(&self) -> &'static str {
+        if self.e.has_timestamp_queries() {
             "device timestamps"
         } else {
             "wall clock with a wait"
         }
+    }
+}
+
+/// Prints the adapter, the f16 products' kernels and the host's cost per
+/// dispatch (measured here); the report with those filled in.
+fn start_report(ctx: &Ctx) -> anyhow::Result<BenchReport> {
+    let (e, args) = (&ctx.e, ctx.args);
+    ctx.say(format!(
+        "vramlab bench on {} ({}), {} adapter; median of {} runs after a warm-up; products timed by {}",
+        e.device_name(),
+        e.backend_name(),
+        if ctx.cpu { "CPU" } else { "GPU" },
+        args.reps,
+        ctx.timed_by()
     ));
     let tensor_cores = e.tensor_core_lanes();
-    say(format!(
+    ctx.say(format!(
         "f16 products: {}",
         match tensor_cores {
             Some(lanes) => format!(
@@ -515,38 +579,46 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             None => "plain tiled kernels (no f16 cooperative matrices in use; see `vramlab info`)".into(),
         }
     ));
-    let mut report = BenchReport {
+    let report = BenchReport {
         adapter: e.device_name(),
         backend: e.backend_name().into(),
-        cpu_adapter: cpu,
+        cpu_adapter: ctx.cpu,
         tensor_cores: tensor_cores.is_some(),
-        products_timed_by: if e.has_timestamp_queries() {
-            "device timestamps"
-        } else {
-            "wall clock with a wait"
-        },
+        products_timed_by: ctx.timed_by(),
         reps: args.reps,
-        dispatch_overhead: dispatch_overhead(&e, args.reps)?,
+        dispatch_overhead: dispatch_overhead(e, args.reps)?,
         square: Vec::new(),
         models: Vec::new(),
         precision: Vec::new(),
         tune: Vec::new(),
         tuning: Default::default(),
     };
-
     let o = &report.dispatch_overhead;
-    say(format!(
+    ctx.say(format!(
         "host cost per dispatch ({} one-element fills, timer off, one submit): {:.2} µs to record, {:.2} µs to submit, {:.1} µs with the wait",
         o.count, o.record_micros, o.submit_micros, o.total_micros
     ));
-    say("\nsquare matmul (n×n · n×n):".into());
+    Ok(report)
+}
+
+/// The square matmuls of `--sizes` (and the naive kernel with `--naive`),
+/// printed and added to the report.
+fn squares(ctx: &mut Ctx, report: &mut BenchReport) -> anyhow::Result<()> {
+    let args = ctx.args;
+    ctx.say("\nsquare matmul (n×n · n×n):".into());
     for &n in &args.sizes {
         let s = square(n);
-        let secs = time_gemm(&e, &s, MatmulKernel::Tiled, args.reps, &mut rng)?;
+        let secs = time_gemm(&ctx.e, &s, MatmulKernel::Tiled, args.reps, &mut ctx.rng)?;
         let naive = if args.naive {
             Some(
                 s.flops()
-                    / time_gemm(&e, &s, MatmulKernel::Naive, args.reps.min(2), &mut rng)?
+                    / time_gemm(
+                        &ctx.e,
+                        &s,
+                        MatmulKernel::Naive,
+                        args.reps.min(2),
+                        &mut ctx.rng,
+                    )?
                     / 1e9,
             )
         } else {
@@ -554,12 +626,12 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         };
         let row = SquareRow {
             n,
-            tile: choose_for(&e, &s.gemm(), (DType::F32, DType::F32), false).describe(),
+            tile: choose_for(&ctx.e, &s.gemm(), (DType::F32, DType::F32), false).describe(),
             seconds: secs,
             gflops: s.flops() / secs / 1e9,
             naive_gflops: naive,
         };
-        say(format!(
+        ctx.say(format!(
             "  {n:>5}³  {:>9.2} GFLOP/s  {:>9.3} ms  tile {}{}",
             row.gflops,
             secs * 1e3,
@@ -570,246 +642,319 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         ));
         report.square.push(row);
     }
-    // The square product each shape's share is taken against, timed again
-    // beside every shape, rep by rep: 1024³ whatever `--sizes` holds, so
-    // shares compare across runs and a large size does not multiply the
-    // run's length.
-    let reference_n = 1024;
-    let reference_shape = square(reference_n);
-    let reference = Timed::new(
-        &e,
-        &reference_shape,
-        MatmulKernel::Tiled,
-        &mut rng,
-        DType::F32,
-    )?;
+    Ok(())
+}
 
-    for (name, spec) in specs {
-        say(format!(
-            "\n{} step, batch {}, Adam (each product's share of the {reference_n}³ square's rate: the square timed beside it, rep by rep):",
-            spec.describe(),
-            args.batch
-        ));
-        let mut shapes = Vec::new();
-        for (shape, count) in step_shapes(&spec, args.batch)? {
-            let choice = choose_for(&e, &shape.gemm(), (DType::F32, DType::F32), false);
-            // The same outputs from a one-deep product: what writing them
-            // (and any partial sums) costs with no arithmetic to speak of.
-            let floor_shape = GemmShape {
-                k: 1,
-                conv: None,
-                ..shape.clone()
-            };
-            let [times, square_times, floor_times] = interleaved(
-                &e,
-                [
-                    &Timed::new(&e, &shape, MatmulKernel::Tiled, &mut rng, DType::F32)?,
-                    &reference,
-                    &Timed::new(&e, &floor_shape, MatmulKernel::Tiled, &mut rng, DType::F32)?,
-                ],
-                args.reps,
-            )?;
-            let secs = median(times.clone());
-            let floor = median(floor_times.clone());
-            let gflops = shape.flops() / secs / 1e9;
-            // Shares rep by rep (against the square timed beside it), then
-            // their median.
-            let share = |t: &[f64]| {
-                median(
-                    t.iter()
-                        .zip(&square_times)
-                        .map(|(x, sq)| sq / x * shape.flops() / reference_shape.flops())
-                        .collect(),
-                )
-            };
-            let row = ShapeRow {
-                write_floor_seconds: floor,
-                ceiling_of_square: share(&floor_times),
-                square_gflops: reference_shape.flops() / median(square_times.clone()) / 1e9,
-                count,
-                class: ShapeClass::of(shape.m, shape.n, shape.k),
-                transposed: choice.transposed,
-                tile: choice.describe(),
-                splits: plan_split(&shape.gemm()).splits,
-                seconds: secs,
-                gflops,
-                of_square: share(&times),
-                shape,
-            };
-            let s = &row.shape;
-            say(format!(
-                "  {:<16} ×{:<2} {:>5}×{:<6}·K {:<6} batch {:<3}{}{} {:>8.2} GFLOP/s ({:>3.0}% of square{}) {:?}{}, split {}",
-                s.op,
-                count,
-                s.m,
-                s.n,
-                s.k,
-                s.batch,
-                if s.reduce_batch { " summed" } else { "       " },
-                match (s.a_transposed, s.b_transposed) {
-                    (true, true) => " AᵀBᵀ",
-                    (true, false) => " AᵀB ",
-                    (false, true) => " ABᵀ ",
-                    (false, false) => " AB  ",
-                },
-                gflops,
-                row.of_square * 100.0,
-                // Said only where writing the output bounds the rate.
-                if row.ceiling_of_square < 2.0 {
-                    format!(
-                        "; writing C alone {:.1} ms: at most {:.0}%",
-                        row.write_floor_seconds * 1e3,
-                        row.ceiling_of_square * 100.0
-                    )
-                } else {
-                    String::new()
-                },
-                row.class,
-                if choice.transposed {
-                    format!(" run as Cᵀ ({:?})", choice.class)
-                } else {
-                    String::new()
-                },
-                row.splits
-            ));
-            shapes.push(row);
-        }
-        let (mut t, data) = plan(&spec, args.batch).trainer(&e, 0)?;
+/// The square product each shape's share is taken against, timed again
+/// beside every shape, rep by rep: 1024³ whatever `--sizes` holds, so
+/// shares compare across runs and a large size does not multiply the
+/// run's length.
+struct Reference {
+    n: usize,
+    shape: GemmShape,
+    timed: Timed,
+}
+
+impl Reference {
+    /// Allocates the 1024³ reference product's operands (kept to the end
+    /// of the run).
+    fn new(ctx: &mut Ctx) -> anyhow::Result<Reference> {
+        let n = 1024;
+        let shape = square(n);
+        let timed = Timed::new(
+            &ctx.e,
+            &shape,
+            MatmulKernel::Tiled,
+            &mut ctx.rng,
+            DType::F32,
+        )?;
+        Ok(Reference { n, shape, timed })
+    }
+}
+
+/// One model's section: every product its step issues, timed beside the
+/// reference square, then the whole step.
+fn model_step(
+    ctx: &mut Ctx,
+    reference: &Reference,
+    name: String,
+    spec: &ModelSpec,
+) -> anyhow::Result<StepRow> {
+    ctx.say(format!(
+        "\n{} step, batch {}, Adam (each product's share of the {}³ square's rate: the square timed beside it, rep by rep):",
+        spec.describe(),
+        ctx.args.batch,
+        reference.n
+    ));
+    let mut shapes = Vec::new();
+    for (shape, count) in step_shapes(spec, ctx.args.batch)? {
+        shapes.push(shape_row(ctx, reference, shape, count)?);
+    }
+    whole_step(ctx, name, spec, shapes)
+}
+
+/// One product of a model's step: timed beside the reference square and
+/// beside its own K = 1 floor, printed.
+fn shape_row(
+    ctx: &mut Ctx,
+    reference: &Reference,
+    shape: GemmShape,
+    count: usize,
+) -> anyhow::Result<ShapeRow> {
+    let e = &ctx.e;
+    let choice = choose_for(e, &shape.gemm(), (DType::F32, DType::F32), false);
+    // The same outputs from a one-deep product: what writing them
+    // (and any partial sums) costs with no arithmetic to speak of.
+    let floor_shape = GemmShape {
+        k: 1,
+        conv: None,
+        ..shape.clone()
+    };
+    let [times, square_times, floor_times] = interleaved(
+        e,
+        [
+            &Timed::new(e, &shape, MatmulKernel::Tiled, &mut ctx.rng, DType::F32)?,
+            &reference.timed,
+            &Timed::new(
+                e,
+                &floor_shape,
+                MatmulKernel::Tiled,
+                &mut ctx.rng,
+                DType::F32,
+            )?,
+        ],
+        ctx.args.reps,
+    )?;
+    let secs = median(times.clone());
+    let floor = median(floor_times.clone());
+    let gflops = shape.flops() / secs / 1e9;
+    // Shares rep by rep (against the square timed beside it), then
+    // their median.
+    let share = |t: &[f64]| {
+        median(
+            t.iter()
+                .zip(&square_times)
+                .map(|(x, sq)| sq / x * shape.flops() / reference.shape.flops())
+                .collect(),
+        )
+    };
+    let row = ShapeRow {
+        write_floor_seconds: floor,
+        ceiling_of_square: share(&floor_times),
+        square_gflops: reference.shape.flops() / median(square_times.clone()) / 1e9,
+        count,
+        class: ShapeClass::of(shape.m, shape.n, shape.k),
+        transposed: choice.transposed,
+        tile: choice.describe(),
+        splits: plan_split(&shape.gemm()).splits,
+        seconds: secs,
+        gflops,
+        of_square: share(&times),
+        shape,
+    };
+    ctx.say(shape_line(&row, &choice));
+    Ok(row)
+}
+
+/// A product's line: its shape, rate, share of the square's, the bound
+/// writing its output sets, its class and split.
+fn shape_line(row: &ShapeRow, choice: &crate::ops::matmul::TileChoice) -> String {
+    let s = &row.shape;
+    format!(
+        "  {:<16} ×{:<2} {:>5}×{:<6}·K {:<6} batch {:<3}{}{} {:>8.2} GFLOP/s ({:>3.0}% of square{}) {:?}{}, split {}",
+        s.op,
+        row.count,
+        s.m,
+        s.n,
+        s.k,
+        s.batch,
+        if s.reduce_batch { " summed" } else { "       " },
+        match (s.a_transposed, s.b_transposed) {
+            (true, true) => " AᵀBᵀ",
+            (true, false) => " AᵀB ",
+            (false, true) => " ABᵀ ",
+            (false, false) => " AB  ",
+        },
+        row.gflops,
+        row.of_square * 100.0,
+        // Said only where writing the output bounds the rate.
+        if row.ceiling_of_square < 2.0 {
+            format!(
+                "; writing C alone {:.1} ms: at most {:.0}%",
+                row.write_floor_seconds * 1e3,
+                row.ceiling_of_square * 100.0
+            )
+        } else {
+            String::new()
+        },
+        row.class,
+        if choice.transposed {
+            format!(" run as Cᵀ ({:?})", choice.class)
+        } else {
+            String::new()
+        },
+        row.splits
+    )
+}
+
+/// The whole training step of `spec`: wall clock with the timer on, and
+/// each rep again untimed beside it (the host's share); printed.
+fn whole_step(
+    ctx: &mut Ctx,
+    name: String,
+    spec: &ModelSpec,
+    shapes: Vec<ShapeRow>,
+) -> anyhow::Result<StepRow> {
+    let (e, args) = (&ctx.e, ctx.args);
+    let (mut t, data) = plan(spec, args.batch).trainer(e, 0)?;
+    t.step(&data)?;
+    e.take_dispatch_times()?;
+    let (mut secs, mut untimed, mut device) = (Vec::new(), Vec::new(), Vec::new());
+    let mut last = None;
+    for _ in 0..args.reps {
+        let t0 = Instant::now();
         t.step(&data)?;
-        e.take_dispatch_times()?;
-        let (mut secs, mut untimed, mut device) = (Vec::new(), Vec::new(), Vec::new());
-        let mut last = None;
-        for _ in 0..args.reps {
+        e.synchronize()?;
+        secs.push(t0.elapsed().as_secs_f64());
+        last = e.take_dispatch_times()?;
+        if let Some((_, times)) = &last {
+            device.push(times.iter().map(|d| d.seconds).sum::<f64>());
+            // The same step untimed: its wall clock less the device
+            // time just measured is the host's share.
+            e.stop_timing()?;
             let t0 = Instant::now();
             t.step(&data)?;
             e.synchronize()?;
-            secs.push(t0.elapsed().as_secs_f64());
-            last = e.take_dispatch_times()?;
-            if let Some((_, times)) = &last {
-                device.push(times.iter().map(|d| d.seconds).sum::<f64>());
-                // The same step untimed: its wall clock less the device
-                // time just measured is the host's share.
-                e.stop_timing()?;
-                let t0 = Instant::now();
-                t.step(&data)?;
-                e.synchronize()?;
-                untimed.push(t0.elapsed().as_secs_f64());
-                e.start_timing();
-            }
+            untimed.push(t0.elapsed().as_secs_f64());
+            e.start_timing();
         }
-        let device_time = match (timing, last) {
-            (Some(_), Some((source, times))) => Some(OpTimes::of(source, &times)),
-            _ => None,
-        };
-        let med = median(secs.clone());
-        say(format!("  whole step: {:.1} ms (median)", med * 1e3));
-        let host: Vec<f64> = untimed.iter().zip(&device).map(|(w, d)| w - d).collect();
-        let (untimed_med, device_med, host_med) = if host.is_empty() {
-            (f64::NAN, f64::NAN, f64::NAN)
-        } else {
-            (
-                median(untimed.clone()),
-                median(device.clone()),
-                median(host),
-            )
-        };
-        if !device.is_empty() {
-            say(format!(
-                "  untimed step {:.2} ms, device time {:.2} ms: the host adds {:.2} ms (medians of {} pairs)",
-                untimed_med * 1e3,
-                device_med * 1e3,
-                host_med * 1e3,
-                device.len()
-            ));
-        }
-        if let Some(d) = &device_time {
-            say(d.table(8));
-        }
-        report.models.push(StepRow {
-            model: name,
-            batch: args.batch,
-            seconds_median: med,
-            seconds_all: secs,
-            untimed_seconds_all: untimed,
-            device_seconds_all: device,
-            untimed_seconds_median: untimed_med,
-            device_seconds_median: device_med,
-            host_seconds_median: host_med,
-            device_time,
-            shapes,
-        });
     }
-
-    if !args.no_precision {
-        precision(args, &e, &mut rng, &mut report, &say)?;
+    let device_time = match (ctx.timing, last) {
+        (Some(_), Some((source, times))) => Some(OpTimes::of(source, &times)),
+        _ => None,
+    };
+    let med = median(secs.clone());
+    ctx.say(format!("  whole step: {:.1} ms (median)", med * 1e3));
+    let host: Vec<f64> = untimed.iter().zip(&device).map(|(w, d)| w - d).collect();
+    let (untimed_med, device_med, host_med) = if host.is_empty() {
+        (f64::NAN, f64::NAN, f64::NAN)
+    } else {
+        (
+            median(untimed.clone()),
+            median(device.clone()),
+            median(host),
+        )
+    };
+    if !device.is_empty() {
+        ctx.say(format!(
+            "  untimed step {:.2} ms, device time {:.2} ms: the host adds {:.2} ms (medians of {} pairs)",
+            untimed_med * 1e3,
+            device_med * 1e3,
+            host_med * 1e3,
+            device.len()
+        ));
     }
+    if let Some(d) = &device_time {
+        ctx.say(d.table(8));
+    }
+    Ok(StepRow {
+        model: name,
+        batch: args.batch,
+        seconds_median: med,
+        seconds_all: secs,
+        untimed_seconds_all: untimed,
+        device_seconds_all: device,
+        untimed_seconds_median: untimed_med,
+        device_seconds_median: device_med,
+        host_seconds_median: host_med,
+        device_time,
+        shapes,
+    })
+}
 
-    if args.tune {
-        say("\ntuning (every candidate tile per shape class):".into());
-        let first = args.sizes.first().copied().unwrap_or(1024);
-        let mut probes: Vec<(String, GemmShape)> = vec![("square".into(), square(first))];
-        for m in &report.models {
-            for s in &m.shapes {
-                let class = format!("{:?}", s.class).to_lowercase();
-                if !probes
-                    .iter()
-                    .any(|(_, p)| p.m == s.shape.m && p.n == s.shape.n && p.k == s.shape.k)
-                {
-                    probes.push((class, s.shape.clone()));
-                }
-            }
-        }
-        for (class, shape) in probes {
-            // Every candidate on one set of operands, taken in turn rep by
-            // rep, so the ranking is not the machine's drift.
-            let timed = Timed::new(&e, &shape, MatmulKernel::Tiled, &mut rng, DType::F32)?;
-            let mut kernels: Vec<(String, MatmulKernel)> =
-                candidates(&e, cpu, target == Target::CpuSubgroup8)
-                    .into_iter()
-                    .map(|t| (t.describe(), MatmulKernel::Fixed(t)))
-                    .collect();
-            let chosen = choose_for(&e, &shape.gemm(), (DType::F32, DType::F32), false).describe();
-            // A transposed choice is not among the candidates (they run
-            // as issued): time it as the models run it.
-            if !kernels.iter().any(|(name, _)| *name == chosen) {
-                kernels.push((chosen.clone(), MatmulKernel::Tiled));
-            }
-            let runs: Vec<(&Timed, MatmulKernel)> =
-                kernels.iter().map(|(_, k)| (&timed, *k)).collect();
-            let times = in_turn(&e, &runs, args.reps.min(3))?;
-            let mut tried: Vec<(String, f64)> = kernels
-                .into_iter()
-                .zip(times)
-                .map(|((name, _), t)| (name, shape.flops() / median(t) / 1e9))
-                .collect();
-            let chosen_gflops = tried
+/// `--tune`: every candidate tile on the first square size and on each
+/// distinct product the models issued, the best beside the chosen one.
+fn tune(ctx: &mut Ctx, report: &mut BenchReport) -> anyhow::Result<()> {
+    ctx.say("\ntuning (every candidate tile per shape class):".into());
+    let first = ctx.args.sizes.first().copied().unwrap_or(1024);
+    let mut probes: Vec<(String, GemmShape)> = vec![("square".into(), square(first))];
+    for m in &report.models {
+        for s in &m.shapes {
+            let class = format!("{:?}", s.class).to_lowercase();
+            if !probes
                 .iter()
-                .find(|t| t.0 == chosen)
-                .map_or(f64::NAN, |t| t.1);
-            tried.sort_by(|a, b| b.1.total_cmp(&a.1));
-            let row = TuneRow {
-                class: class.clone(),
-                shape: format!(
-                    "{} {}×{}·K{} batch {}",
-                    shape.op, shape.m, shape.n, shape.k, shape.batch
-                ),
-                best: tried[0].0.clone(),
-                best_gflops: tried[0].1,
-                chosen,
-                chosen_gflops,
-                tried: tried.into_iter().take(8).collect(),
-            };
-            say(format!(
-                "  {:<8} {:<44} best {:<28} {:>8.2} GFLOP/s; chosen {} {:.2}",
-                row.class, row.shape, row.best, row.best_gflops, row.chosen, row.chosen_gflops
-            ));
-            report.tune.push(row);
+                .any(|(_, p)| p.m == s.shape.m && p.n == s.shape.n && p.k == s.shape.k)
+            {
+                probes.push((class, s.shape.clone()));
+            }
         }
     }
+    let bar = super::progress::bar(probes.len() as u64, "tune", ctx.args.json);
+    for (class, shape) in probes {
+        bar.set_message(class.clone());
+        let row = tune_one(ctx, class, shape)?;
+        ctx.say(format!(
+            "  {:<8} {:<44} best {:<28} {:>8.2} GFLOP/s; chosen {} {:.2}",
+            row.class, row.shape, row.best, row.best_gflops, row.chosen, row.chosen_gflops
+        ));
+        report.tune.push(row);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    Ok(())
+}
+
+/// Every candidate tile (and the chosen one) on one product, ranked by
+/// GFLOP/s.
+fn tune_one(ctx: &mut Ctx, class: String, shape: GemmShape) -> anyhow::Result<TuneRow> {
+    // Every candidate on one set of operands, taken in turn rep by
+    // rep, so the ranking is not the machine's drift.
+    let e = &ctx.e;
+    let timed = Timed::new(e, &shape, MatmulKernel::Tiled, &mut ctx.rng, DType::F32)?;
+    let mut kernels: Vec<(String, MatmulKernel)> =
+        candidates(e, ctx.cpu, ctx.target == Target::CpuSubgroup8)
+            .into_iter()
+            .map(|t| (t.describe(), MatmulKernel::Fixed(t)))
+            .collect();
+    let chosen = choose_for(e, &shape.gemm(), (DType::F32, DType::F32), false).describe();
+    // A transposed choice is not among the candidates (they run
+    // as issued): time it as the models run it.
+    if !kernels.iter().any(|(name, _)| *name == chosen) {
+        kernels.push((chosen.clone(), MatmulKernel::Tiled));
+    }
+    let runs: Vec<(&Timed, MatmulKernel)> = kernels.iter().map(|(_, k)| (&timed, *k)).collect();
+    let times = in_turn(e, &runs, ctx.args.reps.min(3))?;
+    let mut tried: Vec<(String, f64)> = kernels
+        .into_iter()
+        .zip(times)
+        .map(|((name, _), t)| (name, shape.flops() / median(t) / 1e9))
+        .collect();
+    let chosen_gflops = tried
+        .iter()
+        .find(|t| t.0 == chosen)
+        .map_or(f64::NAN, |t| t.1);
+    tried.sort_by(|a, b| b.1.total_cmp(&a.1));
+    Ok(TuneRow {
+        class: class.clone(),
+        shape: format!(
+            "{} {}×{}·K{} batch {}",
+            shape.op, shape.m, shape.n, shape.k, shape.batch
+        ),
+        best: tried[0].0.clone(),
+        best_gflops: tried[0].1,
+        chosen,
+        chosen_gflops,
+        tried: tried.into_iter().take(8).collect(),
+    })
+}
+
+/// Adds what tile tuning did in this run to the report, says it, and
+/// prints the JSON report with `--json`.
+fn finish(ctx: &Ctx, report: &mut BenchReport) -> anyhow::Result<()> {
     report.tuning = crate::ops::matmul::tune::stats();
     let t = &report.tuning;
     if t.tuned + t.from_cache > 0 {
-        say(format!(
+        ctx.say(format!(
             "\ntile tuning: {} shape classes timed ({} tiles), {} read from {}",
             t.tuned,
             t.timed,
@@ -817,43 +962,52 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             t.cache.as_deref().unwrap_or("no cache file")
         ));
     }
-    if args.json {
+    if ctx.args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     }
     Ok(())
 }
 
 /// Mixed precision on this adapter: the square product at 1024 (or the
-/// first size) with operands and output in each dtype, and each model's
-/// training step under autocast beside f32, the three trainers stepped in
-/// turn each rep so the ratios share the machine's state.
-fn precision(
-    args: &BenchArgs,
-    e: &Engine,
-    rng: &mut Rng,
-    report: &mut BenchReport,
-    say: &dyn Fn(String),
-) -> anyhow::Result<()> {
-    let dtypes = vec![DType::F32, DType::F16, DType::Bf16];
-    if !e.has_shader_f16() {
-        say("\n(no native f16 on this adapter: f16 is stored packed and computed in f32)".into());
+/// first size) in each dtype, then each model's step under autocast.
+fn precision(ctx: &mut Ctx, report: &mut BenchReport) -> anyhow::Result<()> {
+    let dtypes = [DType::F32, DType::F16, DType::Bf16];
+    if !ctx.e.has_shader_f16() {
+        ctx.say(
+            "\n(no native f16 on this adapter: f16 is stored packed and computed in f32)".into(),
+        );
     }
+    precision_square(ctx, report, &dtypes)?;
+    for name in ctx.args.models.iter().filter(|m| m.as_str() != "none") {
+        precision_step(ctx, report, name, &dtypes)?;
+    }
+    Ok(())
+}
+
+/// The square product at 1024 (or the first size) with operands and
+/// output in each dtype, beside f32's speed.
+fn precision_square(
+    ctx: &mut Ctx,
+    report: &mut BenchReport,
+    dtypes: &[DType],
+) -> anyhow::Result<()> {
+    let args = ctx.args;
     let n = if args.sizes.contains(&1024) {
         1024
     } else {
         args.sizes.first().copied().unwrap_or(1024)
     };
-    say(format!(
+    ctx.say(format!(
         "\nmixed precision: matmul {n}³, operands and output in each dtype:"
     ));
     let s = square(n);
     let mut f32_secs = f64::NAN;
-    for &d in &dtypes {
-        let secs = time_gemm_in(e, &s, MatmulKernel::Tiled, args.reps, rng, d)?;
+    for &d in dtypes {
+        let secs = time_gemm_in(&ctx.e, &s, MatmulKernel::Tiled, args.reps, &mut ctx.rng, d)?;
         if d == DType::F32 {
             f32_secs = secs;
         }
-        say(format!(
+        ctx.say(format!(
             "  {:<5} {:>9.2} GFLOP/s  {:>9.3} ms  {:.2}× f32's speed",
             d.to_string(),
             s.flops() / secs / 1e9,
@@ -868,60 +1022,71 @@ fn precision(
             peak_allocated_bytes: None,
         });
     }
-    for name in args.models.iter().filter(|m| m.as_str() != "none") {
-        let spec = ModelSpec::default_for(name).map_err(anyhow::Error::msg)?;
-        let amps: Vec<Option<DType>> = std::iter::once(None)
-            .chain(dtypes.iter().skip(1).map(|&d| Some(d)))
-            .collect();
-        let mut runs = Vec::new();
-        for &amp in &amps {
-            let mut p = plan(&spec, args.batch);
-            p.amp = amp;
-            // The steady-state peak of this model alone (the three trainers
-            // share the device here): two steps on a simulated device.
-            let sim = Engine::simulated(AllocatorConfig::default(), None);
-            let profile = crate::estimate::run::run_steps(sim, &p, 0, 2)?;
-            let peak = crate::estimate::analyze(&profile.events, &profile.layer_outputs)
-                .peak_allocated_bytes;
-            let (mut t, data) = p.trainer(e, 0)?;
-            t.step(&data)?;
-            runs.push((t, data, Vec::new(), peak));
+    Ok(())
+}
+
+/// Model `name`'s training step in f32 and under autocast to each 16-bit
+/// dtype, the trainers stepped in turn each rep so the ratios share the
+/// machine's state; each with its simulated peak.
+fn precision_step(
+    ctx: &Ctx,
+    report: &mut BenchReport,
+    name: &str,
+    dtypes: &[DType],
+) -> anyhow::Result<()> {
+    let (e, args) = (&ctx.e, ctx.args);
+    let spec = ModelSpec::default_for(name).map_err(anyhow::Error::msg)?;
+    let amps: Vec<Option<DType>> = std::iter::once(None)
+        .chain(dtypes.iter().skip(1).map(|&d| Some(d)))
+        .collect();
+    let mut runs = Vec::new();
+    for &amp in &amps {
+        let mut p = plan(&spec, args.batch);
+        p.amp = amp;
+        // The steady-state peak of this model alone (the three trainers
+        // share the device here): two steps on a simulated device.
+        let sim = Engine::simulated(AllocatorConfig::default(), None);
+        let profile = crate::estimate::run::run_steps(sim, &p, 0, 2)?;
+        let peak =
+            crate::estimate::analyze(&profile.events, &profile.layer_outputs).peak_allocated_bytes;
+        let (mut t, data) = p.trainer(e, 0)?;
+        t.step(&data)?;
+        runs.push((t, data, Vec::new(), peak));
+    }
+    e.synchronize()?;
+    e.take_dispatch_times()?;
+    for _ in 0..args.reps {
+        for (t, data, secs, _) in runs.iter_mut() {
+            let t0 = Instant::now();
+            t.step(data)?;
+            e.synchronize()?;
+            secs.push(t0.elapsed().as_secs_f64());
         }
-        e.synchronize()?;
-        e.take_dispatch_times()?;
-        for _ in 0..args.reps {
-            for (t, data, secs, _) in runs.iter_mut() {
-                let t0 = Instant::now();
-                t.step(data)?;
-                e.synchronize()?;
-                secs.push(t0.elapsed().as_secs_f64());
-            }
-        }
-        e.take_dispatch_times()?;
-        say(format!(
-            "  {} step, batch {} (interleaved):",
-            spec.describe(),
-            args.batch
+    }
+    e.take_dispatch_times()?;
+    ctx.say(format!(
+        "  {} step, batch {} (interleaved):",
+        spec.describe(),
+        args.batch
+    ));
+    let base = median(runs[0].2.clone());
+    for (amp, (_, _, secs, peak)) in amps.iter().zip(runs) {
+        let med = median(secs);
+        let mode = amp.map_or("f32".to_string(), |d| format!("amp {d}"));
+        ctx.say(format!(
+            "    {:<9} {:>9.1} ms  {:.2}× f32's speed  peak {:.2} MiB",
+            mode,
+            med * 1e3,
+            base / med,
+            mib(peak)
         ));
-        let base = median(runs[0].2.clone());
-        for (amp, (_, _, secs, peak)) in amps.iter().zip(runs) {
-            let med = median(secs);
-            let mode = amp.map_or("f32".to_string(), |d| format!("amp {d}"));
-            say(format!(
-                "    {:<9} {:>9.1} ms  {:.2}× f32's speed  peak {:.2} MiB",
-                mode,
-                med * 1e3,
-                base / med,
-                peak as f64 / 1048576.0
-            ));
-            report.precision.push(PrecisionRow {
-                what: name.clone(),
-                mode,
-                seconds: med,
-                speedup_vs_f32: base / med,
-                peak_allocated_bytes: Some(peak),
-            });
-        }
+        report.precision.push(PrecisionRow {
+            what: name.to_string(),
+            mode,
+            seconds: med,
+            speedup_vs_f32: base / med,
+            peak_allocated_bytes: Some(peak),
+        });
     }
     Ok(())
 }

@@ -9,6 +9,7 @@ use crate::estimate::Plan;
 use crate::lab::strategies::NAMES;
 use crate::lab::synthetic;
 use crate::lab::workload::{compare, RunResult, Workload};
+use crate::memory::mib;
 use crate::memory::AllocatorConfig;
 use crate::nn::ModelSpec;
 use crate::tensor::Engine;
@@ -45,7 +46,12 @@ struct WorkloadReport {
 /// Traces of vramlab's own training: two steps of each zoo model.
 pub fn recorded_suite() -> anyhow::Result<Vec<Workload>> {
     let cases = [
-        ("simple-cnn", ModelSpec::SimpleCnn, 64, OptimizerKind::Adam),
+        (
+            "simple-cnn",
+            ModelSpec::from(crate::nn::SimpleCnnSpec),
+            64,
+            OptimizerKind::Adam,
+        ),
         (
             "resnet-mini",
             ModelSpec::default_for("resnet-mini").map_err(anyhow::Error::msg)?,
@@ -54,21 +60,21 @@ pub fn recorded_suite() -> anyhow::Result<Vec<Workload>> {
         ),
         (
             "attention",
-            ModelSpec::Attention {
+            ModelSpec::from(crate::nn::AttentionSpec {
                 seq_len: 256,
                 dim: 64,
                 hidden: 256,
                 classes: 10,
-            },
+            }),
             8,
             OptimizerKind::Adamw,
         ),
         (
             "mlp",
-            ModelSpec::Mlp {
+            ModelSpec::from(crate::nn::MlpSpec {
                 widths: vec![784, 1024, 1024, 1024, 10],
                 checkpoint_every: 0,
-            },
+            }),
             256,
             OptimizerKind::Adam,
         ),
@@ -154,7 +160,7 @@ pub fn run(args: &BenchAllocArgs) -> anyhow::Result<()> {
             "{} — {} operations, lower bound {:.2} MiB",
             r.name,
             r.operations,
-            r.lower_bound_bytes as f64 / 1048576.0
+            mib(r.lower_bound_bytes)
         );
         super::replay::print_results(&r.results);
         println!();

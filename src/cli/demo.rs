@@ -4,13 +4,14 @@
 
 use super::args::{AllocArgs, DeviceArgs};
 use crate::autograd::{functions as f, Tape, Value};
-use crate::memory::{memory_summary, Category, Mib};
+use crate::memory::mib;
+use crate::memory::{memory_summary, AllocatorConfig, Category, Mib};
 use crate::nn::init::Rng;
 use crate::nn::simple_cnn::{CLASSES, INPUT};
 use crate::nn::Model;
 use crate::nn::{ParamStore, SimpleConvNet};
 use crate::optim::Adam;
-use crate::tensor::{Engine, Tensor};
+use crate::tensor::{DType, Engine, Tensor};
 use clap::Args;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -68,63 +69,114 @@ const ARTICLE_ESTIMATE: [(&str, f64); 5] = [
 const ARTICLE_TOTAL_MIB: f64 = 55.73;
 const ARTICLE_MEASURED_MB: f64 = 54.12;
 
+/// Runs `vramlab demo`: the simulated figures, the real steps, then the
+/// comparison with the article (or one JSON object).
 pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
+    check_flags(args)?;
+    let start = Instant::now();
+    let config = args.alloc.config(None)?;
+    let f32_peaks = f32_peaks(args, &config)?;
+    let at_peak = at_peak(args, &config)?;
+    let mut demo = setup(args, config)?;
+    print_header(args, &demo);
+    let mut steps = Vec::new();
+    for step in 1..=args.steps {
+        let (r, skipped) = train_step(args, &mut demo, step, f32_peaks.as_deref())?;
+        if !args.json {
+            print_step(args, &r, skipped);
+        }
+        steps.push(r);
+    }
+    report(args, &demo, steps, &at_peak, start)
+}
+
+/// Refuses a bad learning rate, batch or step count.
+fn check_flags(args: &DemoArgs) -> anyhow::Result<()> {
     super::args::check_number("--lr", args.lr, true)?;
     if args.batch == 0 || args.steps == 0 {
         anyhow::bail!("--batch and --steps must be at least 1");
     }
-    let start = Instant::now();
-    let config = args.alloc.config(None)?;
-    // With --amp, the f32 peaks of the same steps (a simulated run: memory
-    // depends on shapes only).
-    let plan = |amp| -> anyhow::Result<crate::estimate::Plan> {
-        Ok(crate::estimate::Plan {
-            model: crate::nn::ModelSpec::default_for("simple-cnn").map_err(anyhow::Error::msg)?,
-            batch: args.batch,
-            optimizer: crate::train::OptimizerConfig::new(
-                crate::train::OptimizerKind::Adam,
-                Some(args.lr),
-                None,
-                None,
-            ),
-            mode: crate::train::Mode::Train,
-            amp,
-            dtype: crate::tensor::DType::F32,
-            loss: Default::default(),
-            config: config.clone(),
-        })
-    };
-    let f32_peaks: Option<Vec<u64>> = match args.amp {
-        Some(_) => Some(plan(None)?.step_peaks(args.steps)?),
-        None => None,
-    };
-    // What is live at the peak, by category: the same steps on a simulated
-    // device (exact, see `estimate`), to say where the article's count
-    // falls short.
-    let at_peak = {
-        let p = plan(args.amp)?;
-        let run = crate::estimate::run::run_steps(
-            Engine::simulated(p.config.clone(), None),
-            &p,
-            args.seed,
-            args.steps,
-        )?;
-        crate::estimate::analyze(&run.events, &run.layer_outputs).by_category
-    };
-    let mut scaler =
-        (args.amp == Some(crate::tensor::DType::F16)).then(crate::optim::GradScaler::default);
+    Ok(())
+}
+
+/// The demo's steps as an estimate plan (simple-cnn, the batch, Adam at
+/// `--lr`), autocast to `amp`.
+fn plan(
+    args: &DemoArgs,
+    config: &AllocatorConfig,
+    amp: Option<DType>,
+) -> anyhow::Result<crate::estimate::Plan> {
+    Ok(crate::estimate::Plan {
+        model: crate::nn::ModelSpec::default_for("simple-cnn").map_err(anyhow::Error::msg)?,
+        batch: args.batch,
+        optimizer: crate::train::OptimizerConfig::new(
+            crate::train::OptimizerKind::Adam,
+            Some(args.lr),
+            None,
+            None,
+        ),
+        mode: crate::train::Mode::Train,
+        amp,
+        dtype: DType::F32,
+        loss: Default::default(),
+        config: config.clone(),
+    })
+}
+
+/// With `--amp`, the f32 peaks of the same steps (a simulated run: memory
+/// depends on shapes only).
+fn f32_peaks(args: &DemoArgs, config: &AllocatorConfig) -> anyhow::Result<Option<Vec<u64>>> {
+    match args.amp {
+        Some(_) => Ok(Some(plan(args, config, None)?.step_peaks(args.steps)?)),
+        None => Ok(None),
+    }
+}
+
+/// What is live at the peak, by category: the same steps on a simulated
+/// device (exact, see `estimate`), to say where the article's count
+/// falls short.
+fn at_peak(
+    args: &DemoArgs,
+    config: &AllocatorConfig,
+) -> anyhow::Result<BTreeMap<&'static str, u64>> {
+    let p = plan(args, config, args.amp)?;
+    let run = crate::estimate::run::run_steps(
+        Engine::simulated(p.config.clone(), None),
+        &p,
+        args.seed,
+        args.steps,
+    )?;
+    Ok(crate::estimate::analyze(&run.events, &run.layer_outputs).by_category)
+}
+
+/// The model on the device, its parameters, Adam, the loss scaler (f16)
+/// and the one random batch every step trains on.
+struct Demo {
+    scaler: Option<crate::optim::GradScaler>,
+    engine: Engine,
+    store: ParamStore,
+    model: SimpleConvNet,
+    adam: Adam,
+    x: Tensor,
+    y: Tensor,
+}
+
+/// Makes the engine, the model with its parameters, Adam and the batch
+/// (tagged as input).
+fn setup(args: &DemoArgs, config: AllocatorConfig) -> anyhow::Result<Demo> {
+    let scaler = (args.amp == Some(DType::F16)).then(crate::optim::GradScaler::default);
     let engine = Engine::new(&args.device.options(), config)?;
     let mut rng = Rng::new(args.seed);
     let mut store = ParamStore::new();
     let model = SimpleConvNet::new(&engine, &mut store, &mut rng)?;
-    let mut adam = Adam::new(args.lr);
+    let adam = Adam::new(args.lr);
     let batch_scope = engine.scope(Category::Input, "batch");
     // Device memory first: a batch the device cannot hold is an error
     // before its values are made on the host.
     let x = Tensor::generated(
         &engine,
         &[args.batch, INPUT[0], INPUT[1], INPUT[2]],
-        crate::tensor::DType::F32,
+        DType::F32,
         "input",
         |n| rng.normal(n),
     )?;
@@ -133,135 +185,207 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
         .collect();
     let y = Tensor::from_slice(&engine, &labels, &[args.batch], "labels")?;
     drop(batch_scope);
+    Ok(Demo {
+        scaler,
+        engine,
+        store,
+        model,
+        adam,
+        x,
+        y,
+    })
+}
 
-    if !args.json {
-        println!("vramlab demo: the articles' SimpleConvNet (conv 3→64 k3, ReLU, conv 64→128 k3, ReLU, flatten, fc 100,352→10)");
-        println!(
-            "batch {}, Adam lr {}, {} steps, on {} ({})",
-            args.batch,
-            args.lr,
-            args.steps,
-            engine.device_name(),
-            engine.backend_name()
-        );
-        println!(
-            "parameters: {} elements = {}",
-            store.numel(),
-            Mib((store.numel() * 4) as u64)
-        );
-        println!();
+/// Prints (as text, not with `--json`) the model, the run and the
+/// parameter count.
+fn print_header(args: &DemoArgs, d: &Demo) {
+    if args.json {
+        return;
     }
-    let mut steps = Vec::new();
-    for step in 1..=args.steps {
-        let t0 = Instant::now();
-        engine.allocator().reset_peak_memory_stats();
-        store.zero_grad();
-        let tape = Tape::new();
-        // with torch.autocast(...): logits = model(x); loss = F.cross_entropy(logits, y)
-        let forward = || -> anyhow::Result<_> {
-            let logits = model.forward(&tape, &store, &Value::constant(x.clone()))?;
-            Ok(f::cross_entropy(&tape, &logits, &y)?)
-        };
-        let loss = match args.amp {
-            Some(d) => tape.autocast(d, forward)?,
-            None => forward()?,
-        };
-        // scaler.scale(loss).backward(); scaler.step(opt); scaler.update()
-        let mut skipped = false;
-        match scaler.as_mut() {
-            Some(s) => {
-                tape.backward_scaled(&loss, &mut store, s.scale)?;
-                skipped = s.unscale(&mut store)?;
-                s.update(skipped);
-            }
-            None => tape.backward(&loss, &mut store)?,
-        }
-        if !skipped {
-            let _scope = engine.scope(Category::OptimizerState, "adam.step");
-            crate::optim::Optimizer::step(&mut adam, &mut store)?;
-        }
-        let loss_value = loss.tensor().to_vec()?[0];
-        if !loss_value.is_finite() {
-            return Err(super::args::non_finite_loss(step, loss_value).into());
-        }
-        drop(loss);
-        engine.synchronize()?;
-        let a = engine.allocator();
-        let r = StepReport {
-            step,
-            loss: loss_value,
-            allocated_bytes: a.memory_allocated(),
-            reserved_bytes: a.memory_reserved(),
-            peak_allocated_bytes: a.max_memory_allocated(),
-            seconds: t0.elapsed().as_secs_f64(),
-            f32_peak_allocated_bytes: f32_peaks.as_ref().map(|p| p[step - 1]),
-        };
-        drop(a);
-        if !args.json {
-            println!(
-                "step {step}: loss {:.4}  memory_allocated {:.2} MiB  memory_reserved {:.2} MiB  max_memory_allocated {:.2} MiB  ({:.1} s)",
-                r.loss,
-                r.allocated_bytes as f64 / 1048576.0,
-                r.reserved_bytes as f64 / 1048576.0,
-                r.peak_allocated_bytes as f64 / 1048576.0,
-                r.seconds
-            );
-            if let (Some(d), Some(f32_peak)) = (args.amp, r.f32_peak_allocated_bytes) {
-                println!(
-                    "        amp {d}: peak {:.2} MiB vs {:.2} MiB in f32 ({:+.1}%){}",
-                    r.peak_allocated_bytes as f64 / 1048576.0,
-                    f32_peak as f64 / 1048576.0,
-                    (r.peak_allocated_bytes as f64 / f32_peak as f64 - 1.0) * 100.0,
-                    if skipped {
-                        "; inf/NaN gradient: step skipped, scale halved"
-                    } else {
-                        ""
-                    }
-                );
-            }
-        }
-        steps.push(r);
-    }
+    println!("vramlab demo: the articles' SimpleConvNet (conv 3→64 k3, ReLU, conv 64→128 k3, ReLU, flatten, fc 100,352→10)");
+    println!(
+        "batch {}, Adam lr {}, {} steps, on {} ({})",
+        args.batch,
+        args.lr,
+        args.steps,
+        d.engine.device_name(),
+        d.engine.backend_name()
+    );
+    println!(
+        "parameters: {} elements = {}",
+        d.store.numel(),
+        Mib((d.store.numel() * 4) as u64)
+    );
+    println!();
+}
 
-    // What is alive after the last step, by the category the allocator
-    // tagged each block with.
-    let alloc = engine.allocator();
+/// One training step (forward under autocast with `--amp`, backward scaled
+/// with f16, Adam) and its memory; also whether the scaler skipped it.
+fn train_step(
+    args: &DemoArgs,
+    d: &mut Demo,
+    step: usize,
+    f32_peaks: Option<&[u64]>,
+) -> anyhow::Result<(StepReport, bool)> {
+    let t0 = Instant::now();
+    d.engine.allocator().reset_peak_memory_stats();
+    d.store.zero_grad();
+    let tape = Tape::new();
+    // with torch.autocast(...): logits = model(x); loss = F.cross_entropy(logits, y)
+    let forward = || -> anyhow::Result<_> {
+        let logits = d
+            .model
+            .forward(&tape, &d.store, &Value::constant(d.x.clone()))?;
+        Ok(f::cross_entropy(&tape, &logits, &d.y)?)
+    };
+    let loss = match args.amp {
+        Some(dtype) => tape.autocast(dtype, forward)?,
+        None => forward()?,
+    };
+    // scaler.scale(loss).backward(); scaler.step(opt); scaler.update()
+    let mut skipped = false;
+    match d.scaler.as_mut() {
+        Some(s) => {
+            tape.backward_scaled(&loss, &mut d.store, s.scale)?;
+            skipped = s.unscale(&mut d.store)?;
+            s.update(skipped);
+        }
+        None => tape.backward(&loss, &mut d.store)?,
+    }
+    if !skipped {
+        let _scope = d.engine.scope(Category::OptimizerState, "adam.step");
+        crate::optim::Optimizer::step(&mut d.adam, &mut d.store)?;
+    }
+    let loss_value = loss.tensor().to_vec()?[0];
+    if !loss_value.is_finite() {
+        return Err(super::args::non_finite_loss(step, loss_value).into());
+    }
+    drop(loss);
+    d.engine.synchronize()?;
+    let a = d.engine.allocator();
+    let r = StepReport {
+        step,
+        loss: loss_value,
+        allocated_bytes: a.memory_allocated(),
+        reserved_bytes: a.memory_reserved(),
+        peak_allocated_bytes: a.max_memory_allocated(),
+        seconds: t0.elapsed().as_secs_f64(),
+        f32_peak_allocated_bytes: f32_peaks.map(|p| p[step - 1]),
+    };
+    drop(a);
+    // The tape goes only now, after the figures, as it did in one loop.
+    drop(tape);
+    Ok((r, skipped))
+}
+
+/// Prints a step's loss and memory, and with `--amp` its peak beside f32's.
+fn print_step(args: &DemoArgs, r: &StepReport, skipped: bool) {
+    println!(
+        "step {}: loss {:.4}  memory_allocated {:.2} MiB  memory_reserved {:.2} MiB  max_memory_allocated {:.2} MiB  ({:.1} s)",
+        r.step,
+        r.loss,
+        mib(r.allocated_bytes),
+        mib(r.reserved_bytes),
+        mib(r.peak_allocated_bytes),
+        r.seconds
+    );
+    if let (Some(d), Some(f32_peak)) = (args.amp, r.f32_peak_allocated_bytes) {
+        println!(
+            "        amp {d}: peak {:.2} MiB vs {:.2} MiB in f32 ({:+.1}%){}",
+            mib(r.peak_allocated_bytes),
+            mib(f32_peak),
+            (r.peak_allocated_bytes as f64 / f32_peak as f64 - 1.0) * 100.0,
+            if skipped {
+                "; inf/NaN gradient: step skipped, scale halved"
+            } else {
+                ""
+            }
+        );
+    }
+}
+
+/// The last step's allocated, reserved and peak bytes (zeros without
+/// steps).
+type Last = (u64, u64, u64);
+
+/// Prints the run's end: the JSON report, or the article's figures beside
+/// the measured ones, what they mean, and the memory summary.
+fn report(
+    args: &DemoArgs,
+    d: &Demo,
+    steps: Vec<StepReport>,
+    at_peak: &BTreeMap<&'static str, u64>,
+    start: Instant,
+) -> anyhow::Result<()> {
+    let alloc = d.engine.allocator();
+    let live = live_by_category(&alloc.snapshot());
+    let last: Last = steps
+        .last()
+        .map(|s| (s.allocated_bytes, s.reserved_bytes, s.peak_allocated_bytes))
+        .unwrap_or_default();
+    if args.json {
+        return print_json(args, d, steps, &live, at_peak, alloc.stats(), start);
+    }
+    print_comparison(&live, last);
+    print_reading(at_peak, last);
+    print!(
+        "{}",
+        memory_summary(alloc.stats(), &d.engine.device_name(), true)
+    );
+    println!("finished in {:.1} s", start.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// What is alive after the last step, by the category the allocator
+/// tagged each block with.
+fn live_by_category(snapshot: &crate::memory::Snapshot) -> BTreeMap<&'static str, u64> {
     let mut live: BTreeMap<&'static str, u64> = BTreeMap::new();
-    for seg in alloc.snapshot().segments {
-        for b in seg.blocks {
+    for seg in &snapshot.segments {
+        for b in &seg.blocks {
             if let Some(c) = b.category {
                 *live.entry(c.name()).or_default() += b.size;
             }
         }
     }
-    let last = steps
-        .last()
-        .map(|s| (s.allocated_bytes, s.reserved_bytes, s.peak_allocated_bytes))
-        .unwrap_or_default();
-    if args.json {
-        let report = serde_json::json!({
-            "model": "simple-cnn",
-            "batch": args.batch,
-            "amp": args.amp,
-            "adapter": engine.device_name(),
-            "backend": engine.backend_name(),
-            "parameters": store.numel(),
-            "steps": steps,
-            "live_after_last_step_bytes": live,
-            "at_peak_by_category_bytes": at_peak,
-            "article": {
-                "estimate_mib": ARTICLE_ESTIMATE.iter().cloned().collect::<BTreeMap<_, _>>(),
-                "estimate_total_mib": ARTICLE_TOTAL_MIB,
-                "cuda_allocated_after_step_mb": ARTICLE_MEASURED_MB,
-                "cuda_reserved_after_step_mb": ARTICLE_MEASURED_MB,
-            },
-            "memory_stats": alloc.stats().flat(),
-            "seconds": start.elapsed().as_secs_f64(),
-        });
-        println!("{}", serde_json::to_string_pretty(&report)?);
-        return Ok(());
-    }
-    let mib = |b: u64| b as f64 / 1048576.0;
+    live
+}
+
+/// Prints the `--json` report: the steps, what is live after them and at
+/// the peak, the article's figures and the allocator's statistics.
+fn print_json(
+    args: &DemoArgs,
+    d: &Demo,
+    steps: Vec<StepReport>,
+    live: &BTreeMap<&'static str, u64>,
+    at_peak: &BTreeMap<&'static str, u64>,
+    stats: &crate::memory::DeviceStats,
+    start: Instant,
+) -> anyhow::Result<()> {
+    let report = serde_json::json!({
+        "model": "simple-cnn",
+        "batch": args.batch,
+        "amp": args.amp,
+        "adapter": d.engine.device_name(),
+        "backend": d.engine.backend_name(),
+        "parameters": d.store.numel(),
+        "steps": steps,
+        "live_after_last_step_bytes": live,
+        "at_peak_by_category_bytes": at_peak,
+        "article": {
+            "estimate_mib": ARTICLE_ESTIMATE.iter().cloned().collect::<BTreeMap<_, _>>(),
+            "estimate_total_mib": ARTICLE_TOTAL_MIB,
+            "cuda_allocated_after_step_mb": ARTICLE_MEASURED_MB,
+            "cuda_reserved_after_step_mb": ARTICLE_MEASURED_MB,
+        },
+        "memory_stats": stats.flat(),
+        "seconds": start.elapsed().as_secs_f64(),
+    });
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(())
+}
+
+/// Prints the table of the article's figures beside the measured ones.
+fn print_comparison(live: &BTreeMap<&'static str, u64>, last: Last) {
     println!();
     println!("The article vs vramlab (MiB):");
     println!("  {:<28} {:>10} {:>12}", "", "article", "measured");
@@ -296,6 +420,11 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
         ARTICLE_MEASURED_MB,
         mib(last.1)
     );
+}
+
+/// Prints what the figures mean: what is alive after a step, what is live
+/// at the peak, why reserved differs, and the loss.
+fn print_reading(at_peak: &BTreeMap<&'static str, u64>, last: Last) {
     println!();
     println!("Reading it:");
     println!("  - After a step only parameters, gradients (kept until zero_grad), Adam's two states and the");
@@ -334,10 +463,4 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
     println!("  - The loss: one random batch; at lr 1e-3 Adam's first steps can overshoot (fc has 100,352");
     println!("    inputs per class). `--lr 1e-4 --steps 10` shows it falling steadily.");
     println!();
-    print!(
-        "{}",
-        memory_summary(alloc.stats(), &engine.device_name(), true)
-    );
-    println!("finished in {:.1} s", start.elapsed().as_secs_f64());
-    Ok(())
 }

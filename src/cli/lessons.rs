@@ -111,25 +111,34 @@ pub fn run_list(args: &LessonsArgs) -> anyhow::Result<()> {
     // A line per lesson on stderr as it ends: a measured run takes minutes
     // per large model on a software adapter.
     let total = chosen.len();
+    let bar = super::progress::bar(total as u64, "lessons", args.json);
     let runs: Vec<Run> = chosen
         .into_iter()
         .enumerate()
         .map(|(i, l)| {
             let start = std::time::Instant::now();
+            bar.set_message(l.id);
             let r = (l.run)(&c).map_err(|e| format!("{e:#}"));
             let simulated = args
                 .measure
                 .then(|| (l.run)(&sim).map_err(|e| format!("{e:#}")));
             let verdict = r.as_ref().map_or("not run", |o| o.verdict.word());
-            eprintln!(
+            let line = format!(
                 "[{}/{total}] {:<8} {verdict:<10} {:.1} s",
                 i + 1,
                 l.id,
                 start.elapsed().as_secs_f64()
             );
+            if bar.is_hidden() {
+                eprintln!("{line}");
+            } else {
+                bar.println(line);
+                bar.inc(1);
+            }
             (l, r, simulated)
         })
         .collect();
+    bar.finish_and_clear();
     let results: Vec<(&Lesson, Result<Outcome, String>)> = runs
         .iter()
         .map(|(l, r, simulated)| {

@@ -12,6 +12,7 @@ use crate::estimate::run::run_steps;
 use crate::estimate::{analyze, Plan};
 use crate::lab::strategies::NAMES;
 use crate::lab::workload::{compare, Workload};
+use crate::memory::mib;
 use crate::memory::{parse_size, AllocatorConfig};
 use crate::tensor::Engine;
 use clap::Args;
@@ -71,7 +72,7 @@ fn config_for(
 ) -> anyhow::Result<AllocatorConfig> {
     let mut c = match allocator {
         "pytorch" => base.clone(),
-        "vramlab" => base.clone().with_vramlab_extensions(),
+        "vramlab" => crate::lab::strategies::vramlab::with_extensions(base.clone()),
         other => anyhow::bail!(
             "--allocator {other}: the GPU runs pytorch or vramlab; `replay --allocators` compares the rest"
         ),
@@ -183,7 +184,10 @@ pub fn run(args: &MaxBatchArgs) -> anyhow::Result<()> {
     let mut trials: Vec<Trial> = Vec::new();
     // 1. The estimator's answer, on a simulated device under the same limit.
     let sim = Engine::simulated(config.clone(), None);
+    let progress = super::progress::spinner("max-batch", args.json);
     let estimated = search(args.max, |b| {
+        progress.set_message(format!("estimate: batch {b}"));
+        progress.inc(1);
         let t = trial(&sim, &plan(b), args.steps, "estimate")?;
         trials.push(t.clone());
         Ok(t.fits)
@@ -195,6 +199,8 @@ pub fn run(args: &MaxBatchArgs) -> anyhow::Result<()> {
         if let Some(t) = trials.iter().find(|t| t.batch == b && t.on == "device") {
             return Ok(t.fits);
         }
+        progress.set_message(format!("device: batch {b}"));
+        progress.inc(1);
         let t = trial(&engine, &plan(b), args.steps, "device")?;
         trials.push(t.clone());
         Ok(t.fits)
@@ -232,6 +238,7 @@ pub fn run(args: &MaxBatchArgs) -> anyhow::Result<()> {
         lo
     };
     // 3. What each strategy allows: its replay of the step's trace, simulated.
+    progress.set_message("each strategy's replay");
     let mut by_allocator = Vec::new();
     let unlimited = AllocatorConfig {
         memory_limit: None,
@@ -262,7 +269,7 @@ pub fn run(args: &MaxBatchArgs) -> anyhow::Result<()> {
         })?;
         by_allocator.push(serde_json::json!({"allocator": name, "max_batch": n}));
     }
-    let mib = |b: u64| b as f64 / 1048576.0;
+    progress.finish_and_clear();
     if args.json {
         let out = serde_json::json!({
             "model": spec,

@@ -11,6 +11,7 @@ pub mod lessons;
 pub mod max_batch;
 pub mod models;
 pub mod profile;
+pub mod progress;
 pub mod replay;
 pub mod sweep;
 pub mod train;

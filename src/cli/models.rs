@@ -2,7 +2,8 @@
 //! parameter names (PyTorch's state_dict names), counted on the simulated
 //! shapes without a GPU.
 
-use crate::nn::{ModelSpec, ZOO};
+use crate::memory::mib;
+use crate::nn::{ModelSpec, ZooEntry, ZOO};
 use clap::Args;
 
 #[derive(Debug, Args)]
@@ -17,7 +18,7 @@ pub struct ModelsArgs {
 
 pub fn run(args: &ModelsArgs) -> anyhow::Result<()> {
     let mut out = Vec::new();
-    for (name, about) in ZOO {
+    for &ZooEntry { name, about, .. } in ZOO {
         let spec = ModelSpec::default_for(name).map_err(anyhow::Error::msg)?;
         let params = spec.parameter_shapes();
         let count = spec.parameter_count();
@@ -49,7 +50,7 @@ pub fn run(args: &ModelsArgs) -> anyhow::Result<()> {
             spec.describe(),
             spec.input_shape(),
             count,
-            (*count * 4) as f64 / 1048576.0
+            mib(*count as u64 * 4)
         );
         if args.params {
             for (n, s) in params {

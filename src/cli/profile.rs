@@ -6,6 +6,7 @@
 use super::args::{AllocArgs, DeviceArgs, ModelArgs, StepArgs};
 use crate::estimate::analyze;
 use crate::estimate::run::run_steps;
+use crate::memory::mib;
 use crate::profile::{chrome, html, live_at, svg, OpTimes, Series};
 use crate::tensor::Engine;
 use anyhow::Context;
@@ -109,7 +110,6 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
-    let mib = |b: u64| b as f64 / 1048576.0;
     println!("{title}");
     println!(
         "{} events; peak allocated {:.2} MiB (event {}), peak reserved {:.2} MiB",

@@ -3,6 +3,7 @@
 
 use super::args::AllocArgs;
 use crate::lab::replay;
+use crate::memory::mib;
 use crate::memory::{memory_summary, CachingAllocator, Mib, SegmentSource, SimulatedSource};
 use clap::Args;
 use std::io::BufReader;
@@ -203,7 +204,6 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
 
 /// The comparison table `replay --allocators` and `bench-alloc` print.
 pub fn print_results(results: &[crate::lab::workload::RunResult]) {
-    let mib = |b: u64| b as f64 / 1048576.0;
     println!(
         "  {:<10} {:>12} {:>12} {:>8} {:>9} {:>8} {:>8} {:>5} {:>9}",
         "allocator", "peak alloc", "peak resv", "frag", "vs plan", "dev+", "dev−", "OOM", "ns/op"
@@ -235,7 +235,7 @@ fn compare_strategies(args: &ReplayArgs, names: &[String]) -> anyhow::Result<()>
     let file = trace_reader(&args.trace, kind)?;
     let name = args.trace.display().to_string();
     let w = Workload::from_trace(&name, file).map_err(|e| {
-        let kind = if e.starts_with("line 1:") {
+        let kind = if matches!(e, crate::lab::LabError::AtLine { line: 1, .. }) {
             format!(" ({})", crate::lab::file_kind::READ_AS_JSON_LINES)
         } else {
             String::new()
@@ -262,7 +262,7 @@ fn compare_strategies(args: &ReplayArgs, names: &[String]) -> anyhow::Result<()>
     println!(
         "{name}: {} operations, lower bound (peak live requested) {:.2} MiB{}",
         w.ops.len(),
-        w.lower_bound() as f64 / 1048576.0,
+        mib(w.lower_bound()),
         capacity
             .map(|c| format!(", capacity {}", Mib(c)))
             .unwrap_or_default()
@@ -301,7 +301,7 @@ fn reserved_plot(results: &[crate::lab::workload::RunResult], ops: usize, title:
             y(b),
             l - 5.0,
             y(b) + 4.0,
-            b as f64 / 1048576.0
+            mib(b)
         );
     }
     for (k, r) in results.iter().enumerate() {
@@ -370,6 +370,7 @@ fn replay_snapshot(args: &ReplayArgs) -> anyhow::Result<()> {
     };
     let mut reports = Vec::new();
     let mut all_results = Vec::new();
+    let mut replays = Vec::new();
     for snap in &devices {
         // A snapshot recorded with expandable segments replays with them
         // (older PyTorch records no setting, only `is_expandable`).
@@ -405,9 +406,14 @@ fn replay_snapshot(args: &ReplayArgs) -> anyhow::Result<()> {
             "differences": r.differences,
             "ooms_recorded": snap.ooms.iter().map(|(size, free)| serde_json::json!({"size": size, "device_free": free})).collect::<Vec<_>>(),
             "categories_from_frames": snap.categories_from_frames,
+            "categories_from_metadata": snap.categories_from_metadata,
+            "at_peak": r.at_peak,
+            "oom_at": r.oom_at,
+            "at_first_oom": r.at_first_oom,
             "results": results,
         }));
         all_results.push(results);
+        replays.push(r);
     }
     if args.json {
         let out = serde_json::json!({
@@ -420,7 +426,8 @@ fn replay_snapshot(args: &ReplayArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     println!("{name}: PyTorch memory snapshot; allocator settings: {settings_source}");
-    for ((snap, rep), results) in devices.iter().zip(&reports).zip(&all_results) {
+    for (((snap, rep), results), r) in devices.iter().zip(&reports).zip(&all_results).zip(&replays)
+    {
         println!();
         if let Some(e) = rep.get("error").and_then(|e| e.as_str()) {
             println!("device {}: {e}", snap.device);
@@ -459,6 +466,19 @@ fn replay_snapshot(args: &ReplayArgs) -> anyhow::Result<()> {
             Mib(n("replayed", "peak_reserved_bytes")),
             Mib(n("replayed", "peak_allocated_bytes"))
         );
+        print_live("live at the peak", &r.at_peak);
+        if let (Some(first), Some(live)) = (r.oom_at.first(), &r.at_first_oom) {
+            println!(
+                "  out of memory in the replay: {} allocation(s) refused; the first asked for {} ({}{}) with {} allocated and {} reserved",
+                r.ooms,
+                Mib(first.requested_bytes),
+                first.category,
+                origin_text(&first.origin),
+                Mib(first.allocated_bytes),
+                Mib(first.reserved_bytes)
+            );
+            print_live("live at the first refusal", live);
+        }
         let diffs: Vec<&str> = rep["differences"]
             .as_array()
             .map(|d| d.iter().filter_map(|x| x.as_str()).collect())
@@ -478,7 +498,17 @@ fn replay_snapshot(args: &ReplayArgs) -> anyhow::Result<()> {
                 Mib(*free)
             );
         }
-        if snap.categories_from_frames.is_empty() {
+        if snap.categories_from_metadata > 0 {
+            let named: Vec<String> = snap
+                .categories_from_frames
+                .iter()
+                .map(|(c, n)| format!("{n} {c}"))
+                .collect();
+            println!(
+                "  categories named by the recording (user_metadata): {}",
+                named.join(", ")
+            );
+        } else if snap.categories_from_frames.is_empty() {
             println!("  no lifetime hints in the frames (parameters and optimizer state made before the recording have none; record from the start with stacks=\"python\")");
         } else {
             let hints: Vec<String> = snap
@@ -497,6 +527,52 @@ fn replay_snapshot(args: &ReplayArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// `, MODULE at FILE:LINE FUNCTION` where the recording says.
+fn origin_text(o: &crate::lab::peak::Origin) -> String {
+    match (&o.module, &o.frame) {
+        (Some(m), Some(f)) => format!(", {m} at {f}"),
+        (Some(m), None) => format!(", {m}"),
+        (None, Some(f)) => format!(", at {f}"),
+        (None, None) => String::new(),
+    }
+}
+
+/// A breakdown of live bytes: by category, module and code, and the largest
+/// blocks (lines for what the recording does not say are left out).
+fn print_live(what: &str, live: &crate::lab::peak::LiveAt) {
+    println!(
+        "  {what} ({} allocated, after trace entry {}):",
+        Mib(live.allocated_bytes),
+        live.after_op + 1
+    );
+    let list = |v: &[(String, u64)]| {
+        v.iter()
+            .map(|(k, b)| format!("{k} {}", Mib(*b)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut categories = live.by_category.clone();
+    if live.before_recording_bytes > 0 {
+        categories.push(("before the recording".into(), live.before_recording_bytes));
+    }
+    println!("    by category: {}", list(&categories));
+    if !live.by_module.is_empty() {
+        println!("    by module:   {}", list(&live.by_module));
+    }
+    if !live.by_frame.is_empty() {
+        println!("    by code:     {}", list(&live.by_frame));
+    }
+    let largest: Vec<String> = live
+        .largest
+        .iter()
+        .take(3)
+        .map(|b| format!("{} {}{}", Mib(b.bytes), b.category, origin_text(&b.origin)))
+        .collect();
+    if !largest.is_empty() {
+        println!("    largest:     {}", largest.join("; "));
+    }
 }
 
 /// The trace at `path` as JSON Lines: the file itself, or an interval file
@@ -530,8 +606,9 @@ fn export_intervals(
     let reader = trace_reader(&args.trace, kind)?;
     let mut events = Vec::new();
     for item in crate::lab::trace::lines(reader) {
-        let at =
-            |line: usize, e: String| anyhow::anyhow!("{} line {line}: {e}", args.trace.display());
+        let at = |line: usize, e: crate::lab::LabError| {
+            anyhow::anyhow!("{} line {line}: {e}", args.trace.display())
+        };
         let (line, text) = item.map_err(|(line, e)| at(line, e))?;
         events.push(crate::lab::TraceEvent::parse_line(&text).map_err(|e| at(line, e))?);
     }

@@ -7,11 +7,11 @@ use super::args::{AllocArgs, DeviceArgs, ModelArgs, StepArgs};
 use crate::estimate::fit::{fit, Fit};
 use crate::estimate::run::estimate;
 use crate::estimate::{analyze, run_step};
+use crate::memory::mib;
 use crate::tensor::Engine;
 use anyhow::Context;
 use clap::Args;
 use serde::Serialize;
-use std::io::Write;
 use std::path::PathBuf;
 
 #[derive(Debug, Args)]
@@ -98,7 +98,8 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
     let first = |v: &Option<Vec<usize>>| v.as_ref().map(|v| v[0]);
     let mut points = Vec::new();
     let mut name = String::new();
-    for (k, &value) in values.iter().enumerate() {
+    let bar = super::progress::bar(values.len() as u64, "sweep", args.json);
+    for &value in values.iter() {
         let (batch, res, seq) = match dim {
             "batch" => (
                 value,
@@ -110,13 +111,7 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
         };
         let spec = args.model.spec_with(res, seq)?;
         name = spec.name().to_string();
-        eprint!(
-            "\r[{:<30}] {}/{} {dim} {value}   ",
-            "=".repeat(30 * (k + 1) / values.len()),
-            k + 1,
-            values.len()
-        );
-        let _ = std::io::stderr().flush();
+        bar.set_message(format!("{dim} {value}"));
         let plan = args.step.plan(spec, batch, config.clone())?;
         // The estimate is the demand, so the memory limit (which decides
         // whether the measured run fits) does not apply to it.
@@ -153,8 +148,9 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
             measured_peak_bytes: measured,
             oom,
         });
+        bar.inc(1);
     }
-    eprintln!();
+    bar.finish_and_clear();
     let xs: Vec<f64> = points.iter().map(|p| p.value as f64).collect();
     let ys: Vec<f64> = points
         .iter()
@@ -190,7 +186,6 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(());
     }
-    let mib = |b: u64| b as f64 / 1048576.0;
     println!(
         "vramlab sweep: {name}, {dim} over {values:?}, mode {:?}",
         args.step.mode

@@ -8,14 +8,18 @@
 use super::args::{AllocArgs, DeviceArgs, ModelArgs};
 use crate::io::SafeTensors;
 use crate::memory::memory_summary;
+use crate::memory::mib;
+use crate::memory::AllocatorConfig;
 use crate::nn::init::Rng;
-use crate::nn::ParamStore;
+use crate::nn::{Model, ModelSpec, ParamStore};
 use crate::profile::OpTimes;
-use crate::tensor::Engine;
-use crate::train::{Batch, OptimizerConfig, OptimizerKind, Trainer};
+use crate::tensor::{DType, Engine};
+use crate::train::step::StepOutputs;
+use crate::train::text::CharText;
+use crate::train::{Batch, OptimizerConfig, OptimizerKind, StepRecord, Trainer};
 use anyhow::Context;
 use clap::Args;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 #[derive(Debug, Args)]
@@ -125,31 +129,74 @@ struct StepJson {
     device_time: Option<OpTimes>,
 }
 
-fn mib(b: u64) -> f64 {
-    b as f64 / 1048576.0
-}
-
+/// Runs `vramlab train`: flags checked, setup, the steps, the files
+/// written, then the report (text or JSON).
 pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     let start = Instant::now();
+    let checked = check_flags(args)?;
+    let setup = setup(args, checked)?;
+    print_header(args, &setup);
+    let f32_peaks = f32_peaks(args, &setup)?;
+    let mut training = Training::start(args, setup);
+    let (records, last) = train_loop(args, &mut training, f32_peaks.as_deref())?;
+    if let (Some(path), Some(out)) = (&args.dump, &last) {
+        dump(args, &training, path, out)?;
+    }
+    if let Some(path) = &args.record_trace {
+        write_trace(args, &training.trainer.engine, path)?;
+    }
+    print_report(args, &training, records, start)
+}
+
+/// What [`check_flags`] hands on: the model's sizes (from the flags and
+/// any files), the files read, and the optimizer.
+struct Checked {
+    spec: ModelSpec,
+    weights: Option<SafeTensors>,
+    data: Option<SafeTensors>,
+    opt: OptimizerConfig,
+}
+
+/// Refuses the bad flags that need no device (steps, batch, sizes against
+/// the files, optimizer numbers) and reads `--load` and `--data`.
+fn check_flags(args: &TrainArgs) -> anyhow::Result<Checked> {
     if args.steps == 0 {
         anyhow::bail!("--steps must be at least 1");
     }
+    let (spec, weights, data) = model_and_files(args)?;
+    if data.is_none() && args.batch == 0 {
+        anyhow::bail!("--batch must be at least 1");
+    }
+    if let Some(lr) = args.lr {
+        super::args::check_number("--lr", lr, true)?;
+    }
+    if let Some(m) = args.momentum {
+        super::args::check_number("--momentum", m, false)?;
+    }
+    if let Some(w) = args.weight_decay {
+        super::args::check_number("--weight-decay", w, false)?;
+    }
+    let opt = OptimizerConfig::new(args.optimizer, args.lr, args.momentum, args.weight_decay)
+        .with_impl(args.optimizer_impl);
+    opt.validate().map_err(anyhow::Error::msg)?;
+    Ok(Checked {
+        spec,
+        weights,
+        data,
+        opt,
+    })
+}
+
+/// The model's sizes from the flags, then from `--load`'s weights and
+/// `--data`'s batch (both read here), refused where a file contradicts a flag.
+fn model_and_files(
+    args: &TrainArgs,
+) -> anyhow::Result<(ModelSpec, Option<SafeTensors>, Option<SafeTensors>)> {
     let mut spec = args.model.spec()?;
     // Sizes from flags and sizes from files must agree: a file that
     // changes a size the user gave is an error, not a silent override.
     let from_flags = spec.clone();
     let flags = args.model.size_flags_given();
-    let agree = |spec: &crate::nn::ModelSpec, file: &str, flag: &str| -> anyhow::Result<()> {
-        if *spec != from_flags && !flags.is_empty() {
-            anyhow::bail!(
-                "{flag} {file} holds {}, but the flags (--{}) give {}; leave those flags out (the file decides) or use a file of those sizes",
-                spec.describe(),
-                flags.join(", --"),
-                from_flags.describe()
-            );
-        }
-        Ok(())
-    };
     let weights = match &args.load {
         Some(p) => Some(SafeTensors::read(p)?),
         None => None,
@@ -168,31 +215,95 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
                     spec.name()
                 )
             })?;
-        agree(&spec, &w.origin, "--load")?;
+        agree(&spec, &from_flags, &flags, &w.origin, "--load")?;
     }
     if let Some(d) = &data {
         let (_, xs) = d.f32("x")?;
         spec.adapt_to_input(&xs)
             .map_err(anyhow::Error::msg)
             .with_context(|| format!("reading the input size from {}", d.origin))?;
-        agree(&spec, &d.origin, "--data")?;
+        agree(&spec, &from_flags, &flags, &d.origin, "--data")?;
     }
-    if data.is_none() && args.batch == 0 {
-        anyhow::bail!("--batch must be at least 1");
-    }
-    if let Some(lr) = args.lr {
-        super::args::check_number("--lr", lr, true)?;
-    }
-    if let Some(m) = args.momentum {
-        super::args::check_number("--momentum", m, false)?;
-    }
-    if let Some(w) = args.weight_decay {
-        super::args::check_number("--weight-decay", w, false)?;
-    }
-    let opt = OptimizerConfig::new(args.optimizer, args.lr, args.momentum, args.weight_decay)
-        .with_impl(args.optimizer_impl);
-    opt.validate().map_err(anyhow::Error::msg)?;
+    Ok((spec, weights, data))
+}
 
+/// Refuses a file (`flag` names it) whose sizes differ from those the size
+/// flags gave, when any were given.
+fn agree(
+    spec: &ModelSpec,
+    from_flags: &ModelSpec,
+    flags: &[&str],
+    file: &str,
+    flag: &str,
+) -> anyhow::Result<()> {
+    if *spec != *from_flags && !flags.is_empty() {
+        anyhow::bail!(
+            "{flag} {file} holds {}, but the flags (--{}) give {}; leave those flags out (the file decides) or use a file of those sizes",
+            spec.describe(),
+            flags.join(", --"),
+            from_flags.describe()
+        );
+    }
+    Ok(())
+}
+
+/// Refuses the precision and loss flags the model cannot take (checked
+/// after the model is built, as before).
+fn check_precision(args: &TrainArgs, spec: &ModelSpec) -> anyhow::Result<()> {
+    if args.amp.is_some() && args.dtype != DType::F32 {
+        anyhow::bail!(
+            "--amp autocasts an f32 model; --dtype {} makes the model 16-bit already (leave one out)",
+            args.dtype
+        );
+    }
+    spec.check_dtype(args.dtype).map_err(anyhow::Error::msg)?;
+    args.loss.check_model(spec).map_err(anyhow::Error::msg)?;
+    Ok(())
+}
+
+/// Refuses `--accumulate` where it cannot split the batch or meets a flag
+/// it does not train with.
+fn check_accumulate(args: &TrainArgs, has_data: bool) -> anyhow::Result<()> {
+    let k = args.accumulate;
+    if k == 0 || (k > 1 && (has_data || !args.batch.is_multiple_of(k))) {
+        anyhow::bail!(
+            "--accumulate {k}: needs K ≥ 1 dividing --batch {} into micro-batches, and generated batches (not --data)",
+            args.batch
+        );
+    }
+    if k > 1 && (args.retain_graph || args.amp == Some(DType::F16)) {
+        anyhow::bail!("--accumulate trains without --retain-graph and without f16 loss scaling (use --amp bf16)");
+    }
+    Ok(())
+}
+
+/// The engine, the model and its parameters, the text and the first
+/// step's batches, before the trainer takes them.
+struct Setup {
+    spec: ModelSpec,
+    opt: OptimizerConfig,
+    alloc_config: AllocatorConfig,
+    engine: Engine,
+    model: Box<dyn Model>,
+    store: ParamStore,
+    rng: Rng,
+    text: Option<CharText>,
+    /// Samples per micro-batch (the whole batch without --accumulate).
+    per: usize,
+    batch: Batch,
+    /// The other K − 1 micro-batches.
+    more: Vec<Batch>,
+}
+
+/// Makes the engine, the model (weights loaded, dtype converted), the text
+/// and the batches, refusing the flags checked against the built model.
+fn setup(args: &TrainArgs, checked: Checked) -> anyhow::Result<Setup> {
+    let Checked {
+        spec,
+        weights,
+        data,
+        opt,
+    } = checked;
     let alloc_config = args.alloc.config(None)?;
     let engine = Engine::new(&args.device.options(), alloc_config.clone())?;
     if args.record_trace.is_some() {
@@ -204,230 +315,287 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     if let Some(w) = &weights {
         store.load(w).map_err(anyhow::Error::msg)?;
     }
-    if args.amp.is_some() && args.dtype != crate::tensor::DType::F32 {
-        anyhow::bail!(
-            "--amp autocasts an f32 model; --dtype {} makes the model 16-bit already (leave one out)",
-            args.dtype
-        );
-    }
-    spec.check_dtype(args.dtype).map_err(anyhow::Error::msg)?;
-    args.loss.check_model(&spec).map_err(anyhow::Error::msg)?;
+    check_precision(args, &spec)?;
     store.to_dtype(args.dtype)?;
-    let is_gpt = matches!(spec, crate::nn::ModelSpec::Gpt { .. });
+    let text = load_text(args, &spec, data.is_some())?;
+    check_accumulate(args, data.is_some())?;
+    // Samples per micro-batch (the whole batch without --accumulate).
+    let per = args.batch / args.accumulate;
+    let (batch, more) = first_batches(
+        args,
+        &engine,
+        &mut rng,
+        &spec,
+        data.as_ref(),
+        text.as_ref(),
+        per,
+    )?;
+    Ok(Setup {
+        spec,
+        opt,
+        alloc_config,
+        engine,
+        model,
+        store,
+        rng,
+        text,
+        per,
+        batch,
+        more,
+    })
+}
+
+/// The character text gpt trains on: `--text`'s file, or the built-in text
+/// when gpt has no `--data`; refuses `--text` for other models and a vocab
+/// too small for it.
+fn load_text(
+    args: &TrainArgs,
+    spec: &ModelSpec,
+    has_data: bool,
+) -> anyhow::Result<Option<CharText>> {
+    let is_gpt = spec.vocab().is_some();
     if args.text.is_some() && !is_gpt {
         anyhow::bail!("--text trains a language model; use it with --model gpt");
     }
-    let text = match (&args.text, is_gpt && data.is_none()) {
+    let text = match (&args.text, is_gpt && !has_data) {
         (Some(p), _) => {
             let bytes =
                 std::fs::read(p).with_context(|| format!("reading --text {}", p.display()))?;
-            Some(crate::train::text::CharText::new(&bytes))
+            Some(CharText::new(&bytes))
         }
-        (None, true) => Some(crate::train::text::CharText::new(
-            crate::train::text::DEFAULT_TEXT.as_bytes(),
-        )),
+        (None, true) => Some(CharText::new(crate::train::text::DEFAULT_TEXT.as_bytes())),
         (None, false) => None,
     };
-    if let (Some(_), crate::nn::ModelSpec::Gpt { config, .. }) = (&text, &spec) {
-        if config.vocab < crate::train::text::VOCAB {
+    if let (Some(_), Some(vocab)) = (&text, spec.vocab()) {
+        if vocab < crate::train::text::VOCAB {
             anyhow::bail!(
-                "character-level text needs --vocab of at least {} (printable ASCII and newline); got {}",
+                "character-level text needs --vocab of at least {} (printable ASCII and newline); got {vocab}",
                 crate::train::text::VOCAB,
-                config.vocab
             );
         }
     }
-    let k = args.accumulate;
-    if k == 0 || (k > 1 && (data.is_some() || !args.batch.is_multiple_of(k))) {
-        anyhow::bail!(
-            "--accumulate {k}: needs K ≥ 1 dividing --batch {} into micro-batches, and generated batches (not --data)",
-            args.batch
-        );
+    Ok(text)
+}
+
+/// Fresh random windows of the text as a batch of `per` samples, or `None`
+/// when the model trains on no text.
+fn text_batch(
+    text: Option<&CharText>,
+    spec: &ModelSpec,
+    per: usize,
+    rng: &mut Rng,
+    engine: &Engine,
+) -> anyhow::Result<Option<Batch>> {
+    match (text, spec.vocab()) {
+        (Some(t), Some(_)) => Ok(Some(t.batch(engine, rng, per, spec.input_shape()[0])?)),
+        _ => Ok(None),
     }
-    if k > 1 && (args.retain_graph || args.amp == Some(crate::tensor::DType::F16)) {
-        anyhow::bail!("--accumulate trains without --retain-graph and without f16 loss scaling (use --amp bf16)");
-    }
-    // Samples per micro-batch (the whole batch without --accumulate).
-    let per = args.batch / k;
-    let text_batch = |rng: &mut Rng, engine: &Engine| -> anyhow::Result<Option<Batch>> {
-        match (&text, &spec) {
-            (Some(t), crate::nn::ModelSpec::Gpt { seq, .. }) => {
-                Ok(Some(t.batch(engine, rng, per, *seq)?))
-            }
-            _ => Ok(None),
-        }
-    };
-    let mut batch = match &data {
+}
+
+/// The first step's batch (from `--data`, the text, or random) and the
+/// other K − 1 micro-batches, all in `--dtype`.
+fn first_batches(
+    args: &TrainArgs,
+    engine: &Engine,
+    rng: &mut Rng,
+    spec: &ModelSpec,
+    data: Option<&SafeTensors>,
+    text: Option<&CharText>,
+    per: usize,
+) -> anyhow::Result<(Batch, Vec<Batch>)> {
+    let mut batch = match data {
         Some(d) => {
-            Batch::from_safetensors(&engine, d, spec.classes()).map_err(anyhow::Error::msg)?
+            Batch::from_safetensors(engine, d, spec.classes()).map_err(anyhow::Error::msg)?
         }
-        None if text.is_some() => text_batch(&mut rng, &engine)?.context("text batch")?,
-        None => Batch::random_for(&engine, &mut rng, &spec, per, crate::tensor::DType::F32)?,
+        None if text.is_some() => {
+            text_batch(text, spec, per, rng, engine)?.context("text batch")?
+        }
+        None => Batch::random_for(engine, rng, spec, per, DType::F32)?,
     };
     batch.to_dtype(args.dtype)?;
-    // The other K − 1 micro-batches.
     let mut more: Vec<Batch> = Vec::new();
-    for _ in 1..k {
-        let mut b = match text_batch(&mut rng, &engine)? {
+    for _ in 1..args.accumulate {
+        let mut b = match text_batch(text, spec, per, rng, engine)? {
             Some(b) => b,
-            None => Batch::random_for(&engine, &mut rng, &spec, per, crate::tensor::DType::F32)?,
+            None => Batch::random_for(engine, rng, spec, per, DType::F32)?,
         };
         b.to_dtype(args.dtype)?;
         more.push(b);
     }
-    let gpu_name = engine.device_name();
-    let uses_f16 =
-        args.amp == Some(crate::tensor::DType::F16) || args.dtype == crate::tensor::DType::F16;
-    if uses_f16 && !engine.has_shader_f16() && !args.json {
+    Ok((batch, more))
+}
+
+/// Prints (as text, not with `--json`) the f16 note, the run's
+/// description, the text's source and the parameter count.
+fn print_header(args: &TrainArgs, s: &Setup) {
+    if args.json {
+        return;
+    }
+    let uses_f16 = args.amp == Some(DType::F16) || args.dtype == DType::F16;
+    if uses_f16 && !s.engine.has_shader_f16() {
         println!("note: this device has no native f16 (SHADER_F16): f16 tensors are stored as f16, two per 32-bit word, and computed in f32; memory is the same, speed differs");
     }
-    let backend = engine.backend_name();
-    if !args.json {
-        println!("vramlab train: {}", spec.describe());
+    println!("vramlab train: {}", s.spec.describe());
+    println!(
+        "batch {}, {:?} lr {}{}, {} steps, on {} ({})",
+        s.batch.size(),
+        s.opt.kind,
+        s.opt.lr,
+        if s.opt.momentum != 0.0 {
+            format!(" momentum {}", s.opt.momentum)
+        } else {
+            String::new()
+        },
+        args.steps,
+        s.engine.device_name(),
+        s.engine.backend_name(),
+    );
+    if let Some(t) = &s.text {
+        let source = match &args.text {
+            Some(p) => p.display().to_string(),
+            None => "data/apache-2.0.txt (built in)".into(),
+        };
         println!(
-            "batch {}, {:?} lr {}{}, {} steps, on {gpu_name} ({backend})",
-            batch.size(),
-            opt.kind,
-            opt.lr,
-            if opt.momentum != 0.0 {
-                format!(" momentum {}", opt.momentum)
+            "text: {source}, {} characters{}; random windows of each step's batch",
+            t.tokens.len(),
+            if t.replaced > 0 {
+                format!(" ({} outside printable ASCII read as spaces)", t.replaced)
             } else {
                 String::new()
-            },
-            args.steps,
-        );
-        if let Some(t) = &text {
-            let source = match &args.text {
-                Some(p) => p.display().to_string(),
-                None => "data/apache-2.0.txt (built in)".into(),
-            };
-            println!(
-                "text: {source}, {} characters{}; random windows of each step's batch",
-                t.tokens.len(),
-                if t.replaced > 0 {
-                    format!(" ({} outside printable ASCII read as spaces)", t.replaced)
-                } else {
-                    String::new()
-                }
-            );
-        }
-        println!(
-            "parameters: {} elements = {:.2} MiB{}",
-            store.numel(),
-            mib((store.numel() * 4) as u64),
-            if args.retain_graph {
-                "; retain_graph: the graph of every step is kept"
-            } else {
-                ""
             }
         );
-        println!();
     }
-    // With --amp, the same steps in f32 on a simulated device (memory
-    // depends on shapes only, so its peaks are the f32 run's to the byte).
-    let f32_peaks: Option<Vec<u64>> = match args.amp {
-        Some(_) => {
-            let plan = crate::estimate::Plan {
-                model: spec.clone(),
-                batch: batch.size(),
-                optimizer: opt,
-                mode: crate::train::Mode::Train,
-                amp: None,
-                dtype: crate::tensor::DType::F32,
-                loss: args.loss,
-                config: alloc_config.clone(),
-            };
-            Some(plan.step_peaks(args.steps)?)
+    println!(
+        "parameters: {} elements = {:.2} MiB{}",
+        s.store.numel(),
+        mib((s.store.numel() * 4) as u64),
+        if args.retain_graph {
+            "; retain_graph: the graph of every step is kept"
+        } else {
+            ""
         }
-        None => None,
+    );
+    println!();
+}
+
+/// With `--amp`, each step's peak for the same steps in f32 on a simulated
+/// device (memory depends on shapes only, so they are the f32 run's to the byte).
+fn f32_peaks(args: &TrainArgs, s: &Setup) -> anyhow::Result<Option<Vec<u64>>> {
+    if args.amp.is_none() {
+        return Ok(None);
+    }
+    let plan = crate::estimate::Plan {
+        model: s.spec.clone(),
+        batch: s.batch.size(),
+        optimizer: s.opt,
+        mode: crate::train::Mode::Train,
+        amp: None,
+        dtype: DType::F32,
+        loss: args.loss,
+        config: s.alloc_config.clone(),
     };
-    let timing = if args.op_times || engine.has_timestamp_queries() {
-        engine.start_timing()
-    } else {
-        None
-    };
-    let mut trainer =
-        Trainer::new(engine, model, store, opt.build(), args.retain_graph).with_amp(args.amp);
-    trainer.loss = args.loss;
+    Ok(Some(plan.step_peaks(args.steps)?))
+}
+
+/// The trainer and what its steps need: the batches, the text and the rng
+/// for fresh windows, and the names the report prints.
+struct Training {
+    trainer: Trainer,
+    spec: ModelSpec,
+    opt: OptimizerConfig,
+    rng: Rng,
+    text: Option<CharText>,
+    per: usize,
+    batch: Batch,
+    more: Vec<Batch>,
+    gpu_name: String,
+    backend: &'static str,
+    /// Whether device time is taken per step.
+    timed: bool,
+}
+
+impl Training {
+    /// Starts device timing (where the adapter or `--op-times` asks for
+    /// it) and hands the engine, model and parameters to a trainer.
+    fn start(args: &TrainArgs, s: Setup) -> Training {
+        let gpu_name = s.engine.device_name();
+        let backend = s.engine.backend_name();
+        let timing = if args.op_times || s.engine.has_timestamp_queries() {
+            s.engine.start_timing()
+        } else {
+            None
+        };
+        let mut trainer =
+            Trainer::new(s.engine, s.model, s.store, s.opt.build(), args.retain_graph)
+                .with_amp(args.amp);
+        trainer.loss = args.loss;
+        Training {
+            trainer,
+            spec: s.spec,
+            opt: s.opt,
+            rng: s.rng,
+            text: s.text,
+            per: s.per,
+            batch: s.batch,
+            more: s.more,
+            gpu_name,
+            backend,
+            timed: timing.is_some(),
+        }
+    }
+
+    /// Replaces the batches with fresh text windows (gpt on text; else
+    /// the batches stay).
+    fn next_windows(&mut self) -> anyhow::Result<()> {
+        let (text, spec, per) = (self.text.as_ref(), &self.spec, self.per);
+        if let Some(b) = text_batch(text, spec, per, &mut self.rng, &self.trainer.engine)? {
+            self.batch = b;
+            for m in self.more.iter_mut() {
+                if let Some(b) = text_batch(text, spec, per, &mut self.rng, &self.trainer.engine)? {
+                    *m = b;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// One optimizer step: on the batch, or on its K micro-batches.
+    fn step(&mut self) -> anyhow::Result<(StepRecord, StepOutputs)> {
+        Ok(if self.more.is_empty() {
+            self.trainer.step(&self.batch)?
+        } else {
+            let micro: Vec<Batch> = std::iter::once(&self.batch)
+                .chain(&self.more)
+                .cloned()
+                .collect();
+            self.trainer.step_accumulated(&micro)?
+        })
+    }
+}
+
+/// Runs `--steps` steps, printing each (as text); returns their records
+/// and the last step's outputs.
+fn train_loop(
+    args: &TrainArgs,
+    t: &mut Training,
+    f32_peaks: Option<&[u64]>,
+) -> anyhow::Result<(Vec<StepJson>, Option<StepOutputs>)> {
     let mut records = Vec::new();
     let mut last = None;
     for i in 0..args.steps {
         if i > 0 {
-            if let Some(b) = text_batch(&mut rng, &trainer.engine)? {
-                batch = b;
-                for m in more.iter_mut() {
-                    if let Some(b) = text_batch(&mut rng, &trainer.engine)? {
-                        *m = b;
-                    }
-                }
-            }
+            t.next_windows()?;
         }
-        let (r, out) = if more.is_empty() {
-            trainer.step(&batch)?
-        } else {
-            let micro: Vec<Batch> = std::iter::once(&batch).chain(&more).cloned().collect();
-            trainer.step_accumulated(&micro)?
-        };
-        if !r.loss.is_finite() {
-            let mut e = super::args::non_finite_loss(r.step, r.loss);
-            // PyTorch's foreach and for-loop Adam store sqrt(v) + eps in
-            // the parameters' dtype: in f16, eps 1e-8 rounds to 0 and a
-            // zero second moment divides by zero, as it does in PyTorch.
-            if args.dtype != crate::tensor::DType::F32
-                && opt.kind != OptimizerKind::Sgd
-                && opt.implementation != crate::optim::OptimizerImpl::Fused
-            {
-                e.0.push_str(&format!(
-                    ". With {} parameters, {} Adam keeps sqrt(v) + eps in {} too (as PyTorch's does), where eps = 1e-8 rounds to 0; pure 16-bit Adam is fragile in PyTorch as well: --amp {} keeps f32 parameters and state (--optimizer-impl fused computes in f32 but stores {})",
-                    args.dtype, opt.implementation, args.dtype, args.dtype, args.dtype
-                ));
-            }
-            return Err(e.into());
-        }
-        let device_time = match trainer.engine.take_dispatch_times()? {
-            Some((source, times)) if timing.is_some() => Some(OpTimes::of(source, &times)),
+        let (r, out) = t.step()?;
+        check_loss(args, &t.opt, &r)?;
+        let device_time = match t.trainer.engine.take_dispatch_times()? {
+            Some((source, times)) if t.timed => Some(OpTimes::of(source, &times)),
             _ => None,
         };
+        let f32_peak = f32_peaks.map(|p| p[r.step - 1]);
         if !args.json {
-            println!(
-                "step {:>3}  loss {:<10.6} memory_allocated {:>9.2} MiB  memory_reserved {:>9.2} MiB  max_memory_allocated {:>9.2} MiB",
-                r.step,
-                r.loss,
-                mib(r.allocated_bytes),
-                mib(r.reserved_bytes),
-                mib(r.peak_allocated_bytes)
-            );
-            if let (Some(d), Some(peaks)) = (args.amp, &f32_peaks) {
-                let f32_peak = peaks[r.step - 1];
-                println!(
-                    "          amp {d}: peak {:.2} MiB vs {:.2} MiB in f32 ({:+.1}%){}{}",
-                    mib(r.peak_allocated_bytes),
-                    mib(f32_peak),
-                    (r.peak_allocated_bytes as f64 / f32_peak as f64 - 1.0) * 100.0,
-                    r.grad_scale
-                        .map(|s| format!(", grad scale {s}"))
-                        .unwrap_or_default(),
-                    if r.skipped {
-                        " (inf/NaN gradient: step skipped, scale halved)"
-                    } else {
-                        ""
-                    }
-                );
-            }
-            if let Some(d) = &device_time {
-                if args.op_times {
-                    print!("{}", d.table(12));
-                } else {
-                    let phases: Vec<String> = d
-                        .phases
-                        .iter()
-                        .map(|p| format!("{} {:.1} ms", p.name, p.seconds * 1e3))
-                        .collect();
-                    println!("          device time: {}", phases.join(", "));
-                }
-            }
+            print_step(args, &r, f32_peak, device_time.as_ref());
         }
-        let f32_peak = f32_peaks.as_ref().map(|p| p[r.step - 1]);
         records.push(StepJson {
             record: r,
             f32_peak_allocated_bytes: f32_peak,
@@ -435,52 +603,141 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         });
         last = Some(out);
     }
-    if let (Some(path), Some(out)) = (&args.dump, &last) {
-        let mut st = SafeTensors::new();
-        // The chunked loss never makes logits: its output is the head's input.
-        let output = if args.loss.fuses_head() {
-            "hidden"
+    Ok((records, last))
+}
+
+/// Stops the run at a NaN or infinite loss, saying why pure 16-bit Adam
+/// may have made it.
+fn check_loss(args: &TrainArgs, opt: &OptimizerConfig, r: &StepRecord) -> anyhow::Result<()> {
+    if r.loss.is_finite() {
+        return Ok(());
+    }
+    let mut e = super::args::non_finite_loss(r.step, r.loss);
+    // PyTorch's foreach and for-loop Adam store sqrt(v) + eps in
+    // the parameters' dtype: in f16, eps 1e-8 rounds to 0 and a
+    // zero second moment divides by zero, as it does in PyTorch.
+    if args.dtype != DType::F32
+        && opt.kind != OptimizerKind::Sgd
+        && opt.implementation != crate::optim::OptimizerImpl::Fused
+    {
+        e.0.push_str(&format!(
+            ". With {} parameters, {} Adam keeps sqrt(v) + eps in {} too (as PyTorch's does), where eps = 1e-8 rounds to 0; pure 16-bit Adam is fragile in PyTorch as well: --amp {} keeps f32 parameters and state (--optimizer-impl fused computes in f32 but stores {})",
+            args.dtype, opt.implementation, args.dtype, args.dtype, args.dtype
+        ));
+    }
+    Err(e.into())
+}
+
+/// Prints a step's line: loss and memory, the amp peak beside f32's, and
+/// device time per phase (per op with `--op-times`).
+fn print_step(
+    args: &TrainArgs,
+    r: &StepRecord,
+    f32_peak: Option<u64>,
+    device_time: Option<&OpTimes>,
+) {
+    println!(
+        "step {:>3}  loss {:<10.6} memory_allocated {:>9.2} MiB  memory_reserved {:>9.2} MiB  max_memory_allocated {:>9.2} MiB",
+        r.step,
+        r.loss,
+        mib(r.allocated_bytes),
+        mib(r.reserved_bytes),
+        mib(r.peak_allocated_bytes)
+    );
+    if let (Some(d), Some(f32_peak)) = (args.amp, f32_peak) {
+        println!(
+            "          amp {d}: peak {:.2} MiB vs {:.2} MiB in f32 ({:+.1}%){}{}",
+            mib(r.peak_allocated_bytes),
+            mib(f32_peak),
+            (r.peak_allocated_bytes as f64 / f32_peak as f64 - 1.0) * 100.0,
+            r.grad_scale
+                .map(|s| format!(", grad scale {s}"))
+                .unwrap_or_default(),
+            if r.skipped {
+                " (inf/NaN gradient: step skipped, scale halved)"
+            } else {
+                ""
+            }
+        );
+    }
+    if let Some(d) = device_time {
+        if args.op_times {
+            print!("{}", d.table(12));
         } else {
-            "logits"
-        };
-        st.insert_f32(output, out.logits.shape(), &out.logits.to_vec()?)?;
-        st.insert_f32("loss", &[], &out.loss.to_vec()?)?;
-        trainer.store.dump(&mut st)?;
-        st.metadata.insert("model".into(), spec.describe());
-        st.metadata
-            .insert("optimizer".into(), format!("{:?} lr {}", opt.kind, opt.lr));
-        st.write(path)?;
-        if !args.json {
-            println!(
-                "\nwrote {} ({} tensors: {output}, loss, grad.*, param.*)",
-                path.display(),
-                st.tensors.len()
-            );
+            let phases: Vec<String> = d
+                .phases
+                .iter()
+                .map(|p| format!("{} {:.1} ms", p.name, p.seconds * 1e3))
+                .collect();
+            println!("          device time: {}", phases.join(", "));
         }
     }
-    if let Some(path) = &args.record_trace {
-        let events = trainer.engine.allocator().take_events();
-        let lines: Vec<String> = crate::lab::workload::to_trace(&events)
-            .iter()
-            .map(|e| e.to_line())
-            .collect();
-        crate::io::write_atomic(path, (lines.join("\n") + "\n").as_bytes())
-            .with_context(|| format!("cannot write --record-trace {}", path.display()))?;
-        if !args.json {
-            println!("\nwrote {} ({} events)", path.display(), lines.len());
-        }
+}
+
+/// Writes `--dump`: the last step's output, loss, gradients and updated
+/// parameters as safetensors.
+fn dump(args: &TrainArgs, t: &Training, path: &Path, out: &StepOutputs) -> anyhow::Result<()> {
+    let mut st = SafeTensors::new();
+    // The chunked loss never makes logits: its output is the head's input.
+    let output = if args.loss.fuses_head() {
+        "hidden"
+    } else {
+        "logits"
+    };
+    st.insert_f32(output, out.logits.shape(), &out.logits.to_vec()?)?;
+    st.insert_f32("loss", &[], &out.loss.to_vec()?)?;
+    t.trainer.store.dump(&mut st)?;
+    st.metadata.insert("model".into(), t.spec.describe());
+    st.metadata.insert(
+        "optimizer".into(),
+        format!("{:?} lr {}", t.opt.kind, t.opt.lr),
+    );
+    st.write(path)?;
+    if !args.json {
+        println!(
+            "\nwrote {} ({} tensors: {output}, loss, grad.*, param.*)",
+            path.display(),
+            st.tensors.len()
+        );
     }
-    let levels = trainer.engine.three_levels();
-    let alloc = trainer.engine.allocator();
+    Ok(())
+}
+
+/// Writes `--record-trace`: every allocation and free of the run, as
+/// JSON Lines.
+fn write_trace(args: &TrainArgs, engine: &Engine, path: &Path) -> anyhow::Result<()> {
+    let events = engine.allocator().take_events();
+    let lines: Vec<String> = crate::lab::workload::to_trace(&events)
+        .iter()
+        .map(|e| e.to_line())
+        .collect();
+    crate::io::write_atomic(path, (lines.join("\n") + "\n").as_bytes())
+        .with_context(|| format!("cannot write --record-trace {}", path.display()))?;
+    if !args.json {
+        println!("\nwrote {} ({} events)", path.display(), lines.len());
+    }
+    Ok(())
+}
+
+/// Prints the run's end: the JSON report, or the three memory levels, the
+/// memory summary and the time taken.
+fn print_report(
+    args: &TrainArgs,
+    t: &Training,
+    records: Vec<StepJson>,
+    start: Instant,
+) -> anyhow::Result<()> {
+    let levels = t.trainer.engine.three_levels();
+    let alloc = t.trainer.engine.allocator();
     if args.json {
         let report = serde_json::json!({
-            "model": spec,
-            "batch": batch.size(),
-            "optimizer": opt,
-            "adapter": gpu_name,
-            "backend": backend,
-            "parameters": trainer.store.numel(),
-            "optimizer_state_bytes": trainer.optimizer.state_bytes(),
+            "model": t.spec,
+            "batch": t.batch.size(),
+            "optimizer": t.opt,
+            "adapter": t.gpu_name,
+            "backend": t.backend,
+            "parameters": t.trainer.store.numel(),
+            "optimizer_state_bytes": t.trainer.optimizer.state_bytes(),
             "retain_graph": args.retain_graph,
             "amp": args.amp,
             "dtype": args.dtype,
@@ -494,7 +751,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     }
     println!();
     println!("memory: {levels}");
-    print!("{}", memory_summary(alloc.stats(), &gpu_name, true));
+    print!("{}", memory_summary(alloc.stats(), &t.gpu_name, true));
     println!("finished in {:.1} s", start.elapsed().as_secs_f64());
     Ok(())
 }

@@ -27,24 +27,32 @@ fn cat(a: &crate::estimate::Analysis, c: &str) -> u64 {
 }
 
 fn mlp(widths: Vec<usize>, checkpoint_every: usize) -> ModelSpec {
-    ModelSpec::Mlp {
+    ModelSpec::from(crate::nn::MlpSpec {
         widths,
         checkpoint_every,
-    }
+    })
 }
 
 fn resnet50(depth: usize, resolution: usize) -> ModelSpec {
-    ModelSpec::Resnet50 {
+    ModelSpec::from(crate::nn::Resnet50Spec {
         depth,
         width: 64,
         resolution,
         classes: 1000,
-    }
+    })
 }
 
 fn sgd() -> OptimizerConfig {
     OptimizerConfig::new(OptimizerKind::Sgd, None, Some(0.9), None)
 }
+
+const C01: Lesson = Lesson {
+    id: "C01",
+    source: "000",
+    claim: "Parameter memory = Σ numel × bytes per element; f32 4, f16/bf16 2, int8 1.",
+    experiment: "build simple-cnn, convert it to f16 and bf16, sum its tensors' bytes",
+    run: c01,
+};
 
 /// Parameters in bytes per dtype, from the built model's store.
 fn c01(ctx: &Ctx) -> anyhow::Result<Outcome> {
@@ -54,7 +62,7 @@ fn c01(ctx: &Ctx) -> anyhow::Result<Outcome> {
     for d in [DType::F32, DType::F16, DType::Bf16] {
         let e = ctx.engine(AllocatorConfig::default())?;
         let mut store = ParamStore::new();
-        ModelSpec::SimpleCnn.build(&e, &mut store, &mut Rng::new(0))?;
+        ModelSpec::from(crate::nn::SimpleCnnSpec).build(&e, &mut store, &mut Rng::new(0))?;
         store.to_dtype(d)?;
         numel = store.numel();
         let bytes: usize = store.iter().map(|p| p.value.nbytes()).sum();
@@ -73,10 +81,18 @@ fn c01(ctx: &Ctx) -> anyhow::Result<Outcome> {
     ))
 }
 
+const C02: Lesson = Lesson {
+    id: "C02",
+    source: "000",
+    claim: "Conv weights = out × in × kh × kw; example 64×3×3×3 = 1,728 (bias not counted).",
+    experiment: "count simple-cnn's conv1 weight",
+    run: c02,
+};
+
 fn c02(ctx: &Ctx) -> anyhow::Result<Outcome> {
     let e = ctx.engine(AllocatorConfig::default())?;
     let mut store = ParamStore::new();
-    ModelSpec::SimpleCnn.build(&e, &mut store, &mut Rng::new(0))?;
+    ModelSpec::from(crate::nn::SimpleCnnSpec).build(&e, &mut store, &mut Rng::new(0))?;
     let w = store
         .iter()
         .find(|p| p.name == "conv1.weight")
@@ -110,11 +126,19 @@ fn grad_bytes(store: &ParamStore) -> usize {
         .sum()
 }
 
+const C03: Lesson = Lesson {
+    id: "C03",
+    source: "000",
+    claim: "Gradient memory equals parameter memory, and lives only through backward.",
+    experiment: "one Adam step of simple-cnn; gradients alive after it",
+    run: c03,
+};
+
 fn c03(ctx: &Ctx) -> anyhow::Result<Outcome> {
     // After the step (optimizer done, before the next zero_grad) gradients
     // are still allocated.
     let e = ctx.engine(AllocatorConfig::default())?;
-    let (mut t, b) = plan(ModelSpec::SimpleCnn, 64).trainer(&e, 0)?;
+    let (mut t, b) = plan(ModelSpec::from(crate::nn::SimpleCnnSpec), 64).trainer(&e, 0)?;
     t.step(&b)?;
     let grads = grad_bytes(&t.store);
     let pbytes: usize = t.store.iter().map(|p| p.value.nbytes()).sum();
@@ -132,6 +156,14 @@ fn c03(ctx: &Ctx) -> anyhow::Result<Outcome> {
     ))
 }
 
+const C04: Lesson = Lesson {
+    id: "C04",
+    source: "000",
+    claim: "A (1,64,224,224) f32 activation is about 126 MB.",
+    experiment: "allocate it",
+    run: c04,
+};
+
 fn c04(ctx: &Ctx) -> anyhow::Result<Outcome> {
     let e = ctx.engine(AllocatorConfig::default())?;
     let t = Tensor::empty(&e, &[1, 64, 224, 224], DType::F32, "activation")?;
@@ -147,6 +179,8 @@ fn c04(ctx: &Ctx) -> anyhow::Result<Outcome> {
         "1 × 64 × 224 × 224 elements × 4 bytes",
     ))
 }
+
+const C05: Lesson = Lesson { id: "C05", source: "000", claim: "ResNet-50: parameters ≈ 98 MB in f32; the first conv's output at batch 256 ≈ 802 MB; peak intermediates 5–8× the parameter memory.", experiment: "resnet50 at 224², batch 32, and conv1's output at batch 256", run: c05 };
 
 fn c05(ctx: &Ctx) -> anyhow::Result<Outcome> {
     let a = ctx.run(&plan(resnet50(50, 224), 32), 1)?;
@@ -168,7 +202,7 @@ fn c05(ctx: &Ctx) -> anyhow::Result<Outcome> {
 }
 
 fn amp_saving(ctx: &Ctx) -> anyhow::Result<(f64, f64, f64)> {
-    let p = plan(ModelSpec::SimpleCnn, 64);
+    let p = plan(ModelSpec::from(crate::nn::SimpleCnnSpec), 64);
     let f32p = ctx.run(&p, 2)?.peak_allocated_bytes;
     let f16p = ctx
         .run(
@@ -190,6 +224,15 @@ fn amp_saving(ctx: &Ctx) -> anyhow::Result<(f64, f64, f64)> {
         .peak_allocated_bytes;
     Ok((mib(f32p), mib(f16p), mib(half)))
 }
+
+const C06: Lesson = Lesson {
+    id: "C06/C28",
+    source: "000, 002",
+    claim: "Mixed precision cuts memory 30–50% (\"about half\").",
+    experiment:
+        "simple-cnn batch 64, two Adam steps in f32, under autocast f16, and as model.half()",
+    run: c06,
+};
 
 fn c06(ctx: &Ctx) -> anyhow::Result<Outcome> {
     let (f, a, h) = amp_saving(ctx)?;
@@ -229,6 +272,15 @@ fn working_peak(a: &crate::estimate::Analysis) -> u64 {
         .unwrap_or(0);
     top.saturating_sub(cat(a, "parameter") + cat(a, "input"))
 }
+
+const C07: Lesson = Lesson {
+    id: "C07",
+    source: "000, 001",
+    claim:
+        "Gradient checkpointing takes activation memory from O(n) to O(1), for 20–30% more compute.",
+    experiment: "mlp of 4…36 layers, plain and checkpointed every √n layers",
+    run: c07,
+};
 
 fn c07(ctx: &Ctx) -> anyhow::Result<Outcome> {
     let mut plain = Vec::new();
@@ -315,6 +367,14 @@ fn c07(ctx: &Ctx) -> anyhow::Result<Outcome> {
     Ok(o)
 }
 
+const C08: Lesson = Lesson {
+    id: "C08",
+    source: "000",
+    claim: "Memory grows linearly with batch size.",
+    experiment: "simple-cnn, batches 8…128",
+    run: c08,
+};
+
 /// Peak over a sweep of batches, and how linear it is.
 fn c08(ctx: &Ctx) -> anyhow::Result<Outcome> {
     let mut pts = Vec::new();
@@ -322,7 +382,7 @@ fn c08(ctx: &Ctx) -> anyhow::Result<Outcome> {
         pts.push((
             b as f64,
             mib(ctx
-                .run(&plan(ModelSpec::SimpleCnn, b), 2)?
+                .run(&plan(ModelSpec::from(crate::nn::SimpleCnnSpec), b), 2)?
                 .peak_allocated_bytes),
         ));
     }
@@ -349,8 +409,16 @@ fn c08(ctx: &Ctx) -> anyhow::Result<Outcome> {
     Ok(o)
 }
 
+const C09: Lesson = Lesson {
+    id: "C09",
+    source: "000",
+    claim: "ReLU adds no memory; GELU keeps intermediates.",
+    experiment: "what simple-cnn's ReLUs save for backward",
+    run: c09,
+};
+
 fn c09(ctx: &Ctx) -> anyhow::Result<Outcome> {
-    let a = ctx.run(&plan(ModelSpec::SimpleCnn, 64), 1)?;
+    let a = ctx.run(&plan(ModelSpec::from(crate::nn::SimpleCnnSpec), 64), 1)?;
     let relu: u64 = a
         .layers
         .iter()
@@ -367,8 +435,16 @@ fn c09(ctx: &Ctx) -> anyhow::Result<Outcome> {
     ))
 }
 
+const C10: Lesson = Lesson {
+    id: "C10",
+    source: "000",
+    claim: "Keep 20–30% of memory free as headroom.",
+    experiment: "reserved vs allocated over two steps of simple-cnn",
+    run: c10,
+};
+
 fn c10(ctx: &Ctx) -> anyhow::Result<Outcome> {
-    let p = plan(ModelSpec::SimpleCnn, 64);
+    let p = plan(ModelSpec::from(crate::nn::SimpleCnnSpec), 64);
     let prof = crate::estimate::run::run_steps(ctx.engine(p.config.clone())?, &p, 0, 2)?;
     let a = crate::estimate::analyze(&prof.events, &prof.layer_outputs);
     let gap = a.peak_reserved_bytes as f64 / a.peak_allocated_bytes as f64 - 1.0;
@@ -398,6 +474,14 @@ fn c10(ctx: &Ctx) -> anyhow::Result<Outcome> {
     });
     Ok(o)
 }
+
+const C11: Lesson = Lesson {
+    id: "C11",
+    source: "001",
+    claim: "ResNet-152 on a 32 GB V100 goes out of memory above batch 64.",
+    experiment: "resnet50 --depth 152 at 224², SGD, batches 64…192 under 32 GiB",
+    run: c11,
+};
 
 fn c11(ctx: &Ctx) -> anyhow::Result<Outcome> {
     let cap = 32u64 << 30;
@@ -432,13 +516,22 @@ fn c11(ctx: &Ctx) -> anyhow::Result<Outcome> {
     ))
 }
 
+const C12: Lesson = Lesson {
+    id: "C12",
+    source: "001",
+    claim:
+        "GPT-3 175B needs 680 GB in f32, 340 GB in f16; 10× the parameters needs ~100× the memory.",
+    experiment: "the 175b preset's parameters; gpt2 vs gpt2-xl training peaks",
+    run: c12,
+};
+
 fn c12(ctx: &Ctx) -> anyhow::Result<Outcome> {
     let gpt = |p: &str, seq: usize| -> anyhow::Result<ModelSpec> {
-        Ok(ModelSpec::Gpt {
+        Ok(ModelSpec::from(crate::nn::GptSpec {
             config: GptConfig::preset(p).map_err(anyhow::Error::msg)?,
             seq,
             dropout: 0.0,
-        })
+        }))
     };
     let params = gpt("175b", 2048)?.parameter_count();
     let (small, xl) = (gpt("gpt2", 1024)?, gpt("gpt2-xl", 1024)?);
@@ -468,6 +561,14 @@ fn c12(ctx: &Ctx) -> anyhow::Result<Outcome> {
     ))
 }
 
+const C13: Lesson = Lesson {
+    id: "C13",
+    source: "001",
+    claim: "ResNet-50 activations are 40–60% of total memory.",
+    experiment: "resnet50 at 224², batch 32, SGD, step 2",
+    run: c13,
+};
+
 fn c13(ctx: &Ctx) -> anyhow::Result<Outcome> {
     let a = ctx.run(
         &crate::estimate::Plan {
@@ -492,15 +593,23 @@ fn c13(ctx: &Ctx) -> anyhow::Result<Outcome> {
     ))
 }
 
+const C14: Lesson = Lesson {
+    id: "C14",
+    source: "001",
+    claim: "Activation memory scales with input area: 224² is 4× 112².",
+    experiment: "resnet-mini at 32², 64², 128²",
+    run: c14,
+};
+
 fn c14(ctx: &Ctx) -> anyhow::Result<Outcome> {
     let mut pts = Vec::new();
     for r in [32usize, 64, 128] {
-        let s = ModelSpec::ResnetMini {
+        let s = ModelSpec::from(crate::nn::ResnetMiniSpec {
             width: 16,
             depth: 3,
             resolution: r,
             classes: 10,
-        };
+        });
         pts.push((r as f64, mib(cat(&ctx.run(&plan(s, 16), 1)?, "activation"))));
     }
     let ratio = pts[2].1 / pts[1].1;
@@ -522,6 +631,8 @@ fn c14(ctx: &Ctx) -> anyhow::Result<Outcome> {
     Ok(o)
 }
 
+const C15: Lesson = Lesson { id: "C15", source: "001", claim: "Adam keeps 2 extra states per parameter; AdamW 12 bytes per parameter (grad + m + v), 16 with the weight; SGD with momentum keeps 1.", experiment: "optimizer state of simple-cnn after two steps", run: c15 };
+
 fn c15(ctx: &Ctx) -> anyhow::Result<Outcome> {
     let mut figures = Vec::new();
     let mut ratios = Vec::new();
@@ -539,7 +650,7 @@ fn c15(ctx: &Ctx) -> anyhow::Result<Outcome> {
         let a = ctx.run(
             &crate::estimate::Plan {
                 optimizer: opt,
-                ..plan(ModelSpec::SimpleCnn, 8)
+                ..plan(ModelSpec::from(crate::nn::SimpleCnnSpec), 8)
             },
             2,
         )?;
@@ -553,6 +664,14 @@ fn c15(ctx: &Ctx) -> anyhow::Result<Outcome> {
         "Adam/AdamW keep m and v (8 bytes a parameter), SGD with momentum one buffer; + weight + gradient = 16 bytes for AdamW",
     ))
 }
+
+const C16: Lesson = Lesson {
+    id: "C16",
+    source: "001",
+    claim: "\"But with a non-linear threshold\": ResNet-101 batch 32 → 64 went 28 → 31 GB.",
+    experiment: "resnet50 --depth 101 at batch 32 and 64",
+    run: c16,
+};
 
 fn c16(ctx: &Ctx) -> anyhow::Result<Outcome> {
     let plan_of = |b| crate::estimate::Plan {
@@ -573,6 +692,8 @@ fn c16(ctx: &Ctx) -> anyhow::Result<Outcome> {
     ))
 }
 
+const C17: Lesson = Lesson { id: "C17", source: "001", claim: "Self-attention memory grows with the square of the sequence length: 512 → 1024 took 12 GB → 45 GB.", experiment: "gpt (2 layers, dim 128) at 128…1024 tokens", run: c17 };
+
 fn c17(ctx: &Ctx) -> anyhow::Result<Outcome> {
     let mut pts = Vec::new();
     for s in [128usize, 256, 512, 1024] {
@@ -583,11 +704,11 @@ fn c17(ctx: &Ctx) -> anyhow::Result<Outcome> {
             seq_len: s,
             vocab: 96,
         };
-        let spec = ModelSpec::Gpt {
+        let spec = ModelSpec::from(crate::nn::GptSpec {
             config: c,
             seq: s,
             dropout: 0.0,
-        };
+        });
         pts.push((
             s as f64,
             mib(cat(&ctx.run(&plan(spec, 8), 1)?, "activation")),
@@ -610,6 +731,8 @@ fn c17(ctx: &Ctx) -> anyhow::Result<Outcome> {
     Ok(o)
 }
 
+const C18: Lesson = Lesson { id: "C18", source: "001", claim: "FP16 is 2 bytes, BF16 is 2.5 bytes; mixed precision keeps f32 master weights, so it saves about 50%.", experiment: "allocate f16 and bf16 tensors", run: c18 };
+
 fn c18(ctx: &Ctx) -> anyhow::Result<Outcome> {
     let e = ctx.engine(AllocatorConfig::default())?;
     let f16 = Tensor::empty(&e, &[1000], DType::F16, "f16")?.nbytes();
@@ -627,17 +750,27 @@ fn c18(ctx: &Ctx) -> anyhow::Result<Outcome> {
     ))
 }
 
+const C19: Lesson = Lesson { id: "C19", source: "001, 002", claim: "Gradient accumulation over k micro-batches keeps peak memory at the micro-batch level while matching the large-batch gradient.", experiment: "simple-cnn batch 64 at once vs four accumulated micro-batches of 16 (train --accumulate 4)", run: c19 };
+
 fn c19(ctx: &Ctx) -> anyhow::Result<Outcome> {
     let full = ctx
-        .run(&plan(ModelSpec::SimpleCnn, 64), 2)?
+        .run(&plan(ModelSpec::from(crate::nn::SimpleCnnSpec), 64), 2)?
         .peak_allocated_bytes;
     // Four micro-batches of 16 per optimizer step (`train --accumulate 4`).
     let e = ctx.engine(AllocatorConfig::default())?;
     let mut rng = Rng::new(0);
     let mut store = ParamStore::new();
-    let model = ModelSpec::SimpleCnn.build(&e, &mut store, &mut rng)?;
+    let model = ModelSpec::from(crate::nn::SimpleCnnSpec).build(&e, &mut store, &mut rng)?;
     let micro: Vec<Batch> = (0..4)
-        .map(|_| Batch::random_for(&e, &mut rng, &ModelSpec::SimpleCnn, 16, DType::F32))
+        .map(|_| {
+            Batch::random_for(
+                &e,
+                &mut rng,
+                &ModelSpec::from(crate::nn::SimpleCnnSpec),
+                16,
+                DType::F32,
+            )
+        })
         .collect::<Result<_, _>>()?;
     let opt = OptimizerConfig::new(OptimizerKind::Adam, None, None, None);
     let mut t = Trainer::new(e, model, store, opt.build(), false);
@@ -651,6 +784,14 @@ fn c19(ctx: &Ctx) -> anyhow::Result<Outcome> {
         "only one micro-batch's activations are alive; the gradients add up in place in .grad (tests/accumulate.rs: the same gradients as one batch, within 1e-5)",
     ))
 }
+
+const C20: Lesson = Lesson {
+    id: "C20",
+    source: "001",
+    claim: "backward with retain_graph=True, kept across iterations, leaks memory.",
+    experiment: "five mlp steps on one retained graph",
+    run: c20,
+};
 
 fn c20(ctx: &Ctx) -> anyhow::Result<Outcome> {
     let e = ctx.engine(AllocatorConfig::default())?;
@@ -689,11 +830,19 @@ fn c20(ctx: &Ctx) -> anyhow::Result<Outcome> {
     Ok(o)
 }
 
+const C21: Lesson = Lesson {
+    id: "C21",
+    source: "001",
+    claim: "DDP find_unused_parameters wastes 20–30%.",
+    experiment: "none possible on one device",
+    run: c21,
+};
+
 fn c21(ctx: &Ctx) -> anyhow::Result<Outcome> {
     // The nearest measurable thing: the gradient bytes DDP would bucket and
     // all-reduce (one copy of the gradients, held beside them).
     let e = ctx.engine(AllocatorConfig::default())?;
-    let (mut t, b) = plan(ModelSpec::SimpleCnn, 64).trainer(&e, 0)?;
+    let (mut t, b) = plan(ModelSpec::from(crate::nn::SimpleCnnSpec), 64).trainer(&e, 0)?;
     t.step(&b)?;
     let grads = grad_bytes(&t.store);
     let peak = e.allocator().max_memory_allocated();
@@ -710,6 +859,14 @@ fn c21(ctx: &Ctx) -> anyhow::Result<Outcome> {
     ))
 }
 
+const C22: Lesson = Lesson {
+    id: "C22",
+    source: "001",
+    claim: "A CUDA context costs ~700 MB per process before any tensor.",
+    experiment: "the allocator's reserved bytes on a fresh device",
+    run: c22,
+};
+
 fn c22(ctx: &Ctx) -> anyhow::Result<Outcome> {
     let e = ctx.engine(AllocatorConfig::default())?;
     let reserved = e.allocator().memory_reserved();
@@ -720,9 +877,17 @@ fn c22(ctx: &Ctx) -> anyhow::Result<Outcome> {
     ))
 }
 
+const C23: Lesson = Lesson {
+    id: "C23",
+    source: "001",
+    claim: "empty_cache() returns cached blocks, pausing work ~50 ms.",
+    experiment: "one simple-cnn step, then empty_cache, timed",
+    run: c23,
+};
+
 fn c23(ctx: &Ctx) -> anyhow::Result<Outcome> {
     let e = ctx.engine(AllocatorConfig::default())?;
-    let (mut t, b) = plan(ModelSpec::SimpleCnn, 64).trainer(&e, 0)?;
+    let (mut t, b) = plan(ModelSpec::from(crate::nn::SimpleCnnSpec), 64).trainer(&e, 0)?;
     t.step(&b)?;
     let before = e.allocator().memory_reserved();
     let t0 = std::time::Instant::now();
@@ -744,6 +909,8 @@ fn c23(ctx: &Ctx) -> anyhow::Result<Outcome> {
     ))
 }
 
+const C24: Lesson = Lesson { id: "C24/C36", source: "001, 004", claim: "Find the largest batch that fits by trying sizes and catching out-of-memory, then fall back to a smaller batch.", experiment: "simple-cnn batches 16…256 under a 512 MiB limit", run: c24 };
+
 fn c24(ctx: &Ctx) -> anyhow::Result<Outcome> {
     let cap = 512u64 << 20;
     let mut best = 0;
@@ -754,7 +921,7 @@ fn c24(ctx: &Ctx) -> anyhow::Result<Outcome> {
         };
         let p = crate::estimate::Plan {
             config: cfg,
-            ..plan(ModelSpec::SimpleCnn, b)
+            ..plan(ModelSpec::from(crate::nn::SimpleCnnSpec), b)
         };
         match ctx.run(&p, 2) {
             Ok(_) => best = b,
@@ -769,8 +936,10 @@ fn c24(ctx: &Ctx) -> anyhow::Result<Outcome> {
     ))
 }
 
+const C26: Lesson = Lesson { id: "C26", source: "002", claim: "SimpleConvNet, batch 64, Adam: params 4.12 + activations 38.5 + gradients 4.12 + Adam 8.24 + input 0.75 = 55.73 MiB.", experiment: "two Adam steps of simple-cnn", run: c26 };
+
 fn c26(ctx: &Ctx) -> anyhow::Result<Outcome> {
-    let a = ctx.run(&plan(ModelSpec::SimpleCnn, 64), 2)?;
+    let a = ctx.run(&plan(ModelSpec::from(crate::nn::SimpleCnnSpec), 64), 2)?;
     let peak = mib(a.peak_allocated_bytes);
     Ok(outcome(
         vec![fig("the article's total", 55.73, "MiB"), fig("true peak (step 2)", peak, "MiB")],
@@ -779,8 +948,10 @@ fn c26(ctx: &Ctx) -> anyhow::Result<Outcome> {
     ))
 }
 
+const C27: Lesson = Lesson { id: "C27", source: "002", claim: "Measured after each of 2 training steps: memory_allocated 54.12 MB and memory_reserved 54.12 MB.", experiment: "memory after step 2 of simple-cnn", run: c27 };
+
 fn c27(ctx: &Ctx) -> anyhow::Result<Outcome> {
-    let a = ctx.run(&plan(ModelSpec::SimpleCnn, 64), 2)?;
+    let a = ctx.run(&plan(ModelSpec::from(crate::nn::SimpleCnnSpec), 64), 2)?;
     Ok(outcome(
         vec![
             fig("memory_allocated after step 2", mib(a.allocated_after_bytes), "MiB"),
@@ -795,9 +966,11 @@ fn c27(ctx: &Ctx) -> anyhow::Result<Outcome> {
     ))
 }
 
+const C29: Lesson = Lesson { id: "C29", source: "003", claim: "set_per_process_memory_fraction(0.8) caps what the process may take; past it allocation fails with out-of-memory.", experiment: "simple-cnn under 80% of its own reserved peak", run: c29 };
+
 fn c29(ctx: &Ctx) -> anyhow::Result<Outcome> {
     let peak = ctx
-        .run(&plan(ModelSpec::SimpleCnn, 64), 1)?
+        .run(&plan(ModelSpec::from(crate::nn::SimpleCnnSpec), 64), 1)?
         .peak_reserved_bytes;
     let cfg = AllocatorConfig {
         memory_limit: Some(peak * 8 / 10),
@@ -806,7 +979,7 @@ fn c29(ctx: &Ctx) -> anyhow::Result<Outcome> {
     let r = ctx.run(
         &crate::estimate::Plan {
             config: cfg,
-            ..plan(ModelSpec::SimpleCnn, 64)
+            ..plan(ModelSpec::from(crate::nn::SimpleCnnSpec), 64)
         },
         1,
     );
@@ -855,23 +1028,25 @@ fn forward_under(
     Ok((held, peak))
 }
 
+const C30: Lesson = Lesson { id: "C30", source: "002, 004", claim: "Evaluation under no_grad uses less memory: no saved activations, no grads.", experiment: "simple-cnn training step vs eval + no_grad forward; a ResNet-50 (BatchNorm) and a GPT (dropout) forward under train, eval(), no_grad and both", run: c30 };
+
 fn c30(ctx: &Ctx) -> anyhow::Result<Outcome> {
-    let t = ctx.run(&plan(ModelSpec::SimpleCnn, 64), 1)?;
+    let t = ctx.run(&plan(ModelSpec::from(crate::nn::SimpleCnnSpec), 64), 1)?;
     let i = ctx.run(
         &crate::estimate::Plan {
             mode: Mode::Inference,
-            ..plan(ModelSpec::SimpleCnn, 64)
+            ..plan(ModelSpec::from(crate::nn::SimpleCnnSpec), 64)
         },
         1,
     )?;
     // A model with BatchNorm and one with dropout under the four mode mixes.
-    let bn = ModelSpec::Resnet50 {
+    let bn = ModelSpec::from(crate::nn::Resnet50Spec {
         depth: 50,
         width: 8,
         resolution: 64,
         classes: 10,
-    };
-    let gpt = ModelSpec::Gpt {
+    });
+    let gpt = ModelSpec::from(crate::nn::GptSpec {
         config: GptConfig {
             layers: 2,
             heads: 4,
@@ -881,7 +1056,7 @@ fn c30(ctx: &Ctx) -> anyhow::Result<Outcome> {
         },
         seq: 64,
         dropout: 0.1,
-    };
+    });
     let mut figures = vec![
         fig(
             "simple-cnn training step peak",
@@ -955,6 +1130,14 @@ fn frag(
     Ok((a[0].fragmentation, b[0].fragmentation, series))
 }
 
+const C31: Lesson = Lesson {
+    id: "C31",
+    source: "004",
+    claim: "Variable-length inputs (NLP) fragment the cache.",
+    experiment: "40 training steps at lengths 32–512 vs all at 272 (control), PyTorch's policy",
+    run: c31,
+};
+
 fn c31(_: &Ctx) -> anyhow::Result<Outcome> {
     let (v, f, series) = frag(
         crate::lab::synthetic::variable_length_batches(),
@@ -975,6 +1158,8 @@ fn c31(_: &Ctx) -> anyhow::Result<Outcome> {
     o.series = Some(series);
     Ok(o)
 }
+
+const C32: Lesson = Lesson { id: "C32", source: "004", claim: "When the batch size changes the cached blocks may not be reusable, so less memory is really available.", experiment: "batch 24 then 40 vs 40 throughout (control)", run: c32 };
 
 fn c32(_: &Ctx) -> anyhow::Result<Outcome> {
     let (v, f, series) = frag(
@@ -997,13 +1182,21 @@ fn c32(_: &Ctx) -> anyhow::Result<Outcome> {
     Ok(o)
 }
 
+const C33: Lesson = Lesson {
+    id: "C33",
+    source: "004",
+    claim: "BatchNorm uses its running statistics in eval mode.",
+    experiment: "a ResNet-50 training step vs eval + no_grad",
+    run: c33,
+};
+
 fn c33(ctx: &Ctx) -> anyhow::Result<Outcome> {
-    let s = ModelSpec::Resnet50 {
+    let s = ModelSpec::from(crate::nn::Resnet50Spec {
         depth: 50,
         width: 16,
         resolution: 64,
         classes: 10,
-    };
+    });
     let t = ctx.run(&plan(s.clone(), 8), 1)?;
     let i = ctx.run(
         &crate::estimate::Plan {
@@ -1019,13 +1212,21 @@ fn c33(ctx: &Ctx) -> anyhow::Result<Outcome> {
     ))
 }
 
+const C34: Lesson = Lesson {
+    id: "C34",
+    source: "004",
+    claim: "Two models loaded at once need both footprints; load them one at a time.",
+    experiment: "two simple-cnn models in one process",
+    run: c34,
+};
+
 fn c34(ctx: &Ctx) -> anyhow::Result<Outcome> {
     let e = ctx.engine(AllocatorConfig::default())?;
     let mut a = ParamStore::new();
-    ModelSpec::SimpleCnn.build(&e, &mut a, &mut Rng::new(0))?;
+    ModelSpec::from(crate::nn::SimpleCnnSpec).build(&e, &mut a, &mut Rng::new(0))?;
     let one = e.allocator().memory_allocated();
     let mut b = ParamStore::new();
-    ModelSpec::SimpleCnn.build(&e, &mut b, &mut Rng::new(1))?;
+    ModelSpec::from(crate::nn::SimpleCnnSpec).build(&e, &mut b, &mut Rng::new(1))?;
     let two = e.allocator().memory_allocated();
     drop(a);
     let after = e.allocator().memory_allocated();
@@ -1035,6 +1236,14 @@ fn c34(ctx: &Ctx) -> anyhow::Result<Outcome> {
         "two models' weights are both allocated; dropping one frees its blocks (reserved stays cached)",
     ))
 }
+
+const C35: Lesson = Lesson {
+    id: "C35",
+    source: "004",
+    claim: "A custom op that saves tensors it does not need for backward holds memory.",
+    experiment: "ReLU vs a custom ReLU that also saves its input",
+    run: c35,
+};
 
 fn c35(ctx: &Ctx) -> anyhow::Result<Outcome> {
     let mut held = Vec::new();
@@ -1054,7 +1263,7 @@ fn c35(ctx: &Ctx) -> anyhow::Result<Outcome> {
             tape.record(
                 out,
                 &[&xv],
-                Box::new(move |g, _| {
+                Box::new(move |g| {
                     let _unused = &keep_in;
                     Ok(vec![Some(crate::ops::relu::relu_backward(&keep_out, g)?)])
                 }),
@@ -1084,9 +1293,11 @@ fn c35(ctx: &Ctx) -> anyhow::Result<Outcome> {
     ))
 }
 
+const C37: Lesson = Lesson { id: "C37", source: "001, 004", claim: "memory_allocated / memory_reserved / max_memory_allocated / reset_peak_memory_stats / memory_summary show the state; the profiler sorts ops by memory.", experiment: "the statistics after a simple-cnn step", run: c37 };
+
 fn c37(ctx: &Ctx) -> anyhow::Result<Outcome> {
     let e = ctx.engine(AllocatorConfig::default())?;
-    let (mut t, b) = plan(ModelSpec::SimpleCnn, 8).trainer(&e, 0)?;
+    let (mut t, b) = plan(ModelSpec::from(crate::nn::SimpleCnnSpec), 8).trainer(&e, 0)?;
     t.step(&b)?;
     let a = e.allocator();
     Ok(outcome(
@@ -1136,7 +1347,7 @@ fn live_at_peak(events: &[crate::memory::MemEvent], sizes: &[u64]) -> (u64, u64)
 /// GPT-2's architecture at `layers` × `dim` with `vocab` tokens, on
 /// sequences of 512.
 fn decoder(layers: usize, heads: usize, dim: usize, vocab: usize) -> ModelSpec {
-    ModelSpec::Gpt {
+    ModelSpec::from(crate::nn::GptSpec {
         config: GptConfig {
             layers,
             heads,
@@ -1146,8 +1357,10 @@ fn decoder(layers: usize, heads: usize, dim: usize, vocab: usize) -> ModelSpec {
         },
         seq: 512,
         dropout: 0.0,
-    }
+    })
 }
+
+const X01: Lesson = Lesson { id: "X01", source: "beyond", claim: "(Not in the documents.) For a large vocabulary the loss, not the model, sets the peak: in backward PyTorch's F.cross_entropy holds four vocabulary-sized buffers at once (the logits, the log-probabilities, two gradients), a fused loss two; foreach optimizers add a parameter-sized list at the step.", experiment: "gpt2 and a 1B decoder (16 × 2048) at batch 8 × 512, vocab 50k, 128k, 256k, f32 and bf16 autocast, each --loss; AdamW's three implementations at batch 1", run: x01 };
 
 /// Beyond the documents: the share of the peak that vocabulary-sized
 /// buffers (the loss's) hold as the vocabulary grows, per loss and
@@ -1302,40 +1515,9 @@ fn x01(ctx: &Ctx) -> anyhow::Result<Outcome> {
     Ok(o)
 }
 
+/// Every lesson, in the order `vramlab lessons` lists them; each is defined
+/// beside the experiment that tests its claim.
 pub static LESSONS: [Lesson; 35] = [
-    Lesson { id: "C01", source: "000", claim: "Parameter memory = Σ numel × bytes per element; f32 4, f16/bf16 2, int8 1.", experiment: "build simple-cnn, convert it to f16 and bf16, sum its tensors' bytes", run: c01 },
-    Lesson { id: "C02", source: "000", claim: "Conv weights = out × in × kh × kw; example 64×3×3×3 = 1,728 (bias not counted).", experiment: "count simple-cnn's conv1 weight", run: c02 },
-    Lesson { id: "C03", source: "000", claim: "Gradient memory equals parameter memory, and lives only through backward.", experiment: "one Adam step of simple-cnn; gradients alive after it", run: c03 },
-    Lesson { id: "C04", source: "000", claim: "A (1,64,224,224) f32 activation is about 126 MB.", experiment: "allocate it", run: c04 },
-    Lesson { id: "C05", source: "000", claim: "ResNet-50: parameters ≈ 98 MB in f32; the first conv's output at batch 256 ≈ 802 MB; peak intermediates 5–8× the parameter memory.", experiment: "resnet50 at 224², batch 32, and conv1's output at batch 256", run: c05 },
-    Lesson { id: "C06/C28", source: "000, 002", claim: "Mixed precision cuts memory 30–50% (\"about half\").", experiment: "simple-cnn batch 64, two Adam steps in f32, under autocast f16, and as model.half()", run: c06 },
-    Lesson { id: "C07", source: "000, 001", claim: "Gradient checkpointing takes activation memory from O(n) to O(1), for 20–30% more compute.", experiment: "mlp of 4…36 layers, plain and checkpointed every √n layers", run: c07 },
-    Lesson { id: "C08", source: "000", claim: "Memory grows linearly with batch size.", experiment: "simple-cnn, batches 8…128", run: c08 },
-    Lesson { id: "C09", source: "000", claim: "ReLU adds no memory; GELU keeps intermediates.", experiment: "what simple-cnn's ReLUs save for backward", run: c09 },
-    Lesson { id: "C10", source: "000", claim: "Keep 20–30% of memory free as headroom.", experiment: "reserved vs allocated over two steps of simple-cnn", run: c10 },
-    Lesson { id: "C11", source: "001", claim: "ResNet-152 on a 32 GB V100 goes out of memory above batch 64.", experiment: "resnet50 --depth 152 at 224², SGD, batches 64…192 under 32 GiB", run: c11 },
-    Lesson { id: "C12", source: "001", claim: "GPT-3 175B needs 680 GB in f32, 340 GB in f16; 10× the parameters needs ~100× the memory.", experiment: "the 175b preset's parameters; gpt2 vs gpt2-xl training peaks", run: c12 },
-    Lesson { id: "C13", source: "001", claim: "ResNet-50 activations are 40–60% of total memory.", experiment: "resnet50 at 224², batch 32, SGD, step 2", run: c13 },
-    Lesson { id: "C14", source: "001", claim: "Activation memory scales with input area: 224² is 4× 112².", experiment: "resnet-mini at 32², 64², 128²", run: c14 },
-    Lesson { id: "C15", source: "001", claim: "Adam keeps 2 extra states per parameter; AdamW 12 bytes per parameter (grad + m + v), 16 with the weight; SGD with momentum keeps 1.", experiment: "optimizer state of simple-cnn after two steps", run: c15 },
-    Lesson { id: "C16", source: "001", claim: "\"But with a non-linear threshold\": ResNet-101 batch 32 → 64 went 28 → 31 GB.", experiment: "resnet50 --depth 101 at batch 32 and 64", run: c16 },
-    Lesson { id: "C17", source: "001", claim: "Self-attention memory grows with the square of the sequence length: 512 → 1024 took 12 GB → 45 GB.", experiment: "gpt (2 layers, dim 128) at 128…1024 tokens", run: c17 },
-    Lesson { id: "C18", source: "001", claim: "FP16 is 2 bytes, BF16 is 2.5 bytes; mixed precision keeps f32 master weights, so it saves about 50%.", experiment: "allocate f16 and bf16 tensors", run: c18 },
-    Lesson { id: "C19", source: "001, 002", claim: "Gradient accumulation over k micro-batches keeps peak memory at the micro-batch level while matching the large-batch gradient.", experiment: "simple-cnn batch 64 at once vs four accumulated micro-batches of 16 (train --accumulate 4)", run: c19 },
-    Lesson { id: "C20", source: "001", claim: "backward with retain_graph=True, kept across iterations, leaks memory.", experiment: "five mlp steps on one retained graph", run: c20 },
-    Lesson { id: "C21", source: "001", claim: "DDP find_unused_parameters wastes 20–30%.", experiment: "none possible on one device", run: c21 },
-    Lesson { id: "C22", source: "001", claim: "A CUDA context costs ~700 MB per process before any tensor.", experiment: "the allocator's reserved bytes on a fresh device", run: c22 },
-    Lesson { id: "C23", source: "001", claim: "empty_cache() returns cached blocks, pausing work ~50 ms.", experiment: "one simple-cnn step, then empty_cache, timed", run: c23 },
-    Lesson { id: "C24/C36", source: "001, 004", claim: "Find the largest batch that fits by trying sizes and catching out-of-memory, then fall back to a smaller batch.", experiment: "simple-cnn batches 16…256 under a 512 MiB limit", run: c24 },
-    Lesson { id: "C26", source: "002", claim: "SimpleConvNet, batch 64, Adam: params 4.12 + activations 38.5 + gradients 4.12 + Adam 8.24 + input 0.75 = 55.73 MiB.", experiment: "two Adam steps of simple-cnn", run: c26 },
-    Lesson { id: "C27", source: "002", claim: "Measured after each of 2 training steps: memory_allocated 54.12 MB and memory_reserved 54.12 MB.", experiment: "memory after step 2 of simple-cnn", run: c27 },
-    Lesson { id: "C29", source: "003", claim: "set_per_process_memory_fraction(0.8) caps what the process may take; past it allocation fails with out-of-memory.", experiment: "simple-cnn under 80% of its own reserved peak", run: c29 },
-    Lesson { id: "C30", source: "002, 004", claim: "Evaluation under no_grad uses less memory: no saved activations, no grads.", experiment: "simple-cnn training step vs eval + no_grad forward; a ResNet-50 (BatchNorm) and a GPT (dropout) forward under train, eval(), no_grad and both", run: c30 },
-    Lesson { id: "C31", source: "004", claim: "Variable-length inputs (NLP) fragment the cache.", experiment: "40 training steps at lengths 32–512 vs all at 272 (control), PyTorch's policy", run: c31 },
-    Lesson { id: "C32", source: "004", claim: "When the batch size changes the cached blocks may not be reusable, so less memory is really available.", experiment: "batch 24 then 40 vs 40 throughout (control)", run: c32 },
-    Lesson { id: "C33", source: "004", claim: "BatchNorm uses its running statistics in eval mode.", experiment: "a ResNet-50 training step vs eval + no_grad", run: c33 },
-    Lesson { id: "C34", source: "004", claim: "Two models loaded at once need both footprints; load them one at a time.", experiment: "two simple-cnn models in one process", run: c34 },
-    Lesson { id: "C35", source: "004", claim: "A custom op that saves tensors it does not need for backward holds memory.", experiment: "ReLU vs a custom ReLU that also saves its input", run: c35 },
-    Lesson { id: "C37", source: "001, 004", claim: "memory_allocated / memory_reserved / max_memory_allocated / reset_peak_memory_stats / memory_summary show the state; the profiler sorts ops by memory.", experiment: "the statistics after a simple-cnn step", run: c37 },
-    Lesson { id: "X01", source: "beyond", claim: "(Not in the documents.) For a large vocabulary the loss, not the model, sets the peak: in backward PyTorch's F.cross_entropy holds four vocabulary-sized buffers at once (the logits, the log-probabilities, two gradients), a fused loss two; foreach optimizers add a parameter-sized list at the step.", experiment: "gpt2 and a 1B decoder (16 × 2048) at batch 8 × 512, vocab 50k, 128k, 256k, f32 and bf16 autocast, each --loss; AdamW's three implementations at batch 1", run: x01 },
+    C01, C02, C03, C04, C05, C06, C07, C08, C09, C10, C11, C12, C13, C14, C15, C16, C17, C18, C19,
+    C20, C21, C22, C23, C24, C26, C27, C29, C30, C31, C32, C33, C34, C35, C37, X01,
 ];

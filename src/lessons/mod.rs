@@ -11,7 +11,7 @@ pub mod report;
 
 use crate::estimate::{analyze, run::run_steps, Analysis, Plan};
 use crate::memory::{format_size, AllocatorConfig};
-use crate::nn::ModelSpec;
+use crate::nn::{GptSpec, ModelSpec, Resnet50Spec};
 use crate::tensor::{DType, Engine};
 use crate::train::{Mode, OptimizerConfig, OptimizerKind};
 use serde::Serialize;
@@ -167,14 +167,17 @@ impl Ctx {
 /// A model as a refusal names it: the zoo name, and the size knob that
 /// tells one lesson's plans apart.
 fn label(model: &ModelSpec) -> String {
-    match model {
-        ModelSpec::Resnet50 { depth, .. } => format!("ResNet-{depth}"),
-        ModelSpec::Gpt { seq, .. } => format!(
-            "gpt of {:.2}B parameters ({seq} tokens)",
-            model.parameter_count() as f64 / 1e9
-        ),
-        other => other.name().to_string(),
+    if let Some(r) = model.get::<Resnet50Spec>() {
+        return format!("ResNet-{}", r.depth);
     }
+    if let Some(g) = model.get::<GptSpec>() {
+        return format!(
+            "gpt of {:.2}B parameters ({} tokens)",
+            model.parameter_count() as f64 / 1e9,
+            g.seq
+        );
+    }
+    model.name().to_string()
 }
 
 /// A training plan with the defaults lessons use (Adam, f32, train).

@@ -27,29 +27,29 @@ impl RngExt for Rng {
 pub fn small(name: &str) -> vramlab::nn::ModelSpec {
     use vramlab::nn::ModelSpec;
     match name {
-        "mlp" => ModelSpec::Mlp {
+        "mlp" => ModelSpec::from(vramlab::nn::MlpSpec {
             widths: vec![50, 64, 64, 64, 10],
             checkpoint_every: 0,
-        },
-        "resnet-mini" => ModelSpec::ResnetMini {
+        }),
+        "resnet-mini" => ModelSpec::from(vramlab::nn::ResnetMiniSpec {
             width: 4,
             depth: 3,
             resolution: 16,
             classes: 10,
-        },
-        "attention" => ModelSpec::Attention {
+        }),
+        "attention" => ModelSpec::from(vramlab::nn::AttentionSpec {
             seq_len: 24,
             dim: 16,
             hidden: 32,
             classes: 5,
-        },
-        "resnet50" => ModelSpec::Resnet50 {
+        }),
+        "resnet50" => ModelSpec::from(vramlab::nn::Resnet50Spec {
             depth: 50,
             width: 4,
             resolution: 32,
             classes: 5,
-        },
-        "gpt" => ModelSpec::Gpt {
+        }),
+        "gpt" => ModelSpec::from(vramlab::nn::GptSpec {
             config: vramlab::nn::gpt::GptConfig {
                 layers: 2,
                 heads: 2,
@@ -59,7 +59,7 @@ pub fn small(name: &str) -> vramlab::nn::ModelSpec {
             },
             seq: 12,
             dropout: 0.0,
-        },
+        }),
         other => ModelSpec::default_for(other).unwrap(),
     }
 }

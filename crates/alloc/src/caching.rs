@@ -20,12 +20,16 @@
 //!    device only when it is one whole free block and the cache is emptied.
 //! 7. With a memory limit and `garbage_collection_threshold`, cached whole
 //!    segments older than average are released before growing past the threshold.
+//!
+//! A [`Placement`] hook, when set, may decide otherwise at three points (see
+//! placement.rs); without one these rules are all there is.
 
 use super::config::AllocatorConfig;
 use super::constants::*;
 use super::error::{AllocError, OomReport};
 use super::events::{EventKind, MemEvent};
-use super::lookahead::{History, Place};
+pub use super::handle::{BlockHandle, PoolKind};
+use super::placement::{AllocatorView, FreeBlock, Ghost, Place, Placement, Request};
 use super::source::SimulatedSource;
 use super::source::{SegmentId, SegmentSource, SourceError};
 use super::stats::{DeviceStats, StatType};
@@ -97,23 +101,6 @@ pub fn pool_for(size: u64) -> PoolKind {
     }
 }
 
-/// The two pools. Blocks never move between them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum PoolKind {
-    Small,
-    Large,
-}
-
-impl PoolKind {
-    pub fn stat_type(self) -> StatType {
-        match self {
-            PoolKind::Small => StatType::SmallPool,
-            PoolKind::Large => StatType::LargePool,
-        }
-    }
-}
-
 /// A live allocation: which block, and where its bytes are.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Allocation {
@@ -125,23 +112,6 @@ pub struct Allocation {
     pub size: u64,
     /// The bytes asked for.
     pub requested: u64,
-}
-
-/// Names one allocated block. The generation makes a stale handle (a double
-/// free) detectable instead of freeing whatever reused the slot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct BlockHandle {
-    index: u32,
-    generation: u32,
-}
-
-impl BlockHandle {
-    pub(crate) fn new(index: usize, generation: u32) -> BlockHandle {
-        BlockHandle {
-            index: index as u32,
-            generation,
-        }
-    }
 }
 
 #[derive(Debug, Clone)]
@@ -211,8 +181,8 @@ pub struct CachingAllocator<S: SegmentSource> {
     pub(crate) next_address: u64,
     /// The event log, while recording (see `start_recording`).
     recorder: Option<Recorder>,
-    /// What was allocated and freed, for `lookahead`.
-    pub(crate) history: Option<History>,
+    /// The placement hook (placement.rs); `None` is PyTorch's allocator.
+    placement: Option<Box<dyn Placement>>,
     /// Pages mapped into expandable segments: page address → the device
     /// allocation behind it.
     pub(crate) pages: BTreeMap<u64, (SegmentId, u64)>,
@@ -236,7 +206,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             max_split_size: config.max_split_size.min(i64::MAX as u64) as i64,
             ..Default::default()
         };
-        let config_lookahead = config.lookahead;
+        let placement = config.placement.as_ref().map(|p| p.fresh());
         CachingAllocator {
             config,
             source,
@@ -250,13 +220,31 @@ impl<S: SegmentSource> CachingAllocator<S> {
             next_segment_id: 0,
             next_address: BASE_ADDRESS,
             recorder: None,
-            history: config_lookahead.then(History::default),
+            placement,
             pages: BTreeMap::new(),
         }
     }
 
     pub fn config(&self) -> &AllocatorConfig {
         &self.config
+    }
+
+    /// Replaces the placement hook (`None`: PyTorch's rules only). The
+    /// configuration keeps the policy it was built with.
+    pub fn set_placement(&mut self, placement: Option<Box<dyn Placement>>) {
+        self.placement = placement;
+    }
+
+    /// Calls the hook with a view of this allocator; `None` without a hook.
+    fn consult<R>(
+        &mut self,
+        ask: impl FnOnce(&mut dyn Placement, &dyn AllocatorView) -> R,
+    ) -> Option<R> {
+        // Taken out for the call: the hook reads the allocator it sits in.
+        let mut hook = self.placement.take()?;
+        let answer = ask(hook.as_mut(), &*self);
+        self.placement = Some(hook);
+        Some(answer)
     }
 
     pub fn source(&self) -> &S {
@@ -493,34 +481,27 @@ impl<S: SegmentSource> CachingAllocator<S> {
         // request itself fits: ask for exactly the request then.
         let alloc_size = alloc_size.min(max_segment);
 
-        // `lookahead`: a long-lived block's place is chosen by replaying the
-        // history (see lookahead.rs); if its new segment cannot be had, the
-        // usual path below decides.
+        let request = Request {
+            requested: orig_size,
+            size,
+            pool,
+            segment_size: alloc_size,
+            category,
+        };
         let mut found = None;
-        if self.config.lookahead
-            && !expandable
-            && pool == PoolKind::Large
-            && category.lives_for_the_run()
-        {
-            match self.look_ahead(size, orig_size, alloc_size) {
-                Some(Place::Block(index)) => {
-                    self.remove_from_pool(index);
-                    found = Some(index);
-                }
-                Some(Place::Fresh(pool, segment)) => {
-                    found = self.alloc_block(pool, segment, false)?
-                }
-                None => {}
+        if !expandable {
+            if let Some(place) = self.consult(|p, v| p.place(v, &request)).flatten() {
+                found = self.take_place(place, size)?;
             }
         }
         if found.is_none() {
             found = self.get_free_block(pool, size);
         }
-        if found.is_none() && pool == PoolKind::Small && self.config.small_from_large {
+        if found.is_none() && pool == PoolKind::Small && self.placement.is_some() {
             if let Some(index) = self.peek_free_block(PoolKind::Large, size) {
-                // With `lookahead`, only where a replay of the history says
-                // carving costs no more than a new small segment.
-                if !self.config.lookahead || self.carving_is_free(index, size, orig_size) {
+                let block = self.free_block_info(index);
+                let carve = self.consult(|p, v| p.carve_small_from_large(v, &request, block));
+                if carve == Some(true) {
                     found = self.get_free_block(PoolKind::Large, size);
                 }
             }
@@ -530,7 +511,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             {
                 self.garbage_collect_cached_blocks();
             }
-            if self.config.release_before_grow {
+            if self.consult(|p, v| p.release_before_grow(v, &request)) == Some(true) {
                 self.release_free_segments_smaller_than(pool, size);
             }
             found = self.grow(pool, alloc_size, size, false)?;
@@ -567,20 +548,28 @@ impl<S: SegmentSource> CachingAllocator<S> {
                 reserved: self.memory_reserved(),
             })));
         };
-        let split = self.should_split(index, size);
-        let index = self.alloc_found_block(index, size, orig_size, split, label);
-        self.blocks[index].category = category;
+        Ok(self.finish_alloc(index, &request, label, op))
+    }
+
+    /// Splits the found block `index` as PyTorch does, marks it allocated
+    /// for `request`, tells the hook and records the event.
+    fn finish_alloc(
+        &mut self,
+        index: usize,
+        request: &Request,
+        label: &str,
+        op: Option<Arc<str>>,
+    ) -> Allocation {
+        let split = self.should_split(index, request.size);
+        let index = self.alloc_found_block(index, request.size, request.requested, split, label);
+        self.blocks[index].category = request.category;
         self.blocks[index].op = op;
-        if let Some(h) = &mut self.history {
-            let generation = self.blocks[index].generation;
-            h.alloc(
-                BlockHandle {
-                    index: index as u32,
-                    generation,
-                },
-                orig_size,
-                category,
-            );
+        let handle = BlockHandle {
+            index: index as u32,
+            generation: self.blocks[index].generation,
+        };
+        if let Some(p) = &mut self.placement {
+            p.on_alloc(handle, request);
         }
         if self.recorder.is_some() {
             let b = self.blocks[index].clone();
@@ -590,7 +579,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
                 b.requested,
                 b.address,
                 b.segment,
-                category,
+                request.category,
                 None,
                 b.op.as_ref(),
                 b.label.as_ref(),
@@ -598,16 +587,79 @@ impl<S: SegmentSource> CachingAllocator<S> {
         }
         let b = &self.blocks[index];
         let seg = &self.segments[&b.segment];
-        Ok(Allocation {
-            handle: BlockHandle {
-                index: index as u32,
-                generation: b.generation,
-            },
+        Allocation {
+            handle,
             segment: b.segment,
             offset: b.address - seg.address,
             size: b.size,
             requested: b.requested,
-        })
+        }
+    }
+
+    /// Allocates `orig_size` bytes at `place` instead of by best fit, as if
+    /// the hook had chosen it: for trying a place on a ghost. `None` when the
+    /// place cannot take the request or the device refuses the segment; no
+    /// cache is flushed and nothing retried.
+    pub fn malloc_at(
+        &mut self,
+        place: Place,
+        orig_size: u64,
+        category: Category,
+    ) -> Option<Allocation> {
+        let full = |r: &Recorder| r.events.len() >= MAX_RECORDED_EVENTS;
+        if orig_size == 0 || orig_size > MAX_BYTES || self.recorder.as_ref().is_some_and(full) {
+            return None;
+        }
+        let size = round_size(orig_size, &self.config);
+        let index = self.take_place(place, size).ok()??;
+        let request = Request {
+            requested: orig_size,
+            size,
+            pool: pool_for(size),
+            segment_size: allocation_size(size).min(self.source.max_segment_size()),
+            category,
+        };
+        Some(self.finish_alloc(index, &request, "", None))
+    }
+
+    /// Takes `place` for a block of `size` (rounded) bytes out of the pool
+    /// or from the device; `Ok(None)` if it cannot serve (see [`Place`]).
+    fn take_place(&mut self, place: Place, size: u64) -> Result<Option<usize>, AllocError> {
+        match place {
+            Place::Block(b) => {
+                let index = b.index as usize;
+                let usable = self.blocks.get(index).is_some_and(|x| {
+                    x.live
+                        && x.generation == b.generation
+                        && (x.address, x.size) == (b.address, b.size)
+                        && !x.allocated
+                        && x.mapped
+                        && may_serve(x.size, size, self.config.max_split_size)
+                        && x.size >= size
+                }) && self.in_pool(index);
+                if !usable {
+                    return Ok(None);
+                }
+                self.remove_from_pool(index);
+                Ok(Some(index))
+            }
+            Place::NewSegment { pool, size: bytes } if bytes >= size => {
+                self.alloc_block(pool, bytes, false)
+            }
+            Place::NewSegment { .. } => Ok(None),
+        }
+    }
+
+    /// The free block `index` as the hook sees it.
+    fn free_block_info(&self, index: usize) -> FreeBlock {
+        let b = &self.blocks[index];
+        FreeBlock {
+            index: index as u32,
+            generation: b.generation,
+            address: b.address,
+            size: b.size,
+            pool: b.pool,
+        }
     }
 
     /// Rebuilds a segment that existed before a recording began (a PyTorch
@@ -725,27 +777,30 @@ impl<S: SegmentSource> CachingAllocator<S> {
         }
         self.blocks[index].category = Category::Untagged;
         self.free_block(index);
-        if let Some(h) = &mut self.history {
-            h.free(handle);
+        if let Some(p) = &mut self.placement {
+            p.on_free(handle);
         }
         Ok(())
     }
 
-    /// The allocated blocks that do not live for the run.
-    pub(crate) fn live_short_lived(&self) -> Vec<BlockHandle> {
+    /// Every allocated block with its category, in slot order.
+    pub fn allocated_blocks(&self) -> impl Iterator<Item = (BlockHandle, Category)> + '_ {
         self.live_blocks()
-            .filter(|(_, b)| b.allocated && !b.category.lives_for_the_run())
-            .map(|(i, b)| BlockHandle {
-                index: i as u32,
-                generation: b.generation,
+            .filter(|(_, b)| b.allocated)
+            .map(|(i, b)| {
+                let handle = BlockHandle {
+                    index: i as u32,
+                    generation: b.generation,
+                };
+                (handle, b.category)
             })
-            .collect()
     }
 
     /// A copy of the bookkeeping over a simulated device (the same capacity
-    /// and segments), to try a placement without touching real memory; it
-    /// does not look ahead itself.
-    pub(crate) fn ghost(&self) -> CachingAllocator<SimulatedSource> {
+    /// and segments), to try a placement without touching real memory. It
+    /// has no hook (give it one with [`Self::set_placement`]), records
+    /// nothing, and its peaks start at its current values.
+    pub fn ghost(&self) -> CachingAllocator<SimulatedSource> {
         let mut source = match self.source.total_capacity() {
             Some(c) => SimulatedSource::new(c),
             None => SimulatedSource::unlimited(),
@@ -763,7 +818,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         stats.reset_peak();
         CachingAllocator {
             config: AllocatorConfig {
-                lookahead: false,
+                placement: None,
                 ..self.config.clone()
             },
             source,
@@ -777,38 +832,24 @@ impl<S: SegmentSource> CachingAllocator<S> {
             next_segment_id: self.next_segment_id,
             next_address: self.next_address,
             recorder: None,
-            history: None,
+            placement: None,
             pages: self.pages.clone(),
         }
     }
 
-    /// The free blocks of `kind` that may take `size` bytes, best fit first
-    /// (`get_free_block` takes the first).
-    pub(crate) fn fitting_free_blocks(
+    /// The free blocks of `kind` that may take `size` (rounded) bytes, best
+    /// fit first (best fit takes the first).
+    pub fn fitting_free_blocks(
         &self,
         kind: PoolKind,
         size: u64,
-    ) -> impl Iterator<Item = usize> + '_ {
+    ) -> impl Iterator<Item = FreeBlock> + '_ {
         let max_split = self.config.max_split_size;
         self.pool(kind)
             .blocks
             .range((size, 0, 0)..)
             .take_while(move |&&(bsize, _, _)| may_serve(bsize, size, max_split))
-            .map(|&(_, _, i)| i)
-    }
-
-    /// Allocates a large block of `size` (rounded) bytes at `place`; `None`
-    /// if the device said no.
-    pub(crate) fn place(&mut self, place: Place, size: u64, orig_size: u64) -> Option<usize> {
-        let index = match place {
-            Place::Block(index) => {
-                self.remove_from_pool(index);
-                index
-            }
-            Place::Fresh(pool, segment) => self.alloc_block(pool, segment, false).ok()??,
-        };
-        let split = self.should_split(index, size);
-        Some(self.alloc_found_block(index, size, orig_size, split, ""))
+            .map(|&(_, _, i)| self.free_block_info(i))
     }
 
     // ----- internals, named after their PyTorch counterparts -----
@@ -1025,9 +1066,9 @@ impl<S: SegmentSource> CachingAllocator<S> {
         total >= key
     }
 
-    /// Frees every cached whole segment (`empty_cache`).
-    /// `release_before_grow`: whole free segments of `kind` smaller than
-    /// `size` could not have served the request; give them back.
+    /// Gives back the whole free segments of `kind` smaller than `size`:
+    /// they could not have served the request (the hook's
+    /// `release_before_grow`).
     fn release_free_segments_smaller_than(&mut self, kind: PoolKind, size: u64) {
         let pool = self.pool(kind);
         let whole: Vec<usize> = pool
@@ -1041,6 +1082,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         }
     }
 
+    /// Frees every cached whole segment (`empty_cache`).
     fn release_cached_blocks(&mut self) {
         // PyTorch synchronizes all streams here and counts it.
         self.stats.num_sync_all_streams += 1;
@@ -1280,6 +1322,52 @@ impl<S: SegmentSource> CachingAllocator<S> {
 
     pub(crate) fn total_reserved(&self) -> u64 {
         self.total_reserved
+    }
+}
+
+impl<S: SegmentSource> AllocatorView for CachingAllocator<S> {
+    fn memory_reserved(&self) -> u64 {
+        CachingAllocator::memory_reserved(self)
+    }
+
+    fn fitting_free_blocks(
+        &self,
+        pool: PoolKind,
+        size: u64,
+    ) -> Box<dyn Iterator<Item = FreeBlock> + '_> {
+        Box::new(CachingAllocator::fitting_free_blocks(self, pool, size))
+    }
+
+    fn allocated_blocks(&self) -> Box<dyn Iterator<Item = (BlockHandle, Category)> + '_> {
+        Box::new(CachingAllocator::allocated_blocks(self))
+    }
+
+    fn ghost(&self) -> Box<dyn Ghost> {
+        Box::new(CachingAllocator::ghost(self))
+    }
+}
+
+impl Ghost for CachingAllocator<SimulatedSource> {
+    fn malloc(&mut self, size: u64, category: Category) -> Option<BlockHandle> {
+        self.malloc_tagged(size, "", category, None)
+            .ok()
+            .map(|a| a.handle)
+    }
+
+    fn malloc_at(&mut self, place: Place, size: u64, category: Category) -> Option<BlockHandle> {
+        CachingAllocator::malloc_at(self, place, size, category).map(|a| a.handle)
+    }
+
+    fn free(&mut self, handle: BlockHandle) -> bool {
+        CachingAllocator::free(self, handle).is_ok()
+    }
+
+    fn max_memory_reserved(&self) -> u64 {
+        CachingAllocator::max_memory_reserved(self)
+    }
+
+    fn set_placement(&mut self, placement: Option<Box<dyn Placement>>) {
+        CachingAllocator::set_placement(self, placement)
     }
 }
 

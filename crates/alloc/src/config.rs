@@ -10,30 +10,24 @@
 //! power-of-two division count, `max_split_size_mb` above 20, a garbage collection
 //! threshold strictly between 0 and 1), and an error that names the key for
 //! anything else, because a silently ignored typo would make every measurement lie.
+//! Only PyTorch's keys: options of other placement policies are parsed by
+//! whoever provides the policy (the lab's `vramlab` strategy).
 
 use super::constants::{K_MIN_MAX_SPLIT_SIZE_MB, K_ROUNDUP_POWER2_INTERVALS};
+use super::error::AllocError;
+use super::placement::Placement;
+use std::sync::Arc;
 
 /// The environment variable read for allocator options.
 pub const ALLOC_CONF_ENV: &str = "VRAMLAB_ALLOC_CONF";
 
-/// Keys this parser knows, listed in error messages.
-const KNOWN_KEYS: &[&str] = &[
+/// The keys this parser knows (PyTorch's), listed in error messages.
+pub const KNOWN_KEYS: &[&str] = &[
     "max_split_size_mb",
     "roundup_power2_divisions",
     "garbage_collection_threshold",
     "expandable_segments",
-    "small_from_large (vramlab)",
-    "release_before_grow (vramlab)",
-    "lookahead (vramlab)",
 ];
-
-/// A configuration string that could not be used.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("allocator config {input:?}: {reason}")]
-pub struct ConfigError {
-    pub input: String,
-    pub reason: String,
-}
 
 /// The caching allocator's tunables. `Default` is PyTorch's default.
 #[derive(Debug, Clone, PartialEq)]
@@ -49,26 +43,10 @@ pub struct AllocatorConfig {
     /// Most bytes the allocator may reserve (PyTorch's
     /// `set_per_process_memory_fraction`); `None` = only the device's own limit.
     pub memory_limit: Option<u64>,
-    /// vramlab's extension (not a PyTorch option): before asking the device
-    /// for a new segment, give back the pool's whole free segments that are
-    /// too small to serve the request. PyTorch keeps them until an
-    /// out-of-memory; releasing them first keeps reserved memory near the
-    /// live set when request sizes drift upward. Used by the `vramlab`
-    /// strategy.
-    pub release_before_grow: bool,
-    /// vramlab's extension: a small request (≤ 1 MiB) with no free small
-    /// block takes space from a free large-pool block before a new 2 MiB
-    /// small segment is made.
-    pub small_from_large: bool,
-    /// vramlab's extension: a large block that lives for the whole run (a
-    /// parameter or optimizer state, known from its category) goes where a
-    /// replay of the short-lived allocations seen so far reserves least —
-    /// one of the best-fitting free blocks or a new segment (see
-    /// `lookahead.rs`). PyTorch puts Adam's first-step state into whatever
-    /// hole fits best, often one the next step's activation needs again.
-    /// With `small_from_large`, the same replay decides whether a small
-    /// request may carve a large free block.
-    pub lookahead: bool,
+    /// A placement policy (placement.rs), not a PyTorch option; `None` is
+    /// PyTorch's allocator. A prototype: each allocator built from this
+    /// configuration gets a fresh hook of it.
+    pub placement: Option<Arc<dyn Placement>>,
     /// PyTorch's `expandable_segments:True`: each pool has one segment of
     /// virtual address space that grows by mapping pages (2 MiB small, 20
     /// MiB large) instead of a new segment per miss. Only a simulated device
@@ -83,40 +61,23 @@ impl Default for AllocatorConfig {
             roundup_power2_divisions: [0; K_ROUNDUP_POWER2_INTERVALS],
             garbage_collection_threshold: 0.0,
             memory_limit: None,
-            release_before_grow: false,
-            small_from_large: false,
-            lookahead: false,
+            placement: None,
             expandable_segments: false,
         }
     }
 }
 
 impl AllocatorConfig {
-    /// The `vramlab` strategy: PyTorch's allocator plus the extensions the
-    /// benchmark suite supports (`bench-alloc`).
-    pub fn vramlab() -> Self {
-        Self::default().with_vramlab_extensions()
-    }
-
-    /// These options plus the `vramlab` strategy's extensions.
-    pub fn with_vramlab_extensions(self) -> Self {
-        AllocatorConfig {
-            small_from_large: true,
-            lookahead: true,
-            ..self
-        }
-    }
-
     /// Parses PyTorch-style options on top of the defaults. An empty string is
     /// the default configuration.
-    pub fn parse(input: &str) -> Result<Self, ConfigError> {
+    pub fn parse(input: &str) -> Result<Self, AllocError> {
         let mut cfg = AllocatorConfig::default();
         cfg.apply(input)?;
         Ok(cfg)
     }
 
     /// Reads `VRAMLAB_ALLOC_CONF`, or the defaults if it is unset.
-    pub fn from_env() -> Result<Self, ConfigError> {
+    pub fn from_env() -> Result<Self, AllocError> {
         match std::env::var(ALLOC_CONF_ENV) {
             Ok(s) => Self::parse(&s),
             Err(_) => Ok(Self::default()),
@@ -124,10 +85,12 @@ impl AllocatorConfig {
     }
 
     /// Applies options on top of this configuration.
-    pub fn apply(&mut self, input: &str) -> Result<(), ConfigError> {
-        let err = |reason: String| ConfigError {
+    pub fn apply(&mut self, input: &str) -> Result<(), AllocError> {
+        let bad = |key: &'static str, value: &str, expected: &'static str| AllocError::BadValue {
             input: input.to_string(),
-            reason,
+            key,
+            value: value.to_string(),
+            expected,
         };
         for option in split_options(input) {
             let option = option.trim();
@@ -135,74 +98,47 @@ impl AllocatorConfig {
                 continue;
             }
             let Some((key, value)) = option.split_once(':') else {
-                return Err(err(format!(
-                    "option {option:?} has no value; write key:value"
-                )));
+                return Err(AllocError::MissingValue {
+                    input: input.to_string(),
+                    option: option.to_string(),
+                });
             };
             let (key, value) = (key.trim(), value.trim());
             match key {
                 "max_split_size_mb" => {
-                    let mb: u64 = value.parse().map_err(|_| {
-                        err(format!(
-                            "max_split_size_mb wants a whole number of MiB, got {value:?}"
-                        ))
-                    })?;
+                    const EXPECTED: &str = "a whole number of MiB above 20";
+                    let key = "max_split_size_mb";
+                    let mb: u64 = value.parse().map_err(|_| bad(key, value, EXPECTED))?;
                     if mb <= K_MIN_MAX_SPLIT_SIZE_MB {
-                        return Err(err(format!(
-                            "max_split_size_mb too small, must be > {K_MIN_MAX_SPLIT_SIZE_MB} (got {mb})"
-                        )));
+                        return Err(bad(key, value, EXPECTED));
                     }
                     self.max_split_size = mb.saturating_mul(1 << 20);
                 }
                 "roundup_power2_divisions" => {
-                    self.roundup_power2_divisions = parse_divisions(value)
-                        .map_err(|r| err(format!("roundup_power2_divisions: {r}")))?;
+                    self.roundup_power2_divisions =
+                        parse_divisions(value).map_err(|(piece, expected)| {
+                            bad("roundup_power2_divisions", piece, expected)
+                        })?;
                 }
                 "garbage_collection_threshold" => {
-                    let t: f64 = value.parse().map_err(|_| {
-                        err(format!(
-                            "garbage_collection_threshold wants a number in (0, 1), got {value:?}"
-                        ))
-                    })?;
+                    let key = "garbage_collection_threshold";
+                    let expected = "a number strictly between 0.0 and 1.0";
+                    let t: f64 = value.parse().map_err(|_| bad(key, value, expected))?;
                     if !(t > 0.0 && t < 1.0) {
-                        return Err(err(format!(
-                            "garbage_collection_threshold must be strictly between 0.0 and 1.0 (got {t})"
-                        )));
+                        return Err(bad(key, value, expected));
                     }
                     self.garbage_collection_threshold = t;
                 }
-                "small_from_large" | "release_before_grow" | "lookahead" => {
-                    let on = match value {
-                        "True" | "true" => true,
-                        "False" | "false" => false,
-                        _ => {
-                            return Err(err(format!(
-                                "{key}:{value} must be True or False (a vramlab extension)"
-                            )))
-                        }
-                    };
-                    match key {
-                        "small_from_large" => self.small_from_large = on,
-                        "lookahead" => self.lookahead = on,
-                        _ => self.release_before_grow = on,
-                    }
-                }
                 "expandable_segments" => {
-                    self.expandable_segments = match value {
-                        "True" | "true" => true,
-                        "False" | "false" => false,
-                        _ => {
-                            return Err(err(format!(
-                                "expandable_segments:{value} must be True or False"
-                            )))
-                        }
-                    }
+                    self.expandable_segments = parse_bool(value)
+                        .ok_or_else(|| bad("expandable_segments", value, "True or False"))?;
                 }
                 other => {
-                    return Err(err(format!(
-                        "unknown option {other:?}; known options: {}",
-                        KNOWN_KEYS.join(", ")
-                    )))
+                    return Err(AllocError::UnknownKey {
+                        input: input.to_string(),
+                        key: other.to_string(),
+                        known: KNOWN_KEYS,
+                    })
                 }
             }
         }
@@ -243,14 +179,8 @@ impl AllocatorConfig {
                 self.garbage_collection_threshold
             ));
         }
-        if self.small_from_large {
-            parts.push("small_from_large:True".into());
-        }
-        if self.release_before_grow {
-            parts.push("release_before_grow:True".into());
-        }
-        if self.lookahead {
-            parts.push("lookahead:True".into());
+        if let Some(p) = &self.placement {
+            parts.push(p.describe());
         }
         if self.expandable_segments {
             parts.push("expandable_segments:True".into());
@@ -263,8 +193,17 @@ impl AllocatorConfig {
     }
 }
 
-/// Splits on commas that are not inside `[...]`.
-fn split_options(input: &str) -> Vec<&str> {
+/// `True` / `False` as PyTorch spells them (lower case accepted too).
+pub fn parse_bool(value: &str) -> Option<bool> {
+    match value {
+        "True" | "true" => Some(true),
+        "False" | "false" => Some(false),
+        _ => None,
+    }
+}
+
+/// The options of an alloc-conf string: split on commas not inside `[...]`.
+pub fn split_options(input: &str) -> Vec<&str> {
     let mut out = Vec::new();
     let mut depth = 0i32;
     let mut start = 0;
@@ -283,13 +222,16 @@ fn split_options(input: &str) -> Vec<&str> {
     out
 }
 
-fn parse_power_of_two_or_zero(s: &str, what: &str) -> Result<u64, String> {
+/// A bad piece of a `roundup_power2_divisions` value, and what was expected.
+type DivisionsError<'a> = (&'a str, &'static str);
+
+fn parse_divisions_count(s: &str) -> Result<u64, DivisionsError<'_>> {
     let v: u64 = s
         .trim()
         .parse()
-        .map_err(|_| format!("{what} {s:?} is not a whole number"))?;
+        .map_err(|_| (s, "a whole number of divisions"))?;
     if v != 0 && !v.is_power_of_two() {
-        return Err(format!("{what} must be a power of 2 (got {v})"));
+        return Err((s, "divisions that are 0 or a power of 2"));
     }
     Ok(v)
 }
@@ -297,19 +239,17 @@ fn parse_power_of_two_or_zero(s: &str, what: &str) -> Result<u64, String> {
 /// `4` sets every interval; `[64:8,128:2,>:1]` sets intervals by their lower
 /// bound in MiB, `>` meaning every interval after the last one named. As in
 /// PyTorch, the first named interval also covers the ones below it.
-fn parse_divisions(value: &str) -> Result<[u64; K_ROUNDUP_POWER2_INTERVALS], String> {
+fn parse_divisions(value: &str) -> Result<[u64; K_ROUNDUP_POWER2_INTERVALS], DivisionsError<'_>> {
     let mut out = [0u64; K_ROUNDUP_POWER2_INTERVALS];
     let v = value.trim();
     if let Some(inner) = v.strip_prefix('[') {
-        let inner = inner
-            .strip_suffix(']')
-            .ok_or_else(|| "missing closing ']'".to_string())?;
+        let inner = inner.strip_suffix(']').ok_or((v, "a list closed by ']'"))?;
         let mut last_index: Option<usize> = None;
         for item in inner.split(',') {
             let (k, d) = item
                 .split_once(':')
-                .ok_or_else(|| format!("item {item:?} should be INTERVAL_MB:DIVISIONS"))?;
-            let divs = parse_power_of_two_or_zero(d, "divisions")?;
+                .ok_or((item, "items of the form INTERVAL_MB:DIVISIONS"))?;
+            let divs = parse_divisions_count(d)?;
             let k = k.trim();
             if k == ">" {
                 let from = last_index.map(|i| i + 1).unwrap_or(0);
@@ -317,11 +257,9 @@ fn parse_divisions(value: &str) -> Result<[u64; K_ROUNDUP_POWER2_INTERVALS], Str
                     *slot = divs;
                 }
             } else {
-                let mb: u64 = k
-                    .parse()
-                    .map_err(|_| format!("interval {k:?} is not a number of MiB"))?;
+                let mb: u64 = k.parse().map_err(|_| (k, "intervals as a number of MiB"))?;
                 if mb == 0 || !mb.is_power_of_two() {
-                    return Err(format!("interval {mb} MiB must be a power of 2"));
+                    return Err((k, "intervals that are a power of 2 MiB"));
                 }
                 let index = (63 - mb.leading_zeros() as usize).min(K_ROUNDUP_POWER2_INTERVALS - 1);
                 if last_index.is_none() {
@@ -335,7 +273,7 @@ fn parse_divisions(value: &str) -> Result<[u64; K_ROUNDUP_POWER2_INTERVALS], Str
         }
         Ok(out)
     } else {
-        let divs = parse_power_of_two_or_zero(v, "divisions")?;
+        let divs = parse_divisions_count(v)?;
         Ok([divs; K_ROUNDUP_POWER2_INTERVALS])
     }
 }
@@ -392,5 +330,19 @@ mod tests {
         );
         let e = AllocatorConfig::parse("max_split_size_md:128").unwrap_err();
         assert!(e.to_string().contains("max_split_size_md"), "{e}");
+        assert!(e.to_string().contains("known options"), "{e}");
+        // Other policies' options are theirs to parse.
+        for key in ["lookahead", "small_from_large", "release_before_grow"] {
+            let e = AllocatorConfig::parse(&format!("{key}:True")).unwrap_err();
+            assert!(
+                matches!(&e, AllocError::UnknownKey { key: k, .. } if k == key),
+                "{e}"
+            );
+        }
+        let e = AllocatorConfig::parse("roundup_power2_divisions:[1:2,4:3]").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "allocator config \"roundup_power2_divisions:[1:2,4:3]\": roundup_power2_divisions wants divisions that are 0 or a power of 2, got \"3\""
+        );
     }
 }

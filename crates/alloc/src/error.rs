@@ -59,7 +59,8 @@ impl fmt::Display for OomReport {
     }
 }
 
-/// Why an allocation or a free failed.
+/// What can go wrong in this crate: an allocation or a free that failed,
+/// or an alloc-conf string that cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AllocError {
     #[error("{0}")]
@@ -80,6 +81,29 @@ pub enum AllocError {
     InvalidFree(String),
     #[error("the device failed to allocate memory: {0}")]
     Device(String),
+    /// What [`crate::CachingAllocator::check_invariants`] found broken.
+    #[error("allocator invariant broken: {0}")]
+    InvariantBroken(String),
+    /// An alloc-conf option without `:value`.
+    #[error("allocator config {input:?}: option {option:?} has no value; write key:value")]
+    MissingValue { input: String, option: String },
+    /// An alloc-conf key PyTorch does not have: a silently ignored typo
+    /// would make every measurement lie.
+    #[error("allocator config {input:?}: unknown option {key:?}; known options: {}", .known.join(", "))]
+    UnknownKey {
+        input: String,
+        key: String,
+        known: &'static [&'static str],
+    },
+    /// An alloc-conf value PyTorch would refuse (`value` is the offending
+    /// part of it).
+    #[error("allocator config {input:?}: {key} wants {expected}, got {value:?}")]
+    BadValue {
+        input: String,
+        key: &'static str,
+        value: String,
+        expected: &'static str,
+    },
 }
 
 impl AllocError {

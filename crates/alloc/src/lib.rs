@@ -29,6 +29,10 @@
 //!   which stops big blocks being whittled away by small requests),
 //!   `roundup_power2_divisions`, `garbage_collection_threshold` (with a memory
 //!   limit), and the memory limit itself (`set_per_process_memory_fraction`).
+//! - **Placement hook** (`placement.rs`): not PyTorch's. Unset, nothing
+//!   changes; a policy set there may choose a block's place, carve small
+//!   requests from large blocks, or release free segments before growing.
+//!   vramlab's own policies live in the lab (`vramlab-lab`).
 //!
 //! # Statistics
 //! [`DeviceStats`] has PyTorch's counters and names: `allocated_bytes`,
@@ -51,7 +55,8 @@ pub mod constants;
 pub mod error;
 pub mod events;
 pub mod expandable;
-pub mod lookahead;
+pub mod handle;
+pub mod placement;
 pub mod size;
 pub mod snapshot;
 pub mod source;
@@ -60,10 +65,11 @@ pub mod summary;
 pub mod tag;
 
 pub use caching::{round_size, Allocation, BlockHandle, CachingAllocator, PoolKind};
-pub use config::{AllocatorConfig, ConfigError, ALLOC_CONF_ENV};
+pub use config::{AllocatorConfig, ALLOC_CONF_ENV};
 pub use error::{AllocError, OomReport};
 pub use events::{EventKind, LiveBlocks, LiveSegments, MemEvent};
-pub use size::{format_size, parse_size, Mib};
+pub use placement::{AllocatorView, FreeBlock, Ghost, Place, Placement, Request};
+pub use size::{format_size, mib, parse_size, Mib};
 pub use snapshot::{BlockInfo, SegmentInfo, Snapshot};
 pub use source::{SegmentId, SegmentSource, SimulatedSource, SourceError};
 pub use stats::{DeviceStats, Stat, StatType};

@@ -65,6 +65,11 @@ pub fn format_size(size: u64) -> String {
     }
 }
 
+/// Bytes in MiB (2^20), as the articles print `memory_allocated() / 1024**2`.
+pub fn mib(bytes: u64) -> f64 {
+    bytes as f64 / 1048576.0
+}
+
 /// Bytes shown in MiB with two decimals, the way the articles print
 /// `memory_allocated() / 1024**2`.
 pub struct Mib(pub u64);

@@ -4,6 +4,7 @@
 //! must equal the running counters, and blocks must tile their segments.
 
 use super::caching::{CachingAllocator, PoolKind};
+use super::error::AllocError;
 use super::source::{SegmentId, SegmentSource};
 use super::stats::StatType;
 use serde::Serialize;
@@ -137,12 +138,15 @@ impl<S: SegmentSource> CachingAllocator<S> {
     /// neighbours are merged, the free pools hold exactly the free blocks, and
     /// the statistics recomputed from a snapshot equal the running counters.
     /// Returns a description of the first violation.
-    pub fn check_invariants(&self) -> Result<(), String> {
+    pub fn check_invariants(&self) -> Result<(), AllocError> {
+        let broken = AllocError::InvariantBroken;
         let snap = self.snapshot();
         let fixed = self.segments.values().filter(|s| !s.expandable).count();
         let shown = snap.segments.iter().filter(|s| !s.expandable).count();
         if shown != fixed {
-            return Err(format!("{fixed} segments known but {shown} have blocks"));
+            return Err(broken(format!(
+                "{fixed} segments known but {shown} have blocks"
+            )));
         }
         let mapped: u64 = self.pages.values().map(|p| p.1).sum();
         let shown_mapped: u64 = snap
@@ -152,37 +156,37 @@ impl<S: SegmentSource> CachingAllocator<S> {
             .map(|s| s.total_size)
             .sum();
         if mapped != shown_mapped {
-            return Err(format!(
+            return Err(broken(format!(
                 "{mapped} bytes of pages mapped but {shown_mapped} bytes shown in expandable segments"
-            ));
+            )));
         }
         for seg in &snap.segments {
             let mut cursor = seg.address;
             let mut prev_free = false;
             for b in &seg.blocks {
                 if b.address != cursor {
-                    return Err(format!(
+                    return Err(broken(format!(
                         "segment {:?}: block at {:#x} but previous block ended at {cursor:#x} (gap or overlap)",
                         seg.segment_id, b.address
-                    ));
+                    )));
                 }
                 let free = b.state == "inactive";
                 if free && prev_free {
-                    return Err(format!(
+                    return Err(broken(format!(
                         "segment {:?}: two free neighbours at {:#x} were not merged",
                         seg.segment_id, b.address
-                    ));
+                    )));
                 }
                 prev_free = free;
                 cursor += b.size;
             }
             if cursor != seg.address + seg.total_size {
-                return Err(format!(
+                return Err(broken(format!(
                     "segment {:?}: blocks cover {} of {} bytes",
                     seg.segment_id,
                     cursor - seg.address,
                     seg.total_size
-                ));
+                )));
             }
         }
         // Links agree with addresses, and the pools hold exactly the free blocks.
@@ -191,33 +195,33 @@ impl<S: SegmentSource> CachingAllocator<S> {
             if let Some(n) = b.next {
                 let nb = &self.blocks[n];
                 if !nb.live || nb.prev != Some(i) || nb.address != b.address + b.size {
-                    return Err(format!("block {i}: next link is inconsistent"));
+                    return Err(broken(format!("block {i}: next link is inconsistent")));
                 }
             }
             if let Some(p) = b.prev {
                 let pb = &self.blocks[p];
                 if !pb.live || pb.next != Some(i) {
-                    return Err(format!("block {i}: prev link is inconsistent"));
+                    return Err(broken(format!("block {i}: prev link is inconsistent")));
                 }
             }
             if !b.allocated {
                 free_count += 1;
                 if !self.in_pool(i) {
-                    return Err(format!("free block {i} is missing from its pool"));
+                    return Err(broken(format!("free block {i} is missing from its pool")));
                 }
             } else if self.in_pool(i) {
-                return Err(format!("allocated block {i} is in a free pool"));
+                return Err(broken(format!("allocated block {i} is in a free pool")));
             }
             let expected_pool = self.segments[&b.segment].pool;
             if b.pool != expected_pool {
-                return Err(format!("block {i} is in the wrong pool"));
+                return Err(broken(format!("block {i} is in the wrong pool")));
             }
         }
         if free_count != self.pool_len() {
-            return Err(format!(
+            return Err(broken(format!(
                 "pools hold {} blocks but {free_count} blocks are free",
                 self.pool_len()
-            ));
+            )));
         }
         // Statistics recomputed from the snapshot.
         let stats = self.stats();
@@ -279,15 +283,17 @@ impl<S: SegmentSource> CachingAllocator<S> {
             ];
             for (name, from_snapshot, counter) in checks {
                 if from_snapshot != counter {
-                    return Err(format!(
+                    return Err(broken(format!(
                         "{name}.{}: snapshot says {from_snapshot}, counter says {counter}",
                         t.key()
-                    ));
+                    )));
                 }
             }
         }
         if self.total_reserved() as i64 != stats.reserved_bytes.get(StatType::Aggregate).current {
-            return Err("total reserved bytes disagree with reserved_bytes.all.current".into());
+            return Err(broken(
+                "total reserved bytes disagree with reserved_bytes.all.current".into(),
+            ));
         }
         Ok(())
     }

@@ -65,7 +65,7 @@ impl Category {
     }
 
     /// Parameters and optimizer state: allocated once, alive until the
-    /// model goes away (what `lookahead` places with care).
+    /// model goes away (what a placement policy may place with care).
     pub fn lives_for_the_run(self) -> bool {
         matches!(self, Category::Parameter | Category::OptimizerState)
     }

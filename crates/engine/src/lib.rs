@@ -12,6 +12,9 @@
 
 pub use vramlab_alloc as memory;
 
+/// The engine's one error type (every fallible function returns it).
+pub use tensor::{ConfigError, EngineError, LoadProblem, TensorError};
+
 pub mod autograd;
 pub mod device;
 pub mod estimate;

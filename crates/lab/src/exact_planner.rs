@@ -19,6 +19,7 @@
 //! round robin) until the bounds meet or the time budget runs out. An
 //! exhausted search at capacity C proves C + 1 a lower bound.
 
+use crate::error::LabError;
 use crate::intervals::{peak_live, validate, Interval};
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
@@ -43,24 +44,25 @@ pub struct ExactPlan {
 }
 
 /// Proves a plan valid: returns its arena, or which two buffers collide.
-pub fn verify(intervals: &[Interval], offsets: &[u64]) -> Result<u64, String> {
+pub fn verify(intervals: &[Interval], offsets: &[u64]) -> Result<u64, LabError> {
     validate(intervals)?;
     if offsets.len() != intervals.len() {
-        return Err(format!(
-            "{} offsets for {} intervals; give one offset per interval",
-            offsets.len(),
-            intervals.len()
-        ));
+        return Err(LabError::OffsetCount {
+            offsets: offsets.len(),
+            intervals: intervals.len(),
+        });
     }
     let mut arena = 0u64;
     let mut events: Vec<(i64, bool, usize)> = Vec::with_capacity(2 * intervals.len());
     for (k, i) in intervals.iter().enumerate() {
-        let end = offsets[k].checked_add(i.size).ok_or_else(|| {
-            format!(
-                "interval {k} (id {}): offset {} + size {} overflows",
-                i.id, offsets[k], i.size
-            )
-        })?;
+        let end = offsets[k]
+            .checked_add(i.size)
+            .ok_or(LabError::OffsetOverflow {
+                index: k,
+                id: i.id,
+                offset: offsets[k],
+                size: i.size,
+            })?;
         arena = arena.max(end);
         events.push((i.lower, true, k));
         events.push((i.upper, false, k));
@@ -70,21 +72,11 @@ pub fn verify(intervals: &[Interval], offsets: &[u64]) -> Result<u64, String> {
     // Live buffers by offset: offset -> (end, index). They never overlap in
     // memory, so checking a newcomer against its neighbours suffices.
     let mut live: BTreeMap<u64, (u64, usize)> = BTreeMap::new();
-    let clash = |a: usize, b: usize| {
-        let (x, y) = (&intervals[a], &intervals[b]);
-        format!(
-            "ids {} ([{}, {}) at [{}, {})) and {} ([{}, {}) at [{}, {})) are live together and overlap in memory",
-            x.id,
-            x.lower,
-            x.upper,
-            offsets[a],
-            offsets[a] + x.size,
-            y.id,
-            y.lower,
-            y.upper,
-            offsets[b],
-            offsets[b] + y.size
-        )
+    let clash = |a: usize, b: usize| LabError::Overlap {
+        a: intervals[a],
+        a_offset: offsets[a],
+        b: intervals[b],
+        b_offset: offsets[b],
     };
     for (_, alloc, k) in events {
         let start = offsets[k];
@@ -701,7 +693,7 @@ fn drive(intervals: &[Interval], p: &Prep, deadline: Instant, st: &mut Bounds) {
             match probe(p, cap, limit, deadline, nodes) {
                 Probe::Found(offsets) => {
                     let arena = arena_of(intervals, &offsets);
-                    debug_assert_eq!(verify(intervals, &offsets), Ok(arena));
+                    debug_assert_eq!(verify(intervals, &offsets).ok(), Some(arena));
                     if arena < *ub {
                         *ub = arena;
                         *best = offsets;

@@ -4,6 +4,7 @@
 //! and refused; a first line naming the columns `id,lower,upper,size` is an
 //! interval file; anything else is read as JSON Lines, and its errors say so.
 
+use crate::error::LabError;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 
@@ -28,13 +29,16 @@ pub const READ_AS_JSON_LINES: &str =
 const OLD_PICKLE_OPENERS: &[u8] = b"(}])cNILFSVdlKJMUTXGP";
 
 /// The kind of the file at `path`.
-pub fn sniff(path: &Path) -> Result<FileKind, String> {
-    let mut f = std::fs::File::open(path)
-        .map_err(|e| format!("cannot open trace {}: {e}", path.display()))?;
+pub fn sniff(path: &Path) -> Result<FileKind, LabError> {
+    let mut f = std::fs::File::open(path).map_err(|source| LabError::OpenTrace {
+        path: path.to_path_buf(),
+        source,
+    })?;
     let mut first = [0u8; 1];
-    let n = f
-        .read(&mut first)
-        .map_err(|e| format!("cannot read trace {}: {e}", path.display()))?;
+    let n = f.read(&mut first).map_err(|source| LabError::ReadTrace {
+        path: path.to_path_buf(),
+        source,
+    })?;
     if n == 0 {
         return Ok(FileKind::JsonLines);
     }
@@ -50,11 +54,10 @@ pub fn sniff(path: &Path) -> Result<FileKind, String> {
         && f.read(&mut last).is_ok_and(|n| n == 1)
         && last[0] == b'.';
     if ends_with_stop && OLD_PICKLE_OPENERS.contains(&first[0]) {
-        return Err(format!(
-            "{}: a pickle of protocol 0 or 1 (it opens with opcode {:?} and ends with STOP); vramlab reads protocols 2 to 5, which torch.cuda.memory._dump_snapshot() writes. Save it again with protocol 4: python -c \"import pickle,sys; pickle.dump(pickle.load(open(sys.argv[1],'rb')), open(sys.argv[2],'wb'), protocol=4)\" OLD.pickle NEW.pickle",
-            path.display(),
-            first[0] as char
-        ));
+        return Err(LabError::OldPickle {
+            path: path.to_path_buf(),
+            opcode: first[0] as char,
+        });
     }
     Ok(FileKind::JsonLines)
 }
@@ -84,7 +87,7 @@ fn is_interval_header(f: &mut std::fs::File) -> bool {
 mod tests {
     use super::*;
 
-    fn kind_of(bytes: &[u8]) -> Result<FileKind, String> {
+    fn kind_of(bytes: &[u8]) -> Result<FileKind, LabError> {
         let dir = std::env::temp_dir().join(format!("vramlab-kind-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let p = dir.join(format!("f{}", bytes.len()));
@@ -96,30 +99,30 @@ mod tests {
 
     #[test]
     fn decides_by_the_first_and_last_bytes() {
-        assert_eq!(kind_of(b"\x80\x04N."), Ok(FileKind::Snapshot));
-        assert_eq!(kind_of(b""), Ok(FileKind::JsonLines));
+        assert_eq!(kind_of(b"\x80\x04N.").unwrap(), FileKind::Snapshot);
+        assert_eq!(kind_of(b"").ok(), Some(FileKind::JsonLines));
         assert_eq!(
-            kind_of(b"id,lower,upper,size\n0,0,10,4096\n"),
-            Ok(FileKind::Intervals)
+            kind_of(b"id,lower,upper,size\n0,0,10,4096\n").ok(),
+            Some(FileKind::Intervals)
         );
         assert_eq!(
-            kind_of(b"\xef\xbb\xbfsize, upper,lower,ID\n"),
-            Ok(FileKind::Intervals)
+            kind_of(b"\xef\xbb\xbfsize, upper,lower,ID\n").ok(),
+            Some(FileKind::Intervals)
         );
         assert_eq!(
-            kind_of(b"{\"op\":\"empty_cache\"}\n"),
-            Ok(FileKind::JsonLines)
+            kind_of(b"{\"op\":\"empty_cache\"}\n").ok(),
+            Some(FileKind::JsonLines)
         );
         // pickle.dumps({'a': 1}, protocol=0) and protocol=1.
         for old in [
             &b"(dp0\nVa\np1\nI1\ns."[..],
             b"}q\x00X\x01\x00\x00\x00aq\x01K\x01s.",
         ] {
-            let e = kind_of(old).unwrap_err();
+            let e = kind_of(old).unwrap_err().to_string();
             assert!(e.contains("protocol 0 or 1"), "{e}");
         }
         // Text that merely ends in a full stop is still JSON Lines (and its
         // parse error will say so).
-        assert_eq!(kind_of(b"hello."), Ok(FileKind::JsonLines));
+        assert_eq!(kind_of(b"hello.").ok(), Some(FileKind::JsonLines));
     }
 }

@@ -12,35 +12,15 @@
 //! bytes and positive; ids are arbitrary integers, unique within a file.
 //! The columns may come in any order; the header names them.
 
+use crate::error::LabError;
 use crate::trace::{LiveIds, TraceEvent};
 use std::collections::{HashMap, HashSet};
 use std::io::{Read, Write};
 
-/// The header [`to_csv`] writes and [`parse_csv`] expects (in any order).
-pub const HEADER: &str = "id,lower,upper,size";
-
-/// One buffer: its id, lifetime `[lower, upper)` and size in bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Interval {
-    /// Arbitrary integer name, unique within a problem.
-    pub id: i64,
-    /// First time the buffer is live.
-    pub lower: i64,
-    /// First time the buffer is no longer live (exclusive end).
-    pub upper: i64,
-    /// Size in bytes, at least 1.
-    pub size: u64,
-}
-
-impl Interval {
-    /// Whether the two lifetimes share a moment (half-open intervals).
-    pub fn overlaps_in_time(&self, other: &Interval) -> bool {
-        self.lower < other.upper && other.lower < self.upper
-    }
-}
+pub use crate::buffer::{Interval, HEADER};
 
 /// Parses the CSV text; an error names the 1-based line and says how to fix it.
-pub fn parse_csv(text: &str) -> Result<Vec<Interval>, String> {
+pub fn parse_csv(text: &str) -> Result<Vec<Interval>, LabError> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut lines = text
         .lines()
@@ -48,24 +28,26 @@ pub fn parse_csv(text: &str) -> Result<Vec<Interval>, String> {
         .map(|(i, l)| (i + 1, l.trim()))
         .filter(|(_, l)| !l.is_empty());
     let Some((header_line, header)) = lines.next() else {
-        return Err(format!(
-            "line 1: the file is empty; expected the header `{HEADER}` and one line per buffer"
-        ));
+        return Err(LabError::IntervalsEmpty);
     };
     let names: Vec<String> = header
         .split(',')
         .map(|c| c.trim().to_ascii_lowercase())
         .collect();
-    let column = |name: &str| -> Result<usize, String> {
+    let column = |name: &'static str| -> Result<usize, LabError> {
         let found: Vec<usize> = (0..names.len()).filter(|&i| names[i] == name).collect();
         match found.as_slice() {
             [i] => Ok(*i),
-            [] => Err(format!(
-                "line {header_line}: the header `{header}` has no `{name}` column; the first line must be the header `{HEADER}`"
-            )),
-            _ => Err(format!(
-                "line {header_line}: the header `{header}` names `{name}` more than once; the header is `{HEADER}`"
-            )),
+            [] => Err(LabError::NoColumn {
+                line: header_line,
+                header: header.to_string(),
+                column: name,
+            }),
+            _ => Err(LabError::ColumnTwice {
+                line: header_line,
+                header: header.to_string(),
+                column: name,
+            }),
         }
     };
     let (ci, cl, cu, cs) = (
@@ -79,43 +61,41 @@ pub fn parse_csv(text: &str) -> Result<Vec<Interval>, String> {
     for (n, line) in lines {
         let fields: Vec<&str> = line.split(',').map(str::trim).collect();
         if fields.len() != names.len() {
-            return Err(format!(
-                "line {n}: {} fields, but the header has {}; each line is `{HEADER}`",
-                fields.len(),
-                names.len()
-            ));
+            return Err(LabError::FieldCount {
+                line: n,
+                found: fields.len(),
+                expected: names.len(),
+            });
         }
-        let int = |col: usize| -> Result<i64, String> {
-            fields[col].parse::<i64>().map_err(|_| {
-                format!(
-                    "line {n}: `{}` is `{}`, not an integer; write it as a whole number without units",
-                    names[col], fields[col]
-                )
-            })
+        let int = |col: usize| -> Result<i64, LabError> {
+            fields[col]
+                .parse::<i64>()
+                .map_err(|_| LabError::NotInteger {
+                    line: n,
+                    column: names[col].clone(),
+                    value: fields[col].to_string(),
+                })
         };
         let id = int(ci)?;
         let lower = int(cl)?;
         let upper = int(cu)?;
-        let size = fields[cs].parse::<u64>().map_err(|_| {
-            format!(
-                "line {n}: `size` is `{}`, not a non-negative integer; write the size in bytes as a whole number",
-                fields[cs]
-            )
+        let size = fields[cs].parse::<u64>().map_err(|_| LabError::BadSize {
+            line: n,
+            value: fields[cs].to_string(),
         })?;
         if upper <= lower {
-            return Err(format!(
-                "line {n}: buffer {id} has upper {upper} <= lower {lower}; lifetimes are half open [lower, upper), so upper must be at least lower + 1"
-            ));
+            return Err(LabError::EmptyLifetime {
+                line: n,
+                id,
+                lower,
+                upper,
+            });
         }
         if size == 0 {
-            return Err(format!(
-                "line {n}: buffer {id} has size 0; drop zero-byte buffers (they need no memory) or give the size in bytes"
-            ));
+            return Err(LabError::ZeroSize { line: n, id });
         }
         if let Some(first) = seen.insert(id, n) {
-            return Err(format!(
-                "line {n}: id {id} was already used on line {first}; ids must be unique (renumber one of them)"
-            ));
+            return Err(LabError::DuplicateId { line: n, id, first });
         }
         out.push(Interval {
             id,
@@ -128,11 +108,11 @@ pub fn parse_csv(text: &str) -> Result<Vec<Interval>, String> {
 }
 
 /// Reads and parses CSV from `reader` (see [`parse_csv`]).
-pub fn read_csv<R: Read>(mut reader: R) -> Result<Vec<Interval>, String> {
+pub fn read_csv<R: Read>(mut reader: R) -> Result<Vec<Interval>, LabError> {
     let mut text = String::new();
     reader
         .read_to_string(&mut text)
-        .map_err(|e| format!("cannot read the interval file: {e} (is it UTF-8 text?)"))?;
+        .map_err(LabError::IntervalsUnreadable)?;
     parse_csv(&text)
 }
 
@@ -153,20 +133,22 @@ pub fn write_csv<W: Write>(mut writer: W, intervals: &[Interval]) -> std::io::Re
 }
 
 /// Checks what [`parse_csv`] checks (positive size, upper > lower, unique ids).
-pub fn validate(intervals: &[Interval]) -> Result<(), String> {
+pub fn validate(intervals: &[Interval]) -> Result<(), LabError> {
     let mut ids = HashSet::new();
     for (k, i) in intervals.iter().enumerate() {
         if i.upper <= i.lower {
-            return Err(format!(
-                "interval {k} (id {}): upper {} <= lower {}; lifetimes are [lower, upper) with upper > lower",
-                i.id, i.upper, i.lower
-            ));
+            return Err(LabError::IntervalEmptyLifetime {
+                index: k,
+                id: i.id,
+                lower: i.lower,
+                upper: i.upper,
+            });
         }
         if i.size == 0 {
-            return Err(format!("interval {k} (id {}): size 0", i.id));
+            return Err(LabError::IntervalZeroSize { index: k, id: i.id });
         }
         if !ids.insert(i.id) {
-            return Err(format!("interval {k}: duplicate id {}", i.id));
+            return Err(LabError::IntervalDuplicateId { index: k, id: i.id });
         }
     }
     Ok(())
@@ -176,12 +158,15 @@ pub fn validate(intervals: &[Interval]) -> Result<(), String> {
 /// freed at event `f` lives `[a, f)`; one never freed lives to the trace's end.
 /// The id is the alloc's event index (trace ids may be reused after a free);
 /// zero-byte allocations are dropped.
-pub fn from_trace(events: &[TraceEvent]) -> Result<Vec<Interval>, String> {
+pub fn from_trace(events: &[TraceEvent]) -> Result<Vec<Interval>, LabError> {
     let mut live = LiveIds::default();
     let mut open: HashMap<u64, usize> = HashMap::new();
     let mut out: Vec<Interval> = Vec::new();
     for (t, e) in events.iter().enumerate() {
-        live.check(e).map_err(|m| format!("event {t}: {m}"))?;
+        live.check(e).map_err(|m| LabError::AtEvent {
+            event: t,
+            source: Box::new(m),
+        })?;
         match e {
             TraceEvent::Alloc { id, size, .. } => {
                 if *size > 0 {
@@ -272,7 +257,7 @@ mod tests {
             ),
             ("id,lower,upper,size\n0,0,1\n", "line 2: 3 fields"),
         ] {
-            let e = parse_csv(text).unwrap_err();
+            let e = parse_csv(text).unwrap_err().to_string();
             assert!(e.contains(want), "{text:?}: {e}");
         }
     }

@@ -6,15 +6,21 @@
 //! PyTorch's memory snapshots in and out (a plain-data unpickler and
 //! pickler, the snapshot as a workload with its recorded start and end
 //! state, vramlab runs as snapshots). The allocator itself is
-//! [`crate::memory`]; like it, nothing here touches wgpu.
+//! [`crate::memory`]; vramlab's own placement policy (`lookahead`,
+//! `small_from_large`, `release_before_grow`) plugs into its placement hook
+//! from here (`strategies/vramlab.rs`). Like it, nothing here touches wgpu.
 
 /// The allocator the strategies are measured against (`crate::memory::…`).
 pub use vramlab_alloc as memory;
 
+pub mod buffer;
+pub mod error;
 pub mod exact_planner;
 pub mod file_kind;
 pub mod interval_trace;
 pub mod intervals;
+mod lookahead;
+pub mod peak;
 pub mod pickle;
 pub mod replay;
 pub mod snapshot_export;
@@ -24,5 +30,6 @@ pub mod torch_snapshot;
 pub mod trace;
 pub mod workload;
 
+pub use error::LabError;
 pub use replay::{replay, ReplayOutcome};
 pub use trace::TraceEvent;

@@ -17,6 +17,7 @@
 //! most one object, nesting is limited to [`MAX_DEPTH`], and a structure
 //! that contains itself is an error.
 
+use crate::error::LabError;
 use std::collections::HashMap;
 use std::rc::Rc;
 
@@ -125,38 +126,39 @@ struct Reader<'a> {
 }
 
 impl Reader<'_> {
-    fn take(&mut self, n: u64) -> Result<&[u8], String> {
+    fn take(&mut self, n: u64) -> Result<&[u8], LabError> {
         let left = (self.data.len() - self.pos) as u64;
         if n > left {
-            return Err(format!(
-                "byte {}: {n} bytes declared, {left} left in the file (truncated or corrupt)",
-                self.pos
-            ));
+            return Err(LabError::PickleTruncated {
+                at: self.pos,
+                declared: n,
+                left,
+            });
         }
         let s = &self.data[self.pos..self.pos + n as usize];
         self.pos += n as usize;
         Ok(s)
     }
 
-    fn u8(&mut self) -> Result<u8, String> {
+    fn u8(&mut self) -> Result<u8, LabError> {
         Ok(self.take(1)?[0])
     }
 
-    fn le(&mut self, n: u64) -> Result<u64, String> {
+    fn le(&mut self, n: u64) -> Result<u64, LabError> {
         let b = self.take(n)?;
         Ok(b.iter().rev().fold(0u64, |acc, &x| (acc << 8) | x as u64))
     }
 
     /// A text line (protocol 0 opcodes), without its newline.
-    fn line(&mut self) -> Result<&str, String> {
+    fn line(&mut self) -> Result<&str, LabError> {
         let start = self.pos;
         let end = self.data[start..]
             .iter()
             .position(|&b| b == b'\n')
-            .ok_or_else(|| format!("byte {start}: a text argument without its newline"))?;
+            .ok_or(malformed(start, "a text argument without its newline"))?;
         self.pos = start + end + 1;
         std::str::from_utf8(&self.data[start..start + end])
-            .map_err(|_| format!("byte {start}: a text argument that is not UTF-8"))
+            .map_err(|_| malformed(start, "a text argument that is not UTF-8"))
     }
 }
 
@@ -176,36 +178,36 @@ impl Parser {
         self.push(Obj::Leaf(v));
     }
 
-    fn pop(&mut self, at: usize) -> Result<usize, String> {
+    fn pop(&mut self, at: usize) -> Result<usize, LabError> {
         match self.stack.pop() {
             Some(Item::Obj(i)) => Ok(i),
-            Some(Item::Mark) => Err(format!("byte {at}: a MARK where a value was expected")),
-            None => Err(format!("byte {at}: stack underflow")),
+            Some(Item::Mark) => Err(malformed(at, "a MARK where a value was expected")),
+            None => Err(malformed(at, "stack underflow")),
         }
     }
 
-    fn pop_mark(&mut self, at: usize) -> Result<Vec<usize>, String> {
+    fn pop_mark(&mut self, at: usize) -> Result<Vec<usize>, LabError> {
         let mut items = Vec::new();
         loop {
             match self.stack.pop() {
                 Some(Item::Mark) => break,
                 Some(Item::Obj(i)) => items.push(i),
-                None => return Err(format!("byte {at}: MARK not found")),
+                None => return Err(malformed(at, "MARK not found")),
             }
         }
         items.reverse();
         Ok(items)
     }
 
-    fn top(&mut self, at: usize) -> Result<usize, String> {
+    fn top(&mut self, at: usize) -> Result<usize, LabError> {
         match self.stack.last() {
             Some(Item::Obj(i)) => Ok(*i),
-            _ => Err(format!("byte {at}: no object on the stack")),
+            _ => Err(malformed(at, "no object on the stack")),
         }
     }
 
     /// The arena object `root` as a tree; each object converted once.
-    fn finish(&self, root: usize) -> Result<PyValue, String> {
+    fn finish(&self, root: usize) -> Result<PyValue, LabError> {
         let mut done: Vec<Option<PyValue>> = vec![None; self.arena.len()];
         let mut busy = vec![false; self.arena.len()];
         self.convert(root, &mut done, &mut busy, 0)
@@ -217,18 +219,18 @@ impl Parser {
         done: &mut Vec<Option<PyValue>>,
         busy: &mut Vec<bool>,
         depth: usize,
-    ) -> Result<PyValue, String> {
+    ) -> Result<PyValue, LabError> {
         if let Some(v) = &done[i] {
             return Ok(v.clone());
         }
         if depth > MAX_DEPTH {
-            return Err(format!("containers nested deeper than {MAX_DEPTH}"));
+            return Err(LabError::PickleTooDeep { max: MAX_DEPTH });
         }
         if busy[i] {
-            return Err("a container that contains itself (not plain data)".into());
+            return Err(LabError::PickleCycle);
         }
         busy[i] = true;
-        let mut items = |ids: &[usize]| -> Result<Vec<PyValue>, String> {
+        let mut items = |ids: &[usize]| -> Result<Vec<PyValue>, LabError> {
             ids.iter()
                 .map(|&j| self.convert(j, done, busy, depth + 1))
                 .collect()
@@ -254,12 +256,23 @@ impl Parser {
     }
 }
 
-fn int_of_le(b: &[u8], at: usize) -> Result<i64, String> {
+fn malformed(at: usize, problem: &'static str) -> LabError {
+    LabError::PickleMalformed { at, problem }
+}
+
+fn bad_text(at: usize, what: &'static str, text: &str, expected: &'static str) -> LabError {
+    LabError::PickleBadText {
+        at,
+        what,
+        text: text.to_string(),
+        expected,
+    }
+}
+
+fn int_of_le(b: &[u8], at: usize) -> Result<i64, LabError> {
     let n = b.len();
     if n > 8 {
-        return Err(format!(
-            "byte {at}: an integer of {n} bytes does not fit in 64 bits"
-        ));
+        return Err(LabError::PickleIntTooWide { at, bytes: n });
     }
     let mut v: i64 = 0;
     for (i, &x) in b.iter().enumerate() {
@@ -272,7 +285,7 @@ fn int_of_le(b: &[u8], at: usize) -> Result<i64, String> {
 }
 
 /// Parses one pickle.
-pub fn unpickle(data: &[u8]) -> Result<PyValue, String> {
+pub fn unpickle(data: &[u8]) -> Result<PyValue, LabError> {
     let mut r = Reader { data, pos: 0 };
     let mut p = Parser {
         arena: Vec::new(),
@@ -283,12 +296,15 @@ pub fn unpickle(data: &[u8]) -> Result<PyValue, String> {
         let at = r.pos;
         let op = r
             .u8()
-            .map_err(|_| format!("byte {at}: the pickle ends without STOP"))?;
+            .map_err(|_| malformed(at, "the pickle ends without STOP"))?;
         match op {
             0x80 => {
                 let proto = r.u8()?;
                 if proto > 5 {
-                    return Err(format!("byte {at}: pickle protocol {proto} is newer than 5"));
+                    return Err(LabError::PickleProtocol {
+                        at,
+                        protocol: proto,
+                    });
                 }
             }
             0x95 => {
@@ -296,9 +312,11 @@ pub fn unpickle(data: &[u8]) -> Result<PyValue, String> {
                 let n = r.le(8)?;
                 let left = (r.data.len() - r.pos) as u64;
                 if n > left {
-                    return Err(format!(
-                        "byte {at}: a frame of {n} bytes declared, {left} left in the file (truncated or corrupt)"
-                    ));
+                    return Err(LabError::PickleFrameTruncated {
+                        at,
+                        declared: n,
+                        left,
+                    });
                 }
             }
             b'.' => {
@@ -312,7 +330,9 @@ pub fn unpickle(data: &[u8]) -> Result<PyValue, String> {
             0x8f => p.push(Obj::List(Vec::new())),
             b'(' => p.stack.push(Item::Mark),
             b'0' => {
-                p.stack.pop().ok_or_else(|| format!("byte {at}: POP on an empty stack"))?;
+                p.stack
+                    .pop()
+                    .ok_or(malformed(at, "POP on an empty stack"))?;
             }
             b'1' => {
                 p.pop_mark(at)?;
@@ -341,9 +361,10 @@ pub fn unpickle(data: &[u8]) -> Result<PyValue, String> {
                 let v = match text {
                     "00" => PyValue::Bool(false),
                     "01" => PyValue::Bool(true),
-                    t => PyValue::Int(t.parse().map_err(|_| {
-                        format!("byte {at}: {t:?} is not a 64-bit integer")
-                    })?),
+                    t => PyValue::Int(
+                        t.parse()
+                            .map_err(|_| bad_text(at, "the argument", t, "a 64-bit integer"))?,
+                    ),
                 };
                 p.leaf(v);
             }
@@ -355,14 +376,14 @@ pub fn unpickle(data: &[u8]) -> Result<PyValue, String> {
             }
             b'G' => {
                 let b = r.take(8)?;
-                let v = f64::from_be_bytes(b.try_into().map_err(|_| "bad float")?);
+                let v = f64::from_be_bytes(std::array::from_fn(|i| b[i]));
                 p.leaf(PyValue::Float(v));
             }
             b'F' => {
                 let t = r.line()?;
                 let v = t
                     .parse()
-                    .map_err(|_| format!("byte {at}: {t:?} is not a float"))?;
+                    .map_err(|_| bad_text(at, "the argument", t, "a float"))?;
                 p.leaf(PyValue::Float(v));
             }
             0x8c | b'X' | 0x8d => {
@@ -404,7 +425,7 @@ pub fn unpickle(data: &[u8]) -> Result<PyValue, String> {
             b'd' => {
                 let items = p.pop_mark(at)?;
                 if items.len() % 2 == 1 {
-                    return Err(format!("byte {at}: DICT with an odd number of items"));
+                    return Err(malformed(at, "DICT with an odd number of items"));
                 }
                 p.push(Obj::Dict(items.chunks(2).map(|c| (c[0], c[1])).collect()));
             }
@@ -431,7 +452,7 @@ pub fn unpickle(data: &[u8]) -> Result<PyValue, String> {
                 let target = p.top(at)?;
                 match &mut p.arena[target] {
                     Obj::List(l) => l.extend(items),
-                    _ => return Err(format!("byte {at}: APPEND to something that is not a list")),
+                    _ => return Err(malformed(at, "APPEND to something that is not a list")),
                 }
             }
             b's' | b'u' => {
@@ -443,12 +464,12 @@ pub fn unpickle(data: &[u8]) -> Result<PyValue, String> {
                     p.pop_mark(at)?
                 };
                 if items.len() % 2 == 1 {
-                    return Err(format!("byte {at}: SETITEMS with an odd number of items"));
+                    return Err(malformed(at, "SETITEMS with an odd number of items"));
                 }
                 let target = p.top(at)?;
                 match &mut p.arena[target] {
                     Obj::Dict(d) => d.extend(items.chunks(2).map(|c| (c[0], c[1]))),
-                    _ => return Err(format!("byte {at}: SETITEM on something that is not a dict")),
+                    _ => return Err(malformed(at, "SETITEM on something that is not a dict")),
                 }
             }
             0x94 | b'q' | b'r' | b'p' => {
@@ -459,7 +480,7 @@ pub fn unpickle(data: &[u8]) -> Result<PyValue, String> {
                     _ => {
                         let t = r.line()?;
                         t.parse()
-                            .map_err(|_| format!("byte {at}: PUT key {t:?} is not a number"))?
+                            .map_err(|_| bad_text(at, "the PUT key", t, "a number"))?
                     }
                 };
                 // The memo holds the object itself: filled later, seen filled.
@@ -473,20 +494,16 @@ pub fn unpickle(data: &[u8]) -> Result<PyValue, String> {
                     _ => {
                         let t = r.line()?;
                         t.parse()
-                            .map_err(|_| format!("byte {at}: GET key {t:?} is not a number"))?
+                            .map_err(|_| bad_text(at, "the GET key", t, "a number"))?
                     }
                 };
                 let i = *p
                     .memo
                     .get(&key)
-                    .ok_or_else(|| format!("byte {at}: memo entry {key} was never stored"))?;
+                    .ok_or(LabError::PickleMemoMissing { at, key })?;
                 p.stack.push(Item::Obj(i));
             }
-            other => {
-                return Err(format!(
-                    "byte {at}: unsupported pickle opcode 0x{other:02x} (only plain data is read: dicts, lists, tuples, strings, numbers; no classes or globals)"
-                ))
-            }
+            other => return Err(LabError::PickleOpcode { at, opcode: other }),
         }
     }
 }

@@ -3,6 +3,7 @@
 //! an error naming the line, but everything replayed up to there stays in the
 //! outcome, so the caller can still print the statistics it reached.
 
+use super::error::LabError;
 use super::trace::TraceEvent;
 use crate::memory::caching::{BlockHandle, CachingAllocator};
 use crate::memory::source::SegmentSource;
@@ -79,23 +80,26 @@ pub fn replay<S: SegmentSource, R: BufRead>(
     for item in super::trace::lines(reader) {
         let (line_no, text) = match item {
             Ok(x) => x,
-            Err((line, message)) => {
-                out.error = Some(ReplayError { line, message });
+            Err((line, e)) => {
+                out.error = Some(ReplayError {
+                    line,
+                    message: e.to_string(),
+                });
                 break;
             }
         };
         let event = match TraceEvent::parse_line(&text) {
             Ok(e) => e,
-            Err(message) => {
+            Err(e) => {
                 out.error = Some(ReplayError {
                     line: line_no,
-                    message,
+                    message: e.to_string(),
                 });
                 break;
             }
         };
         let op = event.op_name();
-        let result: Result<(), String> = match event {
+        let result: Result<(), LabError> = match event {
             TraceEvent::Alloc {
                 id,
                 size,
@@ -103,9 +107,7 @@ pub fn replay<S: SegmentSource, R: BufRead>(
                 category,
             } => {
                 if matches!(live.get(&id), Some(Live::Block(..)) | Some(Live::Empty)) {
-                    Err(format!(
-                        "id {id} is allocated again while still live; free it first"
-                    ))
+                    Err(LabError::IdStillLive { id })
                 } else if size == 0 {
                     live.insert(id, Live::Empty);
                     Ok(())
@@ -129,19 +131,17 @@ pub fn replay<S: SegmentSource, R: BufRead>(
                             });
                             Ok(())
                         }
-                        Err(e) => Err(e.to_string()),
+                        Err(e) => Err(e.into()),
                     }
                 }
             }
             TraceEvent::Free { id } => match live.remove(&id) {
                 Some(Live::Block(handle, size)) => {
                     live_requested -= size;
-                    alloc.free(handle).map_err(|e| e.to_string())
+                    alloc.free(handle).map_err(LabError::from)
                 }
                 Some(Live::Empty) | Some(Live::Failed) => Ok(()),
-                None => Err(format!(
-                    "free of id {id}, which is not live (never allocated, or already freed)"
-                )),
+                None => Err(LabError::IdNotLive { id }),
             },
             TraceEvent::EmptyCache => {
                 alloc.empty_cache();
@@ -152,10 +152,10 @@ pub fn replay<S: SegmentSource, R: BufRead>(
                 Ok(())
             }
         };
-        if let Err(message) = result {
+        if let Err(e) = result {
             out.error = Some(ReplayError {
                 line: line_no,
-                message,
+                message: e.to_string(),
             });
             break;
         }

@@ -21,13 +21,17 @@
 //! parameter. Those categories are the lifetime hints the `vramlab` strategy
 //! places by; every other block stays untagged.
 
+use super::error::LabError;
+pub use super::peak::Origin;
+use super::peak::{live_at, LiveAt, OomAt};
 use super::pickle::{unpickle, PyValue};
 use super::workload::{Op, Workload};
 use crate::memory::caching::{pool_for, round_size, BlockHandle, CachingAllocator, PoolKind};
 use crate::memory::config::AllocatorConfig;
 use crate::memory::source::SimulatedSource;
 use crate::memory::tag::Category;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 
 /// One device of a snapshot, as a workload and a recorded state.
 pub struct TorchSnapshot {
@@ -55,6 +59,60 @@ pub struct TorchSnapshot {
     /// Expandable segments as they were before the first trace entry, one
     /// per pool (`expandable_segments:True`).
     pub initial_expandable: Vec<InitialExpandable>,
+    /// Where each trace allocation came from (by workload id), when its
+    /// frames or `user_metadata` say.
+    pub origins: HashMap<u64, Origin>,
+    /// Allocations whose `user_metadata` named their category (a recording
+    /// by `vramlab_torch`, which also names the module).
+    pub categories_from_metadata: usize,
+}
+
+/// The category and module `vramlab_torch` (or
+/// `torch.cuda.memory._set_memory_metadata`) wrote as JSON into a trace
+/// entry's `user_metadata`; `None` for any other text.
+pub fn metadata_of(entry: &PyValue) -> (Option<Category>, Option<String>) {
+    let Some(text) = entry.get("user_metadata").and_then(PyValue::as_str) else {
+        return (None, None);
+    };
+    let Ok(serde_json::Value::Object(m)) = serde_json::from_str::<serde_json::Value>(text) else {
+        return (None, None);
+    };
+    let category = m
+        .get("category")
+        .and_then(|c| serde_json::from_value::<Category>(c.clone()).ok());
+    let module = m
+        .get("module")
+        .and_then(|v| v.as_str())
+        .filter(|s| !s.is_empty())
+        .map(String::from);
+    (category, module)
+}
+
+/// The innermost frame outside PyTorch and Python's own libraries, as
+/// `dir/file.py:line function`.
+pub fn user_frame(frames: Option<&PyValue>) -> Option<String> {
+    frames.and_then(PyValue::as_list)?.iter().find_map(|f| {
+        let file = f
+            .get("filename")
+            .and_then(PyValue::as_str)?
+            .replace('\\', "/");
+        let library = [
+            "/torch/",
+            "/site-packages/",
+            "/lib/python",
+            "/vramlab_torch/",
+        ];
+        let python = file.ends_with(".py") && !file.starts_with('<');
+        let rooted = format!("/{file}");
+        if !python || library.iter().any(|l| rooted.contains(l)) {
+            return None;
+        }
+        let short: Vec<&str> = file.rsplit('/').take(2).collect();
+        let short: Vec<&str> = short.into_iter().rev().collect();
+        let line = f.get("line").and_then(PyValue::as_i64).unwrap_or(0);
+        let name = f.get("name").and_then(PyValue::as_str).unwrap_or("?");
+        Some(format!("{}:{line} {name}", short.join("/")))
+    })
 }
 
 /// An expandable segment before the recording began: its mapped ranges and
@@ -141,24 +199,26 @@ fn int(v: &PyValue, key: &str) -> u64 {
 /// A byte count the snapshot states (`size`, `total_size`): absent is 0, but
 /// negative or past 2^62 (the most vramlab models) is a corrupt file, and
 /// the error names where (`at`), so no block is replayed at a made-up size.
-fn size_field(v: &PyValue, key: &str, at: impl Fn() -> String) -> Result<u64, String> {
+fn size_field(v: &PyValue, key: &'static str, at: impl Fn() -> String) -> Result<u64, LabError> {
     let Some(raw) = v.get(key) else {
         return Ok(0);
     };
     let n = raw
         .as_i64()
-        .ok_or_else(|| format!("{}: {key} is not an integer", at()))?;
+        .ok_or_else(|| LabError::SizeNotInteger { at: at(), key })?;
     if n < 0 {
-        return Err(format!(
-            "{}: {key} {n} is negative; a size cannot be, so the snapshot is corrupt",
-            at()
-        ));
+        return Err(LabError::SizeNegative {
+            at: at(),
+            key,
+            value: n,
+        });
     }
     if n as u64 > crate::memory::constants::MAX_BYTES {
-        return Err(format!(
-            "{}: {key} {n} is more than 2^62 bytes (4 EiB), the most vramlab models; the snapshot is corrupt",
-            at()
-        ));
+        return Err(LabError::SizeTooLarge {
+            at: at(),
+            key,
+            value: n,
+        });
     }
     Ok(n as u64)
 }
@@ -208,7 +268,7 @@ fn settings_of(root: &PyValue) -> (Option<AllocatorConfig>, bool) {
 /// (address, size, requested, allocated), expandable).
 type Recorded = (u64, u64, PoolKind, Vec<(u64, u64, u64, bool)>, bool);
 
-fn recorded_segments(root: &PyValue, device: usize) -> Result<(Vec<Recorded>, bool), String> {
+fn recorded_segments(root: &PyValue, device: usize) -> Result<(Vec<Recorded>, bool), LabError> {
     let mut out = Vec::new();
     let mut expandable = false;
     for (si, seg) in root
@@ -278,13 +338,16 @@ fn end_state(segments: &[Recorded], root: &PyValue, device: usize) -> EndState {
 }
 
 /// Every device of a snapshot with an allocation history.
-pub fn read_all(bytes: &[u8], name: &str) -> Result<SnapshotFile, String> {
-    let root = unpickle(bytes).map_err(|e| format!("{name}: not a readable pickle: {e}"))?;
+pub fn read_all(bytes: &[u8], name: &str) -> Result<SnapshotFile, LabError> {
+    let root = unpickle(bytes).map_err(|e| LabError::NotAPickle {
+        name: name.to_string(),
+        source: Box::new(e),
+    })?;
     let traces = root
         .get("device_traces")
         .and_then(PyValue::as_list)
-        .ok_or_else(|| {
-            format!("{name}: no device_traces; is it a torch.cuda.memory._dump_snapshot() pickle?")
+        .ok_or_else(|| LabError::NoDeviceTraces {
+            name: name.to_string(),
         })?;
     let (settings, expandable_setting) = settings_of(&root);
     let config = settings.clone().unwrap_or_default();
@@ -296,7 +359,9 @@ pub fn read_all(bytes: &[u8], name: &str) -> Result<SnapshotFile, String> {
         devices.push(read_device(&root, device, trace, &config, name)?);
     }
     if devices.is_empty() {
-        return Err(format!("{name}: the snapshot has no allocation history; call torch.cuda.memory._record_memory_history() before the code you snapshot"));
+        return Err(LabError::NoHistory {
+            name: name.to_string(),
+        });
     }
     Ok(SnapshotFile {
         devices,
@@ -306,12 +371,14 @@ pub fn read_all(bytes: &[u8], name: &str) -> Result<SnapshotFile, String> {
 }
 
 /// The device with the longest history.
-pub fn read(bytes: &[u8], name: &str) -> Result<TorchSnapshot, String> {
+pub fn read(bytes: &[u8], name: &str) -> Result<TorchSnapshot, LabError> {
     let file = read_all(bytes, name)?;
     file.devices
         .into_iter()
         .max_by_key(|d| d.workload.ops.len())
-        .ok_or_else(|| format!("{name}: no device has a history"))
+        .ok_or_else(|| LabError::NoHistory {
+            name: name.to_string(),
+        })
 }
 
 fn read_device(
@@ -320,7 +387,7 @@ fn read_device(
     trace: &[PyValue],
     config: &AllocatorConfig,
     name: &str,
-) -> Result<TorchSnapshot, String> {
+) -> Result<TorchSnapshot, LabError> {
     let action = |e: &PyValue| {
         e.get("action")
             .and_then(PyValue::as_str)
@@ -344,6 +411,15 @@ fn read_device(
     let (mut live_bytes, mut peak, mut next) = (0u64, 0u64, 0u64);
     let mut sizes: HashMap<u64, u64> = HashMap::new();
     let mut categories = BTreeMap::new();
+    let mut origins: HashMap<u64, Origin> = HashMap::new();
+    let mut interned: HashMap<String, Arc<str>> = HashMap::new();
+    let mut intern = |s: String| -> Arc<str> {
+        interned
+            .entry(s)
+            .or_insert_with_key(|k| Arc::from(k.as_str()))
+            .clone()
+    };
+    let mut from_metadata = 0;
     // A trace has no entry for `empty_cache` (or the out-of-memory retry):
     // it shows as a run of segment_free / segment_unmap entries. The first
     // of each run becomes an EmptyCache op, so the replay releases what
@@ -366,9 +442,18 @@ fn read_device(
             "alloc" => {
                 next += 1;
                 live.insert(addr, next);
-                let category = category_from_frames(e.get("frames"));
+                let (named, module) = metadata_of(e);
+                from_metadata += usize::from(named.is_some());
+                let category = named.unwrap_or_else(|| category_from_frames(e.get("frames")));
                 if category != Category::Untagged {
                     *categories.entry(category).or_insert(0) += 1;
+                }
+                let origin = Origin {
+                    module: module.map(&mut intern),
+                    frame: user_frame(e.get("frames")).map(&mut intern),
+                };
+                if origin != Origin::default() {
+                    origins.insert(next, origin);
                 }
                 ops.push(Op::Alloc {
                     id: next,
@@ -484,6 +569,8 @@ fn read_device(
         expandable: expandable || !mapping.is_empty(),
         unplaced_frees: unplaced,
         initial_expandable,
+        origins,
+        categories_from_metadata: from_metadata,
     })
 }
 
@@ -630,7 +717,16 @@ pub struct ReplayFromState {
     pub segments_match: bool,
     /// Where they differ, in words.
     pub differences: Vec<String>,
+    /// What is live at the peak of allocated bytes.
+    pub at_peak: LiveAt,
+    /// The allocations that ran out of memory (the first [`MAX_OOMS`]).
+    pub oom_at: Vec<OomAt>,
+    /// What was live at the first of them.
+    pub at_first_oom: Option<LiveAt>,
 }
+
+/// How many out-of-memory allocations a replay describes.
+pub const MAX_OOMS: usize = 16;
 
 /// Replays `snap` on a simulated device under `config`, starting from the
 /// state that existed before its first trace entry.
@@ -638,7 +734,7 @@ pub fn replay_from_state(
     snap: &TorchSnapshot,
     config: AllocatorConfig,
     capacity: Option<u64>,
-) -> Result<ReplayFromState, String> {
+) -> Result<ReplayFromState, LabError> {
     let source = match capacity {
         Some(c) => SimulatedSource::new(c),
         None => SimulatedSource::unlimited(),
@@ -646,6 +742,7 @@ pub fn replay_from_state(
     let mut a = CachingAllocator::new(source, config);
     let mut handles: HashMap<u64, BlockHandle> = HashMap::new();
     let mut differences = Vec::new();
+    let mut pre_sizes: HashMap<u64, u64> = HashMap::new();
     if snap.unplaced_frees > 0 {
         differences.push(format!(
             "{} frees of blocks from before the recording lie in no recorded segment (replayed as no-ops)",
@@ -668,29 +765,33 @@ pub fn replay_from_state(
             }
         }
         let layout: Vec<(u64, u64, u64)> = kept.iter().map(|b| (b.0, b.1, b.2)).collect();
-        let hs = a.adopt_segment(seg.pool, seg.size, &layout).map_err(|e| {
-            format!(
-                "rebuilding the segment at 0x{:x} ({} bytes) recorded before the trace: {e}",
-                seg.address, seg.size
-            )
-        })?;
+        let hs = a
+            .adopt_segment(seg.pool, seg.size, &layout)
+            .map_err(|source| LabError::RebuildSegment {
+                address: seg.address,
+                size: seg.size,
+                source,
+            })?;
         for (b, h) in kept.iter().zip(hs) {
             if let Some(id) = b.3 {
                 handles.insert(id, h);
+                pre_sizes.insert(id, b.1);
             }
         }
     }
     for e in &snap.initial_expandable {
         let layout: Vec<(u64, u64, u64)> = e.blocks.iter().map(|b| (b.0, b.1, b.2)).collect();
-        let hs = a.adopt_expandable(e.pool, &e.mapped, &layout).map_err(|err| {
-            format!(
-                "rebuilding the expandable {:?}-pool segment at 0x{:x} recorded before the trace: {err}",
-                e.pool, e.base
-            )
-        })?;
+        let hs = a
+            .adopt_expandable(e.pool, &e.mapped, &layout)
+            .map_err(|source| LabError::RebuildExpandable {
+                pool: e.pool,
+                base: e.base,
+                source,
+            })?;
         for (b, h) in e.blocks.iter().zip(hs) {
             if let Some(id) = b.3 {
                 handles.insert(id, h);
+                pre_sizes.insert(id, b.1);
             }
         }
     }
@@ -700,15 +801,32 @@ pub fn replay_from_state(
         ));
     }
     a.reset_peak_memory_stats();
+    let before = a.memory_allocated();
     let (mut peak_alloc, mut peak_res, mut ooms) = (a.memory_allocated(), a.memory_reserved(), 0);
-    for op in &snap.workload.ops {
+    let (mut peak_op, mut sizes, mut failed) = (0, HashMap::new(), HashSet::new());
+    let mut oom_at = Vec::new();
+    for (i, op) in snap.workload.ops.iter().enumerate() {
         match *op {
             Op::Alloc { id, size, category } => {
                 match a.malloc_tagged(size.max(1), "", category, None) {
                     Ok(x) => {
                         handles.insert(id, x.handle);
+                        sizes.insert(id, x.size);
                     }
-                    Err(_) => ooms += 1,
+                    Err(_) => {
+                        ooms += 1;
+                        failed.insert(id);
+                        if oom_at.len() < MAX_OOMS {
+                            oom_at.push(OomAt {
+                                op: i,
+                                requested_bytes: size,
+                                category,
+                                origin: snap.origins.get(&id).cloned().unwrap_or_default(),
+                                allocated_bytes: a.memory_allocated(),
+                                reserved_bytes: a.memory_reserved(),
+                            });
+                        }
+                    }
                 }
             }
             Op::Free { id } => {
@@ -722,9 +840,26 @@ pub fn replay_from_state(
             }
             Op::EmptyCache => a.empty_cache(),
         }
-        peak_alloc = peak_alloc.max(a.memory_allocated());
+        if a.memory_allocated() > peak_alloc {
+            peak_alloc = a.memory_allocated();
+            peak_op = i;
+        }
         peak_res = peak_res.max(a.memory_reserved());
     }
+    let ops = &snap.workload.ops;
+    let live = |upto: usize| {
+        live_at(
+            ops,
+            upto,
+            &failed,
+            &sizes,
+            &pre_sizes,
+            before,
+            &snap.origins,
+        )
+    };
+    let at_peak = live(peak_op);
+    let at_first_oom = oom_at.first().map(|o| live(o.op));
     let snapshot = a.snapshot();
     let mut sizes: Vec<u64> = snapshot.segments.iter().map(|s| s.total_size).collect();
     sizes.sort_unstable();
@@ -766,6 +901,9 @@ pub fn replay_from_state(
         peak_allocated_bytes: peak_alloc,
         ooms,
         differences,
+        at_peak,
+        oom_at,
+        at_first_oom,
     })
 }
 

@@ -14,6 +14,7 @@
 //! extra fields are ignored so traces can carry more (times) without
 //! breaking older readers.
 
+use crate::error::LabError;
 use crate::memory::constants::MAX_BYTES;
 use crate::memory::tag::Category;
 use serde::{Deserialize, Serialize};
@@ -47,7 +48,7 @@ pub fn lines<R: BufRead>(reader: R) -> Lines<R> {
 
 impl<R: BufRead> Iterator for Lines<R> {
     /// (1-based line number, text) or (line number, what is wrong).
-    type Item = Result<(usize, String), (usize, String)>;
+    type Item = Result<(usize, String), (usize, LabError)>;
 
     fn next(&mut self) -> Option<Self::Item> {
         while !self.done {
@@ -61,7 +62,7 @@ impl<R: BufRead> Iterator for Lines<R> {
                 Ok(n) => n,
                 Err(e) => {
                     self.done = true;
-                    return Some(Err((self.line, format!("cannot read the line: {e}"))));
+                    return Some(Err((self.line, LabError::LineUnreadable(e))));
                 }
             };
             if n == 0 {
@@ -73,7 +74,9 @@ impl<R: BufRead> Iterator for Lines<R> {
                 self.done = true;
                 return Some(Err((
                     self.line,
-                    format!("the line is longer than {MAX_LINE_BYTES} bytes; a trace line is one small JSON object (is this a trace?)"),
+                    LabError::LineTooLong {
+                        max: MAX_LINE_BYTES,
+                    },
                 )));
             }
             if self.buf.last() == Some(&b'\r') {
@@ -87,10 +90,7 @@ impl<R: BufRead> Iterator for Lines<R> {
                 Ok(t) => t,
                 Err(e) => {
                     self.done = true;
-                    return Some(Err((
-                        self.line,
-                        format!("not UTF-8 text ({e}); is this a trace?"),
-                    )));
+                    return Some(Err((self.line, LabError::LineNotUtf8(e))));
                 }
             };
             if !text.trim().is_empty() {
@@ -110,20 +110,16 @@ pub struct LiveIds {
 }
 
 impl LiveIds {
-    pub fn check(&mut self, event: &TraceEvent) -> Result<(), String> {
+    pub fn check(&mut self, event: &TraceEvent) -> Result<(), LabError> {
         match event {
             TraceEvent::Alloc { id, .. } => {
                 if !self.live.insert(*id) {
-                    return Err(format!(
-                        "id {id} is allocated again while still live; free it first"
-                    ));
+                    return Err(LabError::IdStillLive { id: *id });
                 }
             }
             TraceEvent::Free { id } => {
                 if !self.live.remove(id) {
-                    return Err(format!(
-                        "free of id {id}, which is not live (never allocated, or already freed)"
-                    ));
+                    return Err(LabError::IdNotLive { id: *id });
                 }
             }
             TraceEvent::EmptyCache | TraceEvent::ResetPeak => {}
@@ -153,17 +149,11 @@ pub enum TraceEvent {
 
 impl TraceEvent {
     /// Parses one line; the error says what was expected.
-    pub fn parse_line(line: &str) -> Result<TraceEvent, String> {
-        let e: TraceEvent = serde_json::from_str(line).map_err(|e| {
-            format!(
-                "{e}; expected e.g. {{\"op\":\"alloc\",\"id\":7,\"size\":1200}}, {{\"op\":\"free\",\"id\":7}}, {{\"op\":\"empty_cache\"}} or {{\"op\":\"reset_peak\"}}"
-            )
-        })?;
+    pub fn parse_line(line: &str) -> Result<TraceEvent, LabError> {
+        let e: TraceEvent = serde_json::from_str(line).map_err(LabError::BadEvent)?;
         if let TraceEvent::Alloc { size, .. } = e {
             if size > MAX_BYTES {
-                return Err(format!(
-                    "size {size} is more than 2^62 bytes (4 EiB), the most vramlab models; the trace is probably corrupt"
-                ));
+                return Err(LabError::EventSizeTooLarge { size });
             }
         }
         Ok(e)
@@ -243,5 +233,7 @@ mod tests {
         ] {
             assert!(TraceEvent::parse_line(bad).is_err(), "{bad}");
         }
+        let e = TraceEvent::parse_line("{").unwrap_err().to_string();
+        assert!(e.contains(r#"expected e.g. {"op":"alloc","id":7"#), "{e}");
     }
 }

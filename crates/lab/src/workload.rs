@@ -3,6 +3,7 @@
 //! peak live requested, the lower bound for any allocator), device calls,
 //! out-of-memory at a capacity, and nanoseconds per operation.
 
+use super::error::LabError;
 use super::strategies::planner::{plan, Lifetime};
 use super::strategies::Strategy;
 use super::trace::TraceEvent;
@@ -37,15 +38,20 @@ pub struct Workload {
 
 impl Workload {
     /// Reads a JSON Lines trace (`replay`'s format); `reset_peak` is ignored.
-    pub fn from_trace<R: BufRead>(name: &str, reader: R) -> Result<Workload, String> {
+    /// The error says which line ([`LabError::AtLine`]).
+    pub fn from_trace<R: BufRead>(name: &str, reader: R) -> Result<Workload, LabError> {
         // The same checks as `replay` (lab/replay.rs): bounded lines, sizes
         // in range, ids allocated and freed in order.
         let mut ops = Vec::new();
         let mut ids = super::trace::LiveIds::default();
         for item in super::trace::lines(reader) {
-            let (line, text) = item.map_err(|(line, e)| format!("line {line}: {e}"))?;
-            let event = TraceEvent::parse_line(&text).map_err(|e| format!("line {line}: {e}"))?;
-            ids.check(&event).map_err(|e| format!("line {line}: {e}"))?;
+            let at = |line: usize, e: LabError| LabError::AtLine {
+                line,
+                source: Box::new(e),
+            };
+            let (line, text) = item.map_err(|(line, e)| at(line, e))?;
+            let event = TraceEvent::parse_line(&text).map_err(|e| at(line, e))?;
+            ids.check(&event).map_err(|e| at(line, e))?;
             match event {
                 TraceEvent::Alloc {
                     id, size, category, ..
@@ -255,12 +261,19 @@ pub fn run_planner(w: &Workload, capacity: Option<u64>) -> RunResult {
     }
 }
 
+fn unknown(name: &str) -> LabError {
+    LabError::UnknownAllocator {
+        name: name.to_string(),
+        known: &super::strategies::NAMES,
+    }
+}
+
 /// Every named strategy on `w` under PyTorch's default settings.
 pub fn compare(
     w: &Workload,
     names: &[&str],
     capacity: Option<u64>,
-) -> Result<Vec<RunResult>, String> {
+) -> Result<Vec<RunResult>, LabError> {
     compare_with(w, names, capacity, &AllocatorConfig::default())
 }
 
@@ -274,17 +287,14 @@ pub fn compare_with(
     names: &[&str],
     capacity: Option<u64>,
     config: &AllocatorConfig,
-) -> Result<Vec<RunResult>, String> {
+) -> Result<Vec<RunResult>, LabError> {
     let capacity = match (capacity, config.memory_limit) {
         (Some(c), Some(l)) => Some(c.min(l)),
         (c, l) => c.or(l),
     };
     for &name in names {
         if name != "planner" && !super::strategies::NAMES.contains(&name) {
-            return Err(format!(
-                "unknown allocator {name:?}; choose from {}",
-                super::strategies::NAMES.join(", ")
-            ));
+            return Err(unknown(name));
         }
     }
     let planner = names.contains(&"planner").then(|| run_planner(w, capacity));
@@ -294,7 +304,7 @@ pub fn compare_with(
             ("planner", Some(p)) => p.clone(),
             _ => {
                 let mut s = super::strategies::online_configured(name, capacity, config)
-                    .ok_or_else(|| format!("unknown allocator {name:?}"))?;
+                    .ok_or_else(|| unknown(name))?;
                 run(s.as_mut(), w)
             }
         };

@@ -67,7 +67,7 @@ pub fn cast(tape: &Tape, x: &Value, dtype: DType, label: &str) -> Result<Value, 
     Ok(tape.record(
         y,
         &[x],
-        Box::new(move |g, _| Ok(vec![Some(cast_fwd(g, from, "cast.grad_input")?)])),
+        Box::new(move |g| Ok(vec![Some(cast_fwd(g, from, "cast.grad_input")?)])),
     ))
 }
 
@@ -132,7 +132,7 @@ pub fn conv2d(
     Ok(tape.record(
         y,
         &[x, w, b],
-        Box::new(move |g, _| {
+        Box::new(move |g| {
             let (dx, dw, db) = conv2d_backward(&xs, &ws, g, cfg, need_dx)?;
             Ok(vec![dx, Some(dw), Some(db)])
         }),
@@ -156,7 +156,7 @@ pub fn conv2d_nobias(
     Ok(tape.record(
         y,
         &[x, w],
-        Box::new(move |g, _| {
+        Box::new(move |g| {
             let (dx, dw, _) = conv2d_backward_ex(&xs, &ws, g, cfg, need_dx, false)?;
             Ok(vec![dx, Some(dw)])
         }),
@@ -172,7 +172,7 @@ pub fn relu(tape: &Tape, x: &Value) -> Result<Value, TensorError> {
     Ok(tape.record(
         y,
         &[x],
-        Box::new(move |g, _| Ok(vec![Some(relu_backward(&saved, g)?)])),
+        Box::new(move |g| Ok(vec![Some(relu_backward(&saved, g)?)])),
     ))
 }
 
@@ -183,7 +183,7 @@ pub fn reshape(tape: &Tape, x: &Value, shape: &[usize]) -> Result<Value, TensorE
     Ok(tape.record(
         y,
         &[x],
-        Box::new(move |g, _| Ok(vec![Some(g.reshape(&original)?)])),
+        Box::new(move |g| Ok(vec![Some(g.reshape(&original)?)])),
     ))
 }
 
@@ -213,7 +213,7 @@ pub fn linear(tape: &Tape, x: &Value, w: &Value, b: Option<&Value>) -> Result<Va
     Ok(tape.record(
         y,
         &inputs,
-        Box::new(move |g, _| {
+        Box::new(move |g| {
             let (dx, dw, db) = linear_backward(&xs, &ws, g, need_dx, has_bias)?;
             let mut grads = vec![dx, Some(dw)];
             if has_bias {
@@ -236,7 +236,7 @@ pub fn cross_entropy(tape: &Tape, logits: &Value, labels: &Tensor) -> Result<Val
     Ok(tape.record(
         loss,
         &[logits],
-        Box::new(move |g, _| Ok(vec![Some(cross_entropy_backward(&l, &y, g)?)])),
+        Box::new(move |g| Ok(vec![Some(cross_entropy_backward(&l, &y, g)?)])),
     ))
 }
 
@@ -263,7 +263,7 @@ pub fn cross_entropy_torch(
     Ok(tape.record(
         loss,
         &[&logp],
-        Box::new(move |g, _| Ok(vec![Some(nll_loss_backward(&lp, &y, g, &tw)?)])),
+        Box::new(move |g| Ok(vec![Some(nll_loss_backward(&lp, &y, g, &tw)?)])),
     ))
 }
 
@@ -304,13 +304,12 @@ pub fn linear_cross_entropy(
     Ok(tape.record(
         out.loss,
         &[h, w],
-        Box::new(move |g, _| {
-            let (gi, gw) = held.borrow_mut().take().ok_or(TensorError::InvalidShape {
+        Box::new(move |g| {
+            let (gi, gw) = held.borrow_mut().take().ok_or(TensorError::NotSupported {
                 op: "linear_cross_entropy backward",
-                message: "ran twice: the chunked loss hands on the gradients its forward made \
-                          (PyTorch's allow_retain_graph=False); retaining the graph needs \
-                          --loss cross-entropy or --loss fused"
-                    .into(),
+                what: "ran twice: the chunked loss hands on the gradients its forward made \
+                       (PyTorch's allow_retain_graph=False); retaining the graph needs \
+                       --loss cross-entropy or --loss fused",
             })?;
             for t in gi.iter().chain(gw.iter()) {
                 lce::scale_by(t, g)?;
@@ -327,7 +326,7 @@ pub fn log_softmax(tape: &Tape, x: &Value) -> Result<Value, TensorError> {
     Ok(tape.record(
         y,
         &[x],
-        Box::new(move |g, _| Ok(vec![Some(log_softmax_backward(g, &ys)?)])),
+        Box::new(move |g| Ok(vec![Some(log_softmax_backward(g, &ys)?)])),
     ))
 }
 
@@ -340,9 +339,10 @@ pub fn add(tape: &Tape, a: &Value, b: &Value) -> Result<Value, TensorError> {
         (DType::F32, _) => (a.clone(), cast(tape, b, DType::F32, "add.promoted")?),
         (_, DType::F32) => (cast(tape, a, DType::F32, "add.promoted")?, b.clone()),
         (x, y) => {
-            return Err(TensorError::InvalidShape {
+            return Err(TensorError::DTypeMismatch {
                 op: "add",
-                message: format!("cannot add {x} and {y}; cast one of them"),
+                lhs: x,
+                rhs: y,
             })
         }
     };
@@ -352,7 +352,7 @@ pub fn add(tape: &Tape, a: &Value, b: &Value) -> Result<Value, TensorError> {
     Ok(tape.record(
         y,
         &[a, b],
-        Box::new(move |g, _| Ok(vec![Some(g.clone()), Some(g.clone())])),
+        Box::new(move |g| Ok(vec![Some(g.clone()), Some(g.clone())])),
     ))
 }
 
@@ -386,7 +386,7 @@ pub fn matmul(
     Ok(tape.record(
         y,
         &[a, b],
-        Box::new(move |g, _| {
+        Box::new(move |g| {
             let da = match (need_a, transpose_a) {
                 (false, _) => None,
                 (true, false) => Some(matmul_ex(g, &bt, false, !transpose_b, k)?),
@@ -418,7 +418,7 @@ pub fn softmax(tape: &Tape, x: &Value, scale: f32) -> Result<Value, TensorError>
     let y = tape.record(
         y,
         &[x],
-        Box::new(move |g, _| Ok(vec![Some(softmax_backward(&saved, g, scale)?)])),
+        Box::new(move |g| Ok(vec![Some(softmax_backward(&saved, g, scale)?)])),
     );
     match back_to {
         Some(d) => cast(tape, &y, d, "softmax.out"),
@@ -430,9 +430,10 @@ pub fn softmax(tape: &Tape, x: &Value, scale: f32) -> Result<Value, TensorError>
 pub fn mean_dim(tape: &Tape, x: &Value, dim: usize) -> Result<Value, TensorError> {
     let shape = x.tensor().shape().to_vec();
     if dim >= shape.len() {
-        return Err(TensorError::InvalidShape {
+        return Err(TensorError::AxisOutOfRange {
             op: "mean",
-            message: format!("no axis {dim} in shape {shape:?}"),
+            axis: dim,
+            shape,
         });
     }
     let axis = Axis::of(&shape, dim);
@@ -444,7 +445,7 @@ pub fn mean_dim(tape: &Tape, x: &Value, dim: usize) -> Result<Value, TensorError
     Ok(tape.record(
         y,
         &[x],
-        Box::new(move |g, _| Ok(vec![Some(mean_axis_backward(g, axis, &shape)?)])),
+        Box::new(move |g| Ok(vec![Some(mean_axis_backward(g, axis, &shape)?)])),
     ))
 }
 
@@ -458,9 +459,11 @@ pub fn mean(tape: &Tape, x: &Value) -> Result<Value, TensorError> {
 pub fn global_avg_pool(tape: &Tape, x: &Value) -> Result<Value, TensorError> {
     let s = x.tensor().shape();
     if s.len() != 4 {
-        return Err(TensorError::InvalidShape {
+        return Err(TensorError::WrongShape {
             op: "global_avg_pool",
-            message: format!("needs [N, C, H, W], got {s:?}"),
+            want: "[N, C, H, W]",
+            sizes: Vec::new(),
+            got: s.to_vec(),
         });
     }
     let flat = reshape(tape, x, &[s[0], s[1], s[2] * s[3]])?;
@@ -477,7 +480,7 @@ pub fn mse(tape: &Tape, pred: &Value, target: &Tensor) -> Result<Value, TensorEr
     Ok(tape.record(
         loss,
         &[pred],
-        Box::new(move |g, _| Ok(vec![Some(mse_backward(&p, &t, g)?)])),
+        Box::new(move |g| Ok(vec![Some(mse_backward(&p, &t, g)?)])),
     ))
 }
 

@@ -3,7 +3,7 @@
 //! "gradients live only through backward" (the articles' claim C03) is false.
 
 use crate::ops::elementwise;
-use crate::tensor::{Tensor, TensorError};
+use crate::tensor::{LoadProblem, Tensor, TensorError};
 
 /// Index of a parameter in its store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -106,44 +106,41 @@ impl ParamStore {
 impl ParamStore {
     /// `load_state_dict(strict=True)`: every parameter must be in `st` with
     /// its exact shape, and `st` may hold nothing else.
-    pub fn load(&mut self, st: &crate::io::SafeTensors) -> Result<(), String> {
+    pub fn load(&mut self, st: &crate::io::SafeTensors) -> Result<(), TensorError> {
         let mut problems = Vec::new();
         for p in &self.params {
             match st.f32(&p.name) {
-                Err(e) => problems.push(e.to_string()),
-                Ok((_, shape)) if shape != p.value.shape() => problems.push(format!(
-                    "{}: the file has shape {shape:?}, the model expects {:?}",
-                    p.name,
-                    p.value.shape()
-                )),
+                Err(e) => problems.push(LoadProblem::Read(e)),
+                Ok((_, shape)) if shape != p.value.shape() => problems.push(LoadProblem::Shape {
+                    name: p.name.clone(),
+                    file: shape,
+                    model: p.value.shape().to_vec(),
+                }),
                 Ok(_) => {}
             }
         }
-        let unexpected: Vec<&String> = st
+        let unexpected: Vec<String> = st
             .tensors
             .keys()
             .filter(|k| !self.params.iter().any(|p| &p.name == *k))
+            .cloned()
             .collect();
         if !unexpected.is_empty() {
-            problems.push(format!(
-                "unexpected tensors (not parameters of this model): {unexpected:?}"
-            ));
+            problems.push(LoadProblem::Unexpected(unexpected));
         }
         if !problems.is_empty() {
-            return Err(format!(
-                "cannot load {} into this model:\n  {}",
-                st.origin,
-                problems.join("\n  ")
-            ));
+            return Err(TensorError::Load {
+                path: st.origin.clone(),
+                problems,
+            });
         }
         for p in &mut self.params {
             let _scope = p
                 .value
                 .engine()
                 .scope(crate::memory::Category::Parameter, "load");
-            let (values, shape) = st.f32(&p.name).map_err(|e| e.to_string())?;
-            p.value = Tensor::from_slice(p.value.engine(), &values, &shape, &p.name)
-                .map_err(|e| e.to_string())?;
+            let (values, shape) = st.f32(&p.name)?;
+            p.value = Tensor::from_slice(p.value.engine(), &values, &shape, &p.name)?;
         }
         Ok(())
     }
@@ -152,12 +149,7 @@ impl ParamStore {
     pub fn dump(&self, out: &mut crate::io::SafeTensors) -> Result<(), TensorError> {
         for p in &self.params {
             let put = |out: &mut crate::io::SafeTensors, key: String, t: &Tensor| {
-                out.insert_f32(&key, t.shape(), &t.to_vec()?).map_err(|e| {
-                    TensorError::InvalidShape {
-                        op: "dump",
-                        message: e.to_string(),
-                    }
-                })
+                Ok::<_, TensorError>(out.insert_f32(&key, t.shape(), &t.to_vec()?)?)
             };
             put(out, format!("param.{}", p.name), &p.value)?;
             if let Some(g) = &p.grad {

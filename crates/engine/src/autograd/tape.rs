@@ -23,12 +23,20 @@ use std::collections::HashMap;
 type VarId = usize;
 
 /// Computes input gradients from the output gradient; `None` where an input
-/// needs none. It gets the parameter store because a checkpointed segment
-/// re-runs its forward (reading parameters) and backpropagates into
-/// parameters inside its backward. `Fn`, not `FnOnce`, so a retained graph
-/// can run again.
-pub type BackwardFn =
+/// needs none. `Fn`, not `FnOnce`, so a retained graph can run again.
+pub type BackwardFn = Box<dyn Fn(&Tensor) -> Result<Vec<Option<Tensor>>, TensorError>>;
+
+/// A backward that also needs the parameters: a checkpointed segment re-runs
+/// its forward (reading them) and backpropagates into them. Only
+/// [`Tape::record_opaque`] takes one.
+pub type ParamBackwardFn =
     Box<dyn Fn(&Tensor, &mut ParamStore) -> Result<Vec<Option<Tensor>>, TensorError>>;
+
+/// What a node runs in backward.
+enum Backward {
+    Plain(BackwardFn),
+    WithParams(ParamBackwardFn),
+}
 
 /// A tensor plus, when it is part of the recorded graph, its place there.
 #[derive(Clone, Debug)]
@@ -58,7 +66,7 @@ struct Node {
     op: std::sync::Arc<str>,
     output: VarId,
     inputs: Vec<Option<VarId>>,
-    backward: BackwardFn,
+    backward: Backward,
 }
 
 struct Inner {
@@ -140,21 +148,26 @@ impl Tape {
     /// Records an op's output. If gradients are off, or no input needs one,
     /// the backward closure (and every tensor it saved) is dropped at once.
     pub fn record(&self, output: Tensor, inputs: &[&Value], backward: BackwardFn) -> Value {
-        self.record_node(output, inputs, backward, false)
+        self.record_node(output, inputs, Backward::Plain(backward), false)
     }
 
     /// Like `record`, but keeps the node even when no input needs a gradient,
     /// because its backward reaches parameters the tape cannot see (a
     /// checkpointed segment).
-    pub fn record_opaque(&self, output: Tensor, inputs: &[&Value], backward: BackwardFn) -> Value {
-        self.record_node(output, inputs, backward, true)
+    pub fn record_opaque(
+        &self,
+        output: Tensor,
+        inputs: &[&Value],
+        backward: ParamBackwardFn,
+    ) -> Value {
+        self.record_node(output, inputs, Backward::WithParams(backward), true)
     }
 
     fn record_node(
         &self,
         output: Tensor,
         inputs: &[&Value],
-        backward: BackwardFn,
+        backward: Backward,
         opaque: bool,
     ) -> Value {
         let mut inner = self.inner.borrow_mut();
@@ -289,29 +302,25 @@ impl Tape {
         seed: f32,
     ) -> Result<(), TensorError> {
         if loss.var.is_none() {
-            return Err(TensorError::InvalidShape {
+            return Err(TensorError::NotSupported {
                 op: "backward",
-                message:
-                    "the loss does not depend on any parameter (was it computed under no_grad?)"
-                        .into(),
+                what: "the loss does not depend on any parameter (was it computed under no_grad?)",
             });
         }
         if loss.tensor.numel() != 1 {
-            return Err(TensorError::InvalidShape {
+            return Err(TensorError::WrongShape {
                 op: "backward",
-                message: format!(
-                    "backward needs a scalar loss, got shape {:?}",
-                    loss.tensor.shape()
-                ),
+                want: "a scalar loss (one element)",
+                sizes: Vec::new(),
+                got: loss.tensor.shape().to_vec(),
             });
         }
         if loss.tensor.dtype() != DType::F32 {
-            return Err(TensorError::InvalidShape {
+            return Err(TensorError::WrongDType {
                 op: "backward",
-                message: format!(
-                    "the loss is {}; losses are f32 (autocast computes them in f32)",
-                    loss.tensor.dtype()
-                ),
+                want: DType::F32,
+                got: loss.tensor.dtype(),
+                why: "losses are f32: autocast computes them in f32",
             });
         }
         let seed = fill::full(loss.tensor.engine(), &[1], seed, "loss.grad")?;
@@ -374,7 +383,10 @@ impl Tape {
                 };
                 let _scope = engine.scope(Category::Temporary, &name);
                 let input_grads = match grads.remove(&node.output) {
-                    Some(g) => (node.backward)(&g, store)?,
+                    Some(g) => match &node.backward {
+                        Backward::Plain(f) => f(&g)?,
+                        Backward::WithParams(f) => f(&g, store)?,
+                    },
                     None => Vec::new(),
                 };
                 let mut input_grads = input_grads.into_iter();

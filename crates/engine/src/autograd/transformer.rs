@@ -29,7 +29,7 @@ pub fn embedding(tape: &Tape, table: &Value, idx: &Tensor) -> Result<Value, Tens
     Ok(tape.record(
         y,
         &[table],
-        Box::new(move |g, _| Ok(vec![Some(embedding_backward(&saved, g, rows)?)])),
+        Box::new(move |g| Ok(vec![Some(embedding_backward(&saved, g, rows)?)])),
     ))
 }
 
@@ -41,7 +41,7 @@ pub fn add_positions(tape: &Tape, x: &Value, pos: &Value) -> Result<Value, Tenso
     Ok(tape.record(
         y,
         &[x, pos],
-        Box::new(move |g, _| {
+        Box::new(move |g| {
             let dp = add_positions_backward(g, &table)?;
             Ok(vec![Some(g.clone()), Some(dp)])
         }),
@@ -68,7 +68,7 @@ pub fn layernorm(
     Ok(tape.record(
         out.y,
         &[x, w, b],
-        Box::new(move |g, _| {
+        Box::new(move |g| {
             let (dx, dw, db) = layernorm_backward(&xs, &ws, &mean, &rstd, g)?;
             Ok(vec![Some(dx), Some(dw), Some(db)])
         }),
@@ -85,7 +85,7 @@ pub fn gelu(tape: &Tape, x: &Value) -> Result<Value, TensorError> {
     Ok(tape.record(
         y,
         &[x],
-        Box::new(move |g, _| Ok(vec![Some(gelu_backward(&saved, g)?)])),
+        Box::new(move |g| Ok(vec![Some(gelu_backward(&saved, g)?)])),
     ))
 }
 
@@ -97,7 +97,7 @@ pub fn swap_axes(tape: &Tape, x: &Value, label: &'static str) -> Result<Value, T
     Ok(tape.record(
         y,
         &[x],
-        Box::new(move |g, _| Ok(vec![Some(swap_axes_12(g, "swap_axes.grad_input")?)])),
+        Box::new(move |g| Ok(vec![Some(swap_axes_12(g, "swap_axes.grad_input")?)])),
     ))
 }
 
@@ -113,7 +113,7 @@ pub fn softmax_causal(tape: &Tape, x: &Value, scale: f32) -> Result<Value, Tenso
     Ok(tape.record(
         y,
         &[x],
-        Box::new(move |g, _| Ok(vec![Some(softmax_backward(&saved, g, scale)?)])),
+        Box::new(move |g| Ok(vec![Some(softmax_backward(&saved, g, scale)?)])),
     ))
 }
 
@@ -131,7 +131,7 @@ pub fn dropout(tape: &Tape, x: &Value, p: f32, seed: u64) -> Result<Value, Tenso
     Ok(tape.record(
         y,
         &[x],
-        Box::new(move |g, _| {
+        Box::new(move |g| {
             Ok(vec![Some(crate::ops::dropout::dropout_backward(
                 g, &mask, p,
             )?)])

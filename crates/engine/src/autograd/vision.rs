@@ -43,7 +43,7 @@ pub fn batchnorm(
     Ok(tape.record(
         out.y,
         &[x, w, b],
-        Box::new(move |g, _| {
+        Box::new(move |g| {
             let (dx, dw, db) = batchnorm_backward(&xs, &ws, &stats, g, train, need_dx)?;
             Ok(vec![dx, Some(dw), Some(db)])
         }),
@@ -60,6 +60,6 @@ pub fn max_pool2d(tape: &Tape, x: &Value, cfg: PoolConfig) -> Result<Value, Tens
     Ok(tape.record(
         y,
         &[x],
-        Box::new(move |g, _| Ok(vec![Some(max_pool2d_backward(&xs, &idx, g, cfg)?)])),
+        Box::new(move |g| Ok(vec![Some(max_pool2d_backward(&xs, &idx, g, cfg)?)])),
     ))
 }

@@ -114,7 +114,7 @@ pub fn choose(
 ) -> Result<(wgpu::Adapter, String), DeviceError> {
     if adapters.is_empty() {
         return Err(DeviceError::NoAdapter {
-            tried: format!(" (searched {searched})"),
+            searched: searched.to_string(),
             hint: install_hint(),
         });
     }
@@ -138,7 +138,7 @@ pub fn choose(
     if candidates.is_empty() {
         return Err(DeviceError::NoMatchingAdapter {
             wanted: options.adapter.clone().unwrap_or_default(),
-            found: names.join(", "),
+            found: names,
         });
     }
     let n = candidates.len();

@@ -3,7 +3,7 @@
 //!
 //! Why our own: the kernels need four things — substitution, conditionals,
 //! unrolled loops and element-type accessors — and naga_oil brings a module
-//! system and a second WGSL front end for what is ~250 lines here. Unrolling
+//! system and a second WGSL front end for what one file does here. Unrolling
 //! matters: llvmpipe (CI's GPU) keeps arrays indexed by loop variables in
 //! memory, so a register tile must be written as named scalars, which a
 //! `#for` produces.
@@ -25,7 +25,6 @@
 //!   names it outright (a matmul with f16 operands and an f32 workspace).
 
 use std::collections::HashMap;
-use std::fmt;
 
 /// Shared by every kernel: the flat invocation index over a grid spread by
 /// [`super::grid_for`], so no shader repeats that arithmetic.
@@ -142,19 +141,48 @@ impl Defs {
 
 /// A template that could not be composed: a bug in a kernel, reported
 /// with the line so it can be found.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("shader template line {line}: {problem}")]
 pub struct ComposeError {
     pub line: usize,
-    pub message: String,
+    #[source]
+    pub problem: ShaderProblem,
 }
 
-impl fmt::Display for ComposeError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "shader template line {}: {}", self.line, self.message)
-    }
+/// What is wrong at a template's line (names are the template's own).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ShaderProblem {
+    #[error("#{closer} closes #{opener}")]
+    Mismatched { closer: String, opener: String },
+    #[error("#{0} is never closed")]
+    Unclosed(String),
+    #[error("#{0} without an opening directive")]
+    Unopened(String),
+    #[error("expected #for VAR in A..B")]
+    ForSyntax,
+    #[error("expected a range A..B")]
+    RangeSyntax,
+    #[error("unknown snippet {0}")]
+    UnknownSnippet(String),
+    #[error("unknown element type {0}")]
+    UnknownElem(String),
+    #[error("{0} is not defined")]
+    Undefined(String),
+    #[error("{name} = {value} is not an integer")]
+    NotInteger { name: String, value: String },
+    #[error("division by zero")]
+    DivisionByZero,
+    #[error("unclosed {{{{ in {0:?}")]
+    UnclosedBraces(String),
+    #[error("WINDOWS={list}: {source}")]
+    Windows {
+        list: String,
+        #[source]
+        source: std::num::ParseIntError,
+    },
+    #[error(transparent)]
+    Bindings(#[from] super::windows::BindingProblem),
 }
-
-impl std::error::Error for ComposeError {}
 
 /// Composes `template` with `defs` into plain WGSL.
 pub fn compose(template: &str, defs: &Defs) -> Result<String, ComposeError> {
@@ -180,16 +208,24 @@ pub fn compose(template: &str, defs: &Defs) -> Result<String, ComposeError> {
             .split(',')
             .map(|c| c.trim().parse::<u32>())
             .collect::<Result<_, _>>()
-            .map_err(|e| err(0, format!("WINDOWS={list}: {e}")))?,
+            .map_err(|source| {
+                err(
+                    0,
+                    ShaderProblem::Windows {
+                        list: list.to_string(),
+                        source,
+                    },
+                )
+            })?,
         None => Vec::new(),
     };
-    super::windows::bind_windows(&out, &counts).map_err(|m| err(0, m))
+    super::windows::bind_windows(&out, &counts).map_err(|m| err(0, m.into()))
 }
 
-fn err(line: usize, message: impl Into<String>) -> ComposeError {
+fn err(line: usize, problem: ShaderProblem) -> ComposeError {
     ComposeError {
         line: line + 1,
-        message: message.into(),
+        problem,
     }
 }
 
@@ -218,7 +254,13 @@ fn block_end(
             Some(w @ ("endif" | "endfor")) => {
                 if depth == 0 {
                     if w != closer {
-                        return Err(err(i, format!("#{w} closes #{opener}")));
+                        return Err(err(
+                            i,
+                            ShaderProblem::Mismatched {
+                                closer: w.to_string(),
+                                opener: opener.to_string(),
+                            },
+                        ));
                     }
                     return Ok((else_at, i));
                 }
@@ -227,7 +269,7 @@ fn block_end(
             _ => {}
         }
     }
-    Err(err(start, format!("#{opener} is never closed")))
+    Err(err(start, ShaderProblem::Unclosed(opener.to_string())))
 }
 
 fn expand(
@@ -254,10 +296,10 @@ fn expand(
                 let (_, close) = block_end(lines, i, end)?;
                 let (var, range) = spec
                     .split_once(" in ")
-                    .ok_or_else(|| err(i, "expected #for VAR in A..B"))?;
+                    .ok_or_else(|| err(i, ShaderProblem::ForSyntax))?;
                 let (a, b) = range
                     .split_once("..")
-                    .ok_or_else(|| err(i, "expected a range A..B"))?;
+                    .ok_or_else(|| err(i, ShaderProblem::RangeSyntax))?;
                 let a = eval(a, defs, vars).map_err(|m| err(i, m))?;
                 let b = eval(b, defs, vars).map_err(|m| err(i, m))?;
                 let var = var.trim().to_string();
@@ -280,7 +322,7 @@ fn expand(
                         let snippet: Vec<&str> = MATMUL_COMMON.lines().collect();
                         expand(&snippet, 0, snippet.len(), defs, vars, out)?;
                     }
-                    other => return Err(err(i, format!("unknown snippet {other}"))),
+                    other => return Err(err(i, ShaderProblem::UnknownSnippet(other.to_string()))),
                 }
                 i += 1;
             }
@@ -291,7 +333,7 @@ fn expand(
                         Some((n, d)) => (
                             n,
                             defs.get(d)
-                                .ok_or_else(|| err(i, format!("{d} is not defined")))?,
+                                .ok_or_else(|| err(i, ShaderProblem::Undefined(d.to_string())))?,
                         ),
                         None => (spec, defs.get("ELEM").unwrap_or("f32")),
                     };
@@ -300,7 +342,7 @@ fn expand(
                 i += 1;
             }
             Some((w @ ("else" | "endif" | "endfor"), _)) => {
-                return Err(err(i, format!("#{w} without an opening directive")));
+                return Err(err(i, ShaderProblem::Unopened(w.to_string())));
             }
             _ => {
                 out.push_str(&substitute(line, defs, vars).map_err(|m| err(i, m))?);
@@ -313,7 +355,7 @@ fn expand(
 }
 
 /// Loads and stores of storage array `a` as f32, in element type `elem`.
-fn accessors(a: &str, elem: &str) -> Result<String, String> {
+fn accessors(a: &str, elem: &str) -> Result<String, ShaderProblem> {
     // st2_{a}(w, v, n) writes elements 2w and 2w+1 (the second only when
     // 2w+1 < n): one invocation per word, so packed bf16 words are never
     // shared between invocations.
@@ -365,11 +407,11 @@ fn accessors(a: &str, elem: &str) -> Result<String, String> {
              \x20   wr_{a}(wi_, bf16_bits(val_.x) | (hi_ << 16u));\n\
              }}\n"
         ),
-        other => return Err(format!("unknown element type {other}")),
+        other => return Err(ShaderProblem::UnknownElem(other.to_string())),
     })
 }
 
-fn condition(cond: &str, defs: &Defs, vars: &HashMap<String, i64>) -> Result<bool, String> {
+fn condition(cond: &str, defs: &Defs, vars: &HashMap<String, i64>) -> Result<bool, ShaderProblem> {
     let value = |name: &str| -> Option<String> {
         let name = name.trim();
         vars.get(name)
@@ -395,7 +437,7 @@ fn condition(cond: &str, defs: &Defs, vars: &HashMap<String, i64>) -> Result<boo
     Ok(truthy != negate)
 }
 
-fn atom(s: &str, defs: &Defs, vars: &HashMap<String, i64>) -> Result<i64, String> {
+fn atom(s: &str, defs: &Defs, vars: &HashMap<String, i64>) -> Result<i64, ShaderProblem> {
     let s = s.trim();
     if let Ok(v) = s.parse::<i64>() {
         return Ok(v);
@@ -404,19 +446,20 @@ fn atom(s: &str, defs: &Defs, vars: &HashMap<String, i64>) -> Result<i64, String
         return Ok(*v);
     }
     match defs.get(s) {
-        Some(v) => v
-            .parse::<i64>()
-            .map_err(|_| format!("{s} = {v} is not an integer")),
-        None => Err(format!("{s} is not defined")),
+        Some(v) => v.parse::<i64>().map_err(|_| ShaderProblem::NotInteger {
+            name: s.to_string(),
+            value: v.to_string(),
+        }),
+        None => Err(ShaderProblem::Undefined(s.to_string())),
     }
 }
 
 /// Integer arithmetic over `+ - * /`, products first.
-fn eval(expr: &str, defs: &Defs, vars: &HashMap<String, i64>) -> Result<i64, String> {
+fn eval(expr: &str, defs: &Defs, vars: &HashMap<String, i64>) -> Result<i64, ShaderProblem> {
     let mut total = 0i64;
     let mut sign = 1i64;
     let mut term = String::new();
-    let flush = |term: &str, sign: i64, total: &mut i64| -> Result<(), String> {
+    let flush = |term: &str, sign: i64, total: &mut i64| -> Result<(), ShaderProblem> {
         let mut value: Option<i64> = None;
         let mut op = '*';
         let mut factor = String::new();
@@ -426,7 +469,7 @@ fn eval(expr: &str, defs: &Defs, vars: &HashMap<String, i64>) -> Result<i64, Str
                 value = Some(match (value, op) {
                     (None, _) => f,
                     (Some(v), '*') => v * f,
-                    (Some(_), _) if f == 0 => return Err("division by zero".into()),
+                    (Some(_), _) if f == 0 => return Err(ShaderProblem::DivisionByZero),
                     (Some(v), _) => v / f,
                 });
                 op = c;
@@ -451,7 +494,11 @@ fn eval(expr: &str, defs: &Defs, vars: &HashMap<String, i64>) -> Result<i64, Str
     Ok(total)
 }
 
-fn substitute(line: &str, defs: &Defs, vars: &HashMap<String, i64>) -> Result<String, String> {
+fn substitute(
+    line: &str,
+    defs: &Defs,
+    vars: &HashMap<String, i64>,
+) -> Result<String, ShaderProblem> {
     let mut out = String::with_capacity(line.len());
     let mut rest = line;
     while let Some(start) = rest.find("{{") {
@@ -459,7 +506,7 @@ fn substitute(line: &str, defs: &Defs, vars: &HashMap<String, i64>) -> Result<St
         let after = &rest[start + 2..];
         let close = after
             .find("}}")
-            .ok_or_else(|| format!("unclosed {{{{ in {line:?}"))?;
+            .ok_or_else(|| ShaderProblem::UnclosedBraces(line.to_string()))?;
         let expr = after[..close].trim();
         match defs.get(expr) {
             Some(v) if !vars.contains_key(expr) => out.push_str(v),
@@ -523,9 +570,9 @@ mod tests {
         let e = compose("ok\n#if A\nx", &Defs::default()).unwrap_err();
         assert_eq!(e.line, 2);
         let e = compose("{{MISSING}}", &Defs::default()).unwrap_err();
-        assert!(e.message.contains("MISSING"), "{e}");
+        assert!(e.to_string().contains("MISSING"), "{e}");
         let e = compose("#for i in 0..2\n#endif", &Defs::default()).unwrap_err();
-        assert!(e.message.contains("closes"), "{e}");
+        assert!(e.to_string().contains("closes"), "{e}");
         assert!(compose("{{4/0}}", &Defs::default()).is_err());
     }
 

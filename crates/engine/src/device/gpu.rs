@@ -101,7 +101,10 @@ impl Kernel {
         if !native_f16 {
             defs = defs.without_native_f16();
         }
-        compose(self.source, &defs).map_err(|e| DeviceError::Wgpu(format!("{}: {e}", self.name)))
+        compose(self.source, &defs).map_err(|source| DeviceError::Shader {
+            kernel: self.name.to_string(),
+            source,
+        })
     }
 }
 
@@ -117,9 +120,7 @@ pub struct BufferSlice {
 
 impl BufferSlice {
     fn real(&self) -> Result<&SegmentBuffers, DeviceError> {
-        self.buffer.as_ref().ok_or_else(|| {
-            DeviceError::Wgpu("a tensor of a simulated device was bound to a real GPU".into())
-        })
+        self.buffer.as_ref().ok_or(DeviceError::SimulatedTensor)
     }
 }
 
@@ -284,9 +285,9 @@ impl Gpu {
                 ..Default::default()
             })
             .await
-            .map_err(|e| DeviceError::RequestDevice {
+            .map_err(|source| DeviceError::RequestDevice {
                 adapter: info.name.clone(),
-                reason: e.to_string(),
+                source,
             })?;
         let errors: Arc<Mutex<Vec<String>>> = Arc::default();
         let sink = errors.clone();
@@ -358,9 +359,7 @@ impl Gpu {
         if errs.is_empty() {
             Ok(())
         } else {
-            let msg = errs.join("; ");
-            errs.clear();
-            Err(DeviceError::Wgpu(msg))
+            Err(DeviceError::Wgpu(std::mem::take(&mut *errs)))
         }
     }
 
@@ -572,7 +571,7 @@ impl Gpu {
         self.flush();
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| DeviceError::Wgpu(e.to_string()))?;
+            .map_err(DeviceError::Poll)?;
         self.take_errors()?;
         self.read_times()
     }
@@ -923,15 +922,15 @@ impl Gpu {
         });
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| DeviceError::Readback(e.to_string()))?;
+            .map_err(DeviceError::Poll)?;
         self.take_errors()?;
         rx.recv()
-            .map_err(|e| DeviceError::Readback(e.to_string()))?
-            .map_err(|e| DeviceError::Readback(e.to_string()))?;
+            .map_err(DeviceError::MapLost)?
+            .map_err(DeviceError::MapFailed)?;
         let bytes = {
             let view = readback
                 .get_mapped_range(..)
-                .map_err(|e| DeviceError::Readback(format!("{e:?}")))?;
+                .map_err(DeviceError::MappedRange)?;
             view.to_vec()
         };
         readback.unmap();

@@ -25,6 +25,17 @@
 //! uniform table `win_` after the last binding holds where each window
 //! starts, in 4-byte words from the tensor's start.
 
+/// Why composed WGSL cannot be split into windows (a bug in a kernel).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BindingProblem {
+    #[error("storage binding {name} is not an array: {ty}")]
+    NotAnArray { name: String, ty: String },
+    #[error("storage bindings must be numbered 0.. in order; {name} is binding {binding}")]
+    BindingOrder { name: String, binding: u32 },
+    #[error("atomic array {0} cannot be split into windows")]
+    AtomicWindows(String),
+}
+
 /// Where one window of a tensor lies: which of its segment's buffers, and
 /// where in it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -155,7 +166,7 @@ fn in_elements(words: &str, elem: &str) -> String {
 /// storage array that is not atomic. The kernel is then dispatched with
 /// each tensor's windows in order, the uniforms after them, and the
 /// window table last (when any binding has more than one window).
-pub fn bind_windows(wgsl: &str, counts: &[u32]) -> Result<String, String> {
+pub fn bind_windows(wgsl: &str, counts: &[u32]) -> Result<String, BindingProblem> {
     let lines: Vec<&str> = wgsl.lines().collect();
     let mut storage = Vec::new();
     let mut uniforms = Vec::new();
@@ -167,7 +178,10 @@ pub fn bind_windows(wgsl: &str, counts: &[u32]) -> Result<String, String> {
             let elem = ty
                 .strip_prefix("array<")
                 .and_then(|t| t.strip_suffix('>'))
-                .ok_or_else(|| format!("storage binding {name} is not an array: {ty}"))?;
+                .ok_or_else(|| BindingProblem::NotAnArray {
+                    name: name.to_string(),
+                    ty: ty.to_string(),
+                })?;
             storage.push(Storage {
                 line: i,
                 binding,
@@ -180,10 +194,10 @@ pub fn bind_windows(wgsl: &str, counts: &[u32]) -> Result<String, String> {
     }
     for (k, s) in storage.iter().enumerate() {
         if s.binding as usize != k {
-            return Err(format!(
-                "storage bindings must be numbered 0.. in order; {} is binding {}",
-                s.name, s.binding
-            ));
+            return Err(BindingProblem::BindingOrder {
+                name: s.name.clone(),
+                binding: s.binding,
+            });
         }
     }
     let count = |b: u32| counts.get(b as usize).copied().unwrap_or(1).max(1);
@@ -192,10 +206,7 @@ pub fn bind_windows(wgsl: &str, counts: &[u32]) -> Result<String, String> {
         .iter()
         .find(|s| count(s.binding) > 1 && s.elem.starts_with("atomic"))
     {
-        return Err(format!(
-            "atomic array {} cannot be split into windows",
-            s.name
-        ));
+        return Err(BindingProblem::AtomicWindows(s.name.clone()));
     }
     let mut replaced: Vec<Option<String>> = vec![None; lines.len()];
     let mut functions = String::new();

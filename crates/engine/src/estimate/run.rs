@@ -30,13 +30,8 @@ impl Plan {
     /// The model (weights from `seed`), one random batch, and a trainer in
     /// the plan's mode with its optimizer.
     pub fn trainer(&self, engine: &Engine, seed: u64) -> Result<(Trainer, Batch), TensorError> {
-        self.model
-            .check_dtype(self.dtype)
-            .and_then(|()| self.loss.check_model(&self.model))
-            .map_err(|message| TensorError::InvalidShape {
-                op: "model",
-                message,
-            })?;
+        self.model.check_dtype(self.dtype)?;
+        self.loss.check_model(&self.model)?;
         let mut rng = Rng::new(seed);
         let mut store = ParamStore::new();
         let model = self.model.build(engine, &mut store, &mut rng)?;

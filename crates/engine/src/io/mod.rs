@@ -7,4 +7,4 @@ pub mod safetensors;
 
 pub use atomic::write_atomic;
 
-pub use safetensors::{SafeTensors, SafetensorsError, StDtype};
+pub use self::safetensors::{FormatProblem, SafeTensors, SafetensorsError, StDtype};

@@ -1,16 +1,27 @@
-//! The safetensors format, read and written by hand (it is small): an 8-byte
-//! little-endian header length, a JSON header mapping each name to
+//! The safetensors format, read and written with the `safetensors` crate:
+//! an 8-byte little-endian header length, a JSON header mapping each name to
 //! `{dtype, shape, data_offsets}` (plus an optional `__metadata__` map of
 //! strings), then the raw little-endian data. PyTorch writes it with
 //! `safetensors.torch.save_file(model.state_dict(), path)`, so weights come
 //! in with PyTorch's names and layouts unchanged.
 //!
-//! Writing goes to a temporary file that is renamed into place, so a failed
-//! or interrupted dump never leaves a truncated file where a good one was.
+//! The crate checks the header and the offsets; this module adds what it
+//! does not do: errors that name the file and say which tensor is wrong and
+//! how (the crate's own errors are terse), the element type a caller wants,
+//! a missing name listed against what the file holds, and values that must
+//! fill the shape they are stored under.
+//!
+//! Writing goes through [`super::write_atomic`] (a temporary file renamed
+//! into place, devices and FIFOs written in place), so a failed or
+//! interrupted dump never leaves a truncated file where a good one was.
 
-use serde_json::{Map, Value as Json};
-use std::collections::BTreeMap;
+use ::safetensors::tensor::{Dtype, SafeTensorError, TensorInfo, View};
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
+
+/// The crate's limit on the JSON header (100 MB).
+const MAX_HEADER: u64 = 100_000_000;
 
 /// Element types this reader converts; the names are safetensors' own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,20 +39,37 @@ pub enum StDtype {
 }
 
 impl StDtype {
-    fn parse(s: &str) -> Option<StDtype> {
-        Some(match s {
-            "F64" => StDtype::F64,
-            "F32" => StDtype::F32,
-            "F16" => StDtype::F16,
-            "BF16" => StDtype::BF16,
-            "I64" => StDtype::I64,
-            "I32" => StDtype::I32,
-            "I16" => StDtype::I16,
-            "I8" => StDtype::I8,
-            "U8" => StDtype::U8,
-            "BOOL" => StDtype::Bool,
+    /// The crate's type, or `None` for the ones vramlab does not read
+    /// (unsigned 16-64 bit, FP8, FP4/FP6, complex).
+    fn from_crate(d: Dtype) -> Option<StDtype> {
+        Some(match d {
+            Dtype::F64 => StDtype::F64,
+            Dtype::F32 => StDtype::F32,
+            Dtype::F16 => StDtype::F16,
+            Dtype::BF16 => StDtype::BF16,
+            Dtype::I64 => StDtype::I64,
+            Dtype::I32 => StDtype::I32,
+            Dtype::I16 => StDtype::I16,
+            Dtype::I8 => StDtype::I8,
+            Dtype::U8 => StDtype::U8,
+            Dtype::BOOL => StDtype::Bool,
             _ => return None,
         })
+    }
+
+    fn to_crate(self) -> Dtype {
+        match self {
+            StDtype::F64 => Dtype::F64,
+            StDtype::F32 => Dtype::F32,
+            StDtype::F16 => Dtype::F16,
+            StDtype::BF16 => Dtype::BF16,
+            StDtype::I64 => Dtype::I64,
+            StDtype::I32 => Dtype::I32,
+            StDtype::I16 => Dtype::I16,
+            StDtype::I8 => Dtype::I8,
+            StDtype::U8 => Dtype::U8,
+            StDtype::Bool => Dtype::BOOL,
+        }
     }
 
     pub fn name(self) -> &'static str {
@@ -91,8 +119,17 @@ pub enum SafetensorsError {
         #[source]
         source: std::io::Error,
     },
-    #[error("{path} is not a valid safetensors file: {message}")]
-    Format { path: String, message: String },
+    #[error("{path} is not a valid safetensors file: {problem}")]
+    Format {
+        path: String,
+        problem: FormatProblem,
+    },
+    #[error("cannot lay out {path} as safetensors: {source}")]
+    Encode {
+        path: String,
+        #[source]
+        source: SafeTensorError,
+    },
     #[error("{path} has no tensor named {name:?}; it holds: {available}")]
     Missing {
         path: String,
@@ -114,6 +151,63 @@ pub enum SafetensorsError {
     },
 }
 
+/// Why bytes are not a safetensors file: the crate's check that failed,
+/// with the sizes, offsets and tensor it failed on.
+#[derive(Debug, thiserror::Error)]
+pub enum FormatProblem {
+    #[error("{len} bytes is too short for the 8-byte header length")]
+    TooShort { len: usize },
+    #[error("the header claims {claimed} bytes, over safetensors' limit of 100000000")]
+    HeaderTooLarge { claimed: u64 },
+    #[error("the header claims {claimed} bytes but the file has {len}")]
+    HeaderPastEnd { claimed: u64, len: usize },
+    /// Not UTF-8, not JSON, or JSON that is not a map of tensor entries
+    /// (a missing or unknown `dtype`, a negative shape, …).
+    #[error("{0}")]
+    Header(#[source] SafeTensorError),
+    #[error(
+        "tensor {name:?} has dtype {dtype}, which vramlab does not read \
+         (it reads F64, F32, F16, BF16, I64, I32, I16, I8, U8 and BOOL)"
+    )]
+    UnsupportedDtype { name: String, dtype: Dtype },
+    #[error("{name:?}: data_offsets [{begin}, {end}] fall outside the {data} data bytes")]
+    OffsetsOutside {
+        name: String,
+        begin: usize,
+        end: usize,
+        data: usize,
+    },
+    #[error(
+        "{name:?}: data_offsets [{begin}, {end}] must run forward from byte {expected}, \
+         where the previous tensor's data ends (tensors fill the data in order, \
+         without gaps or overlaps)"
+    )]
+    OffsetsOutOfOrder {
+        name: String,
+        begin: usize,
+        end: usize,
+        expected: usize,
+    },
+    #[error("shape {shape:?} of {dtype} needs {needs} bytes but data_offsets give {got} (tensor {name})")]
+    SizeMismatch {
+        name: String,
+        dtype: Dtype,
+        shape: Vec<usize>,
+        needs: usize,
+        got: usize,
+    },
+    #[error("shape {shape:?} of tensor {name} has more elements than any file can hold")]
+    Overflow { name: String, shape: Vec<usize> },
+    #[error(
+        "the tensors' data ends at byte {end} of the {data} data bytes: \
+         {} bytes belong to no tensor", .data - .end
+    )]
+    Uncovered { end: usize, data: usize },
+    /// A failed check that the header does not let us pin on one tensor.
+    #[error("{0}")]
+    Other(#[source] SafeTensorError),
+}
+
 /// One stored tensor: its type, shape and raw little-endian bytes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StTensor {
@@ -125,6 +219,24 @@ pub struct StTensor {
 impl StTensor {
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
+    }
+}
+
+/// What the crate serialises: a stored tensor as its `View`.
+struct Out<'a>(&'a StTensor);
+
+impl View for Out<'_> {
+    fn dtype(&self) -> Dtype {
+        self.0.dtype.to_crate()
+    }
+    fn shape(&self) -> &[usize] {
+        &self.0.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(&self.0.data)
+    }
+    fn data_len(&self) -> usize {
+        self.0.data.len()
     }
 }
 
@@ -156,48 +268,49 @@ impl SafeTensors {
 
     /// Parses bytes; `origin` names them in errors.
     pub fn parse(bytes: &[u8], origin: &str) -> Result<SafeTensors, SafetensorsError> {
-        let bad = |message: String| SafetensorsError::Format {
+        let bad = |problem: FormatProblem| SafetensorsError::Format {
             path: origin.to_string(),
-            message,
+            problem,
         };
-        if bytes.len() < 8 {
-            return Err(bad(format!(
-                "{} bytes is too short for the 8-byte header length",
-                bytes.len()
-            )));
+        let (header, data_len) = frame(bytes).map_err(bad)?;
+        // The crate adds the data's end to the header length unchecked,
+        // which overflows (a panic in a debug build) for offsets near 2^64:
+        // offsets past the data are refused here first.
+        let entries = entries(header);
+        if let Some((name, info)) = entries.iter().find(|(_, i)| i.data_offsets.1 > data_len) {
+            let (begin, end) = info.data_offsets;
+            return Err(bad(FormatProblem::OffsetsOutside {
+                name: name.clone(),
+                begin,
+                end,
+                data: data_len,
+            }));
         }
-        let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap_or([0; 8])) as usize;
-        let data_start = 8usize
-            .checked_add(header_len)
-            .filter(|&e| e <= bytes.len())
-            .ok_or_else(|| {
-                bad(format!(
-                    "the header claims {header_len} bytes but the file has {}",
-                    bytes.len()
-                ))
-            })?;
-        let header: Json = serde_json::from_slice(&bytes[8..data_start])
-            .map_err(|e| bad(format!("header is not JSON: {e}")))?;
-        let Json::Object(entries) = header else {
-            return Err(bad("header is not a JSON object".into()));
-        };
-        let data = &bytes[data_start..];
+        let (n, meta) = ::safetensors::SafeTensors::read_metadata(bytes)
+            .map_err(|e| bad(explain(e, &entries, data_len)))?;
+        let data = &bytes[8 + n..];
         let mut out = SafeTensors {
             origin: origin.to_string(),
             ..Default::default()
         };
-        for (name, entry) in entries {
-            if name == "__metadata__" {
-                if let Json::Object(m) = entry {
-                    for (k, v) in m {
-                        out.metadata
-                            .insert(k, v.as_str().unwrap_or_default().to_string());
-                    }
-                }
-                continue;
-            }
-            let t = parse_entry(&name, &entry, data).map_err(|m| bad(format!("{name:?}: {m}")))?;
-            out.tensors.insert(name, t);
+        if let Some(m) = meta.metadata() {
+            out.metadata
+                .extend(m.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
+        for (name, info) in meta.tensors() {
+            let Some(dtype) = StDtype::from_crate(info.dtype) else {
+                return Err(bad(FormatProblem::UnsupportedDtype {
+                    name,
+                    dtype: info.dtype,
+                }));
+            };
+            let (begin, end) = info.data_offsets;
+            let tensor = StTensor {
+                dtype,
+                shape: info.shape.clone(),
+                data: data[begin..end].to_vec(),
+            };
+            out.tensors.insert(name, tensor);
         }
         Ok(out)
     }
@@ -299,7 +412,7 @@ impl SafeTensors {
         len: usize,
         fill: impl FnOnce(&mut Vec<u8>),
     ) -> Result<(), SafetensorsError> {
-        if shape.iter().product::<usize>() != len {
+        if shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)) != Some(len) {
             return Err(SafetensorsError::BadLength {
                 name: name.to_string(),
                 len,
@@ -319,109 +432,155 @@ impl SafeTensors {
         Ok(())
     }
 
-    /// The file's bytes: header padded with spaces to a multiple of 8, then
-    /// the tensors in name order.
-    pub fn to_bytes(&self) -> Vec<u8> {
-        let mut header = Map::new();
-        if !self.metadata.is_empty() {
-            let m: Map<String, Json> = self
-                .metadata
+    /// The file's bytes, laid out by the crate: the header padded with
+    /// spaces to a multiple of 8, then the tensors (widest type first, then
+    /// by name). Fails only for a tensor whose bytes do not fill its shape
+    /// (built by hand, not by `insert_*`) or a header over 100 MB.
+    pub fn to_bytes(&self) -> Result<Vec<u8>, SafetensorsError> {
+        let metadata = (!self.metadata.is_empty()).then(|| {
+            self.metadata
                 .iter()
-                .map(|(k, v)| (k.clone(), Json::String(v.clone())))
-                .collect();
-            header.insert("__metadata__".into(), Json::Object(m));
-        }
-        let mut offset = 0usize;
-        for (name, t) in &self.tensors {
-            let end = offset + t.data.len();
-            header.insert(
-                name.clone(),
-                serde_json::json!({
-                    "dtype": t.dtype.name(),
-                    "shape": t.shape,
-                    "data_offsets": [offset, end],
-                }),
-            );
-            offset = end;
-        }
-        let mut h = Json::Object(header).to_string().into_bytes();
-        while !h.len().is_multiple_of(8) {
-            h.push(b' ');
-        }
-        let mut out = Vec::with_capacity(8 + h.len() + offset);
-        out.extend((h.len() as u64).to_le_bytes());
-        out.extend(h);
-        for t in self.tensors.values() {
-            out.extend(&t.data);
-        }
-        out
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect::<HashMap<_, _>>()
+        });
+        let views = self.tensors.iter().map(|(n, t)| (n.as_str(), Out(t)));
+        ::safetensors::serialize(views, metadata).map_err(|source| SafetensorsError::Encode {
+            path: self.origin.clone(),
+            source,
+        })
     }
 
     /// Writes the file atomically (temporary file, then rename).
     pub fn write(&self, path: &Path) -> Result<(), SafetensorsError> {
-        let err = |source| SafetensorsError::Write {
+        let bytes = self.to_bytes().map_err(|e| match e {
+            SafetensorsError::Encode { source, .. } => SafetensorsError::Encode {
+                path: path.display().to_string(),
+                source,
+            },
+            e => e,
+        })?;
+        super::write_atomic(path, &bytes).map_err(|source| SafetensorsError::Write {
             path: path.to_path_buf(),
             source,
-        };
-        super::write_atomic(path, &self.to_bytes()).map_err(err)
+        })
     }
 }
 
-fn parse_entry(name: &str, entry: &Json, data: &[u8]) -> Result<StTensor, String> {
-    let dtype_name = entry
-        .get("dtype")
-        .and_then(Json::as_str)
-        .ok_or("missing \"dtype\"")?;
-    let dtype = StDtype::parse(dtype_name).ok_or_else(|| format!("unknown dtype {dtype_name}"))?;
-    let shape: Vec<usize> = entry
-        .get("shape")
-        .and_then(Json::as_array)
-        .ok_or("missing \"shape\"")?
-        .iter()
-        .map(|d| {
-            d.as_u64()
-                .map(|d| d as usize)
-                .ok_or("shape entries must be integers")
-        })
-        .collect::<Result<_, _>>()?;
-    let offsets = entry
-        .get("data_offsets")
-        .and_then(Json::as_array)
-        .filter(|a| a.len() == 2)
-        .ok_or("missing \"data_offsets\" [begin, end]")?;
-    let begin = offsets[0].as_u64().ok_or("bad data_offsets")? as usize;
-    let end = offsets[1].as_u64().ok_or("bad data_offsets")? as usize;
-    if begin > end || end > data.len() {
-        return Err(format!(
-            "data_offsets [{begin}, {end}] fall outside the {} data bytes",
-            data.len()
-        ));
+/// The header's bytes and the length of the data after it, or why the
+/// 8-byte length does not fit the file.
+fn frame(bytes: &[u8]) -> Result<(&[u8], usize), FormatProblem> {
+    let Some(len_bytes) = bytes.first_chunk::<8>() else {
+        return Err(FormatProblem::TooShort { len: bytes.len() });
+    };
+    let claimed = u64::from_le_bytes(*len_bytes);
+    if claimed > MAX_HEADER {
+        return Err(FormatProblem::HeaderTooLarge { claimed });
     }
-    // Checked: a shape whose element count overflows must not wrap around
-    // to a size that matches the data.
-    let bytes = shape
-        .iter()
-        .try_fold(dtype.size(), |a, &d| a.checked_mul(d))
-        .ok_or_else(|| {
-            format!("shape {shape:?} of tensor {name} has more elements than any file can hold")
-        })?;
-    if bytes != end - begin {
-        return Err(format!(
-            "shape {shape:?} of {} needs {bytes} bytes but data_offsets give {} (tensor {name})",
-            dtype.name(),
-            end - begin
-        ));
+    // At most 100 MB: fits a usize.
+    let end = 8 + claimed as usize;
+    match bytes.get(8..end) {
+        Some(header) => Ok((header, bytes.len() - end)),
+        None => Err(FormatProblem::HeaderPastEnd {
+            claimed,
+            len: bytes.len(),
+        }),
     }
-    Ok(StTensor {
-        dtype,
-        shape,
-        data: data[begin..end].to_vec(),
-    })
+}
+
+/// The header's tensor entries that parse as the crate's `TensorInfo`, in
+/// data order (as the crate checks them); empty if the header is not JSON
+/// (the crate then says why).
+fn entries(header: &[u8]) -> Vec<(String, TensorInfo)> {
+    let Ok(map) = serde_json::from_slice::<BTreeMap<String, serde_json::Value>>(header) else {
+        return Vec::new();
+    };
+    let mut out: Vec<(String, TensorInfo)> = map
+        .into_iter()
+        .filter(|(name, _)| name != "__metadata__")
+        .filter_map(|(name, v)| Some((name, serde_json::from_value::<TensorInfo>(v).ok()?)))
+        .collect();
+    out.sort_by_key(|(_, i)| i.data_offsets);
+    out
+}
+
+/// The crate's error, pinned on the tensor and numbers it failed on.
+fn explain(e: SafeTensorError, entries: &[(String, TensorInfo)], data: usize) -> FormatProblem {
+    use SafeTensorError as E;
+    match e {
+        E::InvalidHeader(_) | E::InvalidHeaderDeserialization(_) | E::JsonError(_) => {
+            FormatProblem::Header(e)
+        }
+        E::InvalidOffset(ref name) => {
+            let mut expected = 0;
+            for (n, info) in entries {
+                if n == name {
+                    let (begin, end) = info.data_offsets;
+                    return FormatProblem::OffsetsOutOfOrder {
+                        name: n.clone(),
+                        begin,
+                        end,
+                        expected,
+                    };
+                }
+                expected = info.data_offsets.1;
+            }
+            FormatProblem::Other(e)
+        }
+        E::TensorInvalidInfo | E::ValidationOverflow | E::MisalignedSlice => entries
+            .iter()
+            .find_map(|(name, info)| {
+                let (begin, end) = info.data_offsets;
+                let bits = info
+                    .shape
+                    .iter()
+                    .try_fold(info.dtype.bitsize(), |a, &d| a.checked_mul(d));
+                match bits {
+                    None => Some(FormatProblem::Overflow {
+                        name: name.clone(),
+                        shape: info.shape.clone(),
+                    }),
+                    Some(bits) if bits % 8 != 0 || bits / 8 != end.wrapping_sub(begin) => {
+                        Some(FormatProblem::SizeMismatch {
+                            name: name.clone(),
+                            dtype: info.dtype,
+                            shape: info.shape.clone(),
+                            needs: bits.div_ceil(8),
+                            got: end.wrapping_sub(begin),
+                        })
+                    }
+                    Some(_) => None,
+                }
+            })
+            .unwrap_or(FormatProblem::Other(e)),
+        E::MetadataIncompleteBuffer => {
+            let end = entries.last().map_or(0, |(_, i)| i.data_offsets.1);
+            if end <= data {
+                FormatProblem::Uncovered { end, data }
+            } else {
+                FormatProblem::Other(e)
+            }
+        }
+        e => FormatProblem::Other(e),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A file with one header and `data` bytes after it.
+    fn file(header: &str, data: usize) -> Vec<u8> {
+        let mut out = (header.len() as u64).to_le_bytes().to_vec();
+        out.extend(header.as_bytes());
+        out.extend(std::iter::repeat_n(0u8, data));
+        out
+    }
+
+    fn parse_err(bytes: &[u8]) -> String {
+        SafeTensors::parse(bytes, "x.safetensors")
+            .unwrap_err()
+            .to_string()
+    }
 
     #[test]
     fn round_trip_keeps_names_shapes_and_values() {
@@ -430,18 +589,22 @@ mod tests {
             .unwrap();
         s.insert_i64("y", &[3], &[0, 9, -1]).unwrap();
         s.metadata.insert("format".into(), "pt".into());
-        let back = SafeTensors::parse(&s.to_bytes(), "t").unwrap();
+        let bytes = s.to_bytes().unwrap();
+        let back = SafeTensors::parse(&bytes, "t").unwrap();
         assert_eq!(back.f32("fc.weight").unwrap().1, vec![2, 3]);
         assert_eq!(back.f32("fc.weight").unwrap().0[4], 1e-8);
         assert_eq!(back.i64("y").unwrap().0, vec![0, 9, -1]);
         assert_eq!(back.metadata["format"], "pt");
-        assert_eq!((s.to_bytes().len() - 8) % 8, 0);
+        assert_eq!((bytes.len() - 8) % 8, 0);
     }
 
     #[test]
     fn errors_name_what_is_wrong() {
-        let e = SafeTensors::parse(b"abc", "x.safetensors").unwrap_err();
-        assert!(e.to_string().contains("too short"), "{e}");
+        let e = parse_err(b"abc");
+        assert!(
+            e.contains("x.safetensors") && e.contains("too short"),
+            "{e}"
+        );
         let mut s = SafeTensors::new();
         s.insert_i64("y", &[1], &[3]).unwrap();
         let e = s.f32("y").unwrap_err().to_string();
@@ -449,9 +612,89 @@ mod tests {
         let e = s.f32("x").unwrap_err().to_string();
         assert!(e.contains("\"x\"") && e.contains("y"), "{e}");
         assert!(s.insert_f32("z", &[2, 2], &[1.0]).is_err());
-        let mut bytes = s.to_bytes();
+        assert!(s.insert_f32("z", &[usize::MAX, 2], &[1.0]).is_err());
+        let mut bytes = s.to_bytes().unwrap();
         bytes.truncate(bytes.len() - 1);
-        let e = SafeTensors::parse(&bytes, "cut").unwrap_err().to_string();
+        let e = parse_err(&bytes);
+        assert!(e.contains("outside") && e.contains("\"y\""), "{e}");
+    }
+
+    #[test]
+    fn header_and_offset_errors_carry_the_numbers() {
+        let mut big = 200_000_000u64.to_le_bytes().to_vec();
+        big.extend(b"{}");
+        let e = parse_err(&big);
+        assert!(e.contains("200000000") && e.contains("limit"), "{e}");
+        let mut past = 50u64.to_le_bytes().to_vec();
+        past.extend(b"{}");
+        let e = parse_err(&past);
+        assert!(e.contains("claims 50 bytes") && e.contains("10"), "{e}");
+        let e = parse_err(&file("not json", 0));
+        assert!(e.contains("JSON"), "{e}");
+        let e = parse_err(&file(
+            r#"{"w":{"dtype":"Q4","shape":[1],"data_offsets":[0,1]}}"#,
+            1,
+        ));
+        assert!(e.contains("Q4"), "{e}");
+        let e = parse_err(&file(
+            r#"{"w":{"dtype":"U16","shape":[1],"data_offsets":[0,2]}}"#,
+            2,
+        ));
+        assert!(e.contains("U16") && e.contains("does not read"), "{e}");
+        let e = parse_err(&file(
+            r#"{"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}"#,
+            8,
+        ));
+        assert!(e.contains("needs 12 bytes") && e.contains("give 8"), "{e}");
+        assert!(e.contains("tensor w"), "{e}");
+        let e = parse_err(&file(
+            r#"{"w":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}"#,
+            8,
+        ));
+        assert!(e.contains("\"w\"") && e.contains("from byte 0"), "{e}");
+        let e = parse_err(&file(
+            r#"{"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#,
+            12,
+        ));
+        assert!(e.contains("8 bytes belong to no tensor"), "{e}");
+        let huge = format!(
+            r#"{{"w":{{"dtype":"F32","shape":[{},4],"data_offsets":[0,4]}}}}"#,
+            u64::MAX
+        );
+        let e = parse_err(&file(&huge, 4));
+        assert!(e.contains("more elements"), "{e}");
+    }
+
+    /// Offsets that sum past 2^64: the crate would overflow adding them;
+    /// they are refused first.
+    #[test]
+    fn offsets_near_the_top_of_usize_are_refused_not_overflowed() {
+        let step = 1u64 << 61;
+        let mut entries = Vec::new();
+        for i in 0..8u64 {
+            let (b, e) = (i * step, if i == 7 { u64::MAX - 4 } else { (i + 1) * step });
+            entries.push(format!(
+                r#""t{i}":{{"dtype":"U8","shape":[{}],"data_offsets":[{b},{e}]}}"#,
+                e - b
+            ));
+        }
+        let header = format!("{{{}}}", entries.join(","));
+        let e = parse_err(&file(&header, 0));
         assert!(e.contains("outside"), "{e}");
+    }
+
+    #[test]
+    fn a_hand_built_tensor_that_does_not_fill_its_shape_is_not_written() {
+        let mut s = SafeTensors::new();
+        s.tensors.insert(
+            "w".into(),
+            StTensor {
+                dtype: StDtype::F32,
+                shape: vec![2],
+                data: vec![0; 4],
+            },
+        );
+        let e = s.to_bytes().unwrap_err().to_string();
+        assert!(e.contains("<memory>"), "{e}");
     }
 }

@@ -14,9 +14,12 @@
 use super::init::Rng;
 use super::layers::Linear;
 use super::model::Model;
+use super::spec::{check_sizes, set, ModelConfig, Sizes, StateDict, ZooEntry};
 use crate::autograd::param::ParamStore;
 use crate::autograd::{functions as f, Tape, Value};
-use crate::tensor::{Engine, TensorError};
+use crate::io::SafeTensors;
+use crate::tensor::{Engine, SpecError, TensorError};
+use serde::Serialize;
 
 #[derive(Clone)]
 pub struct Attention {
@@ -100,9 +103,11 @@ impl Attention {
     ) -> Result<Value, TensorError> {
         let s = x.tensor().shape().to_vec();
         if s.len() != 3 || s[2] != self.dim {
-            return Err(TensorError::InvalidShape {
+            return Err(TensorError::WrongShape {
                 op: "attention",
-                message: format!("needs input [N, S, {}], got {s:?}", self.dim),
+                want: "input [N, S, D]",
+                sizes: vec![("D", self.dim)],
+                got: s,
             });
         }
         let (n, len, d) = (s[0], s[1], s[2]);
@@ -147,5 +152,117 @@ impl Model for Attention {
         x: &Value,
     ) -> Result<Value, TensorError> {
         self.run(tape, store, x, true)
+    }
+}
+
+/// `attention`'s sizes: one self-attention block over `seq_len` tokens of
+/// `dim` features, an MLP of `hidden`, a head of `classes`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AttentionSpec {
+    pub seq_len: usize,
+    pub dim: usize,
+    pub hidden: usize,
+    pub classes: usize,
+}
+
+impl Default for AttentionSpec {
+    fn default() -> AttentionSpec {
+        AttentionSpec {
+            seq_len: 128,
+            dim: 64,
+            hidden: 256,
+            classes: 10,
+        }
+    }
+}
+
+pub const ENTRY: ZooEntry = ZooEntry {
+    name: "attention",
+    about: "self-attention block: Q/K/V projections, softmax(QKᵀ/√d)V, output projection, residual, MLP, residual, mean over tokens, head (--seq-len, --dim, --hidden)",
+    default: || AttentionSpec::default().into(),
+};
+
+impl ModelConfig for AttentionSpec {
+    fn name(&self) -> &'static str {
+        "attention"
+    }
+
+    fn describe(&self) -> String {
+        let AttentionSpec {
+            seq_len,
+            dim,
+            hidden,
+            classes,
+        } = self;
+        format!("attention seq_len {seq_len}, dim {dim}, MLP hidden {hidden}, {classes} classes")
+    }
+
+    fn classes(&self) -> usize {
+        self.classes
+    }
+
+    fn input_shape(&self) -> Vec<usize> {
+        vec![self.seq_len, self.dim]
+    }
+
+    fn flags(&self) -> &'static [&'static str] {
+        &["seq-len", "dim", "hidden", "classes"]
+    }
+
+    fn apply(&mut self, sizes: &Sizes) -> Result<(), SpecError> {
+        set(&mut self.seq_len, &sizes.seq_len);
+        set(&mut self.dim, &sizes.dim);
+        set(&mut self.hidden, &sizes.hidden);
+        set(&mut self.classes, &sizes.classes);
+        Ok(())
+    }
+
+    fn validate(&self) -> Result<(), SpecError> {
+        let AttentionSpec {
+            seq_len,
+            dim,
+            hidden,
+            classes,
+        } = *self;
+        check_sizes(&[seq_len, dim, hidden, classes])?;
+        if seq_len == 0 || dim == 0 || hidden == 0 || classes == 0 {
+            return Err(SpecError::Zero {
+                flags: "--seq-len, --dim, --hidden and --classes",
+            });
+        }
+        if seq_len > crate::ops::MAX_LOOP_ITERATIONS {
+            return Err(SpecError::RowTooLong {
+                flag: "seq-len",
+                value: seq_len,
+                kernel: "the attention softmax",
+                max: crate::ops::MAX_LOOP_ITERATIONS,
+            });
+        }
+        Ok(())
+    }
+
+    fn build(
+        &self,
+        engine: &Engine,
+        store: &mut ParamStore,
+        rng: &mut Rng,
+    ) -> Result<Box<dyn Model>, TensorError> {
+        let s = self;
+        let m = Attention::new(engine, store, rng, s.seq_len, s.dim, s.hidden, s.classes)?;
+        Ok(Box::new(m))
+    }
+
+    fn adapt_to_weights(&mut self, st: &SafeTensors) -> Result<(), SpecError> {
+        let sd = StateDict(st);
+        self.dim = sd.rows("attn.q_proj.weight")?;
+        self.hidden = sd.rows("mlp.fc1.weight")?;
+        self.classes = sd.rows("head.weight")?;
+        Ok(())
+    }
+
+    fn adapt_to_input(&mut self, x_shape: &[usize]) {
+        if let [_, s, _] = x_shape {
+            self.seq_len = *s;
+        }
     }
 }

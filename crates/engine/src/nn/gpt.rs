@@ -19,10 +19,13 @@
 use super::init::Rng;
 use super::layers::{in_layer, Linear};
 use super::model::Model;
+use super::spec::{check_sizes, set, ModelConfig, Sizes, StateDict, ZooEntry};
 use crate::autograd::param::{ParamId, ParamStore};
 use crate::autograd::{functions as f, transformer as t, Tape, Value};
+use crate::io::SafeTensors;
 use crate::memory::Category;
-use crate::tensor::{DType, Engine, Tensor, TensorError};
+use crate::tensor::{DType, Engine, SpecError, Tensor, TensorError};
+use serde::Serialize;
 use std::sync::Arc;
 
 /// LayerNorm's epsilon (PyTorch's default, GPT-2's).
@@ -116,44 +119,15 @@ pub const PRESETS: [(&str, GptConfig); 7] = [
 ];
 
 impl GptConfig {
-    pub fn preset(name: &str) -> Result<GptConfig, String> {
+    pub fn preset(name: &str) -> Result<GptConfig, SpecError> {
         PRESETS
             .iter()
             .find(|(n, _)| *n == name)
             .map(|(_, c)| *c)
-            .ok_or_else(|| {
-                let names: Vec<&str> = PRESETS.iter().map(|p| p.0).collect();
-                format!("unknown GPT preset {name:?}; presets: {}", names.join(", "))
+            .ok_or_else(|| SpecError::UnknownPreset {
+                name: name.to_string(),
+                known: PRESETS.iter().map(|p| p.0).collect(),
             })
-    }
-
-    /// Every parameter's name and shape, in registration order.
-    pub fn parameter_shapes(&self) -> Vec<(String, Vec<usize>)> {
-        let (d, v) = (self.dim, self.vocab);
-        let mut out = vec![
-            ("wte.weight".to_string(), vec![v, d]),
-            ("wpe.weight".to_string(), vec![self.seq_len, d]),
-        ];
-        // A linear's weight [o, i] and bias [o]; a LayerNorm's are [d], [d].
-        let lin = |out: &mut Vec<(String, Vec<usize>)>, p: String, i: usize, o: usize| {
-            out.push((format!("{p}.weight"), vec![o, i]));
-            out.push((format!("{p}.bias"), vec![o]));
-        };
-        let ln = |out: &mut Vec<(String, Vec<usize>)>, p: String| {
-            out.push((format!("{p}.weight"), vec![d]));
-            out.push((format!("{p}.bias"), vec![d]));
-        };
-        for b in 0..self.layers {
-            ln(&mut out, format!("h.{b}.ln_1"));
-            for n in ["q_proj", "k_proj", "v_proj", "c_proj"] {
-                lin(&mut out, format!("h.{b}.attn.{n}"), d, d);
-            }
-            ln(&mut out, format!("h.{b}.ln_2"));
-            lin(&mut out, format!("h.{b}.mlp.c_fc"), d, 4 * d);
-            lin(&mut out, format!("h.{b}.mlp.c_proj"), 4 * d, d);
-        }
-        ln(&mut out, "ln_f".to_string());
-        out
     }
 }
 
@@ -219,13 +193,23 @@ impl Gpt {
         seq: usize,
         dropout: f32,
     ) -> Result<Gpt, TensorError> {
-        if cfg.heads == 0 || !cfg.dim.is_multiple_of(cfg.heads) || seq == 0 || seq > cfg.seq_len {
-            return Err(TensorError::InvalidShape {
+        if cfg.heads == 0 || !cfg.dim.is_multiple_of(cfg.heads) {
+            return Err(crate::tensor::ConfigError::NotDivisible {
+                what: "dim",
+                value: cfg.dim,
+                by_what: "heads",
+                by: cfg.heads,
+            }
+            .into());
+        }
+        if seq == 0 || seq > cfg.seq_len {
+            return Err(TensorError::OutOfRange {
                 op: "gpt",
-                message: format!(
-                    "dim {} must be a multiple of heads {}, and the sequence length {seq} in 1..={}",
-                    cfg.dim, cfg.heads, cfg.seq_len
-                ),
+                what: "the sequence length",
+                value: seq,
+                min: 1,
+                max: cfg.seq_len,
+                hint: "",
             });
         }
         let d = cfg.dim;
@@ -396,9 +380,11 @@ impl Gpt {
     ) -> Result<Value, TensorError> {
         let shape = x.tensor().shape().to_vec();
         if shape.len() != 2 || shape[1] != self.seq {
-            return Err(TensorError::InvalidShape {
+            return Err(TensorError::WrongShape {
                 op: "gpt",
-                message: format!("needs token ids [N, {}], got {shape:?}", self.seq),
+                want: "token ids [N, S]",
+                sizes: vec![("S", self.seq)],
+                got: shape,
             });
         }
         let (n, s, d) = (shape[0], self.seq, self.cfg.dim);
@@ -466,5 +452,214 @@ impl Model for Gpt {
     ) -> Result<Option<(Value, Value)>, TensorError> {
         let h = self.run_to_head(tape, store, x, checkpointed)?;
         Ok(Some((h, tape.param(store, self.wte))))
+    }
+}
+
+/// `gpt`'s sizes: GPT-2's architecture of `config`, trained on sequences of
+/// `seq` tokens (at most the `config.seq_len` positions of its table).
+/// `dropout` is the drop probability of every dropout (embedding, attention
+/// weights, both residual branches), 0 by default as in nanoGPT; GPT-2
+/// trained with 0.1.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct GptSpec {
+    pub config: GptConfig,
+    pub seq: usize,
+    pub dropout: f32,
+}
+
+impl GptSpec {
+    /// A preset's sizes on sequences of all its positions, no dropout.
+    pub fn preset(name: &str) -> Result<GptSpec, SpecError> {
+        let config = GptConfig::preset(name)?;
+        Ok(GptSpec {
+            config,
+            seq: config.seq_len,
+            dropout: 0.0,
+        })
+    }
+}
+
+pub const ENTRY: ZooEntry = ZooEntry {
+    name: "gpt",
+    about: "GPT-2: token + position embedding, pre-LN blocks (causal multi-head attention, GELU MLP), tied head, next-token loss (--preset tiny|gpt2|gpt2-medium|gpt2-large|gpt2-xl|7b|175b; --layers --heads --dim --seq-len --vocab)",
+    default: || PRESETS[0].1.into(),
+};
+
+impl From<GptConfig> for crate::nn::ModelSpec {
+    fn from(config: GptConfig) -> Self {
+        GptSpec {
+            config,
+            seq: config.seq_len,
+            dropout: 0.0,
+        }
+        .into()
+    }
+}
+
+impl ModelConfig for GptSpec {
+    fn name(&self) -> &'static str {
+        "gpt"
+    }
+
+    fn describe(&self) -> String {
+        let c = &self.config;
+        format!(
+            "gpt {} layers, {} heads, dim {}, vocab {}, {} positions, sequences of {}{}",
+            c.layers,
+            c.heads,
+            c.dim,
+            c.vocab,
+            c.seq_len,
+            self.seq,
+            if self.dropout > 0.0 {
+                format!(", dropout {}", self.dropout)
+            } else {
+                String::new()
+            }
+        )
+    }
+
+    fn classes(&self) -> usize {
+        self.config.vocab
+    }
+
+    fn input_shape(&self) -> Vec<usize> {
+        vec![self.seq]
+    }
+
+    fn flags(&self) -> &'static [&'static str] {
+        &[
+            "preset", "layers", "heads", "dim", "vocab", "seq-len", "dropout",
+        ]
+    }
+
+    fn apply(&mut self, sizes: &Sizes) -> Result<(), SpecError> {
+        set(&mut self.dropout, &sizes.dropout);
+        if let Some(p) = &sizes.preset {
+            self.config = GptConfig::preset(p)?;
+            self.seq = self.config.seq_len;
+        }
+        let c = &mut self.config;
+        set(&mut c.layers, &sizes.layers);
+        set(&mut c.heads, &sizes.heads);
+        set(&mut c.dim, &sizes.dim);
+        set(&mut c.vocab, &sizes.vocab);
+        if let Some(s) = sizes.seq_len {
+            self.seq = s;
+            c.seq_len = c.seq_len.max(s);
+        }
+        Ok(())
+    }
+
+    fn validate(&self) -> Result<(), SpecError> {
+        let (c, seq, dropout) = (&self.config, self.seq, self.dropout);
+        check_sizes(&[c.layers, c.heads, c.dim, c.seq_len, c.vocab, seq, 4 * c.dim])?;
+        // The first rule broken, named by its flag and value.
+        let max = crate::ops::MAX_LOOP_ITERATIONS;
+        let zero = |flags| Err(SpecError::Zero { flags });
+        if c.layers == 0 {
+            return zero("--layers");
+        }
+        if c.heads == 0 {
+            return zero("--heads");
+        }
+        if c.vocab == 0 {
+            return zero("--vocab");
+        }
+        if c.dim == 0 {
+            return zero("--dim");
+        }
+        if !c.dim.is_multiple_of(c.heads) {
+            return Err(SpecError::HeadsDoNotDivide {
+                dim: c.dim,
+                heads: c.heads,
+            });
+        }
+        if !(0.0..1.0).contains(&dropout) {
+            return Err(SpecError::Dropout(dropout));
+        }
+        if seq == 0 {
+            return zero("--seq-len");
+        }
+        if seq > c.seq_len {
+            return Err(SpecError::PastPositions {
+                seq,
+                positions: c.seq_len,
+            });
+        }
+        // One thread walks each softmax and LayerNorm row.
+        let rows = |flag, value, kernel| SpecError::RowTooLong {
+            flag,
+            value,
+            kernel,
+            max,
+        };
+        if seq > max {
+            return Err(rows("seq-len", seq, "the causal softmax"));
+        }
+        if c.dim > max {
+            return Err(rows("dim", c.dim, "LayerNorm"));
+        }
+        Ok(())
+    }
+
+    fn build(
+        &self,
+        engine: &Engine,
+        store: &mut ParamStore,
+        rng: &mut Rng,
+    ) -> Result<Box<dyn Model>, TensorError> {
+        let m = Gpt::new(engine, store, rng, self.config, self.seq, self.dropout)?;
+        Ok(Box::new(m))
+    }
+
+    fn adapt_to_weights(&mut self, st: &SafeTensors) -> Result<(), SpecError> {
+        let sd = StateDict(st);
+        let wte = sd.shape("wte.weight")?;
+        let wpe = sd.shape("wpe.weight")?;
+        if wte.len() != 2 || wpe.len() != 2 {
+            return Err(SpecError::WeightRank {
+                origin: sd.origin().to_string(),
+                names: "wte.weight and wpe.weight",
+                want: "[rows, dim]",
+            });
+        }
+        let c = &mut self.config;
+        c.vocab = wte[0];
+        c.dim = wte[1];
+        c.seq_len = wpe[0];
+        c.layers = sd.count(|i| format!("h.{i}.ln_1.weight"));
+        // Heads are in no shape: PyTorch-written weights carry them as
+        // metadata (scripts/gpt_reference.py), else --heads.
+        if let Some(h) = st.metadata.get("heads") {
+            c.heads = h.parse().map_err(|_| SpecError::MetadataNotANumber {
+                origin: sd.origin().to_string(),
+                key: "heads",
+                value: h.clone(),
+            })?;
+        }
+        self.seq = self.seq.min(c.seq_len);
+        Ok(())
+    }
+
+    fn adapt_to_input(&mut self, x_shape: &[usize]) {
+        if let [_, s] = x_shape {
+            self.seq = *s;
+        }
+    }
+
+    /// LayerNorm, GELU and embedding kernels are f32 only (gpt runs under
+    /// `--amp` instead).
+    fn supports_16bit_model(&self) -> bool {
+        false
+    }
+
+    fn vocab(&self) -> Option<usize> {
+        Some(self.config.vocab)
+    }
+
+    /// The head is the embedding's transpose, tied.
+    fn bias_free_head(&self) -> bool {
+        true
     }
 }

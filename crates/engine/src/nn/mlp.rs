@@ -7,9 +7,12 @@
 use super::init::Rng;
 use super::layers::Linear;
 use super::model::Model;
+use super::spec::{check_sizes, set, ModelConfig, Sizes, StateDict, ZooEntry};
 use crate::autograd::param::ParamStore;
 use crate::autograd::{functions as f, Tape, Value};
-use crate::tensor::{Engine, TensorError};
+use crate::io::SafeTensors;
+use crate::tensor::{Engine, SpecError, TensorError};
+use serde::Serialize;
 
 pub struct Mlp {
     layers: Vec<Linear>,
@@ -103,5 +106,105 @@ impl Mlp {
             })?;
         }
         Ok(h)
+    }
+}
+
+/// `mlp`'s sizes: linear layers of the given widths (input first, classes
+/// last); `checkpoint_every` > 0 checkpoints runs of that many layers.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MlpSpec {
+    pub widths: Vec<usize>,
+    pub checkpoint_every: usize,
+}
+
+impl Default for MlpSpec {
+    fn default() -> MlpSpec {
+        MlpSpec {
+            widths: vec![784, 256, 256, 10],
+            checkpoint_every: 0,
+        }
+    }
+}
+
+pub const ENTRY: ZooEntry = ZooEntry {
+    name: "mlp",
+    about: "linear layers with ReLU between (--widths 784,256,256,10; --checkpoint-every K)",
+    default: || MlpSpec::default().into(),
+};
+
+impl ModelConfig for MlpSpec {
+    fn name(&self) -> &'static str {
+        "mlp"
+    }
+
+    fn describe(&self) -> String {
+        let w: Vec<String> = self.widths.iter().map(|w| w.to_string()).collect();
+        let ck = if self.checkpoint_every > 0 {
+            format!(", checkpoint every {} layers", self.checkpoint_every)
+        } else {
+            String::new()
+        };
+        format!("mlp widths {}{ck}", w.join("→"))
+    }
+
+    fn classes(&self) -> usize {
+        self.widths.last().copied().unwrap_or(0)
+    }
+
+    fn input_shape(&self) -> Vec<usize> {
+        vec![self.widths.first().copied().unwrap_or(0)]
+    }
+
+    fn flags(&self) -> &'static [&'static str] {
+        &["widths", "checkpoint-every"]
+    }
+
+    fn apply(&mut self, sizes: &Sizes) -> Result<(), SpecError> {
+        set(&mut self.widths, &sizes.widths);
+        set(&mut self.checkpoint_every, &sizes.checkpoint_every);
+        Ok(())
+    }
+
+    fn validate(&self) -> Result<(), SpecError> {
+        check_sizes(&self.widths)?;
+        if self.widths.len() < 2 || self.widths.contains(&0) {
+            return Err(SpecError::Widths);
+        }
+        Ok(())
+    }
+
+    fn build(
+        &self,
+        engine: &Engine,
+        store: &mut ParamStore,
+        rng: &mut Rng,
+    ) -> Result<Box<dyn Model>, TensorError> {
+        let m = Mlp::new(engine, store, rng, &self.widths, self.checkpoint_every)?;
+        Ok(Box::new(m))
+    }
+
+    fn adapt_to_weights(&mut self, st: &SafeTensors) -> Result<(), SpecError> {
+        let sd = StateDict(st);
+        let n = sd.count(|i| format!("layers.{i}.weight"));
+        if n == 0 {
+            return Err(SpecError::NotAStateDict {
+                origin: sd.origin().to_string(),
+                name: "layers.0.weight",
+                model: "mlp",
+            });
+        }
+        let first = sd.shape("layers.0.weight")?;
+        let mut w = vec![first.get(1).copied().unwrap_or(0)];
+        for i in 0..n {
+            w.push(sd.rows(&format!("layers.{i}.weight"))?);
+        }
+        self.widths = w;
+        Ok(())
+    }
+
+    fn adapt_to_input(&mut self, x_shape: &[usize]) {
+        if let ([_, w], Some(first)) = (x_shape, self.widths.first_mut()) {
+            *first = *w;
+        }
     }
 }

@@ -12,12 +12,15 @@
 use super::init::Rng;
 use super::layers::{in_layer, Linear};
 use super::model::Model;
+use super::spec::{check_sizes, set, ModelConfig, Sizes, StateDict, ZooEntry};
 use crate::autograd::param::{ParamId, ParamStore};
 use crate::autograd::{functions as f, vision as v, Tape, Value};
+use crate::io::SafeTensors;
 use crate::memory::Category;
 use crate::ops::conv2d::Conv2dConfig;
 use crate::ops::maxpool::PoolConfig;
-use crate::tensor::{DType, Engine, Tensor, TensorError};
+use crate::tensor::{DType, Engine, SpecError, Tensor, TensorError};
+use serde::Serialize;
 use std::sync::Arc;
 
 /// Bottleneck blocks per stage for each depth.
@@ -28,58 +31,6 @@ pub fn stage_blocks(depth: usize) -> Option<[usize; 4]> {
         152 => Some([3, 8, 36, 3]),
         _ => None,
     }
-}
-
-/// Every parameter's state_dict name and shape, in registration order,
-/// without building anything (buffers left out).
-pub fn parameter_shapes(depth: usize, width: usize, classes: usize) -> Vec<(String, Vec<usize>)> {
-    let mut out = Vec::new();
-    let cb = |out: &mut Vec<(String, Vec<usize>)>,
-              conv: String,
-              bn: String,
-              (i, o, k): (usize, usize, usize)| {
-        out.push((format!("{conv}.weight"), vec![o, i, k, k]));
-        out.push((format!("{bn}.weight"), vec![o]));
-        out.push((format!("{bn}.bias"), vec![o]));
-    };
-    cb(&mut out, "conv1".into(), "bn1".into(), (3, width, 7));
-    let mut inplanes = width;
-    for (s, &count) in stage_blocks(depth).unwrap_or([0; 4]).iter().enumerate() {
-        let planes = width << s;
-        for i in 0..count {
-            let p = format!("layer{}.{i}", s + 1);
-            cb(
-                &mut out,
-                format!("{p}.conv1"),
-                format!("{p}.bn1"),
-                (inplanes, planes, 1),
-            );
-            cb(
-                &mut out,
-                format!("{p}.conv2"),
-                format!("{p}.bn2"),
-                (planes, planes, 3),
-            );
-            cb(
-                &mut out,
-                format!("{p}.conv3"),
-                format!("{p}.bn3"),
-                (planes, 4 * planes, 1),
-            );
-            if i == 0 {
-                cb(
-                    &mut out,
-                    format!("{p}.downsample.0"),
-                    format!("{p}.downsample.1"),
-                    (inplanes, 4 * planes, 1),
-                );
-            }
-            inplanes = 4 * planes;
-        }
-    }
-    out.push(("fc.weight".into(), vec![classes, inplanes]));
-    out.push(("fc.bias".into(), vec![classes]));
-    out
 }
 
 /// The stem's max pool.
@@ -184,9 +135,10 @@ impl Resnet {
         resolution: usize,
         classes: usize,
     ) -> Result<Resnet, TensorError> {
-        let blocks = stage_blocks(depth).ok_or_else(|| TensorError::InvalidShape {
-            op: "resnet",
-            message: format!("--depth {depth}: resnet50 has depths 50, 101 and 152"),
+        let blocks = stage_blocks(depth).ok_or_else(|| crate::tensor::ConfigError::Choice {
+            what: "--depth",
+            value: depth.to_string(),
+            expected: "resnet50 has depths 50, 101 and 152",
         })?;
         let stem = (
             conv(engine, store, rng, "conv1".into(), (3, width, 7), 2)?,
@@ -332,5 +284,130 @@ impl Model for Resnet {
         x: &Value,
     ) -> Result<Value, TensorError> {
         self.run(tape, store, x, true)
+    }
+}
+
+/// `resnet50`'s sizes: torchvision's ResNet-50 / 101 / 152; `width` 64 is
+/// torchvision's, smaller ones scale every stage down.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Resnet50Spec {
+    pub depth: usize,
+    pub width: usize,
+    pub resolution: usize,
+    pub classes: usize,
+}
+
+impl Default for Resnet50Spec {
+    fn default() -> Resnet50Spec {
+        Resnet50Spec {
+            depth: 50,
+            width: 64,
+            resolution: 224,
+            classes: 1000,
+        }
+    }
+}
+
+pub const ENTRY: ZooEntry = ZooEntry {
+    name: "resnet50",
+    about: "torchvision's ResNet-50: 7×7/2 stem, BatchNorm, 3×3/2 max pool, bottleneck stages [3, 4, 6, 3], global average pool, fc (--depth 50|101|152, --width 64, --resolution 224, --classes 1000)",
+    default: || Resnet50Spec::default().into(),
+};
+
+impl ModelConfig for Resnet50Spec {
+    fn name(&self) -> &'static str {
+        "resnet50"
+    }
+
+    fn describe(&self) -> String {
+        let Resnet50Spec {
+            depth,
+            width,
+            resolution,
+            classes,
+        } = self;
+        format!("resnet{depth} width {width}, {resolution}×{resolution} input, {classes} classes")
+    }
+
+    fn classes(&self) -> usize {
+        self.classes
+    }
+
+    fn input_shape(&self) -> Vec<usize> {
+        vec![3, self.resolution, self.resolution]
+    }
+
+    fn flags(&self) -> &'static [&'static str] {
+        &["depth", "width", "resolution", "classes"]
+    }
+
+    fn apply(&mut self, sizes: &Sizes) -> Result<(), SpecError> {
+        set(&mut self.depth, &sizes.depth);
+        set(&mut self.width, &sizes.width);
+        set(&mut self.resolution, &sizes.resolution);
+        set(&mut self.classes, &sizes.classes);
+        Ok(())
+    }
+
+    fn validate(&self) -> Result<(), SpecError> {
+        let Resnet50Spec {
+            depth,
+            width,
+            resolution,
+            classes,
+        } = *self;
+        // The widest stage has 32·width channels (8·width planes × 4).
+        check_sizes(&[width.saturating_mul(32), resolution, classes])?;
+        if stage_blocks(depth).is_none() || width == 0 || classes == 0 || resolution < 32 {
+            return Err(SpecError::ResnetSizes { depth, resolution });
+        }
+        Ok(())
+    }
+
+    fn build(
+        &self,
+        engine: &Engine,
+        store: &mut ParamStore,
+        rng: &mut Rng,
+    ) -> Result<Box<dyn Model>, TensorError> {
+        let s = self;
+        let m = Resnet::new(
+            engine,
+            store,
+            rng,
+            s.depth,
+            s.width,
+            s.resolution,
+            s.classes,
+        )?;
+        Ok(Box::new(m))
+    }
+
+    fn adapt_to_weights(&mut self, st: &SafeTensors) -> Result<(), SpecError> {
+        let sd = StateDict(st);
+        self.width = sd.rows("conv1.weight")?;
+        self.classes = sd.rows("fc.weight")?;
+        let count = |s: usize| sd.count(|i| format!("layer{s}.{i}.conv1.weight"));
+        let blocks = [count(1), count(2), count(3), count(4)];
+        self.depth = [50, 101, 152]
+            .into_iter()
+            .find(|d| stage_blocks(*d) == Some(blocks))
+            .ok_or_else(|| SpecError::ResnetStages {
+                origin: sd.origin().to_string(),
+                blocks,
+            })?;
+        Ok(())
+    }
+
+    fn adapt_to_input(&mut self, x_shape: &[usize]) {
+        if let [_, _, r, _] = x_shape {
+            self.resolution = *r;
+        }
+    }
+
+    /// BatchNorm and max-pool kernels are f32 only (resnet50 runs under
+    /// `--amp` instead).
+    fn supports_16bit_model(&self) -> bool {
+        false
     }
 }

@@ -6,10 +6,13 @@
 use super::init::Rng;
 use super::layers::{Conv2d, Linear};
 use super::model::Model;
+use super::spec::{ModelConfig, Sizes, ZooEntry};
 use crate::autograd::param::ParamStore;
 use crate::autograd::{functions as f, Tape, Value};
+use crate::io::SafeTensors;
 use crate::ops::conv2d::Conv2dConfig;
-use crate::tensor::{Engine, TensorError};
+use crate::tensor::{Engine, SpecError, TensorError};
+use serde::Serialize;
 
 /// The model's layers.
 pub struct SimpleConvNet {
@@ -72,4 +75,59 @@ impl Model for SimpleConvNet {
         h = f::flatten(tape, &h)?;
         self.fc.forward(tape, store, &h)
     }
+}
+
+/// `simple-cnn` has one size.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct SimpleCnnSpec;
+
+pub const ENTRY: ZooEntry = ZooEntry {
+    name: "simple-cnn",
+    about: "the documents' SimpleConvNet: conv 3→64 k3, ReLU, conv 64→128 k3, ReLU, fc 100,352→10 (128·28·28; the article wrote 25,088) on 3×32×32",
+    default: || SimpleCnnSpec.into(),
+};
+
+impl ModelConfig for SimpleCnnSpec {
+    fn name(&self) -> &'static str {
+        "simple-cnn"
+    }
+
+    fn describe(&self) -> String {
+        "simple-cnn (3×32×32 → 10)".into()
+    }
+
+    fn classes(&self) -> usize {
+        CLASSES
+    }
+
+    fn input_shape(&self) -> Vec<usize> {
+        INPUT.to_vec()
+    }
+
+    fn flags(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    fn apply(&mut self, _sizes: &Sizes) -> Result<(), SpecError> {
+        Ok(())
+    }
+
+    fn validate(&self) -> Result<(), SpecError> {
+        Ok(())
+    }
+
+    fn build(
+        &self,
+        engine: &Engine,
+        store: &mut ParamStore,
+        rng: &mut Rng,
+    ) -> Result<Box<dyn Model>, TensorError> {
+        Ok(Box::new(SimpleConvNet::new(engine, store, rng)?))
+    }
+
+    fn adapt_to_weights(&mut self, _st: &SafeTensors) -> Result<(), SpecError> {
+        Ok(())
+    }
+
+    fn adapt_to_input(&mut self, _x_shape: &[usize]) {}
 }

@@ -97,12 +97,9 @@ pub fn batchnorm(
         }
     }
     if train && n * inner < 2 {
-        return Err(TensorError::InvalidShape {
+        return Err(TensorError::OneValuePerChannel {
             op: "batchnorm",
-            message: format!(
-                "training needs more than one value per channel, got input {:?} (PyTorch refuses it too; use a batch of 2 or more, or eval mode)",
-                x.shape()
-            ),
+            shape: x.shape().to_vec(),
         });
     }
     let e = x.engine();

@@ -40,12 +40,11 @@ struct Params {
 fn params(t: &Tensor, channels: usize, inner: usize) -> Result<Params, TensorError> {
     let n = t.numel();
     if channels == 0 || inner == 0 || !n.is_multiple_of(channels * inner) {
-        return Err(TensorError::InvalidShape {
+        return Err(TensorError::NoChannelAxis {
             op: "bias",
-            message: format!(
-                "shape {:?} has no axis of {channels} channels with {inner} elements inside",
-                t.shape()
-            ),
+            shape: t.shape().to_vec(),
+            channels,
+            inner,
         });
     }
     Ok(Params {

@@ -79,13 +79,10 @@ impl Dims {
         }
         let (h, w, kh, kw) = (xs[2], xs[3], ws[2], ws[3]);
         if h + 2 * cfg.padding < kh || w + 2 * cfg.padding < kw {
-            return Err(TensorError::InvalidShape {
+            return Err(TensorError::KernelTooLarge {
                 op: "conv2d",
-                message: format!(
-                    "kernel {kh}x{kw} is larger than the padded input {}x{}",
-                    h + 2 * cfg.padding,
-                    w + 2 * cfg.padding
-                ),
+                kernel: (kh, kw),
+                input: (h + 2 * cfg.padding, w + 2 * cfg.padding),
             });
         }
         Ok(Dims {
@@ -234,9 +231,9 @@ pub fn conv2d_backward(
     need_dx: bool,
 ) -> Result<(Option<Tensor>, Tensor, Tensor), TensorError> {
     let (dx, dw, db) = conv2d_backward_ex(x, weight, dy, cfg, need_dx, true)?;
-    let db = db.ok_or(TensorError::InvalidShape {
+    let db = db.ok_or(TensorError::NotSupported {
         op: "conv2d backward",
-        message: "no bias gradient".into(),
+        what: "no bias gradient was computed (a bug: it was asked for)",
     })?;
     Ok((dx, dw, db))
 }

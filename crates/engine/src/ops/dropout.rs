@@ -27,9 +27,10 @@ struct Params {
 
 fn params(op: &'static str, n: usize, p: f32, seed: u64) -> Result<Params, TensorError> {
     if !(0.0..1.0).contains(&p) {
-        return Err(TensorError::InvalidShape {
+        return Err(TensorError::Probability {
             op,
-            message: format!("the drop probability must be in [0, 1), got {p}"),
+            what: "drop probability",
+            value: p,
         });
     }
     Ok(Params {

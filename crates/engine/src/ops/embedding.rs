@@ -33,9 +33,11 @@ fn table_dims(op: &'static str, table: &Tensor) -> Result<(usize, usize), Tensor
     check_u32(op, table)?;
     match table.shape() {
         [v, d] if *v > 0 && *d > 0 => Ok((*v, *d)),
-        s => Err(TensorError::InvalidShape {
+        s => Err(TensorError::WrongShape {
             op,
-            message: format!("the table must be [rows, dim] with both > 0, got {s:?}"),
+            want: "a table [rows, dim] with both > 0",
+            sizes: Vec::new(),
+            got: s.to_vec(),
         }),
     }
 }
@@ -113,11 +115,11 @@ fn pos_dims(x: &Tensor, pos: &Tensor) -> Result<(usize, usize, usize, usize), Te
     x.require_f32("position add")?;
     match x.shape() {
         [n, s, xd] if *xd == d && *s <= p => Ok((*n, *s, d, p)),
-        s => Err(TensorError::InvalidShape {
+        s => Err(TensorError::WrongShape {
             op: "position add",
-            message: format!(
-                "needs x [N, S, {d}] with S at most the {p} positions of the table, got {s:?}"
-            ),
+            want: "x [N, S, D] with S at most the table's P positions",
+            sizes: vec![("D", d), ("P", p)],
+            got: s.to_vec(),
         }),
     }
 }

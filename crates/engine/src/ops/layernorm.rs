@@ -41,12 +41,10 @@ fn check(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<(usize, usize), TensorErr
     check_u32("layernorm", x)?;
     let cols = *x.shape().last().unwrap_or(&0);
     if x.shape().is_empty() || cols == 0 || cols > MAX_LOOP_ITERATIONS {
-        return Err(TensorError::InvalidShape {
+        return Err(TensorError::LastAxis {
             op: "layernorm",
-            message: format!(
-                "the normalised (last) axis of {:?} must have 1..={MAX_LOOP_ITERATIONS} elements",
-                x.shape()
-            ),
+            shape: x.shape().to_vec(),
+            max: MAX_LOOP_ITERATIONS,
         });
     }
     if w.shape() != [cols] || b.shape() != [cols] {

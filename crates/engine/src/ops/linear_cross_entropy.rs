@@ -131,40 +131,40 @@ struct IndexAddParams {
 fn check(h: &Tensor, w: &Tensor, labels: &Tensor) -> Result<(usize, usize, usize), TensorError> {
     let (hs, ws) = (h.shape(), w.shape());
     if hs.len() != 2 || ws.len() != 2 || hs[1] != ws[1] || labels.shape() != [hs[0]] {
-        return Err(TensorError::InvalidShape {
+        return Err(TensorError::WrongShapes {
             op: OP,
-            message: format!(
-                "needs the head's input [N, D], its weight [V, D] and N labels; got {hs:?}, {ws:?} and {:?}",
-                labels.shape()
-            ),
+            want: "the head's input [N, D], its weight [V, D] and N labels",
+            got: vec![hs.to_vec(), ws.to_vec(), labels.shape().to_vec()],
         });
     }
     for t in [h, w, labels] {
         if t.dtype() != DType::F32 {
-            return Err(TensorError::InvalidShape {
+            return Err(TensorError::WrongDType {
                 op: OP,
-                message: format!(
-                    "runs in f32 (its inputs are f32 under autocast too), got {}",
-                    t.dtype()
-                ),
+                want: DType::F32,
+                got: t.dtype(),
+                why: "its inputs are f32 under autocast too",
             });
         }
         check_u32(OP, t)?;
     }
     if ws[0] == 0 || hs[1] == 0 {
-        return Err(TensorError::InvalidShape {
+        return Err(TensorError::WrongShape {
             op: OP,
-            message: format!("needs at least one class and one feature, got W {ws:?}"),
+            want: "a weight W [V, D] with at least one class and one feature",
+            sizes: Vec::new(),
+            got: ws.to_vec(),
         });
     }
     // A row's 256 invocations each walk a stride of the classes.
     if ws[0] > MAX_CHUNK_ROWS {
-        return Err(TensorError::InvalidShape {
+        return Err(TensorError::OutOfRange {
             op: OP,
-            message: format!(
-                "{} classes are more than the {MAX_CHUNK_ROWS} its row kernels walk; use --loss fused or cross-entropy",
-                ws[0]
-            ),
+            what: "the number of classes (its row kernels walk them)",
+            value: ws[0],
+            min: 1,
+            max: MAX_CHUNK_ROWS,
+            hint: "; use --loss fused or cross-entropy",
         });
     }
     Ok((hs[0], hs[1], ws[0]))
@@ -183,9 +183,13 @@ pub fn forward(
 ) -> Result<Chunked, TensorError> {
     let (n, d, v) = check(h, w, labels)?;
     if rows == 0 || rows > MAX_CHUNK_ROWS {
-        return Err(TensorError::InvalidShape {
+        return Err(TensorError::OutOfRange {
             op: OP,
-            message: format!("a chunk has 1..={MAX_CHUNK_ROWS} rows, asked for {rows}"),
+            what: "the rows of a chunk",
+            value: rows,
+            min: 1,
+            max: MAX_CHUNK_ROWS,
+            hint: "",
         });
     }
     let b = rows.min(n.max(1));
@@ -437,9 +441,11 @@ pub fn scale_by(t: &Tensor, s: &Tensor) -> Result<(), TensorError> {
     s.require_f32("scale_by")?;
     check_u32("scale_by", t)?;
     if s.numel() != 1 {
-        return Err(TensorError::InvalidShape {
+        return Err(TensorError::WrongShape {
             op: "scale_by",
-            message: format!("scales by one value, got {:?}", s.shape()),
+            want: "a scale of one value",
+            sizes: Vec::new(),
+            got: s.shape().to_vec(),
         });
     }
     let n = t.numel();

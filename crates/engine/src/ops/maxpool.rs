@@ -35,13 +35,16 @@ pub struct PoolConfig {
 fn params(x: &Tensor, cfg: PoolConfig) -> Result<(Params, Vec<usize>), TensorError> {
     x.require_f32("max_pool2d")?;
     check_u32("max_pool2d", x)?;
-    let bad = |message: String| TensorError::InvalidShape {
-        op: "max_pool2d",
-        message,
-    };
     let [n, c, h, w] = match x.shape() {
         [n, c, h, w] => [*n, *c, *h, *w],
-        s => return Err(bad(format!("needs x [N, C, H, W], got {s:?}"))),
+        s => {
+            return Err(TensorError::WrongShape {
+                op: "max_pool2d",
+                want: "x [N, C, H, W]",
+                sizes: Vec::new(),
+                got: s.to_vec(),
+            })
+        }
     };
     let PoolConfig {
         kernel: k,
@@ -49,14 +52,19 @@ fn params(x: &Tensor, cfg: PoolConfig) -> Result<(Params, Vec<usize>), TensorErr
         padding: pd,
     } = cfg;
     if k == 0 || s == 0 || 2 * pd > k || h + 2 * pd < k || w + 2 * pd < k {
-        return Err(bad(format!(
-            "kernel {k}, stride {s}, padding {pd} do not fit a {h}×{w} input (padding must be at most half the kernel, as in PyTorch)"
-        )));
+        return Err(TensorError::PoolWindow {
+            op: "max_pool2d",
+            kernel: k,
+            stride: s,
+            padding: pd,
+            input: (h, w),
+        });
     }
     if h * w > 1 << 24 {
-        return Err(bad(format!(
-            "a {h}×{w} plane has more positions than f32 indices hold exactly (2^24)"
-        )));
+        return Err(TensorError::PlaneTooLarge {
+            op: "max_pool2d",
+            plane: (h, w),
+        });
     }
     let (ho, wo) = ((h + 2 * pd - k) / s + 1, (w + 2 * pd - k) / s + 1);
     let p = Params {

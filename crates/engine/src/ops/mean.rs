@@ -78,13 +78,12 @@ pub fn mean_axis(
     const OP: &str = "mean";
     check_u32(OP, x)?;
     if axis.mid == 0 || axis.outer * axis.mid * axis.inner != x.numel() {
-        return Err(TensorError::InvalidShape {
+        return Err(TensorError::ReduceAxis {
             op: OP,
-            message: format!(
-                "cannot average {:?} over an axis of {}",
-                x.shape(),
-                axis.mid
-            ),
+            shape: x.shape().to_vec(),
+            outer: axis.outer,
+            mid: axis.mid,
+            inner: axis.inner,
         });
     }
     // Summed in f32; a 16-bit input gets a 16-bit mean, rounded once.
@@ -155,9 +154,11 @@ pub fn mean(x: &Tensor, label: &str) -> Result<Tensor, TensorError> {
 pub fn global_avg_pool(x: &Tensor) -> Result<Tensor, TensorError> {
     let s = x.shape();
     if s.len() != 4 {
-        return Err(TensorError::InvalidShape {
+        return Err(TensorError::WrongShape {
             op: "global_avg_pool",
-            message: format!("needs [N, C, H, W], got {s:?}"),
+            want: "[N, C, H, W]",
+            sizes: Vec::new(),
+            got: s.to_vec(),
         });
     }
     let axis = Axis {

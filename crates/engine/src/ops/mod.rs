@@ -1,5 +1,5 @@
-//! Ops: each file holds one op's kernel binding (and, as autograd arrives, its
-//! backward beside it). Ops never call wgpu; they ask the device layer to
+//! Ops: each file holds one op's kernel bindings, forward and backward
+//! (autograd/ composes them into differentiable functions). Ops never call wgpu; they ask the device layer to
 //! dispatch a named kernel with bindings and a small params struct.
 
 pub mod batchnorm;
@@ -75,13 +75,10 @@ pub(crate) fn same_shape(op: &'static str, a: &Tensor, b: &Tensor) -> Result<(),
 /// as autocast does, never silently).
 pub(crate) fn same_dtype(op: &'static str, a: &Tensor, b: &Tensor) -> Result<(), TensorError> {
     if a.dtype() != b.dtype() {
-        return Err(TensorError::InvalidShape {
+        return Err(TensorError::DTypeMismatch {
             op,
-            message: format!(
-                "operands are {} and {}; cast one (ops::cast) so they match",
-                a.dtype(),
-                b.dtype()
-            ),
+            lhs: a.dtype(),
+            rhs: b.dtype(),
         });
     }
     Ok(())
@@ -91,9 +88,9 @@ pub(crate) fn same_dtype(op: &'static str, a: &Tensor, b: &Tensor) -> Result<(),
 /// models tensors of any size (what CUDA would run).
 pub(crate) fn check_u32(op: &'static str, t: &Tensor) -> Result<(), TensorError> {
     if t.numel() > u32::MAX as usize && !t.engine().is_simulated() {
-        return Err(TensorError::InvalidShape {
+        return Err(TensorError::TooManyElements {
             op,
-            message: format!("{} elements exceed the 2^32 a kernel can index", t.numel()),
+            numel: t.numel(),
         });
     }
     Ok(())
@@ -251,11 +248,11 @@ pub(crate) fn plane_grid(
     let gy = plane.min(max);
     let gz = plane.div_ceil(gy.max(1));
     if gx > max || gz > max {
-        return Err(TensorError::InvalidShape {
+        return Err(TensorError::GridTooLarge {
             op: "grid",
-            message: format!(
-                "{inner} positions × {plane} rows need more workgroups than the device's {max} per dimension"
-            ),
+            inner,
+            plane,
+            max,
         });
     }
     Ok(Workgroups::Grid([gx as u32, gy as u32, gz as u32]))

@@ -36,15 +36,19 @@ const NLL_BACKWARD: Kernel = Kernel::fixed(
 fn rows_of(op: &'static str, x: &Tensor) -> Result<Params, TensorError> {
     let s = x.shape();
     if s.len() != 2 || s[1] == 0 {
-        return Err(TensorError::InvalidShape {
+        return Err(TensorError::WrongShape {
             op,
-            message: format!("needs [rows, classes] with at least one class, got {s:?}"),
+            want: "[rows, classes] with at least one class",
+            sizes: Vec::new(),
+            got: s.to_vec(),
         });
     }
     if x.dtype() != DType::F32 {
-        return Err(TensorError::InvalidShape {
+        return Err(TensorError::WrongDType {
             op,
-            message: format!("runs in f32 (autocast's rule for it), got {}", x.dtype()),
+            want: DType::F32,
+            got: x.dtype(),
+            why: "autocast's rule for it",
         });
     }
     super::check_u32(op, x)?;

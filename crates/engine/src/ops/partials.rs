@@ -5,7 +5,6 @@
 //! partial is itself a blocked sum, so the total is as accurate as one long
 //! blocked reduction.
 
-use super::matmul::elem_of;
 use crate::device::compose::{Defs, Elem};
 use crate::device::Kernel;
 use crate::tensor::{Tensor, TensorError};
@@ -51,11 +50,11 @@ pub(crate) fn sum_partials(
         start: start as u32,
         _pad: [0; 3],
     };
-    let elem = elem_of(out);
+    let elem = out.dtype().elem();
     if elem.is_16bit() && !off.is_multiple_of(2) {
-        return Err(TensorError::InvalidShape {
+        return Err(TensorError::Misaligned {
             op: "sum_partials",
-            message: format!("a 16-bit output must start on a word (even offset), got {off}"),
+            offset: off,
         });
     }
     let invocations = if elem.is_16bit() {

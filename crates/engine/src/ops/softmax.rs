@@ -25,13 +25,10 @@ fn params(op: &'static str, x: &Tensor, scale: f32) -> Result<Params, TensorErro
     check_u32(op, x)?;
     let cols = *x.shape().last().unwrap_or(&0);
     if cols == 0 || cols > MAX_LOOP_ITERATIONS {
-        return Err(TensorError::InvalidShape {
+        return Err(TensorError::LastAxis {
             op,
-            message: format!(
-                "the last axis of {:?} must have 1..={MAX_LOOP_ITERATIONS} elements \
-                 (one thread walks each row)",
-                x.shape()
-            ),
+            shape: x.shape().to_vec(),
+            max: MAX_LOOP_ITERATIONS,
         });
     }
     Ok(Params {
@@ -80,9 +77,11 @@ pub fn softmax_causal(x: &Tensor, scale: f32) -> Result<Tensor, TensorError> {
     let mut p = params("causal softmax", x, scale)?;
     let s = x.shape();
     if s.len() < 2 || s[s.len() - 1] != s[s.len() - 2] {
-        return Err(TensorError::InvalidShape {
+        return Err(TensorError::WrongShape {
             op: "causal softmax",
-            message: format!("needs square score matrices [.., S, S], got {s:?}"),
+            want: "square score matrices [.., S, S]",
+            sizes: Vec::new(),
+            got: s.to_vec(),
         });
     }
     p.causal = 1;

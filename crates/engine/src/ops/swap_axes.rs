@@ -38,9 +38,11 @@ pub(crate) fn swap_axes_12_as(
     let [a, b, c, e] = match x.shape() {
         [a, b, c, e] => [*a, *b, *c, *e],
         s => {
-            return Err(TensorError::InvalidShape {
+            return Err(TensorError::WrongShape {
                 op: "swap axes",
-                message: format!("needs a 4-D tensor, got {s:?}"),
+                want: "a 4-D tensor",
+                sizes: Vec::new(),
+                got: s.to_vec(),
             })
         }
     };

@@ -51,14 +51,11 @@ pub(super) fn grad_of<'a>(
     p: &'a Parameter,
 ) -> Result<Option<&'a Tensor>, TensorError> {
     match &p.grad {
-        Some(g) if g.dtype() != p.value.dtype() => Err(TensorError::InvalidShape {
+        Some(g) if g.dtype() != p.value.dtype() => Err(TensorError::GradientDType {
             op,
-            message: format!(
-                "{}: a {} gradient for a {} parameter",
-                p.name,
-                g.dtype(),
-                p.value.dtype()
-            ),
+            param: p.name.clone(),
+            grad: g.dtype(),
+            value: p.value.dtype(),
         }),
         g => Ok(g.as_ref()),
     }

@@ -113,12 +113,9 @@ impl Sgd {
             let Some(g) = &p.grad else { continue };
             if has_momentum && self.buffers[i].is_none() {
                 // _fused_sgd makes buffers only when none exists at all.
-                return Err(TensorError::InvalidShape {
+                return Err(TensorError::LateGradient {
                     op: "sgd",
-                    message: format!(
-                        "{}: its first gradient came after the first fused step, which made every momentum buffer; use --optimizer-impl foreach or for-loop",
-                        p.name
-                    ),
+                    param: p.name.clone(),
                 });
             }
             let buf = self.buffers[i]
@@ -243,9 +240,9 @@ impl Sgd {
         self.buffers
             .get(i)
             .and_then(Option::as_ref)
-            .ok_or(TensorError::InvalidShape {
+            .ok_or(TensorError::NoMomentumBuffer {
                 op: "sgd",
-                message: format!("parameter {i} has no momentum buffer"),
+                index: i,
             })
     }
 }

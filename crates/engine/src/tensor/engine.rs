@@ -12,16 +12,18 @@
 //! can attribute each byte.
 
 use super::error::TensorError;
+use super::instruments::Instruments;
+pub use super::instruments::SavedTensor;
 use crate::device::gpu::lock;
 use crate::device::{
     AdapterOptions, BufferSlice, DeviceError, EngineSource, Flat, Gpu, Kernel, Part,
     SegmentBuffers, WgpuSource, Workgroups,
 };
+use crate::memory::mib;
 use crate::memory::{
     Allocation, AllocatorConfig, BlockHandle, CachingAllocator, Category, SimulatedSource,
 };
-use std::any::{Any, TypeId};
-use std::collections::HashMap;
+use std::any::Any;
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
 /// The largest binding a simulated device allows (that of a typical
@@ -35,37 +37,11 @@ struct EngineInner {
     /// dropped, on this thread or another): applied at the next access, so
     /// dropping a tensor never deadlocks.
     deferred_frees: Mutex<Vec<BlockHandle>>,
-    scopes: Mutex<Vec<(Category, Arc<str>)>>,
-    /// Each layer's output shape, in call order, while the allocator records
-    /// (the per-layer table of `estimate`).
-    layer_outputs: Mutex<Vec<(Arc<str>, Vec<usize>)>>,
-    /// Tensors saved for backward while on ([`Engine::start_saved_log`]).
-    saved_log: Mutex<Option<Vec<SavedTensor>>>,
-    /// Instrumentation the layers above attach (the matmul log): one slot
-    /// per type, stored without knowing the types, so the engine depends on
-    /// none of those layers.
-    extensions: Mutex<HashMap<TypeId, Box<dyn Any + Send>>>,
-    /// How many times each model-level op has run in this forward, so the
-    /// two ReLUs of a model are `relu1` and `relu2`.
-    op_numbers: Mutex<std::collections::HashMap<String, usize>>,
+    /// Scopes, op numbers, layer outputs, saved tensors, extension slots.
+    instruments: Instruments,
 }
 
 /// A GPU (or a simulated one) plus its allocator.
-/// One tensor saved for backward.
-#[derive(Debug, Clone)]
-pub struct SavedTensor {
-    /// The storage's block: views of one storage share it, so counting
-    /// distinct blocks counts each storage once.
-    pub block: crate::memory::BlockHandle,
-    /// The tensor's bytes (unrounded).
-    pub bytes: u64,
-    /// Its category before saving (a forward output, a parameter, an input).
-    pub category: Category,
-    pub label: String,
-    /// The op scope it was saved in (`h.0.ln_1.forward`, `softmax1.forward`).
-    pub scope: Arc<str>,
-}
-
 #[derive(Clone)]
 pub struct Engine {
     inner: Arc<EngineInner>,
@@ -82,7 +58,6 @@ pub struct ThreeLevels {
 
 impl std::fmt::Display for ThreeLevels {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mib = |b: u64| b as f64 / 1048576.0;
         write!(
             f,
             "tensors (allocated) {:.2} MiB | vramlab allocator (reserved) {:.2} MiB | driver allocator ",
@@ -108,7 +83,7 @@ pub struct ScopeGuard {
 
 impl Drop for ScopeGuard {
     fn drop(&mut self) {
-        lock(&self.engine.inner.scopes).pop();
+        self.engine.inner.instruments.pop_scope();
     }
 }
 
@@ -144,11 +119,7 @@ impl Engine {
                 gpu,
                 allocator: Mutex::new(CachingAllocator::new(source, config)),
                 deferred_frees: Mutex::new(Vec::new()),
-                scopes: Mutex::new(Vec::new()),
-                layer_outputs: Mutex::new(Vec::new()),
-                saved_log: Mutex::new(None),
-                op_numbers: Mutex::new(Default::default()),
-                extensions: Mutex::new(HashMap::new()),
+                instruments: Instruments::default(),
             }),
         }
     }
@@ -268,19 +239,18 @@ impl Engine {
 
     /// Attaches `value` as this engine's slot of type `T` (`None` empties it).
     pub fn set_extension<T: Any + Send>(&self, value: Option<T>) {
-        let mut slots = lock(&self.inner.extensions);
-        match value {
-            Some(v) => slots.insert(TypeId::of::<T>(), Box::new(v)),
-            None => slots.remove(&TypeId::of::<T>()),
-        };
+        self.inner.instruments.set_extension(value)
     }
 
     /// Runs `f` on the slot of type `T`, if one is attached.
     pub fn with_extension<T: Any + Send, R>(&self, f: impl FnOnce(Option<&mut T>) -> R) -> R {
-        let mut slots = lock(&self.inner.extensions);
-        f(slots
-            .get_mut(&TypeId::of::<T>())
-            .and_then(|b| b.downcast_mut::<T>()))
+        self.inner.instruments.with_extension(f)
+    }
+
+    /// What this engine notes about its work (scopes, op numbers, layer
+    /// outputs, saved tensors, extension slots).
+    pub fn instruments(&self) -> &Instruments {
+        &self.inner.instruments
     }
 
     /// The largest buffer binding (`max_storage_buffer_binding_size`).
@@ -365,7 +335,7 @@ impl Engine {
 
     /// Tags allocations made until the guard drops with `category` and `op`.
     pub fn scope(&self, category: Category, op: &str) -> ScopeGuard {
-        lock(&self.inner.scopes).push((category, Arc::from(op)));
+        self.inner.instruments.push_scope(category, op);
         ScopeGuard {
             engine: self.clone(),
         }
@@ -379,56 +349,47 @@ impl Engine {
 
     /// `name` numbered by its occurrences since `reset_op_numbers` ("relu1").
     pub fn numbered(&self, name: &str) -> String {
-        let mut n = lock(&self.inner.op_numbers);
-        let k = n.entry(name.to_string()).or_default();
-        *k += 1;
-        format!("{name}{k}")
+        self.inner.instruments.numbered(name)
     }
 
     /// Starts numbering ops afresh (at the start of a forward).
     pub fn reset_op_numbers(&self) {
-        lock(&self.inner.op_numbers).clear();
+        self.inner.instruments.reset_op_numbers();
     }
 
     /// Notes a layer's output shape (kept only while recording).
     pub fn note_layer_output(&self, layer: &Arc<str>, shape: &[usize]) {
         if self.allocator().is_recording() {
-            lock(&self.inner.layer_outputs).push((layer.clone(), shape.to_vec()));
+            self.inner.instruments.note_layer_output(layer, shape);
         }
     }
 
     /// Starts logging every tensor an op saves for backward: what PyTorch's
     /// `torch.autograd.graph.saved_tensors_hooks` pack hook sees.
     pub fn start_saved_log(&self) {
-        *lock(&self.inner.saved_log) = Some(Vec::new());
+        self.inner.instruments.start_saved_log();
     }
 
     /// The saved tensors logged since [`Engine::start_saved_log`] (in the
     /// order saved; a storage saved twice appears twice), and stops logging.
     pub fn take_saved_log(&self) -> Vec<SavedTensor> {
-        lock(&self.inner.saved_log).take().unwrap_or_default()
+        self.inner.instruments.take_saved_log()
     }
 
     /// Logs a saved tensor when the log is on; `t` is only built then, so
     /// an ordinary training step pays one lock and no allocation.
     pub(crate) fn log_saved(&self, t: impl FnOnce() -> SavedTensor) {
-        let mut log = lock(&self.inner.saved_log);
-        if let Some(log) = log.as_mut() {
-            log.push(t());
-        }
+        self.inner.instruments.log_saved(t)
     }
 
     /// The noted layer outputs, emptying the list.
     pub fn take_layer_outputs(&self) -> Vec<(Arc<str>, Vec<usize>)> {
-        std::mem::take(&mut *lock(&self.inner.layer_outputs))
+        self.inner.instruments.take_layer_outputs()
     }
 
     /// The innermost scope (Untagged, "" outside any).
     pub fn current_scope(&self) -> (Category, Arc<str>) {
-        lock(&self.inner.scopes)
-            .last()
-            .cloned()
-            .unwrap_or((Category::Untagged, Arc::from("")))
+        self.inner.instruments.current_scope()
     }
 
     /// The allocator, for statistics, snapshots and `empty_cache`. Do not
@@ -484,7 +445,10 @@ impl Engine {
         let a = alloc.malloc_tagged(bytes, label, category, op)?;
         let buffer = alloc.source().buffers(a.segment).cloned();
         if buffer.is_none() && !self.is_simulated() {
-            return Err(DeviceError::Wgpu(format!("segment {:?} has no buffer", a.segment)).into());
+            return Err(DeviceError::NoSegmentBuffer {
+                segment: a.segment.0,
+            }
+            .into());
         }
         drop(alloc);
         Ok(Storage {

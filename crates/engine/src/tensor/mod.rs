@@ -4,10 +4,12 @@
 pub mod dtype;
 pub mod engine;
 pub mod error;
+pub mod instruments;
 #[allow(clippy::module_inception)]
 pub mod tensor;
 
 pub use dtype::DType;
 pub use engine::{Engine, SavedTensor, ScopeGuard, Storage, ThreeLevels};
-pub use error::TensorError;
+pub use error::{ConfigError, EngineError, LoadProblem, SpecError, TensorError};
+pub use instruments::Instruments;
 pub use tensor::Tensor;

@@ -216,14 +216,11 @@ impl Tensor {
     pub fn reshape(&self, shape: &[usize]) -> Result<Tensor, TensorError> {
         let n: usize = shape.iter().product();
         if n != self.numel() {
-            return Err(TensorError::InvalidShape {
-                op: "reshape",
-                message: format!(
-                    "cannot view shape {:?} ({} elements) as {:?} ({n} elements)",
-                    self.shape,
-                    self.numel(),
-                    shape
-                ),
+            return Err(TensorError::Reshape {
+                from: self.shape.clone(),
+                from_numel: self.numel(),
+                to: shape.to_vec(),
+                to_numel: n,
             });
         }
         Ok(Tensor {

@@ -65,12 +65,7 @@ impl Batch {
         let label_values: Vec<i64> = (0..batch)
             .map(|_| rng.below(classes as u64) as i64)
             .collect();
-        Self::with_labels(engine, x, label_values, classes).map_err(|message| {
-            TensorError::InvalidShape {
-                op: "batch",
-                message,
-            }
-        })
+        Self::with_labels(engine, x, label_values, classes)
     }
 
     /// A random batch for `spec`: token ids and next-token labels for a
@@ -82,11 +77,9 @@ impl Batch {
         batch: usize,
         dtype: DType,
     ) -> Result<Batch, TensorError> {
-        match spec {
-            crate::nn::ModelSpec::Gpt { config, seq, .. } => {
-                Self::random_tokens(engine, rng, batch, *seq, config.vocab)
-            }
-            _ => Self::random_as(
+        match spec.vocab() {
+            Some(vocab) => Self::random_tokens(engine, rng, batch, spec.input_shape()[0], vocab),
+            None => Self::random_as(
                 engine,
                 rng,
                 batch,
@@ -135,35 +128,38 @@ impl Batch {
         seq: usize,
         vocab: usize,
     ) -> Result<Batch, TensorError> {
-        let bad = |message: String| TensorError::InvalidShape {
-            op: "batch",
-            message,
-        };
         if vocab > 1 << 24 {
-            return Err(bad(format!(
-                "a vocabulary of {vocab} does not fit f32 token ids (at most 2^24)"
-            )));
+            return Err(TensorError::OutOfRange {
+                op: "batch",
+                what: "the vocabulary (f32 token ids are exact up to 2^24)",
+                value: vocab,
+                min: 1,
+                max: 1 << 24,
+                hint: "",
+            });
         }
         let (mut x, mut y) = (Vec::new(), Vec::new());
         for &s0 in starts {
-            let w = stream.get(s0..s0 + seq + 1).ok_or_else(|| {
-                bad(format!(
-                    "a window of {} tokens at {s0} runs past the {} tokens",
-                    seq + 1,
-                    stream.len()
-                ))
-            })?;
-            if let Some(t) = w.iter().find(|&&t| t as usize >= vocab) {
-                return Err(bad(format!(
-                    "token {t} is outside the vocabulary of {vocab}"
-                )));
+            let w = stream
+                .get(s0..s0 + seq + 1)
+                .ok_or(TensorError::WindowPastEnd {
+                    start: s0,
+                    len: seq + 1,
+                    tokens: stream.len(),
+                })?;
+            if let Some(&t) = w.iter().find(|&&t| t as usize >= vocab) {
+                return Err(TensorError::ClassOutOfRange {
+                    what: "token",
+                    value: t.into(),
+                    classes: vocab,
+                });
             }
             x.extend(w[..seq].iter().map(|&t| t as f32));
             y.extend(w[1..].iter().map(|&t| t as i64));
         }
         let _scope = engine.scope(Category::Input, "batch");
         let xt = Tensor::from_slice(engine, &x, &[starts.len(), seq], "input")?;
-        Self::with_labels(engine, xt, y, vocab).map_err(bad)
+        Self::with_labels(engine, xt, y, vocab)
     }
 
     /// `x` and `y` from a safetensors file; labels must lie in 0..classes.
@@ -171,20 +167,17 @@ impl Batch {
         engine: &Engine,
         st: &SafeTensors,
         classes: usize,
-    ) -> Result<Batch, String> {
+    ) -> Result<Batch, TensorError> {
         let _scope = engine.scope(Category::Input, "batch");
-        let (xv, xs) = st.f32("x").map_err(|e| e.to_string())?;
-        let (yv, ys) = st.i64("y").map_err(|e| e.to_string())?;
+        let (xv, xs) = st.f32("x")?;
+        let (yv, ys) = st.i64("y")?;
         // [N] class labels, or [N, S] next-token labels of a sequence
         // model (x [N, S] token ids), flattened as its logits are.
         if xs.is_empty() || (ys != [xs[0]] && ys != xs) {
-            return Err(format!(
-                "{}: y must have shape [N] with N = x's first axis (or x's shape, for token labels); x is {xs:?}, y is {ys:?}",
-                st.origin
-            ));
+            return Err(TensorError::LabelShape { x: xs, y: ys }.in_file(&st.origin));
         }
-        let x = Tensor::from_slice(engine, &xv, &xs, "input").map_err(|e| e.to_string())?;
-        Self::with_labels(engine, x, yv, classes).map_err(|e| format!("{}: {e}", st.origin))
+        let x = Tensor::from_slice(engine, &xv, &xs, "input")?;
+        Self::with_labels(engine, x, yv, classes).map_err(|e| e.in_file(&st.origin))
     }
 
     fn with_labels(
@@ -192,18 +185,19 @@ impl Batch {
         x: Tensor,
         label_values: Vec<i64>,
         classes: usize,
-    ) -> Result<Batch, String> {
-        if let Some(bad) = label_values
+    ) -> Result<Batch, TensorError> {
+        if let Some(&bad) = label_values
             .iter()
             .find(|&&v| v < 0 || v as usize >= classes)
         {
-            return Err(format!(
-                "label {bad} is outside 0..{classes} (the model has {classes} classes)"
-            ));
+            return Err(TensorError::ClassOutOfRange {
+                what: "label",
+                value: bad,
+                classes,
+            });
         }
         let as_f32: Vec<f32> = label_values.iter().map(|&v| v as f32).collect();
-        let labels = Tensor::from_slice(engine, &as_f32, &[as_f32.len()], "labels")
-            .map_err(|e| e.to_string())?;
+        let labels = Tensor::from_slice(engine, &as_f32, &[as_f32.len()], "labels")?;
         Ok(Batch {
             x,
             labels,

@@ -9,7 +9,7 @@
 use crate::autograd::{functions as f, Tape, Value};
 use crate::nn::{Model, ParamStore};
 use crate::ops::linear_cross_entropy::MAX_CHUNK_ROWS;
-use crate::tensor::{Tensor, TensorError};
+use crate::tensor::{ConfigError, Tensor, TensorError};
 use serde::Serialize;
 
 /// `--loss`.
@@ -34,14 +34,14 @@ impl LossMode {
     /// Refuses a loss `model`'s head cannot take: `--loss chunked` runs the
     /// head inside the loss, which needs a bias-free linear head (gpt's,
     /// tied to the embedding).
-    pub fn check_model(self, model: &crate::nn::ModelSpec) -> Result<(), String> {
-        if !self.fuses_head() || matches!(model, crate::nn::ModelSpec::Gpt { .. }) {
+    pub fn check_model(self, model: &crate::nn::ModelSpec) -> Result<(), TensorError> {
+        if !self.fuses_head() || model.bias_free_head() {
             return Ok(());
         }
-        Err(format!(
-            "--loss {self} runs the model's head inside the loss, which needs a bias-free linear head onto the classes (gpt's); {}'s head is not one: use --loss cross-entropy or --loss fused",
-            model.name()
-        ))
+        Err(TensorError::NeedsLinearHead {
+            loss: self.name(),
+            model: model.name().to_string(),
+        })
     }
 
     pub const NAMES: &'static str = "cross-entropy, fused, chunked[:ROWS]";
@@ -63,26 +63,28 @@ impl LossMode {
     }
 
     /// `--loss NAME`.
-    pub fn parse(s: &str) -> Result<LossMode, String> {
+    pub fn parse(s: &str) -> Result<LossMode, ConfigError> {
         match s.trim() {
             "cross-entropy" | "cross_entropy" | "ce" => Ok(LossMode::CrossEntropy),
             "fused" => Ok(LossMode::Fused),
             "chunked" => Ok(LossMode::Chunked(None)),
             other => match other.strip_prefix("chunked:") {
                 Some(rows) => match rows.trim().parse::<usize>() {
-                    Ok(0) => Err("--loss chunked:0 asks for chunks of 0 rows; give ROWS of at least 1, or plain `chunked` for PyTorch's own chunk size".into()),
-                    Ok(r) if r > MAX_CHUNK_ROWS => Err(format!(
-                        "--loss chunked:{r}: a chunk has at most {MAX_CHUNK_ROWS} rows; give fewer, or plain `chunked` for PyTorch's own chunk size"
-                    )),
+                    Ok(0) => Err(ConfigError::ChunkRowsZero),
+                    Ok(r) if r > MAX_CHUNK_ROWS => Err(ConfigError::ChunkRowsTooMany {
+                        rows: r,
+                        max: MAX_CHUNK_ROWS,
+                    }),
                     Ok(r) => Ok(LossMode::Chunked(Some(r))),
-                    Err(_) => Err(format!(
-                        "--loss chunked:{rows}: ROWS must be a whole number of rows per chunk (chunked:64), or leave it out for PyTorch's own chunk size"
-                    )),
+                    Err(_) => Err(ConfigError::ChunkRowsNotANumber {
+                        given: rows.to_string(),
+                    }),
                 },
-                None => Err(format!(
-                    "unknown loss {other:?}; the losses are: {}",
-                    Self::NAMES
-                )),
+                None => Err(ConfigError::Unknown {
+                    what: "loss",
+                    given: other.to_string(),
+                    known: Self::NAMES,
+                }),
             },
         }
     }
@@ -102,12 +104,9 @@ impl LossMode {
         if let LossMode::Chunked(rows) = self {
             let (h, w) = model
                 .forward_head_input(tape, store, x, checkpointed)?
-                .ok_or_else(|| TensorError::InvalidShape {
-                    op: "loss",
-                    message: format!(
-                        "--loss {} runs the head inside the loss and needs a bias-free linear head (gpt's); this model's is not one: use --loss cross-entropy or fused",
-                        self.name()
-                    ),
+                .ok_or_else(|| TensorError::NeedsLinearHead {
+                    loss: self.name(),
+                    model: "this model".to_string(),
                 })?;
             let loss = f::linear_cross_entropy(tape, &h, &w, labels, rows)?;
             return Ok((h, loss));

@@ -3,6 +3,7 @@
 //! weight decay 0.01).
 
 use crate::optim::{Adam, Optimizer, OptimizerImpl, Sgd};
+use crate::tensor::ConfigError;
 use serde::Serialize;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -55,25 +56,20 @@ impl OptimizerConfig {
     }
 
     /// Errors for values torch.optim rejects too.
-    pub fn validate(&self) -> Result<(), String> {
-        if self.lr.is_nan() || self.lr < 0.0 {
-            return Err(format!("invalid learning rate {} (must be ≥ 0)", self.lr));
-        }
-        if self.momentum.is_nan() || self.momentum < 0.0 {
-            return Err(format!("invalid momentum {} (must be ≥ 0)", self.momentum));
-        }
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let negative = |what: &'static str, value: f32| {
+            if value.is_nan() || value < 0.0 {
+                Err(ConfigError::Negative { what, value })
+            } else {
+                Ok(())
+            }
+        };
+        negative("learning rate", self.lr)?;
+        negative("momentum", self.momentum)?;
         if self.momentum != 0.0 && self.kind != OptimizerKind::Sgd {
-            return Err(
-                "--momentum applies to sgd only (Adam's betas are fixed at 0.9, 0.999)".into(),
-            );
+            return Err(ConfigError::MomentumNotSgd);
         }
-        if self.weight_decay.is_nan() || self.weight_decay < 0.0 {
-            return Err(format!(
-                "invalid weight decay {} (must be ≥ 0)",
-                self.weight_decay
-            ));
-        }
-        Ok(())
+        negative("weight decay", self.weight_decay)
     }
 
     pub fn build(&self) -> Box<dyn Optimizer> {

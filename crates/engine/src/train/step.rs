@@ -190,16 +190,16 @@ impl Trainer {
         if micro.len() < 2 {
             return match micro.first() {
                 Some(b) => self.step(b),
-                None => Err(TensorError::InvalidShape {
+                None => Err(TensorError::NotSupported {
                     op: "accumulate",
-                    message: "no micro-batches".into(),
+                    what: "no micro-batches: give at least one",
                 }),
             };
         }
         if self.mode == Mode::Inference || self.retained.is_some() || self.scaler.is_some() {
-            return Err(TensorError::InvalidShape {
+            return Err(TensorError::NotSupported {
                 op: "accumulate",
-                message: "gradient accumulation trains without retain_graph and without f16 loss scaling (use --amp bf16)".into(),
+                what: "gradient accumulation trains without retain_graph and without f16 loss scaling (use --amp bf16)",
             });
         }
         let t0 = Instant::now();
@@ -239,9 +239,9 @@ impl Trainer {
         let optimizer = engine.scope(Category::OptimizerState, &step_op);
         self.optimizer.step(&mut self.store)?;
         drop(optimizer);
-        let (logits, loss) = last.ok_or(TensorError::InvalidShape {
+        let (logits, loss) = last.ok_or(TensorError::NotSupported {
             op: "accumulate",
-            message: "no micro-batches".into(),
+            what: "no micro-batches: give at least one",
         })?;
         let (mut record, outputs) = self.finish(t0, logits, loss)?;
         record.loss = losses / k;

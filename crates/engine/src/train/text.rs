@@ -64,13 +64,9 @@ impl CharText {
         seq: usize,
     ) -> Result<Batch, TensorError> {
         if self.tokens.len() < seq + 2 {
-            return Err(TensorError::InvalidShape {
-                op: "text",
-                message: format!(
-                    "the text has {} characters; sequences of {seq} need at least {} (use a longer text or a shorter --seq-len)",
-                    self.tokens.len(),
-                    seq + 2
-                ),
+            return Err(TensorError::TextTooShort {
+                chars: self.tokens.len(),
+                seq,
             });
         }
         let room = (self.tokens.len() - seq - 1) as u64;

@@ -13,6 +13,7 @@ pub mod nocache;
 pub mod planner;
 pub mod pytorch;
 pub mod sliced;
+pub mod vramlab;
 
 use crate::memory::source::SegmentSource;
 pub use crate::memory::tag::Category;
@@ -154,7 +155,7 @@ pub fn online_configured(
         "pytorch" => Box::new(pytorch::Pytorch::new(src, config, "pytorch")),
         "vramlab" => Box::new(pytorch::Pytorch::new(
             src,
-            config.with_vramlab_extensions(),
+            vramlab::with_extensions(config),
             "vramlab",
         )),
         "expandable" => Box::new(pytorch::Pytorch::new(

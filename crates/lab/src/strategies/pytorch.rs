@@ -1,21 +1,6 @@
 //! `pytorch`: the faithful caching allocator (see `caching.rs`), and
-//! `vramlab`: the same policy plus what the benchmark suite and the grid
-//! (`bench-alloc --grid`) supported ([`AllocatorConfig::vramlab`]):
-//! - `lookahead` (`lookahead.rs`): a large parameter or optimizer-state
-//!   block goes where a replay of the short-lived history reserves least.
-//!   PyTorch's best fit puts Adam's first-step state into the hole an
-//!   activation left, and the next step needs a new segment (simple-cnn:
-//!   146 → 140 MiB reserved, same device allocations). On the grid
-//!   (`bench-alloc --grid`) the two together win 24 of 64 cells and lose
-//!   none.
-//! - `small_from_large`: a small request with no free small block is carved
-//!   from a free large block before a new 2 MiB small segment is made —
-//!   unless the lookahead's replay says the large block is needed whole.
-//!
-//! (`release_before_grow`, also measured, lowered one workload's peak but
-//! cost device allocations, so it stays an option, not the default.) PyTorch
-//! snapshots get categories from their frames (`torch_snapshot.rs`); traces
-//! without any get `small_from_large` alone.
+//! `vramlab`: the same allocator with vramlab's placement policy plugged
+//! into its hook (`vramlab.rs`).
 
 use super::{Category, DeviceCounts, Handle, Oom, Strategy};
 use crate::memory::{AllocatorConfig, BlockHandle, CachingAllocator, SegmentSource};
@@ -45,7 +30,7 @@ impl<S: SegmentSource> Pytorch<S> {
 
     /// vramlab's strategy.
     pub fn vramlab(source: S) -> Self {
-        Self::new(source, AllocatorConfig::vramlab(), "vramlab")
+        Self::new(source, super::vramlab::config(), "vramlab")
     }
 }
 

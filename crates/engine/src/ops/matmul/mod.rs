@@ -234,14 +234,11 @@ pub fn gemm_bias(
     // Operands share one type; f16 needs the adapter's SHADER_F16. The
     // output is f32 or the operands' type. Arithmetic is f32 throughout.
     if b.dtype() != a.dtype() || (c.dtype() != a.dtype() && c.dtype() != DType::F32) {
-        return Err(TensorError::InvalidShape {
+        return Err(TensorError::ProductDTypes {
             op: OP,
-            message: format!(
-                "operands must share a dtype and the output be f32 or that dtype; got {:?}·{:?} → {:?}",
-                a.dtype(),
-                b.dtype(),
-                c.dtype()
-            ),
+            a: a.dtype(),
+            b: b.dtype(),
+            out: c.dtype(),
         });
     }
     if g.m == 0 || g.n == 0 || g.batch == 0 {
@@ -271,11 +268,10 @@ pub fn gemm_bias(
         MatmulKernel::Fixed(t) => fixed(t),
         MatmulKernel::FixedTransposed(tile) => {
             if !transposable(g, c.dtype().is_16bit(), bias.is_some()) {
-                return Err(TensorError::InvalidShape {
+                return Err(TensorError::NotSupported {
                     op: OP,
-                    message: "a product reading B as an im2col, adding a row bias or \
-                              writing 16-bit output runs untransposed: use a plain tile"
-                        .into(),
+                    what: "a product reading B as an im2col, adding a row bias or \
+                           writing 16-bit output runs untransposed: use a plain tile",
                 });
             }
             TileChoice {
@@ -300,22 +296,19 @@ pub fn gemm_bias(
         }
     }
     if !tile.is_valid() {
-        return Err(TensorError::InvalidShape {
+        return Err(TensorError::BadTile {
             op: OP,
-            message: format!("tile {} does not divide its staging loops", tile.describe()),
+            tile: tile.describe(),
         });
     }
     if let Some(bias) = bias {
         if bias.numel() != g.m || bias.dtype() != a.dtype() {
-            return Err(TensorError::InvalidShape {
+            return Err(TensorError::BadBias {
                 op: OP,
-                message: format!(
-                    "a row bias needs {} values of the operands' dtype {}, got {:?} {}",
-                    g.m,
-                    a.dtype(),
-                    bias.shape(),
-                    bias.dtype()
-                ),
+                len: g.m,
+                dtype: a.dtype(),
+                got_shape: bias.shape().to_vec(),
+                got_dtype: bias.dtype(),
             });
         }
     }
@@ -335,9 +328,9 @@ pub fn gemm_bias(
         );
     }
     if bias.is_some() && (g.c_offset != 0 || g.c_batch_stride != g.m * g.n || g.accumulate) {
-        return Err(TensorError::InvalidShape {
+        return Err(TensorError::NotSupported {
             op: OP,
-            message: "a row bias on a split product needs a dense C".into(),
+            what: "a row bias on a split product needs a dense C",
         });
     }
     let mn = g.m * g.n;
@@ -434,9 +427,11 @@ fn gemm_via_f32(
 fn matrix_dims(op: &'static str, t: &Tensor) -> Result<(usize, usize, usize), TensorError> {
     let s = t.shape();
     if s.len() < 2 {
-        return Err(TensorError::InvalidShape {
+        return Err(TensorError::WrongShape {
             op,
-            message: format!("needs at least 2 dimensions, got shape {s:?}"),
+            want: "at least 2 dimensions",
+            sizes: Vec::new(),
+            got: s.to_vec(),
         });
     }
     let batch = s[..s.len() - 2].iter().product();

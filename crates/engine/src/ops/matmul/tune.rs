@@ -23,7 +23,7 @@ use super::tiles_gpu::{self, GpuLimits};
 use super::{gemm_bias, Gemm, GemmShape, MatmulKernel, Target, TileChoice, TileConfig};
 use crate::device::compose::Elem;
 use crate::memory::AllocatorConfig;
-use crate::tensor::{DType, Engine, Tensor};
+use crate::tensor::{ConfigError, DType, Engine, Tensor, TensorError};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -44,20 +44,22 @@ pub enum Mode {
 }
 
 impl Mode {
-    pub fn parse(s: &str) -> Result<Mode, String> {
+    pub fn parse(s: &str) -> Result<Mode, ConfigError> {
         match s.trim().to_ascii_lowercase().as_str() {
             "" | "auto" => Ok(Mode::Auto),
             "on" | "1" | "yes" | "true" => Ok(Mode::On),
             "off" | "0" | "no" | "false" => Ok(Mode::Off),
-            other => Err(format!(
-                "VRAMLAB_TUNE={other:?}: expected auto, on or off (off uses the fixed tile table)"
-            )),
+            other => Err(ConfigError::Env {
+                var: "VRAMLAB_TUNE",
+                value: other.to_string(),
+                expected: "auto, on or off (off uses the fixed tile table)",
+            }),
         }
     }
 }
 
 /// The settings, from the environment; an error names a bad value.
-pub fn check_env() -> Result<(), String> {
+pub fn check_env() -> Result<(), ConfigError> {
     Settings::from_env().map(|_| ())
 }
 
@@ -70,16 +72,17 @@ struct Settings {
 }
 
 impl Settings {
-    fn from_env() -> Result<Settings, String> {
+    fn from_env() -> Result<Settings, ConfigError> {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
         let mode = Mode::parse(&var("VRAMLAB_TUNE").unwrap_or_default())?;
-        let number = |k: &str, default: u64| -> Result<u64, String> {
+        let number = |k: &'static str, default: u64| -> Result<u64, ConfigError> {
             match var(k) {
                 None => Ok(default),
-                Some(v) => v
-                    .trim()
-                    .parse::<u64>()
-                    .map_err(|_| format!("{k}={v:?}: expected a whole number")),
+                Some(v) => v.trim().parse::<u64>().map_err(|_| ConfigError::Env {
+                    var: k,
+                    value: v,
+                    expected: "a whole number",
+                }),
             }
         };
         let path = var("VRAMLAB_TUNE_CACHE").map(PathBuf::from).or_else(|| {
@@ -556,9 +559,9 @@ fn write_cache(
     adapter: &str,
     key: &str,
     ours: Option<&CacheFile>,
-) -> Result<(), String> {
+) -> Result<(), TensorError> {
     let Some(path) = path else {
-        return Err("no cache file (set VRAMLAB_TUNE_CACHE or HOME)".into());
+        return Err(TensorError::NoTuneCache);
     };
     let Some(entry) = ours
         .and_then(|f| f.adapters.get(adapter))
@@ -571,13 +574,17 @@ fn write_cache(
         .entry(adapter.to_string())
         .or_default()
         .insert(key.to_string(), entry.clone());
+    let io = |path: &std::path::Path| {
+        let path = path.to_path_buf();
+        move |source| TensorError::Io { path, source }
+    };
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
     }
-    let text = serde_json::to_string_pretty(&file).map_err(|e| e.to_string())?;
+    let text = serde_json::to_string_pretty(&file).map_err(TensorError::TuneCacheJson)?;
     let tmp = path.with_extension(format!("json.{}.tmp", std::process::id()));
-    std::fs::write(&tmp, text).map_err(|e| format!("{}: {e}", tmp.display()))?;
-    std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
+    std::fs::write(&tmp, text).map_err(io(&tmp))?;
+    std::fs::rename(&tmp, path).map_err(io(path))
 }
 
 #[cfg(test)]
@@ -589,7 +596,7 @@ mod tests {
         assert_eq!(Mode::parse("").unwrap(), Mode::Auto);
         assert_eq!(Mode::parse("ON").unwrap(), Mode::On);
         assert_eq!(Mode::parse("0").unwrap(), Mode::Off);
-        let e = Mode::parse("fast").unwrap_err();
+        let e = Mode::parse("fast").unwrap_err().to_string();
         assert!(e.contains("auto, on or off"), "{e}");
     }
 

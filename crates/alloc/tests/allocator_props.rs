@@ -5,7 +5,7 @@
 //! segments exactly, and free neighbours must be merged.
 
 use proptest::prelude::*;
-use vramlab::memory::*;
+use vramlab_alloc::*;
 
 const MIB: u64 = 1 << 20;
 
@@ -42,8 +42,8 @@ const CONFIGS: &[&str] = &[
     "roundup_power2_divisions:4",
     "roundup_power2_divisions:[1:2,4:8,>:4],max_split_size_mb:64",
     "garbage_collection_threshold:0.6",
-    "small_from_large:True,lookahead:True",
-    "lookahead:True,release_before_grow:True,small_from_large:True,max_split_size_mb:32",
+    "max_split_size_mb:32,roundup_power2_divisions:4",
+    "garbage_collection_threshold:0.6,max_split_size_mb:64",
     "expandable_segments:True",
     "expandable_segments:True,roundup_power2_divisions:4,garbage_collection_threshold:0.6",
 ];

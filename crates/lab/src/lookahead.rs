@@ -1,16 +1,17 @@
-//! `lookahead` (a vramlab extension): where to put a block that lives for
-//! the whole run — a parameter or optimizer state, known from its category.
+//! `lookahead` (the `vramlab` strategy's placement, through the allocator's
+//! placement hook): where to put a block that lives for the whole run — a
+//! parameter or optimizer state, known from its category.
 //!
 //! PyTorch's best fit drops Adam's first-step state into whatever hole fits
 //! best, often one an activation left; the next step's activation then no
 //! longer fits where it did and a new segment follows. Training repeats its
 //! step, so the allocations already seen predict the next ones: before such
-//! a block takes a free block, the allocator tries each candidate place (the
-//! few smallest free blocks that fit, then a new segment) on a copy of its
-//! bookkeeping over a simulated device, frees there the short-lived blocks
-//! alive now, replays every short-lived allocation and free of the history
-//! (a model of the next step), and keeps the place whose replay reserves
-//! least — best fit when it is as good as any.
+//! a block takes a free block, each candidate place (the few smallest free
+//! blocks that fit, then a new segment) is tried on a ghost of the allocator
+//! over a simulated device: the short-lived blocks alive now are freed
+//! there, every short-lived allocation and free of the history is replayed
+//! (a model of the next step), and the place whose replay reserves least is
+//! kept — best fit when it is as good as any.
 //!
 //! With `small_from_large` the same replay decides whether a small request
 //! may be carved from a free large block or should open a 2 MiB small
@@ -21,11 +22,10 @@
 //! Replays are budgeted (`Purpose::budget`), so lookahead costs a bounded
 //! number of replayed operations per operation however long the run.
 
-use super::caching::{BlockHandle, CachingAllocator, PoolKind};
-use super::constants::K_SMALL_BUFFER;
-use super::source::{SegmentSource, SimulatedSource};
-use super::tag::Category;
-use std::cell::Cell;
+use crate::memory::constants::K_SMALL_BUFFER;
+use crate::memory::{
+    AllocatorView, BlockHandle, Category, FreeBlock, Ghost, Place, PoolKind, Request,
+};
 use std::collections::{HashMap, HashSet, VecDeque};
 
 /// Operations remembered; older ones are forgotten (a step of a large model
@@ -33,9 +33,10 @@ use std::collections::{HashMap, HashSet, VecDeque};
 const HISTORY: usize = 16_384;
 /// Free blocks tried besides a new segment.
 const CANDIDATES: usize = 8;
+
 /// What a replay decides; each has its own budget of replayed operations:
 /// `start`, plus one for every `ops_per_replayed` operations seen. Past it
-/// the allocator decides as without lookahead, so the cost per operation
+/// the decision is the one without lookahead, so the cost per operation
 /// stays bounded however long the run.
 #[derive(Debug, Clone, Copy)]
 enum Purpose {
@@ -79,7 +80,7 @@ pub(crate) struct History {
     /// Operations seen, and operations replayed so far for long-lived blocks
     /// and for small carves (the budgets).
     seen: u64,
-    replayed: [Cell<u64>; 2],
+    replayed: [u64; 2],
 }
 
 impl History {
@@ -98,15 +99,15 @@ impl History {
 
     /// Whether one more replay of the history stays within the budget for
     /// `purpose`; if so, it is spent.
-    fn afford(&self, purpose: Purpose) -> bool {
+    fn afford(&mut self, purpose: Purpose) -> bool {
         let cost = self.ops.len() as u64;
         let (start, ops_per_replayed) = purpose.budget();
         let allowed = start + self.seen / ops_per_replayed;
-        let spent = &self.replayed[purpose as usize];
-        if spent.get() + cost > allowed {
+        let spent = &mut self.replayed[purpose as usize];
+        if *spent + cost > allowed {
             return false;
         }
-        spent.set(spent.get() + cost);
+        *spent += cost;
         true
     }
 
@@ -135,7 +136,7 @@ impl History {
     /// Replays every short-lived allocation and free of the history on
     /// `ghost` (long-lived blocks stay where they are). `None` if the ghost
     /// runs out of memory.
-    fn replay_on(&self, ghost: &mut CachingAllocator<SimulatedSource>) -> Option<()> {
+    fn replay_on(&self, ghost: &mut dyn Ghost) -> Option<()> {
         let mut map: HashMap<BlockHandle, BlockHandle> = HashMap::new();
         for op in &self.ops {
             match *op {
@@ -147,104 +148,109 @@ impl History {
                     if category.lives_for_the_run() {
                         continue;
                     }
-                    let a = ghost.malloc_tagged(size, "", category, None).ok()?;
-                    map.insert(handle, a.handle);
+                    map.insert(handle, ghost.malloc(size, category)?);
                 }
                 Op::Free { handle } => {
                     if let Some(h) = map.remove(&handle) {
-                        ghost.free(h).ok()?;
+                        ghost.free(h).then_some(())?;
                     }
                 }
             }
         }
         Some(())
     }
-}
 
-/// Where a long-lived block goes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Place {
-    /// This free block of the large pool.
-    Block(usize),
-    /// A new segment of this pool and size.
-    Fresh(PoolKind, u64),
-}
-
-impl<S: SegmentSource> CachingAllocator<S> {
-    /// The place for a long-lived large block of `size` (rounded) bytes, or
-    /// `None` when there is nothing to decide (no free block fits, or no
-    /// short-lived allocation has been seen yet).
-    pub(crate) fn look_ahead(&self, size: u64, orig_size: u64, segment: u64) -> Option<Place> {
-        let candidates: Vec<usize> = self
-            .fitting_free_blocks(PoolKind::Large, size)
+    /// The place for a long-lived large block, or `None` when there is
+    /// nothing to decide (no free block fits, or no short-lived allocation
+    /// has been freed yet). `ghost` makes a ghost of `view` with the hook
+    /// the replay runs under.
+    pub(crate) fn look_ahead(
+        &mut self,
+        view: &dyn AllocatorView,
+        request: &Request,
+        ghost: &dyn Fn(&dyn AllocatorView) -> Box<dyn Ghost>,
+    ) -> Option<Place> {
+        let places: Vec<Place> = view
+            .fitting_free_blocks(PoolKind::Large, request.size)
             .take(CANDIDATES)
+            .map(Place::Block)
             .collect();
-        if candidates.is_empty() {
+        if places.is_empty() {
             return None;
         }
-        let places: Vec<Place> = candidates
-            .into_iter()
-            .map(Place::Block)
-            .chain([Place::Fresh(PoolKind::Large, segment)])
-            .collect();
-        self.best_place(&places, size, orig_size, Purpose::LongLived)
+        let fresh = Place::NewSegment {
+            pool: PoolKind::Large,
+            size: request.segment_size,
+        };
+        let places: Vec<Place> = places.into_iter().chain([fresh]).collect();
+        self.best_place(view, &places, request, Purpose::LongLived, ghost)
     }
 
-    /// `small_from_large` with `lookahead`: whether carving a small block of
-    /// `size` bytes from the free large block `index` reserves no more,
-    /// replayed, than a new small segment.
-    pub(crate) fn carving_is_free(&self, index: usize, size: u64, orig_size: u64) -> bool {
+    /// Whether carving the small `request` from the free large `block`
+    /// reserves no more, replayed, than a new small segment.
+    pub(crate) fn carving_is_free(
+        &mut self,
+        view: &dyn AllocatorView,
+        request: &Request,
+        block: FreeBlock,
+        ghost: &dyn Fn(&dyn AllocatorView) -> Box<dyn Ghost>,
+    ) -> bool {
         // What is left still takes any request seen so far: nothing to replay.
-        let left = self.blocks[index].size - size;
-        if self.history.as_ref().is_none_or(|h| left >= h.largest) {
+        if block.size() - request.size >= self.largest {
             return true;
         }
         let places = [
-            Place::Block(index),
-            Place::Fresh(PoolKind::Small, K_SMALL_BUFFER),
+            Place::Block(block),
+            Place::NewSegment {
+                pool: PoolKind::Small,
+                size: K_SMALL_BUFFER,
+            },
         ];
-        self.best_place(&places, size, orig_size, Purpose::SmallCarve) != Some(places[1])
+        self.best_place(view, &places, request, Purpose::SmallCarve, ghost) != Some(places[1])
     }
 
     /// Of `places` (in order of preference), the one whose replay of the
     /// history reserves least; `None` when there is no history to replay.
     fn best_place(
-        &self,
+        &mut self,
+        view: &dyn AllocatorView,
         places: &[Place],
-        size: u64,
-        orig_size: u64,
+        request: &Request,
         purpose: Purpose,
+        make_ghost: &dyn Fn(&dyn AllocatorView) -> Box<dyn Ghost>,
     ) -> Option<Place> {
-        let history = self.history.as_ref()?;
-        if history.frees == 0 {
+        if self.frees == 0 {
             return None;
         }
         let mut short_lived: Option<Vec<BlockHandle>> = None;
         let mut best: Option<(u64, Place)> = None;
         for &place in places {
-            if !history.afford(purpose) {
+            if !self.afford(purpose) {
                 break;
             }
             // Only blocks the replay makes again: their allocation is
             // remembered.
             let short_lived = short_lived.get_or_insert_with(|| {
-                let remembered = history.remembered();
-                self.live_short_lived()
-                    .into_iter()
-                    .filter(|h| remembered.contains(h))
+                let remembered = self.remembered();
+                view.allocated_blocks()
+                    .filter(|&(h, c)| !c.lives_for_the_run() && remembered.contains(&h))
+                    .map(|(h, _)| h)
                     .collect()
             });
-            let mut ghost = self.ghost();
-            if ghost.place(place, size, orig_size).is_none() {
+            let mut ghost = make_ghost(view);
+            if ghost
+                .malloc_at(place, request.requested, request.category)
+                .is_none()
+            {
                 continue;
             }
             // The next step starts without this step's short-lived blocks
             // (gradients, outputs) and makes them again where the history
             // made them.
             for &h in short_lived.iter() {
-                ghost.free(h).ok()?;
+                ghost.free(h).then_some(())?;
             }
-            if history.replay_on(&mut ghost).is_none() {
+            if self.replay_on(ghost.as_mut()).is_none() {
                 continue;
             }
             let peak = ghost.max_memory_reserved();
@@ -252,7 +258,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
                 best = Some((peak, place));
             }
             // Nothing beats a place where the next step needs no new memory.
-            if peak <= self.memory_reserved() {
+            if peak <= view.memory_reserved() {
                 break;
             }
         }

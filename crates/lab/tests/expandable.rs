@@ -2,7 +2,7 @@
 //! checked rule by rule on hand-worked sequences, plus what PyTorch's
 //! snapshot shows for it and the refusal on a device that cannot map pages.
 
-use vramlab::memory::*;
+use vramlab_lab::memory::*;
 
 const MIB: u64 = 1 << 20;
 
@@ -212,8 +212,8 @@ fn lcg(state: &mut u64) -> u64 {
 /// bytes — and the segments of the allocator that made the run.
 #[test]
 fn an_expandable_snapshot_recorded_mid_run_replays_to_its_recorded_totals() {
-    use vramlab::lab::pickle::{pickle, unpickle, PyValue};
-    use vramlab::lab::{snapshot_export, torch_snapshot};
+    use vramlab_lab::pickle::{pickle, unpickle, PyValue};
+    use vramlab_lab::{snapshot_export, torch_snapshot};
     for seed in 1..=15u64 {
         let config = AllocatorConfig::parse("expandable_segments:True").unwrap();
         let mut a = CachingAllocator::new(SimulatedSource::unlimited(), config.clone());

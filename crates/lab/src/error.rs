@@ -1,0 +1,238 @@
+//! What can go wrong in the lab, as one enum. Each variant carries what
+//! locates the fault (a file, a byte offset, a line, an index) and what was
+//! expected, and its message says how to fix the input where it can.
+
+use crate::buffer::{Interval, HEADER};
+use crate::memory::{AllocError, PoolKind};
+use std::path::PathBuf;
+
+/// An example of each trace event, for parse errors.
+const TRACE_EXAMPLES: &str = r#"{"op":"alloc","id":7,"size":1200}, {"op":"free","id":7}, {"op":"empty_cache"} or {"op":"reset_peak"}"#;
+
+/// Everything the lab refuses: malformed pickles, snapshots, traces and
+/// interval files, invalid plans, unknown strategies and alloc-conf options.
+#[derive(Debug, thiserror::Error)]
+pub enum LabError {
+    /// The allocator's own error (an alloc-conf option, a failed free).
+    #[error(transparent)]
+    Alloc(#[from] AllocError),
+
+    // ----- pickles (`at`: the opcode's byte offset) -----
+    /// A length that runs past the end of the file.
+    #[error(
+        "byte {at}: {declared} bytes declared, {left} left in the file (truncated or corrupt)"
+    )]
+    PickleTruncated { at: usize, declared: u64, left: u64 },
+    /// A FRAME longer than the rest of the file.
+    #[error("byte {at}: a frame of {declared} bytes declared, {left} left in the file (truncated or corrupt)")]
+    PickleFrameTruncated { at: usize, declared: u64, left: u64 },
+    /// A structural fault: the stack, a MARK, a missing STOP, a text line.
+    #[error("byte {at}: {problem}")]
+    PickleMalformed { at: usize, problem: &'static str },
+    #[error("byte {at}: pickle protocol {protocol} is newer than 5")]
+    PickleProtocol { at: usize, protocol: u8 },
+    /// A text argument that does not parse as what its opcode wants.
+    #[error("byte {at}: {what} {text:?} is not {expected}")]
+    PickleBadText {
+        at: usize,
+        what: &'static str,
+        text: String,
+        expected: &'static str,
+    },
+    #[error("byte {at}: an integer of {bytes} bytes does not fit in 64 bits")]
+    PickleIntTooWide { at: usize, bytes: usize },
+    #[error("byte {at}: memo entry {key} was never stored")]
+    PickleMemoMissing { at: usize, key: u64 },
+    /// Anything but plain data (classes, globals): never executed.
+    #[error("byte {at}: unsupported pickle opcode 0x{opcode:02x} (only plain data is read: dicts, lists, tuples, strings, numbers; no classes or globals)")]
+    PickleOpcode { at: usize, opcode: u8 },
+    #[error("containers nested deeper than {max}")]
+    PickleTooDeep { max: usize },
+    #[error("a container that contains itself (not plain data)")]
+    PickleCycle,
+
+    // ----- PyTorch memory snapshots (`name`: the file) -----
+    #[error("{name}: not a readable pickle: {source}")]
+    NotAPickle {
+        name: String,
+        #[source]
+        source: Box<LabError>,
+    },
+    #[error("{name}: no device_traces; is it a torch.cuda.memory._dump_snapshot() pickle?")]
+    NoDeviceTraces { name: String },
+    #[error("{name}: the snapshot has no allocation history; call torch.cuda.memory._record_memory_history() before the code you snapshot")]
+    NoHistory { name: String },
+    /// A size field (`key`) at `at` (e.g. `segments[3].blocks[2]`).
+    #[error("{at}: {key} is not an integer")]
+    SizeNotInteger { at: String, key: &'static str },
+    #[error("{at}: {key} {value} is negative; a size cannot be, so the snapshot is corrupt")]
+    SizeNegative {
+        at: String,
+        key: &'static str,
+        value: i64,
+    },
+    #[error("{at}: {key} {value} is more than 2^62 bytes (4 EiB), the most vramlab models; the snapshot is corrupt")]
+    SizeTooLarge {
+        at: String,
+        key: &'static str,
+        value: i64,
+    },
+    #[error("rebuilding the segment at 0x{address:x} ({size} bytes) recorded before the trace: {source}")]
+    RebuildSegment {
+        address: u64,
+        size: u64,
+        #[source]
+        source: AllocError,
+    },
+    #[error("rebuilding the expandable {pool:?}-pool segment at 0x{base:x} recorded before the trace: {source}")]
+    RebuildExpandable {
+        pool: PoolKind,
+        base: u64,
+        #[source]
+        source: AllocError,
+    },
+
+    // ----- JSON Lines traces (the line is given beside the error) -----
+    #[error("cannot read the line: {0}")]
+    LineUnreadable(#[source] std::io::Error),
+    #[error("the line is longer than {max} bytes; a trace line is one small JSON object (is this a trace?)")]
+    LineTooLong { max: usize },
+    #[error("not UTF-8 text ({0}); is this a trace?")]
+    LineNotUtf8(#[source] std::str::Utf8Error),
+    #[error("{0}; expected e.g. {TRACE_EXAMPLES}")]
+    BadEvent(#[source] serde_json::Error),
+    #[error("size {size} is more than 2^62 bytes (4 EiB), the most vramlab models; the trace is probably corrupt")]
+    EventSizeTooLarge { size: u64 },
+    #[error("id {id} is allocated again while still live; free it first")]
+    IdStillLive { id: u64 },
+    #[error("free of id {id}, which is not live (never allocated, or already freed)")]
+    IdNotLive { id: u64 },
+    /// An error on line `line` (1-based) of a trace file.
+    #[error("line {line}: {source}")]
+    AtLine {
+        line: usize,
+        #[source]
+        source: Box<LabError>,
+    },
+    /// An error of the trace's `event`-th event (0-based).
+    #[error("event {event}: {source}")]
+    AtEvent {
+        event: usize,
+        #[source]
+        source: Box<LabError>,
+    },
+
+    // ----- files -----
+    #[error("cannot open trace {}: {source}", .path.display())]
+    OpenTrace {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot read trace {}: {source}", .path.display())]
+    ReadTrace {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: a pickle of protocol 0 or 1 (it opens with opcode {opcode:?} and ends with STOP); vramlab reads protocols 2 to 5, which torch.cuda.memory._dump_snapshot() writes. Save it again with protocol 4: python -c \"import pickle,sys; pickle.dump(pickle.load(open(sys.argv[1],'rb')), open(sys.argv[2],'wb'), protocol=4)\" OLD.pickle NEW.pickle", .path.display())]
+    OldPickle { path: PathBuf, opcode: char },
+
+    // ----- interval files (`line`: 1-based) and interval lists (`index`) -----
+    #[error("cannot read the interval file: {0} (is it UTF-8 text?)")]
+    IntervalsUnreadable(#[source] std::io::Error),
+    #[error("line 1: the file is empty; expected the header `{HEADER}` and one line per buffer")]
+    IntervalsEmpty,
+    #[error("line {line}: the header `{header}` has no `{column}` column; the first line must be the header `{HEADER}`")]
+    NoColumn {
+        line: usize,
+        header: String,
+        column: &'static str,
+    },
+    #[error("line {line}: the header `{header}` names `{column}` more than once; the header is `{HEADER}`")]
+    ColumnTwice {
+        line: usize,
+        header: String,
+        column: &'static str,
+    },
+    #[error("line {line}: {found} fields, but the header has {expected}; each line is `{HEADER}`")]
+    FieldCount {
+        line: usize,
+        found: usize,
+        expected: usize,
+    },
+    #[error("line {line}: `{column}` is `{value}`, not an integer; write it as a whole number without units")]
+    NotInteger {
+        line: usize,
+        column: String,
+        value: String,
+    },
+    #[error("line {line}: `size` is `{value}`, not a non-negative integer; write the size in bytes as a whole number")]
+    BadSize { line: usize, value: String },
+    #[error("line {line}: buffer {id} has upper {upper} <= lower {lower}; lifetimes are half open [lower, upper), so upper must be at least lower + 1")]
+    EmptyLifetime {
+        line: usize,
+        id: i64,
+        lower: i64,
+        upper: i64,
+    },
+    #[error("line {line}: buffer {id} has size 0; drop zero-byte buffers (they need no memory) or give the size in bytes")]
+    ZeroSize { line: usize, id: i64 },
+    #[error("line {line}: id {id} was already used on line {first}; ids must be unique (renumber one of them)")]
+    DuplicateId { line: usize, id: i64, first: usize },
+    #[error("interval {index} (id {id}): upper {upper} <= lower {lower}; lifetimes are [lower, upper) with upper > lower")]
+    IntervalEmptyLifetime {
+        index: usize,
+        id: i64,
+        lower: i64,
+        upper: i64,
+    },
+    #[error("interval {index} (id {id}): size 0")]
+    IntervalZeroSize { index: usize, id: i64 },
+    #[error("interval {index}: duplicate id {id}")]
+    IntervalDuplicateId { index: usize, id: i64 },
+
+    // ----- plans -----
+    #[error("{offsets} offsets for {intervals} intervals; give one offset per interval")]
+    OffsetCount { offsets: usize, intervals: usize },
+    #[error("interval {index} (id {id}): offset {offset} + size {size} overflows")]
+    OffsetOverflow {
+        index: usize,
+        id: i64,
+        offset: u64,
+        size: u64,
+    },
+    /// Two buffers live at once whose bytes overlap.
+    #[error(
+        "ids {} ([{}, {}) at [{}, {})) and {} ([{}, {}) at [{}, {})) are live together and overlap in memory",
+        .a.id, .a.lower, .a.upper, .a_offset, .a_offset + .a.size,
+        .b.id, .b.lower, .b.upper, .b_offset, .b_offset + .b.size
+    )]
+    Overlap {
+        a: Interval,
+        a_offset: u64,
+        b: Interval,
+        b_offset: u64,
+    },
+
+    // ----- strategies and options -----
+    #[error("unknown allocator {name:?}; choose from {}", .known.join(", "))]
+    UnknownAllocator {
+        name: String,
+        known: &'static [&'static str],
+    },
+    /// A vramlab option (`lookahead`, …) whose value is not a boolean.
+    #[error("allocator config {input:?}: {key}:{value} must be True or False (a vramlab option)")]
+    OptionValue {
+        input: String,
+        key: &'static str,
+        value: String,
+    },
+    /// A key neither PyTorch nor vramlab has.
+    #[error("allocator config {input:?}: unknown option {key:?}; known options: {}", .known.join(", "))]
+    UnknownOption {
+        input: String,
+        key: String,
+        known: Vec<String>,
+    },
+}

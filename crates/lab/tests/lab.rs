@@ -1,0 +1,5 @@
+//! The lab's integration tests in one binary (no wgpu).
+
+mod exact_planner;
+mod expandable;
+mod vramlab;

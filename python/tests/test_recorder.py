@@ -1,0 +1,390 @@
+"""Tests of vramlab_torch (run where PyTorch is installed):
+
+    pip install ./python torch pytest && pytest python/tests
+
+or, without installing the package, PYTHONPATH=python pytest python/tests.
+Skipped as a whole when PyTorch is missing.
+"""
+
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+import vramlab_torch  # noqa: E402
+from vramlab_torch import models, record, record_step  # noqa: E402
+from vramlab_torch.snapshot import round_size  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(HERE))
+FIXTURES = os.path.join(REPO, "tests", "fixtures", "recorder")
+
+
+def nbytes(tensors):
+    return sum(t.untyped_storage().nbytes() for t in tensors)
+
+
+def check_snapshot(snap):
+    """The snapshot's structure, and that its trace is consistent: every
+    alloc is freed at most once, frees only what is allocated, and the
+    segments at the end hold exactly the blocks the trace leaves alive."""
+    assert set(snap) >= {"segments", "device_traces", "allocator_settings"}
+    (trace,) = snap["device_traces"]
+    live, freed_once = {}, set()
+    requested = 0
+    for e in trace:
+        assert set(e) >= {"action", "addr", "size", "stream", "frames"}
+        assert e["stream"] == 0
+        for f in e["frames"]:
+            assert set(f) == {"filename", "line", "name"}
+        if e["action"] == "alloc":
+            assert e["addr"] not in live, "an address handed out twice while alive"
+            live[e["addr"]] = e["size"]
+            requested += e["size"]
+            json.loads(e["user_metadata"])  # a JSON string
+        elif e["action"] == "free_requested":
+            assert live.get(e["addr"]) == e["size"], "free of something not allocated"
+            assert e["addr"] not in freed_once
+            freed_once.add(e["addr"])
+        elif e["action"] == "free_completed":
+            assert e["addr"] in freed_once
+            freed_once.discard(e["addr"])
+            requested -= live.pop(e["addr"])
+    # The end state: blocks tile each segment; active blocks = live allocs.
+    active = {}
+    for s in snap["segments"]:
+        at = s["address"]
+        for b in s["blocks"]:
+            assert b["address"] == at
+            at += b["size"]
+            if b["state"] == "active_allocated":
+                active[b["address"]] = b["requested_size"]
+        assert at == s["address"] + s["total_size"]
+        assert s["allocated_size"] == sum(b["size"] for b in s["blocks"] if b["state"] == "active_allocated")
+    if snap["segments"]:
+        assert active == live
+    return trace, live
+
+
+def end_by_category(rec):
+    return rec.summary()["end_by_category"]
+
+
+# -- the CLI's step, on small models -------------------------------------------
+
+def test_mlp_pickle_loads_and_ends_with_params_state_and_inputs(tmp_path):
+    rec = record_step(models.mlp, inputs=[(8, 64)], target="classes", optimizer="adamw",
+                      steps=2, cublas_workspace="off")
+    path = tmp_path / "mlp.pickle"
+    rec.save(str(path))
+    with open(path, "rb") as f:
+        snap = pickle.load(f)
+    trace, live = check_snapshot(snap)
+    model, opt, xs, y = rec._keep
+    params = list(model.parameters())
+    state = [t for s in opt.state.values() for t in s.values() if t.device.type == "meta"]
+    expect = nbytes(params) + nbytes(state) + nbytes(xs) + nbytes([y])
+    assert sum(live.values()) == expect
+    assert end_by_category(rec) == {"parameter": nbytes(params), "optimizer_state": nbytes(state),
+                                    "input": nbytes(xs) + nbytes([y])}
+    # AdamW: two moments per parameter; state['step'] stays on the CPU.
+    assert nbytes(state) == 2 * nbytes(params)
+    cats = {json.loads(e["user_metadata"])["category"] for e in trace if e["action"] == "alloc"}
+    assert {"parameter", "input", "activation", "gradient", "optimizer_state", "output"} <= cats
+
+
+def test_convnet_sgd_keeping_grads(tmp_path):
+    """SGD with momentum, BatchNorm buffers, gradients kept (zero_grad
+    'keep'): the end holds parameters + buffers + grads + momentum + inputs."""
+    rec = record_step(models.convnet, inputs=[(4, 3, 32, 32)], target="classes", optimizer="sgd",
+                      steps=2, zero_grad="keep", cublas_workspace="off")
+    snap, _ = rec.snapshot()
+    trace, live = check_snapshot(snap)
+    model, opt, xs, y = rec._keep
+    params, buffers = list(model.parameters()), list(model.buffers())
+    grads = [p.grad for p in params]
+    state = [t for s in opt.state.values() for t in s.values()]
+    assert nbytes(state) == nbytes(params)  # one momentum buffer each
+    ends = end_by_category(rec)
+    assert ends == {"parameter": nbytes(params) + nbytes(buffers), "gradient": nbytes(grads),
+                    "optimizer_state": nbytes(state), "input": nbytes(xs) + nbytes([y])}
+    assert sum(live.values()) == sum(ends.values())
+
+
+def test_cublas_workspace_rules():
+    """per-op: one 32 MiB workspace per GEMM (Hopper), allocated after the
+    output and freed at once; cuBLASLt's 1 MiB (Linear with bias forward)
+    kept. cached: one per thread (forward, backward), kept."""
+    per_op = record_step(models.mlp, inputs=[(8, 64)], steps=1, cublas_workspace="per-op")
+    ws = [e for e in per_op.events if e["op"] == "alloc" and e["category"] == "workspace"]
+    big = [e for e in ws if e["size"] == 32 << 20]
+    # 3 Linear layers: no GEMM in the forward takes cuBLAS (addmm with bias
+    # is cuBLASLt); the backward's mm: 2 per layer, less the first layer's
+    # grad_input (the input needs no gradient) = 5.
+    assert len(big) == 5
+    assert [e["size"] for e in ws if e["size"] != 32 << 20] == [1 << 20]
+    assert end_by_category(per_op)["workspace"] == 1 << 20
+    cached = record_step(models.mlp, inputs=[(8, 64)], steps=2, cublas_workspace="cached")
+    ws = [e for e in cached.events if e["op"] == "alloc" and e["category"] == "workspace"]
+    # Cached with a unified cuBLASLt workspace: the forward thread's (made
+    # by the first addmm) and the backward thread's.
+    assert [e["size"] for e in ws] == [32 << 20, 32 << 20]
+    older = record_step(models.mlp, inputs=[(8, 64)], steps=1, cublas_workspace="per-op",
+                        capability=(8, 0))
+    assert {e["size"] for e in older.events if e["op"] == "alloc" and e["category"] == "workspace"} \
+        == {4096 * 1024 * 2 + 16 * 1024 * 8, 1 << 20}
+
+
+def test_memtracker_agrees_on_the_peak():
+    """PyTorch's own MemTracker (torch.distributed._tools) on the same step
+    of the same model, on meta: its peak (bytes of live storages on the
+    device) equals the recorder's peak of live bytes, exactly, when the
+    recorder is told to do what MemTracker sees (no cuBLAS workspaces, math
+    SDPA, autograd's accumulation as PyTorch runs it under a mode). Zero
+    tolerance: both sum storage nbytes of the same tensors; any difference
+    is a missed or extra allocation. With CUDA's in-place accumulation (the
+    default) the recorder's peak may only be lower, by at most the
+    accumulated gradients' bytes."""
+    mem_tracker = pytest.importorskip("torch.distributed._tools.mem_tracker")
+    F = torch.nn.functional
+    for name, build, shape in (("mlp", models.mlp, (8, 64)),
+                               ("convnet", models.convnet, (4, 3, 32, 32)),
+                               ("gpt_block", lambda: models.gpt_block(64, 4), (2, 16, 64))):
+        target = "same" if name == "gpt_block" else "classes"
+        rec = record_step(build, inputs=[shape], target=target, optimizer="adamw", steps=1,
+                          cublas_workspace="off", sdpa="math", inplace_accumulation=False, frames=False)
+        ours = rec.summary()["peak_live_bytes"]
+
+        with torch.device("meta"):
+            model = build()
+            x = torch.empty(shape)
+            y = torch.empty(shape if target == "same" else shape[:1],
+                            dtype=torch.float32 if target == "same" else torch.int64)
+        model.train()
+        from vramlab_torch.recorder import allow_fused_on_meta
+        allow_fused_on_meta()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+        mt = mem_tracker.MemTracker()
+        mt.track_external(model, opt, x, y)
+
+        def step():
+            out = model(x)
+            loss = F.mse_loss(out, y) if target == "same" else F.cross_entropy(out, y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        with torch.device("meta"), mt:
+            step()
+        theirs = mt.get_tracker_snapshot("peak")[torch.device("meta")]["Total"]
+        print(f"{name}: recorder peak {ours} bytes, MemTracker peak {theirs} bytes")
+        assert ours == theirs, (name, ours, theirs)
+
+        default = record_step(build, inputs=[shape], target=target, optimizer="adamw", steps=1,
+                              cublas_workspace="off", sdpa="math", frames=False)
+        acc = sum(a[1] for a in default.recorder.accumulations if a[0] is True)
+        assert theirs - acc <= default.summary()["peak_live_bytes"] <= theirs, name
+
+
+def test_resnet50_records_and_replays_its_own_allocator_model():
+    """ResNet-50 written out (torchvision's layout), batch 32 at 224x224,
+    SGD: 25.6 M parameters; the activations dominate the peak."""
+    rec = record_step(models.resnet50, inputs=[(32, 3, 224, 224)], target="classes", optimizer="sgd",
+                      lr=0.1, steps=2, frames=False)
+    assert rec.meta["parameters"] == 25_557_032
+    s = rec.summary()
+    assert s["at_peak"]["activation"] > 0.8 * (s["peak_live_bytes"] - s["at_peak"].get("workspace", 0))
+    snap, model_summary = rec.snapshot()
+    check_snapshot(snap)
+    assert model_summary["peak_requested"] == s["peak_live_bytes"]
+    assert model_summary["peak_reserved"] >= model_summary["peak_allocated"] >= s["peak_live_bytes"]
+
+
+def test_gpt2_block_and_model_with_amp_and_flash_attention():
+    """A GPT-2 block written out; and a small GPT under bf16 autocast: CUDA
+    takes flash attention for bf16, and the parameters' bf16 casts are the
+    autocast cache."""
+    rec = record_step(lambda: models.gpt_block(64, 4), inputs=[(2, 16, 64)], target="same", steps=2)
+    check_snapshot(rec.snapshot()[0])
+    assert rec.meta["sdpa_choices"] == {"efficient": 2}  # fp32: the memory-efficient kernel
+    rec = record_step(lambda: models.gpt2(2, 4, 64, 32, 100), inputs=[(2, 32)],
+                      input_dtypes=[torch.int64], target="tokens", amp="bf16", steps=2)
+    check_snapshot(rec.snapshot()[0])
+    assert rec.meta["sdpa_choices"] == {"flash": 4}
+    cats = {e["category"] for e in rec.events if e["op"] == "alloc"}
+    assert "cast_cache" in cats
+    assert any(e["label"] == "aten._scaled_dot_product_flash_attention.default" for e in rec.events
+               if e["op"] == "alloc")
+
+
+def test_checkpointing_lowers_the_activation_peak():
+    build = lambda: models.gpt2(4, 4, 64, 64, 100)  # noqa: E731
+    kw = dict(inputs=[(4, 64)], input_dtypes=[torch.int64], target="tokens", steps=1, frames=False,
+              cublas_workspace="off")
+    plain = record_step(build, **kw).summary()
+    ckpt = record_step(build, checkpoint="auto", **kw)
+    assert ckpt.meta["checkpoint"] == "4 x Block"
+    assert ckpt.summary()["peak_live_bytes"] < plain["peak_live_bytes"]
+    amp = record_step(build, checkpoint="auto", amp="bf16", **kw)  # recomputation under autocast
+    assert amp.meta["sdpa_choices"] == {"flash": 8}  # forward and recomputation
+
+
+# -- record(): the user's own loop -------------------------------------------
+
+def test_user_loop_api(tmp_path):
+    F = torch.nn.functional
+    with record(frames="short") as rec:
+        model = models.gpt2(2, 4, 64, 32, 100)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        x = torch.empty(2, 32, dtype=torch.long)
+        y = torch.empty(2, 32, dtype=torch.long)
+        for _ in range(2):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                logits = model(x)
+                loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), y.view(-1))
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        del logits, loss
+    assert x.device.type == "meta"
+    summary = rec.save(str(tmp_path / "loop.pickle"))
+    with open(tmp_path / "loop.pickle", "rb") as f:
+        trace, live = check_snapshot(pickle.load(f))
+    assert summary["segments"] > 0
+    cats = {e["category"] for e in rec.events if e["op"] == "alloc"}
+    assert {"parameter", "input", "activation", "gradient", "optimizer_state", "cast_cache"} <= cats
+    phases = {e["phase"] for e in rec.events if e["op"] == "alloc"}
+    assert {"setup", "forward", "backward", "optimizer"} <= phases
+    assert max(e["step"] for e in rec.events if e["op"] == "alloc") == 2
+    wheres = {e.get("where") for e in rec.events if e["op"] == "alloc"}
+    assert "h.0.attn" in wheres
+    ends = end_by_category(rec)
+    params = list(model.parameters())
+    state = [t for s in opt.state.values() for t in s.values() if t.device.type == "meta"]
+    assert ends["parameter"] == nbytes(params)
+    assert ends["optimizer_state"] == nbytes(state)
+    # Frames: the model's own source line, and torch/optim's _init_group for the state.
+    frames = [f for e in trace if e["action"] == "alloc" for f in e["frames"]]
+    assert any(f["filename"].endswith("vramlab_torch/models.py") for f in frames)
+    assert any(f["filename"] == "torch/optim/adam.py" and f["name"] == "_init_group" for f in frames)
+    rec.save(str(tmp_path / "loop.jsonl"))
+    lines = [json.loads(l) for l in open(tmp_path / "loop.jsonl")]
+    assert len(lines) == len(rec.events) and lines[0]["op"] == "alloc"
+
+
+# -- the CLI --------------------------------------------------------------------
+
+def test_cli_records_a_builder_from_a_file(tmp_path):
+    src = tmp_path / "my_model.py"
+    src.write_text("import torch.nn as nn\n\n"
+                   "def build(width=32):\n"
+                   "    return nn.Sequential(nn.Linear(16, width), nn.GELU(), nn.Linear(width, 5))\n")
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(HERE) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = tmp_path / "step.pickle"
+    r = subprocess.run([sys.executable, "-m", "vramlab_torch", "record", f"{src}:build", "--arg", "width=48",
+                        "--input", "4,16", "--target", "classes:5", "--optimizer", "adam", "--fused",
+                        "--steps", "2", "--out", str(out), "--json"],
+                       capture_output=True, text=True, env=env, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)
+    assert s["meta"]["parameters"] == 16 * 48 + 48 + 48 * 5 + 5
+    assert s["meta"]["optimizer_impl"] == "fused"
+    with open(out, "rb") as f:
+        check_snapshot(pickle.load(f))
+    h = subprocess.run([sys.executable, "-m", "vramlab_torch", "record", "--help"], capture_output=True,
+                       text=True, env=env)
+    assert "cannot see" in h.stdout and "cuBLAS" in h.stdout and "NCCL" in h.stdout
+
+
+# -- the committed fixtures ------------------------------------------------------
+
+FIXTURE_CASES = {
+    "mlp-adamw.pickle": ["vramlab_torch.models:mlp", "--input", "8,64", "--target", "classes:10",
+                         "--optimizer", "adamw", "--steps", "2"],
+    "gpt-block-adamw.pickle": ["vramlab_torch.models:gpt_block", "--arg", "dim=64", "--arg", "heads=4",
+                               "--input", "2,16,64", "--target", "same", "--optimizer", "adamw",
+                               "--steps", "2"],
+    "gpt-tiny-bf16-checkpoint.pickle": [
+        "vramlab_torch.models:gpt2", "--arg", "layers=2", "--arg", "heads=4", "--arg", "dim=64",
+        "--arg", "positions=32", "--arg", "vocab=100", "--input", "2,32", "--input-dtype", "int64",
+        "--target", "tokens", "--optimizer", "adamw", "--amp", "bf16", "--checkpoint", "--steps", "2"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURE_CASES))
+def test_fixtures_are_what_the_recorder_writes(name, tmp_path):
+    """The committed fixture's trace (actions, sizes, metadata) is what
+    this recorder writes now; regenerate with the command in
+    tests/fixtures/recorder/README.md when it changes on purpose."""
+    path = os.path.join(FIXTURES, name)
+    if not os.path.exists(path):
+        pytest.skip(f"{path} not committed")
+    with open(path, "rb") as f:
+        committed = pickle.load(f)
+    check_snapshot(committed)
+    assert os.path.getsize(path) < 200_000
+    if committed["vramlab_torch"]["torch"] != str(torch.__version__):
+        pytest.skip(f"fixture recorded with PyTorch {committed['vramlab_torch']['torch']}")
+    out = tmp_path / name
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(HERE))
+    r = subprocess.run([sys.executable, "-m", "vramlab_torch", "record", *FIXTURE_CASES[name],
+                        "--short-paths", "--out", str(out)], capture_output=True, text=True, env=env,
+                       cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    with open(out, "rb") as f:
+        now = pickle.load(f)
+
+    def key(s):
+        return [(e["action"], e["addr"], e["size"], e.get("user_metadata")) for e in s["device_traces"][0]]
+    assert key(now) == key(committed)
+
+
+def vramlab_binary():
+    for p in (os.environ.get("VRAMLAB_BIN"), os.path.join(REPO, "target", "release", "vramlab"),
+              os.path.join(REPO, "target", "debug", "vramlab"), shutil.which("vramlab")):
+        if p and os.path.exists(p):
+            return p
+    return None
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURE_CASES))
+def test_vramlab_replays_the_fixture_to_the_same_end_state(name):
+    binary = vramlab_binary()
+    path = os.path.join(FIXTURES, name)
+    if binary is None or not os.path.exists(path):
+        pytest.skip("no vramlab binary (set VRAMLAB_BIN) or fixture")
+    r = subprocess.run([binary, "replay", path, "--json"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    (dev,) = json.loads(r.stdout)["devices"]
+    assert dev["segments_match"], dev["differences"]
+    with open(path, "rb") as f:
+        snap = pickle.load(f)
+    peak = 0
+    live = {}
+    alloc = 0
+    for e in snap["device_traces"][0]:
+        if e["action"] == "alloc":
+            live[e["addr"]] = round_size(e["size"])
+            alloc += live[e["addr"]]
+            peak = max(peak, alloc)
+        elif e["action"] == "free_completed":
+            alloc -= live.pop(e["addr"])
+    assert dev["replayed"]["peak_allocated_bytes"] == peak
+
+
+def test_import_without_pytorch_says_what_to_install():
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(HERE))
+    r = subprocess.run([sys.executable, "-c", "import sys; sys.modules['torch'] = None; import vramlab_torch"],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode != 0
+    assert "needs PyTorch: pip install torch" in r.stderr

@@ -1,0 +1,240 @@
+"""What CUDA decides above the kernels, done on meta tensors: a
+TorchFunctionMode (it sees the torch.* / F.* calls the model's Python code
+makes, above autograd, so its casts are recorded by autograd as CUDA's
+are).
+
+SDPA backend. On meta, F.scaled_dot_product_attention always takes the
+math path (it materialises the [B, H, S, S] attention matrix). On a CUDA
+GPU of compute capability 8.0 or more PyTorch picks, in order: flash
+attention (fp16/bf16, no attn_mask, head dim <= 256, no GQA), then the
+memory-efficient kernel (fp32 too, attn_mask allowed, head dim a multiple
+of 8 for fp16/bf16 or 4 for fp32, no GQA), then math. sdpa="auto" makes
+that choice and calls the chosen kernel's aten op (_scaled_dot_product_
+flash_attention / _efficient_attention, whose meta kernels and backward
+formulas are PyTorch's); "flash", "efficient" force one where it applies;
+"math" keeps meta's choice. The cuDNN backend is not modelled.
+
+Autocast. torch.autocast("cuda") cannot be entered without a GPU, and
+meta tensors have no autocast dispatch key. autocast(dtype) here applies
+CUDA's autocast policy (aten/src/ATen/autocast_mode.h: the lower-precision
+list, the fp32 list, the fp32-with-dtype list, the promote list) to the
+calls the model makes: eligible floating arguments are cast with .to(),
+and casts of leaf tensors that require grad (the parameters) are cached
+until the outermost autocast exits, as CUDA's weight cast cache is. Calls
+made from inside another function the mode passes through (a Python
+function not in the lists, e.g. F.multi_head_attention_forward, or C++
+composites) are not re-examined: CUDA's autocast would see those too.
+cross_entropy is taken as CUDA runs it: log_softmax with dtype=float32,
+then nll_loss.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+LOWER = {
+    "conv1d", "conv2d", "conv3d", "conv_tbc", "conv_transpose1d", "conv_transpose2d",
+    "conv_transpose3d", "convolution", "_convolution", "prelu", "addmm", "addmv", "addr",
+    "matmul", "__matmul__", "__rmatmul__", "einsum", "mm", "mv", "linalg_vecdot", "linear",
+    "addbmm", "baddbmm", "bmm", "chain_matmul", "linalg_multi_dot", "lstm_cell", "gru_cell",
+    "rnn_tanh_cell", "rnn_relu_cell", "scaled_dot_product_attention",
+}
+FP32 = {
+    "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p",
+    "reciprocal", "rsqrt", "sinh", "tan", "pow", "__pow__", "softplus", "layer_norm",
+    "native_layer_norm", "group_norm", "frobenius_norm", "nuclear_norm", "cosine_similarity",
+    "poisson_nll_loss", "cosine_embedding_loss", "nll_loss", "nll_loss2d",
+    "hinge_embedding_loss", "kl_div", "l1_loss", "smooth_l1_loss", "huber_loss", "mse_loss",
+    "margin_ranking_loss", "multilabel_margin_loss", "soft_margin_loss", "triplet_margin_loss",
+    "multi_margin_loss", "binary_cross_entropy_with_logits", "dist", "pdist", "cdist", "renorm",
+    "logsumexp", "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d",
+    "upsample_linear1d", "upsample_bilinear2d", "upsample_trilinear3d", "upsample_bicubic2d",
+}
+FP32_SET_DTYPE = {"prod", "softmax", "log_softmax", "cumprod", "cumsum", "linalg_vector_norm",
+                  "linalg_matrix_norm", "sum"}
+PROMOTE = {"addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "vdot", "grid_sampler",
+           "index_put", "tensordot", "scatter_add"}
+LOWER_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _eligible(t):
+    return isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
+
+
+def _map(x, fn):
+    if isinstance(x, torch.Tensor):
+        return fn(x)
+    if isinstance(x, (list, tuple)) and any(isinstance(e, torch.Tensor) for e in x):
+        return type(x)(fn(e) if isinstance(e, torch.Tensor) else e for e in x)
+    return x
+
+
+class CudaEmulation(TorchFunctionMode):
+    def __init__(self, sdpa="auto", recorder=None):
+        super().__init__()
+        if sdpa not in ("auto", "flash", "efficient", "math"):
+            raise ValueError(f"sdpa={sdpa!r}: auto, flash, efficient or math")
+        self.sdpa = sdpa
+        self.recorder = recorder
+        self.amp_dtype = None
+        self.amp_depth = 0
+        self.cast_cache = {}  # id(leaf) -> (leaf, cast)
+        self.cache_enabled = True
+        self.sdpa_choices = {}
+
+    # -- autocast ----------------------------------------------------------
+    def autocast(self, dtype=torch.float16, enabled=True, cache_enabled=True):
+        """Context: CUDA's autocast to `dtype`, emulated. It also sets
+        PyTorch's own CUDA autocast flags (no effect on meta tensors, which
+        have no autocast dispatch key) so that code that reads them, such
+        as torch.utils.checkpoint's recomputation, re-enters it."""
+        mode = self
+
+        class _Ctx:
+            def __enter__(self):
+                self.prev = (mode.amp_dtype, mode.cache_enabled, torch.is_autocast_enabled("cuda"),
+                             torch.get_autocast_dtype("cuda"), torch.is_autocast_cache_enabled())
+                mode.amp_depth += 1
+                mode.amp_dtype = dtype if enabled else None
+                mode.cache_enabled = cache_enabled
+                torch.set_autocast_enabled("cuda", bool(enabled))
+                torch.set_autocast_dtype("cuda", dtype)
+                torch.set_autocast_cache_enabled(cache_enabled)
+                return self
+
+            def __exit__(self, *exc):
+                mode.amp_depth -= 1
+                mode.amp_dtype, mode.cache_enabled, en, dt, ce = self.prev
+                torch.set_autocast_enabled("cuda", en)
+                torch.set_autocast_dtype("cuda", dt)
+                torch.set_autocast_cache_enabled(ce)
+                if mode.amp_depth == 0:
+                    mode.cast_cache.clear()
+                return False
+        return _Ctx()
+
+    def _to(self, t, dtype):
+        if t.dtype == dtype:
+            return t
+        cache = (dtype == self.amp_dtype and self.cache_enabled
+                 and t.is_leaf and t.requires_grad)
+        if cache:
+            hit = self.cast_cache.get(id(t))
+            if hit is not None and hit[0] is t:
+                return hit[1]
+        c = t.to(dtype)
+        if cache:
+            self.cast_cache[id(t)] = (t, c)
+            if self.recorder is not None:
+                self.recorder.mark("cast_cache", [c])
+        return c
+
+    def _cast(self, args, kwargs, dtype, only=None):
+        def fn(t):
+            if _eligible(t) and (only is None or t.dtype in only) and t.dtype != dtype:
+                return self._to(t, dtype)
+            return t
+        return tuple(_map(a, fn) for a in args), {k: _map(v, fn) for k, v in kwargs.items()}
+
+    # -- SDPA --------------------------------------------------------------
+    def _sdpa(self, args, kwargs):
+        names = ["query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"]
+        a = dict(zip(names, args))
+        a.update(kwargs)
+        q, k, v = a["query"], a["key"], a["value"]
+        mask, p = a.get("attn_mask"), a.get("dropout_p", 0.0)
+        causal, scale, gqa = a.get("is_causal", False), a.get("scale"), a.get("enable_gqa", False)
+        d = q.shape[-1]
+        same = q.dtype == k.dtype == v.dtype
+        shapes_ok = q.dim() == 4 and k.dim() == 4 and v.dim() == 4 and not gqa and q.shape[1] == k.shape[1]
+        flash_ok = (same and q.dtype in LOWER_DTYPES and mask is None and d <= 256 and d % 8 == 0
+                    and v.shape[-1] == d and shapes_ok)
+        align = 8 if q.dtype in LOWER_DTYPES else 4
+        eff_ok = same and q.dtype in (torch.float32, *LOWER_DTYPES) and d % align == 0 and shapes_ok \
+            and v.shape[-1] % align == 0
+        choice = "math"
+        if self.sdpa == "auto":
+            choice = "flash" if flash_ok else "efficient" if eff_ok else "math"
+        elif self.sdpa == "flash" and flash_ok:
+            choice = "flash"
+        elif self.sdpa == "efficient" and eff_ok:
+            choice = "efficient"
+        if self.recorder is None or not self.recorder.paused_depth:
+            self.sdpa_choices[choice] = self.sdpa_choices.get(choice, 0) + 1
+        if q.device.type != "meta":
+            choice = "math"
+        if choice == "flash":
+            return torch.ops.aten._scaled_dot_product_flash_attention(
+                q, k, v, p, causal, False, scale=scale)[0]
+        if choice == "efficient":
+            need_lse = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+            if mask is not None:
+                mask = mask.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2]) if mask.dim() <= 4 else mask
+                if mask.dtype == torch.bool:
+                    # CUDA converts a boolean mask to an additive one first.
+                    mask = torch.zeros_like(mask, dtype=q.dtype).masked_fill_(mask.logical_not(), float("-inf"))
+            return torch.ops.aten._scaled_dot_product_efficient_attention(
+                q, k, v, mask, need_lse, p, causal, scale=scale)[0]
+        return None
+
+    # -- the mode ------------------------------------------------------------
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        amp = self.amp_dtype
+        if amp is not None:
+            if name in LOWER:
+                args, kwargs = self._cast(args, kwargs, amp)
+            elif name in FP32:
+                args, kwargs = self._cast(args, kwargs, torch.float32, only=LOWER_DTYPES)
+            elif name in FP32_SET_DTYPE:
+                first = args[0] if args else None
+                if _eligible(first) and first.dtype in LOWER_DTYPES and kwargs.get("dtype") is None \
+                        and not (len(args) > 2 and name in ("softmax", "log_softmax") and args[2] is not None):
+                    kwargs = dict(kwargs, dtype=torch.float32)
+            elif name in ("cross_entropy_loss", "cross_entropy"):
+                r = self._cross_entropy(func, args, kwargs)
+                if r is not None:
+                    return r
+            elif name in PROMOTE:
+                dts = [t.dtype for t in tree_tensors(args, kwargs) if _eligible(t)]
+                if dts:
+                    wide = torch.float32 if torch.float32 in dts else dts[0]
+                    args, kwargs = self._cast(args, kwargs, wide)
+        if name == "scaled_dot_product_attention" and self.sdpa != "math":
+            r = self._sdpa(args, kwargs)
+            if r is not None:
+                return r
+        return func(*args, **kwargs)
+
+    def _cross_entropy(self, func, args, kwargs):
+        names = ["input", "target", "weight", "size_average", "ignore_index", "reduce", "reduction",
+                 "label_smoothing"]
+        if func is not F.cross_entropy:
+            names = ["input", "target", "weight", "reduction", "ignore_index", "label_smoothing"]
+        a = dict(zip(names, args))
+        a.update(kwargs)
+        x = a["input"]
+        if not (_eligible(x) and x.dtype in LOWER_DTYPES) or a.get("label_smoothing", 0.0):
+            return None
+        if a.get("size_average") is not None or a.get("reduce") is not None:
+            return None
+        reduction = a.get("reduction", "mean")
+        if isinstance(reduction, int):
+            reduction = ["none", "mean", "sum"][reduction]
+        t = a["target"]
+        if t.is_floating_point():
+            return None
+        lsm = torch.log_softmax(x, 1 if x.dim() > 1 else 0, dtype=torch.float32)
+        return F.nll_loss(lsm, t, weight=a.get("weight"), ignore_index=a.get("ignore_index", -100),
+                          reduction=reduction)
+
+
+def tree_tensors(args, kwargs):
+    out = []
+    for x in list(args) + list(kwargs.values()):
+        if isinstance(x, torch.Tensor):
+            out.append(x)
+        elif isinstance(x, (list, tuple)):
+            out.extend(e for e in x if isinstance(e, torch.Tensor))
+    return out

@@ -1,0 +1,309 @@
+"""record(): a recording session around any PyTorch code on meta tensors,
+the user's own training loop included."""
+
+import contextlib
+import gc
+import json
+import os
+import pickle
+import time
+import warnings
+
+import torch
+import torch.optim.optimizer as optim_hooks
+
+from . import snapshot as snapshot_mod
+from .cuda_emulation import CudaEmulation
+from .recorder import (META, CublasWorkspaces, Recorder, allow_fused_on_meta, gc_paused,
+                       self_test)
+
+CATEGORIES = ("parameter", "gradient", "optimizer_state", "activation", "temporary", "input",
+              "output", "workspace", "cast_cache")
+
+
+class Recording:
+    """A recording: `with vramlab_torch.record() as rec: ...` then
+    `rec.save("step.pickle")`.
+
+    Inside the block: the default device is meta (tensors and modules the
+    code creates have shapes and no data), a TorchDispatchMode writes down
+    every device storage's allocation and free, forward hooks give module
+    paths, optimizer step hooks and autograd give the phases, and
+    torch.autocast("cuda", ...) is emulated (see cuda_emulation.py).
+
+    Options: frames (record each allocation's Python stack: True, the
+    default; "short": file names without the machine's part; False: none),
+    cublas_workspace ("auto", "per-op", "cached", "off"; see
+    recorder.CublasWorkspaces), capability (the GPU's compute capability,
+    for the cuBLAS workspace size; default (9, 0), Hopper), sdpa ("auto",
+    "flash", "efficient", "math"), inplace_accumulation (autograd adds
+    gradients in place as CUDA does; default True), segments
+    ("simulate" or "none", for the pickle), auto_phase (phases from hooks;
+    the CLI sets them itself)."""
+
+    def __init__(self, frames=True, cublas_workspace="auto", capability=(9, 0), sdpa="auto",
+                 inplace_accumulation=True, segments="simulate", auto_phase=True,
+                 default_device_meta=True):
+        self.accumulate = self_test() if inplace_accumulation else (-1, -1)
+        self.workspaces = CublasWorkspaces(cublas_workspace, capability)
+        self.recorder = Recorder(self.accumulate, frames=frames, workspaces=self.workspaces,
+                                 auto_phase=auto_phase)
+        self.emulation = CudaEmulation(sdpa, recorder=self.recorder)
+        self.segments = segments
+        self.auto_phase = auto_phase
+        self.default_device_meta = default_device_meta
+        self.names = {}  # module -> qualified name
+        self.meta = {"torch": str(torch.__version__), "cublas_workspace": self.workspaces.describe(),
+                     "sdpa": sdpa}
+        self.seconds = None
+        self._stack = None
+        self._finished = False
+
+    # -- labels ------------------------------------------------------------
+    def watch(self, model, prefix=""):
+        """Module paths of `model` for the `where` labels (done by itself at
+        the first forward of a root module)."""
+        for n, m in model.named_modules(prefix=prefix):
+            self.names.setdefault(m, n or type(m).__name__)
+        return model
+
+    def mark(self, category, tensors):
+        """Set the category of the storages of `tensors` (one of
+        CATEGORIES)."""
+        if category not in CATEGORIES:
+            raise ValueError(f"category {category!r}: one of {CATEGORIES}")
+        if isinstance(tensors, torch.Tensor):
+            tensors = [tensors]
+        self.recorder.mark(category, list(tensors))
+
+    def phase(self, name):
+        self.recorder.set_phase(name)
+
+    def autocast(self, dtype=torch.bfloat16, enabled=True, cache_enabled=True):
+        """CUDA's autocast, emulated on meta (torch.autocast("cuda", ...) is
+        redirected here while recording)."""
+        return self.emulation.autocast(dtype, enabled, cache_enabled)
+
+    # -- hooks -------------------------------------------------------------
+    def _install(self, stack):
+        rec = self.recorder
+        session = self
+
+        def pre(mod, args):
+            if mod not in session.names and not rec.modules:
+                session.watch(mod)
+                # A root module's first forward: its parameters and buffers
+                # are parameters, its tensor arguments made before any
+                # forward are inputs.
+                rec.mark("parameter", list(mod.parameters()) + list(mod.buffers()), force=False)
+            if not rec.modules and session.auto_phase:
+                tensors = [a for a in args if isinstance(a, torch.Tensor)]
+                for t in tensors:
+                    ev = rec.event_of(t)
+                    if ev is not None and ev["phase"] in ("setup", "between", "after_optimizer") \
+                            and "category" not in ev:
+                        ev["category"] = "input"
+            rec.modules.append(session.names.get(mod) or type(mod).__name__)
+
+        def post(mod, _args, _out):
+            if rec.modules:
+                rec.modules.pop()
+
+        h1 = torch.nn.modules.module.register_module_forward_pre_hook(pre)
+        h2 = torch.nn.modules.module.register_module_forward_hook(post)
+        stack.callback(h1.remove)
+        stack.callback(h2.remove)
+
+        def opt_pre(opt, _args, _kwargs):
+            params = [p for g in opt.param_groups for p in g["params"]]
+            rec.mark("parameter", params, force=False)
+            rec.mark("gradient", [p.grad for p in params if p.grad is not None])
+            if session.auto_phase:
+                rec.set_phase("optimizer")
+            rec.in_optimizer += 1
+
+        def opt_post(opt, _args, _kwargs):
+            rec.in_optimizer -= 1
+            state = [t for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+            rec.mark("optimizer_state", state, force=False)
+            if session.auto_phase:
+                rec.set_phase("after_optimizer")
+
+        h3 = optim_hooks.register_optimizer_step_pre_hook(opt_pre)
+        h4 = optim_hooks.register_optimizer_step_post_hook(opt_post)
+        stack.callback(h3.remove)
+        stack.callback(h4.remove)
+
+        if self.auto_phase:
+            # Hook the graph below what backward starts from, so the
+            # engine's own gradient accumulations are told from the nodes'.
+            orig_backward = torch.autograd.backward
+
+            def backward(tensors, *a, **k):
+                ts = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+                rec.hook_graph([t.grad_fn for t in ts if t.grad_fn is not None])
+                return orig_backward(tensors, *a, **k)
+            torch.autograd.backward = backward
+            stack.callback(setattr, torch.autograd, "backward", orig_backward)
+
+        # torch.autocast("cuda", ...): emulated (no GPU to enter it on).
+        A = torch.amp.autocast_mode.autocast
+        orig = A.__init__, A.__enter__, A.__exit__
+
+        def a_init(self_, device_type, dtype=None, enabled=True, cache_enabled=None):
+            if device_type != "cuda":
+                return orig[0](self_, device_type, dtype, enabled, cache_enabled)
+            self_.device = "cuda"
+            self_.fast_dtype = dtype or torch.float16
+            self_._enabled = enabled
+            self_._vramlab = session.emulation.autocast(
+                self_.fast_dtype, enabled, True if cache_enabled is None else cache_enabled)
+
+        def a_enter(self_):
+            if getattr(self_, "_vramlab", None) is None:
+                return orig[1](self_)
+            # torch.utils.checkpoint's recomputation runs where the
+            # emulation's TorchFunctionMode is not on the stack, but always
+            # inside torch.autocast("cuda", ...) (see `infer` below): put
+            # the mode back for it.
+            self_._vramlab_mode = None
+            from torch.overrides import _get_current_function_mode_stack
+            if session._stack is not None and session.emulation not in _get_current_function_mode_stack():
+                session.emulation.__enter__()
+                self_._vramlab_mode = session.emulation
+            self_._vramlab.__enter__()
+            return self_
+
+        def a_exit(self_, *exc):
+            if getattr(self_, "_vramlab", None) is None:
+                return orig[2](self_, *exc)
+            r = self_._vramlab.__exit__(*exc)
+            if self_._vramlab_mode is not None:
+                self_._vramlab_mode.__exit__(*exc)
+            return r
+        A.__init__, A.__enter__, A.__exit__ = a_init, a_enter, a_exit
+
+        def restore():
+            A.__init__, A.__enter__, A.__exit__ = orig
+        stack.callback(restore)
+
+        # torch.utils.checkpoint restores the caller's autocast state for
+        # the recomputation, for the inputs' device type: meta has none, so
+        # it is told "cuda" (whose state the emulation keeps; the CUDA
+        # module is not initialised, so no RNG state is stashed).
+        import torch.utils.checkpoint as ckpt
+        orig_infer = ckpt._infer_device_type
+
+        def infer(*args):
+            d = orig_infer(*args)
+            return "cuda" if d == "meta" else d
+        ckpt._infer_device_type = infer
+        stack.callback(setattr, ckpt, "_infer_device_type", orig_infer)
+
+    # -- the context -------------------------------------------------------
+    def __enter__(self):
+        allow_fused_on_meta()
+        self._stack = contextlib.ExitStack()
+        self._stack.__enter__()
+        warnings.filterwarnings("ignore", message=".*CUDA is not available.*")
+        self._install(self._stack)
+        self._stack.enter_context(gc_paused())
+        if self.default_device_meta:
+            self._stack.enter_context(META)
+        self._stack.enter_context(self.recorder)
+        self._stack.enter_context(self.emulation)
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self.seconds = time.perf_counter() - self._t0
+        self._stack.__exit__(*exc)
+        self._stack = None
+        self.finish()
+        return False
+
+    def finish(self):
+        """After the block: check that nothing waited on a cycle, stop
+        listening for frees (what is alive now stays alive: the trace ends
+        without freeing it), and give every allocation a category."""
+        if self._finished:
+            return
+        self._finished = True
+        rec = self.recorder
+        n = len(rec.events)
+        gc.collect()
+        cyclic = len(rec.events) - n
+        rec.on = False
+        if cyclic:
+            # Frees that only the cyclic collector made: CUDA frees these
+            # at the same moment (later), so they are kept, but said.
+            self.meta["freed_by_cyclic_gc"] = cyclic
+        for ev in rec.events:
+            if ev["op"] == "alloc" and "category" not in ev:
+                ev["category"] = "input" if ev["phase"] in ("setup",) else "temporary"
+        self.meta["sdpa_choices"] = dict(self.emulation.sdpa_choices)
+        self.meta["cublas_workspaces_per_op"] = self.workspaces.per_op
+        self.meta["accumulations_in_place"] = (
+            f"{sum(1 for a in rec.accumulations if a[0] is True)} of {len(rec.accumulations)}")
+
+    # -- results -----------------------------------------------------------
+    @property
+    def events(self):
+        return self.recorder.events
+
+    def summary(self):
+        """Peaks of live bytes (storage nbytes, as requested) overall and
+        per category at that moment, and at the end."""
+        live, sizes, cats = 0, {}, {}
+        peak, at_peak = 0, {}
+        by_cat = {}
+        for ev in self.events:
+            if ev["op"] == "alloc":
+                sizes[ev["id"]] = (ev["size"], ev["category"])
+                live += ev["size"]
+                by_cat[ev["category"]] = by_cat.get(ev["category"], 0) + ev["size"]
+                if live > peak:
+                    peak, at_peak = live, dict(by_cat)
+            else:
+                size, cat = sizes.pop(ev["id"])
+                live -= size
+                by_cat[cat] -= size
+        for size, cat in sizes.values():
+            cats[cat] = cats.get(cat, 0) + size
+        allocs = sum(1 for e in self.events if e["op"] == "alloc")
+        return {"allocations": allocs, "peak_live_bytes": peak,
+                "at_peak": {k: v for k, v in at_peak.items() if v},
+                "end_live_bytes": live, "end_by_category": cats}
+
+    def snapshot(self):
+        """(the snapshot dict, the allocator model's peaks)."""
+        self.finish()
+        return snapshot_mod.to_snapshot(self.events, self.segments, meta=self.meta)
+
+    def save(self, path, format=None):
+        """Writes the recording: a PyTorch memory snapshot pickle (format
+        "pickle", the default unless path ends in .jsonl) or vramlab's JSON
+        Lines trace ("jsonl"). Returns the allocator model's summary for a
+        pickle, None for JSON Lines."""
+        self.finish()
+        fmt = format or ("jsonl" if str(path).endswith(".jsonl") else "pickle")
+        d = os.path.dirname(os.path.abspath(path))
+        os.makedirs(d, exist_ok=True)
+        if fmt == "jsonl":
+            with open(path, "w") as f:
+                for ev in self.events:
+                    f.write(json.dumps({k: v for k, v in ev.items() if k != "frames"},
+                                       separators=(",", ":")) + "\n")
+            return None
+        if fmt != "pickle":
+            raise ValueError(f"format {fmt!r}: pickle or jsonl")
+        snap, summary = self.snapshot()
+        with open(path, "wb") as f:
+            pickle.dump(snap, f)
+        return summary
+
+
+def record(**options):
+    """`with vramlab_torch.record() as rec:` ... `rec.save("step.pickle")`.
+    Options as Recording's."""
+    return Recording(**options)

@@ -1,0 +1,260 @@
+"""One PyTorch training step of any nn.Module, recorded: what
+`python -m vramlab_torch record` runs.
+
+    model = build_fn(**args)                    # under torch.device("meta"): no memory
+    model.to_empty(device=...)                  # recorded: the parameters, as .to("cuda") makes them
+    x, y = torch.empty(...), torch.empty(...)   # recorded: the inputs
+    opt = torch.optim.AdamW(model.parameters(), ...)
+
+    def train_step(x, y):                       # called --steps times
+        with torch.autocast("cuda", dtype):     # --amp only
+            out = model(*x)                     # held until the function returns
+            loss = F.cross_entropy(out.view(-1, out.shape[-1]), y.view(-1))   # --target
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return                                  # out, loss freed here
+
+What is alive after the last step (parameters, buffers, inputs, optimizer
+state) is left alive: the trace ends without freeing it.
+"""
+
+import contextlib
+import importlib
+import importlib.util
+import os
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .recorder import META
+from .session import Recording
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+          "int64": torch.int64, "int32": torch.int32, "bool": torch.bool,
+          "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+
+
+def load_builder(spec):
+    """"path/to/file.py:fn" or "package.module:fn" -> the callable."""
+    if ":" not in spec:
+        raise ValueError(f"{spec!r}: expected FILE.py:FUNCTION or MODULE:FUNCTION")
+    where, fn = spec.rsplit(":", 1)
+    if where.endswith(".py") or os.path.sep in where or os.path.exists(where):
+        path = os.path.abspath(where)
+        if not os.path.exists(path):
+            raise FileNotFoundError(path)
+        name = "vramlab_user_" + os.path.splitext(os.path.basename(path))[0]
+        s = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(s)
+        sys.modules[name] = mod
+        sys.path.insert(0, os.path.dirname(path))
+        try:
+            s.loader.exec_module(mod)
+        finally:
+            sys.path.pop(0)
+    else:
+        mod = importlib.import_module(where)
+    if not hasattr(mod, fn):
+        raise AttributeError(f"{where} has no {fn!r}")
+    return getattr(mod, fn)
+
+
+def first_tensor(out):
+    """The model's output tensor: itself, .logits, or the first tensor in a
+    tuple / list / dict."""
+    if isinstance(out, torch.Tensor):
+        return out
+    logits = getattr(out, "logits", None)
+    if isinstance(logits, torch.Tensor):
+        return logits
+    if isinstance(out, dict):
+        out = list(out.values())
+    if isinstance(out, (list, tuple)):
+        for o in out:
+            t = first_tensor(o) if not isinstance(o, torch.Tensor) else o
+            if isinstance(t, torch.Tensor):
+                return t
+    raise TypeError(f"the model returned {type(out).__name__}: no tensor to take a loss of")
+
+
+def build_optimizer(name, params, lr, impl, weight_decay=None, momentum=0.9, betas=(0.9, 0.999)):
+    kw = {"foreach": dict(foreach=True), "for-loop": dict(foreach=False),
+          "fused": dict(fused=True)}[impl]
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay or 0.0, **kw)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr, betas=betas, weight_decay=weight_decay or 0.0, **kw)
+    if name == "adamw":
+        wd = 0.01 if weight_decay is None else weight_decay
+        return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=wd, **kw)
+    raise ValueError(f"optimizer {name!r}: sgd, adam or adamw")
+
+
+def checkpoint_blocks(model, which="auto"):
+    """Activation checkpointing (torch.utils.checkpoint, non-reentrant) on
+    the model's repeated blocks: `which` is a class name, or "auto" (the
+    children of the nn.ModuleList / nn.Sequential with the most parameters
+    whose two or more children are all of one class). Returns the class
+    name and how many blocks were wrapped."""
+    from torch.utils.checkpoint import checkpoint
+
+    blocks = []
+    if which == "auto":
+        best = None
+        for m in model.modules():
+            if isinstance(m, (nn.ModuleList, nn.Sequential)) and len(m) >= 2:
+                kinds = {type(c) for c in m}
+                if len(kinds) == 1 and any(True for _ in next(iter(m)).parameters()):
+                    n = sum(p.numel() for p in m.parameters())
+                    if best is None or n > best[0]:
+                        best = (n, list(m))
+        if best is None:
+            raise ValueError("--checkpoint: no nn.ModuleList / nn.Sequential of two or more blocks "
+                             "of one class found; name the class with --checkpoint-class")
+        blocks = best[1]
+    else:
+        blocks = [m for m in model.modules() if type(m).__name__ == which]
+        if not blocks:
+            raise ValueError(f"--checkpoint-class {which}: no module of that class")
+    for b in blocks:
+        fwd = b.forward
+
+        def wrapped(*a, _fwd=fwd, **k):
+            return checkpoint(_fwd, *a, use_reentrant=False, preserve_rng_state=False, **k)
+        b.forward = wrapped
+    return type(blocks[0]).__name__, len(blocks)
+
+
+def parse_shape(text):
+    return tuple(int(x) for x in text.replace("x", ",").split(",") if x.strip())
+
+
+def make_target(target, inputs, probe):
+    """(y, loss function) for --target: classes[:N] (int64 [B], cross
+    entropy), tokens (int64 shaped like the first input, cross entropy over
+    the last dimension), same (a tensor shaped like the output, MSE; the
+    output's shape from `probe()`, a forward outside the recording) or none
+    (the output's sum)."""
+    if target.startswith("classes"):
+        y = torch.empty(inputs[0].shape[0], dtype=torch.int64)
+        return y, lambda o, y: F.cross_entropy(o.reshape(-1, o.shape[-1]) if o.dim() > 2 else o, y)
+    if target == "tokens":
+        y = torch.empty(inputs[0].shape, dtype=torch.int64)
+        return y, lambda o, y: F.cross_entropy(o.reshape(-1, o.shape[-1]), y.reshape(-1))
+    if target == "same":
+        shape, dtype = probe()
+        y = torch.empty(shape, dtype=dtype)
+        return y, lambda o, y: F.mse_loss(o, y)
+    if target == "none":
+        return None, lambda o, y: o.sum()
+    raise ValueError(f"--target {target!r}: classes[:N], tokens, same or none")
+
+
+def record_step(build, *, inputs, input_dtypes=None, target="classes", optimizer="adamw", lr=1e-3,
+                impl="foreach", weight_decay=None, momentum=0.9, steps=2, amp=None, checkpoint=None,
+                zero_grad="set-to-none", build_kwargs=None, **options):
+    """Records `steps` training steps of build(**build_kwargs); returns the
+    Recording (save it with .save(path)). `inputs`: shapes; input_dtypes:
+    their dtypes (default float32). Other options as Recording's."""
+    build_kwargs = build_kwargs or {}
+    input_dtypes = list(input_dtypes or [])
+    while len(input_dtypes) < len(inputs):
+        input_dtypes.append(input_dtypes[-1] if input_dtypes else torch.float32)
+    amp_dtype = DTYPES[amp] if isinstance(amp, str) else amp
+    with META:
+        model = build(**build_kwargs)
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"the builder returned {type(model).__name__}, not an nn.Module")
+    model.train()
+    rec = Recording(auto_phase=False, **options)
+    r = rec.recorder
+    rec.watch(model)
+    meta = rec.meta
+    meta.update(model=type(model).__name__, inputs=[list(s) for s in inputs],
+                input_dtypes=[str(d).replace("torch.", "") for d in input_dtypes], target=target,
+                optimizer=optimizer, optimizer_impl=impl, lr=lr, steps=steps,
+                amp=str(amp_dtype).replace("torch.", "") if amp_dtype else None,
+                zero_grad=zero_grad)
+    if checkpoint:
+        cls, n = checkpoint_blocks(model, checkpoint)
+        meta["checkpoint"] = f"{n} x {cls}"
+    params = []
+    with rec:
+        # The parameters and buffers, allocated as model.to("cuda") does
+        # (one storage each, in module order, in nn.Module._apply).
+        model.to_empty(device=META)
+        params = list(model.parameters())
+        rec.mark("parameter", params + list(model.buffers()))
+        meta["parameters"] = sum(p.numel() for p in params)
+        xs = [torch.empty(s, dtype=d) for s, d in zip(inputs, input_dtypes)]
+        rec.mark("input", xs)
+
+        def probe():
+            # The output's shape and dtype, from a forward nobody records.
+            with rec.recorder.paused(), torch.no_grad():
+                ctx = emu.autocast(amp_dtype) if amp_dtype else contextlib.nullcontext()
+                with ctx:
+                    o = first_tensor(model(*xs))
+                return o.shape, o.dtype
+
+        emu = rec.emulation
+        y, loss_fn = make_target(target, xs, probe)
+        if y is not None:
+            rec.mark("input", [y])
+        opt = build_optimizer(optimizer, params, lr, impl, weight_decay, momentum)
+
+        def forward_and_loss(xs):
+            ctx = emu.autocast(amp_dtype) if amp_dtype else contextlib.nullcontext()
+            with ctx:
+                out = model(*xs)
+                r.set_phase("loss")
+                logits = first_tensor(out)
+                loss = loss_fn(logits, y)
+            return out, logits, loss
+
+        def mark_output(out, logits, loss):
+            rec.mark("output", [logits, loss] + [t for t in _leaves(out) if isinstance(t, torch.Tensor)])
+
+        def train_step(xs):
+            r.set_phase("forward")
+            out, logits, loss = forward_and_loss(xs)
+            mark_output(out, logits, loss)
+            r.hook_graph(loss.grad_fn)
+            r.set_phase("backward")
+            loss.backward()
+            rec.mark("gradient", [p.grad for p in params if p.grad is not None])
+            r.set_phase("optimizer")
+            opt.step()
+            r.set_phase("zero_grad")
+            if zero_grad != "keep":
+                opt.zero_grad(set_to_none=(zero_grad == "set-to-none"))
+            r.set_phase("return")
+            return
+
+        for s in range(steps):
+            r.step = s + 1
+            train_step(xs)
+            r.set_phase("between")
+        rec._keep = (model, opt, xs, y)  # alive after the block, as the user's are
+    # state['step']: on the CPU unless fused (then a 4-byte device allocation).
+    for p in params:
+        st = opt.state.get(p, {}).get("step")
+        if st is not None and (st.device.type == "meta") != (impl == "fused"):
+            meta["warning"] = f"state['step'] is on {st.device} with --{impl}"
+    return rec
+
+
+def _leaves(out):
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, dict):
+        out = list(out.values())
+    if isinstance(out, (list, tuple)):
+        res = []
+        for o in out:
+            res.extend(_leaves(o))
+        return res
+    return []
