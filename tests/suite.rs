@@ -37,6 +37,7 @@ mod ops_reductions;
 mod pickle_reader;
 mod profile;
 mod pytorch_step;
+mod record_cli;
 mod recorder_fixtures;
 mod replay_cli;
 mod resnet_ops;

@@ -46,6 +46,14 @@ pub struct MaxBatchArgs {
     pub device: DeviceArgs,
     #[command(flatten)]
     pub alloc: AllocArgs,
+    /// Search your own PyTorch model instead of a zoo model: COMMAND
+    /// records its step at a batch size on fake tensors (`{batch}` in it is
+    /// replaced; the snapshot goes to `{out}`, or `--out PATH` is appended),
+    /// e.g. 'python -m vramlab_torch record model.py:build --input
+    /// {batch},3,224,224 --optimizer sgd'; each recording is replayed
+    /// through the caching allocator under the limit. No GPU is used.
+    #[arg(long, value_name = "COMMAND")]
+    pub record: Option<String>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -154,13 +162,17 @@ fn search(
     Ok(lo)
 }
 
-pub fn run(args: &MaxBatchArgs) -> anyhow::Result<()> {
-    // The limit is the device's cap, --memory-limit (or --memory-fraction of
-    // --capacity) as in every other command.
-    let base_config = args.alloc.config(None)?;
+/// The limit the search fits under: --memory-limit (or --memory-fraction
+/// of --capacity), and the bytes under it once the margin is taken.
+fn limits(args: &MaxBatchArgs, base_config: &AllocatorConfig) -> anyhow::Result<(u64, u64)> {
+    // A recorded step runs on a simulated device only: its size is a limit.
+    let capacity = match args.record {
+        Some(_) => args.alloc.capacity()?,
+        None => None,
+    };
     let limit = match &args.limit {
         Some(s) => parse_size(s).map_err(|e| anyhow::anyhow!("--memory-limit: {e}"))?,
-        None => base_config.memory_limit.ok_or_else(|| {
+        None => base_config.memory_limit.or(capacity).ok_or_else(|| {
             anyhow::anyhow!(
                 "max-batch needs the memory to fit in: add --memory-limit SIZE (e.g. --memory-limit 16GiB), or --memory-fraction F with --capacity SIZE"
             )
@@ -169,11 +181,19 @@ pub fn run(args: &MaxBatchArgs) -> anyhow::Result<()> {
     if !(0.0..0.9).contains(&args.margin) {
         anyhow::bail!("--margin must be in [0, 0.9), got {}", args.margin);
     }
+    Ok((limit, (limit as f64 * (1.0 - args.margin)) as u64))
+}
+
+pub fn run(args: &MaxBatchArgs) -> anyhow::Result<()> {
+    let base_config = args.alloc.config(None)?;
+    let (limit, effective) = limits(args, &base_config)?;
+    if let Some(command) = &args.record {
+        return run_recorded(args, command, &base_config, limit, effective);
+    }
     super::args::check_recorded_steps(args.steps)?;
     if args.steps == 0 || args.max == 0 {
         anyhow::bail!("--steps and --max must be at least 1");
     }
-    let effective = (limit as f64 * (1.0 - args.margin)) as u64;
     let spec = args.model.spec()?;
     let config = config_for(&args.allocator, &base_config, effective)?;
     let base = args.step.plan(spec.clone(), 1, config.clone())?;
@@ -340,5 +360,78 @@ pub fn run(args: &MaxBatchArgs) -> anyhow::Result<()> {
             r["max_batch"]
         );
     }
+    Ok(())
+}
+
+/// `--record`: the batch search on the user's own recorded step.
+fn run_recorded(
+    args: &MaxBatchArgs,
+    command: &str,
+    base_config: &AllocatorConfig,
+    limit: u64,
+    effective: u64,
+) -> anyhow::Result<()> {
+    use super::recorded::{Probe, Recorder, UNSEEN};
+    if let Some(flag) = args.model.size_flags_given().first() {
+        anyhow::bail!(
+            "--{flag} sizes a zoo model; with --record the model and its sizes are the recorder command's"
+        );
+    }
+    if args.max == 0 {
+        anyhow::bail!("--max must be at least 1");
+    }
+    let recorder = Recorder::new(command)?;
+    // The recording's own allocator settings, unless --alloc-conf (or
+    // VRAMLAB_ALLOC_CONF) says otherwise; the limit is the device's size.
+    let user_conf = args.alloc.alloc_conf.is_some()
+        || std::env::var(crate::memory::ALLOC_CONF_ENV).is_ok_and(|v| !v.is_empty());
+    let config = user_conf.then(|| AllocatorConfig {
+        memory_limit: None,
+        ..base_config.clone()
+    });
+    let progress = super::progress::spinner("max-batch", args.json);
+    let mut probes: Vec<Probe> = Vec::new();
+    let max_batch = search(args.max, |b| {
+        progress.set_message(format!("recording batch {b}"));
+        progress.inc(1);
+        let p = recorder.probe(b, config.as_ref(), Some(effective))?;
+        probes.push(p.clone());
+        Ok(p.fits)
+    })?;
+    progress.finish_and_clear();
+    if args.json {
+        let out = serde_json::json!({
+            "record": command,
+            "limit_bytes": limit,
+            "margin": args.margin,
+            "effective_limit_bytes": effective,
+            "max_batch": max_batch,
+            "probes": probes,
+            "not_seen": UNSEEN,
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    println!(
+        "vramlab max-batch: your step, recorded by `{command}`; limit {:.2} MiB − {:.0}% margin = {:.2} MiB",
+        mib(limit),
+        args.margin * 100.0,
+        mib(effective)
+    );
+    println!(
+        "  {:>8} {:>10} {:>6} {:>16} {:>16}",
+        "batch", "record s", "fits", "peak alloc MiB", "peak resv MiB"
+    );
+    for p in &probes {
+        println!(
+            "  {:>8} {:>10.1} {:>6} {:>16.2} {:>16.2}",
+            p.batch,
+            p.record_seconds,
+            if p.fits { "yes" } else { "OOM" },
+            mib(p.peak_allocated_bytes),
+            mib(p.peak_reserved_bytes)
+        );
+    }
+    println!("max batch: {max_batch} (recorded {UNSEEN})");
     Ok(())
 }

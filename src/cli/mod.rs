@@ -12,6 +12,7 @@ pub mod max_batch;
 pub mod models;
 pub mod profile;
 pub mod progress;
+pub mod recorded;
 pub mod replay;
 pub mod sweep;
 pub mod train;

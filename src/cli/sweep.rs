@@ -33,6 +33,13 @@ pub struct SweepArgs {
     pub device: DeviceArgs,
     #[command(flatten)]
     pub alloc: AllocArgs,
+    /// Sweep your own PyTorch model's batch instead of a zoo model: COMMAND
+    /// records its step on fake tensors at each batch (`{batch}` in it is
+    /// replaced; the snapshot goes to `{out}`, or `--out PATH` is appended),
+    /// and each recording is replayed through the caching allocator (on a
+    /// device of --capacity, if given). No GPU is used.
+    #[arg(long, value_name = "COMMAND")]
+    pub record: Option<String>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -86,6 +93,9 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
     };
     if values.contains(&0) {
         anyhow::bail!("--{dim} values must be at least 1");
+    }
+    if let Some(command) = &args.record {
+        return run_recorded(args, command, dim, &values);
     }
     // A bad optimizer setting is an error before any GPU work.
     args.step.optimizer()?;
@@ -303,4 +313,87 @@ fn plot(points: &[Point], dim: &str, model: &str) -> String {
         t + 30.0
     );
     s
+}
+
+/// `--record`: each batch of the user's own step recorded and replayed; the
+/// peaks and the line through them.
+fn run_recorded(
+    args: &SweepArgs,
+    command: &str,
+    dim: &str,
+    values: &[usize],
+) -> anyhow::Result<()> {
+    use super::recorded::{Recorder, UNSEEN};
+    if dim != "batch" {
+        anyhow::bail!("--record sweeps the batch (--batch 1,2,4,8); the resolution and sequence length are the recorder command's");
+    }
+    if let Some(flag) = args.model.size_flags_given().first() {
+        anyhow::bail!(
+            "--{flag} sizes a zoo model; with --record the model and its sizes are the recorder command's"
+        );
+    }
+    if args.measure || args.out.is_some() {
+        anyhow::bail!(
+            "--record replays on a simulated device: --measure and --out apply to zoo models"
+        );
+    }
+    let recorder = Recorder::new(command)?;
+    let capacity = args.alloc.capacity()?;
+    let user_conf = args.alloc.alloc_conf.is_some()
+        || std::env::var(crate::memory::ALLOC_CONF_ENV).is_ok_and(|v| !v.is_empty());
+    let config = if user_conf {
+        Some(args.alloc.config(None)?)
+    } else {
+        None
+    };
+    let bar = super::progress::bar(values.len() as u64, "sweep", args.json);
+    let mut probes = Vec::new();
+    for &b in values {
+        bar.set_message(format!("recording batch {b}"));
+        probes.push(recorder.probe(b, config.as_ref(), capacity)?);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let xs: Vec<f64> = probes.iter().map(|p| p.batch as f64).collect();
+    let ys: Vec<f64> = probes
+        .iter()
+        .map(|p| p.peak_allocated_bytes as f64)
+        .collect();
+    let line = fit(&xs, &ys);
+    if args.json {
+        let out = serde_json::json!({
+            "record": command,
+            "swept": "batch",
+            "probes": probes,
+            "fit": line.map(|l| serde_json::json!({"slope": l.slope, "intercept": l.intercept, "r2": l.r2, "exponent": l.exponent})),
+            "not_seen": UNSEEN,
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    println!("vramlab sweep: your step, recorded by `{command}`, batch over {values:?}");
+    println!(
+        "  {:>10} {:>10} {:>18} {:>18} {:>6}",
+        "batch", "record s", "peak alloc (MiB)", "peak resv (MiB)", "fits"
+    );
+    for p in &probes {
+        println!(
+            "  {:>10} {:>10.1} {:>18.2} {:>18.2} {:>6}",
+            p.batch,
+            p.record_seconds,
+            mib(p.peak_allocated_bytes),
+            mib(p.peak_reserved_bytes),
+            if p.fits { "yes" } else { "OOM" }
+        );
+    }
+    if let Some(l) = line {
+        println!(
+            "  line: {:.0} bytes per sample (+{:.2} MiB), R² = {:.6}",
+            l.slope,
+            l.intercept / 1048576.0,
+            l.r2
+        );
+    }
+    println!("  (recorded {UNSEEN})");
+    Ok(())
 }
