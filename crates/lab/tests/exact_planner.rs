@@ -170,7 +170,10 @@ fn exact_matches_brute_force_on_small_random_instances() {
 
 #[test]
 fn challenging_instances_verify_and_beat_greedy() {
-    let budget = Duration::from_secs(8);
+    // Correctness, not quality: each plan verifies, never loses to the
+    // greedy incumbent and keeps its budget. How close a minute's search
+    // gets is docs/planner.md's (`--release`, 60 s each).
+    let budget = Duration::from_secs(2);
     let t = Instant::now();
     for name in NAMES.chars() {
         let v = fixture(name);
