@@ -126,6 +126,7 @@ pub(crate) struct Block {
     pub(crate) pool: PoolKind,
     pub(crate) prev: Option<usize>,
     pub(crate) next: Option<usize>,
+    /// `None` for a free block, and for an allocated one labelled "".
     pub(crate) label: Option<Arc<str>>,
     pub(crate) category: Category,
     pub(crate) op: Option<Arc<str>>,
@@ -174,6 +175,9 @@ pub struct CachingAllocator<S: SegmentSource> {
     small: BlockPool,
     large: BlockPool,
     pub(crate) segments: BTreeMap<SegmentId, Segment>,
+    /// How many of `segments` are expandable (spares a lookup per block
+    /// when there are none).
+    pub(crate) expandable_count: usize,
     pub(crate) stats: DeviceStats,
     /// Bytes held in segments (PyTorch's `total_allocated_memory`).
     pub(crate) total_reserved: u64,
@@ -215,6 +219,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             small: BlockPool::default(),
             large: BlockPool::default(),
             segments: BTreeMap::new(),
+            expandable_count: 0,
             stats,
             total_reserved: 0,
             next_segment_id: 0,
@@ -304,7 +309,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         self.blocks
             .get(handle.index as usize)
             .filter(|b| b.live && b.generation == handle.generation)
-            .and_then(|b| b.label.as_deref())
+            .and_then(|b| b.label.as_deref().or(b.allocated.then_some("")))
     }
 
     /// Starts (or restarts) the event log.
@@ -827,6 +832,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             small: self.small.clone(),
             large: self.large.clone(),
             segments: self.segments.clone(),
+            expandable_count: self.expandable_count,
             stats,
             total_reserved: self.total_reserved,
             next_segment_id: self.next_segment_id,
@@ -1126,11 +1132,11 @@ impl<S: SegmentSource> CachingAllocator<S> {
         if size >= self.config.max_split_size {
             self.stats.oversize_segments.decrease(1);
         }
-        let address = self
-            .segments
-            .remove(&segment)
-            .map(|s| s.address)
-            .unwrap_or(0);
+        let removed = self.segments.remove(&segment);
+        if removed.as_ref().is_some_and(|s| s.expandable) {
+            self.expandable_count -= 1;
+        }
+        let address = removed.map(|s| s.address).unwrap_or(0);
         self.delete_block(index);
         self.record_segment(EventKind::SegmentFree, size, address, segment);
     }
@@ -1201,7 +1207,9 @@ impl<S: SegmentSource> CachingAllocator<S> {
             let b = &mut self.blocks[block];
             b.allocated = true;
             b.requested = orig_size;
-            b.label = Some(Arc::from(label));
+            // An empty label is kept as `None` (no allocation per block);
+            // `label` and snapshots read it back as "".
+            b.label = (!label.is_empty()).then(|| Arc::from(label));
             b.size
         };
         self.stats.allocation.increase(st, 1);
@@ -1315,9 +1323,11 @@ impl<S: SegmentSource> CachingAllocator<S> {
 
     /// Whether a block lies in an expandable segment.
     pub(crate) fn is_expandable(&self, index: usize) -> bool {
-        self.segments
-            .get(&self.blocks[index].segment)
-            .is_some_and(|s| s.expandable)
+        self.expandable_count > 0
+            && self
+                .segments
+                .get(&self.blocks[index].segment)
+                .is_some_and(|s| s.expandable)
     }
 
     pub(crate) fn total_reserved(&self) -> u64 {

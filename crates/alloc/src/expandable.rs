@@ -272,6 +272,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
                 expandable: true,
             },
         );
+        self.expandable_count += 1;
         let index = self.new_block(Block::unmapped(id, address, virtual_size, kind));
         self.pool_mut(kind).unmapped.insert((address, index));
         index
@@ -440,7 +441,9 @@ impl<S: SegmentSource> CachingAllocator<S> {
             (b.segment, b.address, b.pool)
         };
         self.pool_mut(kind).unmapped.remove(&(address, index));
-        self.segments.remove(&segment);
+        if self.segments.remove(&segment).is_some_and(|s| s.expandable) {
+            self.expandable_count -= 1;
+        }
         self.delete_block(index);
     }
 }

@@ -67,7 +67,8 @@ impl<S: SegmentSource> CachingAllocator<S> {
                 "inactive"
             },
             label: if b.allocated {
-                b.label.as_deref().map(str::to_string)
+                // An allocated block's empty label is kept as `None`.
+                Some(b.label.as_deref().unwrap_or("").to_string())
             } else {
                 None
             },

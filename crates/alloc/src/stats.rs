@@ -18,12 +18,14 @@ pub struct Stat {
 impl Stat {
     // Currents stay below 2^62 (`MAX_BYTES`); the accumulated counters
     // grow for the whole run, so they saturate rather than wrap.
+    #[inline]
     pub fn increase(&mut self, amount: i64) {
         self.current = self.current.saturating_add(amount);
         self.peak = self.peak.max(self.current);
         self.allocated = self.allocated.saturating_add(amount);
     }
 
+    #[inline]
     pub fn decrease(&mut self, amount: i64) {
         self.current = self.current.saturating_sub(amount);
         self.freed = self.freed.saturating_add(amount);
@@ -71,16 +73,19 @@ pub struct StatArray(pub [Stat; 3]);
 impl StatArray {
     /// Changes the aggregate and the given pool together, as PyTorch's
     /// `for_each_selected_stat_type` does.
+    #[inline]
     pub fn increase(&mut self, pool: StatType, amount: i64) {
         self.0[0].increase(amount);
         self.0[pool as usize].increase(amount);
     }
 
+    #[inline]
     pub fn decrease(&mut self, pool: StatType, amount: i64) {
         self.0[0].decrease(amount);
         self.0[pool as usize].decrease(amount);
     }
 
+    #[inline]
     pub fn get(&self, t: StatType) -> &Stat {
         &self.0[t as usize]
     }

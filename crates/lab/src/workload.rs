@@ -5,7 +5,7 @@
 
 use super::error::LabError;
 use super::strategies::planner::{plan, Lifetime};
-use super::strategies::Strategy;
+use super::strategies::{IdMap, Strategy};
 use super::trace::TraceEvent;
 use crate::memory::events::{EventKind, MemEvent};
 use crate::memory::tag::Category;
@@ -94,7 +94,7 @@ impl Workload {
 
     /// The peak of live requested bytes: no allocator can do better.
     pub fn lower_bound(&self) -> u64 {
-        let mut live: HashMap<u64, u64> = HashMap::new();
+        let mut live: IdMap<u64, u64> = IdMap::default();
         let (mut now, mut peak) = (0u64, 0u64);
         for op in &self.ops {
             match *op {
@@ -114,7 +114,7 @@ impl Workload {
 
     /// Each allocation's lifetime in operation indices (to the end if never freed).
     pub fn lifetimes(&self) -> Vec<Lifetime> {
-        let mut open: HashMap<u64, usize> = HashMap::new();
+        let mut open: IdMap<u64, usize> = IdMap::default();
         let mut out: Vec<Lifetime> = Vec::new();
         for (i, op) in self.ops.iter().enumerate() {
             match *op {
@@ -193,14 +193,60 @@ pub struct RunResult {
     pub reserved_timeline: Vec<(usize, u64)>,
 }
 
+/// Live handles by workload id: a vector when the ids are dense (as
+/// snapshots number them), else a map. Either acts as a `HashMap`.
+enum Live {
+    Dense(Vec<Option<u64>>),
+    Sparse(IdMap<u64, u64>),
+}
+
+impl Live {
+    fn for_ops(ops: &[Op]) -> Live {
+        let max_id = ops
+            .iter()
+            .map(|op| match *op {
+                Op::Alloc { id, .. } | Op::Free { id } => id,
+                Op::EmptyCache => 0,
+            })
+            .max()
+            .unwrap_or(0);
+        // Dense only while the vector stays within a small multiple of the
+        // workload itself.
+        if max_id <= 2 * ops.len() as u64 + 1024 {
+            Live::Dense(vec![None; max_id as usize + 1])
+        } else {
+            Live::Sparse(IdMap::default())
+        }
+    }
+
+    #[inline]
+    fn insert(&mut self, id: u64, h: u64) {
+        match self {
+            Live::Dense(v) => v[id as usize] = Some(h),
+            Live::Sparse(m) => {
+                m.insert(id, h);
+            }
+        }
+    }
+
+    #[inline]
+    fn remove(&mut self, id: u64) -> Option<u64> {
+        match self {
+            Live::Dense(v) => v[id as usize].take(),
+            Live::Sparse(m) => m.remove(&id),
+        }
+    }
+}
+
 /// Runs `w` through `s`. An allocation that fails is counted and skipped
 /// (its later free is a no-op), as `replay` does.
 pub fn run(s: &mut dyn Strategy, w: &Workload) -> RunResult {
-    let mut handles: HashMap<u64, u64> = HashMap::new();
     let (mut peak_alloc, mut peak_res, mut ooms) = (0, 0, 0);
     let every = (w.ops.len() / 2000).max(1);
     let mut timeline = Vec::new();
+    let mut next_sample = 0usize;
     let t0 = Instant::now();
+    let mut handles = Live::for_ops(&w.ops);
     for (i, op) in w.ops.iter().enumerate() {
         match *op {
             Op::Alloc { id, size, category } => match s.malloc(size.max(1), category) {
@@ -210,7 +256,7 @@ pub fn run(s: &mut dyn Strategy, w: &Workload) -> RunResult {
                 Err(_) => ooms += 1,
             },
             Op::Free { id } => {
-                if let Some(h) = handles.remove(&id) {
+                if let Some(h) = handles.remove(id) {
                     s.free(h);
                 }
             }
@@ -218,9 +264,12 @@ pub fn run(s: &mut dyn Strategy, w: &Workload) -> RunResult {
         }
         peak_alloc = peak_alloc.max(s.allocated());
         peak_res = peak_res.max(s.reserved());
-        if i % every == 0 {
+        // `i % every == 0`, without a division per operation.
+        if next_sample == 0 {
             timeline.push((i, s.reserved()));
+            next_sample = every;
         }
+        next_sample -= 1;
     }
     let ns = t0.elapsed().as_nanos() as f64 / w.ops.len().max(1) as f64;
     let lb = w.lower_bound().max(1);

@@ -4,11 +4,12 @@
 
 use super::{Category, DeviceCounts, Handle, Oom, Strategy};
 use crate::memory::{AllocatorConfig, BlockHandle, CachingAllocator, SegmentSource};
-use std::collections::HashMap;
 
 pub struct Pytorch<S: SegmentSource> {
     inner: CachingAllocator<S>,
-    handles: HashMap<Handle, BlockHandle>,
+    /// Handle `h` (handed out in order from 1) is `handles[h - 1]` while
+    /// live: a slot per allocation ever made, indexed instead of hashed.
+    handles: Vec<Option<BlockHandle>>,
     next: Handle,
     name: &'static str,
 }
@@ -17,7 +18,7 @@ impl<S: SegmentSource> Pytorch<S> {
     pub fn new(source: S, config: AllocatorConfig, name: &'static str) -> Self {
         Pytorch {
             inner: CachingAllocator::new(source, config),
-            handles: HashMap::new(),
+            handles: Vec::new(),
             next: 0,
             name,
         }
@@ -45,12 +46,17 @@ impl<S: SegmentSource> Strategy for Pytorch<S> {
             .malloc_tagged(size, "", category, None)
             .map_err(|_| Oom)?;
         self.next += 1;
-        self.handles.insert(self.next, a.handle);
+        debug_assert_eq!(self.handles.len() as u64, self.next - 1);
+        self.handles.push(Some(a.handle));
         Ok(self.next)
     }
 
     fn free(&mut self, handle: Handle) {
-        if let Some(h) = self.handles.remove(&handle) {
+        let slot = handle
+            .checked_sub(1)
+            .and_then(|i| usize::try_from(i).ok())
+            .and_then(|i| self.handles.get_mut(i));
+        if let Some(h) = slot.and_then(Option::take) {
             let _ = self.inner.free(h);
         }
     }
@@ -61,6 +67,10 @@ impl<S: SegmentSource> Strategy for Pytorch<S> {
 
     fn allocated(&self) -> u64 {
         self.inner.memory_allocated()
+    }
+
+    fn reserved(&self) -> u64 {
+        self.inner.memory_reserved()
     }
 
     fn device(&self) -> DeviceCounts {
