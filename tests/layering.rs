@@ -22,43 +22,15 @@ fn strip_comments(text: &str) -> String {
 /// names every crate above them knows them by).
 fn graph() -> Graph {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let crates: [(&str, Option<&str>); 4] = [
-        ("src", None),
-        ("crates/engine/src", None),
-        ("crates/lab/src", Some("lab")),
-        ("crates/alloc/src", Some("memory")),
-    ];
     let mut files: Vec<(String, std::path::PathBuf)> = Vec::new();
-    for (dir, fixed) in crates {
-        let src = root.join(dir);
-        let mut stack = vec![src.clone()];
-        while let Some(d) = stack.pop() {
-            for entry in std::fs::read_dir(&d).unwrap() {
-                let path = entry.unwrap().path();
-                if path.is_dir() {
-                    stack.push(path);
-                    continue;
-                }
-                if path.extension().is_none_or(|e| e != "rs") {
-                    continue;
-                }
-                let rel = path.strip_prefix(&src).unwrap();
-                let first = rel
-                    .components()
-                    .next()
-                    .unwrap()
-                    .as_os_str()
-                    .to_string_lossy();
-                let layer = match fixed {
-                    Some(name) => name.to_string(),
-                    None => first.trim_end_matches(".rs").to_string(),
-                };
-                if layer == "lib" || layer == "main" {
-                    continue;
-                }
-                files.push((layer, path));
-            }
-        }
+    for (krate, parts, path) in modules() {
+        let layer = match krate {
+            "crates/lab/src" => "lab".to_string(),
+            "crates/alloc/src" => "memory".to_string(),
+            _ if parts == ["lib"] || parts == ["main"] => continue,
+            _ => parts[0].clone(),
+        };
+        files.push((layer, path));
     }
     let layers: BTreeSet<String> = files.iter().map(|(l, _)| l.clone()).collect();
     let mut g = Graph::new();
@@ -155,9 +127,10 @@ fn a_cycle_is_found_where_there_is_one() {
     assert_eq!(cycle(&chain), None);
 }
 
-/// Every module of every crate by its path (`["ops", "matmul"]`), with its
-/// source file: `a/b.rs` and `a/b/mod.rs` are `a::b`.
-fn modules() -> Vec<(String, Vec<String>, std::path::PathBuf)> {
+/// Every source file of every crate with its module path (`["ops",
+/// "matmul"]`): `a/b.rs` and `a/b/mod.rs` are `a::b`; a crate's root is
+/// `["lib"]` or `["main"]`.
+fn modules() -> Vec<(&'static str, Vec<String>, std::path::PathBuf)> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut out = Vec::new();
     for dir in [
@@ -186,10 +159,7 @@ fn modules() -> Vec<(String, Vec<String>, std::path::PathBuf)> {
                 if parts.last().is_some_and(|p| p == "mod") {
                     parts.pop();
                 }
-                if parts == ["lib"] || parts == ["main"] {
-                    continue;
-                }
-                out.push((dir.to_string(), parts, path));
+                out.push((dir, parts, path));
             }
         }
     }
@@ -200,10 +170,14 @@ fn modules() -> Vec<(String, Vec<String>, std::path::PathBuf)> {
 /// siblings they refer to (`super::x` or `crate::…::x`, outside comments).
 /// A reference between a module and its own ancestor is not an edge.
 fn sibling_graph() -> Graph {
-    let mods = modules();
+    // A crate's root declares its modules; it is no sibling of theirs.
+    let mods: Vec<_> = modules()
+        .into_iter()
+        .filter(|(_, m, _)| m != &["lib"] && m != &["main"])
+        .collect();
     let known: BTreeSet<(String, Vec<String>)> = mods
         .iter()
-        .map(|(c, m, _)| (c.clone(), m.clone()))
+        .map(|(c, m, _)| (c.to_string(), m.clone()))
         .collect();
     let mut g = Graph::new();
     for (krate, m, path) in &mods {
@@ -237,7 +211,7 @@ fn sibling_graph() -> Graph {
                 let Some(target) = (1..=full.len())
                     .rev()
                     .map(|k| full[..k].to_vec())
-                    .find(|p| known.contains(&(krate.clone(), p.clone())))
+                    .find(|p| known.contains(&(krate.to_string(), p.clone())))
                 else {
                     continue;
                 };

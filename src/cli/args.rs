@@ -89,6 +89,12 @@ pub struct AllocArgs {
 pub struct ArgError(pub String);
 
 impl AllocArgs {
+    /// Whether --alloc-conf or VRAMLAB_ALLOC_CONF chose the allocator
+    /// settings; otherwise a recording replays under its own.
+    pub fn conf_given(&self) -> bool {
+        self.alloc_conf.is_some() || std::env::var(ALLOC_CONF_ENV).is_ok_and(|v| !v.is_empty())
+    }
+
     /// `--capacity`, parsed.
     pub fn capacity(&self) -> Result<Option<u64>, ArgError> {
         parse_capacity(&self.capacity)

@@ -372,20 +372,13 @@ fn run_recorded(
     effective: u64,
 ) -> anyhow::Result<()> {
     use super::recorded::{Probe, Recorder, UNSEEN};
-    if let Some(flag) = args.model.size_flags_given().first() {
-        anyhow::bail!(
-            "--{flag} sizes a zoo model; with --record the model and its sizes are the recorder command's"
-        );
-    }
     if args.max == 0 {
         anyhow::bail!("--max must be at least 1");
     }
-    let recorder = Recorder::new(command)?;
+    let recorder = Recorder::new(command, &args.model)?;
     // The recording's own allocator settings, unless --alloc-conf (or
     // VRAMLAB_ALLOC_CONF) says otherwise; the limit is the device's size.
-    let user_conf = args.alloc.alloc_conf.is_some()
-        || std::env::var(crate::memory::ALLOC_CONF_ENV).is_ok_and(|v| !v.is_empty());
-    let config = user_conf.then(|| AllocatorConfig {
+    let config = args.alloc.conf_given().then(|| AllocatorConfig {
         memory_limit: None,
         ..base_config.clone()
     });

@@ -21,7 +21,8 @@ pub fn run(args: &ModelsArgs) -> anyhow::Result<()> {
     for &ZooEntry { name, about, .. } in ZOO {
         let spec = ModelSpec::default_for(name).map_err(anyhow::Error::msg)?;
         let params = spec.parameter_shapes();
-        let count = spec.parameter_count();
+        // One build on the simulated device gives both.
+        let count = crate::nn::spec::count_of(&params);
         out.push((name, about, spec, params, count));
     }
     if args.json {

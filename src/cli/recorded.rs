@@ -33,7 +33,14 @@ pub struct Probe {
 }
 
 impl Recorder {
-    pub fn new(template: &str) -> anyhow::Result<Recorder> {
+    /// The recorder for `template`; a zoo model's size flags in `model` are
+    /// refused, since the command decides the model and its sizes.
+    pub fn new(template: &str, model: &super::args::ModelArgs) -> anyhow::Result<Recorder> {
+        if let Some(flag) = model.size_flags_given().first() {
+            anyhow::bail!(
+                "--{flag} sizes a zoo model; with --record the model and its sizes are the recorder command's"
+            );
+        }
         if !template.contains("{batch}") {
             anyhow::bail!(
                 "--record {template:?} has no {{batch}}: write where the batch size goes, e.g. --record 'python -m vramlab_torch record model.py:build --input {{batch}},3,224,224 --optimizer sgd'"

@@ -341,8 +341,7 @@ fn replay_snapshot(args: &ReplayArgs) -> anyhow::Result<()> {
     let capacity = args.alloc.capacity()?;
     // The snapshot's own allocator settings, unless --alloc-conf (or
     // VRAMLAB_ALLOC_CONF) says otherwise.
-    let user_conf = args.alloc.alloc_conf.is_some()
-        || std::env::var(crate::memory::ALLOC_CONF_ENV).is_ok_and(|v| !v.is_empty());
+    let user_conf = args.alloc.conf_given();
     let mut config = args.alloc.config(capacity)?;
     let settings_source = match (&file.settings, user_conf) {
         (_, true) => "--alloc-conf",

@@ -327,21 +327,14 @@ fn run_recorded(
     if dim != "batch" {
         anyhow::bail!("--record sweeps the batch (--batch 1,2,4,8); the resolution and sequence length are the recorder command's");
     }
-    if let Some(flag) = args.model.size_flags_given().first() {
-        anyhow::bail!(
-            "--{flag} sizes a zoo model; with --record the model and its sizes are the recorder command's"
-        );
-    }
     if args.measure || args.out.is_some() {
         anyhow::bail!(
             "--record replays on a simulated device: --measure and --out apply to zoo models"
         );
     }
-    let recorder = Recorder::new(command)?;
+    let recorder = Recorder::new(command, &args.model)?;
     let capacity = args.alloc.capacity()?;
-    let user_conf = args.alloc.alloc_conf.is_some()
-        || std::env::var(crate::memory::ALLOC_CONF_ENV).is_ok_and(|v| !v.is_empty());
-    let config = if user_conf {
+    let config = if args.alloc.conf_given() {
         Some(args.alloc.config(None)?)
     } else {
         None

@@ -94,7 +94,7 @@ pub fn live_at(
         }
     }
     let (mut by_category, mut by_module, mut by_frame) =
-        (BTreeMap::new(), HashMap::new(), HashMap::new());
+        (HashMap::new(), HashMap::new(), HashMap::new());
     let mut blocks = Vec::new();
     let mut allocated = before;
     for (&id, &category) in &live {
@@ -120,7 +120,7 @@ pub fn live_at(
         after_op: upto,
         allocated_bytes: allocated,
         before_recording_bytes: before,
-        by_category: ranked(by_category.into_iter().collect(), usize::MAX),
+        by_category: ranked(by_category, usize::MAX),
         by_module: ranked(by_module, TOP),
         by_frame: ranked(by_frame, TOP),
         largest: blocks,

@@ -302,10 +302,7 @@ impl ModelSpec {
 
     /// Number of parameters (elements).
     pub fn parameter_count(&self) -> usize {
-        self.parameter_shapes()
-            .iter()
-            .map(|(_, s)| s.iter().product::<usize>())
-            .sum()
+        count_of(&self.parameter_shapes())
     }
 
     /// Takes the sizes a state_dict's shapes imply (layer count and widths),
@@ -321,6 +318,14 @@ impl ModelSpec {
         self.0.adapt_to_input(x_shape);
         self.validate()
     }
+}
+
+/// Elements in all of `shapes` (as [`ModelSpec::parameter_shapes`] lists them).
+pub fn count_of(shapes: &[(String, Vec<usize>)]) -> usize {
+    shapes
+        .iter()
+        .map(|(_, s)| s.iter().product::<usize>())
+        .sum()
 }
 
 /// Every size at most [`MAX_MODEL_SIZE`].
