@@ -1,11 +1,20 @@
 // Inputs are bound read_write too: tensors share segment buffers, and wgpu
 // rejects a read-only and a read-write binding of one buffer in one dispatch.
 // f16 products on cooperative matrices (tensor cores): C (f32 or f16) (+)=
-// A · B for each batch entry, A and B f16, accumulated in f32. One subgroup
-// ({{SG}} lanes) per workgroup and 8×8 tile of C: the lanes stage A's and
-// B's 8×8 tiles in workgroup memory (zeros past the edges, so any M, N, K,
-// strides, transposes and offsets work), the subgroup multiplies them, and
-// the tile goes back through workgroup memory to be written inside C.
+// A · B for each batch entry, A and B f16, accumulated in f32.
+// A workgroup of WM×WN subgroups ({{SG}} lanes each) owns a BM×BN block of
+// C; each subgroup owns TM×TN tiles of {{S}}×{{S}}, held as cooperative
+// matrices for the whole K loop.
+// Each {{S}}-deep step of K reads A and B one of two ways, chosen for the
+// whole workgroup (so barriers stay in uniform control flow):
+// - DIRECT, where the block and the step lie inside A, B and C: each
+//   subgroup loads its tiles straight from storage (the dispatch checked
+//   that rows start 16-byte aligned, as cooperative loads require);
+// - staged otherwise: the workgroup copies A's BM×S and B's S×BN slices into
+//   workgroup memory with zeros past the edges, so any size, stride,
+//   offset, batch and window layout runs.
+// The tiles go back through workgroup memory, one at a time, to be written
+// inside C (added to it when the product accumulates, converted for f16).
 // naga 30 needs coopStoreT's operands bound with `let` (docs/tensor_cores.md).
 enable wgpu_cooperative_matrix;
 
@@ -25,53 +34,126 @@ struct Params {
 #accessors c:ELEM_C
 @group(0) @binding(3) var<uniform> p: Params;
 
-var<workgroup> ta: array<f16, 64>;
-var<workgroup> tb: array<f16, 64>;
-var<workgroup> tc: array<f32, 64>;
+// Staged rows are padded by 8 halves: strides stay multiples of 16 bytes
+// (cooperative loads need it) and rows fall on different banks.
+const BM: u32 = {{WM*TM*S}}u;
+const BN: u32 = {{WN*TN*S}}u;
+const NT: u32 = {{WM*WN*SG}}u;
+const LA: u32 = {{S+8}}u;
+const LB: u32 = {{WN*TN*S+8}}u;
+var<workgroup> sa: array<f16, {{WM*TM*S*S+WM*TM*S*8}}>;
+var<workgroup> sb: array<f16, {{S*WN*TN*S+S*8}}>;
+var<workgroup> sc: array<f32, {{WM*WN*S*S}}>;
 
-@compute @workgroup_size({{SG}})
+@compute @workgroup_size({{WM*WN*SG}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>,
-        @builtin(local_invocation_index) lane: u32) {
-    let col0 = wid.x * 8u;
-    let row0 = wid.y * 8u;
+        @builtin(local_invocation_index) lidx: u32) {
+    let sg = lidx / {{SG}}u;
+    let lane = lidx % {{SG}}u;
+    let row0 = wid.y * BM;
+    let col0 = wid.x * BN;
+    let sr = (sg / {{WN}}u) * {{TM*S}}u;
+    let scol = (sg % {{WN}}u) * {{TN*S}}u;
     let a_base = p.a_off + wid.z * p.a_bs;
     let b_base = p.b_off + wid.z * p.b_bs;
-    for (var i = lane; i < 64u; i += {{SG}}u) { tc[i] = 0.0; }
+    let own = sg * {{S*S}}u;
+    for (var i = lidx; i < {{WM*WN*S*S}}u; i += NT) { sc[i] = 0.0; }
     workgroupBarrier();
-    var acc = coopLoadT<coop_mat8x8<f32, C>>(&tc[0], 8u);
-    for (var k0 = 0u; k0 < p.k; k0 += 8u) {
-        for (var i = lane; i < 64u; i += {{SG}}u) {
-            let r = i / 8u;
-            let q = i % 8u;
-            var va = 0.0;
-            if (row0 + r < p.m && k0 + q < p.k) {
-                va = ld_a(a_base + (row0 + r) * p.a_rs + (k0 + q) * p.a_cs);
-            }
-            ta[i] = f16(va);
-            var vb = 0.0;
-            if (k0 + r < p.k && col0 + q < p.n) {
-                vb = ld_b(b_base + (k0 + r) * p.b_rs + (col0 + q) * p.b_cs);
-            }
-            tb[i] = f16(vb);
+#for i in 0..TM
+#for j in 0..TN
+    var acc_{{i}}_{{j}} = coopLoadT<coop_mat{{S}}x{{S}}<f32, C>>(&sc[own], {{S}}u);
+#endfor
+#endfor
+    // The steps read straight from storage come first (none unless the
+    // block lies inside C); the rest (edges, a K tail) are staged. Loop
+    // bounds rather than branches choose, as naga wants cooperative
+    // operations in control flow it can prove uniform.
+#if DIRECT
+    let inside = row0 + BM <= p.m && col0 + BN <= p.n;
+    let k_direct = select(0u, (p.k / {{S}}u) * {{S}}u, inside);
+    for (var k0 = 0u; k0 < k_direct; k0 += {{S}}u) {
+#for i in 0..TM
+#if A_COL
+        let fa_{{i}} = coopLoad<coop_mat{{S}}x{{S}}<f16, A>>(&a[a_base + row0 + sr + {{i*S}}u + k0 * p.a_cs], p.a_cs);
+#else
+        let fa_{{i}} = coopLoadT<coop_mat{{S}}x{{S}}<f16, A>>(&a[a_base + (row0 + sr + {{i*S}}u) * p.a_rs + k0], p.a_rs);
+#endif
+#endfor
+#for j in 0..TN
+#if B_COL
+        let fb_{{j}} = coopLoad<coop_mat{{S}}x{{S}}<f16, B>>(&b[b_base + k0 + (col0 + scol + {{j*S}}u) * p.b_cs], p.b_cs);
+#else
+        let fb_{{j}} = coopLoadT<coop_mat{{S}}x{{S}}<f16, B>>(&b[b_base + k0 * p.b_rs + col0 + scol + {{j*S}}u], p.b_rs);
+#endif
+#endfor
+#for i in 0..TM
+#for j in 0..TN
+        acc_{{i}}_{{j}} = coopMultiplyAdd(fa_{{i}}, fb_{{j}}, acc_{{i}}_{{j}});
+#endfor
+#endfor
+    }
+#else
+    let k_direct = 0u;
+#endif
+    for (var k0 = k_direct; k0 < p.k; k0 += {{S}}u) {
+        // Consecutive invocations read consecutive addresses: along K for a
+        // row-major A, along M for a column-major one (likewise for B).
+        for (var i = lidx; i < BM * {{S}}u; i += NT) {
+#if A_COL
+            let r = i % BM;
+            let q = i / BM;
+#else
+            let r = i / {{S}}u;
+            let q = i % {{S}}u;
+#endif
+            let ok = row0 + r < p.m && k0 + q < p.k;
+            let v = ld_a(select(0u, a_base + (row0 + r) * p.a_rs + (k0 + q) * p.a_cs, ok));
+            sa[r * LA + q] = f16(select(0.0, v, ok));
+        }
+        for (var i = lidx; i < BN * {{S}}u; i += NT) {
+#if B_COL
+            let r = i % {{S}}u;
+            let q = i / {{S}}u;
+#else
+            let r = i / BN;
+            let q = i % BN;
+#endif
+            let ok = k0 + r < p.k && col0 + q < p.n;
+            let v = ld_b(select(0u, b_base + (k0 + r) * p.b_rs + (col0 + q) * p.b_cs, ok));
+            sb[r * LB + q] = f16(select(0.0, v, ok));
         }
         workgroupBarrier();
-        let ma = coopLoadT<coop_mat8x8<f16, A>>(&ta[0], 8u);
-        let mb = coopLoadT<coop_mat8x8<f16, B>>(&tb[0], 8u);
-        acc = coopMultiplyAdd(ma, mb, acc);
+#for i in 0..TM
+        let ga_{{i}} = coopLoadT<coop_mat{{S}}x{{S}}<f16, A>>(&sa[(sr + {{i*S}}u) * LA], LA);
+#endfor
+#for j in 0..TN
+        let gb_{{j}} = coopLoadT<coop_mat{{S}}x{{S}}<f16, B>>(&sb[scol + {{j*S}}u], LB);
+#endfor
+#for i in 0..TM
+#for j in 0..TN
+        acc_{{i}}_{{j}} = coopMultiplyAdd(ga_{{i}}, gb_{{j}}, acc_{{i}}_{{j}});
+#endfor
+#endfor
         workgroupBarrier();
     }
-    let result = acc;
-    let stride = 8u;
-    coopStoreT(result, &tc[0], stride);
+    let c_base = p.c_off + wid.z * p.c_bs;
+    let stride = {{S}}u;
+#for i in 0..TM
+#for j in 0..TN
+    let res_{{i}}_{{j}} = acc_{{i}}_{{j}};
+    coopStoreT(res_{{i}}_{{j}}, &sc[own], stride);
     workgroupBarrier();
-    for (var i = lane; i < 64u; i += {{SG}}u) {
-        let r = i / 8u;
-        let q = i % 8u;
-        if (row0 + r < p.m && col0 + q < p.n) {
-            let ci = p.c_off + wid.z * p.c_bs + (row0 + r) * p.c_rs + (col0 + q) * p.c_cs;
-            var v = tc[i];
+    for (var e = lane; e < {{S*S}}u; e += {{SG}}u) {
+        let row = row0 + sr + {{i*S}}u + e / {{S}}u;
+        let col = col0 + scol + {{j*S}}u + e % {{S}}u;
+        if (row < p.m && col < p.n) {
+            let ci = c_base + row * p.c_rs + col * p.c_cs;
+            var v = sc[own + e];
             if (p.accumulate != 0u) { v += ld_c(ci); }
             st_c(ci, v);
         }
     }
+    workgroupBarrier();
+#endfor
+#endfor
 }

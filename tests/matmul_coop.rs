@@ -184,7 +184,69 @@ fn cases() -> Vec<Case> {
             off: 1,
             ..base
         },
+        // Blocks of whole tiles loaded straight from storage (aligned rows)
+        // beside staged edges and a K tail, at both matrix sides (8: a
+        // 32-wide block; 16: 64 and 128).
+        Case {
+            m: 160,
+            n: 136,
+            k: 72,
+            ..base
+        },
+        Case {
+            m: 96,
+            n: 128,
+            k: 48,
+            batch: 2,
+            ta: true,
+            tb: true,
+            off: 8,
+            ..base
+        },
+        Case {
+            m: 64,
+            n: 72,
+            k: 40,
+            tb: true,
+            accumulate: true,
+            out: DType::F16,
+            ..base
+        },
+        Case {
+            m: 288,
+            n: 256,
+            k: 64,
+            ta: true,
+            ..base
+        },
     ]
+}
+
+/// Whether both operands of `case` are laid out for direct tile loads:
+/// offsets, leading strides and batch strides in whole 16-byte rows.
+fn aligned(case: &Case) -> bool {
+    let Case {
+        m,
+        n,
+        k,
+        batch,
+        ta,
+        tb,
+        off,
+        ..
+    } = *case;
+    // The stride between rows (or, read transposed, columns); a view whose
+    // other stride is 1 as well is read by rows, one element apart.
+    let lead = |t: bool, transposed_lead: usize, other: usize, plain_lead: usize| match (t, other) {
+        (false, _) => plain_lead,
+        (true, 1) => 1,
+        (true, _) => transposed_lead,
+    };
+    let whole = |x: usize| x % 8 == 0;
+    whole(off)
+        && whole(lead(ta, m, m, k))
+        && whole(lead(tb, k, k, n))
+        && (batch == 1 || (whole(m * k) && whole(k * n)))
 }
 
 #[test]
@@ -219,6 +281,13 @@ fn f16_products_on_tensor_cores_match_f64() {
             assert!(err < tol, "{name} {case:?}: {err}");
             let on_cores = kernels.iter().any(|k| k.starts_with("matmul_coop"));
             assert_eq!(on_cores, cores, "{name} {case:?}: ran {kernels:?}");
+            // Aligned products read whole tiles from storage; others stage.
+            let direct = kernels.iter().any(|k| k.contains(", direct"));
+            assert_eq!(
+                direct,
+                cores && aligned(&case),
+                "{name} {case:?}: ran {kernels:?}"
+            );
         }
     }
 }

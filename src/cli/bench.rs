@@ -573,9 +573,12 @@ fn start_report(ctx: &Ctx) -> anyhow::Result<BenchReport> {
     ctx.say(format!(
         "f16 products: {}",
         match tensor_cores {
-            Some(lanes) => format!(
-                "on tensor cores (cooperative matrices, 8×8×8 f16→f32, {lanes} lanes a tile; split products on the plain kernels)"
-            ),
+            Some(lanes) => {
+                let side = e.tensor_core_size().unwrap_or(8);
+                format!(
+                    "on tensor cores (cooperative matrices, {side}×{side}×{side} f16→f32, subgroups of {lanes} lanes; split products on the plain kernels)"
+                )
+            }
             None => "plain tiled kernels (no f16 cooperative matrices in use; see `vramlab info`)".into(),
         }
     ));

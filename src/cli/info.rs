@@ -116,12 +116,12 @@ pub fn run(args: &InfoArgs) -> anyhow::Result<()> {
             "none offered by this adapter".to_string()
         } else if report.tensor_cores_used {
             format!(
-                "{}; f16 products run on them (8×8×8 f16→f32; --no-tensor-cores leaves them unused)",
+                "{}; f16 products run on them (16×16×16 or else 8×8×8 f16→f32; --no-tensor-cores leaves them unused)",
                 report.cooperative_matrices.join(", ")
             )
         } else {
             format!(
-                "{}; left unused (they need 8×8×8 f16→f32 and native f16, and no --no-tensor-cores)",
+                "{}; left unused (they need 16×16×16 or 8×8×8 f16→f32 and native f16, and no --no-tensor-cores)",
                 report.cooperative_matrices.join(", ")
             )
         }

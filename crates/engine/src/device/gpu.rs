@@ -176,6 +176,9 @@ pub struct Gpu {
     /// The cooperative-matrix (tensor-core) shapes the adapter offers, as
     /// `M×N×K A→C` (`8×8×8 f16→f32`); empty where it offers none.
     pub cooperative_matrices: Vec<String>,
+    /// The side of the f16→f32 cooperative matrices the tensor-core kernel
+    /// uses (16 or 8), where the device enabled them.
+    pub coop_size: Option<u32>,
     /// Why this adapter was chosen, in words.
     pub choice_reason: String,
     /// Every adapter that was found, for `info`.
@@ -195,9 +198,11 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// Features vramlab uses when the adapter has them.
-/// The cooperative-matrix shape vramlab's tensor-core kernel uses, as
-/// [`Gpu::cooperative_matrices`] names it.
-pub const COOP_F16_F32: &str = "8×8×8 f16→f32";
+/// The cooperative-matrix shapes vramlab's tensor-core kernel runs on, as
+/// [`Gpu::cooperative_matrices`] names them, the preferred first: 16×16
+/// (NVIDIA's tensor cores) does four times the work of an 8×8 (lavapipe)
+/// per load.
+pub const COOP_F16_F32: [(&str, u32); 2] = [("16×16×16 f16→f32", 16), ("8×8×8 f16→f32", 8)];
 
 pub fn wanted_features() -> wgpu::Features {
     wgpu::Features::SHADER_F16 | wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::SUBGROUP
@@ -259,12 +264,17 @@ impl Gpu {
         if options.without_shader_f16 {
             features.remove(wgpu::Features::SHADER_F16);
         }
-        // Tensor cores where the adapter multiplies 8×8×8 f16 into f32 and
+        // Tensor cores where the adapter multiplies 16×16×16 or 8×8×8 f16 into f32 and
         // f16 is native: wgpu calls the feature experimental, so the device
         // must be asked for it with the experimental token.
-        let coop = !options.without_cooperative_matrix
-            && features.contains(wgpu::Features::SHADER_F16)
-            && cooperative_matrices.iter().any(|c| c == COOP_F16_F32);
+        let coop_size = COOP_F16_F32
+            .iter()
+            .find(|(name, _)| cooperative_matrices.iter().any(|c| c == name))
+            .map(|&(_, size)| size)
+            .filter(|_| {
+                !options.without_cooperative_matrix && features.contains(wgpu::Features::SHADER_F16)
+            });
+        let coop = coop_size.is_some();
         if coop {
             features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
         }
@@ -275,8 +285,9 @@ impl Gpu {
                 required_limits: limits.clone(),
                 // SAFETY: wgpu asks callers of experimental features to accept
                 // that its implementation may still have bugs; vramlab only
-                // uses the 8×8 f16→f32 cooperative-matrix ops its kernel is
-                // tested with (tests/matmul_coop.rs, under Mesa 26 in CI).
+                // uses the f16→f32 cooperative-matrix ops its kernel is
+                // tested with (tests/matmul_coop.rs: 8×8 under Mesa 26 in CI,
+                // 16×16 on an NVIDIA H200, docs/tensor_cores.md).
                 experimental_features: if coop {
                     unsafe { wgpu::ExperimentalFeatures::enabled() }
                 } else {
@@ -320,6 +331,7 @@ impl Gpu {
             adapter_features,
             features,
             cooperative_matrices,
+            coop_size,
             choice_reason,
             adapters: summaries,
             pipelines: Mutex::default(),
@@ -587,6 +599,11 @@ impl Gpu {
     /// alignment and a whole `vec4`.
     pub fn offset_unit(&self) -> u64 {
         super::windows::window_size(1, self.limits.min_storage_buffer_offset_alignment as u64)
+    }
+
+    /// Whether `b` binds as one window (a kernel may then name its array).
+    pub fn binds_whole(&self, b: &BufferSlice) -> bool {
+        self.windows_of(b).len() == 1
     }
 
     /// The windows `b` is bound in.

@@ -71,8 +71,8 @@ pub struct InfoReport {
     pub enabled_features: Vec<String>,
     /// Cooperative-matrix shapes (`8×8×8 f16→f32`) the adapter offers.
     pub cooperative_matrices: Vec<String>,
-    /// Whether vramlab's device runs f16 products on them (8×8×8 f16→f32
-    /// offered, native f16, not `--no-tensor-cores`).
+    /// Whether vramlab's device runs f16 products on them (16×16×16 or
+    /// 8×8×8 f16→f32 offered, native f16, not `--no-tensor-cores`).
     pub tensor_cores_used: bool,
     /// `null` where the backend gives no report (Metal, GL).
     pub driver_allocator: Option<DriverAllocator>,

@@ -184,6 +184,13 @@ impl Engine {
         self.fixed_subgroup_size()
     }
 
+    /// The side (16 or 8) of the f16→f32 cooperative matrices the
+    /// tensor-core kernel uses, where [`Engine::tensor_core_lanes`] is some.
+    pub fn tensor_core_size(&self) -> Option<u32> {
+        self.tensor_core_lanes()?;
+        self.gpu()?.coop_size
+    }
+
     /// Whether kernels can compute on f16 storage (WGSL `enable f16`).
     pub fn has_shader_f16(&self) -> bool {
         self.gpu()

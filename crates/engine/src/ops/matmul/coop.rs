@@ -1,17 +1,167 @@
 //! f16 products on cooperative matrices (tensor cores): A and B f16, the
-//! sum in f32, C f32 or f16. One subgroup per 8×8 tile of C, the tiles of A
-//! and B staged in workgroup memory with zeros past the edges, so any sizes,
-//! strides (transposes), offsets and batches run. Used where the device
-//! enabled f16 cooperative matrices (`Engine::tensor_core_lanes`); products
-//! that need a K split keep the plain kernels.
+//! sum in f32, C f32 or f16. A workgroup of WM×WN subgroups owns a block of
+//! C, each subgroup TM×TN tiles of the adapter's matrix side (16 on NVIDIA,
+//! 8 on lavapipe). Interior steps load tiles straight from storage where the
+//! layout allows it; edges, odd strides and windowed tensors are staged in
+//! workgroup memory with zeros past the edges, so any sizes, strides,
+//! offsets and batches run. Used where the device enabled f16 cooperative
+//! matrices (`Engine::tensor_core_lanes`); products that need a K split
+//! keep the plain kernels.
 
-use super::{Gemm, MatmulParams, Oriented};
+use super::{Gemm, MatView, MatmulParams, Oriented};
 use crate::device::compose::{Defs, Elem};
 use crate::device::{Kernel, Workgroups};
 use crate::ops::MAX_LOOP_ITERATIONS;
-use crate::tensor::{DType, Tensor, TensorError};
+use crate::tensor::{ConfigError, DType, Tensor, TensorError};
 
 const SOURCE: &str = include_str!("../../../../../shaders/matmul_coop.wgsl");
+
+/// Overrides the block layout: `WMxWN,TMxTN` (subgroups, tiles a subgroup).
+pub const TILE_VAR: &str = "VRAMLAB_COOP_TILE";
+
+/// How a workgroup covers its block of C: `wm`×`wn` subgroups, each holding
+/// `tm`×`tn` tiles of the matrix side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CoopTile {
+    pub wm: u32,
+    pub wn: u32,
+    pub tm: u32,
+    pub tn: u32,
+}
+
+impl CoopTile {
+    /// `WMxWN,TMxTN`, each between 1 and 8.
+    pub fn parse(text: &str) -> Result<CoopTile, ConfigError> {
+        let bad = || {
+            ConfigError::Env {
+            var: TILE_VAR,
+            value: text.to_string(),
+            expected: "WMxWN,TMxTN: subgroups a workgroup and tiles a subgroup, each 1 to 8 (e.g. 2x2,4x4)",
+        }
+        };
+        let pair = |s: &str| -> Option<(u32, u32)> {
+            let (x, y) = s.trim().split_once('x')?;
+            let (x, y) = (x.trim().parse().ok()?, y.trim().parse().ok()?);
+            ((1..=8).contains(&x) && (1..=8).contains(&y)).then_some((x, y))
+        };
+        let (w, t) = text.split_once(',').ok_or_else(bad)?;
+        let ((wm, wn), (tm, tn)) = (pair(w).ok_or_else(bad)?, pair(t).ok_or_else(bad)?);
+        Ok(CoopTile { wm, wn, tm, tn })
+    }
+
+    /// The override in [`TILE_VAR`], if set.
+    pub fn from_env() -> Result<Option<CoopTile>, ConfigError> {
+        match std::env::var(TILE_VAR) {
+            Ok(v) if !v.trim().is_empty() => CoopTile::parse(&v).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    fn block(&self, side: u32) -> (usize, usize) {
+        (
+            (self.wm * self.tm * side) as usize,
+            (self.wn * self.tn * side) as usize,
+        )
+    }
+
+    fn invocations(&self, lanes: u32) -> u32 {
+        self.wm * self.wn * lanes
+    }
+
+    /// Workgroup memory in bytes: A's and B's staged slices (f16, rows
+    /// padded by 8) and one f32 tile a subgroup.
+    fn shared_bytes(&self, side: u32) -> u32 {
+        let (bm, bn) = self.block(side);
+        let (bm, bn) = (bm as u32, bn as u32);
+        2 * (bm * (side + 8) + side * (bn + 8)) + 4 * self.wm * self.wn * side * side
+    }
+}
+
+/// The block layout for `g`: the override if set, else large blocks where
+/// they still give two workgroups for each of ~132 multiprocessors, smaller
+/// ones for small products; shrunk until the adapter's limits hold.
+fn layout(g: &Gemm, side: u32, lanes: u32, limits: &wgpu::Limits) -> CoopTile {
+    let fits = |t: &CoopTile| {
+        t.invocations(lanes) <= limits.max_compute_invocations_per_workgroup
+            && t.invocations(lanes) <= limits.max_compute_workgroup_size_x
+            && t.shared_bytes(side) <= limits.max_compute_workgroup_storage_size
+    };
+    let wanted = CoopTile::from_env().ok().flatten().unwrap_or_else(|| {
+        let big = if side >= 16 {
+            CoopTile {
+                wm: 2,
+                wn: 2,
+                tm: 4,
+                tn: 4,
+            }
+        } else {
+            CoopTile {
+                wm: 2,
+                wn: 2,
+                tm: 2,
+                tn: 2,
+            }
+        };
+        let (bm, bn) = big.block(side);
+        if g.m.div_ceil(bm) * g.n.div_ceil(bn) * g.batch >= 264 {
+            big
+        } else {
+            CoopTile {
+                tm: big.tm.div_ceil(2),
+                tn: big.tn.div_ceil(2),
+                ..big
+            }
+        }
+    });
+    [
+        wanted,
+        CoopTile {
+            tm: 1,
+            tn: 1,
+            ..wanted
+        },
+        CoopTile {
+            wm: 1,
+            wn: 1,
+            tm: 1,
+            tn: 1,
+        },
+    ]
+    .into_iter()
+    .find(fits)
+    .unwrap_or(CoopTile {
+        wm: 1,
+        wn: 1,
+        tm: 1,
+        tn: 1,
+    })
+}
+
+/// `(column-major, leading stride)` of a view the kernel reads by rows or
+/// by columns, or `None` where neither stride is 1.
+fn major(v: &MatView) -> Option<(bool, usize)> {
+    if v.col_stride == 1 {
+        Some((false, v.row_stride))
+    } else if v.row_stride == 1 {
+        Some((true, v.col_stride))
+    } else {
+        None
+    }
+}
+
+/// Whether interior tiles may be loaded straight from storage: the tensor
+/// binds whole (the kernel names its array) and every tile's rows start on
+/// 16 bytes (8 halves), as cooperative loads require.
+fn direct_ok(v: &MatView, t: &Tensor, batch: usize) -> bool {
+    let whole = t
+        .engine()
+        .gpu()
+        .is_some_and(|gpu| gpu.binds_whole(&t.slice()));
+    whole
+        && major(v).is_some_and(|(_, lead)| lead % 8 == 0)
+        && v.offset % 8 == 0
+        && (batch == 1 || v.batch_stride % 8 == 0)
+}
 
 /// The subgroup size to run `g` with on tensor cores, or `None` where the
 /// plain kernels must run it: no f16 cooperative matrices, operands not
@@ -20,10 +170,11 @@ const SOURCE: &str = include_str!("../../../../../shaders/matmul_coop.wgsl");
 pub fn usable(g: &Gemm, a: &Tensor, b: &Tensor, c: &Tensor) -> Option<u32> {
     let e = a.engine();
     let lanes = e.tensor_core_lanes()?;
+    let side = e.tensor_core_size()? as usize;
     let max_dim =
         e.gpu()
             .map_or(65_535, |g| g.limits.max_compute_workgroups_per_dimension) as usize;
-    let fits = [g.m.div_ceil(8), g.n.div_ceil(8), g.batch]
+    let fits = [g.m.div_ceil(side), g.n.div_ceil(side), g.batch]
         .iter()
         .all(|&d| d <= max_dim);
     (a.dtype() == DType::F16
@@ -33,33 +184,117 @@ pub fn usable(g: &Gemm, a: &Tensor, b: &Tensor, c: &Tensor) -> Option<u32> {
         && g.implicit_b.is_none()
         && !g.reduce_batch
         && (1..=64).contains(&lanes)
-        && g.k.div_ceil(8) <= MAX_LOOP_ITERATIONS
+        && g.k.div_ceil(side) <= MAX_LOOP_ITERATIONS
         && fits)
         .then_some(lanes)
 }
 
-/// Runs `g` on tensor cores with `lanes` invocations (one subgroup) per
-/// 8×8 tile; the caller has checked [`usable`].
+/// Runs `g` on tensor cores with subgroups of `lanes` invocations; the
+/// caller has checked [`usable`].
 pub fn gemm(g: &Gemm, a: &Tensor, b: &Tensor, c: &Tensor, lanes: u32) -> Result<(), TensorError> {
     let u = |x: usize| x as u32;
+    let e = a.engine();
+    let side = e.tensor_core_size().unwrap_or(8);
+    let limits = e.gpu().map(|gpu| gpu.limits.clone()).unwrap_or_default();
+    let tile = layout(g, side, lanes, &limits);
     let o = Oriented::of(g, false);
     let params = MatmulParams::new(g, &o, 1, g.k, g.c_offset, g.c_batch_stride, g.accumulate);
+    let direct = direct_ok(&o.a, a, g.batch) && direct_ok(&o.b, b, g.batch);
+    let a_col = major(&o.a).is_some_and(|(col, _)| col);
+    let b_col = major(&o.b).is_some_and(|(col, _)| col);
     let out = c.dtype().elem();
     let defs = Defs::elem(Elem::F16)
         .with("ELEM_C", out.name())
         .with("TC", out.storage())
-        .with("SG", lanes);
+        .with("SG", lanes)
+        .with("S", side)
+        .with("WM", tile.wm)
+        .with("WN", tile.wn)
+        .with("TM", tile.tm)
+        .with("TN", tile.tn)
+        .with("DIRECT", u32::from(direct))
+        .with("A_COL", u32::from(a_col))
+        .with("B_COL", u32::from(b_col));
     let kernel = Kernel::variant(
-        format!("matmul_coop[f16→{}, {lanes} lanes]", out.name()),
+        format!(
+            "matmul_coop[f16→{}, {side}×{side}, {}×{} subgroups of {}×{} tiles, {lanes} lanes{}{}{}]",
+            out.name(),
+            tile.wm,
+            tile.wn,
+            tile.tm,
+            tile.tn,
+            if direct { ", direct" } else { "" },
+            if a_col { ", Aᵀ" } else { "" },
+            if b_col { ", Bᵀ" } else { "" },
+        ),
         SOURCE,
         "main",
         defs,
     );
-    a.engine().dispatch(
+    let (bm, bn) = tile.block(side);
+    e.dispatch(
         &kernel,
         &[&a.slice(), &b.slice(), &c.slice()],
         bytemuck::bytes_of(&params),
-        Workgroups::Grid([u(g.n.div_ceil(8)), u(g.m.div_ceil(8)), u(g.batch)]),
+        Workgroups::Grid([u(g.n.div_ceil(bn)), u(g.m.div_ceil(bm)), u(g.batch)]),
     )?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tile_override_parses_or_names_the_form() {
+        assert_eq!(
+            CoopTile::parse("2x2, 4x4").unwrap(),
+            CoopTile {
+                wm: 2,
+                wn: 2,
+                tm: 4,
+                tn: 4
+            }
+        );
+        for bad in ["2x2", "2x2,4", "0x2,4x4", "2x2,9x1", "axb,1x1"] {
+            let e = CoopTile::parse(bad).unwrap_err().to_string();
+            assert!(e.contains("WMxWN,TMxTN"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn layouts_shrink_to_the_limits() {
+        let g = |m, n| Gemm {
+            m,
+            n,
+            k: 64,
+            batch: 1,
+            a: MatView::dense(0, m, 64, false),
+            b: MatView::dense(0, 64, n, false),
+            c_offset: 0,
+            c_batch_stride: m * n,
+            accumulate: false,
+            reduce_batch: false,
+            implicit_b: None,
+        };
+        let limits = wgpu::Limits::default();
+        let big = layout(&g(4096, 4096), 16, 32, &limits);
+        assert_eq!(
+            big,
+            CoopTile {
+                wm: 2,
+                wn: 2,
+                tm: 4,
+                tn: 4
+            }
+        );
+        assert_eq!(layout(&g(64, 64), 16, 32, &limits).tm, 2);
+        // 8 KiB of workgroup memory cannot hold a 128×128 block's slices.
+        let tight = wgpu::Limits {
+            max_compute_workgroup_storage_size: 8192,
+            ..limits
+        };
+        let t = layout(&g(4096, 4096), 16, 32, &tight);
+        assert!(t.shared_bytes(16) <= 8192, "{t:?}");
+    }
 }
