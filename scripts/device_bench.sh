@@ -1,41 +1,119 @@
 #!/usr/bin/env bash
-# The GPU half of the kernel benchmarks, for a lent NVIDIA machine reached
-# through the workplace's device tool: unpacks the carried Vulkan loader,
-# then runs `vramlab bench` (and --tune), the burn peer and PyTorch (CUDA)
-# on the same GPU, writing everything under $OUT. Binaries are built on the
-# x86-64 host and carried in .devbin/.
+# The GPU half of the checks and benchmarks, for a lent NVIDIA machine
+# reached through the workplace's device tool (no network there). Binaries
+# are built on the x86-64 host and carried xz-compressed in .devbin/
+# (scripts/device_pack.sh makes them); the Vulkan loader comes as .gl/*.deb.
+#   scripts/device_bench.sh [STEPS]   STEPS: comma-separated, default all:
+#   tests,bench,burn,torch,layouts,estimate,recorder,zoo
+# Every figure lands under $OUT: log.txt (everything printed) and one JSON
+# file per measurement. Each step has its own time limit, so one slow step
+# cannot take the rest with it.
 set -uo pipefail
-for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
+STEPS=${1:-tests,bench,burn,torch,layouts,estimate,recorder,moretests,zoo}
+# Steps past DEADLINE seconds are skipped, and each step's limit is cut to
+# what is left, so the whole run ends inside the device call's limit.
+DEADLINE=${DEADLINE:-420}
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/log.txt") 2>&1
+for f in .gl/*.deb; do dpkg -x "$f" /; done
+ldconfig
 export VK_DRIVER_FILES=${VK_DRIVER_FILES:-/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json}
-export XDG_RUNTIME_DIR=/tmp
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-.devbin/vramlab info > /tmp/info.txt; head -12 /tmp/info.txt
-MODE=${1:-all}
-[ -f .devbin/vramlab-peer-burn.xz ] && xz -dkf .devbin/vramlab-peer-burn.xz
-if [ "$MODE" = fixtures ]; then
-  rm -rf /tmp/fx && cp -r tests/fixtures/torch /tmp/fx
-  python3 scripts/torch_reference.py truth --out /tmp/fx | tail -3
-  (cd /tmp/fx && tar cf "$OUT/truth.tar" */truth.safetensors)
+export XDG_RUNTIME_DIR=/tmp RUST_BACKTRACE=1
+for f in .devbin/*.xz; do xz -dkf "$f"; done
+chmod +x .devbin/* 2> /dev/null
+# Test binaries find fixtures and the CLI at the paths they were built at.
+mkdir -p /work target/debug
+[ -e /work/main ] || ln -s "$PWD" /work/main
+[ -f .devbin/vramlab-debug ] && cp .devbin/vramlab-debug target/debug/vramlab
+V=.devbin/vramlab
+want() { [[ ",$STEPS," == *",$1,"* ]] && [ $((DEADLINE - SECONDS)) -gt 10 ]; }
+# limit N: N seconds, or what is left before the deadline if less.
+limit() { local left=$((DEADLINE - SECONDS)); echo $(($1 < left ? $1 : left)); }
+step() { echo; echo "== $1 ($(date +%T))"; }
+
+step "machine"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+$V info --json > "$OUT/info.json"
+$V info | head -40
+
+if want tests; then
+  step "kernel tests against f64 on this GPU"
+  VRAMLAB_EXPECT_TENSOR_CORES=1 timeout $(limit 90) .devbin/suite --test-threads 8 \
+    matmul_coop matmul_family kernels:: 2>&1 |
+    grep -E "^test |test result|panicked|FAILED|failures" | tail -40
+  for t in 4x2,2x4 2x2,2x2 1x1,1x1 4x4,2x2; do
+    echo "-- VRAMLAB_COOP_TILE=$t"
+    VRAMLAB_COOP_TILE=$t VRAMLAB_EXPECT_TENSOR_CORES=1 timeout $(limit 30) .devbin/suite matmul_coop 2>&1 |
+      grep -E "test result|panicked" | head -3
+  done
 fi
-if [ "$MODE" = truth ]; then
-  python3 scripts/f64_truth.py tests/fixtures/torch/simple-cnn-adam .devbin/vramlab_simple_cnn_adam.safetensors 2>&1 | tee "$OUT/truth.txt"
+
+if want bench; then
+  step "vramlab bench (tuning on, the first run tunes)"
+  timeout $(limit 150) $V bench --sizes 1024,2048,4096 --models simple-cnn --batch 64 --reps 10 --json \
+    > "$OUT/bench.json" 2> /tmp/bench.err
+  echo "rc $?"; tail -30 /tmp/bench.err
+  timeout $(limit 60) $V bench --sizes 2048,4096 --models simple-cnn --batch 64 --reps 10 2>&1 | tail -80
 fi
-if [ "$MODE" = all ] || [ "$MODE" = tune ]; then
-  timeout 400 .devbin/vramlab bench --sizes 1024 --models ${TUNE_MODELS:-simple-cnn} --tune --reps 5 --json > /tmp/tune.json 2> /tmp/tune.err
-  python3 - /tmp/tune.json <<'PY' | tee "$OUT/tune.txt"
-import json,sys
-d=json.load(open(sys.argv[1]))
-for t in d["tune"]:
-    print(f'{t["class"]:<8} {t["shape"]:<44} best {t["best"]:<28} {t["best_gflops"]:9.1f}  chosen {t["chosen"]} {t["chosen_gflops"]:.1f}')
-    for name, g in t["tried"][:5]:
-        print(f'           {name:<28} {g:9.1f}')
+
+if want burn; then
+  step "burn beside vramlab"
+  timeout $(limit 100) .devbin/vramlab-peer-burn --sizes 1024,2048,4096 --reps 10 2>&1 | tee /tmp/burn.txt
+fi
+
+if want torch; then
+  step "PyTorch CUDA"
+  timeout $(limit 60) python3 scripts/torch_step_bench.py --reps 50 --json > "$OUT/torch.json" 2> /tmp/torch.err
+  echo "rc $?"; tail -5 /tmp/torch.err; head -c 3000 "$OUT/torch.json"; echo
+  timeout $(limit 30) python3 - <<'PY'
+import torch, time
+for dt, n in [(torch.float32, 2048), (torch.float16, 4096)]:
+    torch.backends.cuda.matmul.allow_tf32 = False
+    a = torch.randn(n, n, device="cuda", dtype=dt); b = torch.randn(n, n, device="cuda", dtype=dt)
+    for _ in range(3): a @ b
+    torch.cuda.synchronize(); t = time.perf_counter()
+    for _ in range(20): a @ b
+    torch.cuda.synchronize(); s = (time.perf_counter() - t) / 20
+    print(f"cuBLAS {dt} {n}^3: {2 * n**3 / s / 1e12:.1f} TFLOP/s")
 PY
 fi
-if [ "$MODE" = all ] || [ "$MODE" = bench ]; then
-  timeout 200 .devbin/vramlab bench --reps 10 --json > "$OUT/bench.json" 2> /tmp/bench.err
-  timeout 200 .devbin/vramlab bench --reps 10 2>&1 | tee "$OUT/bench.txt"
-  timeout 200 .devbin/vramlab-peer-burn --reps 10 2>&1 | tee "$OUT/burn.txt"
-  timeout 120 python3 scripts/torch_step_bench.py --reps 50 2>&1 | tee "$OUT/torch.txt"
-  timeout 100 .devbin/vramlab profile --model simple-cnn --batch 64 --steps 2 --out /tmp/prof 2>&1 | tee "$OUT/profile.txt"
+
+if want layouts; then
+  step "tensor-core block layouts, f16 4096³"
+  for t in 2x2,4x4 4x2,2x4 2x4,4x2 2x2,2x2 4x4,2x2 2x2,4x2; do
+    VRAMLAB_COOP_TILE=$t timeout $(limit 30) $V bench --sizes 4096 --models none --reps 5 --json 2> /dev/null |
+      python3 -c "
+import json,sys
+d=json.load(sys.stdin)
+rows=[(r['mode'], round(2*4096**3/r['seconds']/1e12,1)) for r in d['precision'] if r['what'].startswith('matmul')]
+print('$t', 'TFLOP/s', rows)" || echo "$t failed"
+  done
 fi
+
+if want estimate; then
+  step "estimate --measure with tuning on"
+  timeout $(limit 40) $V estimate --model simple-cnn --batch 64 --steps 2 --measure 2>&1 | tail -8
+  timeout $(limit 40) $V estimate --model simple-cnn --batch 64 --amp f16 --steps 2 --measure 2>&1 | tail -8
+fi
+
+if want recorder; then
+  step "recorder against CUDA"
+  PYTHONPATH=python timeout $(limit 100) python3 scripts/cuda_recorder_check.py --out /tmp/rec 2>&1 | tail -30
+  (cd /tmp/rec && tar cf "$OUT/recorder.tar" .) && ls -la /tmp/rec
+fi
+
+if want moretests; then
+  step "more tests on this GPU"
+  VRAMLAB_EXPECT_TENSOR_CORES=1 timeout $(limit 90) .devbin/suite --test-threads 8 \
+    matmul_tuning low_precision_ops torch_amp 2>&1 |
+    grep -E "^test |test result|panicked|FAILED|failures" | tail -40
+fi
+
+if want zoo; then
+  step "every zoo model's step, per op"
+  timeout $(limit 90) $V bench --sizes 256 --models simple-cnn,mlp,resnet-mini,attention,gpt,resnet50 \
+    --batch 8 --reps 3 --no-precision --json > "$OUT/zoo.json" 2> /tmp/zoo.err
+  echo "rc $?"; tail -5 /tmp/zoo.err
+fi
+step "done"

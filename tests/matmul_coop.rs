@@ -242,7 +242,7 @@ fn aligned(case: &Case) -> bool {
         (true, 1) => 1,
         (true, _) => transposed_lead,
     };
-    let whole = |x: usize| x % 8 == 0;
+    let whole = |x: usize| x.is_multiple_of(8);
     whole(off)
         && whole(lead(ta, m, m, k))
         && whole(lead(tb, k, k, n))

@@ -158,9 +158,9 @@ fn direct_ok(v: &MatView, t: &Tensor, batch: usize) -> bool {
         .gpu()
         .is_some_and(|gpu| gpu.binds_whole(&t.slice()));
     whole
-        && major(v).is_some_and(|(_, lead)| lead % 8 == 0)
-        && v.offset % 8 == 0
-        && (batch == 1 || v.batch_stride % 8 == 0)
+        && major(v).is_some_and(|(_, lead)| lead.is_multiple_of(8))
+        && v.offset.is_multiple_of(8)
+        && (batch == 1 || v.batch_stride.is_multiple_of(8))
 }
 
 /// The subgroup size to run `g` with on tensor cores, or `None` where the
