@@ -14,17 +14,12 @@
 //   workgroup memory with zeros past the edges, so any size, stride,
 //   offset, batch and window layout runs.
 // The tiles go back through workgroup memory, one at a time, to be written
-// inside C (added to it when the product accumulates, converted for f16).
+// inside C (plus a bias per row, added to C when the product accumulates,
+// converted for f16). B may be a convolution's im2col read in place
+// (matmul_common's loader, staged steps only), and REDUCE sums the batch's
+// products into one C (a weight gradient) in the same accumulators.
 // naga 30 needs coopStoreT's operands bound with `let` (docs/tensor_cores.md).
 enable wgpu_cooperative_matrix;
-
-struct Params {
-    m: u32, n: u32, k: u32, batch: u32,
-    a_rs: u32, a_cs: u32, b_rs: u32, b_cs: u32,
-    a_bs: u32, b_bs: u32, c_bs: u32, accumulate: u32,
-    a_off: u32, b_off: u32, c_off: u32, splits: u32,
-    k_chunk: u32, c_rs: u32, c_cs: u32, _p2: u32,
-}
 
 @group(0) @binding(0) var<storage, read_write> a: array<{{T}}>;
 #accessors a
@@ -32,17 +27,19 @@ struct Params {
 #accessors b
 @group(0) @binding(2) var<storage, read_write> c: array<{{TC}}>;
 #accessors c:ELEM_C
-@group(0) @binding(3) var<uniform> p: Params;
+#include matmul_common
 
 // Staged rows are padded by 8 halves: strides stay multiples of 16 bytes
 // (cooperative loads need it) and rows fall on different banks.
 const BM: u32 = {{WM*TM*S}}u;
 const BN: u32 = {{WN*TN*S}}u;
 const NT: u32 = {{WM*WN*SG}}u;
-const LA: u32 = {{S+8}}u;
+// Staged steps take KS·S of K at a time (fewer barriers a step).
+const KD: u32 = {{KS*S}}u;
+const LA: u32 = {{KS*S+8}}u;
 const LB: u32 = {{WN*TN*S+8}}u;
-var<workgroup> sa: array<f16, {{WM*TM*S*S+WM*TM*S*8}}>;
-var<workgroup> sb: array<f16, {{S*WN*TN*S+S*8}}>;
+var<workgroup> sa: array<f16, {{WM*TM*S*KS*S+WM*TM*S*8}}>;
+var<workgroup> sb: array<f16, {{KS*S*WN*TN*S+KS*S*8}}>;
 var<workgroup> sc: array<f32, {{WM*WN*S*S}}>;
 
 @compute @workgroup_size({{WM*WN*SG}})
@@ -54,8 +51,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     let col0 = wid.x * BN;
     let sr = (sg / {{WN}}u) * {{TM*S}}u;
     let scol = (sg % {{WN}}u) * {{TN*S}}u;
-    let a_base = p.a_off + wid.z * p.a_bs;
-    let b_base = p.b_off + wid.z * p.b_bs;
     let own = sg * {{S*S}}u;
     for (var i = lidx; i < {{WM*WN*S*S}}u; i += NT) { sc[i] = 0.0; }
     workgroupBarrier();
@@ -68,10 +63,47 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     // block lies inside C); the rest (edges, a K tail) are staged. Loop
     // bounds rather than branches choose, as naga wants cooperative
     // operations in control flow it can prove uniform.
+#if REDUCE
+    for (var bz = 0u; bz < p.batch; bz += 1u) {
+    let a_base = p.a_off + bz * p.a_bs;
+    let b_base = p.b_off + bz * p.b_bs;
+#else
+    {
+    let a_base = p.a_off + wid.z * p.a_bs;
+    let b_base = p.b_off + wid.z * p.b_bs;
+#endif
 #if DIRECT
     let inside = row0 + BM <= p.m && col0 + BN <= p.n;
     let k_direct = select(0u, (p.k / {{S}}u) * {{S}}u, inside);
-    for (var k0 = 0u; k0 < k_direct; k0 += {{S}}u) {
+    // Two steps of K an iteration: both steps' tiles are loaded before
+    // their products, so the loads of one overlap the other's arithmetic.
+    let k_pairs = (k_direct / {{2*S}}u) * {{2*S}}u;
+    for (var k0 = 0u; k0 < k_pairs; k0 += {{2*S}}u) {
+#for h in 0..2
+#for i in 0..TM
+#if A_COL
+        let fa{{h}}_{{i}} = coopLoad<coop_mat{{S}}x{{S}}<f16, A>>(&a[a_base + row0 + sr + {{i*S}}u + (k0 + {{h*S}}u) * p.a_cs], p.a_cs);
+#else
+        let fa{{h}}_{{i}} = coopLoadT<coop_mat{{S}}x{{S}}<f16, A>>(&a[a_base + (row0 + sr + {{i*S}}u) * p.a_rs + k0 + {{h*S}}u], p.a_rs);
+#endif
+#endfor
+#for j in 0..TN
+#if B_COL
+        let fb{{h}}_{{j}} = coopLoad<coop_mat{{S}}x{{S}}<f16, B>>(&b[b_base + k0 + {{h*S}}u + (col0 + scol + {{j*S}}u) * p.b_cs], p.b_cs);
+#else
+        let fb{{h}}_{{j}} = coopLoadT<coop_mat{{S}}x{{S}}<f16, B>>(&b[b_base + (k0 + {{h*S}}u) * p.b_rs + col0 + scol + {{j*S}}u], p.b_rs);
+#endif
+#endfor
+#endfor
+#for h in 0..2
+#for i in 0..TM
+#for j in 0..TN
+        acc_{{i}}_{{j}} = coopMultiplyAdd(fa{{h}}_{{i}}, fb{{h}}_{{j}}, acc_{{i}}_{{j}});
+#endfor
+#endfor
+#endfor
+    }
+    for (var k0 = k_pairs; k0 < k_direct; k0 += {{S}}u) {
 #for i in 0..TM
 #if A_COL
         let fa_{{i}} = coopLoad<coop_mat{{S}}x{{S}}<f16, A>>(&a[a_base + row0 + sr + {{i*S}}u + k0 * p.a_cs], p.a_cs);
@@ -95,48 +127,55 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 #else
     let k_direct = 0u;
 #endif
-    for (var k0 = k_direct; k0 < p.k; k0 += {{S}}u) {
+    for (var k0 = k_direct; k0 < p.k; k0 += KD) {
         // Consecutive invocations read consecutive addresses: along K for a
         // row-major A, along M for a column-major one (likewise for B).
-        for (var i = lidx; i < BM * {{S}}u; i += NT) {
+        for (var i = lidx; i < BM * KD; i += NT) {
 #if A_COL
             let r = i % BM;
             let q = i / BM;
 #else
-            let r = i / {{S}}u;
-            let q = i % {{S}}u;
+            let r = i / KD;
+            let q = i % KD;
 #endif
             let ok = row0 + r < p.m && k0 + q < p.k;
-            let v = ld_a(select(0u, a_base + (row0 + r) * p.a_rs + (k0 + q) * p.a_cs, ok));
+            let v = ld_a(a_base + min(row0 + r, p.m - 1u) * p.a_rs + min(k0 + q, p.k - 1u) * p.a_cs);
             sa[r * LA + q] = f16(select(0.0, v, ok));
         }
-        for (var i = lidx; i < BN * {{S}}u; i += NT) {
+        for (var i = lidx; i < BN * KD; i += NT) {
 #if B_COL
-            let r = i % {{S}}u;
-            let q = i / {{S}}u;
+            let r = i % KD;
+            let q = i / KD;
 #else
             let r = i / BN;
             let q = i % BN;
 #endif
             let ok = k0 + r < p.k && col0 + q < p.n;
-            let v = ld_b(select(0u, b_base + (k0 + r) * p.b_rs + (col0 + q) * p.b_cs, ok));
+            let v = ld_b_at(b_base, min(k0 + r, p.k - 1u), min(col0 + q, p.n - 1u), p.b_rs, p.b_cs);
             sb[r * LB + q] = f16(select(0.0, v, ok));
         }
         workgroupBarrier();
+#for h in 0..KS
 #for i in 0..TM
-        let ga_{{i}} = coopLoadT<coop_mat{{S}}x{{S}}<f16, A>>(&sa[(sr + {{i*S}}u) * LA], LA);
+        let ga{{h}}_{{i}} = coopLoadT<coop_mat{{S}}x{{S}}<f16, A>>(&sa[(sr + {{i*S}}u) * LA + {{h*S}}u], LA);
 #endfor
 #for j in 0..TN
-        let gb_{{j}} = coopLoadT<coop_mat{{S}}x{{S}}<f16, B>>(&sb[scol + {{j*S}}u], LB);
+        let gb{{h}}_{{j}} = coopLoadT<coop_mat{{S}}x{{S}}<f16, B>>(&sb[{{h*S}}u * LB + scol + {{j*S}}u], LB);
 #endfor
 #for i in 0..TM
 #for j in 0..TN
-        acc_{{i}}_{{j}} = coopMultiplyAdd(ga_{{i}}, gb_{{j}}, acc_{{i}}_{{j}});
+        acc_{{i}}_{{j}} = coopMultiplyAdd(ga{{h}}_{{i}}, gb{{h}}_{{j}}, acc_{{i}}_{{j}});
+#endfor
 #endfor
 #endfor
         workgroupBarrier();
     }
+    }
+#if REDUCE
+    let c_base = p.c_off;
+#else
     let c_base = p.c_off + wid.z * p.c_bs;
+#endif
     let stride = {{S}}u;
 #for i in 0..TM
 #for j in 0..TN
@@ -149,6 +188,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         if (row < p.m && col < p.n) {
             let ci = c_base + row * p.c_rs + col * p.c_cs;
             var v = sc[own + e];
+#if BIAS_ROWS
+            v += ld_bias(row);
+#endif
             if (p.accumulate != 0u) { v += ld_c(ci); }
             st_c(ci, v);
         }

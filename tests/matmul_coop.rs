@@ -9,11 +9,12 @@ use common::*;
 use half::f16;
 use vramlab::device::AdapterOptions;
 use vramlab::memory::AllocatorConfig;
-use vramlab::ops::matmul::{gemm, Gemm, MatView, MatmulKernel};
+use vramlab::ops::matmul::{gemm_bias, plan_split, Gemm, MatView, MatmulKernel};
 use vramlab::tensor::{DType, Engine, Tensor};
 
 /// One product: sizes, batch, A and B read transposed, offsets, C's
-/// dtype, whether C accumulates.
+/// dtype, whether C accumulates, whether the batch's products are summed
+/// into one C, whether a bias per row is added.
 #[derive(Debug, Clone, Copy)]
 struct Case {
     m: usize,
@@ -25,11 +26,14 @@ struct Case {
     off: usize,
     out: DType,
     accumulate: bool,
+    reduce: bool,
+    bias: bool,
 }
 
 /// Runs `case` with `kernel`; returns C and its f64 reference (of the f16
-/// operands as stored), and the kernels that ran.
-fn run(e: &Engine, case: Case, rng: &mut Rng) -> (Vec<f32>, Vec<f64>, Vec<String>) {
+/// operands as stored), the kernels that ran, and whether K is cut into
+/// splits (then the plain kernels run it).
+fn run(e: &Engine, case: Case, rng: &mut Rng) -> (Vec<f32>, Vec<f64>, Vec<String>, bool) {
     let Case {
         m,
         n,
@@ -40,11 +44,15 @@ fn run(e: &Engine, case: Case, rng: &mut Rng) -> (Vec<f32>, Vec<f64>, Vec<String
         off,
         out,
         accumulate,
+        reduce,
+        bias,
     } = case;
     let round = |v: Vec<f32>| -> Vec<f16> { v.into_iter().map(f16::from_f32).collect() };
     let a = round(rng.vec(off + batch * m * k));
     let b = round(rng.vec(off + batch * k * n));
-    let c0 = rng.vec(batch * m * n);
+    let c_batch = if reduce { 1 } else { batch };
+    let c0 = rng.vec(c_batch * m * n);
+    let bias_v = round(rng.vec(m));
     let view = |rows, cols, t| MatView {
         batch_stride: rows * cols,
         ..MatView::dense(off, rows, cols, t)
@@ -68,7 +76,7 @@ fn run(e: &Engine, case: Case, rng: &mut Rng) -> (Vec<f32>, Vec<f64>, Vec<String
         c_offset: 0,
         c_batch_stride: m * n,
         accumulate,
-        reduce_batch: false,
+        reduce_batch: reduce,
         implicit_b: None,
     };
     let ta_ = Tensor::from_f16(e, &a, &[a.len()], "a").unwrap();
@@ -77,8 +85,17 @@ fn run(e: &Engine, case: Case, rng: &mut Rng) -> (Vec<f32>, Vec<f64>, Vec<String
         DType::F16 => Tensor::from_f16(e, &round(c0.clone()), &[c0.len()], "c").unwrap(),
         _ => Tensor::from_slice(e, &c0, &[c0.len()], "c").unwrap(),
     };
+    let tbias = Tensor::from_f16(e, &bias_v, &[m], "bias").unwrap();
     e.start_timing();
-    gemm(&g, &ta_, &tb_, &tc, MatmulKernel::Tiled).unwrap();
+    gemm_bias(
+        &g,
+        &ta_,
+        &tb_,
+        &tc,
+        bias.then_some(&tbias),
+        MatmulKernel::Tiled,
+    )
+    .unwrap();
     let kernels = e
         .take_dispatch_times()
         .unwrap()
@@ -86,7 +103,7 @@ fn run(e: &Engine, case: Case, rng: &mut Rng) -> (Vec<f32>, Vec<f64>, Vec<String
         .unwrap_or_default();
     e.stop_timing().unwrap();
     let at = |x: &[f16], i: usize| x[off + i].to_f64();
-    let mut want = vec![0.0; batch * m * n];
+    let mut want = vec![0.0; c_batch * m * n];
     for bi in 0..batch {
         for i in 0..m {
             for j in 0..n {
@@ -104,16 +121,38 @@ fn run(e: &Engine, case: Case, rng: &mut Rng) -> (Vec<f32>, Vec<f64>, Vec<String
                     };
                     s += av * bv;
                 }
-                let o = bi * m * n + i * n + j;
+                let o = if reduce {
+                    i * n + j
+                } else {
+                    bi * m * n + i * n + j
+                };
                 let c_in = match out {
                     DType::F16 => f16::from_f32(c0[o]).to_f64(),
                     _ => c0[o] as f64,
                 };
-                want[o] = if accumulate { s + c_in } else { s };
+                let first = !reduce || bi == 0;
+                let start = if first && accumulate {
+                    c_in
+                } else if first {
+                    0.0
+                } else {
+                    want[o]
+                };
+                let b = if bias && first {
+                    bias_v[i].to_f64()
+                } else {
+                    0.0
+                };
+                want[o] = start + s + b;
             }
         }
     }
-    (tc.to_vec().unwrap(), want, kernels)
+    (
+        tc.to_vec().unwrap(),
+        want,
+        kernels,
+        plan_split(&g).splits > 1,
+    )
 }
 
 fn cases() -> Vec<Case> {
@@ -127,6 +166,8 @@ fn cases() -> Vec<Case> {
         off: 0,
         out: DType::F32,
         accumulate: false,
+        reduce: false,
+        bias: false,
     };
     vec![
         base,
@@ -219,6 +260,42 @@ fn cases() -> Vec<Case> {
             ta: true,
             ..base
         },
+        // Summed batches (weight gradients) and a bias per row, on direct
+        // and staged steps.
+        Case {
+            m: 40,
+            n: 72,
+            k: 24,
+            batch: 3,
+            tb: true,
+            reduce: true,
+            accumulate: true,
+            ..base
+        },
+        Case {
+            m: 13,
+            n: 21,
+            k: 9,
+            batch: 4,
+            reduce: true,
+            ..base
+        },
+        Case {
+            m: 64,
+            n: 96,
+            k: 40,
+            bias: true,
+            ..base
+        },
+        Case {
+            m: 7,
+            n: 30,
+            k: 12,
+            batch: 2,
+            bias: true,
+            out: DType::F16,
+            ..base
+        },
     ]
 }
 
@@ -273,7 +350,8 @@ fn f16_products_on_tensor_cores_match_f64() {
             ("default", &e, lanes.is_some()),
             ("--no-tensor-cores", &off, false),
         ] {
-            let (got, want, kernels) = run(engine, case, &mut rng);
+            let (got, want, kernels, k_split) = run(engine, case, &mut rng);
+            let cores = cores && !k_split;
             // f16 operands multiply exactly in f32; only the sums round
             // (and an f16 C to 2⁻¹¹).
             let tol = if case.out == DType::F16 { 2e-3 } else { 1e-5 };
@@ -283,10 +361,87 @@ fn f16_products_on_tensor_cores_match_f64() {
             assert_eq!(on_cores, cores, "{name} {case:?}: ran {kernels:?}");
             // Aligned products read whole tiles from storage; others stage.
             let direct = kernels.iter().any(|k| k.contains(", direct"));
+            let allowed = vramlab::ops::matmul::coop::stage_from_env().unwrap().1;
             assert_eq!(
                 direct,
-                cores && aligned(&case),
+                cores && allowed && aligned(&case),
                 "{name} {case:?}: ran {kernels:?}"
+            );
+        }
+    }
+}
+
+/// Convolutions in f16 read B as the im2col in place (forward, the input
+/// gradient's flipped kernel, the weight gradient's im2colᵀ over a summed
+/// batch) and add the bias in the epilogue: on tensor cores where they run,
+/// against f64.
+#[test]
+fn f16_convolutions_on_tensor_cores_match_f64() {
+    use vramlab::ops::conv2d::{conv2d, conv2d_backward, Conv2dConfig};
+    let e = engine();
+    let mut rng = Rng::new(23);
+    let half =
+        |v: Vec<f32>| -> Vec<f32> { v.into_iter().map(|x| f16::from_f32(x).to_f32()).collect() };
+    let upload = |v: &[f32], shape: &[usize]| {
+        let h: Vec<f16> = v.iter().map(|&x| f16::from_f32(x)).collect();
+        Tensor::from_f16(&e, &h, shape, "t").unwrap()
+    };
+    let f64s = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
+    for ((n, c, h, w), (o, kh, kw), stride, pad) in [
+        ((2, 3, 9, 7), (8, 3, 3), 1, 1),
+        ((3, 4, 8, 8), (16, 3, 3), 2, 0),
+        ((1, 8, 10, 10), (16, 3, 3), 1, 1),
+    ] {
+        let x = half(rng.vec(n * c * h * w));
+        let wt = half(rng.vec(o * c * kh * kw));
+        let b = half(rng.vec(o));
+        let cfg = Conv2dConfig {
+            stride,
+            padding: pad,
+        };
+        let (tx, tw, tb) = (
+            upload(&x, &[n, c, h, w]),
+            upload(&wt, &[o, c, kh, kw]),
+            upload(&b, &[o]),
+        );
+        e.start_timing();
+        let y = conv2d(&tx, &tw, Some(&tb), cfg).unwrap();
+        let (ho, wo) = (
+            (h + 2 * pad - kh) / stride + 1,
+            (w + 2 * pad - kw) / stride + 1,
+        );
+        let dy = half(rng.vec(n * o * ho * wo));
+        let (dx, dw, _) =
+            conv2d_backward(&tx, &tw, &upload(&dy, &[n, o, ho, wo]), cfg, true).unwrap();
+        let kernels: Vec<String> = e
+            .take_dispatch_times()
+            .unwrap()
+            .map(|(_, t)| t.into_iter().map(|d| d.kernel).collect())
+            .unwrap_or_default();
+        e.stop_timing().unwrap();
+        let what = format!("{n}x{c}x{h}x{w} * {o}x{kh}x{kw} s{stride} p{pad}");
+        let (xf, wf, bf) = (f64s(&x), f64s(&wt), f64s(&b));
+        let (yf, _, _) = conv2d_ref(&xf, &wf, &bf, (n, c, h, w), (o, kh, kw), stride, pad);
+        // f16 products are exact in f32; the sums and the f16 outputs round.
+        let err = normwise(&y.to_vec().unwrap(), &yf);
+        assert!(err < 4e-3, "{what} forward: {err:.2e}");
+        let dyf = f64s(&dy);
+        let loss = |yy: Vec<f64>| yy.iter().zip(&dyf).map(|(a, b)| a * b).sum::<f64>();
+        let f = |xx: &[f64], ww: &[f64]| {
+            conv2d_ref(xx, ww, &bf, (n, c, h, w), (o, kh, kw), stride, pad).0
+        };
+        let gx = numeric_grad(&xf, |v| loss(f(v, &wf)));
+        let gw = numeric_grad(&wf, |v| loss(f(&xf, v)));
+        for (name, got, want) in [("dx", dx.unwrap(), gx), ("dw", dw, gw)] {
+            let err = normwise(&got.to_vec().unwrap(), &want);
+            assert!(err < 4e-3, "{what} {name}: {err:.2e}");
+        }
+        if e.tensor_core_lanes().is_some() {
+            assert!(
+                kernels.iter().any(|k| k.starts_with("matmul_coop")
+                    && k.contains("implicit im2col")
+                    && k.contains("+bias")),
+                "{what}: the forward ran {kernels:?}"
             );
         }
     }

@@ -36,6 +36,11 @@ pub struct DeviceArgs {
     /// smaller limit.
     #[arg(long, value_name = "SIZE", value_parser = parse_window)]
     pub buffer_limit: Option<u64>,
+    /// Keep wgpu's runtime bounds checks in every kernel, also the product
+    /// kernels that are compiled without them (their own index arithmetic
+    /// keeps each access in bounds): to compare speed, or to rule them out.
+    #[arg(long)]
+    pub bounds_checks: bool,
 }
 
 fn parse_window(s: &str) -> Result<u64, String> {
@@ -55,6 +60,7 @@ impl DeviceArgs {
             binding_limit: self.binding_window,
             buffer_limit: self.buffer_limit,
             without_cooperative_matrix: self.no_tensor_cores,
+            checked_kernels: self.bounds_checks,
         }
     }
 }

@@ -46,6 +46,9 @@ pub struct AdapterOptions {
     /// Leave cooperative matrices (tensor cores) unused even where the
     /// adapter offers f16 ones: f16 products then run the plain kernels.
     pub without_cooperative_matrix: bool,
+    /// Keep wgpu's runtime bounds checks in trusted kernels too
+    /// ([`super::Kernel::trusted`]).
+    pub checked_kernels: bool,
 }
 
 /// What `info` shows about one adapter.

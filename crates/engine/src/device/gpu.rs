@@ -40,6 +40,8 @@ pub struct Kernel {
     pub entry: &'static str,
     /// `None`: the f32 defaults.
     pub defs: Option<Arc<Defs>>,
+    /// Compiled without naga's runtime bounds checks ([`Kernel::trusted`]).
+    pub trusted: bool,
 }
 
 impl Kernel {
@@ -50,6 +52,7 @@ impl Kernel {
             source,
             entry,
             defs: None,
+            trusted: false,
         }
     }
 
@@ -60,6 +63,20 @@ impl Kernel {
             source,
             entry,
             defs: Some(Arc::new(defs)),
+            trusted: false,
+        }
+    }
+
+    /// This kernel compiled without naga's runtime bounds checks (the
+    /// clamps on every storage and workgroup index). Only for kernels whose
+    /// own arithmetic keeps every access in bounds: each global index is
+    /// clamped or guarded by the product's sizes, and each workgroup index
+    /// is formed from constants and local ids below their bounds. Windowed
+    /// variants stay checked.
+    pub fn trusted(self) -> Kernel {
+        Kernel {
+            trusted: true,
+            ..self
         }
     }
 
@@ -76,6 +93,7 @@ impl Kernel {
             source: self.source,
             entry: self.entry,
             defs: Some(Arc::new(self.defs().with("WINDOWS", list))),
+            trusted: false,
         }
     }
 
@@ -389,7 +407,17 @@ impl Gpu {
             label: Some(&kernel.name),
             source: wgpu::ShaderSource::Wgsl(wgsl.into()),
         };
-        let module = self.device.create_shader_module(desc);
+        let module = if kernel.trusted && !self.options.checked_kernels {
+            // SAFETY: a trusted kernel keeps every access in bounds by its
+            // own index arithmetic (see `Kernel::trusted`); its tests run
+            // it on odd sizes, edges, offsets and batches against f64.
+            unsafe {
+                self.device
+                    .create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked())
+            }
+        } else {
+            self.device.create_shader_module(desc)
+        };
         let pipeline = self
             .device
             .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {

@@ -4,10 +4,13 @@
 //! 8 on lavapipe). Interior steps load tiles straight from storage where the
 //! layout allows it; edges, odd strides and windowed tensors are staged in
 //! workgroup memory with zeros past the edges, so any sizes, strides,
-//! offsets and batches run. Used where the device enabled f16 cooperative
-//! matrices (`Engine::tensor_core_lanes`); products that need a K split
-//! keep the plain kernels.
+//! offsets and batches run. Convolutions read B as the im2col in place, a
+//! bias per row is added in the epilogue, and summed batches (weight
+//! gradients) accumulate in the same tiles. Used where the device enabled
+//! f16 cooperative matrices (`Engine::tensor_core_lanes`); products that
+//! need a K split keep the plain kernels.
 
+use super::tile::conv_defs;
 use super::{Gemm, MatView, MatmulParams, Oriented};
 use crate::device::compose::{Defs, Elem};
 use crate::device::{Kernel, Workgroups};
@@ -18,6 +21,44 @@ const SOURCE: &str = include_str!("../../../../../shaders/matmul_coop.wgsl");
 
 /// Overrides the block layout: `WMxWN,TMxTN` (subgroups, tiles a subgroup).
 pub const TILE_VAR: &str = "VRAMLAB_COOP_TILE";
+/// `off` stages every step in workgroup memory (no direct tile loads): to
+/// compare the two.
+pub const DIRECT_VAR: &str = "VRAMLAB_COOP_DIRECT";
+/// Tiles of K a staged step copies at once (1 to 4, default 2).
+pub const DEPTH_VAR: &str = "VRAMLAB_COOP_STAGE_DEPTH";
+const DEFAULT_DEPTH: u32 = 2;
+
+/// The staged depth in tiles and whether direct loads are allowed, from
+/// the environment ([`DEPTH_VAR`], [`DIRECT_VAR`]).
+pub fn stage_from_env() -> Result<(u32, bool), ConfigError> {
+    let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+    let depth = match var(DEPTH_VAR) {
+        None => DEFAULT_DEPTH,
+        Some(v) => v
+            .trim()
+            .parse()
+            .ok()
+            .filter(|d| (1..=4).contains(d))
+            .ok_or(ConfigError::Env {
+                var: DEPTH_VAR,
+                value: v,
+                expected: "1, 2, 3 or 4 tiles of K a staged step",
+            })?,
+    };
+    let direct = match var(DIRECT_VAR).map(|v| v.trim().to_ascii_lowercase()) {
+        None => true,
+        Some(v) if ["on", "1", "true", "yes"].contains(&v.as_str()) => true,
+        Some(v) if ["off", "0", "false", "no"].contains(&v.as_str()) => false,
+        Some(v) => {
+            return Err(ConfigError::Env {
+                var: DIRECT_VAR,
+                value: v,
+                expected: "on or off",
+            })
+        }
+    };
+    Ok((depth, direct))
+}
 
 /// How a workgroup covers its block of C: `wm`×`wn` subgroups, each holding
 /// `tm`×`tn` tiles of the matrix side.
@@ -68,23 +109,23 @@ impl CoopTile {
         self.wm * self.wn * lanes
     }
 
-    /// Workgroup memory in bytes: A's and B's staged slices (f16, rows
-    /// padded by 8) and one f32 tile a subgroup.
-    fn shared_bytes(&self, side: u32) -> u32 {
+    /// Workgroup memory in bytes: A's and B's staged slices `depth` tiles
+    /// deep (f16, rows padded by 8) and one f32 tile a subgroup.
+    fn shared_bytes(&self, side: u32, depth: u32) -> u32 {
         let (bm, bn) = self.block(side);
-        let (bm, bn) = (bm as u32, bn as u32);
-        2 * (bm * (side + 8) + side * (bn + 8)) + 4 * self.wm * self.wn * side * side
+        let (bm, bn, kd) = (bm as u32, bn as u32, depth * side);
+        2 * (bm * (kd + 8) + kd * (bn + 8)) + 4 * self.wm * self.wn * side * side
     }
 }
 
 /// The block layout for `g`: the override if set, else large blocks where
 /// they still give two workgroups for each of ~132 multiprocessors, smaller
 /// ones for small products; shrunk until the adapter's limits hold.
-fn layout(g: &Gemm, side: u32, lanes: u32, limits: &wgpu::Limits) -> CoopTile {
+fn layout(g: &Gemm, side: u32, lanes: u32, depth: u32, limits: &wgpu::Limits) -> CoopTile {
     let fits = |t: &CoopTile| {
         t.invocations(lanes) <= limits.max_compute_invocations_per_workgroup
             && t.invocations(lanes) <= limits.max_compute_workgroup_size_x
-            && t.shared_bytes(side) <= limits.max_compute_workgroup_storage_size
+            && t.shared_bytes(side, depth) <= limits.max_compute_workgroup_storage_size
     };
     let wanted = CoopTile::from_env().ok().flatten().unwrap_or_else(|| {
         let big = if side >= 16 {
@@ -165,9 +206,9 @@ fn direct_ok(v: &MatView, t: &Tensor, batch: usize) -> bool {
 
 /// The subgroup size to run `g` with on tensor cores, or `None` where the
 /// plain kernels must run it: no f16 cooperative matrices, operands not
-/// f16, a bf16 output, an implicit (im2col) B, a summed batch, or a grid or
-/// K loop past the device's limits.
-pub fn usable(g: &Gemm, a: &Tensor, b: &Tensor, c: &Tensor) -> Option<u32> {
+/// f16, a bf16 output, a bias that is not one f16 value per row, or a grid
+/// or loop past the device's limits.
+pub fn usable(g: &Gemm, a: &Tensor, b: &Tensor, c: &Tensor, bias: Option<&Tensor>) -> Option<u32> {
     let e = a.engine();
     let lanes = e.tensor_core_lanes()?;
     let side = e.tensor_core_size()? as usize;
@@ -181,27 +222,43 @@ pub fn usable(g: &Gemm, a: &Tensor, b: &Tensor, c: &Tensor) -> Option<u32> {
         && b.dtype() == DType::F16
         && matches!(c.dtype(), DType::F32 | DType::F16)
         && e.has_shader_f16()
-        && g.implicit_b.is_none()
-        && !g.reduce_batch
+        && bias.is_none_or(|t| t.numel() == g.m && t.dtype() == DType::F16)
         && (1..=64).contains(&lanes)
         && g.k.div_ceil(side) <= MAX_LOOP_ITERATIONS
+        && g.batch <= MAX_LOOP_ITERATIONS
         && fits)
         .then_some(lanes)
 }
 
 /// Runs `g` on tensor cores with subgroups of `lanes` invocations; the
 /// caller has checked [`usable`].
-pub fn gemm(g: &Gemm, a: &Tensor, b: &Tensor, c: &Tensor, lanes: u32) -> Result<(), TensorError> {
+pub fn gemm(
+    g: &Gemm,
+    a: &Tensor,
+    b: &Tensor,
+    c: &Tensor,
+    bias: Option<&Tensor>,
+    lanes: u32,
+) -> Result<(), TensorError> {
     let u = |x: usize| x as u32;
     let e = a.engine();
     let side = e.tensor_core_size().unwrap_or(8);
     let limits = e.gpu().map(|gpu| gpu.limits.clone()).unwrap_or_default();
-    let tile = layout(g, side, lanes, &limits);
+    let (depth, direct_allowed) = stage_from_env().unwrap_or((DEFAULT_DEPTH, true));
+    let tile = layout(g, side, lanes, depth, &limits);
     let o = Oriented::of(g, false);
     let params = MatmulParams::new(g, &o, 1, g.k, g.c_offset, g.c_batch_stride, g.accumulate);
-    let direct = direct_ok(&o.a, a, g.batch) && direct_ok(&o.b, b, g.batch);
+    let conv = g.implicit_b.as_ref();
+    let direct = direct_allowed
+        && conv.is_none()
+        && direct_ok(&o.a, a, g.batch)
+        && direct_ok(&o.b, b, g.batch);
     let a_col = major(&o.a).is_some_and(|(col, _)| col);
-    let b_col = major(&o.b).is_some_and(|(col, _)| col);
+    // An im2colᵀ runs along K in memory, an im2col along N.
+    let b_col = match conv {
+        Some(cv) => cv.transposed,
+        None => major(&o.b).is_some_and(|(col, _)| col),
+    };
     let out = c.dtype().elem();
     let defs = Defs::elem(Elem::F16)
         .with("ELEM_C", out.name())
@@ -212,31 +269,47 @@ pub fn gemm(g: &Gemm, a: &Tensor, b: &Tensor, c: &Tensor, lanes: u32) -> Result<
         .with("WN", tile.wn)
         .with("TM", tile.tm)
         .with("TN", tile.tn)
+        .with("KS", depth)
         .with("DIRECT", u32::from(direct))
         .with("A_COL", u32::from(a_col))
-        .with("B_COL", u32::from(b_col));
+        .with("B_COL", u32::from(b_col))
+        .with("REDUCE", u32::from(g.reduce_batch))
+        .with("BIAS_ROWS", u32::from(bias.is_some()))
+        .with("B4", 0);
+    let (defs, conv_name) = conv_defs(defs, conv);
+    let flag = |on: bool, name: &'static str| if on { name } else { "" };
     let kernel = Kernel::variant(
         format!(
-            "matmul_coop[f16→{}, {side}×{side}, {}×{} subgroups of {}×{} tiles, {lanes} lanes{}{}{}]",
+            "matmul_coop[f16→{}, {side}×{side}, {}×{} subgroups of {}×{} tiles, staged {depth} deep, {lanes} lanes{}{}{}{}{}{conv_name}]",
             out.name(),
             tile.wm,
             tile.wn,
             tile.tm,
             tile.tn,
-            if direct { ", direct" } else { "" },
-            if a_col { ", Aᵀ" } else { "" },
-            if b_col { ", Bᵀ" } else { "" },
+            flag(direct, ", direct"),
+            flag(a_col, ", Aᵀ"),
+            flag(b_col, ", Bᵀ"),
+            flag(g.reduce_batch, ", summed batch"),
+            flag(bias.is_some(), ", +bias"),
         ),
         SOURCE,
         "main",
         defs,
-    );
+    )
+    // Direct loads only inside A, B and C, staged ones clamped with select,
+    // stores guarded by C's sizes, workgroup indices from constants and
+    // local ids (docs/tensor_cores.md).
+    .trusted();
     let (bm, bn) = tile.block(side);
+    let z = if g.reduce_batch { 1 } else { g.batch };
+    let mut bindings = vec![a.slice(), b.slice(), c.slice()];
+    bindings.extend(bias.map(Tensor::slice));
+    let refs: Vec<_> = bindings.iter().collect();
     e.dispatch(
         &kernel,
-        &[&a.slice(), &b.slice(), &c.slice()],
+        &refs,
         bytemuck::bytes_of(&params),
-        Workgroups::Grid([u(g.n.div_ceil(bn)), u(g.m.div_ceil(bm)), u(g.batch)]),
+        Workgroups::Grid([u(g.n.div_ceil(bn)), u(g.m.div_ceil(bm)), u(z)]),
     )?;
     Ok(())
 }
@@ -294,7 +367,7 @@ mod tests {
             max_compute_workgroup_storage_size: 8192,
             ..limits
         };
-        let t = layout(&g(4096, 4096), 16, 32, &tight);
-        assert!(t.shared_bytes(16) <= 8192, "{t:?}");
+        let t = layout(&g(4096, 4096), 16, 32, 2, &tight);
+        assert!(t.shared_bytes(16, 2) <= 8192, "{t:?}");
     }
 }

@@ -252,9 +252,9 @@ pub fn gemm_bias(
     // f16 products on tensor cores where the device has them; split
     // products keep the plain kernels (their partials are planned from
     // shapes alone, so memory is the same either way).
-    if kernel == MatmulKernel::Tiled && bias.is_none() && plan_split(g).group == 0 {
-        if let Some(lanes) = coop::usable(g, a, b, c) {
-            return coop::gemm(g, a, b, c, lanes);
+    if kernel == MatmulKernel::Tiled && plan_split(g).group == 0 {
+        if let Some(lanes) = coop::usable(g, a, b, c, bias) {
+            return coop::gemm(g, a, b, c, bias, lanes);
         }
     }
     let fixed = |tile| TileChoice {
@@ -347,18 +347,34 @@ pub fn gemm_bias(
         part.batch = nb;
         part.a.offset += b0 * g.a.batch_stride;
         part.b.offset += b0 * g.b.batch_stride;
-        dispatch(
-            &part,
-            [a, b, &parts],
-            None,
-            &tile,
-            transposed,
-            split.splits,
-            split.k_chunk,
-            0,
-            mn,
-            false,
-        )?;
+        // Unsplit K (a summed batch): each entry's product into its slot of
+        // the same workspace, on tensor cores where they run it.
+        let entries = Gemm {
+            reduce_batch: false,
+            c_offset: 0,
+            c_batch_stride: mn,
+            accumulate: false,
+            ..part
+        };
+        let cores = (split.splits == 1 && kernel == MatmulKernel::Tiled)
+            .then(|| coop::usable(&entries, a, b, &parts, None))
+            .flatten();
+        if let Some(lanes) = cores {
+            coop::gemm(&entries, a, b, &parts, None, lanes)?;
+        } else {
+            dispatch(
+                &part,
+                [a, b, &parts],
+                None,
+                &tile,
+                transposed,
+                split.splits,
+                split.k_chunk,
+                0,
+                mn,
+                false,
+            )?;
+        }
         if g.reduce_batch {
             sum_partials(
                 &parts,

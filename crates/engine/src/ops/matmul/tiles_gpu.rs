@@ -160,6 +160,10 @@ pub fn kernel(
         "main",
         defs,
     )
+    // Every global index is clamped into the operand or guarded by the
+    // product's sizes, every workgroup index is built from constants and
+    // local ids (docs/kernels.md, Bounds).
+    .trusted()
 }
 
 /// The GPU tile for `class` where tiles are not tuned: 64×64 blocks of
