@@ -105,7 +105,7 @@ fn run(e: &Engine, case: Case, rng: &mut Rng) -> (Vec<f32>, Vec<f64>, Vec<String
     let at = |x: &[f16], i: usize| x[off + i].to_f64();
     let mut want = vec![0.0; c_batch * m * n];
     for bi in 0..batch {
-        for i in 0..m {
+        for (i, bias_i) in bias_v.iter().enumerate() {
             for j in 0..n {
                 let mut s = 0.0;
                 for l in 0..k {
