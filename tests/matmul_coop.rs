@@ -138,11 +138,7 @@ fn run(e: &Engine, case: Case, rng: &mut Rng) -> (Vec<f32>, Vec<f64>, Vec<String
                 } else {
                     want[o]
                 };
-                let b = if bias && first {
-                    bias_v[i].to_f64()
-                } else {
-                    0.0
-                };
+                let b = if bias && first { bias_i.to_f64() } else { 0.0 };
                 want[o] = start + s + b;
             }
         }
