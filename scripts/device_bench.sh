@@ -45,9 +45,11 @@ if want tests; then
   VRAMLAB_EXPECT_TENSOR_CORES=1 timeout $(limit 90) .devbin/suite --test-threads 8 \
     matmul_coop matmul_family kernels:: 2>&1 |
     grep -E "^test |test result|panicked|FAILED|failures" | tail -40
-  for t in 4x2,2x4 2x2,2x2 1x1,1x1 4x4,2x2; do
-    echo "-- VRAMLAB_COOP_TILE=$t"
-    VRAMLAB_COOP_TILE=$t VRAMLAB_EXPECT_TENSOR_CORES=1 timeout $(limit 30) .devbin/suite matmul_coop 2>&1 |
+  for env in VRAMLAB_COOP_TILE=4x2,2x4 VRAMLAB_COOP_LOADS=wide VRAMLAB_COOP_LOADS=staged \
+    "VRAMLAB_COOP_LOADS=wide VRAMLAB_COOP_TILE=4x2,2x4 VRAMLAB_COOP_STAGE_DEPTH=1" \
+    "VRAMLAB_COOP_TILE=1x1,1x1 VRAMLAB_COOP_STAGE_DEPTH=3"; do
+    echo "-- $env"
+    env $env VRAMLAB_EXPECT_TENSOR_CORES=1 timeout $(limit 40) .devbin/suite matmul_coop 2>&1 |
       grep -E "test result|panicked" | head -3
   done
 fi
@@ -99,14 +101,16 @@ PY
 fi
 
 if want layouts; then
-  step "tensor-core block layouts, f16 4096³"
-  for t in 2x2,4x4 2x2,4x2 1x2,4x4 2x1,4x4 4x2,2x4; do
-    VRAMLAB_COOP_TILE=$t timeout $(limit 30) $V bench --sizes 4096 --models none --reps 5 --json 2> /dev/null |
+  step "tensor-core layouts and loads, f16 4096³ (f32 and bf16 beside)"
+  for env in "L=direct" "VRAMLAB_COOP_LOADS=wide" "VRAMLAB_COOP_LOADS=wide VRAMLAB_COOP_TILE=4x2,2x4" \
+    "VRAMLAB_COOP_LOADS=wide VRAMLAB_COOP_STAGE_DEPTH=1" "VRAMLAB_COOP_LOADS=wide VRAMLAB_COOP_STAGE_DEPTH=4" \
+    "VRAMLAB_COOP_LOADS=staged" "VRAMLAB_COOP_TILE=2x2,4x2" "VRAMLAB_COOP_LOADS=wide VRAMLAB_COOP_TILE=2x4,4x2"; do
+    env $env timeout $(limit 30) $V bench --sizes 4096 --models none --reps 5 --json 2> /dev/null |
       python3 -c "
 import json,sys
 d=json.load(sys.stdin)
 rows=[(r['mode'], round(2*4096**3/r['seconds']/1e12,1)) for r in d['precision'] if r['what'].startswith('matmul')]
-print('$t', 'TFLOP/s', rows)" || echo "$t failed"
+print('$env', 'TFLOP/s', rows)" || echo "$env failed"
   done
 fi
 

@@ -21,10 +21,18 @@
 // naga 30 needs coopStoreT's operands bound with `let` (docs/tensor_cores.md).
 enable wgpu_cooperative_matrix;
 
+#if WIDE
+// WIDE: A and B read 16 bytes (8 halves) a load, where the dispatch found
+// every row start, leading stride and batch stride in whole 8-half units
+// and each binding in whole 16 bytes.
+@group(0) @binding(0) var<storage, read_write> a: array<vec4<u32>>;
+@group(0) @binding(1) var<storage, read_write> b: array<vec4<u32>>;
+#else
 @group(0) @binding(0) var<storage, read_write> a: array<{{T}}>;
 #accessors a
 @group(0) @binding(1) var<storage, read_write> b: array<{{T}}>;
 #accessors b
+#endif
 @group(0) @binding(2) var<storage, read_write> c: array<{{TC}}>;
 #accessors c:ELEM_C
 #include matmul_common
@@ -130,6 +138,59 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     for (var k0 = k_direct; k0 < p.k; k0 += KD) {
         // Consecutive invocations read consecutive addresses: along K for a
         // row-major A, along M for a column-major one (likewise for B).
+#if WIDE
+        // Eight halves a load, along the operand's unit stride; halves past
+        // an edge are zeroed. Clamped starts stay whole 8-half units.
+        let k8 = ((p.k - 1u) / 8u) * 8u;
+#if A_COL
+        let m8 = ((p.m - 1u) / 8u) * 8u;
+        for (var i = lidx; i < (BM / 8u) * KD; i += NT) {
+            let r = (i % (BM / 8u)) * 8u;
+            let q = i / (BM / 8u);
+            let v = a[(a_base + min(row0 + r, m8) + min(k0 + q, p.k - 1u) * p.a_cs) / 8u];
+#for t in 0..4
+            let h{{t}} = vec2<f16>(unpack2x16float(v[{{t}}]));
+            sa[(r + {{2*t}}u) * LA + q] = select(f16(0.0), h{{t}}.x, row0 + r + {{2*t}}u < p.m && k0 + q < p.k);
+            sa[(r + {{2*t+1}}u) * LA + q] = select(f16(0.0), h{{t}}.y, row0 + r + {{2*t+1}}u < p.m && k0 + q < p.k);
+#endfor
+        }
+#else
+        for (var i = lidx; i < BM * (KD / 8u); i += NT) {
+            let r = i / (KD / 8u);
+            let q = (i % (KD / 8u)) * 8u;
+            let v = a[(a_base + min(row0 + r, p.m - 1u) * p.a_rs + min(k0 + q, k8)) / 8u];
+#for t in 0..4
+            let h{{t}} = vec2<f16>(unpack2x16float(v[{{t}}]));
+            sa[r * LA + q + {{2*t}}u] = select(f16(0.0), h{{t}}.x, row0 + r < p.m && k0 + q + {{2*t}}u < p.k);
+            sa[r * LA + q + {{2*t+1}}u] = select(f16(0.0), h{{t}}.y, row0 + r < p.m && k0 + q + {{2*t+1}}u < p.k);
+#endfor
+        }
+#endif
+#if B_COL
+        for (var i = lidx; i < (KD / 8u) * BN; i += NT) {
+            let r = (i % (KD / 8u)) * 8u;
+            let q = i / (KD / 8u);
+            let v = b[(b_base + min(k0 + r, k8) + min(col0 + q, p.n - 1u) * p.b_cs) / 8u];
+#for t in 0..4
+            let h{{t}} = vec2<f16>(unpack2x16float(v[{{t}}]));
+            sb[(r + {{2*t}}u) * LB + q] = select(f16(0.0), h{{t}}.x, k0 + r + {{2*t}}u < p.k && col0 + q < p.n);
+            sb[(r + {{2*t+1}}u) * LB + q] = select(f16(0.0), h{{t}}.y, k0 + r + {{2*t+1}}u < p.k && col0 + q < p.n);
+#endfor
+        }
+#else
+        let n8 = ((p.n - 1u) / 8u) * 8u;
+        for (var i = lidx; i < KD * (BN / 8u); i += NT) {
+            let r = i / (BN / 8u);
+            let q = (i % (BN / 8u)) * 8u;
+            let v = b[(b_base + min(k0 + r, p.k - 1u) * p.b_rs + min(col0 + q, n8)) / 8u];
+#for t in 0..4
+            let h{{t}} = vec2<f16>(unpack2x16float(v[{{t}}]));
+            sb[r * LB + q + {{2*t}}u] = select(f16(0.0), h{{t}}.x, k0 + r < p.k && col0 + q + {{2*t}}u < p.n);
+            sb[r * LB + q + {{2*t+1}}u] = select(f16(0.0), h{{t}}.y, k0 + r < p.k && col0 + q + {{2*t+1}}u < p.n);
+#endfor
+        }
+#endif
+#else
         for (var i = lidx; i < BM * KD; i += NT) {
 #if A_COL
             let r = i % BM;
@@ -154,6 +215,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
             let v = ld_b_at(b_base, min(k0 + r, p.k - 1u), min(col0 + q, p.n - 1u), p.b_rs, p.b_cs);
             sb[r * LB + q] = f16(select(0.0, v, ok));
         }
+#endif
         workgroupBarrier();
 #for h in 0..KS
 #for i in 0..TM

@@ -356,8 +356,11 @@ fn f16_products_on_tensor_cores_match_f64() {
             let on_cores = kernels.iter().any(|k| k.starts_with("matmul_coop"));
             assert_eq!(on_cores, cores, "{name} {case:?}: ran {kernels:?}");
             // Aligned products read whole tiles from storage; others stage.
-            let direct = kernels.iter().any(|k| k.contains(", direct"));
-            let allowed = vramlab::ops::matmul::coop::stage_from_env().unwrap().1;
+            let direct = kernels
+                .iter()
+                .any(|k| k.contains(", direct") || k.contains(", wide"));
+            let loads = vramlab::ops::matmul::coop::stage_from_env().unwrap().1;
+            let allowed = loads != vramlab::ops::matmul::coop::Loads::Staged;
             assert_eq!(
                 direct,
                 cores && allowed && aligned(&case),

@@ -21,16 +21,28 @@ const SOURCE: &str = include_str!("../../../../../shaders/matmul_coop.wgsl");
 
 /// Overrides the block layout: `WMxWN,TMxTN` (subgroups, tiles a subgroup).
 pub const TILE_VAR: &str = "VRAMLAB_COOP_TILE";
-/// `off` stages every step in workgroup memory (no direct tile loads): to
-/// compare the two.
-pub const DIRECT_VAR: &str = "VRAMLAB_COOP_DIRECT";
+/// How interior steps read A and B ([`Loads`]): `direct`, `staged` or
+/// `wide`; to compare them.
+pub const LOADS_VAR: &str = "VRAMLAB_COOP_LOADS";
 /// Tiles of K a staged step copies at once (1 to 4, default 2).
 pub const DEPTH_VAR: &str = "VRAMLAB_COOP_STAGE_DEPTH";
 const DEFAULT_DEPTH: u32 = 2;
 
-/// The staged depth in tiles and whether direct loads are allowed, from
-/// the environment ([`DEPTH_VAR`], [`DIRECT_VAR`]).
-pub fn stage_from_env() -> Result<(u32, bool), ConfigError> {
+/// How the steps of K inside a block read A and B, where the operands'
+/// layout allows (else staged).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Loads {
+    /// Each subgroup loads its tiles straight from storage.
+    Direct,
+    /// The workgroup copies slices into workgroup memory, a half a load.
+    Staged,
+    /// As staged, eight halves (16 bytes) a load.
+    Wide,
+}
+
+/// The staged depth in tiles and the interior loads, from the environment
+/// ([`DEPTH_VAR`], [`LOADS_VAR`]).
+pub fn stage_from_env() -> Result<(u32, Loads), ConfigError> {
     let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
     let depth = match var(DEPTH_VAR) {
         None => DEFAULT_DEPTH,
@@ -45,19 +57,22 @@ pub fn stage_from_env() -> Result<(u32, bool), ConfigError> {
                 expected: "1, 2, 3 or 4 tiles of K a staged step",
             })?,
     };
-    let direct = match var(DIRECT_VAR).map(|v| v.trim().to_ascii_lowercase()) {
-        None => true,
-        Some(v) if ["on", "1", "true", "yes"].contains(&v.as_str()) => true,
-        Some(v) if ["off", "0", "false", "no"].contains(&v.as_str()) => false,
-        Some(v) => {
-            return Err(ConfigError::Env {
-                var: DIRECT_VAR,
-                value: v,
-                expected: "on or off",
-            })
-        }
+    let loads = match var(LOADS_VAR).map(|v| v.trim().to_ascii_lowercase()) {
+        None => Loads::Direct,
+        Some(v) => match v.as_str() {
+            "direct" => Loads::Direct,
+            "staged" => Loads::Staged,
+            "wide" => Loads::Wide,
+            _ => {
+                return Err(ConfigError::Env {
+                    var: LOADS_VAR,
+                    value: v,
+                    expected: "direct, staged or wide",
+                })
+            }
+        },
     };
-    Ok((depth, direct))
+    Ok((depth, loads))
 }
 
 /// How a workgroup covers its block of C: `wm`×`wn` subgroups, each holding
@@ -244,15 +259,14 @@ pub fn gemm(
     let e = a.engine();
     let side = e.tensor_core_size().unwrap_or(8);
     let limits = e.gpu().map(|gpu| gpu.limits.clone()).unwrap_or_default();
-    let (depth, direct_allowed) = stage_from_env().unwrap_or((DEFAULT_DEPTH, true));
+    let (depth, loads) = stage_from_env().unwrap_or((DEFAULT_DEPTH, Loads::Direct));
     let tile = layout(g, side, lanes, depth, &limits);
     let o = Oriented::of(g, false);
     let params = MatmulParams::new(g, &o, 1, g.k, g.c_offset, g.c_batch_stride, g.accumulate);
     let conv = g.implicit_b.as_ref();
-    let direct = direct_allowed
-        && conv.is_none()
-        && direct_ok(&o.a, a, g.batch)
-        && direct_ok(&o.b, b, g.batch);
+    let aligned = conv.is_none() && direct_ok(&o.a, a, g.batch) && direct_ok(&o.b, b, g.batch);
+    let direct = aligned && loads == Loads::Direct;
+    let wide = aligned && loads == Loads::Wide;
     let a_col = major(&o.a).is_some_and(|(col, _)| col);
     // An im2colᵀ runs along K in memory, an im2col along N.
     let b_col = match conv {
@@ -271,22 +285,25 @@ pub fn gemm(
         .with("TN", tile.tn)
         .with("KS", depth)
         .with("DIRECT", u32::from(direct))
+        .with("WIDE", u32::from(wide))
         .with("A_COL", u32::from(a_col))
         .with("B_COL", u32::from(b_col))
         .with("REDUCE", u32::from(g.reduce_batch))
         .with("BIAS_ROWS", u32::from(bias.is_some()))
-        .with("B4", 0);
+        // matmul_common's element loader for B is not wanted by WIDE.
+        .with("B4", u32::from(wide));
     let (defs, conv_name) = conv_defs(defs, conv);
     let flag = |on: bool, name: &'static str| if on { name } else { "" };
     let kernel = Kernel::variant(
         format!(
-            "matmul_coop[f16→{}, {side}×{side}, {}×{} subgroups of {}×{} tiles, staged {depth} deep, {lanes} lanes{}{}{}{}{}{conv_name}]",
+            "matmul_coop[f16→{}, {side}×{side}, {}×{} subgroups of {}×{} tiles, staged {depth} deep, {lanes} lanes{}{}{}{}{}{}{conv_name}]",
             out.name(),
             tile.wm,
             tile.wn,
             tile.tm,
             tile.tn,
             flag(direct, ", direct"),
+            flag(wide, ", wide"),
             flag(a_col, ", Aᵀ"),
             flag(b_col, ", Bᵀ"),
             flag(g.reduce_batch, ", summed batch"),
