@@ -14,9 +14,9 @@ What a recording on meta tensors cannot see (not in the file):
     and process (what nvidia-smi shows beyond torch.cuda.memory_reserved());
   * scratch a kernel allocates and frees inside itself: cuDNN convolution
     workspaces (they depend on the algorithm cuDNN picks on the real GPU),
-    flash / memory-efficient attention backward's accumulators, embedding
-    backward's sort buffers, LayerNorm backward's partial sums, NCCL and
-    other communication buffers (nothing distributed is recorded);
+    flash / memory-efficient / cuDNN attention backward's accumulators,
+    embedding backward's sort buffers, LayerNorm backward's partial sums,
+    NCCL and other communication buffers (nothing distributed is recorded);
   * cudnn_batch_norm's reserve space (CUDA runs BatchNorm through cuDNN;
     meta runs native_batch_norm);
   * ops whose memory depends on values (nonzero, masked_select, unique:
@@ -76,9 +76,11 @@ def parse_args(argv):
                         "repeated blocks (the largest nn.ModuleList / nn.Sequential of one class)")
     r.add_argument("--checkpoint-class", metavar="NAME", help="checkpoint every module of this class instead")
     r.add_argument("--zero-grad", choices=["set-to-none", "zero", "keep"], default="set-to-none")
-    r.add_argument("--sdpa", choices=["auto", "flash", "efficient", "math"], default="auto",
-                   help="F.scaled_dot_product_attention's backend: auto = what CUDA on compute capability "
-                        ">= 8.0 picks (flash, else memory-efficient, else math); math = meta's own")
+    r.add_argument("--sdpa", choices=["auto", "cudnn", "flash", "efficient", "math"], default="auto",
+                   help="F.scaled_dot_product_attention's backend: auto = what CUDA picks on --capability "
+                        "(8.x: flash, else memory-efficient, else math; 9.x and 10.x with PyTorch 2.11 or "
+                        "later: cuDNN attention first, as PyTorch does with a cuDNN newer than 9.15); "
+                        "math = meta's own")
     r.add_argument("--cublas-workspace", choices=["auto", "per-op", "cached", "off"], default="auto",
                    help="add cuBLAS workspaces by PyTorch's rule: per-op (PyTorch 2.15's default: one "
                         "workspace per GEMM, freed after it), cached (TORCH_CUBLAS_WORKSPACE_CACHE=1 and "
@@ -86,7 +88,7 @@ def parse_args(argv):
                         "installed PyTorch and the environment")
     r.add_argument("--capability", default="9.0",
                    help="the GPU's compute capability, for the cuBLAS workspace size (default 9.0, "
-                        "Hopper: 32 MiB; before 9.0: 8 MiB + 128 KiB)")
+                        "Hopper: 32 MiB; before 9.0: 8 MiB + 128 KiB) and the SDPA backend")
     r.add_argument("--segments", choices=["simulate", "none"], default="simulate",
                    help="pickle: simulate the caching allocator's segments and addresses (default), or "
                         "give each allocation a fresh address and write no segments")

@@ -8,11 +8,23 @@ math path (it materialises the [B, H, S, S] attention matrix). On a CUDA
 GPU of compute capability 8.0 or more PyTorch picks, in order: flash
 attention (fp16/bf16, no attn_mask, head dim <= 256, no GQA), then the
 memory-efficient kernel (fp32 too, attn_mask allowed, head dim a multiple
-of 8 for fp16/bf16 or 4 for fp32, no GQA), then math. sdpa="auto" makes
-that choice and calls the chosen kernel's aten op (_scaled_dot_product_
-flash_attention / _efficient_attention, whose meta kernels and backward
-formulas are PyTorch's); "flash", "efficient" force one where it applies;
-"math" keeps meta's choice. The cuDNN backend is not modelled.
+of 8 for fp16/bf16 or 4 for fp32, no GQA), then math. On Hopper and
+Blackwell (compute capability 9.x, 10.x) PyTorch puts cuDNN attention
+first (sdp_utils.cpp's check_prefer_cudnn_attention: a runtime cuDNN newer
+than 9.15, as the CUDA 13 wheels bring, and TORCH_CUDNN_SDPA_DEPRIORITIZED
+unset): fp16/bf16, head dims a multiple of 8 and <= 128, masks allowed.
+Measured on an H200 with PyTorch 2.11 (cu130, cuDNN 9.19): GPT-2's bf16
+attention runs cuDNN, its fp32 attention the memory-efficient kernel. The
+rule is applied from PyTorch 2.11 (older versions: flash first, as
+before; with a CUDA 12 wheel whose cuDNN is 9.15 or older PyTorch keeps
+flash first too: say sdpa="flash"). sdpa="auto" makes that choice and
+calls the chosen kernel's aten op (_scaled_dot_product_cudnn_attention /
+_flash_attention / _efficient_attention, whose meta kernels and backward
+formulas are PyTorch's); "cudnn", "flash", "efficient" force one where it
+applies; "math" keeps meta's choice. cuDNN's philox seed and offset are
+device tensors (8 bytes each, kept for the backward, as measured); the
+workspaces cuDNN allocates inside the kernels (the backward's, about the
+size of an fp32 dQ, freed at once) are not added.
 
 Autocast. torch.autocast("cuda") cannot be entered without a GPU, and
 meta tensors have no autocast dispatch key. autocast(dtype) here applies
@@ -24,9 +36,16 @@ until the outermost autocast exits, as CUDA's weight cast cache is. Calls
 made from inside another function the mode passes through (a Python
 function not in the lists, e.g. F.multi_head_attention_forward, or C++
 composites) are not re-examined: CUDA's autocast would see those too.
-cross_entropy is taken as CUDA runs it: log_softmax with dtype=float32,
-then nll_loss.
+cross_entropy is taken as CUDA runs it: cross_entropy_loss calls
+log_softmax(input, dim, input.dtype) (the explicit dtype keeps autocast's
+fp32_set_opt_dtype rule from applying: the log-probabilities stay in
+bf16/fp16, saved for the backward), then nll_loss, which is on the fp32
+list: its input is cast to float32 (also saved). Measured on CUDA (2.11):
+bf16 logits, bf16 log-probabilities and their fp32 copy all alive at the
+end of the forward.
 """
+
+import os
 
 import torch
 import torch.nn.functional as F
@@ -55,6 +74,27 @@ FP32_SET_DTYPE = {"prod", "softmax", "log_softmax", "cumprod", "cumsum", "linalg
 PROMOTE = {"addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "vdot", "grid_sampler",
            "index_put", "tensordot", "scatter_add"}
 LOWER_DTYPES = (torch.float16, torch.bfloat16)
+SDPA_CHOICES = ("auto", "cudnn", "flash", "efficient", "math")
+
+
+def _torch_version():
+    v = torch.__version__.split("+")[0].split(".")
+    try:
+        return int(v[0]), int(v[1])
+    except (ValueError, IndexError):
+        return (0, 0)
+
+
+def cudnn_attention_first(capability, version=None):
+    """Whether CUDA's SDPA tries cuDNN attention first (see the module's
+    docstring): compute capability 9.x or 10.x, PyTorch 2.11 or later,
+    TORCH_CUDNN_SDPA_DEPRIORITIZED not 1 (older builds: TORCH_CUDNN_SDPA_
+    PREFERRED not 0)."""
+    version = _torch_version() if version is None else version
+    if os.environ.get("TORCH_CUDNN_SDPA_DEPRIORITIZED") == "1" \
+            or os.environ.get("TORCH_CUDNN_SDPA_PREFERRED") == "0":
+        return False
+    return version >= (2, 11) and capability[0] in (9, 10)
 
 
 def _eligible(t):
@@ -70,11 +110,13 @@ def _map(x, fn):
 
 
 class CudaEmulation(TorchFunctionMode):
-    def __init__(self, sdpa="auto", recorder=None):
+    def __init__(self, sdpa="auto", recorder=None, capability=(9, 0)):
         super().__init__()
-        if sdpa not in ("auto", "flash", "efficient", "math"):
-            raise ValueError(f"sdpa={sdpa!r}: auto, flash, efficient or math")
+        if sdpa not in SDPA_CHOICES:
+            raise ValueError(f"sdpa={sdpa!r}: {', '.join(SDPA_CHOICES)}")
         self.sdpa = sdpa
+        self.capability = tuple(capability)
+        self.cudnn_first = cudnn_attention_first(self.capability)
         self.recorder = recorder
         self.amp_dtype = None
         self.amp_depth = 0
@@ -130,11 +172,17 @@ class CudaEmulation(TorchFunctionMode):
         return c
 
     def _cast(self, args, kwargs, dtype, only=None):
+        """The arguments cast, last first: CUDA's autocast wrapper casts them
+        in a pack expansion, cached_cast(args)..., which GCC (the Linux
+        wheels) evaluates right to left: measured (2.11), a Linear's bias
+        cast is allocated first, then the weight's, then the input's."""
         def fn(t):
             if _eligible(t) and (only is None or t.dtype in only) and t.dtype != dtype:
                 return self._to(t, dtype)
             return t
-        return tuple(_map(a, fn) for a in args), {k: _map(v, fn) for k, v in kwargs.items()}
+        kw = {k: _map(v, fn) for k, v in reversed(list(kwargs.items()))}
+        out = [_map(a, fn) for a in reversed(args)]
+        return tuple(reversed(out)), {k: kw[k] for k in kwargs}
 
     # -- SDPA --------------------------------------------------------------
     def _sdpa(self, args, kwargs):
@@ -152,9 +200,14 @@ class CudaEmulation(TorchFunctionMode):
         align = 8 if q.dtype in LOWER_DTYPES else 4
         eff_ok = same and q.dtype in (torch.float32, *LOWER_DTYPES) and d % align == 0 and shapes_ok \
             and v.shape[-1] % align == 0
+        cudnn_ok = self._cudnn_ok(q, k, v, mask, p, same, shapes_ok)
         choice = "math"
         if self.sdpa == "auto":
-            choice = "flash" if flash_ok else "efficient" if eff_ok else "math"
+            order = ("cudnn", "flash", "efficient") if self.cudnn_first else ("flash", "efficient")
+            ok = {"cudnn": cudnn_ok, "flash": flash_ok, "efficient": eff_ok}
+            choice = next((c for c in order if ok[c]), "math")
+        elif self.sdpa == "cudnn" and cudnn_ok:
+            choice = "cudnn"
         elif self.sdpa == "flash" and flash_ok:
             choice = "flash"
         elif self.sdpa == "efficient" and eff_ok:
@@ -163,11 +216,17 @@ class CudaEmulation(TorchFunctionMode):
             self.sdpa_choices[choice] = self.sdpa_choices.get(choice, 0) + 1
         if q.device.type != "meta":
             choice = "math"
+        need_lse = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        if choice == "cudnn":
+            if mask is not None and mask.dtype == torch.bool:
+                # CUDA converts a boolean mask to an additive one first (not expanded).
+                mask = torch.zeros_like(mask, dtype=q.dtype).masked_fill_(mask.logical_not(), float("-inf"))
+            return torch.ops.aten._scaled_dot_product_cudnn_attention(
+                q, k, v, mask, need_lse, p, causal, False, scale=scale)[0]
         if choice == "flash":
             return torch.ops.aten._scaled_dot_product_flash_attention(
                 q, k, v, p, causal, False, scale=scale)[0]
         if choice == "efficient":
-            need_lse = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
             if mask is not None:
                 mask = mask.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2]) if mask.dim() <= 4 else mask
                 if mask.dtype == torch.bool:
@@ -177,9 +236,45 @@ class CudaEmulation(TorchFunctionMode):
                 q, k, v, mask, need_lse, p, causal, scale=scale)[0]
         return None
 
+    @staticmethod
+    def _cudnn_ok(q, k, v, mask, p, same, shapes_ok):
+        """sdp_utils.cpp's can_use_cudnn_attention for dense inputs (cuDNN's
+        head-dim limit taken as 128, and 192/128; GQA left to the others)."""
+        if not hasattr(torch.ops.aten, "_scaled_dot_product_cudnn_attention"):
+            return False
+        if not (same and shapes_ok and q.dtype in LOWER_DTYPES):
+            return False
+        try:
+            if not torch.backends.cuda.cudnn_sdp_enabled():
+                return False
+        except AttributeError:  # pragma: no cover - older PyTorch
+            return False
+        if torch.are_deterministic_algorithms_enabled() \
+                and not torch.is_deterministic_algorithms_warn_only_enabled():
+            return False
+        d_qk, d_v = q.shape[-1], v.shape[-1]
+        if not ((d_qk <= 128 and d_v <= 128) or (d_qk == 192 and d_v == 128)):
+            return False
+        if d_qk % 8 or d_v % 8 or q.shape[0] > 65535 or q.shape[1] > 65535:
+            return False
+        if k.shape[2] == 1 or p * 16.0 != int(p * 16.0) or (p and q.shape[2] == 1):
+            return False
+        if min(q.shape[2], k.shape[2]) == 0 or any(t.stride(-1) != 1 for t in (q, k, v)):
+            return False
+        return mask is None or mask.dim() in (2, 4)
+
     # -- the mode ------------------------------------------------------------
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self.recorder is not None and self.recorder.in_optimizer and func in _host_factories() \
+                and kwargs.get("device") is None and _default_device_is_meta() \
+                and not (args and isinstance(args[0], torch.Tensor)):
+            # A tensor made with no device inside optimizer.step() lands on
+            # the default device: the CPU in a CUDA run (PyTorch keeps
+            # state['step'] on the host on purpose and calls .item() on it;
+            # before 2.15, Adam/AdamW made it with torch.tensor(0.0) and no
+            # device), meta here. Put it where CUDA's run has it.
+            kwargs = dict(kwargs, device="cpu")
         name = getattr(func, "__name__", "")
         amp = self.amp_dtype
         if amp is not None:
@@ -225,9 +320,40 @@ class CudaEmulation(TorchFunctionMode):
         t = a["target"]
         if t.is_floating_point():
             return None
-        lsm = torch.log_softmax(x, 1 if x.dim() > 1 else 0, dtype=torch.float32)
-        return F.nll_loss(lsm, t, weight=a.get("weight"), ignore_index=a.get("ignore_index", -100),
-                          reduction=reduction)
+        # cross_entropy_loss: log_softmax(self, class_dim, self.scalar_type()),
+        # which autocast leaves in the input's dtype; then nll_loss (fp32 list).
+        lsm = torch.log_softmax(x, 1 if x.dim() > 1 else 0, dtype=x.dtype)
+        return F.nll_loss(self._to(lsm, torch.float32), t, weight=a.get("weight"),
+                          ignore_index=a.get("ignore_index", -100), reduction=reduction)
+
+
+def _host_factories():
+    """The factory functions the default device applies to (the set
+    torch.device(...) as a context patches)."""
+    global _FACTORIES
+    if _FACTORIES is None:
+        try:
+            from torch.utils._device import _device_constructors
+            _FACTORIES = frozenset(_device_constructors())
+        except (ImportError, AttributeError):  # pragma: no cover - older PyTorch
+            _FACTORIES = frozenset({torch.tensor, torch.zeros, torch.ones, torch.full, torch.empty,
+                                    torch.scalar_tensor, torch.as_tensor, torch.arange})
+    return _FACTORIES
+
+
+_FACTORIES = None
+
+
+def _default_device_is_meta():
+    try:
+        from torch.utils import _device
+        d = getattr(_device, "CURRENT_DEVICE", None)
+    except ImportError:  # pragma: no cover
+        return True
+    if d is None:
+        # Not tracked (older PyTorch) or no default device set: ask a factory.
+        return torch.empty(0).device.type == "meta"
+    return torch.device(d).type == "meta"
 
 
 def tree_tensors(args, kwargs):

@@ -66,6 +66,11 @@ SDPA_KERNELS = {
     torch.ops.aten._scaled_dot_product_efficient_attention.default: 2,
 }
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+# cuDNN attention: its philox seed and offset are device tensors (8 bytes
+# each, at::zeros before the kernel runs: allocated before the output and
+# the softmax statistics, as measured on CUDA), kept for the backward.
+_CUDNN_SDPA = getattr(torch.ops.aten, "_scaled_dot_product_cudnn_attention", None)
+_CUDNN_SDPA = getattr(_CUDNN_SDPA, "default", None)
 
 
 def allow_fused_on_meta():
@@ -100,9 +105,15 @@ class CublasWorkspaces:
     and PyTorch before 2.15): one workspace per (handle, stream), allocated
     at the first GEMM and kept for the life of the process; the forward runs
     on the caller's thread and the backward on autograd's device thread,
-    which have different handles, so a training step makes two. With
-    caching on (and TORCH_CUBLASLT_UNIFIED_WORKSPACE not 0) cuBLASLt shares
-    the cuBLAS workspace (no separate allocation)."""
+    which have different handles, so a training step makes two.
+
+    Whether cuBLASLt shares the cuBLAS workspace when caching is on:
+    TORCH_CUBLASLT_UNIFIED_WORKSPACE=1 / 0 says so; unset, PyTorch 2.15
+    shares it (unified by default with caching) and PyTorch before 2.15 does
+    not (opt-in): measured on an H200 with PyTorch 2.11, the first
+    Linear-with-bias forward allocates the 32 MiB cuBLAS workspace and then
+    a 1 MiB cuBLASLt workspace, both kept, and the backward (plain mm)
+    another 32 MiB. 2.12 to 2.14 are taken as 2.11 (not measured)."""
 
     def __init__(self, mode="auto", capability=(9, 0), config=None, lt_kib=None):
         if mode == "auto":
@@ -120,7 +131,9 @@ class CublasWorkspaces:
         self.size = parse_workspace_config(config, self.capability)
         lt = os.environ.get("CUBLASLT_WORKSPACE_SIZE") if lt_kib is None else lt_kib
         self.lt_size = int(lt) * 1024 if lt not in (None, "") else 1024 * 1024
-        self.unified = mode == "cached" and os.environ.get("TORCH_CUBLASLT_UNIFIED_WORKSPACE", "1") != "0"
+        uni = os.environ.get("TORCH_CUBLASLT_UNIFIED_WORKSPACE")
+        unified = uni == "1" if uni in ("0", "1") else _torch_version() >= (2, 15)
+        self.unified = mode == "cached" and unified
         self.kept = {}  # (kind, thread) -> alloc id
         self.per_op = 0
 
@@ -140,17 +153,21 @@ class CublasWorkspaces:
         thread = "autograd" if rec.phase == "backward" else "main"
         lt = (func is torch.ops.aten.addmm.default and isinstance(args[0], torch.Tensor)
               and args[0].dim() == 1)
+        if self.mode == "cached":
+            # cuBLASLt's handle is the cuBLAS handle, and taking the handle
+            # sets its workspace: a cuBLASLt GEMM makes the cuBLAS workspace
+            # too (then, not unified, its own), as measured (2.11).
+            key = ("cublas", thread)
+            if key not in self.kept:
+                self.kept[key] = rec.synthetic_alloc(
+                    self.size, f"cublas workspace ({thread} thread)", "workspace")
+            if not (lt and not self.unified):
+                return
         if lt and not self.unified:
             key = ("cublasLt", thread)
             if key not in self.kept:
                 self.kept[key] = rec.synthetic_alloc(
                     self.lt_size, f"cublasLt workspace ({thread} thread)", "workspace")
-            return
-        if self.mode == "cached":
-            key = ("cublas", thread)
-            if key not in self.kept:
-                self.kept[key] = rec.synthetic_alloc(
-                    self.size, f"cublas workspace ({thread} thread)", "workspace")
             return
         self.per_op += 1
         i = rec.synthetic_alloc(self.size, f"cublas workspace ({func})", "workspace")
@@ -434,7 +451,10 @@ class Recorder(TorchDispatchMode):
         name = None
         host_from = SDPA_KERNELS.get(func)
         gemm_out = False
-        for i, t in enumerate(tree_leaves(out)):
+        leaves = tree_leaves(out)
+        if func is _CUDNN_SDPA and func is not None:
+            leaves = [out[6], out[7], out[0], out[1]]
+        for i, t in enumerate(leaves):
             if not isinstance(t, torch.Tensor):
                 continue
             st = t.untyped_storage()

@@ -35,11 +35,11 @@ class Recording:
     default; "short": file names without the machine's part; False: none),
     cublas_workspace ("auto", "per-op", "cached", "off"; see
     recorder.CublasWorkspaces), capability (the GPU's compute capability,
-    for the cuBLAS workspace size; default (9, 0), Hopper), sdpa ("auto",
-    "flash", "efficient", "math"), inplace_accumulation (autograd adds
-    gradients in place as CUDA does; default True), segments
-    ("simulate" or "none", for the pickle), auto_phase (phases from hooks;
-    the CLI sets them itself)."""
+    for the cuBLAS workspace size and the SDPA backend; default (9, 0),
+    Hopper), sdpa ("auto", "cudnn", "flash", "efficient", "math"),
+    inplace_accumulation (autograd adds gradients in place as CUDA does;
+    default True), segments ("simulate" or "none", for the pickle),
+    auto_phase (phases from hooks; the CLI sets them itself)."""
 
     def __init__(self, frames=True, cublas_workspace="auto", capability=(9, 0), sdpa="auto",
                  inplace_accumulation=True, segments="simulate", auto_phase=True,
@@ -48,13 +48,15 @@ class Recording:
         self.workspaces = CublasWorkspaces(cublas_workspace, capability)
         self.recorder = Recorder(self.accumulate, frames=frames, workspaces=self.workspaces,
                                  auto_phase=auto_phase)
-        self.emulation = CudaEmulation(sdpa, recorder=self.recorder)
+        self.emulation = CudaEmulation(sdpa, recorder=self.recorder, capability=capability)
         self.segments = segments
         self.auto_phase = auto_phase
         self.default_device_meta = default_device_meta
         self.names = {}  # module -> qualified name
         self.meta = {"torch": str(torch.__version__), "cublas_workspace": self.workspaces.describe(),
-                     "sdpa": sdpa}
+                     "sdpa": sdpa + (" (cuDNN attention first: compute capability "
+                                     f"{capability[0]}.{capability[1]}, PyTorch {torch.__version__})"
+                                     if sdpa == "auto" and self.emulation.cudnn_first else "")}
         self.seconds = None
         self._stack = None
         self._finished = False

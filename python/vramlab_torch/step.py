@@ -185,7 +185,7 @@ def record_step(build, *, inputs, input_dtypes=None, target="classes", optimizer
     with rec:
         # The parameters and buffers, allocated as model.to("cuda") does
         # (one storage each, in module order, in nn.Module._apply).
-        model.to_empty(device=META)
+        _to_empty_once(model, META)
         params = list(model.parameters())
         rec.mark("parameter", params + list(model.buffers()))
         meta["parameters"] = sum(p.numel() for p in params)
@@ -245,6 +245,25 @@ def record_step(build, *, inputs, input_dtypes=None, target="classes", optimizer
         if st is not None and (st.device.type == "meta") != (impl == "fused"):
             meta["warning"] = f"state['step'] is on {st.device} with --{impl}"
     return rec
+
+
+def _to_empty_once(model, device):
+    """model.to_empty(device=device), but a tensor reached twice (a tied
+    weight: GPT-2's lm_head and wte) gets one storage, as model.to("cuda")
+    gives it: there the second visit finds it on the device already and
+    allocates nothing, while to_empty would allocate a second storage and
+    free the first (a transient copy, and the weight's storage moved to the
+    last module's turn)."""
+    made = {}
+
+    def fn(t):
+        if id(t.untyped_storage()) in made:
+            return t.detach()
+        new = torch.empty_like(t, device=device)
+        made[id(new.untyped_storage())] = new
+        return new
+    model._apply(fn)
+    made.clear()
 
 
 def _leaves(out):
