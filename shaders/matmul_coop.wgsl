@@ -83,35 +83,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 #if DIRECT
     let inside = row0 + BM <= p.m && col0 + BN <= p.n;
     let k_direct = select(0u, (p.k / {{S}}u) * {{S}}u, inside);
-    // Two steps of K an iteration: both steps' tiles are loaded before
-    // their products, so the loads of one overlap the other's arithmetic.
-    let k_pairs = (k_direct / {{2*S}}u) * {{2*S}}u;
-    for (var k0 = 0u; k0 < k_pairs; k0 += {{2*S}}u) {
-#for h in 0..2
-#for i in 0..TM
-#if A_COL
-        let fa{{h}}_{{i}} = coopLoad<coop_mat{{S}}x{{S}}<f16, A>>(&a[a_base + row0 + sr + {{i*S}}u + (k0 + {{h*S}}u) * p.a_cs], p.a_cs);
-#else
-        let fa{{h}}_{{i}} = coopLoadT<coop_mat{{S}}x{{S}}<f16, A>>(&a[a_base + (row0 + sr + {{i*S}}u) * p.a_rs + k0 + {{h*S}}u], p.a_rs);
-#endif
-#endfor
-#for j in 0..TN
-#if B_COL
-        let fb{{h}}_{{j}} = coopLoad<coop_mat{{S}}x{{S}}<f16, B>>(&b[b_base + k0 + {{h*S}}u + (col0 + scol + {{j*S}}u) * p.b_cs], p.b_cs);
-#else
-        let fb{{h}}_{{j}} = coopLoadT<coop_mat{{S}}x{{S}}<f16, B>>(&b[b_base + (k0 + {{h*S}}u) * p.b_rs + col0 + scol + {{j*S}}u], p.b_rs);
-#endif
-#endfor
-#endfor
-#for h in 0..2
-#for i in 0..TM
-#for j in 0..TN
-        acc_{{i}}_{{j}} = coopMultiplyAdd(fa{{h}}_{{i}}, fb{{h}}_{{j}}, acc_{{i}}_{{j}});
-#endfor
-#endfor
-#endfor
-    }
-    for (var k0 = k_pairs; k0 < k_direct; k0 += {{S}}u) {
+    for (var k0 = 0u; k0 < k_direct; k0 += {{S}}u) {
 #for i in 0..TM
 #if A_COL
         let fa_{{i}} = coopLoad<coop_mat{{S}}x{{S}}<f16, A>>(&a[a_base + row0 + sr + {{i*S}}u + k0 * p.a_cs], p.a_cs);
