@@ -23,10 +23,10 @@ it prints one markdown table (GiB = 2**30 bytes, 2 decimals) of
     steps, on meta as its docstring shows, peak "Total" over the whole run:
     (a) plainly: torch.autocast("cuda") disables itself without a GPU (so
     the step runs in float32) and meta's scaled_dot_product_attention takes
-    the math path; (b) inside vramlab_torch.record() (cuBLAS workspaces off,
-    PyTorch's own gradient accumulation), whose CUDA emulation supplies the
-    bf16 autocast and the flash-attention choice, so MemTracker sees the step
-    the recorder records.
+    the math path; (b) inside vramlab_torch.record() (cuBLAS and cuDNN
+    workspaces off, PyTorch's own gradient accumulation), whose CUDA
+    emulation supplies the bf16 autocast and the flash-attention choice, so
+    MemTracker sees the step the recorder records.
 
 Both the recorder and MemTracker run --steps steps (default 2: the second
 starts with the optimizer state alive); MemTracker needs reset_mod_stats()
@@ -164,8 +164,8 @@ def memtracker_peak(case, steps, emulate):
     allow_fused_on_meta()
     build = getattr(models, case["build"])
     amp = DTYPES[case["amp"]] if case["amp"] else None
-    session = (vramlab_torch.record(cublas_workspace="off", frames=False, segments="none",
-                                    inplace_accumulation=False)
+    session = (vramlab_torch.record(cublas_workspace="off", cudnn_workspace="off", frames=False,
+                                    segments="none", inplace_accumulation=False)
                if emulate else contextlib.nullcontext())
     meta = torch.device("meta")
     with warnings.catch_warnings():

@@ -12,9 +12,8 @@ What a recording on meta tensors cannot see (not in the file):
   * the CUDA context, cuBLAS/cuDNN handles and loaded kernels: memory the
     driver takes outside the caching allocator, typically 0.3-1 GiB per GPU
     and process (what nvidia-smi shows beyond torch.cuda.memory_reserved());
-  * scratch a kernel allocates and frees inside itself: cuDNN convolution
-    workspaces (they depend on the algorithm cuDNN picks on the real GPU),
-    flash / memory-efficient / cuDNN attention backward's accumulators,
+  * scratch a kernel allocates and frees inside itself: flash /
+    memory-efficient / cuDNN attention backward's accumulators,
     embedding backward's sort buffers, LayerNorm backward's partial sums,
     NCCL and other communication buffers (nothing distributed is recorded);
   * cudnn_batch_norm's reserve space (CUDA runs BatchNorm through cuDNN;
@@ -26,6 +25,10 @@ What a recording on meta tensors cannot see (not in the file):
 Added by rule (--cublas-workspace, default auto): cuBLAS/cuBLASLt
 workspaces, as PyTorch allocates them through the caching allocator
 (labelled category "workspace"; the run prints what it added).
+Added by a fitted rule (--cudnn-workspace, default auto): cuDNN
+convolution workspaces, one per convolution call, freed after it; their
+real sizes depend on the algorithm cuDNN picks on the GPU: the rule was
+fitted on an H200 (PyTorch 2.11, cuDNN 9.19, fp32).
 Emulated: CUDA's SDPA backend choice (--sdpa) and CUDA's autocast policy
 (--amp, and torch.autocast("cuda") inside record())."""
 
@@ -86,6 +89,12 @@ def parse_args(argv):
                         "workspace per GEMM, freed after it), cached (TORCH_CUBLAS_WORKSPACE_CACHE=1 and "
                         "PyTorch before 2.15: one per thread and stream, kept), off; auto picks by the "
                         "installed PyTorch and the environment")
+    r.add_argument("--cudnn-workspace", choices=["auto", "fitted-h200", "transform", "off"], default="auto",
+                   help="add cuDNN convolution workspaces (allocated before each convolution's kernel, freed "
+                        "after it): fitted-h200 = the rule fitted on an H200 with PyTorch 2.11 / cuDNN 9.19 "
+                        "(layout copies of input, output and weight, a GEMM path for large 1x1 convolutions, "
+                        "split-K partial sums in the weight gradient); transform = the layout copies only; "
+                        "off; auto = fitted-h200 unless torch.backends.cudnn.enabled is off")
     r.add_argument("--capability", default="9.0",
                    help="the GPU's compute capability, for the cuBLAS workspace size (default 9.0, "
                         "Hopper: 32 MiB; before 9.0: 8 MiB + 128 KiB) and the SDPA backend")
@@ -145,7 +154,7 @@ def main(argv=None):
         checkpoint=(a.checkpoint_class or ("auto" if a.checkpoint else None)), zero_grad=a.zero_grad,
         build_kwargs=kwargs, frames=False if a.no_frames else ("short" if a.short_paths else True), cublas_workspace=a.cublas_workspace,
         capability=cap, sdpa=a.sdpa, inplace_accumulation=not a.no_inplace_accumulation,
-        segments=a.segments)
+        segments=a.segments, cudnn_workspace=a.cudnn_workspace)
     if a.vocab:
         rec.meta["vocab"] = a.vocab
     recorded = time.perf_counter() - t0
@@ -173,11 +182,13 @@ def main(argv=None):
     print(f"  {rec.meta['cublas_workspace']}"
           + (f"; {rec.meta['cublas_workspaces_per_op']} per-GEMM workspaces added"
              if rec.meta.get("cublas_workspaces_per_op") else ""))
+    if rec.meta.get("cudnn_conv_workspaces"):
+        print(f"  {rec.meta['cudnn_workspace']}: {rec.meta['cudnn_conv_workspaces']} added")
     if rec.meta.get("sdpa_choices"):
         print(f"  scaled_dot_product_attention backends: {rec.meta['sdpa_choices']}")
     if rec.meta.get("warning"):
         print(f"  warning: {rec.meta['warning']}")
-    print("  not included: the CUDA context, cuDNN and kernel-internal scratch, NCCL buffers "
+    print("  not included: the CUDA context, kernel-internal scratch, NCCL buffers "
           "(python -m vramlab_torch record --help)")
     return 0
 

@@ -43,6 +43,9 @@ bf16/fp16, saved for the backward), then nll_loss, which is on the fp32
 list: its input is cast to float32 (also saved). Measured on CUDA (2.11):
 bf16 logits, bf16 log-probabilities and their fp32 copy all alive at the
 end of the forward.
+
+cuDNN convolution workspaces: CudnnConvWorkspaces, at the end of this file
+(used by the recorder's dispatch mode, not by this function mode).
 """
 
 import os
@@ -364,3 +367,182 @@ def tree_tensors(args, kwargs):
         elif isinstance(x, (list, tuple)):
             out.extend(e for e in x if isinstance(e, torch.Tensor))
     return out
+
+
+# -- cuDNN convolution workspaces ----------------------------------------------------
+
+CONV_WORKSPACE_RULES = ("auto", "fitted-h200", "transform", "off")
+_MiB = 1 << 20
+
+
+class CudnnConvWorkspaces:
+    """cuDNN's convolution workspaces, which PyTorch allocates through the
+    caching allocator right before each cuDNN call and frees right after
+    it (aten/src/ATen/native/cudnn/Conv_v8.cpp): the forward's after its
+    output, the backward's input-gradient (dgrad) one after grad_input and
+    the weight-gradient (wgrad) one after grad_weight. Their sizes depend on
+    the algorithm cuDNN's heuristics pick on the real GPU, so what is here
+    is a rule, not a derivation. Emitted as allocations of category
+    "workspace" labelled "cudnn conv workspace (forward|grad input|grad
+    weight)", freed at once.
+
+    Measured (docs/recorder.md, "Against a real GPU"): ResNet-50 (batch 32,
+    224x224, fp32 NCHW, cudnn.benchmark off, TF32 allowed, PyTorch's
+    defaults) on an NVIDIA H200 with PyTorch 2.11.0+cu130 and cuDNN 9.19:
+    158 cuDNN calls a step (53 forward, 52 dgrad, 53 wgrad), 101 of them
+    with a workspace of 1 MiB or more, up to 155 MiB. Write x, y, w for the bytes of the
+    convolution's input, output and weight (in the backward: the input, the
+    output's gradient, the weight) and w4 for the weight's element count x 4
+    (fp32 partial sums).
+
+    Known from the sizes (they match to the byte, so the mechanism is
+    clear even though cuDNN does not document it):
+      * layout copies: an fp32 NCHW convolution runs on kernels that work in
+        NHWC, and the workspace holds transposed copies of x, y and, for a
+        kernel larger than 1x1, w (a 1x1 filter's KCRS and KRSC layouts are
+        the same bytes), plus 16 bytes (147 for a strided dgrad): T =
+        x + y + [w] + 16;
+      * 1x1, stride-1 convolutions over a large enough image run as a GEMM
+        on NCHW directly: no workspace for the forward or dgrad (a 400-byte
+        one, or none: left out), and for wgrad 32 fp32 partial weight
+        gradients summed afterwards (32 x w4; N = 32 in the run: whether it
+        is N or a fixed 32 is not known);
+      * wgrad otherwise adds split-K partial sums, a whole number of fp32
+        copies of the weight gradient (T + m x w4).
+
+    Fitted to that one run (the heuristics' choices; nothing documents them):
+      * "large enough" for the GEMM path: output H x W >= 128 (measured: 196,
+        784 and 3,136 take it, 49 does not);
+      * the GEMM path's wgrad only while 32 x w4 <= 32 MiB (1 MiB weights
+        took it, the one 2 MiB weight did not: T + 4 x w4);
+      * the split-K count m: enough partial sums to fill the GPU's 132 SMs
+        (H100 SXM, H200) with 128 x 128 tiles of the wgrad GEMM (K x C*R*S),
+        at most one per 1,024 output positions (N*H*W), none below 2:
+        m = min(132 // tiles, N*H*W // 1024). It gives the measured m for
+        the 3x3 convolutions at 28 and 14 px (14, 3), the stride-2 1x1 at
+        56 px (16), the 1x1 1024->512 (4) and where there was none (the 1x1
+        and stride-2 1x1 at 7 px); it says 26 for the 64-channel 3x3 (real
+        14: 1.8 MB high) and 4 for the stride-2 1x1 512->1024 (real 2: 4.2
+        MB high), and misses what cuDNN's other algorithms took (the
+        512-channel 3x3s at 7 px: 5.5 MB more; the 7x7 stem: 10 MB more).
+    Of the 158 calls of a step (the 400-byte workspaces taken as none), 145
+    come out within 1 KiB of the measured size; besides the wgrads above,
+    the forwards of the 64-channel 3x3 (real: x + w + 16, no output copy)
+    and of the stride-2 1x1 256->512 (real: x + w + 16) come out 25.7 and
+    50.9 MB high, the 512-channel stride-2 3x3's 7.3 MB low. Not fitted
+    to: SimpleConvNet (scripts/cuda_recorder_check.py), the only other
+    convolution net run on the H200, whose snapshot was not kept: its
+    counters show 6 allocations and 201.5 MB more over its 2 steps than the
+    recording without workspaces has, where the rule adds 10, 322.6 MB.
+
+    rule "fitted-h200" is all of that; "transform" only the layout copies
+    (T for every convolution, no GEMM path, no split-K: the part that is
+    known); "off" none; "auto" is "fitted-h200" while
+    torch.backends.cudnn.enabled, for every PyTorch version and compute
+    capability (only the one above was measured). Not modelled (no
+    workspace added): grouped and depthwise convolutions (PyTorch runs
+    depthwise ones on its own kernels), float64. Taken without
+    measurement: cudnn.benchmark=True (cuDNN then times the algorithms and
+    may take any whose workspace fits; the rule is applied as it is), fp16/bf16 tensors (their own element size for the
+    copies), channels_last tensors (no layout copies: only the wgrad partial
+    sums), conv1d/conv3d (the same formulas over their spatial sizes),
+    transposed convolutions (cuDNN runs their forward as the dgrad of the
+    matching convolution and their dgrad as its forward)."""
+
+    SMS = 132     # H100 SXM and H200
+    TILE = 128
+    CHUNK = 1024  # output positions per split-K partial sum, at least
+
+    def __init__(self, rule="auto"):
+        if rule not in CONV_WORKSPACE_RULES:
+            raise ValueError(f"cuDNN workspace rule {rule!r}: {', '.join(CONV_WORKSPACE_RULES)}")
+        self.rule = "fitted-h200" if rule == "auto" else rule
+        self.added = 0
+        self.largest = 0
+
+    def describe(self):
+        if self.rule == "off":
+            return "cuDNN convolution workspaces: off (not added)"
+        what = ("fitted on an H200, PyTorch 2.11, cuDNN 9.19, fp32 NCHW" if self.rule == "fitted-h200"
+                else "layout copies only")
+        return f"cuDNN convolution workspaces: rule {self.rule} ({what})"
+
+    def sizes(self, func, args, out):
+        """{output index: (bytes, label)} for a convolution op (forward:
+        index 0; backward: 0 grad input, 1 grad weight), {} when none."""
+        if self.rule == "off" or not torch.backends.cudnn.enabled:
+            return {}
+        try:
+            if func is torch.ops.aten.convolution.default:
+                x, w = args[0], args[1]
+                y = out
+                stride, padding, transposed, groups = args[3], args[4], args[6], args[8]
+                kinds = {0: "forward"}
+            else:
+                y, x, w = args[0], args[1], args[2]
+                stride, padding, transposed, groups = args[4], args[5], args[7], args[9]
+                mask = args[10]
+                kinds = {i: k for i, k in ((0, "grad input"), (1, "grad weight"))
+                         if mask[i] and out[i] is not None}
+        except (IndexError, TypeError):
+            return {}
+        if not all(isinstance(t, torch.Tensor) for t in (x, w, y)) or groups != 1 \
+                or x.device.type != "meta" or x.dtype not in (torch.float32, *LOWER_DTYPES) \
+                or x.dim() not in (3, 4, 5) or x.dim() != w.dim():
+            return {}
+        if transposed:
+            # The matching convolution maps y's shape to x's: its forward is
+            # this one's dgrad and the other way round.
+            x, y = y, x
+            swap = {"forward": "dgrad", "grad input": "forward", "grad weight": "wgrad"}
+        else:
+            swap = {"forward": "forward", "grad input": "dgrad", "grad weight": "wgrad"}
+        res = {}
+        for i, label in kinds.items():
+            n = self.size(swap[label], x, y, w, stride, padding)
+            if n > 0:
+                res[i] = (n, f"cudnn conv workspace ({label})")
+        return res
+
+    def size(self, kind, x, y, w, stride, padding):
+        """Bytes of the workspace for kind "forward", "dgrad" or "wgrad" of
+        a convolution with input x, output y, weight w (tensors: shapes,
+        dtypes, layouts), by this rule (0: none)."""
+        if self.rule == "off":
+            return 0
+        e = x.element_size()
+        xb, yb, wb = x.numel() * e, y.numel() * e, w.numel() * w.element_size()
+        w4 = w.numel() * 4
+        kernel = list(w.shape[2:])
+        one = all(k == 1 for k in kernel)
+        stride = list(stride) if isinstance(stride, (list, tuple)) else [stride]
+        padding = list(padding) if isinstance(padding, (list, tuple)) else [padding]
+        strided = any(s != 1 for s in stride)
+        fmt = {4: torch.channels_last, 5: torch.channels_last_3d}.get(x.dim())
+        nhwc = fmt is not None and any(
+            t.is_contiguous(memory_format=fmt) and not t.is_contiguous() for t in (x, w))
+        copies = 0 if nhwc else xb + yb + (0 if one else wb)
+        tail = 0 if copies == 0 else (147 if kind == "dgrad" and strided else 16)
+        if self.rule == "transform":
+            return copies + tail
+        out_px = 1
+        for s in y.shape[2:]:
+            out_px *= s
+        gemm = one and not strided and not any(padding) and out_px >= 128
+        if kind in ("forward", "dgrad"):
+            return 0 if gemm else copies + tail
+        # wgrad
+        partials = min(x.shape[0], 32) * w4
+        if gemm and partials <= 32 * _MiB:
+            return partials
+        k_dim, crs = w.shape[0], w.numel() // w.shape[0]
+        tiles = -(-k_dim // self.TILE) * -(-crs // self.TILE)
+        m = min(self.SMS // tiles, x.shape[0] * out_px // self.CHUNK)
+        return copies + tail + (m * w4 if m >= 2 else 0)
+
+    def on_conv(self, rec, label_size):
+        size, label = label_size
+        self.added += 1
+        self.largest = max(self.largest, size)
+        i = rec.synthetic_alloc(size, label, "workspace")
+        rec.synthetic_free(i)

@@ -22,7 +22,9 @@ gradient accumulation (CUDA adds in place where PyTorch refuses to under a
 dispatch mode; calibrated by a self-test at start-up), and fused optimizers
 allowed on meta (_fused_sgd_ has no meta kernel and only mutates its
 arguments: skipped). Added here: CUDA's SDPA backend choice and CUDA's
-autocast policy (see cuda_emulation.py), and cuBLAS workspaces (below).
+autocast policy (see cuda_emulation.py), cuBLAS workspaces (below) and
+cuDNN convolution workspaces (cuda_emulation.CudnnConvWorkspaces, by a rule
+fitted on an H200).
 """
 
 import gc
@@ -71,6 +73,9 @@ _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 # the softmax statistics, as measured on CUDA), kept for the backward.
 _CUDNN_SDPA = getattr(torch.ops.aten, "_scaled_dot_product_cudnn_attention", None)
 _CUDNN_SDPA = getattr(_CUDNN_SDPA, "default", None)
+# Convolutions: cuDNN allocates a workspace per call on CUDA (see
+# cuda_emulation.CudnnConvWorkspaces).
+CONV_OPS = {torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default}
 
 
 def allow_fused_on_meta():
@@ -252,7 +257,8 @@ class Recorder(TorchDispatchMode):
     {"op": "alloc", "id", "size", "label", "category", "phase", "step",
     "where", "frames"} and {"op": "free", "id"}."""
 
-    def __init__(self, accumulate=None, frames=True, workspaces=None, auto_phase=False):
+    def __init__(self, accumulate=None, frames=True, workspaces=None, auto_phase=False,
+                 conv_workspaces=None):
         super().__init__()
         self.events = []
         self.live = {}  # id(storage object) -> [alloc event, weakref]
@@ -268,6 +274,7 @@ class Recorder(TorchDispatchMode):
         self.accumulations = []
         self.frames = frames
         self.workspaces = workspaces
+        self.conv_workspaces = conv_workspaces
         self.auto_phase = auto_phase
         self.in_optimizer = 0
         self.thread = threading.get_ident()
@@ -454,6 +461,13 @@ class Recorder(TorchDispatchMode):
         leaves = tree_leaves(out)
         if func is _CUDNN_SDPA and func is not None:
             leaves = [out[6], out[7], out[0], out[1]]
+        conv_ws = {}
+        if self.conv_workspaces is not None and func in CONV_OPS:
+            # cuDNN's workspace right after each output it makes (forward:
+            # the output; backward: grad input, then grad weight), freed
+            # when the call returns.
+            conv_ws = self.conv_workspaces.sizes(func, args, out)
+            leaves = list(out) if isinstance(out, (tuple, list)) else [out]
         for i, t in enumerate(leaves):
             if not isinstance(t, torch.Tensor):
                 continue
@@ -468,6 +482,8 @@ class Recorder(TorchDispatchMode):
                 continue
             name = name or str(func)
             self.add(st, name)
+            if i in conv_ws:
+                self.conv_workspaces.on_conv(self, conv_ws[i])
             gemm_out = gemm_out or (t.device.type == "meta" and t.dtype in _FLOATS)
         if self.workspaces is not None and func in GEMM_OPS and gemm_out:
             self.workspaces.on_gemm(self, func, args)

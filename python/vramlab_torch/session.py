@@ -13,7 +13,7 @@ import torch
 import torch.optim.optimizer as optim_hooks
 
 from . import snapshot as snapshot_mod
-from .cuda_emulation import CudaEmulation
+from .cuda_emulation import CudaEmulation, CudnnConvWorkspaces
 from .recorder import (META, CublasWorkspaces, Recorder, allow_fused_on_meta, gc_paused,
                        self_test)
 
@@ -37,23 +37,28 @@ class Recording:
     recorder.CublasWorkspaces), capability (the GPU's compute capability,
     for the cuBLAS workspace size and the SDPA backend; default (9, 0),
     Hopper), sdpa ("auto", "cudnn", "flash", "efficient", "math"),
+    cudnn_workspace (cuDNN convolution workspaces by rule: "auto",
+    "fitted-h200", "transform", "off"; see
+    cuda_emulation.CudnnConvWorkspaces),
     inplace_accumulation (autograd adds gradients in place as CUDA does;
     default True), segments ("simulate" or "none", for the pickle),
     auto_phase (phases from hooks; the CLI sets them itself)."""
 
     def __init__(self, frames=True, cublas_workspace="auto", capability=(9, 0), sdpa="auto",
                  inplace_accumulation=True, segments="simulate", auto_phase=True,
-                 default_device_meta=True):
+                 default_device_meta=True, cudnn_workspace="auto"):
         self.accumulate = self_test() if inplace_accumulation else (-1, -1)
         self.workspaces = CublasWorkspaces(cublas_workspace, capability)
+        self.conv_workspaces = CudnnConvWorkspaces(cudnn_workspace)
         self.recorder = Recorder(self.accumulate, frames=frames, workspaces=self.workspaces,
-                                 auto_phase=auto_phase)
+                                 auto_phase=auto_phase, conv_workspaces=self.conv_workspaces)
         self.emulation = CudaEmulation(sdpa, recorder=self.recorder, capability=capability)
         self.segments = segments
         self.auto_phase = auto_phase
         self.default_device_meta = default_device_meta
         self.names = {}  # module -> qualified name
         self.meta = {"torch": str(torch.__version__), "cublas_workspace": self.workspaces.describe(),
+                     "cudnn_workspace": self.conv_workspaces.describe(),
                      "sdpa": sdpa + (" (cuDNN attention first: compute capability "
                                      f"{capability[0]}.{capability[1]}, PyTorch {torch.__version__})"
                                      if sdpa == "auto" and self.emulation.cudnn_first else "")}
@@ -245,6 +250,7 @@ class Recording:
                 ev["category"] = "input" if ev["phase"] in ("setup",) else "temporary"
         self.meta["sdpa_choices"] = dict(self.emulation.sdpa_choices)
         self.meta["cublas_workspaces_per_op"] = self.workspaces.per_op
+        self.meta["cudnn_conv_workspaces"] = self.conv_workspaces.added
         self.meta["accumulations_in_place"] = (
             f"{sum(1 for a in rec.accumulations if a[0] is True)} of {len(rec.accumulations)}")
 
