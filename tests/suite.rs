@@ -12,6 +12,7 @@ mod bench_cli;
 mod demo_cli;
 mod dispatch_batching;
 mod docs_examples;
+mod doctor_cli;
 mod estimate;
 mod estimate_differential;
 mod found_from_outside;

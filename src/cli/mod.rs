@@ -5,6 +5,7 @@ pub mod args;
 pub mod bench;
 pub mod bench_alloc;
 pub mod demo;
+pub mod doctor;
 pub mod estimate;
 pub mod info;
 pub mod lessons;
@@ -69,6 +70,12 @@ pub enum Command {
     /// pickle) through the caching allocator on a simulated device and print
     /// the statistics PyTorch would report; --allocators compares strategies.
     Replay(replay::ReplayArgs),
+    /// Read a PyTorch memory snapshot and say why it ran out of memory and
+    /// what would have saved it: the recorded settings beside
+    /// expandable_segments, max_split_size_mb and the offline planner's
+    /// floor, each replayed; what is live at the peak by category, module
+    /// and the user's code; plain advice.
+    Doctor(doctor::DoctorArgs),
     /// The documents' claims, one lesson each: list them, or with --report
     /// DIR run them all into one HTML page with plots.
     Lessons(lessons::LessonsArgs),
@@ -125,6 +132,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::BenchAlloc(a) => bench_alloc::run(&a),
         Command::MaxBatch(a) => max_batch::run(&a),
         Command::Replay(a) => replay::run(&a),
+        Command::Doctor(a) => doctor::run(&a),
         Command::Lessons(a) => lessons::run_list(&a),
         Command::Lesson(a) => lessons::run_one(&a),
     }

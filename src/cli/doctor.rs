@@ -1,0 +1,469 @@
+//! `vramlab doctor`: a PyTorch memory snapshot read and replayed under its
+//! own settings and under the settings a user could have chosen instead,
+//! side by side, with what is live at the peak and at each out-of-memory,
+//! and sentences that say what would have helped.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use serde::Serialize;
+
+use super::args::parse_capacity;
+use crate::lab::peak::{LiveAt, OomAt};
+use crate::lab::torch_snapshot::{self, TorchSnapshot};
+use crate::memory::{AllocatorConfig, Mib};
+
+#[derive(Debug, Clone, Args)]
+pub struct DoctorArgs {
+    /// A PyTorch memory snapshot (`torch.cuda.memory._dump_snapshot()`'s
+    /// pickle), or one the recorder wrote (`python -m vramlab_torch record`).
+    pub snapshot: PathBuf,
+    /// The card's memory (e.g. 24GiB, 80GB): each setting is replayed on a
+    /// device of this size, so the table says which would have run out.
+    /// Without it the replays have no limit and only peaks are compared.
+    #[arg(long, value_name = "SIZE")]
+    pub capacity: Option<String>,
+    /// Only this device (default: every device with a history).
+    #[arg(long, value_name = "N")]
+    pub device: Option<usize>,
+    /// Leave out the offline planner's arena (the floor no online allocator
+    /// can beat); it takes the longest on traces of millions of entries.
+    #[arg(long)]
+    pub no_planner: bool,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One setting replayed.
+#[derive(Debug, Clone, Serialize)]
+struct WhatIf {
+    setting: String,
+    peak_reserved_bytes: u64,
+    peak_allocated_bytes: u64,
+    /// Allocations the replay could not place on `--capacity`.
+    ooms: u64,
+    /// The recorded settings only: whether the replay ends with exactly the
+    /// recorded segments, reserved and allocated bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    equals_recording: Option<bool>,
+    /// Why this setting could not be replayed on `--capacity`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct DeviceReport {
+    device: usize,
+    /// The device size the what-ifs ran on (`--capacity`, unless the
+    /// recording's own starting state did not fit it).
+    capacity_bytes: Option<u64>,
+    allocations: usize,
+    recorded_settings: String,
+    what_ifs: Vec<WhatIf>,
+    /// The offline planner's arena for this trace: no allocator that sees
+    /// one request at a time can reserve less.
+    planner_floor_bytes: Option<u64>,
+    at_peak: LiveAt,
+    recorded_ooms: Vec<RecordedOom>,
+    at_first_oom: Option<LiveAt>,
+    advice: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct RecordedOom {
+    requested_bytes: u64,
+    device_free_bytes: u64,
+}
+
+pub fn run(args: &DoctorArgs) -> anyhow::Result<()> {
+    let name = args.snapshot.display().to_string();
+    let bytes =
+        std::fs::read(&args.snapshot).map_err(|e| anyhow::anyhow!("cannot read {name}: {e}"))?;
+    let file = torch_snapshot::read_all(&bytes, &name).map_err(anyhow::Error::msg)?;
+    let capacity = parse_capacity(&args.capacity)?;
+    let devices: Vec<&TorchSnapshot> = file
+        .devices
+        .iter()
+        .filter(|s| args.device.is_none_or(|d| s.device == d))
+        .collect();
+    if devices.is_empty() {
+        let have: Vec<String> = file.devices.iter().map(|s| s.device.to_string()).collect();
+        anyhow::bail!(
+            "{name}: no device {} with an allocation history; devices with one: {}",
+            args.device.map_or("at all".into(), |d| d.to_string()),
+            if have.is_empty() {
+                "none (record with torch.cuda.memory._record_memory_history())".into()
+            } else {
+                have.join(", ")
+            }
+        );
+    }
+    let mut reports = Vec::new();
+    for snap in devices {
+        let mut recorded = file.settings.clone().unwrap_or_default();
+        if snap.expandable || file.expandable_setting {
+            recorded.expandable_segments = true;
+        }
+        reports.push(diagnose(snap, recorded, capacity, !args.no_planner, &name)?);
+    }
+    if args.json {
+        let out = serde_json::json!({
+            "snapshot": name,
+            "capacity_bytes": capacity,
+            "devices": reports,
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    print_text(&name, &reports);
+    Ok(())
+}
+
+/// The settings to try beside the recorded ones: each changes one thing.
+fn alternatives(
+    recorded: &AllocatorConfig,
+    capacity: Option<u64>,
+) -> Vec<(String, AllocatorConfig)> {
+    let mut out = Vec::new();
+    let with = |conf: &str| {
+        let mut c = recorded.clone();
+        c.apply(conf).ok().map(|_| (conf.to_string(), c))
+    };
+    if !recorded.expandable_segments {
+        out.extend(with("expandable_segments:True"));
+    }
+    for mb in [128u64, 256, 512] {
+        if recorded.max_split_size != mb << 20 {
+            out.extend(with(&format!("max_split_size_mb:{mb}")));
+        }
+    }
+    // The threshold acts against a memory limit: the card's size here.
+    if let Some(cap) = capacity {
+        if recorded.garbage_collection_threshold == 0.0 {
+            if let Some((s, mut c)) = with("garbage_collection_threshold:0.8") {
+                c.memory_limit = Some(c.memory_limit.map_or(cap, |l| l.min(cap)));
+                out.push((s, c));
+            }
+        }
+    }
+    out
+}
+
+fn diagnose(
+    snap: &TorchSnapshot,
+    recorded: AllocatorConfig,
+    capacity: Option<u64>,
+    planner: bool,
+    name: &str,
+) -> anyhow::Result<DeviceReport> {
+    // The recording's own state may not fit `--capacity` (the card was
+    // larger, or shared): then the recorded settings replay without a limit.
+    let (base, capacity, capacity_note) = match torch_snapshot::replay_from_state(
+        snap,
+        recorded.clone(),
+        capacity,
+    ) {
+        Ok(r) => (r, capacity, None),
+        Err(e) if capacity.is_some() => {
+            let r = torch_snapshot::replay_from_state(snap, recorded.clone(), None)
+                .map_err(|e| anyhow::anyhow!("{name}: device {}: {e}", snap.device))?;
+            let _ = e;
+            let note = format!(
+                    "--capacity {} is less than the recording held before its first entry, so every setting was replayed without a limit: give the card's full memory.",
+                    Mib(capacity.unwrap_or(0))
+                );
+            (r, None, Some(note))
+        }
+        Err(e) => anyhow::bail!("{name}: device {}: {e}", snap.device),
+    };
+    let mut what_ifs = vec![WhatIf {
+        setting: format!(
+            "recorded: {}",
+            recorded.describe().trim_matches(|c| c == '(' || c == ')')
+        ),
+        peak_reserved_bytes: base.peak_reserved_bytes,
+        peak_allocated_bytes: base.peak_allocated_bytes,
+        ooms: base.ooms,
+        equals_recording: Some(base.segments_match),
+        error: None,
+    }];
+    for (setting, cfg) in alternatives(&recorded, capacity) {
+        let row = match torch_snapshot::replay_from_state(snap, cfg, capacity) {
+            Ok(r) => WhatIf {
+                setting,
+                peak_reserved_bytes: r.peak_reserved_bytes,
+                peak_allocated_bytes: r.peak_allocated_bytes,
+                ooms: r.ooms,
+                equals_recording: None,
+                error: None,
+            },
+            Err(e) => WhatIf {
+                setting,
+                peak_reserved_bytes: 0,
+                peak_allocated_bytes: 0,
+                ooms: 0,
+                equals_recording: None,
+                error: Some(e.to_string()),
+            },
+        };
+        what_ifs.push(row);
+    }
+    // The planner sees the trace's own allocations; blocks that predate the
+    // recording are live beside them.
+    let planner_floor_bytes = if planner {
+        crate::lab::workload::compare_with(&snap.workload, &["planner"], None, &recorded)
+            .ok()
+            .and_then(|r| r.first().map(|p| p.peak_reserved_bytes))
+            .map(|arena| {
+                (arena + base.at_peak.before_recording_bytes).max(base.peak_allocated_bytes)
+            })
+    } else {
+        None
+    };
+    let recorded_ooms: Vec<RecordedOom> = snap
+        .ooms
+        .iter()
+        .map(|&(requested_bytes, device_free_bytes)| RecordedOom {
+            requested_bytes,
+            device_free_bytes,
+        })
+        .collect();
+    let mut advice = advise(
+        base.oom_at.first(),
+        &what_ifs,
+        planner_floor_bytes,
+        &base.at_peak,
+        capacity,
+        &recorded_ooms,
+    );
+    advice.extend(capacity_note);
+    Ok(DeviceReport {
+        device: snap.device,
+        capacity_bytes: capacity,
+        allocations: snap.workload.allocations(),
+        recorded_settings: recorded.describe(),
+        what_ifs,
+        planner_floor_bytes,
+        at_peak: base.at_peak,
+        recorded_ooms,
+        at_first_oom: base.at_first_oom,
+        advice,
+    })
+}
+
+/// Plain sentences from the figures: what the peak is made of, how much is
+/// held but unused, and which setting would have saved what.
+fn advise(
+    first_oom: Option<&OomAt>,
+    what_ifs: &[WhatIf],
+    floor: Option<u64>,
+    at_peak: &LiveAt,
+    capacity: Option<u64>,
+    recorded_ooms: &[RecordedOom],
+) -> Vec<String> {
+    let mut out = Vec::new();
+    let base = &what_ifs[0];
+    let idle = base
+        .peak_reserved_bytes
+        .saturating_sub(base.peak_allocated_bytes);
+    if base.peak_reserved_bytes > 0 {
+        out.push(format!(
+            "Peak reserved {} for a peak of {} allocated: {} ({:.0}%) of what the allocator held at its peak was never handed to tensors at once (cached blocks and split segments).",
+            Mib(base.peak_reserved_bytes),
+            Mib(base.peak_allocated_bytes),
+            Mib(idle),
+            100.0 * idle as f64 / base.peak_reserved_bytes as f64
+        ));
+    }
+    if at_peak.before_recording_bytes > 0 {
+        out.push(format!(
+            "{} of the peak's {} was allocated before the recording began, so no frame or category is known for it: start _record_memory_history() before the model is built to see it.",
+            Mib(at_peak.before_recording_bytes),
+            Mib(at_peak.allocated_bytes)
+        ));
+    }
+    if let Some((cat, bytes)) = at_peak.by_category.first() {
+        let frame = at_peak
+            .by_frame
+            .first()
+            .map(|(f, b)| format!("; the code holding most is {f} ({})", Mib(*b)))
+            .unwrap_or_default();
+        out.push(format!(
+            "At the peak of allocated memory the largest share is {cat}: {} of {}{frame}.",
+            Mib(*bytes),
+            Mib(at_peak.allocated_bytes)
+        ));
+    }
+    let best = what_ifs[1..]
+        .iter()
+        .filter(|w| w.error.is_none())
+        .min_by_key(|w| (w.ooms, w.peak_reserved_bytes));
+    if let Some(best) = best {
+        let saved = base.peak_reserved_bytes as i128 - best.peak_reserved_bytes as i128;
+        if saved > 0 && (best.ooms < base.ooms || base.ooms == 0) {
+            let oom = if base.ooms > 0 && best.ooms == 0 {
+                " and would not have run out of memory".to_string()
+            } else {
+                String::new()
+            };
+            out.push(format!(
+                "{} would have peaked {} lower ({} reserved){oom}: set PYTORCH_CUDA_ALLOC_CONF={}.",
+                best.setting,
+                Mib(saved as u64),
+                Mib(best.peak_reserved_bytes),
+                best.setting
+            ));
+        } else {
+            out.push("None of the single changes tried lowers the peak reserved: the recorded settings are already the best of them for this trace.".into());
+        }
+    }
+    match (floor, capacity) {
+        (Some(floor), Some(cap)) if floor > cap => out.push(format!(
+            "No allocator fits this step in {}: even an offline planner that knew every lifetime in advance needs {}. Lower the batch, checkpoint activations, or shard.",
+            Mib(cap),
+            Mib(floor)
+        )),
+        (Some(floor), _) if base.ooms == 0 => out.push(format!(
+            "An offline planner that knew every lifetime in advance would need {}: {} under the recorded peak reserved, the most any allocator setting could save.",
+            Mib(floor),
+            Mib(base.peak_reserved_bytes.saturating_sub(floor))
+        )),
+        _ => {}
+    }
+    if base.ooms > 0 {
+        if let Some(cap) = capacity {
+            out.push(format!(
+                "On {} the recorded settings run out of memory {} time(s) in the replay; the table says which settings would not.",
+                Mib(cap),
+                base.ooms
+            ));
+        }
+    }
+    if let Some(o) = first_oom {
+        let from = match (&o.origin.module, &o.origin.frame) {
+            (Some(m), Some(f)) => format!(" in {m} at {f}"),
+            (Some(m), None) => format!(" in {m}"),
+            (None, Some(f)) => format!(" at {f}"),
+            (None, None) => String::new(),
+        };
+        out.push(format!(
+            "The first refused allocation asked for {} ({}){from}, with {} allocated and {} reserved.",
+            Mib(o.requested_bytes),
+            o.category,
+            Mib(o.allocated_bytes),
+            Mib(o.reserved_bytes)
+        ));
+    }
+    for o in recorded_ooms.iter().take(3) {
+        out.push(format!(
+            "The recording ran out of memory asking for {} with {} free on the device{}.",
+            Mib(o.requested_bytes),
+            Mib(o.device_free_bytes),
+            if capacity.is_none() {
+                "; give --capacity (the card's memory) to replay each setting on a device that size"
+            } else {
+                ""
+            }
+        ));
+    }
+    out
+}
+
+fn print_live(what: &str, live: &LiveAt) {
+    println!(
+        "  {what} ({} allocated, after trace entry {}):",
+        Mib(live.allocated_bytes),
+        live.after_op
+    );
+    let list = |v: &[(String, u64)]| {
+        v.iter()
+            .map(|(k, b)| format!("{k} {}", Mib(*b)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if live.before_recording_bytes > 0 {
+        println!(
+            "    allocated before the recording began: {}",
+            Mib(live.before_recording_bytes)
+        );
+    }
+    if !live.by_category.is_empty() {
+        println!("    by category: {}", list(&live.by_category));
+    }
+    if !live.by_module.is_empty() {
+        println!("    by module: {}", list(&live.by_module));
+    }
+    if !live.by_frame.is_empty() {
+        println!("    by frame (the user's code that allocated):");
+        for (f, b) in &live.by_frame {
+            println!("      {:>12}  {f}", Mib(*b).to_string());
+        }
+    }
+}
+
+fn print_text(name: &str, reports: &[DeviceReport]) {
+    println!("{name}: PyTorch memory snapshot");
+    for r in reports {
+        println!();
+        println!(
+            "device {}: {} allocations; recorded settings: {}",
+            r.device, r.allocations, r.recorded_settings
+        );
+        let on = r
+            .capacity_bytes
+            .map_or("no device size: peaks only".into(), |c| {
+                format!("out of memory on {}", Mib(c))
+            });
+        println!("  what-ifs, each replayed from the recording's first entry ({on}):");
+        println!(
+            "    {:<58} {:>14} {:>14} {:>6}",
+            "setting", "peak reserved", "vs recorded", "OOMs"
+        );
+        let base = r.what_ifs[0].peak_reserved_bytes as i128;
+        for w in &r.what_ifs {
+            if let Some(e) = &w.error {
+                println!("    {:<58} cannot replay: {e}", w.setting);
+                continue;
+            }
+            let delta = w.peak_reserved_bytes as i128 - base;
+            let delta = match delta {
+                0 => "—".to_string(),
+                d if d < 0 => format!("-{}", Mib((-d) as u64)),
+                d => format!("+{}", Mib(d as u64)),
+            };
+            println!(
+                "    {:<58} {:>14} {:>14} {:>6}",
+                w.setting,
+                Mib(w.peak_reserved_bytes).to_string(),
+                delta,
+                w.ooms
+            );
+        }
+        if let Some(f) = r.planner_floor_bytes {
+            println!(
+                "    {:<58} {:>14}",
+                "offline planner (the floor)",
+                Mib(f).to_string()
+            );
+        }
+        if let Some(eq) = r.what_ifs[0].equals_recording {
+            println!(
+                "  the recorded settings replay to {}",
+                if eq {
+                    "exactly the recorded segments, reserved and allocated bytes"
+                } else {
+                    "a different end state than recorded (see `vramlab replay` for how)"
+                }
+            );
+        }
+        print_live("live at the peak", &r.at_peak);
+        if let Some(live) = &r.at_first_oom {
+            print_live("live at the replay's first out-of-memory", live);
+        }
+        println!("  what to do:");
+        for a in &r.advice {
+            println!("    - {a}");
+        }
+    }
+}

@@ -1,0 +1,192 @@
+//! `vramlab doctor` on every PyTorch snapshot in the fixtures (real ones
+//! from users, and the recorder's): its what-ifs are replays, so each must
+//! equal `vramlab replay` under the same settings, and the recorded settings
+//! must replay to the recording.
+
+use crate::common::vramlab_json;
+use serde_json::Value;
+use std::process::Command;
+
+/// Every snapshot pickle in the fixtures, real and recorded.
+fn snapshots() -> Vec<String> {
+    let mut out = Vec::new();
+    for dir in ["tests/fixtures/snapshots", "tests/fixtures/recorder"] {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "pickle") {
+                out.push(p.display().to_string());
+            }
+        }
+    }
+    out.sort();
+    assert!(out.len() >= 6, "{out:?}");
+    out
+}
+
+fn doctor(file: &str, extra: &[&str]) -> Value {
+    let mut args = vec!["doctor", file, "--json"];
+    args.extend_from_slice(extra);
+    vramlab_json(args)
+}
+
+fn replay_peak(file: &str, device: u64, conf: Option<&str>) -> (u64, bool) {
+    let mut args = vec![
+        "replay".to_string(),
+        file.to_string(),
+        "--json".into(),
+        "--device".into(),
+        device.to_string(),
+    ];
+    if let Some(c) = conf {
+        args.extend(["--alloc-conf".to_string(), c.to_string()]);
+    }
+    let r = vramlab_json(args);
+    let d = &r["devices"][0];
+    (
+        d["replayed"]["peak_reserved_bytes"].as_u64().unwrap(),
+        d["segments_match"].as_bool().unwrap(),
+    )
+}
+
+#[test]
+fn what_ifs_equal_replays_and_the_recorded_settings_equal_the_recording() {
+    for file in snapshots() {
+        let d = doctor(&file, &[]);
+        for dev in d["devices"].as_array().unwrap() {
+            let n = dev["device"].as_u64().unwrap();
+            let rows = dev["what_ifs"].as_array().unwrap();
+            let recorded = &rows[0];
+            let (peak, matches) = replay_peak(&file, n, None);
+            assert_eq!(
+                recorded["peak_reserved_bytes"].as_u64(),
+                Some(peak),
+                "{file} device {n}"
+            );
+            assert_eq!(
+                recorded["equals_recording"].as_bool(),
+                Some(matches),
+                "{file} device {n}"
+            );
+            // Real recordings (the CUDA allocator's own) replay exactly.
+            if file.contains("snapshots/") {
+                assert!(matches, "{file} device {n}: {dev}");
+            }
+            // Every alternative is one replay under one more option.
+            for row in &rows[1..] {
+                let setting = row["setting"].as_str().unwrap();
+                let expandable = dev["recorded_settings"]
+                    .as_str()
+                    .unwrap()
+                    .contains("expandable");
+                if expandable {
+                    continue; // the recorded option would have to be kept too
+                }
+                let (want, _) = replay_peak(&file, n, Some(setting));
+                assert_eq!(
+                    row["peak_reserved_bytes"].as_u64(),
+                    Some(want),
+                    "{file} device {n} {setting}"
+                );
+            }
+            // No allocator can reserve less than the planner's floor.
+            if let Some(floor) = dev["planner_floor_bytes"].as_u64() {
+                for row in rows {
+                    assert!(
+                        row["peak_reserved_bytes"].as_u64().unwrap() >= floor,
+                        "{file} {row}"
+                    );
+                }
+            }
+            assert!(!dev["advice"].as_array().unwrap().is_empty(), "{file}");
+        }
+    }
+}
+
+#[test]
+fn a_device_too_small_is_named_with_the_first_refusal_and_the_floor() {
+    let file = "tests/fixtures/recorder/gpt-tiny-bf16-checkpoint.pickle";
+    let d = doctor(file, &["--capacity", "20MiB"]);
+    let dev = &d["devices"][0];
+    assert_eq!(dev["capacity_bytes"].as_u64(), Some(20 << 20));
+    let rows = dev["what_ifs"].as_array().unwrap();
+    assert!(rows[0]["ooms"].as_u64().unwrap() > 0, "{dev}");
+    assert!(rows
+        .iter()
+        .any(|r| r["setting"] == "garbage_collection_threshold:0.8"));
+    let advice: Vec<&str> = dev["advice"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|a| a.as_str())
+        .collect();
+    assert!(
+        advice
+            .iter()
+            .any(|a| a.contains("No allocator fits this step in 20.00 MiB")),
+        "{advice:?}"
+    );
+    assert!(
+        advice
+            .iter()
+            .any(|a| a.starts_with("The first refused allocation asked for 32.00 MiB (workspace)")),
+        "{advice:?}"
+    );
+    // Text and JSON tell the same story.
+    let out = Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .args(["doctor", file, "--capacity", "20MiB"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    assert!(
+        text.contains("offline planner (the floor)") && text.contains("what to do:"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_capacity_under_the_recordings_own_start_is_said_not_fatal() {
+    let file = "tests/fixtures/snapshots/cs336_kkaitlyn_ctx128_fullstep.pickle";
+    let d = doctor(file, &["--capacity", "8GiB", "--no-planner"]);
+    let dev = &d["devices"][0];
+    assert!(dev["capacity_bytes"].is_null(), "{dev}");
+    assert!(dev["planner_floor_bytes"].is_null());
+    let advice = dev["advice"].to_string();
+    assert!(
+        advice.contains("--capacity 8192.00 MiB is less than the recording held"),
+        "{advice}"
+    );
+    // expandable_segments saves 5,216 MiB on this step (from `replay`).
+    let rows = dev["what_ifs"].as_array().unwrap();
+    let (base, exp) = (
+        rows[0]["peak_reserved_bytes"].as_u64().unwrap(),
+        rows[1]["peak_reserved_bytes"].as_u64().unwrap(),
+    );
+    assert_eq!(rows[1]["setting"], "expandable_segments:True");
+    assert!(exp < base);
+}
+
+#[test]
+fn bad_input_is_an_error_that_says_what_to_do() {
+    let out = Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .args(["doctor", "tests/fixtures/snapshots/README.md"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    let out = Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .args([
+            "doctor",
+            "tests/fixtures/snapshots/multi_device.pickle",
+            "--device",
+            "7",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("devices with one: 0, 1"),
+        "{err}"
+    );
+}
