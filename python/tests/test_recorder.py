@@ -423,6 +423,49 @@ def test_checkpointing_lowers_the_activation_peak():
     assert amp.meta["sdpa_choices"] == {HALF_SDPA: 8}  # forward and recomputation
 
 
+
+def test_optimizer_allocations_name_no_module():
+    """What optimizer.step() allocates (Adam's exp_avg / exp_avg_sq, the
+    foreach temporaries) belongs to no module, also after checkpointing,
+    whose recomputation in the backward stops inside the blocks' forwards
+    (torch.utils.checkpoint's early stop raises out of them): the module
+    stack must not keep them, or the step's optimizer state and the next
+    step's loss are put on the last block that was recomputed."""
+    build = lambda: models.gpt2(2, 4, 64, 32, 100)  # noqa: E731
+    rec = record_step(build, inputs=[(2, 32)], input_dtypes=[torch.int64], target="tokens",
+                      optimizer="adamw", checkpoint="auto", steps=2, frames=False, cublas_workspace="off")
+    allocs = [e for e in rec.events if e["op"] == "alloc"]
+    opt = [e for e in allocs if e["phase"] == "optimizer"]
+    assert {e["category"] for e in opt} == {"optimizer_state", "temporary"}
+    assert [e.get("where") for e in opt if e.get("where")] == []
+    assert [e.get("where") for e in allocs if e["phase"] == "loss" and e.get("where")] == []
+    assert rec.recorder.modules == []
+    snap, _ = rec.snapshot()
+    for e in snap["device_traces"][0]:
+        m = json.loads(e["user_metadata"])
+        if m["phase"] == "optimizer":
+            assert "module" not in m, m
+
+    # The user's own loop (phases from hooks): the same, and a gradient
+    # clipping between backward and step() is not taken for a forward.
+    with record(frames=False, cublas_workspace="off") as r:
+        model = build()
+        for b in model.h:
+            fwd = b.forward
+            b.forward = lambda *a, _f=fwd: torch.utils.checkpoint.checkpoint(_f, *a, use_reentrant=False)
+        o = torch.optim.Adam(model.parameters(), foreach=True)
+        x = torch.empty(2, 32, dtype=torch.long)
+        for _ in range(2):
+            model(x).float().logsumexp(-1).mean().backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            o.step()
+            o.zero_grad()
+    allocs = [e for e in r.events if e["op"] == "alloc"]
+    assert max(e["step"] for e in allocs) == 2
+    opt = [e for e in allocs if e["phase"] == "optimizer"]
+    assert {e["category"] for e in opt} == {"optimizer_state", "temporary"}
+    assert [e.get("where") for e in opt if e.get("where")] == []
+
 H200_GPT2 = "h200-torch2.11-gpt2-bf16.cuda.pickle"
 
 

@@ -336,6 +336,11 @@ class Recorder(TorchDispatchMode):
                     ev["category"] = category
 
     def where(self):
+        """The module whose forward runs the op, or in the backward the
+        autograd node; none in optimizer.step() and zero_grad (the
+        optimizer's state and temporaries belong to no module)."""
+        if self.in_optimizer or self.phase in ("optimizer", "zero_grad"):
+            return None
         if self.phase == "backward":
             node = torch._C._current_autograd_node()
             if node is not None:

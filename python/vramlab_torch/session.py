@@ -111,13 +111,24 @@ class Recording:
                             and "category" not in ev:
                         ev["category"] = "input"
             rec.modules.append(session.names.get(mod) or type(mod).__name__)
+            running.append(mod)
 
         def post(mod, _args, _out):
-            if rec.modules:
+            if running and running[-1] is mod:
+                running.pop()
                 rec.modules.pop()
 
+        # always_call: the pop also when a forward raises, which
+        # torch.utils.checkpoint's recomputation does on purpose (it stops
+        # inside the blocks' forwards once it has what the backward needs);
+        # else the recomputed modules stay on the stack and name what runs
+        # after the backward (the optimizer's state, the next loss).
+        running = []  # the modules whose forward is running, as rec.modules names them
         h1 = torch.nn.modules.module.register_module_forward_pre_hook(pre)
-        h2 = torch.nn.modules.module.register_module_forward_hook(post)
+        try:
+            h2 = torch.nn.modules.module.register_module_forward_hook(post, always_call=True)
+        except TypeError:  # PyTorch before 2.1
+            h2 = torch.nn.modules.module.register_module_forward_hook(post)
         stack.callback(h1.remove)
         stack.callback(h2.remove)
 
