@@ -13,7 +13,8 @@ fn snapshots() -> Vec<String> {
     for dir in ["tests/fixtures/snapshots", "tests/fixtures/recorder"] {
         for e in std::fs::read_dir(dir).unwrap() {
             let p = e.unwrap().path();
-            if p.extension().is_some_and(|x| x == "pickle") {
+            // state_only.pickle has no trace: its own test below.
+            if p.extension().is_some_and(|x| x == "pickle") && !p.ends_with("state_only.pickle") {
                 out.push(p.display().to_string());
             }
         }
@@ -188,5 +189,80 @@ fn bad_input_is_an_error_that_says_what_to_do() {
     assert!(
         !out.status.success() && err.contains("devices with one: 0, 1"),
         "{err}"
+    );
+}
+
+/// memory_viz's `_format_size`: 1024 steps, one decimal.
+fn format_size(bytes: u64) -> String {
+    let mut num = bytes as f64;
+    for unit in ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "Zi"] {
+        if num.abs() < 1024.0 {
+            return format!("{num:3.1}{unit}B");
+        }
+        num /= 1024.0;
+    }
+    format!("{num:.1}YiB")
+}
+
+/// The segments `doctor` reports for the snapshot agree with memory_viz's
+/// own summary of it (`segsum`, written by scripts/memory_viz_summaries.py
+/// with PyTorch), to the precision memory_viz prints.
+#[test]
+fn the_segment_map_agrees_with_memory_viz() {
+    for name in ["ftcourse_memory_snapshot", "cs336_kkaitlyn_ctx128_fullstep"] {
+        let file = format!("tests/fixtures/snapshots/{name}.pickle");
+        let want =
+            std::fs::read_to_string(format!("tests/fixtures/snapshots/{name}.segsum.txt")).unwrap();
+        let d = doctor(&file, &["--no-planner"]);
+        let m = &d["devices"][0]["segments_at_snapshot"];
+        let n = |k: &str| m[k].as_u64().unwrap();
+        let free = n("free_external_bytes") + n("free_internal_bytes");
+        let pct = 100.0 * n("free_internal_bytes") as f64 / free as f64;
+        let got = format!(
+            "segments: {}\ntotal_reserved: {}\ntotal_allocated: {}\ntotal_free: {} ({pct:.1}% internal)\n",
+            n("segments"),
+            format_size(n("reserved_bytes")),
+            format_size(n("requested_bytes")),
+            format_size(free)
+        );
+        assert!(
+            want.starts_with(&got),
+            "{name}: doctor says\n{got}memory_viz says\n{want}"
+        );
+        // Every byte is allocated, rounding or free, as memory_viz asserts.
+        assert_eq!(
+            n("requested_bytes") + n("free_internal_bytes") + n("free_external_bytes"),
+            n("reserved_bytes")
+        );
+        assert_eq!(
+            n("inactive_split_bytes") + n("free_segment_bytes"),
+            n("free_external_bytes")
+        );
+    }
+}
+
+/// A snapshot without a trace still gets its segments and advice, and they
+/// are the segments the same snapshot with its trace reports.
+#[test]
+fn a_snapshot_without_a_trace_reports_its_segments() {
+    let state = doctor("tests/fixtures/snapshots/state_only.pickle", &[]);
+    assert_eq!(state["trace"], false);
+    let with_trace = doctor("tests/fixtures/snapshots/scenario.pickle", &[]);
+    assert_eq!(
+        state["devices"][0]["segments_at_snapshot"],
+        with_trace["devices"][0]["segments_at_snapshot"]
+    );
+    assert!(state["devices"][0]["advice"][0]
+        .as_str()
+        .unwrap()
+        .contains("reserved in"));
+    let out = Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .args(["doctor", "tests/fixtures/snapshots/state_only.pickle"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("with no trace") && text.contains("inactive_split"),
+        "{text}"
     );
 }

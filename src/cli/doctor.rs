@@ -10,7 +10,9 @@ use serde::Serialize;
 
 use super::args::parse_capacity;
 use crate::lab::peak::{LiveAt, OomAt};
+use crate::lab::segment_map::{self, SegmentMap};
 use crate::lab::torch_snapshot::{self, TorchSnapshot};
+use crate::lab::LabError;
 use crate::memory::{AllocatorConfig, Mib};
 
 #[derive(Debug, Clone, Args)]
@@ -67,6 +69,8 @@ struct DeviceReport {
     at_peak: LiveAt,
     recorded_ooms: Vec<RecordedOom>,
     at_first_oom: Option<LiveAt>,
+    /// The snapshot's own segments, when it was taken.
+    segments_at_snapshot: Option<SegmentMap>,
     advice: Vec<String>,
 }
 
@@ -80,8 +84,17 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<()> {
     let name = args.snapshot.display().to_string();
     let bytes =
         std::fs::read(&args.snapshot).map_err(|e| anyhow::anyhow!("cannot read {name}: {e}"))?;
-    let file = torch_snapshot::read_all(&bytes, &name).map_err(anyhow::Error::msg)?;
+    let maps = segment_map::segment_maps(&bytes, &name).map_err(anyhow::Error::msg)?;
     let capacity = parse_capacity(&args.capacity)?;
+    let file = match torch_snapshot::read_all(&bytes, &name) {
+        Ok(f) => f,
+        // No trace (recorded with enabled="state", or without history):
+        // the segments still say what was held when it was taken.
+        Err(LabError::NoDeviceTraces { .. } | LabError::NoHistory { .. }) => {
+            return state_only(&name, args, &maps);
+        }
+        Err(e) => return Err(anyhow::Error::msg(e)),
+    };
     let devices: Vec<&TorchSnapshot> = file
         .devices
         .iter()
@@ -90,13 +103,9 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<()> {
     if devices.is_empty() {
         let have: Vec<String> = file.devices.iter().map(|s| s.device.to_string()).collect();
         anyhow::bail!(
-            "{name}: no device {} with an allocation history; devices with one: {}",
-            args.device.map_or("at all".into(), |d| d.to_string()),
-            if have.is_empty() {
-                "none (record with torch.cuda.memory._record_memory_history())".into()
-            } else {
-                have.join(", ")
-            }
+            "{name}: device {} has no allocation history; devices with one: {}",
+            args.device.unwrap_or(0),
+            have.join(", ")
         );
     }
     let mut reports = Vec::new();
@@ -105,7 +114,9 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<()> {
         if snap.expandable || file.expandable_setting {
             recorded.expandable_segments = true;
         }
-        reports.push(diagnose(snap, recorded, capacity, !args.no_planner, &name)?);
+        let mut r = diagnose(snap, recorded, capacity, !args.no_planner, &name)?;
+        r.segments_at_snapshot = maps.iter().find(|m| m.device == snap.device).cloned();
+        reports.push(r);
     }
     if args.json {
         let out = serde_json::json!({
@@ -248,6 +259,7 @@ fn diagnose(
         at_peak: base.at_peak,
         recorded_ooms,
         at_first_oom: base.at_first_oom,
+        segments_at_snapshot: None,
         advice,
     })
 }
@@ -461,9 +473,122 @@ fn print_text(name: &str, reports: &[DeviceReport]) {
         if let Some(live) = &r.at_first_oom {
             print_live("live at the replay's first out-of-memory", live);
         }
+        if let Some(m) = &r.segments_at_snapshot {
+            print_map("the segments when the snapshot was taken", m);
+        }
         println!("  what to do:");
         for a in &r.advice {
             println!("    - {a}");
+        }
+    }
+}
+
+/// The report of a snapshot with no trace: its segments, and what they say.
+fn state_only(name: &str, args: &DoctorArgs, maps: &[SegmentMap]) -> anyhow::Result<()> {
+    let maps: Vec<&SegmentMap> = maps
+        .iter()
+        .filter(|m| args.device.is_none_or(|d| m.device == d))
+        .collect();
+    if maps.is_empty() {
+        anyhow::bail!(
+            "{name}: no allocation history and no segments{}: nothing was allocated when it was taken, or it is not a memory snapshot",
+            args.device.map_or(String::new(), |d| format!(" on device {d}"))
+        );
+    }
+    let advice: Vec<Vec<String>> = maps.iter().map(|m| state_advice(m)).collect();
+    if args.json {
+        let devices: Vec<_> = maps
+            .iter()
+            .zip(&advice)
+            .map(|(m, a)| serde_json::json!({"device": m.device, "segments_at_snapshot": m, "advice": a}))
+            .collect();
+        let out = serde_json::json!({"snapshot": name, "trace": false, "devices": devices});
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    println!("{name}: PyTorch memory snapshot with no trace (recorded without _record_memory_history, or with enabled=\"state\"): its segments only");
+    for (m, a) in maps.iter().zip(&advice) {
+        println!();
+        println!("device {}:", m.device);
+        print_map("the segments when the snapshot was taken", m);
+        println!("  what to do:");
+        for line in a {
+            println!("    - {line}");
+        }
+        println!("    - Record a trace to see what happened before: torch.cuda.memory._record_memory_history(max_entries=100000) before the step, then _dump_snapshot().");
+    }
+    Ok(())
+}
+
+/// Sentences from a segment map alone.
+fn state_advice(m: &SegmentMap) -> Vec<String> {
+    let mut out = Vec::new();
+    let unused = m.reserved_bytes.saturating_sub(m.requested_bytes);
+    out.push(format!(
+        "{} reserved in {} segments, {} requested by live tensors: {} held but unused.",
+        Mib(m.reserved_bytes),
+        m.segments,
+        Mib(m.requested_bytes),
+        Mib(unused)
+    ));
+    if m.free_segment_bytes > 0 {
+        out.push(format!(
+            "{} sit in segments with no live block: torch.cuda.empty_cache() would return them to the device.",
+            Mib(m.free_segment_bytes)
+        ));
+    }
+    if m.inactive_split_bytes > 0 {
+        let fix = if m.expandable_segments > 0 {
+            "expandable_segments is already on, so these are gaps between live blocks; fewer long-lived tensors made between short-lived ones would close them"
+        } else {
+            "expandable_segments:True grows segments in place instead of splitting them, which avoids most of this"
+        };
+        out.push(format!(
+            "{} are free blocks inside segments that still hold live blocks (fragmentation: empty_cache cannot return them; the largest free block is {}): {fix}.",
+            Mib(m.inactive_split_bytes),
+            Mib(m.largest_free_block)
+        ));
+    }
+    out
+}
+
+fn print_map(what: &str, m: &SegmentMap) {
+    println!(
+        "  {what}: {} segments ({} expandable), {} reserved",
+        m.segments,
+        m.expandable_segments,
+        Mib(m.reserved_bytes)
+    );
+    println!(
+        "    allocated {} (requested {}, rounding {}), free {}: {} in segments with live blocks (inactive_split), {} in wholly free segments; largest free block {}",
+        Mib(m.allocated_bytes),
+        Mib(m.requested_bytes),
+        Mib(m.free_internal_bytes),
+        Mib(m.free_external_bytes),
+        Mib(m.inactive_split_bytes),
+        Mib(m.free_segment_bytes),
+        Mib(m.largest_free_block)
+    );
+    if m.most_free.iter().any(|r| r.free_bytes > 0) {
+        println!("    segments with the most free bytes:");
+        for r in m.most_free.iter().filter(|r| r.free_bytes > 0) {
+            println!(
+                "      0x{:x} {} {}{}: {} free of {} ({} blocks, largest free {})",
+                r.address,
+                r.pool,
+                Mib(r.total_bytes),
+                if r.expandable { " expandable" } else { "" },
+                Mib(r.free_bytes),
+                Mib(r.total_bytes),
+                r.blocks,
+                Mib(r.largest_free_block)
+            );
+        }
+    }
+    if !m.by_frame.is_empty() {
+        println!("    allocated by frame:");
+        for (f, b) in &m.by_frame {
+            println!("      {:>12}  {f}", Mib(*b).to_string());
         }
     }
 }
