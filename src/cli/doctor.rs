@@ -15,6 +15,10 @@ use crate::lab::torch_snapshot::{self, TorchSnapshot};
 use crate::lab::LabError;
 use crate::memory::{AllocatorConfig, Mib};
 
+/// Past this many allocations the planner's floor is computed only when
+/// asked for (`--planner`): 200,000 took it 40 s on the CI machine.
+const PLANNER_AUTO_MAX: usize = 50_000;
+
 #[derive(Debug, Clone, Args)]
 pub struct DoctorArgs {
     /// A PyTorch memory snapshot (`torch.cuda.memory._dump_snapshot()`'s
@@ -29,9 +33,13 @@ pub struct DoctorArgs {
     #[arg(long, value_name = "N")]
     pub device: Option<usize>,
     /// Leave out the offline planner's arena (the floor no online allocator
-    /// can beat); it takes the longest on traces of millions of entries.
-    #[arg(long)]
+    /// can beat).
+    #[arg(long, conflicts_with = "planner")]
     pub no_planner: bool,
+    /// Compute the planner's arena however long the trace: by default it is
+    /// left out past 50,000 allocations (200,000 took it 40 s).
+    #[arg(long)]
+    pub planner: bool,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -114,7 +122,15 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<()> {
         if snap.expandable || file.expandable_setting {
             recorded.expandable_segments = true;
         }
-        let mut r = diagnose(snap, recorded, capacity, !args.no_planner, &name)?;
+        let planner =
+            !args.no_planner && (args.planner || snap.workload.allocations() <= PLANNER_AUTO_MAX);
+        let mut r = diagnose(snap, recorded, capacity, planner, &name)?;
+        if !planner && !args.no_planner {
+            r.advice.push(format!(
+                "The offline planner's floor was left out: {} allocations are too many for it by default (200,000 took 40 s); --planner computes it.",
+                snap.workload.allocations()
+            ));
+        }
         r.segments_at_snapshot = maps.iter().find(|m| m.device == snap.device).cloned();
         reports.push(r);
     }
