@@ -50,7 +50,11 @@ model is built on the meta device before recording, so its init ops are not
 recorded. What is alive after the last step (parameters, buffers, inputs,
 optimizer state) is left alive: the trace ends without freeing it.
 
-How. A TorchDispatchMode sees every aten op below autograd (composite ops
+How. The recorder is vramlab_torch's (python/vramlab_torch/recorder.py,
+imported from python/ in this repository: no install needed), without
+its CUDA emulation (no autocast, SDPA choice or cuBLAS / cuDNN workspaces:
+these traces are the storages PyTorch's own step asks for). A
+TorchDispatchMode sees every aten op below autograd (composite ops
 already decomposed, as on CUDA). After an op returns, each output tensor's
 untyped_storage() not seen before is an allocation; views and in-place ops
 return known storages and allocate nothing. A weakref on the storage's
@@ -121,20 +125,16 @@ import sys
 import time
 import types
 import warnings
-import weakref
 
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-import torch.optim.optimizer as optim_module  # noqa: E402
-import torch.utils._foreach_utils as foreach_utils  # noqa: E402
-from torch._prims_common import is_non_overlapping_and_dense_or_false  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-from torch.utils._pytree import tree_leaves  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+# The recorder: vramlab_torch, from this repository's python/.
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
 if importlib.util.find_spec("safetensors") is None:
     # The reference scripts import it at the top; nothing here uses it.
     _st = types.ModuleType("safetensors")
@@ -148,6 +148,8 @@ if importlib.util.find_spec("safetensors") is None:
 import gpt_reference  # noqa: E402
 import resnet_reference  # noqa: E402
 import torch_reference  # noqa: E402
+import vramlab_torch.step as step_module  # noqa: E402
+from vramlab_torch.recorder import META, Recorder, allow_fused_on_meta, self_test  # noqa: E402
 
 torch.set_default_dtype(torch.float32)
 
@@ -162,98 +164,20 @@ GPT_PRESETS = {
 
 import torch.nn.modules.linear_cross_entropy  # noqa: E402,F401  (registers the chunked op)
 
-META = torch.device("meta")
 CHUNKED_LCE = torch.ops.torch_nn._linear_cross_entropy_batch_chunked.default
-ADD = torch.ops.aten.add.Tensor
 
 
-def allow_fused_on_meta():
-    """torch.optim checks fused=True's devices against this list."""
-    orig = foreach_utils._get_fused_kernels_supported_devices
-    if "meta" not in orig():
-        def devices():
-            return orig() + ["meta"]
-        foreach_utils._get_fused_kernels_supported_devices = devices
-        optim_module._get_fused_kernels_supported_devices = devices
+class StepRecorder(Recorder):
+    """vramlab_torch's recorder (frames off, no workspaces), plus PyTorch
+    2.15's chunked linear_cross_entropy run as CUDA runs it."""
 
+    def __init__(self, accumulate):
+        super().__init__(accumulate, frames=False)
 
-def storage_uses(t):
-    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
-
-
-class Recorder(TorchDispatchMode):
-    """Allocations and frees of the device storages the ops it sees create."""
-
-    def __init__(self, accumulate=None):
-        super().__init__()
-        self.events = []  # dicts, in order; they hold no tensor
-        self.live = {}  # id(storage object) -> [alloc event, weakref]
-        self.quiet = {}  # id(storage object) -> weakref: host, skipped or empty storages
-        self.next_id = 0
-        self.phase = "setup"
-        self.step = 0
-        self.modules = []  # qualified names of the forwards running
-        self.in_node = False  # an autograd node's own apply is running
-        self.on = True
-        # (use count, storage use count) of a buffered gradient CUDA would
-        # add into in place, as seen from inside __torch_dispatch__; None:
-        # record what PyTorch does under the mode, unchanged.
-        self.accumulate = accumulate
-        self.accumulations = []  # (in place?, bytes) per engine accumulation
-
-    # -- storages --------------------------------------------------------
-    def known(self, st):
-        return id(st) in self.live or id(st) in self.quiet
-
-    def _freed(self, key, _ref):
-        entry = self.live.pop(key, None)
-        if entry is not None and self.on:
-            self.events.append({"op": "free", "id": entry[0]["id"]})
-
-    def add(self, st, label, category=None):
-        if st.nbytes() == 0 or st.device.type != "meta":
-            self.add_quiet(st)
-            return
-        ev = {"op": "alloc", "id": self.next_id, "size": st.nbytes(), "label": label}
-        if category:
-            ev["category"] = category
-        ev["phase"], ev["step"] = self.phase, self.step
-        where = self.where()
-        if where:
-            ev["where"] = where
-        self.next_id += 1
-        self.events.append(ev)
-        key = id(st)
-        self.live[key] = [ev, weakref.ref(st, lambda r, k=key: self._freed(k, r))]
-
-    def add_quiet(self, st):
-        key = id(st)
-        self.quiet[key] = weakref.ref(st, lambda r, k=key: self.quiet.pop(k, None))
-
-    def event_of(self, t):
-        entry = self.live.get(id(t.untyped_storage()))
-        return entry[0] if entry else None
-
-    def where(self):
-        if self.phase == "backward":
-            node = torch._C._current_autograd_node()
-            return node.name() if node is not None else None
-        return self.modules[-1] if self.modules else None
-
-    # -- autograd's InputBuffer ------------------------------------------
-    def engine_accumulation(self, func, args, kwargs):
-        if func is not ADD or kwargs or len(args) != 2 or self.in_node:
-            return False
-        node = torch._C._current_autograd_node()
-        if node is None or "AccumulateGrad" in node.name() or torch.is_grad_enabled():
-            return False
-        return all(isinstance(t, torch.Tensor) for t in args)
-
-    def cuda_adds_in_place(self, old, new):
-        return (not old._is_zerotensor() and not old.is_nested and not old.is_sparse
-                and not new.is_sparse and old.shape == new.shape and old.dtype == new.dtype
-                and is_non_overlapping_and_dense_or_false(old)
-                and (old._use_count(), storage_uses(old)) == self.accumulate)
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is CHUNKED_LCE:
+            return self.chunked_lce(args, kwargs or {})
+        return super().__torch_dispatch__(func, types, args, kwargs)
 
     def chunked_lce(self, args, kwargs):
         """The chunked linear_cross_entropy custom op. On meta it would run
@@ -268,123 +192,6 @@ class Recorder(TorchDispatchMode):
         with self:
             lce._check_batch_chunked_grad_flags(*args[:4], *args[12:15])
             return lce._linear_cross_entropy_batch_chunked_accumulator(*args[:11], *args[12:15])
-
-    def hook_graph(self, root):
-        """Pre and post hooks on every node of the graph below `root`
-        (AccumulateGrad's aside): they mark the nodes' own ops."""
-        def pre(_grad_outputs):
-            self.in_node = True
-
-        def post(_grad_inputs, _grad_outputs):
-            self.in_node = False
-
-        seen, todo = set(), [root]
-        while todo:
-            node = todo.pop()
-            if node is None or node in seen:
-                continue
-            seen.add(node)
-            if "AccumulateGrad" not in node.name():
-                node.register_prehook(pre)
-                node.register_hook(post)
-            todo.extend(n for n, _ in node.next_functions)
-
-    # -- the mode --------------------------------------------------------
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is CHUNKED_LCE:
-            return self.chunked_lce(args, kwargs)
-        if self.engine_accumulation(func, args, kwargs):
-            old, new = args
-            if self.accumulate is None:
-                self.accumulations.append(("probe", old._use_count(), storage_uses(old)))
-            elif self.cuda_adds_in_place(old, new):
-                self.accumulations.append((True, old.untyped_storage().nbytes()))
-                return old.add_(new)
-            else:
-                self.accumulations.append((False, old.untyped_storage().nbytes()))
-        try:
-            out = func(*args, **kwargs)
-        except NotImplementedError:
-            # No meta kernel (_fused_sgd_): an op that only mutates its
-            # arguments and returns nothing allocates nothing; skip it.
-            schema = func._schema
-            if schema.returns or not any(a.alias_info and a.alias_info.is_write for a in schema.arguments):
-                raise
-            return None
-        name = None
-        for t in tree_leaves(out):
-            if not isinstance(t, torch.Tensor):
-                continue
-            st = t.untyped_storage()
-            if self.known(st):
-                entry = self.live.get(id(st))
-                if entry is not None and entry[0]["size"] != st.nbytes():
-                    raise SystemExit(f"{func} resized a storage ({entry[0]['size']} -> {st.nbytes()} bytes)")
-                continue
-            name = name or str(func)
-            self.add(st, name)
-        return out
-
-
-# -- the self-test of the InputBuffer emulation -------------------------------
-
-def _cases():
-    """Graphs where h gets two gradients; each returns (h, witness, loss):
-    the first gradient to reach h's buffer is the witness's (or a view of
-    it). PyTorch adds in place in the first case only."""
-    def residual(x, c):  # h's buffer: the add's gradient, then sin's
-        h = x * 1.5
-        s = h + h.sin()
-        return h, s, (s * c).sum()
-
-    def twice(x, c):  # the same gradient reaches h's buffer twice
-        h = x * 1.5
-        s = h + h
-        return h, s, (s.sin() * c).sum()
-
-    def view(x, c):  # the first gradient is a transposed view
-        h = x * 1.5
-        a = (h * c).sum()
-        ht = h.t()
-        return h, ht, a + (ht * c).sum()
-    return {"residual": residual, "twice": twice, "view": view}
-
-
-def self_test():
-    """(use count, storage use count) of a buffered gradient, seen from
-    inside the mode, at which CUDA adds in place: calibrated on the case
-    where PyTorch (CPU, no mode) adds in place, checked on the others."""
-    real, probes = {}, {}
-    for name, case in _cases().items():
-        x = torch.randn(16, 16, requires_grad=True)
-        h, witness, loss = case(x, torch.randn(16, 16))
-        # data_ptr(), not untyped_storage(): a storage's Python object holds
-        # a reference to it, which alone forbids the in-place path.
-        ptr = {}
-        witness.register_hook(lambda g: ptr.__setitem__("first", g.data_ptr()))
-        h.register_hook(lambda g: ptr.__setitem__("h", g.data_ptr()))
-        loss.backward()
-        real[name] = ptr["h"] == ptr["first"]
-
-        rec = Recorder(accumulate=None)
-        with META:
-            x = torch.randn(16, 16, requires_grad=True)
-            h, witness, loss = case(x, torch.randn(16, 16))
-        rec.phase = "backward"
-        rec.hook_graph(loss.grad_fn)
-        with rec:
-            loss.backward()
-        if len(rec.accumulations) != 1:
-            raise SystemExit(f"self-test {name}: {len(rec.accumulations)} accumulations, expected 1")
-        probes[name] = rec.accumulations[0][1:]
-    if not real["residual"]:
-        raise SystemExit(f"self-test: PyTorch {torch.__version__} no longer accumulates in place ({real})")
-    calibrated = probes["residual"]
-    for name in real:
-        if (probes[name] == calibrated) != real[name]:
-            raise SystemExit(f"self-test: in place {real}, but the reference counts are {probes}")
-    return calibrated
 
 
 # -- the models -----------------------------------------------------------------
@@ -420,16 +227,10 @@ def build_model(a):
 
 
 def build_optimizer(a, params):
-    impl = {"foreach": dict(foreach=True), "for-loop": dict(foreach=False),
-            "fused": dict(fused=True)}[a.optimizer_impl]
-    if a.optimizer == "sgd":
-        wd = a.weight_decay or 0.0
-        return torch.optim.SGD(params, lr=a.lr, momentum=a.momentum, weight_decay=wd, **impl), wd
-    if a.optimizer == "adam":
-        wd = a.weight_decay or 0.0
-        return torch.optim.Adam(params, lr=a.lr, weight_decay=wd, **impl), wd
-    wd = 0.01 if a.weight_decay is None else a.weight_decay
-    return torch.optim.AdamW(params, lr=a.lr, weight_decay=wd, **impl), wd
+    """(the optimizer, its weight decay): vramlab_torch's, with torch.optim's
+    defaults (AdamW 0.01, Adam and SGD 0)."""
+    wd = a.weight_decay if a.weight_decay is not None else 0.01 if a.optimizer == "adamw" else 0.0
+    return step_module.build_optimizer(a.optimizer, params, a.lr, a.optimizer_impl, wd, a.momentum), wd
 
 
 def parse_loss(text):
@@ -464,7 +265,7 @@ def record(a, accumulate):
         model, x, y, sizes = build_model(a)
     model.train()
     opt, wd = build_optimizer(a, model.parameters())
-    rec = Recorder(accumulate)
+    rec = StepRecorder(accumulate)
     names = {m: n for n, m in model.named_modules()}
     params = list(model.parameters())
 
@@ -478,22 +279,9 @@ def record(a, accumulate):
     rec.add(x.untyped_storage(), "input", "input")
     rec.add(y.untyped_storage(), "input", "input")
 
-    def phase(name):
-        # Categories of what the ending phase allocated, by what is alive now.
-        ending, rec.phase = rec.phase, name
-        category = {"forward": "activation", "loss": "activation",
-                    "backward": "temporary", "optimizer": "optimizer_state"}.get(ending)
-        if category:
-            for ev, _ in rec.live.values():
-                if ev["phase"] == ending and ev["step"] == rec.step and "category" not in ev:
-                    ev["category"] = category
-
-    def mark(category, tensors):
-        # Its own function: no local of train_step outlives its line.
-        for t in tensors:
-            ev = rec.event_of(t)
-            if ev is not None:
-                ev["category"] = category
+    # Categories of what the ending phase allocated, by what is alive now
+    # (Recorder.set_phase), and set by hand (Recorder.mark).
+    phase, mark = rec.set_phase, rec.mark
 
     def train_step(x, y):
         phase("forward")

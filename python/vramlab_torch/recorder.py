@@ -2,10 +2,10 @@
 on meta tensors (shapes, no data) and writes down each device storage's
 allocation and free, as the CUDA caching allocator would be asked for them.
 
-Adapted from vramlab's scripts/record_step.py, which records PyTorch's own
-training step this way and checks it event for event against the CPU
-allocator (see that script's docstring for the rules); here the same
-machinery runs any nn.Module and any training loop.
+vramlab's scripts/record_step.py records PyTorch's own training step with
+this recorder (frames off, no CUDA emulation) and checks it event for event
+against the CPU allocator (see that script's docstring for the rules); the
+package runs the same machinery on any nn.Module and any training loop.
 
 How. After an op returns, each output tensor's untyped_storage() not seen
 before is an allocation (views and in-place ops return known storages). A
@@ -17,11 +17,11 @@ asked for them). Host (CPU) tensors that PyTorch deliberately keeps on the
 CPU (Adam's state['step'] without fused=True, and such) stay real CPU
 tensors and are not recorded.
 
-CUDA-vs-meta corrections, as record_step.py makes them: autograd's
+CUDA-vs-meta corrections, in both: autograd's
 gradient accumulation (CUDA adds in place where PyTorch refuses to under a
 dispatch mode; calibrated by a self-test at start-up), and fused optimizers
 allowed on meta (_fused_sgd_ has no meta kernel and only mutates its
-arguments: skipped). Added here: CUDA's SDPA backend choice and CUDA's
+arguments: skipped). Only the package adds: CUDA's SDPA backend choice and CUDA's
 autocast policy (see cuda_emulation.py), cuBLAS workspaces (below) and
 cuDNN convolution workspaces (cuda_emulation.CudnnConvWorkspaces, by a rule
 fitted on an H200).
