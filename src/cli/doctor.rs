@@ -77,6 +77,10 @@ struct DeviceReport {
     at_peak: LiveAt,
     recorded_ooms: Vec<RecordedOom>,
     at_first_oom: Option<LiveAt>,
+    /// The replay's segments at the peak of allocated bytes.
+    segments_at_peak: Option<SegmentMap>,
+    /// The replay's segments when the first allocation was refused.
+    segments_at_first_oom: Option<SegmentMap>,
     /// The snapshot's own segments, when it was taken.
     segments_at_snapshot: Option<SegmentMap>,
     advice: Vec<String>,
@@ -256,6 +260,12 @@ fn diagnose(
             device_free_bytes,
         })
         .collect();
+    let segments_at_peak =
+        segment_map::segments_at(snap, recorded.clone(), capacity, base.at_peak.after_op).ok();
+    let segments_at_first_oom = base
+        .oom_at
+        .first()
+        .and_then(|o| segment_map::segments_at(snap, recorded.clone(), capacity, o.op).ok());
     let mut advice = advise(
         base.oom_at.first(),
         &what_ifs,
@@ -265,6 +275,24 @@ fn diagnose(
         &recorded_ooms,
     );
     advice.extend(capacity_note);
+    if let (Some(o), Some(m)) = (base.oom_at.first(), &segments_at_first_oom) {
+        let free = m.free_external_bytes;
+        if m.largest_free_block < o.requested_bytes && free >= o.requested_bytes {
+            advice.push(format!(
+                "When it was refused, {} lay free in the segments but the largest free block was {}: fragmentation, not a lack of memory. expandable_segments:True maps memory where it is needed instead.",
+                Mib(free),
+                Mib(m.largest_free_block)
+            ));
+        } else if let Some(cap) = capacity {
+            advice.push(format!(
+                "When it was refused, {} of the {} device was reserved and {} of it free ({} in the largest block): the request did not fit at all.",
+                Mib(m.reserved_bytes),
+                Mib(cap),
+                Mib(free),
+                Mib(m.largest_free_block)
+            ));
+        }
+    }
     Ok(DeviceReport {
         device: snap.device,
         capacity_bytes: capacity,
@@ -275,6 +303,8 @@ fn diagnose(
         at_peak: base.at_peak,
         recorded_ooms,
         at_first_oom: base.at_first_oom,
+        segments_at_peak,
+        segments_at_first_oom,
         segments_at_snapshot: None,
         advice,
     })
@@ -488,6 +518,12 @@ fn print_text(name: &str, reports: &[DeviceReport]) {
         print_live("live at the peak", &r.at_peak);
         if let Some(live) = &r.at_first_oom {
             print_live("live at the replay's first out-of-memory", live);
+        }
+        if let Some(m) = &r.segments_at_peak {
+            print_map("the replay's segments at the peak", m);
+        }
+        if let Some(m) = &r.segments_at_first_oom {
+            print_map("the replay's segments at the first refusal", m);
         }
         if let Some(m) = &r.segments_at_snapshot {
             print_map("the segments when the snapshot was taken", m);

@@ -13,8 +13,10 @@ use std::collections::{BTreeMap, HashMap};
 use serde::Serialize;
 
 use crate::error::LabError;
+use crate::memory::{AllocatorConfig, Snapshot};
 use crate::pickle::{unpickle, PyValue};
-use crate::torch_snapshot::user_frame;
+use crate::torch_snapshot::{start_replay, user_frame, Started, TorchSnapshot};
+use crate::workload::Op;
 
 /// How many segments and frames a map lists.
 pub const TOP: usize = 8;
@@ -154,4 +156,89 @@ pub fn maps_of(root: &PyValue) -> Vec<SegmentMap> {
         m.by_frame = f;
     }
     maps.into_values().collect()
+}
+
+/// The segments of a replay of `snap` under `config` right after trace
+/// entry `upto`: what the allocator held at that moment (the peak, an
+/// out-of-memory). Allocations the device refuses are left out, as in the
+/// replay itself.
+pub fn segments_at(
+    snap: &TorchSnapshot,
+    config: AllocatorConfig,
+    capacity: Option<u64>,
+    upto: usize,
+) -> Result<SegmentMap, LabError> {
+    let Started {
+        allocator: mut a,
+        mut handles,
+        ..
+    } = start_replay(snap, config, capacity)?;
+    for op in snap.workload.ops.iter().take(upto.saturating_add(1)) {
+        match *op {
+            Op::Alloc { id, size, category } => {
+                if let Ok(x) = a.malloc_tagged(size.max(1), "", category, None) {
+                    handles.insert(id, x.handle);
+                }
+            }
+            Op::Free { id } => {
+                if let Some(h) = handles.remove(&id) {
+                    let _ = a.free(h);
+                }
+            }
+            Op::EmptyCache => a.empty_cache(),
+        }
+    }
+    Ok(from_allocator(snap.device, &a.snapshot()))
+}
+
+/// A segment map of an allocator's own snapshot (no frames: a replay has
+/// none of its own).
+pub fn from_allocator(device: usize, snap: &Snapshot) -> SegmentMap {
+    let mut m = SegmentMap {
+        device,
+        ..SegmentMap::default()
+    };
+    let mut rows = Vec::new();
+    for seg in &snap.segments {
+        m.segments += 1;
+        m.expandable_segments += seg.expandable as usize;
+        m.reserved_bytes += seg.total_size;
+        let (mut active, mut free, mut largest) = (0u64, 0u64, 0u64);
+        for b in &seg.blocks {
+            if b.state == "active_allocated" {
+                active += b.size;
+                m.requested_bytes += b.requested_size;
+                m.free_internal_bytes += b.size.saturating_sub(b.requested_size);
+            } else {
+                free += b.size;
+                largest = largest.max(b.size);
+            }
+        }
+        m.allocated_bytes += active;
+        m.free_external_bytes += free;
+        m.largest_free_block = m.largest_free_block.max(largest);
+        if active == 0 {
+            m.free_segment_bytes += seg.total_size;
+        } else {
+            m.inactive_split_bytes += free;
+        }
+        rows.push(SegmentRow {
+            address: seg.address,
+            total_bytes: seg.total_size,
+            allocated_bytes: active,
+            free_bytes: free,
+            largest_free_block: largest,
+            blocks: seg.blocks.len(),
+            pool: seg.segment_type.trim_end_matches("_pool").to_string(),
+            expandable: seg.expandable,
+        });
+    }
+    rows.sort_by(|a, b| {
+        b.free_bytes
+            .cmp(&a.free_bytes)
+            .then(a.address.cmp(&b.address))
+    });
+    rows.truncate(TOP);
+    m.most_free = rows;
+    m
 }

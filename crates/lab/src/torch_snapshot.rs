@@ -728,13 +728,22 @@ pub struct ReplayFromState {
 /// How many out-of-memory allocations a replay describes.
 pub const MAX_OOMS: usize = 16;
 
-/// Replays `snap` on a simulated device under `config`, starting from the
-/// state that existed before its first trace entry.
-pub fn replay_from_state(
+/// An allocator holding what `snap` held before its first trace entry:
+/// its segments rebuilt with their blocks, the live ones' handles by trace
+/// id and their sizes, and what could not be rebuilt, in words.
+pub struct Started {
+    pub allocator: CachingAllocator<SimulatedSource>,
+    pub handles: HashMap<u64, BlockHandle>,
+    pub pre_sizes: HashMap<u64, u64>,
+    pub differences: Vec<String>,
+}
+
+/// Rebuilds the state `snap` starts from on a simulated device.
+pub fn start_replay(
     snap: &TorchSnapshot,
     config: AllocatorConfig,
     capacity: Option<u64>,
-) -> Result<ReplayFromState, LabError> {
+) -> Result<Started, LabError> {
     let source = match capacity {
         Some(c) => SimulatedSource::new(c),
         None => SimulatedSource::unlimited(),
@@ -800,6 +809,27 @@ pub fn replay_from_state(
             "{dropped} blocks from before the recording overlap others and were left out"
         ));
     }
+    Ok(Started {
+        allocator: a,
+        handles,
+        pre_sizes,
+        differences,
+    })
+}
+
+/// Replays `snap` on a simulated device under `config`, starting from the
+/// state that existed before its first trace entry.
+pub fn replay_from_state(
+    snap: &TorchSnapshot,
+    config: AllocatorConfig,
+    capacity: Option<u64>,
+) -> Result<ReplayFromState, LabError> {
+    let Started {
+        allocator: mut a,
+        mut handles,
+        pre_sizes,
+        mut differences,
+    } = start_replay(snap, config, capacity)?;
     a.reset_peak_memory_stats();
     let before = a.memory_allocated();
     let (mut peak_alloc, mut peak_res, mut ooms) = (a.memory_allocated(), a.memory_reserved(), 0);

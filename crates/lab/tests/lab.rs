@@ -2,4 +2,5 @@
 
 mod exact_planner;
 mod expandable;
+mod segment_map;
 mod vramlab;
