@@ -619,6 +619,16 @@ def test_fixtures_are_what_the_recorder_writes(name, tmp_path):
     assert key(now) == key(committed)
 
 
+def test_buffers_are_labelled():
+    """A module's buffers are parameters by category and `buffer:NAME` by op."""
+    rec = record_step(models.convnet, inputs=[(2, 3, 8, 8)], steps=1, frames=False, cublas_workspace="off",
+                      cudnn_workspace="off")
+    setup = [e for e in rec.events if e["op"] == "alloc" and e["phase"] == "setup"]
+    buffers = sorted(e["label"] for e in setup if e["label"].startswith("buffer:"))
+    assert buffers[:3] == ["buffer:1.num_batches_tracked", "buffer:1.running_mean", "buffer:1.running_var"]
+    assert {e["category"] for e in setup if e["label"].startswith("buffer:")} == {"parameter"}
+
+
 def vramlab_binary():
     for p in (os.environ.get("VRAMLAB_BIN"), os.path.join(REPO, "target", "release", "vramlab"),
               os.path.join(REPO, "target", "debug", "vramlab"), shutil.which("vramlab")):

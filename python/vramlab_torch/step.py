@@ -188,6 +188,10 @@ def record_step(build, *, inputs, input_dtypes=None, target="classes", optimizer
         _to_empty_once(model, META)
         params = list(model.parameters())
         rec.mark("parameter", params + list(model.buffers()))
+        for n, b in model.named_buffers():
+            ev = r.event_of(b)  # category parameter, op "buffer:NAME" (BatchNorm's running
+            if ev is not None:  # statistics, a causal mask), as scripts/record_step.py labels them
+                ev["label"] = f"buffer:{n}"
         meta["parameters"] = sum(p.numel() for p in params)
         xs = [torch.empty(s, dtype=d) for s, d in zip(inputs, input_dtypes)]
         rec.mark("input", xs)
