@@ -266,3 +266,30 @@ fn a_snapshot_without_a_trace_reports_its_segments() {
         "{text}"
     );
 }
+
+/// `--out` writes memory_viz's views of the replay as one page per device,
+/// which headless Chromium draws (status "ok") with one allocation event per
+/// trace allocation.
+#[test]
+fn the_page_of_a_real_snapshot_draws_in_headless_chromium() {
+    let dir = std::env::temp_dir().join(format!("vramlab-doctor-{}", std::process::id()));
+    let file = "tests/fixtures/snapshots/cs336_kkaitlyn_ctx128_fullstep.pickle";
+    let out = Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .args(["doctor", file, "--no-planner", "--out"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let page = dir.join("timeline-device0.html");
+    let dom = crate::common::rendered_dom(&page);
+    assert!(
+        dom.contains("replayed under its recorded settings"),
+        "{}",
+        &dom[..dom.len().min(300)]
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -40,6 +40,12 @@ pub struct DoctorArgs {
     /// left out past 50,000 allocations (200,000 took it 40 s).
     #[arg(long)]
     pub planner: bool,
+    /// Also write DIR/timeline-deviceN.html for each device: the replay
+    /// under the recorded settings as memory_viz draws it (memory over time
+    /// stacked by category, zoom and pan, hover for the allocating code, the
+    /// segments at any chosen event), one self-contained page.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -128,6 +134,25 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<()> {
         }
         let planner =
             !args.no_planner && (args.planner || snap.workload.allocations() <= PLANNER_AUTO_MAX);
+        if let Some(dir) = &args.out {
+            let events = crate::lab::replay_events::replay_events(snap, recorded.clone(), None)
+                .map_err(|e| anyhow::anyhow!("{name}: device {}: {e}", snap.device))?;
+            std::fs::create_dir_all(dir)
+                .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", dir.display()))?;
+            let page = dir.join(format!("timeline-device{}.html", snap.device));
+            let title = format!(
+                "{name}, device {}: replayed under its recorded settings",
+                snap.device
+            );
+            crate::io::write_atomic(
+                &page,
+                crate::profile::html::render(&events, &title).as_bytes(),
+            )
+            .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", page.display()))?;
+            if !args.json {
+                eprintln!("wrote {}", page.display());
+            }
+        }
         let mut r = diagnose(snap, recorded, capacity, planner, &name)?;
         if !planner && !args.no_planner {
             r.advice.push(format!(

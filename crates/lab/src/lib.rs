@@ -23,6 +23,7 @@ mod lookahead;
 pub mod peak;
 pub mod pickle;
 pub mod replay;
+pub mod replay_events;
 pub mod segment_map;
 pub mod snapshot_export;
 pub mod strategies;

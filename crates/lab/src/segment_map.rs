@@ -172,7 +172,7 @@ pub fn segments_at(
         allocator: mut a,
         mut handles,
         ..
-    } = start_replay(snap, config, capacity)?;
+    } = start_replay(snap, config, capacity, false)?;
     for op in snap.workload.ops.iter().take(upto.saturating_add(1)) {
         match *op {
             Op::Alloc { id, size, category } => {

@@ -738,17 +738,22 @@ pub struct Started {
     pub differences: Vec<String>,
 }
 
-/// Rebuilds the state `snap` starts from on a simulated device.
+/// Rebuilds the state `snap` starts from on a simulated device; with
+/// `record`, the allocator's event log runs from its first segment.
 pub fn start_replay(
     snap: &TorchSnapshot,
     config: AllocatorConfig,
     capacity: Option<u64>,
+    record: bool,
 ) -> Result<Started, LabError> {
     let source = match capacity {
         Some(c) => SimulatedSource::new(c),
         None => SimulatedSource::unlimited(),
     };
     let mut a = CachingAllocator::new(source, config);
+    if record {
+        a.start_recording();
+    }
     let mut handles: HashMap<u64, BlockHandle> = HashMap::new();
     let mut differences = Vec::new();
     let mut pre_sizes: HashMap<u64, u64> = HashMap::new();
@@ -829,7 +834,7 @@ pub fn replay_from_state(
         mut handles,
         pre_sizes,
         mut differences,
-    } = start_replay(snap, config, capacity)?;
+    } = start_replay(snap, config, capacity, false)?;
     a.reset_peak_memory_stats();
     let before = a.memory_allocated();
     let (mut peak_alloc, mut peak_res, mut ooms) = (a.memory_allocated(), a.memory_reserved(), 0);
