@@ -619,6 +619,47 @@ def test_fixtures_are_what_the_recorder_writes(name, tmp_path):
     assert key(now) == key(committed)
 
 
+ZOO = os.path.join(FIXTURES, "zoo")
+
+
+def zoo_cases():
+    path = os.path.join(ZOO, "cases.json")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return json.load(f)
+
+
+ZOO_CASES = zoo_cases()
+
+
+@pytest.mark.parametrize("case", ZOO_CASES, ids=[c["model"] for c in ZOO_CASES])
+def test_zoo_fixtures_are_what_the_recorder_writes(case, tmp_path):
+    """tests/fixtures/recorder/zoo (scripts/record_zoo.py): each snapshot is
+    what its recorded command writes now; tests/recorder_fixtures.rs sets
+    them against `vramlab estimate`."""
+    path = os.path.join(ZOO, case["snapshot"])
+    with open(path, "rb") as f:
+        committed = pickle.load(f)
+    check_snapshot(committed)
+    if committed["vramlab_torch"]["torch"] != str(torch.__version__):
+        pytest.skip(f"fixture recorded with PyTorch {committed['vramlab_torch']['torch']}")
+    cmd = case["record"].split()
+    assert cmd[:4] == ["python", "-m", "vramlab_torch", "record"] and cmd[-2] == "--out"
+    out = tmp_path / case["snapshot"]
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(HERE))
+    for v in ("CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_WORKSPACE_SIZE"):
+        env.pop(v, None)
+    r = subprocess.run([sys.executable, *cmd[1:-1], str(out)], capture_output=True, text=True, env=env, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    with open(out, "rb") as f:
+        now = pickle.load(f)
+
+    def key(s):
+        return [(e["action"], e["addr"], e["size"], e.get("user_metadata")) for e in s["device_traces"][0]]
+    assert key(now) == key(committed)
+
+
 def test_buffers_are_labelled():
     """A module's buffers are parameters by category and `buffer:NAME` by op."""
     rec = record_step(models.convnet, inputs=[(2, 3, 8, 8)], steps=1, frames=False, cublas_workspace="off",
