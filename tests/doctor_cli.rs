@@ -69,7 +69,7 @@ fn what_ifs_equal_replays_and_the_recorded_settings_equal_the_recording() {
                 "{file} device {n}"
             );
             // Real recordings (the CUDA allocator's own) replay exactly.
-            if file.contains("snapshots/") {
+            if file.contains("snapshots/") || file.contains(".cuda.") {
                 assert!(matches, "{file} device {n}: {dev}");
             }
             // Every alternative is one replay under one more option.
@@ -292,4 +292,27 @@ fn the_page_of_a_real_snapshot_draws_in_headless_chromium() {
         &dom[..dom.len().min(300)]
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A real CUDA recording (GPT-2 small, bf16, AdamW, on an H200 with PyTorch
+/// 2.11): under its recorded settings the doctor's replay peaks where
+/// PyTorch's own counters did (`torch.cuda.max_memory_allocated()` and
+/// `max_memory_reserved()` measured in that run), to the byte: the replay
+/// puts segments at the recorded addresses, so best fit's ties break alike.
+#[test]
+fn a_real_cuda_recording_replays_to_pytorchs_own_peaks() {
+    let d = doctor(
+        "tests/fixtures/recorder/h200-torch2.11-gpt2-bf16.cuda.pickle",
+        &["--no-planner"],
+    );
+    let recorded = &d["devices"][0]["what_ifs"][0];
+    assert_eq!(
+        recorded["peak_allocated_bytes"].as_u64(),
+        Some(9_532_640_256)
+    );
+    assert_eq!(
+        recorded["peak_reserved_bytes"].as_u64(),
+        Some(11_869_880_320)
+    );
+    assert_eq!(recorded["equals_recording"].as_bool(), Some(true));
 }

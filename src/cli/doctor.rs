@@ -109,8 +109,10 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<()> {
         // No trace (recorded with enabled="state", or without history):
         // the segments still say what was held when it was taken.
         Err(LabError::NoDeviceTraces { .. } | LabError::NoHistory { .. }) => {
-            return state_only(&name, args, &maps);
+            return state_only(&name, args, &maps, None);
         }
+        // A trace this reader cannot replay: its segments still report.
+        Err(e) if !maps.is_empty() => return state_only(&name, args, &maps, Some(e.to_string())),
         Err(e) => return Err(anyhow::Error::msg(e)),
     };
     let devices: Vec<&TorchSnapshot> = file
@@ -127,6 +129,7 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<()> {
         );
     }
     let mut reports = Vec::new();
+    let mut failures: Vec<String> = Vec::new();
     for snap in devices {
         let mut recorded = file.settings.clone().unwrap_or_default();
         if snap.expandable || file.expandable_setting {
@@ -153,7 +156,13 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<()> {
                 eprintln!("wrote {}", page.display());
             }
         }
-        let mut r = diagnose(snap, recorded, capacity, planner, &name)?;
+        let mut r = match diagnose(snap, recorded, capacity, planner, &name) {
+            Ok(r) => r,
+            Err(e) => {
+                failures.push(e.to_string());
+                continue;
+            }
+        };
         if !planner && !args.no_planner {
             r.advice.push(format!(
                 "The offline planner's floor was left out: {} allocations are too many for it by default (200,000 took 40 s); --planner computes it.",
@@ -163,16 +172,23 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<()> {
         r.segments_at_snapshot = maps.iter().find(|m| m.device == snap.device).cloned();
         reports.push(r);
     }
+    if reports.is_empty() && !maps.is_empty() {
+        return state_only(&name, args, &maps, Some(failures.join("; ")));
+    }
     if args.json {
         let out = serde_json::json!({
             "snapshot": name,
             "capacity_bytes": capacity,
             "devices": reports,
+            "devices_not_replayed": failures,
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
     print_text(&name, &reports);
+    for f in &failures {
+        println!("\nnot replayed: {f}");
+    }
     Ok(())
 }
 
@@ -561,7 +577,12 @@ fn print_text(name: &str, reports: &[DeviceReport]) {
 }
 
 /// The report of a snapshot with no trace: its segments, and what they say.
-fn state_only(name: &str, args: &DoctorArgs, maps: &[SegmentMap]) -> anyhow::Result<()> {
+fn state_only(
+    name: &str,
+    args: &DoctorArgs,
+    maps: &[SegmentMap],
+    reason: Option<String>,
+) -> anyhow::Result<()> {
     let maps: Vec<&SegmentMap> = maps
         .iter()
         .filter(|m| args.device.is_none_or(|d| m.device == d))
@@ -579,11 +600,14 @@ fn state_only(name: &str, args: &DoctorArgs, maps: &[SegmentMap]) -> anyhow::Res
             .zip(&advice)
             .map(|(m, a)| serde_json::json!({"device": m.device, "segments_at_snapshot": m, "advice": a}))
             .collect();
-        let out = serde_json::json!({"snapshot": name, "trace": false, "devices": devices});
+        let out = serde_json::json!({"snapshot": name, "trace": false, "trace_not_replayed": reason, "devices": devices});
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
-    println!("{name}: PyTorch memory snapshot with no trace (recorded without _record_memory_history, or with enabled=\"state\"): its segments only");
+    match &reason {
+        None => println!("{name}: PyTorch memory snapshot with no trace (recorded without _record_memory_history, or with enabled=\"state\"): its segments only"),
+        Some(r) => println!("{name}: PyTorch memory snapshot whose trace cannot be replayed ({r}): its segments only"),
+    }
     for (m, a) in maps.iter().zip(&advice) {
         println!();
         println!("device {}:", m.device);

@@ -1018,9 +1018,15 @@ impl<S: SegmentSource> CachingAllocator<S> {
         }
         self.next_segment_id += 1;
         self.total_reserved += size;
-        let address = self.next_address;
-        // Leave a gap so neighbouring segments never look contiguous.
-        self.next_address += size.div_ceil(K_ROUND_LARGE) * K_ROUND_LARGE + K_ROUND_LARGE;
+        let address = match self.source.address_of(id, size) {
+            Some(a) => a,
+            None => {
+                let a = self.next_address;
+                // Leave a gap so neighbouring segments never look contiguous.
+                self.next_address += size.div_ceil(K_ROUND_LARGE) * K_ROUND_LARGE + K_ROUND_LARGE;
+                a
+            }
+        };
         self.segments.insert(
             id,
             Segment {

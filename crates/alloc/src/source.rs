@@ -35,6 +35,13 @@ pub trait SegmentSource {
     fn max_segment_size(&self) -> u64;
     /// A short name for messages ("simulated 16.00 GiB", "wgpu llvmpipe").
     fn describe(&self) -> String;
+    /// Where the segment just obtained as `id` lies, if the source decides
+    /// (a replay of a recording hands out the recorded addresses, so that
+    /// best fit's ties between equal sizes break by address as they did);
+    /// `None`: the allocator places it.
+    fn address_of(&mut self, _id: SegmentId, _size: u64) -> Option<u64> {
+        None
+    }
     /// Whether pages can be mapped into a reserved virtual range, as
     /// `expandable_segments` needs (CUDA's cuMemMap). wgpu has no such call,
     /// so only a simulated device says yes.

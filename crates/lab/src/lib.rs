@@ -22,6 +22,7 @@ pub mod intervals;
 mod lookahead;
 pub mod peak;
 pub mod pickle;
+pub mod recorded_source;
 pub mod replay;
 pub mod replay_events;
 pub mod segment_map;

@@ -25,6 +25,7 @@ use super::error::LabError;
 pub use super::peak::Origin;
 use super::peak::{live_at, LiveAt, OomAt};
 use super::pickle::{unpickle, PyValue};
+use super::recorded_source::RecordedSource;
 use super::workload::{Op, Workload};
 use crate::memory::caching::{pool_for, round_size, BlockHandle, CachingAllocator, PoolKind};
 use crate::memory::config::AllocatorConfig;
@@ -39,6 +40,9 @@ pub struct TorchSnapshot {
     pub workload: Workload,
     /// Sizes of the segments PyTorch obtained (`segment_alloc`), in order.
     pub segment_allocs: Vec<u64>,
+    /// (size, address) of each `segment_alloc`, in order: where CUDA put
+    /// the segments, for a replay to put them there too.
+    pub segment_addresses: Vec<(u64, u64)>,
     pub segment_frees: Vec<u64>,
     /// Peak of allocated bytes implied by the history (requests rounded as
     /// PyTorch rounds them), counting only the trace's own allocations.
@@ -406,6 +410,7 @@ fn read_device(
     let mut created: HashMap<u64, u64> = HashMap::new();
     let mut pre_segments_freed: Vec<(u64, u64)> = Vec::new();
     let mut mapping: Vec<(bool, u64, u64)> = Vec::new();
+    let mut seg_addresses: Vec<(u64, u64)> = Vec::new();
     let (mut ops, mut seg_a, mut seg_f, mut ooms) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut live_bytes, mut peak, mut next) = (0u64, 0u64, 0u64);
@@ -480,6 +485,7 @@ fn read_device(
             "segment_alloc" => {
                 created.insert(addr, size);
                 seg_a.push(size);
+                seg_addresses.push((size, addr));
             }
             "segment_free" => {
                 if created.remove(&addr).is_none() {
@@ -560,6 +566,7 @@ fn read_device(
             ops,
         },
         segment_allocs: seg_a,
+        segment_addresses: seg_addresses,
         segment_frees: seg_f,
         peak_allocated: peak,
         categories_from_frames: categories,
@@ -732,7 +739,7 @@ pub const MAX_OOMS: usize = 16;
 /// its segments rebuilt with their blocks, the live ones' handles by trace
 /// id and their sizes, and what could not be rebuilt, in words.
 pub struct Started {
-    pub allocator: CachingAllocator<SimulatedSource>,
+    pub allocator: CachingAllocator<RecordedSource>,
     pub handles: HashMap<u64, BlockHandle>,
     pub pre_sizes: HashMap<u64, u64>,
     pub differences: Vec<String>,
@@ -750,7 +757,15 @@ pub fn start_replay(
         Some(c) => SimulatedSource::new(c),
         None => SimulatedSource::unlimited(),
     };
-    let mut a = CachingAllocator::new(source, config);
+    // Segments where the recording had them: first those that existed
+    // before it, in the order they are rebuilt, then its segment_allocs.
+    let recorded: Vec<(u64, u64)> = snap
+        .initial
+        .iter()
+        .map(|s| (s.size, s.address))
+        .chain(snap.segment_addresses.iter().copied())
+        .collect();
+    let mut a = CachingAllocator::new(RecordedSource::new(source, recorded), config);
     if record {
         a.start_recording();
     }
