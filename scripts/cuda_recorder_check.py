@@ -126,6 +126,32 @@ def model_specs():
              label="SimpleConvNet (scripts/torch_reference.py), batch 64, 3x32x32, fp32, Adam",
              builder=f"{THIS}:simple_convnet", input=[[64, 3, 32, 32]], input_dtype=["float32"],
              target="classes:10", optimizer="adam", lr=1e-3, weight_decay=None, impl="foreach", amp=None),
+        # The README's 1.26B decoder (without checkpointing: the CUDA half
+        # runs the plain step), and convolution nets the cuDNN workspace rule
+        # was not fitted on: its held-out check.
+        dict(name="llama-1b-bf16",
+             label="1.26B decoder (vramlab_torch.models:llama_1b), batch 1 x 2048, AdamW foreach, bf16 autocast",
+             builder="vramlab_torch.models:llama_1b", input=[[1, 2048]], input_dtype=["int64"],
+             target="tokens", vocab=32000, optimizer="adamw", lr=1e-3, weight_decay=None,
+             impl="foreach", amp="bf16"),
+    ] + held_out_convnets()
+
+
+def held_out_convnets():
+    """torchvision's ResNet-18 and MobileNetV2, batch 32, 224x224, fp32, SGD,
+    where torchvision imports (the GPU machine's image has it)."""
+    import importlib.util
+    try:
+        if importlib.util.find_spec("torchvision") is None:
+            return []
+    except (ImportError, ValueError):
+        return []
+    return [
+        dict(name=name, label=f"{name} (torchvision.models:{fn}), batch 32, 224x224, fp32, SGD momentum 0.9",
+             builder=f"torchvision.models:{fn}", input=[[32, 3, 224, 224]], input_dtype=["float32"],
+             target="classes:1000", optimizer="sgd", lr=0.1, momentum=0.9, weight_decay=None,
+             impl="foreach", amp=None)
+        for name, fn in [("resnet18", "resnet18"), ("mobilenet-v2", "mobilenet_v2")]
     ]
 
 

@@ -122,7 +122,7 @@ fi
 
 if want recorder; then
   step "recorder against CUDA"
-  PYTHONPATH=python timeout $(limit 100) python3 scripts/cuda_recorder_check.py --out /tmp/rec 2>&1 | tail -30
+  PYTHONPATH=python timeout $(limit 130) python3 scripts/cuda_recorder_check.py --out /tmp/rec --budget 120 2>&1 | tail -30
   (cd /tmp/rec && tar cf "$OUT/recorder.tar" .) && ls -la /tmp/rec
 fi
 
