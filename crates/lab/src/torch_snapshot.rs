@@ -347,6 +347,12 @@ pub fn read_all(bytes: &[u8], name: &str) -> Result<SnapshotFile, LabError> {
         name: name.to_string(),
         source: Box::new(e),
     })?;
+    read_root(&root, name)
+}
+
+/// [`read_all`] of a snapshot already unpickled (so one parse serves the
+/// trace and [`crate::segment_map::maps_of`] alike).
+pub fn read_root(root: &PyValue, name: &str) -> Result<SnapshotFile, LabError> {
     let traces = root
         .get("device_traces")
         .and_then(PyValue::as_list)
