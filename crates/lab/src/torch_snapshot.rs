@@ -359,14 +359,14 @@ pub fn read_root(root: &PyValue, name: &str) -> Result<SnapshotFile, LabError> {
         .ok_or_else(|| LabError::NoDeviceTraces {
             name: name.to_string(),
         })?;
-    let (settings, expandable_setting) = settings_of(&root);
+    let (settings, expandable_setting) = settings_of(root);
     let config = settings.clone().unwrap_or_default();
     let mut devices = Vec::new();
     for (device, trace) in traces.iter().enumerate() {
         let Some(trace) = trace.as_list().filter(|t| !t.is_empty()) else {
             continue;
         };
-        devices.push(read_device(&root, device, trace, &config, name)?);
+        devices.push(read_device(root, device, trace, &config, name)?);
     }
     if devices.is_empty() {
         return Err(LabError::NoHistory {
