@@ -9,6 +9,7 @@ use clap::Args;
 use serde::Serialize;
 
 use super::args::parse_capacity;
+use super::replay::print_live;
 use crate::lab::peak::{LiveAt, OomAt};
 use crate::lab::segment_map::{self, SegmentMap};
 use crate::lab::torch_snapshot::{self, TorchSnapshot};
@@ -449,12 +450,10 @@ fn advise(
         }
     }
     if let Some(o) = first_oom {
-        let from = match (&o.origin.module, &o.origin.frame) {
-            (Some(m), Some(f)) => format!(" in {m} at {f}"),
-            (Some(m), None) => format!(" in {m}"),
-            (None, Some(f)) => format!(" at {f}"),
-            (None, None) => String::new(),
-        };
+        let from = o
+            .origin
+            .describe()
+            .map_or(String::new(), |d| format!(", {d}"));
         out.push(format!(
             "The first refused allocation asked for {} ({}){from}, with {} allocated and {} reserved.",
             Mib(o.requested_bytes),
@@ -476,38 +475,6 @@ fn advise(
         ));
     }
     out
-}
-
-fn print_live(what: &str, live: &LiveAt) {
-    println!(
-        "  {what} ({} allocated, after trace entry {}):",
-        Mib(live.allocated_bytes),
-        live.after_op
-    );
-    let list = |v: &[(String, u64)]| {
-        v.iter()
-            .map(|(k, b)| format!("{k} {}", Mib(*b)))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    if live.before_recording_bytes > 0 {
-        println!(
-            "    allocated before the recording began: {}",
-            Mib(live.before_recording_bytes)
-        );
-    }
-    if !live.by_category.is_empty() {
-        println!("    by category: {}", list(&live.by_category));
-    }
-    if !live.by_module.is_empty() {
-        println!("    by module: {}", list(&live.by_module));
-    }
-    if !live.by_frame.is_empty() {
-        println!("    by frame (the user's code that allocated):");
-        for (f, b) in &live.by_frame {
-            println!("      {:>12}  {f}", Mib(*b).to_string());
-        }
-    }
 }
 
 fn print_text(name: &str, reports: &[DeviceReport]) {

@@ -530,17 +530,12 @@ fn replay_snapshot(args: &ReplayArgs) -> anyhow::Result<()> {
 
 /// `, MODULE at FILE:LINE FUNCTION` where the recording says.
 fn origin_text(o: &crate::lab::peak::Origin) -> String {
-    match (&o.module, &o.frame) {
-        (Some(m), Some(f)) => format!(", {m} at {f}"),
-        (Some(m), None) => format!(", {m}"),
-        (None, Some(f)) => format!(", at {f}"),
-        (None, None) => String::new(),
-    }
+    o.describe().map_or(String::new(), |d| format!(", {d}"))
 }
 
 /// A breakdown of live bytes: by category, module and code, and the largest
 /// blocks (lines for what the recording does not say are left out).
-fn print_live(what: &str, live: &crate::lab::peak::LiveAt) {
+pub(super) fn print_live(what: &str, live: &crate::lab::peak::LiveAt) {
     println!(
         "  {what} ({} allocated, after trace entry {}):",
         Mib(live.allocated_bytes),

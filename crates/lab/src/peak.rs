@@ -17,6 +17,19 @@ pub struct Origin {
     pub frame: Option<Arc<str>>,
 }
 
+impl Origin {
+    /// `MODULE at FILE:LINE FUNCTION`, `MODULE`, `at FILE:LINE FUNCTION`, or
+    /// `None` where the recording says neither.
+    pub fn describe(&self) -> Option<String> {
+        match (&self.module, &self.frame) {
+            (Some(m), Some(f)) => Some(format!("{m} at {f}")),
+            (Some(m), None) => Some(m.to_string()),
+            (None, Some(f)) => Some(format!("at {f}")),
+            (None, None) => None,
+        }
+    }
+}
+
 /// How many modules, frames and blocks a breakdown lists.
 pub const TOP: usize = 8;
 
@@ -60,7 +73,7 @@ pub struct OomAt {
     pub reserved_bytes: u64,
 }
 
-fn ranked(map: HashMap<String, u64>, top: usize) -> Vec<(String, u64)> {
+pub(crate) fn ranked(map: HashMap<String, u64>, top: usize) -> Vec<(String, u64)> {
     let mut v: Vec<(String, u64)> = map.into_iter().collect();
     v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     v.truncate(top);

@@ -5,7 +5,7 @@
 
 use crate::error::LabError;
 use crate::memory::{AllocatorConfig, MemEvent};
-use crate::torch_snapshot::{start_replay, Started, TorchSnapshot};
+use crate::torch_snapshot::{apply_op, start_replay, Started, TorchSnapshot};
 use crate::workload::Op;
 
 /// The events of replaying `snap` under `config` from its recorded start;
@@ -22,28 +22,11 @@ pub fn replay_events(
         ..
     } = start_replay(snap, config, capacity, true)?;
     for op in &snap.workload.ops {
-        match *op {
-            Op::Alloc { id, size, category } => {
-                let label =
-                    snap.origins
-                        .get(&id)
-                        .map_or(String::new(), |o| match (&o.module, &o.frame) {
-                            (Some(m), Some(f)) => format!("{m} at {f}"),
-                            (Some(m), None) => m.to_string(),
-                            (None, Some(f)) => f.to_string(),
-                            (None, None) => String::new(),
-                        });
-                if let Ok(x) = a.malloc_tagged(size.max(1), &label, category, None) {
-                    handles.insert(id, x.handle);
-                }
-            }
-            Op::Free { id } => {
-                if let Some(h) = handles.remove(&id) {
-                    let _ = a.free(h);
-                }
-            }
-            Op::EmptyCache => a.empty_cache(),
-        }
+        let label = match *op {
+            Op::Alloc { id, .. } => snap.origins.get(&id).and_then(|o| o.describe()),
+            _ => None,
+        };
+        apply_op(&mut a, &mut handles, op, label.as_deref().unwrap_or(""));
     }
     Ok(a.take_events())
 }

@@ -14,9 +14,9 @@ use serde::Serialize;
 
 use crate::error::LabError;
 use crate::memory::{AllocatorConfig, Snapshot};
+use crate::peak::ranked;
 use crate::pickle::{unpickle, PyValue};
-use crate::torch_snapshot::{start_replay, user_frame, Started, TorchSnapshot};
-use crate::workload::Op;
+use crate::torch_snapshot::{apply_op, start_replay, user_frame, Started, TorchSnapshot};
 
 /// How many segments and frames a map lists.
 pub const TOP: usize = 8;
@@ -75,42 +75,94 @@ pub fn segment_maps(bytes: &[u8], name: &str) -> Result<Vec<SegmentMap>, LabErro
 
 /// [`segment_maps`] of an unpickled snapshot.
 pub fn maps_of(root: &PyValue) -> Vec<SegmentMap> {
-    let mut maps: BTreeMap<usize, SegmentMap> = BTreeMap::new();
-    let mut frames: HashMap<usize, HashMap<String, u64>> = HashMap::new();
-    let mut rows: HashMap<usize, Vec<SegmentRow>> = HashMap::new();
+    let mut maps: BTreeMap<usize, Builder> = BTreeMap::new();
     let segments = root
         .get("segments")
         .and_then(PyValue::as_list)
         .unwrap_or(&[]);
     for seg in segments {
         let device = int(seg, "device") as usize;
-        let m = maps.entry(device).or_insert_with(|| SegmentMap {
-            device,
-            ..SegmentMap::default()
-        });
-        let total = int(seg, "total_size");
-        let expandable = seg.get("is_expandable").and_then(PyValue::as_bool) == Some(true);
+        let blocks = seg.get("blocks").and_then(PyValue::as_list).unwrap_or(&[]);
+        maps.entry(device)
+            .or_insert_with(|| Builder::new(device))
+            .add(
+                int(seg, "address"),
+                int(seg, "total_size"),
+                seg.get("is_expandable").and_then(PyValue::as_bool) == Some(true),
+                seg.get("segment_type")
+                    .and_then(PyValue::as_str)
+                    .unwrap_or(""),
+                blocks.iter().map(|b| {
+                    let size = int(b, "size");
+                    Blk {
+                        size,
+                        requested: b
+                            .get("requested_size")
+                            .and_then(PyValue::as_i64)
+                            .map_or(size, |r| r.max(0) as u64),
+                        active: b.get("state").and_then(PyValue::as_str)
+                            == Some("active_allocated"),
+                        frame: user_frame(b.get("frames")),
+                    }
+                }),
+            );
+    }
+    maps.into_values().map(Builder::finish).collect()
+}
+
+/// One block as a map counts it.
+struct Blk {
+    size: u64,
+    requested: u64,
+    active: bool,
+    /// The user's frame that allocated it, where known.
+    frame: Option<String>,
+}
+
+/// A map filled segment by segment, from a pickle or an allocator alike.
+struct Builder {
+    map: SegmentMap,
+    rows: Vec<SegmentRow>,
+    frames: HashMap<String, u64>,
+}
+
+impl Builder {
+    fn new(device: usize) -> Builder {
+        Builder {
+            map: SegmentMap {
+                device,
+                ..SegmentMap::default()
+            },
+            rows: Vec::new(),
+            frames: HashMap::new(),
+        }
+    }
+
+    fn add(
+        &mut self,
+        address: u64,
+        total: u64,
+        expandable: bool,
+        pool: &str,
+        blocks: impl Iterator<Item = Blk>,
+    ) {
+        let m = &mut self.map;
         m.segments += 1;
         m.expandable_segments += expandable as usize;
         m.reserved_bytes += total;
         let (mut active, mut free, mut largest, mut n) = (0u64, 0u64, 0u64, 0usize);
-        for b in seg.get("blocks").and_then(PyValue::as_list).unwrap_or(&[]) {
+        for b in blocks {
             n += 1;
-            let size = int(b, "size");
-            if b.get("state").and_then(PyValue::as_str) == Some("active_allocated") {
-                let requested = b
-                    .get("requested_size")
-                    .and_then(PyValue::as_i64)
-                    .map_or(size, |r| r.max(0) as u64);
-                active += size;
-                m.requested_bytes += requested;
-                m.free_internal_bytes += size.saturating_sub(requested);
-                if let Some(f) = user_frame(b.get("frames")) {
-                    *frames.entry(device).or_default().entry(f).or_default() += size;
+            if b.active {
+                active += b.size;
+                m.requested_bytes += b.requested;
+                m.free_internal_bytes += b.size.saturating_sub(b.requested);
+                if let Some(f) = b.frame {
+                    *self.frames.entry(f).or_default() += b.size;
                 }
             } else {
-                free += size;
-                largest = largest.max(size);
+                free += b.size;
+                largest = largest.max(b.size);
             }
         }
         m.allocated_bytes += active;
@@ -121,41 +173,29 @@ pub fn maps_of(root: &PyValue) -> Vec<SegmentMap> {
         } else {
             m.inactive_split_bytes += free;
         }
-        let pool = seg
-            .get("segment_type")
-            .and_then(PyValue::as_str)
-            .unwrap_or("")
-            .to_string();
-        rows.entry(device).or_default().push(SegmentRow {
-            address: int(seg, "address"),
+        self.rows.push(SegmentRow {
+            address,
             total_bytes: total,
             allocated_bytes: active,
             free_bytes: free,
             largest_free_block: largest,
             blocks: n,
-            pool,
+            pool: pool.to_string(),
             expandable,
         });
     }
-    for (device, m) in maps.iter_mut() {
-        let mut r = rows.remove(device).unwrap_or_default();
-        r.sort_by(|a, b| {
+
+    fn finish(mut self) -> SegmentMap {
+        self.rows.sort_by(|a, b| {
             b.free_bytes
                 .cmp(&a.free_bytes)
                 .then(a.address.cmp(&b.address))
         });
-        r.truncate(TOP);
-        m.most_free = r;
-        let mut f: Vec<(String, u64)> = frames
-            .remove(device)
-            .unwrap_or_default()
-            .into_iter()
-            .collect();
-        f.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-        f.truncate(TOP);
-        m.by_frame = f;
+        self.rows.truncate(TOP);
+        self.map.most_free = self.rows;
+        self.map.by_frame = ranked(self.frames, TOP);
+        self.map
     }
-    maps.into_values().collect()
 }
 
 /// The segments of a replay of `snap` under `config` right after trace
@@ -174,19 +214,7 @@ pub fn segments_at(
         ..
     } = start_replay(snap, config, capacity, false)?;
     for op in snap.workload.ops.iter().take(upto.saturating_add(1)) {
-        match *op {
-            Op::Alloc { id, size, category } => {
-                if let Ok(x) = a.malloc_tagged(size.max(1), "", category, None) {
-                    handles.insert(id, x.handle);
-                }
-            }
-            Op::Free { id } => {
-                if let Some(h) = handles.remove(&id) {
-                    let _ = a.free(h);
-                }
-            }
-            Op::EmptyCache => a.empty_cache(),
-        }
+        apply_op(&mut a, &mut handles, op, "");
     }
     Ok(from_allocator(snap.device, &a.snapshot()))
 }
@@ -194,51 +222,20 @@ pub fn segments_at(
 /// A segment map of an allocator's own snapshot (no frames: a replay has
 /// none of its own).
 pub fn from_allocator(device: usize, snap: &Snapshot) -> SegmentMap {
-    let mut m = SegmentMap {
-        device,
-        ..SegmentMap::default()
-    };
-    let mut rows = Vec::new();
+    let mut b = Builder::new(device);
     for seg in &snap.segments {
-        m.segments += 1;
-        m.expandable_segments += seg.expandable as usize;
-        m.reserved_bytes += seg.total_size;
-        let (mut active, mut free, mut largest) = (0u64, 0u64, 0u64);
-        for b in &seg.blocks {
-            if b.state == "active_allocated" {
-                active += b.size;
-                m.requested_bytes += b.requested_size;
-                m.free_internal_bytes += b.size.saturating_sub(b.requested_size);
-            } else {
-                free += b.size;
-                largest = largest.max(b.size);
-            }
-        }
-        m.allocated_bytes += active;
-        m.free_external_bytes += free;
-        m.largest_free_block = m.largest_free_block.max(largest);
-        if active == 0 {
-            m.free_segment_bytes += seg.total_size;
-        } else {
-            m.inactive_split_bytes += free;
-        }
-        rows.push(SegmentRow {
-            address: seg.address,
-            total_bytes: seg.total_size,
-            allocated_bytes: active,
-            free_bytes: free,
-            largest_free_block: largest,
-            blocks: seg.blocks.len(),
-            pool: seg.segment_type.trim_end_matches("_pool").to_string(),
-            expandable: seg.expandable,
-        });
+        b.add(
+            seg.address,
+            seg.total_size,
+            seg.expandable,
+            seg.segment_type.trim_end_matches("_pool"),
+            seg.blocks.iter().map(|x| Blk {
+                size: x.size,
+                requested: x.requested_size,
+                active: x.state == "active_allocated",
+                frame: None,
+            }),
+        );
     }
-    rows.sort_by(|a, b| {
-        b.free_bytes
-            .cmp(&a.free_bytes)
-            .then(a.address.cmp(&b.address))
-    });
-    rows.truncate(TOP);
-    m.most_free = rows;
-    m
+    b.finish()
 }

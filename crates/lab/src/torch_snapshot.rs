@@ -751,6 +751,48 @@ pub struct Started {
     pub differences: Vec<String>,
 }
 
+/// What one trace entry did to a replay's allocator.
+pub enum Applied {
+    /// An allocation got a block of this size.
+    Allocated(u64),
+    /// The device refused an allocation; its later free is a no-op.
+    Refused,
+    /// A free failed. Handles come from this allocator, so that is a bug,
+    /// but a report beats a crash on someone's file.
+    FreeFailed(String),
+    /// A free or `empty_cache` done.
+    Done,
+}
+
+/// Runs trace entry `op` on `a` (allocations labelled `label`), keeping the
+/// live blocks' handles by trace id in `handles`.
+pub fn apply_op(
+    a: &mut CachingAllocator<RecordedSource>,
+    handles: &mut HashMap<u64, BlockHandle>,
+    op: &Op,
+    label: &str,
+) -> Applied {
+    match *op {
+        Op::Alloc { id, size, category } => {
+            match a.malloc_tagged(size.max(1), label, category, None) {
+                Ok(x) => {
+                    handles.insert(id, x.handle);
+                    Applied::Allocated(x.size)
+                }
+                Err(_) => Applied::Refused,
+            }
+        }
+        Op::Free { id } => match handles.remove(&id).map(|h| a.free(h)) {
+            Some(Err(e)) => Applied::FreeFailed(e.to_string()),
+            _ => Applied::Done,
+        },
+        Op::EmptyCache => {
+            a.empty_cache();
+            Applied::Done
+        }
+    }
+}
+
 /// Rebuilds the state `snap` starts from on a simulated device; with
 /// `record`, the allocator's event log runs from its first segment.
 pub fn start_replay(
@@ -862,39 +904,26 @@ pub fn replay_from_state(
     let (mut peak_op, mut sizes, mut failed) = (0, HashMap::new(), HashSet::new());
     let mut oom_at = Vec::new();
     for (i, op) in snap.workload.ops.iter().enumerate() {
-        match *op {
-            Op::Alloc { id, size, category } => {
-                match a.malloc_tagged(size.max(1), "", category, None) {
-                    Ok(x) => {
-                        handles.insert(id, x.handle);
-                        sizes.insert(id, x.size);
-                    }
-                    Err(_) => {
-                        ooms += 1;
-                        failed.insert(id);
-                        if oom_at.len() < MAX_OOMS {
-                            oom_at.push(OomAt {
-                                op: i,
-                                requested_bytes: size,
-                                category,
-                                origin: snap.origins.get(&id).cloned().unwrap_or_default(),
-                                allocated_bytes: a.memory_allocated(),
-                                reserved_bytes: a.memory_reserved(),
-                            });
-                        }
-                    }
+        match (apply_op(&mut a, &mut handles, op, ""), *op) {
+            (Applied::Allocated(block), Op::Alloc { id, .. }) => {
+                sizes.insert(id, block);
+            }
+            (Applied::Refused, Op::Alloc { id, size, category }) => {
+                ooms += 1;
+                failed.insert(id);
+                if oom_at.len() < MAX_OOMS {
+                    oom_at.push(OomAt {
+                        op: i,
+                        requested_bytes: size,
+                        category,
+                        origin: snap.origins.get(&id).cloned().unwrap_or_default(),
+                        allocated_bytes: a.memory_allocated(),
+                        reserved_bytes: a.memory_reserved(),
+                    });
                 }
             }
-            Op::Free { id } => {
-                if let Some(h) = handles.remove(&id) {
-                    // Handles come from this allocator: a failure is a bug,
-                    // but a report beats a crash on someone's file.
-                    if let Err(e) = a.free(h) {
-                        differences.push(format!("a free failed: {e}"));
-                    }
-                }
-            }
-            Op::EmptyCache => a.empty_cache(),
+            (Applied::FreeFailed(e), _) => differences.push(format!("a free failed: {e}")),
+            _ => {}
         }
         if a.memory_allocated() > peak_alloc {
             peak_alloc = a.memory_allocated();
