@@ -79,6 +79,17 @@ pub fn stage_from_env() -> Result<(u32, Loads), ConfigError> {
     Ok((depth, loads))
 }
 
+/// The staged depth, the loads and the layout override from the
+/// environment, read once: every product asks for them.
+fn settings() -> &'static (u32, Loads, Option<CoopTile>) {
+    static SETTINGS: std::sync::OnceLock<(u32, Loads, Option<CoopTile>)> =
+        std::sync::OnceLock::new();
+    SETTINGS.get_or_init(|| {
+        let (depth, loads) = stage_from_env().unwrap_or((DEFAULT_DEPTH, Loads::Wide));
+        (depth, loads, CoopTile::from_env().ok().flatten())
+    })
+}
+
 /// How a workgroup covers its block of C: `wm`×`wn` subgroups, each holding
 /// `tm`×`tn` tiles of the matrix side.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -140,13 +151,20 @@ impl CoopTile {
 /// The block layout for `g`: the override if set, else large blocks where
 /// they still give two workgroups for each of ~132 multiprocessors, smaller
 /// ones for small products; shrunk until the adapter's limits hold.
-fn layout(g: &Gemm, side: u32, lanes: u32, depth: u32, limits: &wgpu::Limits) -> CoopTile {
+fn layout(
+    g: &Gemm,
+    side: u32,
+    lanes: u32,
+    depth: u32,
+    chosen: Option<CoopTile>,
+    limits: &wgpu::Limits,
+) -> CoopTile {
     let fits = |t: &CoopTile| {
         t.invocations(lanes) <= limits.max_compute_invocations_per_workgroup
             && t.invocations(lanes) <= limits.max_compute_workgroup_size_x
             && t.shared_bytes(side, depth) <= limits.max_compute_workgroup_storage_size
     };
-    let wanted = CoopTile::from_env().ok().flatten().unwrap_or_else(|| {
+    let wanted = chosen.unwrap_or_else(|| {
         // 16×16: 2×4 subgroups of 4×2 tiles (a 128×128 block, 256
         // invocations) ran f16 4096³ at 103.8 TFLOP/s on an H200, 2×2 of
         // 4×4 at 82.6, 2×2 of 2×2 at 38.9 (docs/tensor_cores.md).
@@ -252,9 +270,16 @@ pub fn gemm(
     let u = |x: usize| x as u32;
     let e = a.engine();
     let side = e.tensor_core_size().unwrap_or(8);
-    let limits = e.gpu().map(|gpu| gpu.limits.clone()).unwrap_or_default();
-    let (depth, loads) = stage_from_env().unwrap_or((DEFAULT_DEPTH, Loads::Wide));
-    let tile = layout(g, side, lanes, depth, &limits);
+    let default_limits;
+    let limits = match e.gpu() {
+        Some(gpu) => &gpu.limits,
+        None => {
+            default_limits = wgpu::Limits::default();
+            &default_limits
+        }
+    };
+    let &(depth, loads, chosen) = settings();
+    let tile = layout(g, side, lanes, depth, chosen, limits);
     let o = Oriented::of(g, false);
     let params = MatmulParams::new(g, &o, 1, g.k, g.c_offset, g.c_batch_stride, g.accumulate);
     let conv = g.implicit_b.as_ref();
@@ -368,15 +393,15 @@ mod tests {
             max_compute_workgroup_size_x: 1024,
             ..wgpu::Limits::default()
         };
-        let big = layout(&g(4096, 4096), 16, 32, 1, &limits);
+        let big = layout(&g(4096, 4096), 16, 32, 1, None, &limits);
         assert_eq!((big.wm, big.wn, big.tm, big.tn), (2, 4, 4, 2));
-        assert_eq!(layout(&g(64, 64), 16, 32, 1, &limits).tn, 2);
+        assert_eq!(layout(&g(64, 64), 16, 32, 1, None, &limits).tn, 2);
         // 8 KiB of workgroup memory cannot hold a 128×128 block's slices.
         let tight = wgpu::Limits {
             max_compute_workgroup_storage_size: 8192,
             ..limits
         };
-        let t = layout(&g(4096, 4096), 16, 32, 2, &tight);
+        let t = layout(&g(4096, 4096), 16, 32, 2, None, &tight);
         assert!(t.shared_bytes(16, 2) <= 8192, "{t:?}");
     }
 }
