@@ -643,13 +643,17 @@ class Check:
         cmd = recorder_command(self.a.python, spec, self.a.steps, out)
         r = self.results[name]["recorder"]
         r["command"] = "python " + " ".join(cmd[1:])
-        so = open(os.path.join(self.tmp, f"{name}.rec.out"), "w")
-        se = open(os.path.join(self.tmp, f"{name}.rec.err"), "w")
-        p = subprocess.Popen(cmd, cwd=ROOT, env=self.child_env(True), stdout=so, stderr=se)
-        self.procs.append(p)
-        so.close()
-        se.close()
+        p = self.spawn(cmd, f"{name}.rec", hide_gpu=True)
         return dict(p=p, name=name, out=out, t0=time.perf_counter())
+
+    def spawn(self, cmd, tag, hide_gpu):
+        """A child process whose output goes to TAG.out and TAG.err in the
+        scratch folder; killed with the rest when time runs out."""
+        with open(os.path.join(self.tmp, f"{tag}.out"), "w") as so, \
+                open(os.path.join(self.tmp, f"{tag}.err"), "w") as se:
+            p = subprocess.Popen(cmd, cwd=ROOT, env=self.child_env(hide_gpu), stdout=so, stderr=se)
+        self.procs.append(p)
+        return p
 
     def finish_recorder(self, job, killed=False):
         name = job["name"]
@@ -701,12 +705,7 @@ class Check:
                "--max-file-bytes", str(MAX_FILE_BYTES),
                "--cuda-dumps", ",".join(n for n in names if (n, "cuda") in self.keep)]
         k = len(self.doc.setdefault("cuda_workers", []))
-        so = open(os.path.join(self.tmp, f"worker{k}.out"), "w")
-        se = open(os.path.join(self.tmp, f"worker{k}.err"), "w")
-        p = subprocess.Popen(cmd, cwd=ROOT, env=self.child_env(False), stdout=so, stderr=se)
-        self.procs.append(p)
-        so.close()
-        se.close()
+        p = self.spawn(cmd, f"worker{k}", hide_gpu=False)
         info = dict(models=names, t0=time.perf_counter())
         self.doc["cuda_workers"].append(info)
         return dict(p=p, k=k, names=names, info=info, seen=0)

@@ -80,7 +80,8 @@ LOWER_DTYPES = (torch.float16, torch.bfloat16)
 SDPA_CHOICES = ("auto", "cudnn", "flash", "efficient", "math")
 
 
-def _torch_version():
+def torch_version():
+    """PyTorch's (major, minor); (0, 0) where it does not parse."""
     v = torch.__version__.split("+")[0].split(".")
     try:
         return int(v[0]), int(v[1])
@@ -93,7 +94,7 @@ def cudnn_attention_first(capability, version=None):
     docstring): compute capability 9.x or 10.x, PyTorch 2.11 or later,
     TORCH_CUDNN_SDPA_DEPRIORITIZED not 1 (older builds: TORCH_CUDNN_SDPA_
     PREFERRED not 0)."""
-    version = _torch_version() if version is None else version
+    version = torch_version() if version is None else version
     if os.environ.get("TORCH_CUDNN_SDPA_DEPRIORITIZED") == "1" \
             or os.environ.get("TORCH_CUDNN_SDPA_PREFERRED") == "0":
         return False

@@ -40,6 +40,9 @@ from torch._prims_common import is_non_overlapping_and_dense_or_false
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+# By this name, so that tests can pretend to be another PyTorch.
+from .cuda_emulation import torch_version as _torch_version
+
 META = torch.device("meta")
 ADD = torch.ops.aten.add.Tensor
 PKG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -189,14 +192,6 @@ def parse_workspace_config(config, capability):
     if not pairs:
         return default
     return sum(int(s) * 1024 * int(c) for s, c in pairs)
-
-
-def _torch_version():
-    v = torch.__version__.split("+")[0].split(".")
-    try:
-        return int(v[0]), int(v[1])
-    except (ValueError, IndexError):
-        return (0, 0)
 
 
 _SHORT = {}
