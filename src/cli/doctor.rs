@@ -101,19 +101,11 @@ struct RecordedOom {
 
 pub fn run(args: &DoctorArgs) -> anyhow::Result<()> {
     let name = args.snapshot.display().to_string();
-    let bytes =
-        std::fs::read(&args.snapshot).map_err(|e| anyhow::anyhow!("cannot read {name}: {e}"))?;
-    // One parse for both the trace and the segments.
-    let root = crate::lab::pickle::unpickle(&bytes).map_err(|e| {
-        anyhow::Error::msg(LabError::NotAPickle {
-            name: name.clone(),
-            source: Box::new(e),
-        })
-    })?;
-    drop(bytes);
-    let maps = segment_map::maps_of(&root);
+    // One streaming parse for both the trace and the segments.
+    let mut parsed = torch_snapshot::parse_file(&args.snapshot).map_err(anyhow::Error::msg)?;
+    let maps = segment_map::maps_of(&parsed.root);
     let capacity = parse_capacity(&args.capacity)?;
-    let file = match torch_snapshot::read_root(&root, &name) {
+    let file = match torch_snapshot::read_parsed(&mut parsed, &name) {
         Ok(f) => f,
         // No trace (recorded with enabled="state", or without history):
         // the segments still say what was held when it was taken.
@@ -124,7 +116,7 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<()> {
         Err(e) if !maps.is_empty() => return state_only(&name, args, &maps, Some(e.to_string())),
         Err(e) => return Err(anyhow::Error::msg(e)),
     };
-    drop(root);
+    drop(parsed);
     let devices: Vec<&TorchSnapshot> = file
         .devices
         .iter()

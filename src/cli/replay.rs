@@ -335,9 +335,9 @@ fn reserved_plot(results: &[crate::lab::workload::RunResult], ops: usize, title:
 fn replay_snapshot(args: &ReplayArgs) -> anyhow::Result<()> {
     use crate::lab::torch_snapshot;
     let name = args.trace.display().to_string();
-    let bytes =
-        std::fs::read(&args.trace).map_err(|e| anyhow::anyhow!("cannot read {name}: {e}"))?;
-    let file = torch_snapshot::read_all(&bytes, &name).map_err(anyhow::Error::msg)?;
+    let mut parsed = torch_snapshot::parse_file(&args.trace).map_err(anyhow::Error::msg)?;
+    let file = torch_snapshot::read_parsed(&mut parsed, &name).map_err(anyhow::Error::msg)?;
+    drop(parsed);
     let capacity = args.alloc.capacity()?;
     // The snapshot's own allocator settings, unless --alloc-conf (or
     // VRAMLAB_ALLOC_CONF) says otherwise.

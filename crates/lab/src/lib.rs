@@ -31,6 +31,7 @@ pub mod strategies;
 pub mod synthetic;
 pub mod torch_snapshot;
 pub mod trace;
+pub mod trace_entries;
 pub mod workload;
 
 pub use error::LabError;

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 /// Where an allocation came from: the module that ran it and the first
 /// frame of the user's own code (not PyTorch's), as `file:line function`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, serde::Serialize)]
 pub struct Origin {
     pub module: Option<Arc<str>>,
     pub frame: Option<Arc<str>>,

@@ -7,10 +7,14 @@
 //!
 //! Shared references: Python memoizes a list or dict as soon as it is
 //! created, *empty*, and fills it afterwards, and a later BINGET must see it
-//! filled (PyTorch's snapshots share every frame this way). So the parser
-//! builds objects in an arena, the memo holds arena indices, and the result
-//! is a tree of reference-counted nodes in which a shared object is one node
-//! (no copy per reference, so a hostile file cannot multiply its size).
+//! filled (PyTorch's snapshots share every frame this way). So a container
+//! stays open while it is filled and completes when it is put into another
+//! (or returned): the memo then holds the finished, reference-counted value,
+//! and a shared object is one node however often it is referenced. Lists of
+//! shared objects are also shared by content (PyTorch writes each trace
+//! entry's frames as a new list of shared frames), and a [`DictHook`] may
+//! turn each dict into something smaller as it completes — so a snapshot is
+//! read as a stream, in memory that follows what it holds, not its size.
 //!
 //! Hostile input costs bounded work: every declared length is checked
 //! against the bytes left before anything is allocated, each opcode adds at
@@ -19,6 +23,8 @@
 
 use crate::error::LabError;
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::io::{BufRead, Read};
 use std::rc::Rc;
 
 /// Deepest nesting of containers accepted.
@@ -107,27 +113,74 @@ impl PyValue {
     }
 }
 
-/// An object under construction.
-enum Obj {
-    Leaf(PyValue),
-    List(Vec<usize>),
-    Tuple(Vec<usize>),
-    Dict(Vec<(usize, usize)>),
+/// What the parser does with each dict as it completes: the default keeps
+/// it; a reader of one format can turn it into something smaller (the
+/// snapshot reader keeps a trace entry as a compact record and returns its
+/// index), so a file of millions of entries never holds them as dicts.
+pub trait DictHook {
+    fn dict(&mut self, pairs: Vec<(PyValue, PyValue)>) -> PyValue {
+        PyValue::Dict(pairs.into())
+    }
+}
+
+/// Keeps every dict as a dict.
+pub struct KeepDicts;
+
+impl DictHook for KeepDicts {}
+
+/// A container still being filled: memoized empty, then appended to.
+#[derive(Default)]
+struct Slot {
+    kind: Kind,
+    /// Items; a dict's keys and values alternate.
+    items: Vec<PyValue>,
+    /// Deepest nesting below and including this container.
+    depth: u16,
+    /// Memo keys that refer to it (updated when it completes).
+    memo_keys: Vec<u64>,
+    /// Stack entries that refer to it.
+    refs: u32,
+    /// Set once it completed (was put into another container).
+    frozen: Option<PyValue>,
+}
+
+#[derive(Default, Clone, Copy, PartialEq)]
+enum Kind {
+    #[default]
+    List,
+    Dict,
 }
 
 enum Item {
     Mark,
-    Obj(usize),
+    /// A complete value and its nesting depth.
+    Val(PyValue, u16),
+    /// A container still open for appends (index into the slots).
+    Open(u32),
 }
 
-struct Reader<'a> {
-    data: &'a [u8],
+/// A memo entry: a complete value, or a container still open.
+enum Memo {
+    Val(PyValue),
+    Open(u32),
+}
+
+struct Reader<R> {
+    inner: R,
     pos: usize,
+    total: usize,
+    scratch: Vec<u8>,
 }
 
-impl Reader<'_> {
+impl<R: BufRead> Reader<R> {
+    fn left(&self) -> u64 {
+        self.total.saturating_sub(self.pos) as u64
+    }
+
+    /// The next `n` bytes; refused before allocating when the file does not
+    /// hold them.
     fn take(&mut self, n: u64) -> Result<&[u8], LabError> {
-        let left = (self.data.len() - self.pos) as u64;
+        let left = self.left();
         if n > left {
             return Err(LabError::PickleTruncated {
                 at: self.pos,
@@ -135,12 +188,38 @@ impl Reader<'_> {
                 left,
             });
         }
-        let s = &self.data[self.pos..self.pos + n as usize];
-        self.pos += n as usize;
-        Ok(s)
+        let n = n as usize;
+        self.scratch.clear();
+        if let Ok(buf) = self.inner.fill_buf() {
+            if buf.len() >= n {
+                self.scratch.extend_from_slice(&buf[..n]);
+                self.inner.consume(n);
+                self.pos += n;
+                return Ok(&self.scratch);
+            }
+        }
+        self.scratch.resize(n, 0);
+        if self.inner.read_exact(&mut self.scratch).is_err() {
+            return Err(LabError::PickleTruncated {
+                at: self.pos,
+                declared: n as u64,
+                left: 0,
+            });
+        }
+        self.pos += n;
+        Ok(&self.scratch)
     }
 
     fn u8(&mut self) -> Result<u8, LabError> {
+        if self.pos < self.total {
+            if let Ok(buf) = self.inner.fill_buf() {
+                if let Some(&b) = buf.first() {
+                    self.inner.consume(1);
+                    self.pos += 1;
+                    return Ok(b);
+                }
+            }
+        }
         Ok(self.take(1)?[0])
     }
 
@@ -152,107 +231,319 @@ impl Reader<'_> {
     /// A text line (protocol 0 opcodes), without its newline.
     fn line(&mut self) -> Result<&str, LabError> {
         let start = self.pos;
-        let end = self.data[start..]
-            .iter()
-            .position(|&b| b == b'\n')
-            .ok_or(malformed(start, "a text argument without its newline"))?;
-        self.pos = start + end + 1;
-        std::str::from_utf8(&self.data[start..start + end])
+        self.scratch.clear();
+        let limit = self.left();
+        let n = (&mut self.inner)
+            .take(limit)
+            .read_until(b'\n', &mut self.scratch)
+            .map_err(|_| malformed(start, "a text argument without its newline"))?;
+        self.pos += n;
+        if self.scratch.last() != Some(&b'\n') {
+            return Err(malformed(start, "a text argument without its newline"));
+        }
+        self.scratch.pop();
+        std::str::from_utf8(&self.scratch)
             .map_err(|_| malformed(start, "a text argument that is not UTF-8"))
     }
 }
 
-struct Parser {
-    arena: Vec<Obj>,
+struct Parser<'h> {
     stack: Vec<Item>,
-    memo: HashMap<u64, usize>,
+    /// Memo entries by key; keys are dense (MEMOIZE numbers them in order).
+    memo: Vec<Option<Memo>>,
+    /// Nesting depth of each memo entry's value.
+    memo_depth: Vec<u16>,
+    /// Keys far past the dense range (only from hand-made BINPUTs).
+    sparse: HashMap<u64, (Memo, u16)>,
+    slots: Vec<Slot>,
+    free_slots: Vec<u32>,
+    /// Lists of shared objects, by the identity of their items: PyTorch
+    /// writes each trace entry's frames as a new list of shared frame
+    /// dicts, so identical stacks become one list here.
+    lists: HashMap<u64, Vec<Rc<[PyValue]>>, BuildHasherDefault<Prehashed>>,
+    hook: &'h mut dyn DictHook,
 }
 
-impl Parser {
-    fn push(&mut self, o: Obj) {
-        self.arena.push(o);
-        self.stack.push(Item::Obj(self.arena.len() - 1));
+/// A hasher for keys that are hashes already.
+#[derive(Default)]
+struct Prehashed(u64);
+
+impl Hasher for Prehashed {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ b as u64;
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// Lists up to this long are shared by content when all their items are.
+const HASH_CONS_MAX: usize = 1024;
+
+/// The identity of a shared item (a string or container), or `None`.
+fn identity(v: &PyValue) -> Option<usize> {
+    match v {
+        PyValue::Str(s) => Some(Rc::as_ptr(s) as *const u8 as usize),
+        PyValue::List(l) | PyValue::Tuple(l) => Some(Rc::as_ptr(l) as *const PyValue as usize | 1),
+        PyValue::Dict(d) => Some(Rc::as_ptr(d) as *const (PyValue, PyValue) as usize | 2),
+        _ => None,
+    }
+}
+
+impl Parser<'_> {
+    fn open(&mut self, kind: Kind, items: Vec<PyValue>, depth: u16) {
+        let slot = Slot {
+            kind,
+            items,
+            depth,
+            refs: 1,
+            ..Slot::default()
+        };
+        let i = match self.free_slots.pop() {
+            Some(i) => {
+                self.slots[i as usize] = slot;
+                i
+            }
+            None => {
+                self.slots.push(slot);
+                (self.slots.len() - 1) as u32
+            }
+        };
+        self.stack.push(Item::Open(i));
     }
 
     fn leaf(&mut self, v: PyValue) {
-        self.push(Obj::Leaf(v));
+        self.stack.push(Item::Val(v, 0));
     }
 
-    fn pop(&mut self, at: usize) -> Result<usize, LabError> {
+    fn pop_item(&mut self, at: usize) -> Result<Item, LabError> {
         match self.stack.pop() {
-            Some(Item::Obj(i)) => Ok(i),
             Some(Item::Mark) => Err(malformed(at, "a MARK where a value was expected")),
+            Some(item) => Ok(item),
             None => Err(malformed(at, "stack underflow")),
         }
     }
 
-    fn pop_mark(&mut self, at: usize) -> Result<Vec<usize>, LabError> {
-        let mut items = Vec::new();
-        loop {
-            match self.stack.pop() {
-                Some(Item::Mark) => break,
-                Some(Item::Obj(i)) => items.push(i),
-                None => return Err(malformed(at, "MARK not found")),
+    /// Pops a value to be put somewhere: an open container completes here.
+    fn pop(&mut self, at: usize) -> Result<(PyValue, u16), LabError> {
+        let item = self.pop_item(at)?;
+        self.take_value(item)
+    }
+
+    fn pop_mark(&mut self, at: usize) -> Result<Vec<(PyValue, u16)>, LabError> {
+        let from = self
+            .stack
+            .iter()
+            .rposition(|i| matches!(i, Item::Mark))
+            .ok_or(malformed(at, "MARK not found"))?;
+        let items: Vec<Item> = self.stack.drain(from..).skip(1).collect();
+        items.into_iter().map(|i| self.take_value(i)).collect()
+    }
+
+    /// Drops a stack entry (POP, POP_MARK): an open container stays only
+    /// while the memo or the stack can still reach it.
+    fn discard(&mut self, item: Item) {
+        if let Item::Open(s) = item {
+            let slot = &mut self.slots[s as usize];
+            slot.refs -= 1;
+            if slot.refs == 0 && (slot.frozen.is_some() || slot.memo_keys.is_empty()) {
+                self.slots[s as usize] = Slot::default();
+                self.free_slots.push(s);
             }
         }
-        items.reverse();
-        Ok(items)
     }
 
-    fn top(&mut self, at: usize) -> Result<usize, LabError> {
-        match self.stack.last() {
-            Some(Item::Obj(i)) => Ok(*i),
-            _ => Err(malformed(at, "no object on the stack")),
+    fn take_value(&mut self, item: Item) -> Result<(PyValue, u16), LabError> {
+        match item {
+            Item::Mark => unreachable!("marks are never values"),
+            Item::Val(v, d) => Ok((v, d)),
+            Item::Open(s) => {
+                let su = s as usize;
+                if self.slots[su].frozen.is_none() {
+                    self.freeze(s)?;
+                }
+                let slot = &mut self.slots[su];
+                let v = slot.frozen.clone().expect("frozen above");
+                let d = slot.depth;
+                slot.refs -= 1;
+                if slot.refs == 0 {
+                    self.slots[su] = Slot::default();
+                    self.free_slots.push(s);
+                }
+                Ok((v, d))
+            }
         }
     }
 
-    /// The arena object `root` as a tree; each object converted once.
-    fn finish(&self, root: usize) -> Result<PyValue, LabError> {
-        let mut done: Vec<Option<PyValue>> = vec![None; self.arena.len()];
-        let mut busy = vec![false; self.arena.len()];
-        self.convert(root, &mut done, &mut busy, 0)
+    /// Completes an open container: from now on the memo holds its value.
+    fn freeze(&mut self, s: u32) -> Result<(), LabError> {
+        let slot = &mut self.slots[s as usize];
+        let items = std::mem::take(&mut slot.items);
+        let keys = std::mem::take(&mut slot.memo_keys);
+        let depth = slot.depth;
+        let v = match slot.kind {
+            Kind::List => self.list(items),
+            Kind::Dict => {
+                let mut pairs = Vec::with_capacity(items.len() / 2);
+                let mut it = items.into_iter();
+                while let (Some(k), Some(v)) = (it.next(), it.next()) {
+                    pairs.push((k, v));
+                }
+                self.hook.dict(pairs)
+            }
+        };
+        for k in keys {
+            self.set_memo(k, Memo::Val(v.clone()), depth);
+        }
+        self.slots[s as usize].frozen = Some(v);
+        Ok(())
     }
 
-    fn convert(
-        &self,
-        i: usize,
-        done: &mut Vec<Option<PyValue>>,
-        busy: &mut Vec<bool>,
-        depth: usize,
-    ) -> Result<PyValue, LabError> {
-        if let Some(v) = &done[i] {
-            return Ok(v.clone());
+    fn list(&mut self, items: Vec<PyValue>) -> PyValue {
+        if items.is_empty() || items.len() > HASH_CONS_MAX {
+            return PyValue::List(items.into());
         }
-        if depth > MAX_DEPTH {
-            return Err(LabError::PickleTooDeep { max: MAX_DEPTH });
+        let mut h = items.len() as u64;
+        for v in &items {
+            let Some(id) = identity(v) else {
+                return PyValue::List(items.into());
+            };
+            let p = ((h ^ id as u64) as u128).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            h = (p as u64) ^ ((p >> 64) as u64);
         }
-        if busy[i] {
+        let same = |l: &Rc<[PyValue]>| {
+            l.len() == items.len()
+                && l.iter()
+                    .zip(&items)
+                    .all(|(a, b)| identity(a) == identity(b))
+        };
+        let bucket = self.lists.entry(h).or_default();
+        if let Some(l) = bucket.iter().find(|l| same(l)) {
+            return PyValue::List(l.clone());
+        }
+        let l: Rc<[PyValue]> = items.into();
+        bucket.push(l.clone());
+        PyValue::List(l)
+    }
+
+    fn set_memo(&mut self, key: u64, m: Memo, depth: u16) {
+        let k = key as usize;
+        if k < self.memo.len() {
+            self.memo[k] = Some(m);
+            self.memo_depth[k] = depth;
+        } else if k == self.memo.len() {
+            self.memo.push(Some(m));
+            self.memo_depth.push(depth);
+        } else if k < self.memo.len() + 4096 {
+            self.memo.resize_with(k + 1, || None);
+            self.memo_depth.resize(k + 1, 0);
+            self.memo[k] = Some(m);
+            self.memo_depth[k] = depth;
+        } else {
+            self.sparse.insert(key, (m, depth));
+        }
+    }
+
+    /// The open container on top of the stack, to append to.
+    fn target(&mut self, at: usize, kind: Kind) -> Result<&mut Slot, LabError> {
+        let s = match self.stack.last() {
+            Some(Item::Open(s)) => *s as usize,
+            Some(Item::Val(..)) => {
+                return Err(malformed(
+                    at,
+                    "appending to a value that is already complete",
+                ))
+            }
+            _ => return Err(malformed(at, "no object on the stack")),
+        };
+        let slot = &mut self.slots[s];
+        if slot.frozen.is_some() {
+            // Only a container that is (inside) its own item completes
+            // before its appends are done.
             return Err(LabError::PickleCycle);
         }
-        busy[i] = true;
-        let mut items = |ids: &[usize]| -> Result<Vec<PyValue>, LabError> {
-            ids.iter()
-                .map(|&j| self.convert(j, done, busy, depth + 1))
-                .collect()
-        };
-        let v = match &self.arena[i] {
-            Obj::Leaf(v) => v.clone(),
-            Obj::List(ids) => PyValue::List(items(ids)?.into()),
-            Obj::Tuple(ids) => PyValue::Tuple(items(ids)?.into()),
-            Obj::Dict(pairs) => {
-                let mut out = Vec::with_capacity(pairs.len());
-                for &(k, v) in pairs {
-                    out.push((
-                        self.convert(k, done, busy, depth + 1)?,
-                        self.convert(v, done, busy, depth + 1)?,
-                    ));
-                }
-                PyValue::Dict(out.into())
+        if slot.kind != kind {
+            return Err(malformed(
+                at,
+                if kind == Kind::List {
+                    "APPEND to something that is not a list"
+                } else {
+                    "SETITEM on something that is not a dict"
+                },
+            ));
+        }
+        Ok(slot)
+    }
+
+    fn push_into(slot: &mut Slot, (v, d): (PyValue, u16)) -> Result<(), LabError> {
+        let d = d.saturating_add(1);
+        if d as usize > MAX_DEPTH {
+            return Err(LabError::PickleTooDeep { max: MAX_DEPTH });
+        }
+        slot.depth = slot.depth.max(d);
+        slot.items.push(v);
+        Ok(())
+    }
+
+    fn append(&mut self, at: usize, kind: Kind, item: (PyValue, u16)) -> Result<(), LabError> {
+        Self::push_into(self.target(at, kind)?, item)
+    }
+
+    /// APPENDS, SETITEMS, ADDITEMS: the items above the top MARK go into the
+    /// container below it, straight from the stack.
+    fn append_marked(&mut self, at: usize, kind: Kind) -> Result<(), LabError> {
+        let from = self
+            .stack
+            .iter()
+            .rposition(|i| matches!(i, Item::Mark))
+            .ok_or(malformed(at, "MARK not found"))?;
+        let n = self.stack.len() - from - 1;
+        if kind == Kind::Dict && n % 2 == 1 {
+            return Err(malformed(at, "SETITEMS with an odd number of items"));
+        }
+        let s = match from.checked_sub(1).map(|t| &self.stack[t]) {
+            Some(Item::Open(s)) => *s as usize,
+            Some(Item::Val(..)) => {
+                return Err(malformed(
+                    at,
+                    "appending to a value that is already complete",
+                ))
             }
+            _ => return Err(malformed(at, "no object on the stack")),
         };
-        busy[i] = false;
-        done[i] = Some(v.clone());
-        Ok(v)
+        if self.slots[s].kind != kind {
+            return Err(self.target(at, kind).err().unwrap_or(LabError::PickleCycle));
+        }
+        let top = self.stack.len();
+        for i in from + 1..top {
+            let item = std::mem::replace(&mut self.stack[i], Item::Mark);
+            let value = self.take_value(item)?;
+            let slot = &mut self.slots[s];
+            if slot.frozen.is_some() {
+                // Only a container that is (inside) its own item completes
+                // before its appends are done.
+                return Err(LabError::PickleCycle);
+            }
+            Self::push_into(slot, value)?;
+        }
+        self.stack.truncate(from);
+        Ok(())
+    }
+
+    /// Depth of a new container holding `items`.
+    fn depth_of(items: &[(PyValue, u16)]) -> Result<u16, LabError> {
+        let d = items.iter().map(|(_, d)| d + 1).max().unwrap_or(1);
+        if d as usize > MAX_DEPTH {
+            return Err(LabError::PickleTooDeep { max: MAX_DEPTH });
+        }
+        Ok(d)
     }
 }
 
@@ -284,13 +575,35 @@ fn int_of_le(b: &[u8], at: usize) -> Result<i64, LabError> {
     Ok(v)
 }
 
-/// Parses one pickle.
+/// Parses one pickle held in memory.
 pub fn unpickle(data: &[u8]) -> Result<PyValue, LabError> {
-    let mut r = Reader { data, pos: 0 };
+    unpickle_from(data, data.len(), &mut KeepDicts)
+}
+
+/// Parses one pickle of `len` bytes as it streams from `reader`, handing
+/// each completed dict to `hook`. Memory follows what the pickle holds
+/// (shared objects once, dicts as the hook keeps them), never the file's
+/// size.
+pub fn unpickle_from<R: BufRead>(
+    reader: R,
+    len: usize,
+    hook: &mut dyn DictHook,
+) -> Result<PyValue, LabError> {
+    let mut r = Reader {
+        inner: reader,
+        pos: 0,
+        total: len,
+        scratch: Vec::new(),
+    };
     let mut p = Parser {
-        arena: Vec::new(),
         stack: Vec::new(),
-        memo: HashMap::new(),
+        memo: Vec::new(),
+        memo_depth: Vec::new(),
+        sparse: HashMap::new(),
+        slots: Vec::new(),
+        free_slots: Vec::new(),
+        lists: HashMap::default(),
+        hook,
     };
     loop {
         let at = r.pos;
@@ -310,7 +623,7 @@ pub fn unpickle(data: &[u8]) -> Result<PyValue, LabError> {
             0x95 => {
                 // FRAME: its length is a promise about the bytes that follow.
                 let n = r.le(8)?;
-                let left = (r.data.len() - r.pos) as u64;
+                let left = r.left();
                 if n > left {
                     return Err(LabError::PickleFrameTruncated {
                         at,
@@ -320,26 +633,42 @@ pub fn unpickle(data: &[u8]) -> Result<PyValue, LabError> {
                 }
             }
             b'.' => {
-                let root = p.pop(at)?;
-                return p.finish(root);
+                let (root, _) = p.pop(at)?;
+                return Ok(root);
             }
-            b'}' => p.push(Obj::Dict(Vec::new())),
-            b']' => p.push(Obj::List(Vec::new())),
-            b')' => p.push(Obj::Tuple(Vec::new())),
+            b'}' => p.open(Kind::Dict, Vec::new(), 1),
+            b']' => p.open(Kind::List, Vec::new(), 1),
+            b')' => p
+                .stack
+                .push(Item::Val(PyValue::Tuple(Vec::new().into()), 1)),
             // EMPTY_SET: read as a list (sets of plain values, rare here).
-            0x8f => p.push(Obj::List(Vec::new())),
+            0x8f => p.open(Kind::List, Vec::new(), 1),
             b'(' => p.stack.push(Item::Mark),
             b'0' => {
-                p.stack
-                    .pop()
-                    .ok_or(malformed(at, "POP on an empty stack"))?;
+                let item = p.pop_item(at)?;
+                p.discard(item);
             }
             b'1' => {
-                p.pop_mark(at)?;
+                let from = p
+                    .stack
+                    .iter()
+                    .rposition(|i| matches!(i, Item::Mark))
+                    .ok_or(malformed(at, "MARK not found"))?;
+                let items: Vec<Item> = p.stack.drain(from..).skip(1).collect();
+                for i in items {
+                    p.discard(i);
+                }
             }
             b'2' => {
-                let t = p.top(at)?;
-                p.stack.push(Item::Obj(t));
+                let dup = match p.stack.last() {
+                    Some(Item::Val(v, d)) => Item::Val(v.clone(), *d),
+                    Some(Item::Open(s)) => {
+                        p.slots[*s as usize].refs += 1;
+                        Item::Open(*s)
+                    }
+                    _ => return Err(malformed(at, "no object on the stack")),
+                };
+                p.stack.push(dup);
             }
             b'N' => p.leaf(PyValue::None),
             0x88 => p.leaf(PyValue::Bool(true)),
@@ -414,25 +743,28 @@ pub fn unpickle(data: &[u8]) -> Result<PyValue, LabError> {
                 };
                 p.leaf(v);
             }
-            b't' => {
+            b't' | 0x91 => {
+                // TUPLE, FROZENSET: complete as made.
                 let items = p.pop_mark(at)?;
-                p.push(Obj::Tuple(items));
+                let d = Parser::depth_of(&items)?;
+                let values: Vec<PyValue> = items.into_iter().map(|(v, _)| v).collect();
+                let v = if op == b't' {
+                    PyValue::Tuple(values.into())
+                } else {
+                    PyValue::List(values.into())
+                };
+                p.stack.push(Item::Val(v, d));
             }
-            b'l' => {
+            b'l' | b'd' => {
+                // LIST, DICT (protocols 0–1): open, appended to afterwards.
                 let items = p.pop_mark(at)?;
-                p.push(Obj::List(items));
-            }
-            b'd' => {
-                let items = p.pop_mark(at)?;
-                if items.len() % 2 == 1 {
+                if op == b'd' && items.len() % 2 == 1 {
                     return Err(malformed(at, "DICT with an odd number of items"));
                 }
-                p.push(Obj::Dict(items.chunks(2).map(|c| (c[0], c[1])).collect()));
-            }
-            0x91 => {
-                // FROZENSET
-                let items = p.pop_mark(at)?;
-                p.push(Obj::List(items));
+                let d = Parser::depth_of(&items)?;
+                let values = items.into_iter().map(|(v, _)| v).collect();
+                let kind = if op == b'l' { Kind::List } else { Kind::Dict };
+                p.open(kind, values, d);
             }
             0x85..=0x87 => {
                 let n = (op - 0x84) as usize;
@@ -441,40 +773,25 @@ pub fn unpickle(data: &[u8]) -> Result<PyValue, LabError> {
                     items.push(p.pop(at)?);
                 }
                 items.reverse();
-                p.push(Obj::Tuple(items));
+                let d = Parser::depth_of(&items)?;
+                let values: Vec<PyValue> = items.into_iter().map(|(v, _)| v).collect();
+                p.stack.push(Item::Val(PyValue::Tuple(values.into()), d));
             }
-            b'a' | b'e' | 0x90 => {
-                let items = if op == b'a' {
-                    vec![p.pop(at)?]
-                } else {
-                    p.pop_mark(at)?
-                };
-                let target = p.top(at)?;
-                match &mut p.arena[target] {
-                    Obj::List(l) => l.extend(items),
-                    _ => return Err(malformed(at, "APPEND to something that is not a list")),
-                }
+            b'a' => {
+                let item = p.pop(at)?;
+                p.append(at, Kind::List, item)?;
             }
-            b's' | b'u' => {
-                let items = if op == b's' {
-                    let v = p.pop(at)?;
-                    let k = p.pop(at)?;
-                    vec![k, v]
-                } else {
-                    p.pop_mark(at)?
-                };
-                if items.len() % 2 == 1 {
-                    return Err(malformed(at, "SETITEMS with an odd number of items"));
-                }
-                let target = p.top(at)?;
-                match &mut p.arena[target] {
-                    Obj::Dict(d) => d.extend(items.chunks(2).map(|c| (c[0], c[1]))),
-                    _ => return Err(malformed(at, "SETITEM on something that is not a dict")),
-                }
+            b'e' | 0x90 => p.append_marked(at, Kind::List)?,
+            b's' => {
+                let v = p.pop(at)?;
+                let k = p.pop(at)?;
+                p.append(at, Kind::Dict, k)?;
+                p.append(at, Kind::Dict, v)?;
             }
+            b'u' => p.append_marked(at, Kind::Dict)?,
             0x94 | b'q' | b'r' | b'p' => {
                 let key = match op {
-                    0x94 => p.memo.len() as u64,
+                    0x94 => (p.memo.len() + p.sparse.len()) as u64,
                     b'q' => r.u8()? as u64,
                     b'r' => r.le(4)?,
                     _ => {
@@ -483,9 +800,18 @@ pub fn unpickle(data: &[u8]) -> Result<PyValue, LabError> {
                             .map_err(|_| bad_text(at, "the PUT key", t, "a number"))?
                     }
                 };
-                // The memo holds the object itself: filled later, seen filled.
-                let top = p.top(at)?;
-                p.memo.insert(key, top);
+                // An open container is memoized as itself: filled later,
+                // fetched filled.
+                let (m, d) = match p.stack.last() {
+                    Some(Item::Val(v, d)) => (Memo::Val(v.clone()), *d),
+                    Some(Item::Open(s)) => {
+                        let slot = &mut p.slots[*s as usize];
+                        slot.memo_keys.push(key);
+                        (Memo::Open(*s), slot.depth)
+                    }
+                    _ => return Err(malformed(at, "no object on the stack")),
+                };
+                p.set_memo(key, m, d);
             }
             b'h' | b'j' | b'g' => {
                 let key = match op {
@@ -497,11 +823,19 @@ pub fn unpickle(data: &[u8]) -> Result<PyValue, LabError> {
                             .map_err(|_| bad_text(at, "the GET key", t, "a number"))?
                     }
                 };
-                let i = *p
-                    .memo
-                    .get(&key)
-                    .ok_or(LabError::PickleMemoMissing { at, key })?;
-                p.stack.push(Item::Obj(i));
+                let found = match p.memo.get(key as usize) {
+                    Some(Some(m)) => Some((m, p.memo_depth[key as usize])),
+                    _ => p.sparse.get(&key).map(|(m, d)| (m, *d)),
+                };
+                let item = match found {
+                    Some((Memo::Val(v), d)) => Item::Val(v.clone(), d),
+                    Some((Memo::Open(s), _)) => Item::Open(*s),
+                    None => return Err(LabError::PickleMemoMissing { at, key }),
+                };
+                if let Item::Open(s) = item {
+                    p.slots[s as usize].refs += 1;
+                }
+                p.stack.push(item);
             }
             other => return Err(LabError::PickleOpcode { at, opcode: other }),
         }

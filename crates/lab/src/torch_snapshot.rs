@@ -24,15 +24,16 @@
 use super::error::LabError;
 pub use super::peak::Origin;
 use super::peak::{live_at, LiveAt, OomAt};
-use super::pickle::{unpickle, PyValue};
+use super::pickle::{unpickle_from, PyValue};
 use super::recorded_source::RecordedSource;
+use super::trace_entries::{Entries, Entry, SizeField};
 use super::workload::{Op, Workload};
 use crate::memory::caching::{pool_for, round_size, BlockHandle, CachingAllocator, PoolKind};
 use crate::memory::config::AllocatorConfig;
 use crate::memory::source::SimulatedSource;
 use crate::memory::tag::Category;
+use crate::strategies::IdMap;
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::Arc;
 
 /// One device of a snapshot, as a workload and a recorded state.
 pub struct TorchSnapshot {
@@ -75,9 +76,14 @@ pub struct TorchSnapshot {
 /// `torch.cuda.memory._set_memory_metadata`) wrote as JSON into a trace
 /// entry's `user_metadata`; `None` for any other text.
 pub fn metadata_of(entry: &PyValue) -> (Option<Category>, Option<String>) {
-    let Some(text) = entry.get("user_metadata").and_then(PyValue::as_str) else {
-        return (None, None);
-    };
+    match entry.get("user_metadata").and_then(PyValue::as_str) {
+        Some(text) => metadata_of_text(text),
+        None => (None, None),
+    }
+}
+
+/// [`metadata_of`] for the `user_metadata` text itself.
+pub fn metadata_of_text(text: &str) -> (Option<Category>, Option<String>) {
     let Ok(serde_json::Value::Object(m)) = serde_json::from_str::<serde_json::Value>(text) else {
         return (None, None);
     };
@@ -203,13 +209,12 @@ fn int(v: &PyValue, key: &str) -> u64 {
 /// A byte count the snapshot states (`size`, `total_size`): absent is 0, but
 /// negative or past 2^62 (the most vramlab models) is a corrupt file, and
 /// the error names where (`at`), so no block is replayed at a made-up size.
-fn size_field(v: &PyValue, key: &'static str, at: impl Fn() -> String) -> Result<u64, LabError> {
-    let Some(raw) = v.get(key) else {
-        return Ok(0);
+fn size_field(raw: SizeField, key: &'static str, at: impl Fn() -> String) -> Result<u64, LabError> {
+    let n = match raw {
+        SizeField::Absent => return Ok(0),
+        SizeField::NotInt => return Err(LabError::SizeNotInteger { at: at(), key }),
+        SizeField::Int(n) => n,
     };
-    let n = raw
-        .as_i64()
-        .ok_or_else(|| LabError::SizeNotInteger { at: at(), key })?;
     if n < 0 {
         return Err(LabError::SizeNegative {
             at: at(),
@@ -225,6 +230,15 @@ fn size_field(v: &PyValue, key: &'static str, at: impl Fn() -> String) -> Result
         });
     }
     Ok(n as u64)
+}
+
+/// [`size_field`] of a dict's `key`.
+fn size_of(v: &PyValue, key: &'static str, at: impl Fn() -> String) -> Result<u64, LabError> {
+    let raw = match v.get(key) {
+        None => SizeField::Absent,
+        Some(x) => x.as_i64().map_or(SizeField::NotInt, SizeField::Int),
+    };
+    size_field(raw, key, at)
 }
 
 /// `allocator_settings` as a configuration (PyTorch's names and units).
@@ -291,7 +305,7 @@ fn recorded_segments(root: &PyValue, device: usize) -> Result<(Vec<Recorded>, bo
             .unwrap_or(false);
         expandable |= is_expandable;
         let address = int(seg, "address");
-        let size = size_field(seg, "total_size", || format!("segments[{si}]"))?;
+        let size = size_of(seg, "total_size", || format!("segments[{si}]"))?;
         let pool = match seg.get("segment_type").and_then(PyValue::as_str) {
             Some("small") => PoolKind::Small,
             Some("large") => PoolKind::Large,
@@ -310,7 +324,7 @@ fn recorded_segments(root: &PyValue, device: usize) -> Result<(Vec<Recorded>, bo
             let addr = b.get("address").and_then(PyValue::as_i64).map_or(at, |a| {
                 (a.max(0) as u64).min(crate::memory::constants::MAX_BYTES)
             });
-            let bsize = size_field(b, "size", || format!("segments[{si}].blocks[{bi}]"))?;
+            let bsize = size_of(b, "size", || format!("segments[{si}].blocks[{bi}]"))?;
             let state = b.get("state").and_then(PyValue::as_str).unwrap_or("");
             let allocated = state.starts_with("active");
             blocks.push((addr, bsize, int(b, "requested_size"), allocated));
@@ -341,18 +355,46 @@ fn end_state(segments: &[Recorded], root: &PyValue, device: usize) -> EndState {
     }
 }
 
-/// Every device of a snapshot with an allocation history.
-pub fn read_all(bytes: &[u8], name: &str) -> Result<SnapshotFile, LabError> {
-    let root = unpickle(bytes).map_err(|e| LabError::NotAPickle {
+/// A snapshot as parsed: the tree, in which each trace entry is the index
+/// of its compact record in `entries`.
+pub struct Parsed {
+    pub root: PyValue,
+    pub entries: Entries,
+}
+
+/// Parses a snapshot of `len` bytes as it streams from `reader`.
+pub fn parse<R: std::io::BufRead>(reader: R, len: usize, name: &str) -> Result<Parsed, LabError> {
+    let mut entries = Entries::default();
+    let root = unpickle_from(reader, len, &mut entries).map_err(|e| LabError::NotAPickle {
         name: name.to_string(),
         source: Box::new(e),
     })?;
-    read_root(&root, name)
+    Ok(Parsed { root, entries })
 }
 
-/// [`read_all`] of a snapshot already unpickled (so one parse serves the
+/// Parses the snapshot at `path`, streaming (never the whole file in
+/// memory).
+pub fn parse_file(path: &std::path::Path) -> Result<Parsed, LabError> {
+    let open = |source| LabError::OpenTrace {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(open)?;
+    let len = file.metadata().map_err(open)?.len() as usize;
+    let reader = std::io::BufReader::with_capacity(1 << 20, file);
+    parse(reader, len, &path.display().to_string())
+}
+
+/// Every device of a snapshot with an allocation history.
+pub fn read_all(bytes: &[u8], name: &str) -> Result<SnapshotFile, LabError> {
+    let mut parsed = parse(bytes, bytes.len(), name)?;
+    read_parsed(&mut parsed, name)
+}
+
+/// [`read_all`] of a snapshot already parsed (so one parse serves the
 /// trace and [`crate::segment_map::maps_of`] alike).
-pub fn read_root(root: &PyValue, name: &str) -> Result<SnapshotFile, LabError> {
+pub fn read_parsed(parsed: &mut Parsed, name: &str) -> Result<SnapshotFile, LabError> {
+    let root = &parsed.root;
     let traces = root
         .get("device_traces")
         .and_then(PyValue::as_list)
@@ -366,7 +408,14 @@ pub fn read_root(root: &PyValue, name: &str) -> Result<SnapshotFile, LabError> {
         let Some(trace) = trace.as_list().filter(|t| !t.is_empty()) else {
             continue;
         };
-        devices.push(read_device(root, device, trace, &config, name)?);
+        devices.push(read_device(
+            root,
+            device,
+            trace,
+            &mut parsed.entries,
+            &config,
+            name,
+        )?);
     }
     if devices.is_empty() {
         return Err(LabError::NoHistory {
@@ -395,41 +444,31 @@ fn read_device(
     root: &PyValue,
     device: usize,
     trace: &[PyValue],
+    table: &mut Entries,
     config: &AllocatorConfig,
     name: &str,
 ) -> Result<TorchSnapshot, LabError> {
-    let action = |e: &PyValue| {
-        e.get("action")
-            .and_then(PyValue::as_str)
-            .unwrap_or("")
-            .to_string()
-    };
+    let trace: Vec<Entry> = trace.iter().map(|e| table.resolve(e)).collect();
+    let table = &*table;
     // Newer PyTorch records free_requested then free_completed (the block is
     // reusable at the second); older versions one of them, or "free".
     let free_action = ["free_completed", "free_requested", "free"]
         .into_iter()
-        .find(|a| trace.iter().any(|e| action(e) == *a))
+        .find(|a| trace.iter().any(|e| table.action_name(e) == *a))
         .unwrap_or("free_completed");
     // Blocks the trace allocated and has not freed: address → id.
-    let mut live: HashMap<u64, u64> = HashMap::new();
+    let mut live: IdMap<u64, u64> = IdMap::default();
     let mut pre_freed: Vec<(u64, u64, u64, u64)> = Vec::new();
-    let mut created: HashMap<u64, u64> = HashMap::new();
+    let mut created: IdMap<u64, u64> = IdMap::default();
     let mut pre_segments_freed: Vec<(u64, u64)> = Vec::new();
     let mut mapping: Vec<(bool, u64, u64)> = Vec::new();
     let mut seg_addresses: Vec<(u64, u64)> = Vec::new();
     let (mut ops, mut seg_a, mut seg_f, mut ooms) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut live_bytes, mut peak, mut next) = (0u64, 0u64, 0u64);
-    let mut sizes: HashMap<u64, u64> = HashMap::new();
+    let mut sizes: IdMap<u64, u64> = IdMap::default();
     let mut categories = BTreeMap::new();
     let mut origins: HashMap<u64, Origin> = HashMap::new();
-    let mut interned: HashMap<String, Arc<str>> = HashMap::new();
-    let mut intern = |s: String| -> Arc<str> {
-        interned
-            .entry(s)
-            .or_insert_with_key(|k| Arc::from(k.as_str()))
-            .clone()
-    };
     let mut from_metadata = 0;
     // A trace has no entry for `empty_cache` (or the out-of-memory retry):
     // it shows as a run of segment_free / segment_unmap entries. The first
@@ -439,9 +478,9 @@ fn read_device(
     let releases_mean_empty_cache = config.garbage_collection_threshold == 0.0;
     let mut releasing = false;
     for (i, e) in trace.iter().enumerate() {
-        let act = action(e);
-        let addr = int(e, "addr");
-        let size = size_field(e, "size", || {
+        let act = table.action_name(e);
+        let addr = e.addr;
+        let size = size_field(e.size, "size", || {
             format!("device_traces[{device}][{i}] ({act:?})")
         })?;
         let release = act == "segment_free" || act == "segment_unmap";
@@ -449,22 +488,18 @@ fn read_device(
             ops.push(Op::EmptyCache);
         }
         releasing = release;
-        match act.as_str() {
+        match act {
             "alloc" => {
                 next += 1;
                 live.insert(addr, next);
-                let (named, module) = metadata_of(e);
-                from_metadata += usize::from(named.is_some());
-                let category = named.unwrap_or_else(|| category_from_frames(e.get("frames")));
+                from_metadata += usize::from(e.named.is_some());
+                let category = e.named.unwrap_or(e.from_frames);
                 if category != Category::Untagged {
                     *categories.entry(category).or_insert(0) += 1;
                 }
-                let origin = Origin {
-                    module: module.map(&mut intern),
-                    frame: user_frame(e.get("frames")).map(&mut intern),
-                };
-                if origin != Origin::default() {
-                    origins.insert(next, origin);
+                let origin = table.origin(e);
+                if *origin != Origin::default() {
+                    origins.insert(next, origin.clone());
                 }
                 ops.push(Op::Alloc {
                     id: next,
@@ -508,10 +543,11 @@ fn read_device(
                     seg_f.push(size);
                 }
             }
-            "oom" => ooms.push((size, int(e, "device_free"))),
+            "oom" => ooms.push((size, e.device_free)),
             _ => {}
         }
     }
+    drop(trace);
     let (recorded, expandable) = recorded_segments(root, device)?;
     let recorded_end = end_state(&recorded, root, device);
     // Rewind: what was there at the start.

@@ -3,4 +3,5 @@
 mod exact_planner;
 mod expandable;
 mod segment_map;
+mod streaming;
 mod vramlab;

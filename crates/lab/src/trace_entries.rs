@@ -1,0 +1,218 @@
+//! A snapshot's `device_traces` entries kept compact while the pickle
+//! streams: each entry dict becomes a 40-byte record as soon as it is
+//! complete (its action, address, size, the free bytes of an `oom`, and what
+//! its frames and `user_metadata` say: a category and an origin), and the
+//! trace list holds the record's index. A snapshot of millions of entries
+//! with deep frames is then held in memory proportional to its entries, not
+//! to its text (the frames, a list per entry, are read once per distinct
+//! stack).
+
+use super::peak::Origin;
+use super::pickle::{DictHook, PyValue};
+use crate::memory::tag::Category;
+use crate::strategies::IdMap;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// A `size` field as the file wrote it (checked where it is used, so the
+/// error can say which entry).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SizeField {
+    Absent,
+    Int(i64),
+    NotInt,
+}
+
+/// One trace entry.
+#[derive(Debug, Clone, Copy)]
+pub struct Entry {
+    /// Index into [`Entries::action_name`].
+    pub action: u32,
+    /// Index into [`Entries::origin`]; 0 when the entry says nothing.
+    pub origin: u32,
+    pub addr: u64,
+    pub size: SizeField,
+    /// `device_free` (an `oom` entry's free bytes), 0 when absent.
+    pub device_free: u64,
+    /// From `user_metadata` (a `vramlab_torch` recording), else `None`.
+    pub named: Option<Category>,
+    /// From the frames (`Untagged` when they do not say).
+    pub from_frames: Category,
+}
+
+/// What a `user_metadata` text says: a category and a module.
+type Said = (Option<Category>, Option<Arc<str>>);
+
+/// Items of a trace list that are records carry this offset (a value no
+/// real trace list holds), so a stray integer is never taken for one.
+const INDEX_BASE: i64 = i64::MIN;
+
+/// The records of every trace entry read so far, and the parser hook that
+/// makes them.
+pub struct Entries {
+    records: Vec<Entry>,
+    actions: Vec<Arc<str>>,
+    action_ids: HashMap<Arc<str>, u32>,
+    origins: Vec<Origin>,
+    origin_ids: HashMap<Origin, u32>,
+    strings: HashMap<Arc<str>, ()>,
+    /// Category and user frame of each distinct frames list, by identity
+    /// (the list is held here, so its address is never reused).
+    frames: IdMap<usize, (PyValue, Category, Option<Arc<str>>)>,
+    /// What each distinct `user_metadata` text says.
+    metadata: HashMap<Arc<str>, Said>,
+}
+
+impl Default for Entries {
+    fn default() -> Self {
+        Entries {
+            records: Vec::new(),
+            actions: Vec::new(),
+            action_ids: HashMap::new(),
+            origins: vec![Origin::default()],
+            origin_ids: HashMap::new(),
+            strings: HashMap::new(),
+            frames: IdMap::default(),
+            metadata: HashMap::new(),
+        }
+    }
+}
+
+impl Entries {
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    pub fn action_name(&self, e: &Entry) -> &str {
+        &self.actions[e.action as usize]
+    }
+
+    pub fn origin(&self, e: &Entry) -> &Origin {
+        &self.origins[e.origin as usize]
+    }
+
+    /// The record a trace list item stands for: its index, or (an entry the
+    /// hook did not see, such as one in a tree built by hand) a record made
+    /// now.
+    pub fn resolve(&mut self, item: &PyValue) -> Entry {
+        if let PyValue::Int(i) = item {
+            let k = i.wrapping_sub(INDEX_BASE);
+            if (0..self.records.len() as i64).contains(&k) {
+                return self.records[k as usize];
+            }
+        }
+        let empty = [];
+        self.record(item.as_dict().unwrap_or(&empty))
+    }
+
+    fn intern(&mut self, s: &str) -> Arc<str> {
+        if let Some((k, _)) = self.strings.get_key_value(s) {
+            return k.clone();
+        }
+        let k: Arc<str> = Arc::from(s);
+        self.strings.insert(k.clone(), ());
+        k
+    }
+
+    fn record(&mut self, pairs: &[(PyValue, PyValue)]) -> Entry {
+        let get = |key: &str| {
+            pairs
+                .iter()
+                .find(|(k, _)| matches!(k, PyValue::Str(s) if &**s == key))
+                .map(|(_, v)| v)
+        };
+        let action = get("action").and_then(PyValue::as_str).unwrap_or("");
+        let action = match self.action_ids.get(action) {
+            Some(&i) => i,
+            None => {
+                let name: Arc<str> = Arc::from(action);
+                self.actions.push(name.clone());
+                let i = (self.actions.len() - 1) as u32;
+                self.action_ids.insert(name, i);
+                i
+            }
+        };
+        let int = |key: &str| {
+            (get(key).and_then(PyValue::as_i64).unwrap_or(0).max(0) as u64)
+                .min(crate::memory::constants::MAX_BYTES)
+        };
+        let size = match get("size") {
+            None => SizeField::Absent,
+            Some(v) => v.as_i64().map_or(SizeField::NotInt, SizeField::Int),
+        };
+        let (addr, device_free) = (int("addr"), int("device_free"));
+        let (named, module) = match get("user_metadata").and_then(PyValue::as_str) {
+            Some(text) => self.metadata(text),
+            None => (None, None),
+        };
+        let (from_frames, frame) = self.frames(get("frames"));
+        let origin = Origin { module, frame };
+        let origin = if origin == Origin::default() {
+            0
+        } else if let Some(&i) = self.origin_ids.get(&origin) {
+            i
+        } else {
+            self.origins.push(origin.clone());
+            let i = (self.origins.len() - 1) as u32;
+            self.origin_ids.insert(origin, i);
+            i
+        };
+        Entry {
+            action,
+            origin,
+            addr,
+            size,
+            device_free,
+            named,
+            from_frames,
+        }
+    }
+
+    fn metadata(&mut self, text: &str) -> Said {
+        if let Some(m) = self.metadata.get(text) {
+            return m.clone();
+        }
+        let (category, module) = super::torch_snapshot::metadata_of_text(text);
+        let module = module.map(|m| self.intern(&m));
+        let key = self.intern(text);
+        self.metadata.insert(key, (category, module.clone()));
+        (category, module)
+    }
+
+    fn frames(&mut self, frames: Option<&PyValue>) -> (Category, Option<Arc<str>>) {
+        let Some(f) = frames else {
+            return (Category::Untagged, None);
+        };
+        let id = match f {
+            PyValue::List(l) | PyValue::Tuple(l) => Some(l.as_ptr() as usize),
+            _ => None,
+        };
+        if let Some((_, c, u)) = id.and_then(|id| self.frames.get(&id)) {
+            return (*c, u.clone());
+        }
+        let category = super::torch_snapshot::category_from_frames(Some(f));
+        let user = super::torch_snapshot::user_frame(Some(f)).map(|u| self.intern(&u));
+        if let Some(id) = id {
+            self.frames.insert(id, (f.clone(), category, user.clone()));
+        }
+        (category, user)
+    }
+}
+
+impl DictHook for Entries {
+    fn dict(&mut self, pairs: Vec<(PyValue, PyValue)>) -> PyValue {
+        let is_entry = pairs
+            .iter()
+            .any(|(k, v)| matches!((k, v), (PyValue::Str(k), PyValue::Str(_)) if &**k == "action"));
+        if !is_entry {
+            return PyValue::Dict(pairs.into());
+        }
+        let e = self.record(&pairs);
+        self.records.push(e);
+        PyValue::Int(INDEX_BASE + (self.records.len() - 1) as i64)
+    }
+}
