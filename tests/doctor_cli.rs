@@ -294,6 +294,39 @@ fn the_page_of_a_real_snapshot_draws_in_headless_chromium() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Past `--page-points` operations the page draws buckets of operations
+/// (and segments at captured moments) instead of every event: still one
+/// page that headless Chromium draws, however long the trace.
+#[test]
+fn a_long_traces_page_draws_buckets_in_headless_chromium() {
+    let dir = std::env::temp_dir().join(format!("vramlab-doctor-lod-{}", std::process::id()));
+    let file = "tests/fixtures/snapshots/cs336_kkaitlyn_ctx128_fullstep.pickle";
+    let out = Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .args([
+            "doctor",
+            file,
+            "--no-planner",
+            "--page-points",
+            "1000",
+            "--out",
+        ])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let page = dir.join("timeline-device0.html");
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(html.contains("\"per\":"), "not the bucket page");
+    let dom = crate::common::rendered_dom(&page);
+    assert!(dom.contains("buckets of"), "{}", &dom[..dom.len().min(300)]);
+    assert!(dom.contains("(peak)"), "the peak's segments are not shown");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A real CUDA recording (GPT-2 small, bf16, AdamW, on an H200 with PyTorch
 /// 2.11): under its recorded settings the doctor's replay peaks where
 /// PyTorch's own counters did (`torch.cuda.max_memory_allocated()` and

@@ -47,6 +47,12 @@ pub struct DoctorArgs {
     /// segments at any chosen event), one self-contained page.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
+    /// A trace longer than this many operations gets a page that draws
+    /// buckets of operations (each its highest moment, the largest
+    /// allocation in it, segments at 48 moments plus the peak and the first
+    /// refusal) instead of every event: a few MB for millions of entries.
+    #[arg(long, value_name = "N", default_value_t = 200_000)]
+    pub page_points: usize,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -139,32 +145,19 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<()> {
         }
         let planner =
             !args.no_planner && (args.planner || snap.workload.allocations() <= PLANNER_AUTO_MAX);
-        if let Some(dir) = &args.out {
-            let events = crate::lab::replay_events::replay_events(snap, recorded.clone(), None)
-                .map_err(|e| anyhow::anyhow!("{name}: device {}: {e}", snap.device))?;
-            std::fs::create_dir_all(dir)
-                .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", dir.display()))?;
-            let page = dir.join(format!("timeline-device{}.html", snap.device));
-            let title = format!(
-                "{name}, device {}: replayed under its recorded settings",
-                snap.device
-            );
-            crate::io::write_atomic(
-                &page,
-                crate::profile::html::render(&events, &title).as_bytes(),
-            )
-            .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", page.display()))?;
-            if !args.json {
-                eprintln!("wrote {}", page.display());
-            }
-        }
-        let mut r = match diagnose(snap, recorded, capacity, planner, &name) {
+        let page_points = args.out.as_ref().map(|_| args.page_points);
+        let (mut r, page) = match diagnose(snap, recorded, capacity, planner, &name, page_points) {
             Ok(r) => r,
             Err(e) => {
                 failures.push(e.to_string());
                 continue;
             }
         };
+        if let Some(dir) = &args.out {
+            if let Some(page) = &page {
+                write_page(page, snap.device, args.json, dir, &name)?;
+            }
+        }
         if !planner && !args.no_planner {
             r.advice.push(format!(
                 "The offline planner's floor was left out: {} allocations are too many for it by default (200,000 took 40 s); --planner computes it.",
@@ -195,6 +188,86 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<()> {
 }
 
 /// The settings to try beside the recorded ones: each changes one thing.
+/// What the page draws: every event when the trace is short, buckets of
+/// operations past `--page-points`.
+enum Page {
+    Events(Vec<crate::memory::MemEvent>),
+    Buckets(crate::lab::timeline::Timeline),
+}
+
+enum Job {
+    Segments(Option<usize>),
+    Page(usize),
+}
+
+enum Done {
+    Segments(Option<SegmentMap>),
+    Page(Result<Page, LabError>),
+}
+
+fn page(
+    snap: &TorchSnapshot,
+    recorded: AllocatorConfig,
+    capacity: Option<u64>,
+    points: usize,
+    peak: usize,
+    first_oom: Option<usize>,
+) -> Result<Page, LabError> {
+    if snap.workload.ops.len() > points {
+        let mut at = vec![peak];
+        at.extend(first_oom);
+        crate::lab::timeline::timeline(snap, recorded, capacity, points, &at, 48).map(Page::Buckets)
+    } else {
+        crate::lab::replay_events::replay_events(snap, recorded, capacity).map(Page::Events)
+    }
+}
+
+/// Writes DIR/timeline-deviceN.html.
+fn write_page(
+    page: &Page,
+    device: usize,
+    json: bool,
+    dir: &std::path::Path,
+    name: &str,
+) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", dir.display()))?;
+    let path = dir.join(format!("timeline-device{device}.html"));
+    let title = format!("{name}, device {device}: replayed under its recorded settings");
+    let html = match page {
+        Page::Buckets(t) => super::doctor_page::render(t, &title),
+        Page::Events(events) => crate::profile::html::render(events, &title),
+    };
+    crate::io::write_atomic(&path, html.as_bytes())
+        .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+    if !json {
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// `f` over `items` on every core, results in the items' order.
+fn parallel_map<T: Send, R: Send>(items: Vec<T>, f: impl Fn(T) -> R + Sync) -> Vec<R> {
+    let n = items.len();
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    let jobs = std::sync::Mutex::new(items.into_iter().enumerate());
+    let results = std::sync::Mutex::new(Vec::with_capacity(n));
+    std::thread::scope(|s| {
+        for _ in 0..cores.min(n) {
+            s.spawn(|| loop {
+                let Some((i, item)) = jobs.lock().expect("job list").next() else {
+                    break;
+                };
+                let r = f(item);
+                results.lock().expect("results").push((i, r));
+            });
+        }
+    });
+    let mut out = results.into_inner().expect("results");
+    out.sort_by_key(|(i, _)| *i);
+    out.into_iter().map(|(_, r)| r).collect()
+}
+
 fn alternatives(
     recorded: &AllocatorConfig,
     capacity: Option<u64>,
@@ -230,26 +303,37 @@ fn diagnose(
     capacity: Option<u64>,
     planner: bool,
     name: &str,
-) -> anyhow::Result<DeviceReport> {
-    // The recording's own state may not fit `--capacity` (the card was
-    // larger, or shared): then the recorded settings replay without a limit.
-    let (base, capacity, capacity_note) = match torch_snapshot::replay_from_state(
-        snap,
-        recorded.clone(),
-        capacity,
-    ) {
-        Ok(r) => (r, capacity, None),
-        Err(e) if capacity.is_some() => {
-            let r = torch_snapshot::replay_from_state(snap, recorded.clone(), None)
-                .map_err(|e| anyhow::anyhow!("{name}: device {}: {e}", snap.device))?;
-            let _ = e;
-            let note = format!(
-                    "--capacity {} is less than the recording held before its first entry, so every setting was replayed without a limit: give the card's full memory.",
-                    Mib(capacity.unwrap_or(0))
-                );
-            (r, None, Some(note))
-        }
-        Err(e) => anyhow::bail!("{name}: device {}: {e}", snap.device),
+    page_points: Option<usize>,
+) -> anyhow::Result<(DeviceReport, Option<Page>)> {
+    // The recorded settings and every alternative replay at once, one per
+    // core. The recording's own state may not fit `--capacity` (the card
+    // was larger, or shared): then every setting replays without a limit.
+    let run_all = |capacity: Option<u64>| {
+        let mut jobs = vec![(String::new(), recorded.clone())];
+        jobs.extend(alternatives(&recorded, capacity));
+        parallel_map(jobs, |(setting, cfg)| {
+            (
+                setting,
+                torch_snapshot::replay_from_state(snap, cfg, capacity),
+            )
+        })
+    };
+    let mut runs = run_all(capacity);
+    let mut capacity = capacity;
+    let mut capacity_note = None;
+    if runs[0].1.is_err() && capacity.is_some() {
+        capacity_note = Some(format!(
+            "--capacity {} is less than the recording held before its first entry, so every setting was replayed without a limit: give the card's full memory.",
+            Mib(capacity.unwrap_or(0))
+        ));
+        capacity = None;
+        runs = run_all(None);
+    }
+    let mut runs = runs.into_iter();
+    let base = match runs.next().map(|(_, r)| r) {
+        Some(Ok(r)) => r,
+        Some(Err(e)) => anyhow::bail!("{name}: device {}: {e}", snap.device),
+        None => anyhow::bail!("{name}: device {}: nothing replayed", snap.device),
     };
     let mut what_ifs = vec![WhatIf {
         setting: format!(
@@ -262,8 +346,8 @@ fn diagnose(
         equals_recording: Some(base.segments_match),
         error: None,
     }];
-    for (setting, cfg) in alternatives(&recorded, capacity) {
-        let row = match torch_snapshot::replay_from_state(snap, cfg, capacity) {
+    for (setting, run) in runs {
+        what_ifs.push(match run {
             Ok(r) => WhatIf {
                 setting,
                 peak_reserved_bytes: r.peak_reserved_bytes,
@@ -280,8 +364,7 @@ fn diagnose(
                 equals_recording: None,
                 error: Some(e.to_string()),
             },
-        };
-        what_ifs.push(row);
+        });
     }
     // The planner sees the trace's own allocations; blocks that predate the
     // recording are live beside them.
@@ -303,12 +386,40 @@ fn diagnose(
             device_free_bytes,
         })
         .collect();
-    let segments_at_peak =
-        segment_map::segments_at(snap, recorded.clone(), capacity, base.at_peak.after_op).ok();
-    let segments_at_first_oom = base
-        .oom_at
-        .first()
-        .and_then(|o| segment_map::segments_at(snap, recorded.clone(), capacity, o.op).ok());
+    // The segments at the peak and at the first refusal, and the page's
+    // replay: side by side.
+    let first_oom = base.oom_at.first().map(|o| o.op);
+    let mut jobs = vec![
+        Job::Segments(Some(base.at_peak.after_op)),
+        Job::Segments(first_oom),
+    ];
+    jobs.extend(page_points.map(Job::Page));
+    let mut done = parallel_map(jobs, |job| match job {
+        Job::Segments(at) => Done::Segments(
+            at.and_then(|at| segment_map::segments_at(snap, recorded.clone(), capacity, at).ok()),
+        ),
+        Job::Page(points) => Done::Page(page(
+            snap,
+            recorded.clone(),
+            capacity,
+            points,
+            base.at_peak.after_op,
+            first_oom,
+        )),
+    })
+    .into_iter();
+    let mut segments = || match done.next() {
+        Some(Done::Segments(m)) => m,
+        _ => None,
+    };
+    let segments_at_peak = segments();
+    let segments_at_first_oom = segments();
+    let page = match done.next() {
+        Some(Done::Page(p)) => {
+            Some(p.map_err(|e| anyhow::anyhow!("{name}: device {}: {e}", snap.device))?)
+        }
+        _ => None,
+    };
     let mut advice = advise(
         base.oom_at.first(),
         &what_ifs,
@@ -336,21 +447,24 @@ fn diagnose(
             ));
         }
     }
-    Ok(DeviceReport {
-        device: snap.device,
-        capacity_bytes: capacity,
-        allocations: snap.workload.allocations(),
-        recorded_settings: recorded.describe(),
-        what_ifs,
-        planner_floor_bytes,
-        at_peak: base.at_peak,
-        recorded_ooms,
-        at_first_oom: base.at_first_oom,
-        segments_at_peak,
-        segments_at_first_oom,
-        segments_at_snapshot: None,
-        advice,
-    })
+    Ok((
+        DeviceReport {
+            device: snap.device,
+            capacity_bytes: capacity,
+            allocations: snap.workload.allocations(),
+            recorded_settings: recorded.describe(),
+            what_ifs,
+            planner_floor_bytes,
+            at_peak: base.at_peak,
+            recorded_ooms,
+            at_first_oom: base.at_first_oom,
+            segments_at_peak,
+            segments_at_first_oom,
+            segments_at_snapshot: None,
+            advice,
+        },
+        page,
+    ))
 }
 
 /// Plain sentences from the figures: what the peak is made of, how much is

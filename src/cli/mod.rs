@@ -6,6 +6,7 @@ pub mod bench;
 pub mod bench_alloc;
 pub mod demo;
 pub mod doctor;
+pub mod doctor_page;
 pub mod estimate;
 pub mod info;
 pub mod lessons;

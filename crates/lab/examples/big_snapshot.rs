@@ -99,6 +99,11 @@ impl<W: Write> Out<W> {
     }
 }
 
+/// Sites below this make parameters; from `STATE_SITES` on, optimizer
+/// state.
+const PARAM_SITES: usize = 40;
+const STATE_SITES: usize = 360;
+
 /// SplitMix64.
 struct Rng(u64);
 
@@ -150,8 +155,20 @@ impl Frames {
                 ["forward", "attention", "mlp", "step", "train_step"][i % 5].to_string(),
             ));
         }
+        // Where parameters and optimizer state are made, as PyTorch's
+        // frames show it (what the reader's categories look for).
+        frames.push((
+            "/usr/lib/python3/site-packages/torch/nn/modules/linear.py".into(),
+            105,
+            "reset_parameters".into(),
+        ));
+        frames.push((
+            "/usr/lib/python3/site-packages/torch/optim/adamw.py".into(),
+            152,
+            "_init_group".into(),
+        ));
         let sites = (0..sites)
-            .map(|_| {
+            .map(|site| {
                 let depth = 30 + rng.next(20) as usize;
                 let mut s: Vec<usize> = (0..depth - 3).map(|_| rng.next(620) as usize).collect();
                 for _ in 0..3 {
@@ -159,6 +176,11 @@ impl Frames {
                         rng.next(s.len() as u64) as usize,
                         620 + rng.next(80) as usize,
                     );
+                }
+                match site {
+                    0..PARAM_SITES => s.insert(1, 700),
+                    STATE_SITES.. => s.insert(1, 701),
+                    _ => {}
                 }
                 s
             })

@@ -29,6 +29,7 @@ pub mod segment_map;
 pub mod snapshot_export;
 pub mod strategies;
 pub mod synthetic;
+pub mod timeline;
 pub mod torch_snapshot;
 pub mod trace;
 pub mod trace_entries;

@@ -26,7 +26,7 @@ pub use super::peak::Origin;
 use super::peak::{live_at, LiveAt, OomAt};
 use super::pickle::{unpickle_from, PyValue};
 use super::recorded_source::RecordedSource;
-use super::trace_entries::{Entries, Entry, SizeField};
+use super::trace_entries::{Entries, SizeField};
 use super::workload::{Op, Workload};
 use crate::memory::caching::{pool_for, round_size, BlockHandle, CachingAllocator, PoolKind};
 use crate::memory::config::AllocatorConfig;
@@ -448,13 +448,16 @@ fn read_device(
     config: &AllocatorConfig,
     name: &str,
 ) -> Result<TorchSnapshot, LabError> {
-    let trace: Vec<Entry> = trace.iter().map(|e| table.resolve(e)).collect();
-    let table = &*table;
     // Newer PyTorch records free_requested then free_completed (the block is
     // reusable at the second); older versions one of them, or "free".
+    let mut seen = std::collections::HashSet::new();
+    for item in trace {
+        let e = table.resolve(item);
+        seen.insert(table.action_name(&e).to_string());
+    }
     let free_action = ["free_completed", "free_requested", "free"]
         .into_iter()
-        .find(|a| trace.iter().any(|e| table.action_name(e) == *a))
+        .find(|a| seen.contains(*a))
         .unwrap_or("free_completed");
     // Blocks the trace allocated and has not freed: address → id.
     let mut live: IdMap<u64, u64> = IdMap::default();
@@ -477,10 +480,11 @@ fn read_device(
     // its own; with it on, the allocator's own rule decides.)
     let releases_mean_empty_cache = config.garbage_collection_threshold == 0.0;
     let mut releasing = false;
-    for (i, e) in trace.iter().enumerate() {
+    for (i, item) in trace.iter().enumerate() {
+        let e = &table.resolve(item);
         let act = table.action_name(e);
-        let addr = e.addr;
-        let size = size_field(e.size, "size", || {
+        let addr = e.addr(table);
+        let size = size_field(e.size(), "size", || {
             format!("device_traces[{device}][{i}] ({act:?})")
         })?;
         let release = act == "segment_free" || act == "segment_unmap";
@@ -543,11 +547,10 @@ fn read_device(
                     seg_f.push(size);
                 }
             }
-            "oom" => ooms.push((size, e.device_free)),
+            "oom" => ooms.push((size, e.device_free(table))),
             _ => {}
         }
     }
-    drop(trace);
     let (recorded, expandable) = recorded_segments(root, device)?;
     let recorded_end = end_state(&recorded, root, device);
     // Rewind: what was there at the start.

@@ -1,5 +1,5 @@
 //! A snapshot's `device_traces` entries kept compact while the pickle
-//! streams: each entry dict becomes a 40-byte record as soon as it is
+//! streams: each entry dict becomes a 24-byte record as soon as it is
 //! complete (its action, address, size, the free bytes of an `oom`, and what
 //! its frames and `user_metadata` say: a category and an origin), and the
 //! trace list holds the record's index. A snapshot of millions of entries
@@ -23,21 +23,53 @@ pub enum SizeField {
     NotInt,
 }
 
-/// One trace entry.
+/// One trace entry, in 24 bytes.
 #[derive(Debug, Clone, Copy)]
 pub struct Entry {
-    /// Index into [`Entries::action_name`].
-    pub action: u32,
-    /// Index into [`Entries::origin`]; 0 when the entry says nothing.
-    pub origin: u32,
-    pub addr: u64,
-    pub size: SizeField,
-    /// `device_free` (an `oom` entry's free bytes), 0 when absent.
-    pub device_free: u64,
+    /// Index into the action names ([`Entries::action_name`]).
+    action: u8,
     /// From `user_metadata` (a `vramlab_torch` recording), else `None`.
     pub named: Option<Category>,
     /// From the frames (`Untagged` when they do not say).
     pub from_frames: Category,
+    /// Index into [`Entries::origin`]; 0 when the entry says nothing.
+    origin: u32,
+    /// `addr`; for an `oom` (which has none), `device_free`.
+    value: u64,
+    /// `size`, with two values no byte count takes for absent and
+    /// not-an-integer.
+    size: i64,
+}
+
+const SIZE_ABSENT: i64 = i64::MIN;
+const SIZE_NOT_INT: i64 = i64::MIN + 1;
+
+impl Entry {
+    pub fn size(&self) -> SizeField {
+        match self.size {
+            SIZE_ABSENT => SizeField::Absent,
+            SIZE_NOT_INT => SizeField::NotInt,
+            n => SizeField::Int(n),
+        }
+    }
+
+    /// `addr` (0 for an `oom`).
+    pub fn addr(&self, entries: &Entries) -> u64 {
+        if entries.action_name(self) == "oom" {
+            0
+        } else {
+            self.value
+        }
+    }
+
+    /// An `oom` entry's `device_free` (0 for any other).
+    pub fn device_free(&self, entries: &Entries) -> u64 {
+        if entries.action_name(self) == "oom" {
+            self.value
+        } else {
+            0
+        }
+    }
 }
 
 /// What a `user_metadata` text says: a category and a module.
@@ -52,7 +84,7 @@ const INDEX_BASE: i64 = i64::MIN;
 pub struct Entries {
     records: Vec<Entry>,
     actions: Vec<Arc<str>>,
-    action_ids: HashMap<Arc<str>, u32>,
+    action_ids: HashMap<Arc<str>, u8>,
     origins: Vec<Origin>,
     origin_ids: HashMap<Origin, u32>,
     strings: HashMap<Arc<str>, ()>,
@@ -125,26 +157,31 @@ impl Entries {
                 .find(|(k, _)| matches!(k, PyValue::Str(s) if &**s == key))
                 .map(|(_, v)| v)
         };
-        let action = get("action").and_then(PyValue::as_str).unwrap_or("");
-        let action = match self.action_ids.get(action) {
+        let name = get("action").and_then(PyValue::as_str).unwrap_or("");
+        let action = match self.action_ids.get(name) {
             Some(&i) => i,
-            None => {
-                let name: Arc<str> = Arc::from(action);
-                self.actions.push(name.clone());
-                let i = (self.actions.len() - 1) as u32;
-                self.action_ids.insert(name, i);
-                i
-            }
+            // Past 255 distinct actions (none real), the rest share "?".
+            None if self.actions.len() >= u8::MAX as usize => self.action_id("?"),
+            None => self.action_id(name),
         };
         let int = |key: &str| {
             (get(key).and_then(PyValue::as_i64).unwrap_or(0).max(0) as u64)
                 .min(crate::memory::constants::MAX_BYTES)
         };
         let size = match get("size") {
-            None => SizeField::Absent,
-            Some(v) => v.as_i64().map_or(SizeField::NotInt, SizeField::Int),
+            None => SIZE_ABSENT,
+            Some(v) => match v.as_i64() {
+                // Both sentinels are negative: refused as negative sizes.
+                Some(n) if n == SIZE_ABSENT || n == SIZE_NOT_INT => -1,
+                Some(n) => n,
+                None => SIZE_NOT_INT,
+            },
         };
-        let (addr, device_free) = (int("addr"), int("device_free"));
+        let value = if name == "oom" {
+            int("device_free")
+        } else {
+            int("addr")
+        };
         let (named, module) = match get("user_metadata").and_then(PyValue::as_str) {
             Some(text) => self.metadata(text),
             None => (None, None),
@@ -163,13 +200,23 @@ impl Entries {
         };
         Entry {
             action,
-            origin,
-            addr,
-            size,
-            device_free,
             named,
             from_frames,
+            origin,
+            value,
+            size,
         }
+    }
+
+    fn action_id(&mut self, name: &str) -> u8 {
+        if let Some(&i) = self.action_ids.get(name) {
+            return i;
+        }
+        let name: Arc<str> = Arc::from(name);
+        self.actions.push(name.clone());
+        let i = (self.actions.len() - 1) as u8;
+        self.action_ids.insert(name, i);
+        i
     }
 
     fn metadata(&mut self, text: &str) -> Said {

@@ -4,4 +4,5 @@ mod exact_planner;
 mod expandable;
 mod segment_map;
 mod streaming;
+mod timeline;
 mod vramlab;
