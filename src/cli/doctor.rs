@@ -158,6 +158,14 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<()> {
                 write_page(page, snap.device, args.json, dir, &name)?;
             }
         }
+        if snap.streams > 1 {
+            let same = r.what_ifs[0].equals_recording == Some(true);
+            r.advice.push(format!(
+                "The trace allocates on {} CUDA streams. PyTorch keeps each stream's free blocks apart; this replay keeps one pool for all of them, so its segments {} the recording's.",
+                snap.streams,
+                if same { "still equal" } else { "can differ from" }
+            ));
+        }
         if !planner && !args.no_planner {
             r.advice.push(format!(
                 "The offline planner's floor was left out: {} allocations are too many for it by default (200,000 took 40 s); --planner computes it.",

@@ -70,6 +70,10 @@ pub struct TorchSnapshot {
     /// Allocations whose `user_metadata` named their category (a recording
     /// by `vramlab_torch`, which also names the module).
     pub categories_from_metadata: usize,
+    /// CUDA streams the trace's allocations were made on. PyTorch keeps
+    /// each stream's free blocks apart; the replay keeps one pool, so with
+    /// more than one its segments can differ from the recording.
+    pub streams: usize,
 }
 
 /// The category and module `vramlab_torch` (or
@@ -473,6 +477,7 @@ fn read_device(
     let mut categories = BTreeMap::new();
     let mut origins: HashMap<u64, Origin> = HashMap::new();
     let mut from_metadata = 0;
+    let mut streams = std::collections::BTreeSet::new();
     // A trace has no entry for `empty_cache` (or the out-of-memory retry):
     // it shows as a run of segment_free / segment_unmap entries. The first
     // of each run becomes an EmptyCache op, so the replay releases what
@@ -494,6 +499,7 @@ fn read_device(
         releasing = release;
         match act {
             "alloc" => {
+                streams.insert(e.stream);
                 next += 1;
                 live.insert(addr, next);
                 from_metadata += usize::from(e.named.is_some());
@@ -623,6 +629,7 @@ fn read_device(
         initial_expandable,
         origins,
         categories_from_metadata: from_metadata,
+        streams: streams.len(),
     })
 }
 

@@ -32,6 +32,9 @@ pub struct Entry {
     pub named: Option<Category>,
     /// From the frames (`Untagged` when they do not say).
     pub from_frames: Category,
+    /// Which of the trace's CUDA streams (in order of first appearance;
+    /// past 255 they share the last).
+    pub stream: u8,
     /// Index into [`Entries::origin`]; 0 when the entry says nothing.
     origin: u32,
     /// `addr`; for an `oom` (which has none), `device_free`.
@@ -84,6 +87,8 @@ const INDEX_BASE: i64 = i64::MIN;
 pub struct Entries {
     records: Vec<Entry>,
     actions: Vec<Arc<str>>,
+    /// Stream ids, in order of first appearance.
+    streams: Vec<i64>,
     action_ids: HashMap<Arc<str>, u8>,
     origins: Vec<Origin>,
     origin_ids: HashMap<Origin, u32>,
@@ -100,6 +105,7 @@ impl Default for Entries {
         Entries {
             records: Vec::new(),
             actions: Vec::new(),
+            streams: Vec::new(),
             action_ids: HashMap::new(),
             origins: vec![Origin::default()],
             origin_ids: HashMap::new(),
@@ -177,6 +183,15 @@ impl Entries {
                 None => SIZE_NOT_INT,
             },
         };
+        let raw_stream = get("stream").and_then(PyValue::as_i64).unwrap_or(0);
+        let stream = match self.streams.iter().position(|&x| x == raw_stream) {
+            Some(k) => k as u8,
+            None if self.streams.len() < u8::MAX as usize => {
+                self.streams.push(raw_stream);
+                (self.streams.len() - 1) as u8
+            }
+            None => u8::MAX,
+        };
         let value = if name == "oom" {
             int("device_free")
         } else {
@@ -202,6 +217,7 @@ impl Entries {
             action,
             named,
             from_frames,
+            stream,
             origin,
             value,
             size,

@@ -133,3 +133,43 @@ fn lists_of_plain_values_are_never_merged() {
     assert_eq!(a, b);
     assert!(!Rc::ptr_eq(a, b));
 }
+
+#[test]
+fn allocations_on_two_streams_are_counted() {
+    use vramlab_lab::pickle::pickle;
+    let s = PyValue::str;
+    let entry = |action: &str, addr: i64, stream: i64| {
+        PyValue::dict(vec![
+            (s("action"), s(action)),
+            (s("addr"), PyValue::Int(addr)),
+            (s("size"), PyValue::Int(1 << 20)),
+            (s("stream"), PyValue::Int(stream)),
+        ])
+    };
+    let trace = vec![
+        entry("segment_alloc", 1 << 32, 0),
+        entry("alloc", 1 << 32, 0),
+        entry("alloc", (1 << 32) + (1 << 20), 7),
+        entry("free_completed", 1 << 32, 0),
+    ];
+    let root = PyValue::dict(vec![
+        (s("segments"), PyValue::list(vec![])),
+        (
+            s("device_traces"),
+            PyValue::list(vec![PyValue::list(trace)]),
+        ),
+    ]);
+    let file = read_all(&pickle(&root), "two streams").unwrap();
+    assert_eq!(file.devices[0].streams, 2);
+    let one = PyValue::dict(vec![
+        (s("segments"), PyValue::list(vec![])),
+        (
+            s("device_traces"),
+            PyValue::list(vec![PyValue::list(vec![entry("alloc", 1 << 32, 3)])]),
+        ),
+    ]);
+    assert_eq!(
+        read_all(&pickle(&one), "one").unwrap().devices[0].streams,
+        1
+    );
+}
