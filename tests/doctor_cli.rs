@@ -349,3 +349,28 @@ fn a_real_cuda_recording_replays_to_pytorchs_own_peaks() {
     );
     assert_eq!(recorded["equals_recording"].as_bool(), Some(true));
 }
+
+/// `--at OP` shows any moment as the peak is shown: asked for the peak's
+/// own operation it says exactly what the peak says, on every real
+/// snapshot; an operation past the end is the last.
+#[test]
+fn at_a_chosen_operation_equals_the_peak_at_the_peak() {
+    for file in [
+        "tests/fixtures/snapshots/cs336_kkaitlyn_ctx128_fullstep.pickle",
+        "tests/fixtures/snapshots/ftcourse_memory_snapshot.pickle",
+        "tests/fixtures/recorder/h200-torch2.11-gpt2-bf16.cuda.pickle",
+    ] {
+        let d = doctor(file, &["--no-planner"]);
+        let peak_op = d["devices"][0]["at_peak"]["after_op"].as_u64().unwrap();
+        let at = doctor(file, &["--no-planner", "--at", &peak_op.to_string()]);
+        let dev = &at["devices"][0];
+        assert_eq!(dev["at_chosen"], dev["at_peak"], "{file}");
+        assert_eq!(dev["segments_at_chosen"], dev["segments_at_peak"], "{file}");
+        let end = doctor(file, &["--no-planner", "--at", "99999999"]);
+        let ops = end["devices"][0]["at_chosen"]["after_op"].as_u64().unwrap();
+        assert!(ops > peak_op || ops == peak_op, "{file}");
+        assert!(end["devices"][0]["segments_at_chosen"]["reserved_bytes"]
+            .as_u64()
+            .is_some());
+    }
+}

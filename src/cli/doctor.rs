@@ -53,6 +53,11 @@ pub struct DoctorArgs {
     /// refusal) instead of every event: a few MB for millions of entries.
     #[arg(long, value_name = "N", default_value_t = 200_000)]
     pub page_points: usize,
+    /// Also show what is live, and the replay's segments, after this trace
+    /// operation (0-based, as the page and `at_peak.after_op` count them):
+    /// any moment, not only the peak.
+    #[arg(long, value_name = "OP")]
+    pub at: Option<usize>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -90,6 +95,12 @@ struct DeviceReport {
     at_peak: LiveAt,
     recorded_ooms: Vec<RecordedOom>,
     at_first_oom: Option<LiveAt>,
+    /// What is live after `--at`'s operation.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    at_chosen: Option<LiveAt>,
+    /// The replay's segments after `--at`'s operation.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    segments_at_chosen: Option<SegmentMap>,
     /// The replay's segments at the peak of allocated bytes.
     segments_at_peak: Option<SegmentMap>,
     /// The replay's segments when the first allocation was refused.
@@ -146,7 +157,15 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<()> {
         let planner =
             !args.no_planner && (args.planner || snap.workload.allocations() <= PLANNER_AUTO_MAX);
         let page_points = args.out.as_ref().map(|_| args.page_points);
-        let (mut r, page) = match diagnose(snap, recorded, capacity, planner, &name, page_points) {
+        let (mut r, page) = match diagnose(
+            snap,
+            recorded,
+            capacity,
+            planner,
+            &name,
+            page_points,
+            args.at,
+        ) {
             Ok(r) => r,
             Err(e) => {
                 failures.push(e.to_string());
@@ -312,6 +331,7 @@ fn diagnose(
     planner: bool,
     name: &str,
     page_points: Option<usize>,
+    at: Option<usize>,
 ) -> anyhow::Result<(DeviceReport, Option<Page>)> {
     // The recorded settings and every alternative replay at once, one per
     // core. The recording's own state may not fit `--capacity` (the card
@@ -320,9 +340,11 @@ fn diagnose(
         let mut jobs = vec![(String::new(), recorded.clone())];
         jobs.extend(alternatives(&recorded, capacity));
         parallel_map(jobs, |(setting, cfg)| {
+            // Only the recorded settings' replay looks at `--at`.
+            let at = if setting.is_empty() { at } else { None };
             (
                 setting,
-                torch_snapshot::replay_from_state(snap, cfg, capacity),
+                torch_snapshot::replay_from_state_at(snap, cfg, capacity, at),
             )
         })
     };
@@ -394,12 +416,14 @@ fn diagnose(
             device_free_bytes,
         })
         .collect();
-    // The segments at the peak and at the first refusal, and the page's
-    // replay: side by side.
+    // The segments at the peak, at the first refusal and at `--at`, and the
+    // page's replay: side by side.
     let first_oom = base.oom_at.first().map(|o| o.op);
+    let chosen = base.at_chosen.as_ref().map(|l| l.after_op);
     let mut jobs = vec![
         Job::Segments(Some(base.at_peak.after_op)),
         Job::Segments(first_oom),
+        Job::Segments(chosen),
     ];
     jobs.extend(page_points.map(Job::Page));
     let mut done = parallel_map(jobs, |job| match job {
@@ -422,6 +446,7 @@ fn diagnose(
     };
     let segments_at_peak = segments();
     let segments_at_first_oom = segments();
+    let segments_at_chosen = segments();
     let page = match done.next() {
         Some(Done::Page(p)) => {
             Some(p.map_err(|e| anyhow::anyhow!("{name}: device {}: {e}", snap.device))?)
@@ -464,6 +489,8 @@ fn diagnose(
             what_ifs,
             planner_floor_bytes,
             at_peak: base.at_peak,
+            at_chosen: base.at_chosen,
+            segments_at_chosen,
             recorded_ooms,
             at_first_oom: base.at_first_oom,
             segments_at_peak,
@@ -655,6 +682,12 @@ fn print_text(name: &str, reports: &[DeviceReport]) {
         }
         if let Some(m) = &r.segments_at_first_oom {
             print_map("the replay's segments at the first refusal", m);
+        }
+        if let Some(live) = &r.at_chosen {
+            print_live(&format!("live after operation {}", live.after_op), live);
+        }
+        if let Some(m) = &r.segments_at_chosen {
+            print_map("the replay's segments then", m);
         }
         if let Some(m) = &r.segments_at_snapshot {
             print_map("the segments when the snapshot was taken", m);

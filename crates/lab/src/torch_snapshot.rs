@@ -782,6 +782,8 @@ pub struct ReplayFromState {
     pub oom_at: Vec<OomAt>,
     /// What was live at the first of them.
     pub at_first_oom: Option<LiveAt>,
+    /// What was live after the operation asked for, if one was.
+    pub at_chosen: Option<LiveAt>,
 }
 
 /// How many out-of-memory allocations a replay describes.
@@ -938,6 +940,17 @@ pub fn replay_from_state(
     config: AllocatorConfig,
     capacity: Option<u64>,
 ) -> Result<ReplayFromState, LabError> {
+    replay_from_state_at(snap, config, capacity, None)
+}
+
+/// [`replay_from_state`], also saying what is live after operation `at`
+/// ([`ReplayFromState::at_chosen`]).
+pub fn replay_from_state_at(
+    snap: &TorchSnapshot,
+    config: AllocatorConfig,
+    capacity: Option<u64>,
+    at: Option<usize>,
+) -> Result<ReplayFromState, LabError> {
     let Started {
         allocator: mut a,
         mut handles,
@@ -991,6 +1004,7 @@ pub fn replay_from_state(
     };
     let at_peak = live(peak_op);
     let at_first_oom = oom_at.first().map(|o| live(o.op));
+    let at_chosen = at.map(|at| live(at.min(ops.len().saturating_sub(1))));
     let snapshot = a.snapshot();
     let mut sizes: Vec<u64> = snapshot.segments.iter().map(|s| s.total_size).collect();
     sizes.sort_unstable();
@@ -1035,6 +1049,7 @@ pub fn replay_from_state(
         at_peak,
         oom_at,
         at_first_oom,
+        at_chosen,
     })
 }
 
