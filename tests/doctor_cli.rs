@@ -368,7 +368,7 @@ fn at_a_chosen_operation_equals_the_peak_at_the_peak() {
         assert_eq!(dev["segments_at_chosen"], dev["segments_at_peak"], "{file}");
         let end = doctor(file, &["--no-planner", "--at", "99999999"]);
         let ops = end["devices"][0]["at_chosen"]["after_op"].as_u64().unwrap();
-        assert!(ops > peak_op || ops == peak_op, "{file}");
+        assert!(ops >= peak_op, "{file}");
         assert!(end["devices"][0]["segments_at_chosen"]["reserved_bytes"]
             .as_u64()
             .is_some());
