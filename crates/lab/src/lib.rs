@@ -17,6 +17,7 @@ pub mod buffer;
 pub mod error;
 pub mod exact_planner;
 pub mod file_kind;
+pub mod frames;
 pub mod interval_trace;
 pub mod intervals;
 mod lookahead;

@@ -22,6 +22,7 @@
 //! places by; every other block stays untagged.
 
 use super::error::LabError;
+pub use super::frames::{category_from_frames, metadata_of, metadata_of_text, user_frame};
 pub use super::peak::Origin;
 use super::peak::{live_at, LiveAt, OomAt};
 use super::pickle::{unpickle_from, PyValue};
@@ -76,59 +77,6 @@ pub struct TorchSnapshot {
     pub streams: usize,
 }
 
-/// The category and module `vramlab_torch` (or
-/// `torch.cuda.memory._set_memory_metadata`) wrote as JSON into a trace
-/// entry's `user_metadata`; `None` for any other text.
-pub fn metadata_of(entry: &PyValue) -> (Option<Category>, Option<String>) {
-    match entry.get("user_metadata").and_then(PyValue::as_str) {
-        Some(text) => metadata_of_text(text),
-        None => (None, None),
-    }
-}
-
-/// [`metadata_of`] for the `user_metadata` text itself.
-pub fn metadata_of_text(text: &str) -> (Option<Category>, Option<String>) {
-    let Ok(serde_json::Value::Object(m)) = serde_json::from_str::<serde_json::Value>(text) else {
-        return (None, None);
-    };
-    let category = m
-        .get("category")
-        .and_then(|c| serde_json::from_value::<Category>(c.clone()).ok());
-    let module = m
-        .get("module")
-        .and_then(|v| v.as_str())
-        .filter(|s| !s.is_empty())
-        .map(String::from);
-    (category, module)
-}
-
-/// The innermost frame outside PyTorch and Python's own libraries, as
-/// `dir/file.py:line function`.
-pub fn user_frame(frames: Option<&PyValue>) -> Option<String> {
-    frames.and_then(PyValue::as_list)?.iter().find_map(|f| {
-        let file = f
-            .get("filename")
-            .and_then(PyValue::as_str)?
-            .replace('\\', "/");
-        let library = [
-            "/torch/",
-            "/site-packages/",
-            "/lib/python",
-            "/vramlab_torch/",
-        ];
-        let python = file.ends_with(".py") && !file.starts_with('<');
-        let rooted = format!("/{file}");
-        if !python || library.iter().any(|l| rooted.contains(l)) {
-            return None;
-        }
-        let short: Vec<&str> = file.rsplit('/').take(2).collect();
-        let short: Vec<&str> = short.into_iter().rev().collect();
-        let line = f.get("line").and_then(PyValue::as_i64).unwrap_or(0);
-        let name = f.get("name").and_then(PyValue::as_str).unwrap_or("?");
-        Some(format!("{}:{line} {name}", short.join("/")))
-    })
-}
-
 /// An expandable segment before the recording began: its mapped ranges and
 /// live blocks as offsets from `base` (the lowest address the recording
 /// shows for the pool), blocks as in [`InitialSegment`].
@@ -172,31 +120,6 @@ pub struct SnapshotFile {
     pub settings: Option<AllocatorConfig>,
     /// `expandable_segments` was on.
     pub expandable_setting: bool,
-}
-
-/// What an allocation holds, judged from its frames (innermost first, each
-/// `{"filename", "line", "name"}`); `Untagged` when they do not say.
-pub fn category_from_frames(frames: Option<&PyValue>) -> Category {
-    let Some(frames) = frames.and_then(PyValue::as_list) else {
-        return Category::Untagged;
-    };
-    for f in frames {
-        let file = f
-            .get("filename")
-            .and_then(PyValue::as_str)
-            .unwrap_or("")
-            .replace('\\', "/");
-        let name = f.get("name").and_then(PyValue::as_str).unwrap_or("");
-        if file.contains("torch/optim/") && name == "_init_group" {
-            return Category::OptimizerState;
-        }
-        if file.contains("torch/nn/modules/")
-            && matches!(name, "__init__" | "reset_parameters" | "_apply")
-        {
-            return Category::Parameter;
-        }
-    }
-    Category::Untagged
 }
 
 /// Ids given to blocks that existed before the recording (never clash with

@@ -239,7 +239,7 @@ impl Entries {
         if let Some(m) = self.metadata.get(text) {
             return m.clone();
         }
-        let (category, module) = super::torch_snapshot::metadata_of_text(text);
+        let (category, module) = super::frames::metadata_of_text(text);
         let module = module.map(|m| self.intern(&m));
         let key = self.intern(text);
         self.metadata.insert(key, (category, module.clone()));
@@ -257,8 +257,8 @@ impl Entries {
         if let Some((_, c, u)) = id.and_then(|id| self.frames.get(&id)) {
             return (*c, u.clone());
         }
-        let category = super::torch_snapshot::category_from_frames(Some(f));
-        let user = super::torch_snapshot::user_frame(Some(f)).map(|u| self.intern(&u));
+        let category = super::frames::category_from_frames(Some(f));
+        let user = super::frames::user_frame(Some(f)).map(|u| self.intern(&u));
         if let Some(id) = id {
             self.frames.insert(id, (f.clone(), category, user.clone()));
         }
