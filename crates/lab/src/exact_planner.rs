@@ -313,9 +313,15 @@ impl<'a> Search<'a> {
         let mut start = 0;
         for s in 0..nsec {
             if s + 1 == nsec || self.cuts[s] == 0 {
+                // Each buffer once: in the section where it starts.
+                let p = self.p;
                 let bufs: Vec<u32> = (start..=s)
-                    .flat_map(|x| self.p.live[x].iter().copied())
-                    .filter(|&b| self.p.lo[b as usize] >= start)
+                    .flat_map(|x| {
+                        p.live[x]
+                            .iter()
+                            .copied()
+                            .filter(move |&b| p.lo[b as usize] == x)
+                    })
                     .collect();
                 if !bufs.is_empty() {
                     let st = self.sub_solve(&bufs, (start, s + 1));

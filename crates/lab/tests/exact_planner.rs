@@ -203,6 +203,27 @@ fn challenging_instances_verify_and_beat_greedy() {
     eprintln!("total {:.1}s", t.elapsed().as_secs_f64());
 }
 
+#[test]
+fn challenging_instances_fit_one_mib_in_minimallocs_node_counts() {
+    // MiniMalloc's own question on its own benchmarks: everything fits in
+    // the 1 MiB of the file names. MiniMalloc (WAT, TAW, TWA round robin)
+    // answers in 2,046 (J) to 154,625 (E) search nodes; this search visits
+    // the same tree, so a node count far above that means the search
+    // wanders (e.g. a buffer listed twice in a partition re-explores every
+    // failed subtree). Nodes, not seconds: independent of the machine.
+    for name in NAMES.chars() {
+        let v = fixture(name);
+        let f = fit(&v, 1 << 20, Duration::from_secs(60));
+        let offsets = f
+            .offsets
+            .unwrap_or_else(|| panic!("{name}: no plan in 1 MiB after {} nodes", f.nodes));
+        let arena = verify(&v, &offsets).unwrap();
+        assert!(arena <= 1 << 20, "{name}: {arena}");
+        assert!(f.nodes <= 200_000, "{name}: {} nodes", f.nodes);
+        eprintln!("{name}: fits 1 MiB (arena {arena}) in {} nodes", f.nodes);
+    }
+}
+
 /// Cuts the rectangle [0, t) x [0, c) (time x memory) into `pieces`
 /// rectangles by random guillotine cuts: a perfect packing, so the
 /// optimum equals the peak-live bound `c`.
