@@ -193,8 +193,12 @@ pub fn greedy(intervals: &[Interval]) -> Vec<u64> {
     best.map(|(_, o)| o).unwrap_or_default()
 }
 
-/// The problem as the search sees it: time cut into sections (between
-/// consecutive distinct endpoints), each buffer spanning a section range.
+/// The problem as the search sees it: time cut into sections, one per
+/// distinct end time (MiniMalloc's sweep): section `k` is the cross section
+/// of buffers live just before the `k`-th end time. These are the maximal
+/// cross sections (every other instant's live set is contained in one), so
+/// they carry every constraint the finer cut between all endpoints would,
+/// with fewer sections to update. Each buffer spans a contiguous range.
 struct Prep {
     size: Vec<u64>,
     /// Section span `[lo, hi)` of each buffer.
@@ -210,13 +214,19 @@ struct Prep {
 
 impl Prep {
     fn new(intervals: &[Interval]) -> Prep {
-        let mut times: Vec<i64> = intervals.iter().flat_map(|i| [i.lower, i.upper]).collect();
-        times.sort_unstable();
-        times.dedup();
-        let pos = |t: i64| times.binary_search(&t).unwrap_or(0);
-        let nsec = times.len().saturating_sub(1);
-        let lo: Vec<usize> = intervals.iter().map(|i| pos(i.lower)).collect();
-        let hi: Vec<usize> = intervals.iter().map(|i| pos(i.upper)).collect();
+        let mut ends: Vec<i64> = intervals.iter().map(|i| i.upper).collect();
+        ends.sort_unstable();
+        ends.dedup();
+        let nsec = ends.len();
+        // Live just before end time e: lower < e <= upper.
+        let lo: Vec<usize> = intervals
+            .iter()
+            .map(|i| ends.partition_point(|&e| e <= i.lower))
+            .collect();
+        let hi: Vec<usize> = intervals
+            .iter()
+            .map(|i| ends.partition_point(|&e| e <= i.upper))
+            .collect();
         let mut live = vec![Vec::new(); nsec];
         let mut cuts = vec![0u32; nsec.saturating_sub(1)];
         for b in 0..intervals.len() {
@@ -270,8 +280,12 @@ struct Search<'a> {
     floor: Vec<u64>,
     total: Vec<u64>,
     cuts: Vec<u32>,
-    mark: Vec<bool>,
-    affected: Vec<usize>,
+    /// Per section, its unplaced buffers (in any order; swap-removed when
+    /// placed, restored on undo).
+    unplaced: Vec<Vec<u32>>,
+    /// Where buffer b sits in `unplaced[s]`: `slot[base[b] + s - lo[b]]`.
+    slot: Vec<u32>,
+    base: Vec<usize>,
     off_changes: Vec<(u32, u64)>,
     sec_changes: Vec<(usize, u64)>,
     nodes: u64,
@@ -287,6 +301,20 @@ impl<'a> Search<'a> {
         for (s, l) in p.live.iter().enumerate() {
             total[s] = l.iter().map(|&b| p.size[b as usize]).sum();
         }
+        let mut base = Vec::with_capacity(n);
+        let mut spans = 0;
+        for b in 0..n {
+            base.push(spans);
+            spans += p.hi[b] - p.lo[b];
+        }
+        let unplaced = p.live.clone();
+        let mut slot = vec![0u32; spans];
+        for (s, l) in unplaced.iter().enumerate() {
+            for (i, &b) in l.iter().enumerate() {
+                let b = b as usize;
+                slot[base[b] + s - p.lo[b]] = i as u32;
+            }
+        }
         Search {
             p,
             cap,
@@ -297,8 +325,9 @@ impl<'a> Search<'a> {
             floor: vec![0; nsec],
             total,
             cuts: p.cuts.clone(),
-            mark: vec![false; nsec],
-            affected: Vec::new(),
+            unplaced,
+            slot,
+            base,
             off_changes: Vec::new(),
             sec_changes: Vec::new(),
             nodes: 0,
@@ -429,6 +458,12 @@ impl<'a> Search<'a> {
             // Raise the minimum offsets of unplaced temporal neighbours.
             let oc = self.off_changes.len();
             let mut hatless = true;
+            // The sections whose lowest unplaced minimum offset may have
+            // risen: those of the raised neighbours. Each neighbour's span
+            // meets b's, so outside b's span their union is contiguous; the
+            // hull with b's span is rescanned (a superset: a floor recomputed
+            // where nothing changed is still a floor).
+            let (mut a_lo, mut a_hi) = (usize::MAX, 0);
             for &j in &p.overlaps[b] {
                 let j = j as usize;
                 if self.off[j] != NONE {
@@ -440,12 +475,12 @@ impl<'a> Search<'a> {
                 }
                 self.off_changes.push((j as u32, self.min_off[j]));
                 self.min_off[j] = top;
-                for s in p.lo[j]..p.hi[j] {
-                    if !self.mark[s] {
-                        self.mark[s] = true;
-                        self.affected.push(s);
-                    }
-                }
+                a_lo = a_lo.min(p.lo[j]);
+                a_hi = a_hi.max(p.hi[j]);
+            }
+            if a_lo < a_hi {
+                a_lo = a_lo.min(p.lo[b]);
+                a_hi = a_hi.max(p.hi[b]);
             }
             // Section floors and unplaced totals.
             let sc = self.sec_changes.len();
@@ -453,23 +488,34 @@ impl<'a> Search<'a> {
                 self.sec_changes.push((s, self.floor[s]));
                 self.floor[s] = self.floor[s].max(top);
                 self.total[s] -= p.size[b];
+                // Swap-remove b from the section's unplaced list.
+                let i = self.slot[self.base[b] + s - p.lo[b]] as usize;
+                let list = &mut self.unplaced[s];
+                let last = list.pop().unwrap_or(b as u32);
+                if last as usize != b {
+                    list[i] = last;
+                    let l = last as usize;
+                    self.slot[self.base[l] + s - p.lo[l]] = i as u32;
+                }
             }
             // Unallocated floor: no section's floor is below its lowest
-            // unplaced buffer's minimum offset.
-            while let Some(s) = self.affected.pop() {
-                self.mark[s] = false;
+            // unplaced buffer's minimum offset m. The floor only serves the
+            // check max(floor, o) + total <= cap, so the scan stops at the
+            // first buffer at or below max(floor, cap - total): then m fits
+            // and the check's outcome is the same with the old floor, and
+            // stays so until the section's total or minimum offsets change,
+            // which brings it back into this range.
+            for s in a_lo..a_hi {
                 let f = self.floor[s];
+                let enough = f.max(self.cap.saturating_sub(self.total[s]));
                 let mut m = NONE;
-                for &x in &p.live[s] {
-                    let x = x as usize;
-                    if self.off[x] == NONE {
-                        m = m.min(self.min_off[x]);
-                        if m <= f {
-                            break;
-                        }
+                for &x in &self.unplaced[s] {
+                    m = m.min(self.min_off[x as usize]);
+                    if m <= enough {
+                        break;
                     }
                 }
-                if m != NONE && f < m {
+                if m != NONE && enough < m {
                     self.sec_changes.push((s, f));
                     self.floor[s] = m;
                 }
@@ -484,8 +530,21 @@ impl<'a> Search<'a> {
                 let (s, f) = self.sec_changes.pop().unwrap_or((0, 0));
                 self.floor[s] = f;
             }
-            for s in p.lo[b]..p.hi[b] {
+            for s in (p.lo[b]..p.hi[b]).rev() {
                 self.total[s] += p.size[b];
+                // Undo the swap-remove: b back at its slot, the buffer that
+                // took it back at the end.
+                let i = self.slot[self.base[b] + s - p.lo[b]] as usize;
+                let list = &mut self.unplaced[s];
+                if i == list.len() {
+                    list.push(b as u32);
+                } else {
+                    let moved = list[i];
+                    list.push(moved);
+                    list[i] = b as u32;
+                    let m = moved as usize;
+                    self.slot[self.base[m] + s - p.lo[m]] = (list.len() - 1) as u32;
+                }
             }
             while self.off_changes.len() > oc {
                 let (j, m) = self.off_changes.pop().unwrap_or((0, 0));
@@ -677,8 +736,27 @@ struct Bounds {
     nodes: u64,
 }
 
-/// The anytime loop: probe the lower bound, then binary-search the capacity
-/// between the bounds, doubling the node limit each round.
+/// The greatest common divisor of the sizes: every canonical plan (each
+/// buffer on the top of another or at 0) puts every offset, hence the arena,
+/// on a multiple of it, and every plan can be made canonical without
+/// growing, so the optimum is a multiple too.
+fn size_gcd(intervals: &[Interval]) -> u64 {
+    fn gcd(a: u64, b: u64) -> u64 {
+        if b == 0 {
+            a
+        } else {
+            gcd(b, a % b)
+        }
+    }
+    intervals.iter().fold(0, |g, i| gcd(g, i.size)).max(1)
+}
+
+/// The anytime loop. Each round (node limit doubled) first asks whether the
+/// lower bound itself fits (a yes is optimal), then binary-searches the
+/// capacities between the bounds, on multiples of the sizes' gcd, at a
+/// quarter of the round's limit: plans at slack capacities come cheap, and
+/// the lower-bound probe, which settles most instances, keeps most of the
+/// nodes.
 fn drive(intervals: &[Interval], p: &Prep, deadline: Instant, st: &mut Bounds) {
     let Bounds {
         best,
@@ -686,36 +764,48 @@ fn drive(intervals: &[Interval], p: &Prep, deadline: Instant, st: &mut Bounds) {
         lb,
         nodes,
     } = st;
-    let mut limit = (intervals.len() as u64).max(64);
+    let g = size_gcd(intervals);
+    *lb = lb.div_ceil(g) * g;
+    let floor_limit = (intervals.len() as u64).max(64) * 2;
+    let mut limit = floor_limit;
+    // A plan within `cap` (its arena may be lower); an exhausted search
+    // proves the next multiple of `g` a lower bound.
+    let take = |offsets: Vec<u64>, ub: &mut u64, best: &mut Vec<u64>| {
+        let arena = arena_of(intervals, &offsets);
+        debug_assert_eq!(verify(intervals, &offsets).ok(), Some(arena));
+        if arena < *ub {
+            *ub = arena;
+            *best = offsets;
+        }
+    };
     while *lb < *ub && Instant::now() < deadline {
-        limit = limit.saturating_mul(2);
-        let mut lo = *lb;
-        let mut hi = *ub - 1;
-        let mut first = true;
-        while lo <= hi && *lb < *ub {
-            // First the lower bound itself (a hit is optimal), then halves.
-            let cap = if first { lo } else { lo + (hi - lo) / 2 };
-            first = false;
-            match probe(p, cap, limit, deadline, nodes) {
-                Probe::Found(offsets) => {
-                    let arena = arena_of(intervals, &offsets);
-                    debug_assert_eq!(verify(intervals, &offsets).ok(), Some(arena));
-                    if arena < *ub {
-                        *ub = arena;
-                        *best = offsets;
-                    }
-                    if arena == 0 {
-                        break;
-                    }
-                    hi = arena - 1;
-                }
+        match probe(p, *lb, limit, deadline, nodes) {
+            Probe::Found(offsets) => {
+                take(offsets, ub, best);
+                continue;
+            }
+            Probe::NotFound => {
+                *lb += g;
+                continue;
+            }
+            Probe::Timeout => return,
+            Probe::Aborted => {}
+        }
+        let bs_limit = (limit / 4).max(floor_limit);
+        let mut lo = *lb + g;
+        while lo < *ub {
+            let hi = *ub - g;
+            let cap = lo + (hi - lo) / g / 2 * g;
+            match probe(p, cap, bs_limit, deadline, nodes) {
+                Probe::Found(offsets) => take(offsets, ub, best),
                 Probe::NotFound => {
-                    *lb = (*lb).max(cap + 1);
-                    lo = cap + 1;
+                    *lb = cap + g;
+                    lo = cap + g;
                 }
-                Probe::Aborted => lo = cap + 1,
+                Probe::Aborted => lo = cap + g,
                 Probe::Timeout => return,
             }
         }
+        limit = limit.saturating_mul(2);
     }
 }
