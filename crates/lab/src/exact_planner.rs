@@ -364,7 +364,8 @@ impl<'a> Search<'a> {
         Status::Found
     }
 
-    fn compare(&self, a: u32, b: u32, tot: &[u64]) -> Ordering {
+    /// The static order: `a` and `b` with their max section totals.
+    fn compare(&self, (a, ta): (u32, u64), (b, tb): (u32, u64)) -> Ordering {
         let (x, y) = (a as usize, b as usize);
         let p = self.p;
         for &c in self.heuristic {
@@ -372,7 +373,7 @@ impl<'a> Search<'a> {
                 b'W' => p.width[y].cmp(&p.width[x]),
                 b'A' => (p.size[y] as u128 * p.width[y] as u128)
                     .cmp(&(p.size[x] as u128 * p.width[x] as u128)),
-                b'T' => tot[y].cmp(&tot[x]),
+                b'T' => tb.cmp(&ta),
                 b'Z' => p.size[y].cmp(&p.size[x]),
                 _ => Ordering::Equal,
             };
@@ -385,18 +386,21 @@ impl<'a> Search<'a> {
 
     /// Orders a partition's buffers statically, then searches it.
     fn sub_solve(&mut self, bufs: &[u32], range: (usize, usize)) -> Status {
-        let n = self.p.size.len();
-        let mut tot = vec![0u64; n];
-        for &b in bufs {
-            let b = b as usize;
-            tot[b] = (self.p.lo[b]..self.p.hi[b])
-                .map(|s| self.total[s])
-                .max()
-                .unwrap_or(0);
-        }
-        let mut pre = bufs.to_vec();
-        pre.sort_by(|&a, &b| self.compare(a, b, &tot));
-        let ordering: Vec<(u64, u32)> = (0..pre.len() as u32).map(|k| (0, k)).collect();
+        let p = self.p;
+        // T: the largest unplaced total among the sections a buffer spans.
+        let mut keyed: Vec<(u32, u64)> = bufs
+            .iter()
+            .map(|&b| {
+                let (lo, hi) = (p.lo[b as usize], p.hi[b as usize]);
+                (b, self.total[lo..hi].iter().copied().max().unwrap_or(0))
+            })
+            .collect();
+        keyed.sort_by(|&a, &b| self.compare(a, b));
+        let pre: Vec<u32> = keyed.iter().map(|&(b, _)| b).collect();
+        let mut ordering: Vec<(u64, u32)> = (0..pre.len() as u32)
+            .map(|k| (self.min_off[pre[k as usize] as usize], k))
+            .collect();
+        ordering.sort_unstable();
         self.search(&pre, &ordering, range, 0, 0)
     }
 
@@ -420,15 +424,44 @@ impl<'a> Search<'a> {
         if self.nodes & 15 == 0 && Instant::now() >= self.deadline {
             return Status::Timeout;
         }
-        let mut ordering: Vec<(u64, u32)> = orig
-            .iter()
-            .filter(|&&(_, k)| self.off[pre[k as usize] as usize] == NONE)
-            .map(|&(_, k)| (self.min_off[pre[k as usize] as usize], k))
-            .collect();
+        // The unplaced buffers by (minimum offset, preorder index). `orig`
+        // is sorted by the keys of one placement ago; only the buffers that
+        // placement raised have new keys, so the kept ones stay sorted and
+        // the raised ones (few, sorted apart) are merged back in: O(m).
+        let mut ordering: Vec<(u64, u32)> = Vec::with_capacity(orig.len());
+        let mut raised: Vec<(u64, u32)> = Vec::new();
+        for &(o, k) in orig {
+            let b = pre[k as usize] as usize;
+            if self.off[b] != NONE {
+                continue;
+            }
+            let m = self.min_off[b];
+            if m == o {
+                ordering.push((o, k));
+            } else {
+                raised.push((m, k));
+            }
+        }
+        if !raised.is_empty() {
+            raised.sort_unstable();
+            let kept = std::mem::replace(&mut ordering, Vec::with_capacity(orig.len()));
+            let (mut i, mut j) = (0, 0);
+            while i < kept.len() && j < raised.len() {
+                if kept[i] < raised[j] {
+                    ordering.push(kept[i]);
+                    i += 1;
+                } else {
+                    ordering.push(raised[j]);
+                    j += 1;
+                }
+            }
+            ordering.extend_from_slice(&kept[i..]);
+            ordering.extend_from_slice(&raised[j..]);
+        }
         if ordering.is_empty() {
             return Status::Found;
         }
-        ordering.sort_unstable();
+        debug_assert!(ordering.windows(2).all(|w| w[0] < w[1]));
         let p = self.p;
         let min_height = ordering
             .iter()
@@ -641,6 +674,27 @@ fn probe(p: &Prep, cap: u64, limit: u64, deadline: Instant, nodes: &mut u64) -> 
     Probe::Aborted
 }
 
+/// Runs `f` on a thread with a 512 MiB stack (the search recurses once per
+/// buffer placed), or here if no such thread can be made; a panic in `f`
+/// carries on here.
+fn on_big_stack<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    let task = std::sync::Mutex::new(Some(f));
+    let take = || task.lock().ok().and_then(|mut t| t.take());
+    std::thread::scope(|scope| {
+        let spawned = std::thread::Builder::new()
+            .stack_size(512 << 20)
+            .spawn_scoped(scope, || take().map(|f| f()));
+        let done = match spawned {
+            Ok(h) => h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)),
+            Err(_) => None,
+        };
+        match done {
+            Some(v) => v,
+            None => take().map(|f| f()).expect("the search ran nowhere"),
+        }
+    })
+}
+
 /// What [`fit`] found at one capacity.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Fit {
@@ -662,7 +716,9 @@ pub fn fit(intervals: &[Interval], capacity: u64, budget: Duration) -> Fit {
     let mut nodes = 0;
     let deadline = Instant::now() + budget;
     let mut limit = intervals.len() as u64;
-    let (offsets, exhausted) = loop {
+    // MiniMalloc's round robin: each static order in turn, the node limit
+    // doubled each round.
+    let (offsets, exhausted) = on_big_stack(|| loop {
         limit = limit.saturating_mul(2);
         match probe(&p, capacity, limit, deadline, &mut nodes) {
             Probe::Found(o) => break (Some(o), false),
@@ -670,7 +726,7 @@ pub fn fit(intervals: &[Interval], capacity: u64, budget: Duration) -> Fit {
             Probe::Timeout => break (None, false),
             Probe::Aborted => {}
         }
-    };
+    });
     Fit {
         offsets,
         exhausted,
@@ -693,28 +749,13 @@ pub fn plan(intervals: &[Interval], budget: Duration) -> ExactPlan {
     if lb < ub {
         let p = Prep::new(intervals);
         let deadline = start + budget;
-        // Deep recursion on large instances: search on a thread with a big stack.
-        let state = Bounds {
+        let mut st = Bounds {
             best,
             ub,
             lb,
             nodes,
         };
-        let run = |mut st: Bounds| {
-            drive(intervals, &p, deadline, &mut st);
-            st
-        };
-        let done = std::thread::scope(|scope| {
-            let copy = state.clone();
-            match std::thread::Builder::new()
-                .stack_size(512 << 20)
-                .spawn_scoped(scope, move || run(copy))
-            {
-                Ok(h) => h.join().ok(),
-                Err(_) => None,
-            }
-        });
-        let st = done.unwrap_or_else(|| run(state));
+        on_big_stack(|| drive(intervals, &p, deadline, &mut st));
         (best, ub, lb, nodes) = (st.best, st.ub, st.lb, st.nodes);
     }
     ExactPlan {

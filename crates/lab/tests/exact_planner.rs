@@ -378,3 +378,26 @@ fn perfect_packings_are_found() {
         assert!(f.offsets.is_some(), "case {case}: {}", to_csv(&v));
     }
 }
+
+#[test]
+fn long_chains_search_without_overflowing_the_stack() {
+    // 5,000 buffers, each overlapping the next 19: the search recurses once
+    // per buffer placed until a time boundary has no unplaced buffer left
+    // across it, far deeper than a test thread's 2 MiB stack allows; `fit`
+    // and `plan` search on a thread of their own.
+    let v: Vec<Interval> = (0..5000)
+        .map(|k| Interval {
+            id: k,
+            lower: k,
+            upper: k + 20,
+            size: 1 + (k as u64 * 7) % 5,
+        })
+        .collect();
+    let g = arena_of(&v, &greedy(&v));
+    let f = fit(&v, g, Duration::from_secs(60));
+    let offsets = f.offsets.expect("the greedy arena fits");
+    assert!(verify(&v, &offsets).unwrap() <= g);
+    let r = plan(&v, Duration::from_secs(5));
+    assert_eq!(verify(&v, &r.offsets).ok(), Some(r.arena));
+    assert!(r.arena <= g);
+}
