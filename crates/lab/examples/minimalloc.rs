@@ -5,6 +5,11 @@
 //! `cargo run --release -p vramlab-lab --example minimalloc -- [SECONDS]`
 //! (the budget per instance; default 60). With `MINIMALLOC_PLANS=DIR` set,
 //! each plan is also written to `DIR/<instance>.plan.csv`.
+//!
+//! `cargo run --release -p vramlab-lab --example minimalloc -- fit SECONDS
+//! [NAMES] [CAPACITY]` asks MiniMalloc's own question instead: does each
+//! instance (default all, e.g. `ADJ`) fit in CAPACITY bytes (default 1 MiB)?
+//! It prints found / exhausted / timeout and the search nodes.
 
 use std::path::Path;
 use std::time::Duration;
@@ -31,9 +36,9 @@ fn main() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/minimalloc");
     println!("budget {secs} s per instance; ratios to 1048576 bytes (the capacity each instance is known to fit)");
     println!(
-        "| instance | buffers | greedy / 1 MiB | exact / 1 MiB | lower bound / 1 MiB | optimal? | nodes | seconds |"
+        "| instance | buffers | greedy / 1 MiB | exact / 1 MiB | exact (bytes) | lower bound / 1 MiB | optimal? | nodes | seconds |"
     );
-    println!("|---|---:|---:|---:|---:|---|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---|---:|---:|");
     for name in "ABCDEFGHIJK".chars() {
         let path = dir.join(format!("{name}.{CAPACITY}.csv"));
         let text = std::fs::read_to_string(&path)
@@ -58,10 +63,11 @@ fn main() {
         }
         let ratio = |x: u64| x as f64 / CAPACITY as f64;
         println!(
-            "| {name} | {} | {:.4} | {:.4} | {:.4} | {} | {} | {:.2} |",
+            "| {name} | {} | {:.4} | {:.4} | {} | {:.4} | {} | {} | {:.2} |",
             intervals.len(),
             ratio(g),
             ratio(r.arena),
+            r.arena,
             ratio(r.lower_bound),
             if r.optimal { "yes" } else { "no" },
             r.nodes,
