@@ -266,6 +266,10 @@ enum Status {
 
 const NONE: u64 = u64::MAX;
 
+/// The dynamic-order entries the search path may hold at once: 16 Mi of
+/// 16 bytes, 256 MiB.
+const PATH_ENTRIES: usize = 16 << 20;
+
 /// MiniMalloc's static orders: W width, A area, T max section total, Z size.
 const HEURISTICS: [&[u8]; 3] = [b"WAT", b"TAW", b"TWA"];
 
@@ -291,6 +295,10 @@ struct Search<'a> {
     nodes: u64,
     limit: u64,
     deadline: Instant,
+    /// Dynamic-order entries held by the nodes on the current path, and
+    /// how many they may hold ([`PATH_ENTRIES`]; tests lower it).
+    path: usize,
+    path_limit: usize,
 }
 
 impl<'a> Search<'a> {
@@ -333,6 +341,8 @@ impl<'a> Search<'a> {
             nodes: 0,
             limit,
             deadline,
+            path: 0,
+            path_limit: PATH_ENTRIES,
         }
     }
 
@@ -397,11 +407,7 @@ impl<'a> Search<'a> {
             .collect();
         keyed.sort_by(|&a, &b| self.compare(a, b));
         let pre: Vec<u32> = keyed.iter().map(|&(b, _)| b).collect();
-        let mut ordering: Vec<(u64, u32)> = (0..pre.len() as u32)
-            .map(|k| (self.min_off[pre[k as usize] as usize], k))
-            .collect();
-        ordering.sort_unstable();
-        self.search(&pre, &ordering, range, 0, 0)
+        self.search(&pre, None, range, 0, 0)
     }
 
     /// Whether every section of the partition still fits under the capacity.
@@ -409,25 +415,22 @@ impl<'a> Search<'a> {
         (range.0..range.1).all(|s| self.floor[s].max(offset) + self.total[s] <= self.cap)
     }
 
-    fn search(
-        &mut self,
-        pre: &[u32],
-        orig: &[(u64, u32)],
-        range: (usize, usize),
-        min_offset: u64,
-        min_pre: u32,
-    ) -> Status {
-        if self.nodes >= self.limit {
-            return Status::Aborted;
-        }
-        self.nodes += 1;
-        if self.nodes & 15 == 0 && Instant::now() >= self.deadline {
-            return Status::Timeout;
-        }
-        // The unplaced buffers by (minimum offset, preorder index). `orig`
-        // is sorted by the keys of one placement ago; only the buffers that
-        // placement raised have new keys, so the kept ones stay sorted and
-        // the raised ones (few, sorted apart) are merged back in: O(m).
+    /// The unplaced buffers of the partition by (minimum offset, preorder
+    /// index), from scratch.
+    fn fresh_order(&self, pre: &[u32]) -> Vec<(u64, u32)> {
+        let mut ordering: Vec<(u64, u32)> = (0..pre.len() as u32)
+            .filter(|&k| self.off[pre[k as usize] as usize] == NONE)
+            .map(|k| (self.min_off[pre[k as usize] as usize], k))
+            .collect();
+        ordering.sort_unstable();
+        ordering
+    }
+
+    /// The same from the parent's order `orig`, sorted by the keys of one
+    /// placement ago: only the buffers that placement raised have new keys,
+    /// so the kept ones stay sorted and the raised ones (few, sorted apart)
+    /// are merged back in: O(m).
+    fn merged_order(&self, pre: &[u32], orig: &[(u64, u32)]) -> Vec<(u64, u32)> {
         let mut ordering: Vec<(u64, u32)> = Vec::with_capacity(orig.len());
         let mut raised: Vec<(u64, u32)> = Vec::new();
         for &(o, k) in orig {
@@ -442,25 +445,74 @@ impl<'a> Search<'a> {
                 raised.push((m, k));
             }
         }
-        if !raised.is_empty() {
-            raised.sort_unstable();
-            let kept = std::mem::replace(&mut ordering, Vec::with_capacity(orig.len()));
-            let (mut i, mut j) = (0, 0);
-            while i < kept.len() && j < raised.len() {
-                if kept[i] < raised[j] {
-                    ordering.push(kept[i]);
-                    i += 1;
-                } else {
-                    ordering.push(raised[j]);
-                    j += 1;
-                }
-            }
-            ordering.extend_from_slice(&kept[i..]);
-            ordering.extend_from_slice(&raised[j..]);
+        if raised.is_empty() {
+            return ordering;
         }
+        raised.sort_unstable();
+        let kept = std::mem::replace(&mut ordering, Vec::with_capacity(orig.len()));
+        let (mut i, mut j) = (0, 0);
+        while i < kept.len() && j < raised.len() {
+            if kept[i] < raised[j] {
+                ordering.push(kept[i]);
+                i += 1;
+            } else {
+                ordering.push(raised[j]);
+                j += 1;
+            }
+        }
+        ordering.extend_from_slice(&kept[i..]);
+        ordering.extend_from_slice(&raised[j..]);
+        ordering
+    }
+
+    /// One node: `orig` is the parent's order (None: build it afresh).
+    fn search(
+        &mut self,
+        pre: &[u32],
+        orig: Option<&[(u64, u32)]>,
+        range: (usize, usize),
+        min_offset: u64,
+        min_pre: u32,
+    ) -> Status {
+        if self.nodes >= self.limit {
+            return Status::Aborted;
+        }
+        self.nodes += 1;
+        if self.nodes & 15 == 0 && Instant::now() >= self.deadline {
+            return Status::Timeout;
+        }
+        let mut ordering = match orig {
+            Some(orig) => self.merged_order(pre, orig),
+            None => self.fresh_order(pre),
+        };
         if ordering.is_empty() {
             return Status::Found;
         }
+        // Every node on the path keeps its order while its children search
+        // (O(m) each: O(n^2) along a deep path of a large instance). Past
+        // PATH_ENTRIES a node lets go of its order while a child searches
+        // and rebuilds it afterwards (O(m log m) per child instead).
+        let held = if self.path + ordering.len() <= self.path_limit {
+            ordering.len()
+        } else {
+            0
+        };
+        self.path += held;
+        let status = self.expand(pre, &mut ordering, held > 0, range, min_offset, min_pre);
+        self.path -= held;
+        status
+    }
+
+    /// Tries each candidate of a node in turn.
+    fn expand(
+        &mut self,
+        pre: &[u32],
+        ordering: &mut Vec<(u64, u32)>,
+        keep: bool,
+        range: (usize, usize),
+        min_offset: u64,
+        min_pre: u32,
+    ) -> Status {
         debug_assert!(ordering.windows(2).all(|w| w[0] < w[1]));
         let p = self.p;
         let min_height = ordering
@@ -468,8 +520,10 @@ impl<'a> Search<'a> {
             .map(|&(o, k)| o + p.size[pre[k as usize] as usize])
             .min()
             .unwrap_or(NONE);
-        for i in 0..ordering.len() {
+        let mut i = 0;
+        while i < ordering.len() {
             let (o, k) = ordering[i];
+            i += 1;
             // Dominance: an unplaced buffer would fit entirely below.
             if o >= min_height {
                 break;
@@ -554,7 +608,12 @@ impl<'a> Search<'a> {
                 }
             }
             let status = if self.check(range, o) {
-                self.decompose(pre, &ordering, range, o, k, b)
+                if keep {
+                    self.decompose(pre, Some(ordering), range, o, k, b)
+                } else {
+                    *ordering = Vec::new();
+                    self.decompose(pre, None, range, o, k, b)
+                }
             } else {
                 Status::NotFound
             };
@@ -587,6 +646,14 @@ impl<'a> Search<'a> {
             if status != Status::NotFound {
                 return status;
             }
+            if ordering.is_empty() {
+                // Let go of during the child's search: the state is back as
+                // it was, so is the order; go on after (o, k).
+                *ordering = self.fresh_order(pre);
+                i = ordering
+                    .binary_search(&(o, k))
+                    .map_or(ordering.len(), |x| x + 1);
+            }
             // Hatless: nothing unplaced lives beside b, so no other choice
             // here can do better than the one that just failed.
             if hatless {
@@ -601,7 +668,7 @@ impl<'a> Search<'a> {
     fn decompose(
         &mut self,
         pre: &[u32],
-        ordering: &[(u64, u32)],
+        ordering: Option<&[(u64, u32)]>,
         range: (usize, usize),
         o: u64,
         k: u32,
@@ -848,5 +915,79 @@ fn drive(intervals: &[Interval], p: &Prep, deadline: Instant, st: &mut Bounds) {
             }
         }
         limit = limit.saturating_mul(2);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs the round robin at `cap` with the path's order memory limited
+    /// to `path_limit` entries: the outcome and the nodes visited.
+    fn decide(v: &[Interval], cap: u64, path_limit: usize) -> (Status, u64, Vec<u64>) {
+        let p = Prep::new(v);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut limit = v.len() as u64;
+        let mut nodes = 0;
+        loop {
+            limit *= 2;
+            for h in HEURISTICS {
+                let mut s = Search::new(&p, cap, h, limit, deadline);
+                s.path_limit = path_limit;
+                let st = s.run();
+                nodes += s.nodes;
+                if st != Status::Aborted {
+                    return (st, nodes, s.sol);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn letting_go_of_orders_visits_the_same_tree() {
+        // Past the memory limit a node rebuilds its order after each
+        // child instead of keeping it: the same nodes, the same plan.
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut r = |n: u64| {
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            x.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+        };
+        for case in 0..300 {
+            let n = 5 + r(20);
+            let v: Vec<Interval> = (0..n)
+                .map(|k| {
+                    let lower = r(30) as i64;
+                    Interval {
+                        id: k as i64,
+                        lower,
+                        upper: lower + 1 + r(10) as i64,
+                        size: 1 + r(16),
+                    }
+                })
+                .collect();
+            let lb = lower_bound(&v);
+            for cap in [lb, lb + 3, lb + 8] {
+                assert_eq!(
+                    decide(&v, cap, PATH_ENTRIES),
+                    decide(&v, cap, 0),
+                    "case {case} cap {cap}"
+                );
+            }
+        }
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/minimalloc");
+        for name in ["A", "G", "J"] {
+            let text = std::fs::read_to_string(format!("{dir}/{name}.1048576.csv"))
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            let v = crate::intervals::parse_csv(&text).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let (st, nodes, sol) = decide(&v, 1 << 20, 0);
+            assert_eq!(st, Status::Found, "{name}");
+            assert_eq!(
+                (st, nodes, sol),
+                decide(&v, 1 << 20, PATH_ENTRIES),
+                "{name}"
+            );
+        }
     }
 }
