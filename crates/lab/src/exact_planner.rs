@@ -13,11 +13,15 @@
 //! (never leave a gap an unplaced buffer could fill), the unallocated floor,
 //! the monotonic floor, hatless pruning and dynamic temporal decomposition
 //! (once no unplaced buffer crosses a section boundary, the two sides are
-//! solved independently). The driver starts from a greedy incumbent and the
-//! peak-live lower bound, probes the lower bound first, then binary-searches
-//! the capacity with growing node limits and three static orders (MiniMalloc's
-//! round robin) until the bounds meet or the time budget runs out. An
-//! exhausted search at capacity C proves C + 1 a lower bound.
+//! solved independently). Sections are MiniMalloc's (one per distinct end
+//! time) and every update is incremental with undo logs; on MiniMalloc's
+//! challenging instances the search visits MiniMalloc's own node counts.
+//! The driver starts from a greedy incumbent and the peak-live lower bound,
+//! both on multiples of the sizes' gcd, probes the lower bound first, then
+//! binary-searches the capacity with growing node limits and three static
+//! orders (MiniMalloc's round robin) until the bounds meet or the time
+//! budget runs out. An exhausted search at capacity C proves the next
+//! multiple of the gcd a lower bound.
 
 use crate::error::LabError;
 use crate::intervals::{peak_live, validate, Interval};
