@@ -13,11 +13,15 @@
 //! (never leave a gap an unplaced buffer could fill), the unallocated floor,
 //! the monotonic floor, hatless pruning and dynamic temporal decomposition
 //! (once no unplaced buffer crosses a section boundary, the two sides are
-//! solved independently). The driver starts from a greedy incumbent and the
-//! peak-live lower bound, probes the lower bound first, then binary-searches
-//! the capacity with growing node limits and three static orders (MiniMalloc's
-//! round robin) until the bounds meet or the time budget runs out. An
-//! exhausted search at capacity C proves C + 1 a lower bound.
+//! solved independently). Sections are MiniMalloc's (one per distinct end
+//! time) and every update is incremental with undo logs; on MiniMalloc's
+//! challenging instances the search visits MiniMalloc's own node counts.
+//! The driver starts from a greedy incumbent and the peak-live lower bound,
+//! both on multiples of the sizes' gcd, probes the lower bound first, then
+//! binary-searches the capacity with growing node limits and three static
+//! orders (MiniMalloc's round robin) until the bounds meet or the time
+//! budget runs out. An exhausted search at capacity C proves the next
+//! multiple of the gcd a lower bound.
 
 use crate::error::LabError;
 use crate::intervals::{peak_live, validate, Interval};
@@ -193,8 +197,12 @@ pub fn greedy(intervals: &[Interval]) -> Vec<u64> {
     best.map(|(_, o)| o).unwrap_or_default()
 }
 
-/// The problem as the search sees it: time cut into sections (between
-/// consecutive distinct endpoints), each buffer spanning a section range.
+/// The problem as the search sees it: time cut into sections, one per
+/// distinct end time (MiniMalloc's sweep): section `k` is the cross section
+/// of buffers live just before the `k`-th end time. These are the maximal
+/// cross sections (every other instant's live set is contained in one), so
+/// they carry every constraint the finer cut between all endpoints would,
+/// with fewer sections to update. Each buffer spans a contiguous range.
 struct Prep {
     size: Vec<u64>,
     /// Section span `[lo, hi)` of each buffer.
@@ -210,13 +218,19 @@ struct Prep {
 
 impl Prep {
     fn new(intervals: &[Interval]) -> Prep {
-        let mut times: Vec<i64> = intervals.iter().flat_map(|i| [i.lower, i.upper]).collect();
-        times.sort_unstable();
-        times.dedup();
-        let pos = |t: i64| times.binary_search(&t).unwrap_or(0);
-        let nsec = times.len().saturating_sub(1);
-        let lo: Vec<usize> = intervals.iter().map(|i| pos(i.lower)).collect();
-        let hi: Vec<usize> = intervals.iter().map(|i| pos(i.upper)).collect();
+        let mut ends: Vec<i64> = intervals.iter().map(|i| i.upper).collect();
+        ends.sort_unstable();
+        ends.dedup();
+        let nsec = ends.len();
+        // Live just before end time e: lower < e <= upper.
+        let lo: Vec<usize> = intervals
+            .iter()
+            .map(|i| ends.partition_point(|&e| e <= i.lower))
+            .collect();
+        let hi: Vec<usize> = intervals
+            .iter()
+            .map(|i| ends.partition_point(|&e| e <= i.upper))
+            .collect();
         let mut live = vec![Vec::new(); nsec];
         let mut cuts = vec![0u32; nsec.saturating_sub(1)];
         for b in 0..intervals.len() {
@@ -256,6 +270,10 @@ enum Status {
 
 const NONE: u64 = u64::MAX;
 
+/// The dynamic-order entries the search path may hold at once: 16 Mi of
+/// 16 bytes, 256 MiB.
+const PATH_ENTRIES: usize = 16 << 20;
+
 /// MiniMalloc's static orders: W width, A area, T max section total, Z size.
 const HEURISTICS: [&[u8]; 3] = [b"WAT", b"TAW", b"TWA"];
 
@@ -270,13 +288,21 @@ struct Search<'a> {
     floor: Vec<u64>,
     total: Vec<u64>,
     cuts: Vec<u32>,
-    mark: Vec<bool>,
-    affected: Vec<usize>,
+    /// Per section, its unplaced buffers (in any order; swap-removed when
+    /// placed, restored on undo).
+    unplaced: Vec<Vec<u32>>,
+    /// Where buffer b sits in `unplaced[s]`: `slot[base[b] + s - lo[b]]`.
+    slot: Vec<u32>,
+    base: Vec<usize>,
     off_changes: Vec<(u32, u64)>,
     sec_changes: Vec<(usize, u64)>,
     nodes: u64,
     limit: u64,
     deadline: Instant,
+    /// Dynamic-order entries held by the nodes on the current path, and
+    /// how many they may hold ([`PATH_ENTRIES`]; tests lower it).
+    path: usize,
+    path_limit: usize,
 }
 
 impl<'a> Search<'a> {
@@ -286,6 +312,20 @@ impl<'a> Search<'a> {
         let mut total = vec![0u64; nsec];
         for (s, l) in p.live.iter().enumerate() {
             total[s] = l.iter().map(|&b| p.size[b as usize]).sum();
+        }
+        let mut base = Vec::with_capacity(n);
+        let mut spans = 0;
+        for b in 0..n {
+            base.push(spans);
+            spans += p.hi[b] - p.lo[b];
+        }
+        let unplaced = p.live.clone();
+        let mut slot = vec![0u32; spans];
+        for (s, l) in unplaced.iter().enumerate() {
+            for (i, &b) in l.iter().enumerate() {
+                let b = b as usize;
+                slot[base[b] + s - p.lo[b]] = i as u32;
+            }
         }
         Search {
             p,
@@ -297,13 +337,16 @@ impl<'a> Search<'a> {
             floor: vec![0; nsec],
             total,
             cuts: p.cuts.clone(),
-            mark: vec![false; nsec],
-            affected: Vec::new(),
+            unplaced,
+            slot,
+            base,
             off_changes: Vec::new(),
             sec_changes: Vec::new(),
             nodes: 0,
             limit,
             deadline,
+            path: 0,
+            path_limit: PATH_ENTRIES,
         }
     }
 
@@ -313,9 +356,15 @@ impl<'a> Search<'a> {
         let mut start = 0;
         for s in 0..nsec {
             if s + 1 == nsec || self.cuts[s] == 0 {
+                // Each buffer once: in the section where it starts.
+                let p = self.p;
                 let bufs: Vec<u32> = (start..=s)
-                    .flat_map(|x| self.p.live[x].iter().copied())
-                    .filter(|&b| self.p.lo[b as usize] >= start)
+                    .flat_map(|x| {
+                        p.live[x]
+                            .iter()
+                            .copied()
+                            .filter(move |&b| p.lo[b as usize] == x)
+                    })
                     .collect();
                 if !bufs.is_empty() {
                     let st = self.sub_solve(&bufs, (start, s + 1));
@@ -329,7 +378,8 @@ impl<'a> Search<'a> {
         Status::Found
     }
 
-    fn compare(&self, a: u32, b: u32, tot: &[u64]) -> Ordering {
+    /// The static order: `a` and `b` with their max section totals.
+    fn compare(&self, (a, ta): (u32, u64), (b, tb): (u32, u64)) -> Ordering {
         let (x, y) = (a as usize, b as usize);
         let p = self.p;
         for &c in self.heuristic {
@@ -337,7 +387,7 @@ impl<'a> Search<'a> {
                 b'W' => p.width[y].cmp(&p.width[x]),
                 b'A' => (p.size[y] as u128 * p.width[y] as u128)
                     .cmp(&(p.size[x] as u128 * p.width[x] as u128)),
-                b'T' => tot[y].cmp(&tot[x]),
+                b'T' => tb.cmp(&ta),
                 b'Z' => p.size[y].cmp(&p.size[x]),
                 _ => Ordering::Equal,
             };
@@ -350,19 +400,18 @@ impl<'a> Search<'a> {
 
     /// Orders a partition's buffers statically, then searches it.
     fn sub_solve(&mut self, bufs: &[u32], range: (usize, usize)) -> Status {
-        let n = self.p.size.len();
-        let mut tot = vec![0u64; n];
-        for &b in bufs {
-            let b = b as usize;
-            tot[b] = (self.p.lo[b]..self.p.hi[b])
-                .map(|s| self.total[s])
-                .max()
-                .unwrap_or(0);
-        }
-        let mut pre = bufs.to_vec();
-        pre.sort_by(|&a, &b| self.compare(a, b, &tot));
-        let ordering: Vec<(u64, u32)> = (0..pre.len() as u32).map(|k| (0, k)).collect();
-        self.search(&pre, &ordering, range, 0, 0)
+        let p = self.p;
+        // T: the largest unplaced total among the sections a buffer spans.
+        let mut keyed: Vec<(u32, u64)> = bufs
+            .iter()
+            .map(|&b| {
+                let (lo, hi) = (p.lo[b as usize], p.hi[b as usize]);
+                (b, self.total[lo..hi].iter().copied().max().unwrap_or(0))
+            })
+            .collect();
+        keyed.sort_by(|&a, &b| self.compare(a, b));
+        let pre: Vec<u32> = keyed.iter().map(|&(b, _)| b).collect();
+        self.search(&pre, None, range, 0, 0)
     }
 
     /// Whether every section of the partition still fits under the capacity.
@@ -370,10 +419,61 @@ impl<'a> Search<'a> {
         (range.0..range.1).all(|s| self.floor[s].max(offset) + self.total[s] <= self.cap)
     }
 
+    /// The unplaced buffers of the partition by (minimum offset, preorder
+    /// index), from scratch.
+    fn fresh_order(&self, pre: &[u32]) -> Vec<(u64, u32)> {
+        let mut ordering: Vec<(u64, u32)> = (0..pre.len() as u32)
+            .filter(|&k| self.off[pre[k as usize] as usize] == NONE)
+            .map(|k| (self.min_off[pre[k as usize] as usize], k))
+            .collect();
+        ordering.sort_unstable();
+        ordering
+    }
+
+    /// The same from the parent's order `orig`, sorted by the keys of one
+    /// placement ago: only the buffers that placement raised have new keys,
+    /// so the kept ones stay sorted and the raised ones (few, sorted apart)
+    /// are merged back in: O(m).
+    fn merged_order(&self, pre: &[u32], orig: &[(u64, u32)]) -> Vec<(u64, u32)> {
+        let mut ordering: Vec<(u64, u32)> = Vec::with_capacity(orig.len());
+        let mut raised: Vec<(u64, u32)> = Vec::new();
+        for &(o, k) in orig {
+            let b = pre[k as usize] as usize;
+            if self.off[b] != NONE {
+                continue;
+            }
+            let m = self.min_off[b];
+            if m == o {
+                ordering.push((o, k));
+            } else {
+                raised.push((m, k));
+            }
+        }
+        if raised.is_empty() {
+            return ordering;
+        }
+        raised.sort_unstable();
+        let kept = std::mem::replace(&mut ordering, Vec::with_capacity(orig.len()));
+        let (mut i, mut j) = (0, 0);
+        while i < kept.len() && j < raised.len() {
+            if kept[i] < raised[j] {
+                ordering.push(kept[i]);
+                i += 1;
+            } else {
+                ordering.push(raised[j]);
+                j += 1;
+            }
+        }
+        ordering.extend_from_slice(&kept[i..]);
+        ordering.extend_from_slice(&raised[j..]);
+        ordering
+    }
+
+    /// One node: `orig` is the parent's order (None: build it afresh).
     fn search(
         &mut self,
         pre: &[u32],
-        orig: &[(u64, u32)],
+        orig: Option<&[(u64, u32)]>,
         range: (usize, usize),
         min_offset: u64,
         min_pre: u32,
@@ -385,23 +485,49 @@ impl<'a> Search<'a> {
         if self.nodes & 15 == 0 && Instant::now() >= self.deadline {
             return Status::Timeout;
         }
-        let mut ordering: Vec<(u64, u32)> = orig
-            .iter()
-            .filter(|&&(_, k)| self.off[pre[k as usize] as usize] == NONE)
-            .map(|&(_, k)| (self.min_off[pre[k as usize] as usize], k))
-            .collect();
+        let mut ordering = match orig {
+            Some(orig) => self.merged_order(pre, orig),
+            None => self.fresh_order(pre),
+        };
         if ordering.is_empty() {
             return Status::Found;
         }
-        ordering.sort_unstable();
+        // Every node on the path keeps its order while its children search
+        // (O(m) each: O(n^2) along a deep path of a large instance). Past
+        // PATH_ENTRIES a node lets go of its order while a child searches
+        // and rebuilds it afterwards (O(m log m) per child instead).
+        let held = if self.path + ordering.len() <= self.path_limit {
+            ordering.len()
+        } else {
+            0
+        };
+        self.path += held;
+        let status = self.expand(pre, &mut ordering, held > 0, range, min_offset, min_pre);
+        self.path -= held;
+        status
+    }
+
+    /// Tries each candidate of a node in turn.
+    fn expand(
+        &mut self,
+        pre: &[u32],
+        ordering: &mut Vec<(u64, u32)>,
+        keep: bool,
+        range: (usize, usize),
+        min_offset: u64,
+        min_pre: u32,
+    ) -> Status {
+        debug_assert!(ordering.windows(2).all(|w| w[0] < w[1]));
         let p = self.p;
         let min_height = ordering
             .iter()
             .map(|&(o, k)| o + p.size[pre[k as usize] as usize])
             .min()
             .unwrap_or(NONE);
-        for i in 0..ordering.len() {
+        let mut i = 0;
+        while i < ordering.len() {
             let (o, k) = ordering[i];
+            i += 1;
             // Dominance: an unplaced buffer would fit entirely below.
             if o >= min_height {
                 break;
@@ -423,6 +549,12 @@ impl<'a> Search<'a> {
             // Raise the minimum offsets of unplaced temporal neighbours.
             let oc = self.off_changes.len();
             let mut hatless = true;
+            // The sections whose lowest unplaced minimum offset may have
+            // risen: those of the raised neighbours. Each neighbour's span
+            // meets b's, so outside b's span their union is contiguous; the
+            // hull with b's span is rescanned (a superset: a floor recomputed
+            // where nothing changed is still a floor).
+            let (mut a_lo, mut a_hi) = (usize::MAX, 0);
             for &j in &p.overlaps[b] {
                 let j = j as usize;
                 if self.off[j] != NONE {
@@ -434,12 +566,12 @@ impl<'a> Search<'a> {
                 }
                 self.off_changes.push((j as u32, self.min_off[j]));
                 self.min_off[j] = top;
-                for s in p.lo[j]..p.hi[j] {
-                    if !self.mark[s] {
-                        self.mark[s] = true;
-                        self.affected.push(s);
-                    }
-                }
+                a_lo = a_lo.min(p.lo[j]);
+                a_hi = a_hi.max(p.hi[j]);
+            }
+            if a_lo < a_hi {
+                a_lo = a_lo.min(p.lo[b]);
+                a_hi = a_hi.max(p.hi[b]);
             }
             // Section floors and unplaced totals.
             let sc = self.sec_changes.len();
@@ -447,29 +579,45 @@ impl<'a> Search<'a> {
                 self.sec_changes.push((s, self.floor[s]));
                 self.floor[s] = self.floor[s].max(top);
                 self.total[s] -= p.size[b];
+                // Swap-remove b from the section's unplaced list.
+                let i = self.slot[self.base[b] + s - p.lo[b]] as usize;
+                let list = &mut self.unplaced[s];
+                let last = list.pop().unwrap_or(b as u32);
+                if last as usize != b {
+                    list[i] = last;
+                    let l = last as usize;
+                    self.slot[self.base[l] + s - p.lo[l]] = i as u32;
+                }
             }
             // Unallocated floor: no section's floor is below its lowest
-            // unplaced buffer's minimum offset.
-            while let Some(s) = self.affected.pop() {
-                self.mark[s] = false;
+            // unplaced buffer's minimum offset m. The floor only serves the
+            // check max(floor, o) + total <= cap, so the scan stops at the
+            // first buffer at or below max(floor, cap - total): then m fits
+            // and the check's outcome is the same with the old floor, and
+            // stays so until the section's total or minimum offsets change,
+            // which brings it back into this range.
+            for s in a_lo..a_hi {
                 let f = self.floor[s];
+                let enough = f.max(self.cap.saturating_sub(self.total[s]));
                 let mut m = NONE;
-                for &x in &p.live[s] {
-                    let x = x as usize;
-                    if self.off[x] == NONE {
-                        m = m.min(self.min_off[x]);
-                        if m <= f {
-                            break;
-                        }
+                for &x in &self.unplaced[s] {
+                    m = m.min(self.min_off[x as usize]);
+                    if m <= enough {
+                        break;
                     }
                 }
-                if m != NONE && f < m {
+                if m != NONE && enough < m {
                     self.sec_changes.push((s, f));
                     self.floor[s] = m;
                 }
             }
             let status = if self.check(range, o) {
-                self.decompose(pre, &ordering, range, o, k, b)
+                if keep {
+                    self.decompose(pre, Some(ordering), range, o, k, b)
+                } else {
+                    *ordering = Vec::new();
+                    self.decompose(pre, None, range, o, k, b)
+                }
             } else {
                 Status::NotFound
             };
@@ -478,8 +626,21 @@ impl<'a> Search<'a> {
                 let (s, f) = self.sec_changes.pop().unwrap_or((0, 0));
                 self.floor[s] = f;
             }
-            for s in p.lo[b]..p.hi[b] {
+            for s in (p.lo[b]..p.hi[b]).rev() {
                 self.total[s] += p.size[b];
+                // Undo the swap-remove: b back at its slot, the buffer that
+                // took it back at the end.
+                let i = self.slot[self.base[b] + s - p.lo[b]] as usize;
+                let list = &mut self.unplaced[s];
+                if i == list.len() {
+                    list.push(b as u32);
+                } else {
+                    let moved = list[i];
+                    list.push(moved);
+                    list[i] = b as u32;
+                    let m = moved as usize;
+                    self.slot[self.base[m] + s - p.lo[m]] = (list.len() - 1) as u32;
+                }
             }
             while self.off_changes.len() > oc {
                 let (j, m) = self.off_changes.pop().unwrap_or((0, 0));
@@ -488,6 +649,14 @@ impl<'a> Search<'a> {
             self.off[b] = NONE;
             if status != Status::NotFound {
                 return status;
+            }
+            if ordering.is_empty() {
+                // Let go of during the child's search: the state is back as
+                // it was, so is the order; go on after (o, k).
+                *ordering = self.fresh_order(pre);
+                i = ordering
+                    .binary_search(&(o, k))
+                    .map_or(ordering.len(), |x| x + 1);
             }
             // Hatless: nothing unplaced lives beside b, so no other choice
             // here can do better than the one that just failed.
@@ -503,7 +672,7 @@ impl<'a> Search<'a> {
     fn decompose(
         &mut self,
         pre: &[u32],
-        ordering: &[(u64, u32)],
+        ordering: Option<&[(u64, u32)]>,
         range: (usize, usize),
         o: u64,
         k: u32,
@@ -576,6 +745,27 @@ fn probe(p: &Prep, cap: u64, limit: u64, deadline: Instant, nodes: &mut u64) -> 
     Probe::Aborted
 }
 
+/// Runs `f` on a thread with a 512 MiB stack (the search recurses once per
+/// buffer placed), or here if no such thread can be made; a panic in `f`
+/// carries on here.
+fn on_big_stack<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    let task = std::sync::Mutex::new(Some(f));
+    let take = || task.lock().ok().and_then(|mut t| t.take());
+    std::thread::scope(|scope| {
+        let spawned = std::thread::Builder::new()
+            .stack_size(512 << 20)
+            .spawn_scoped(scope, || take().map(|f| f()));
+        let done = match spawned {
+            Ok(h) => h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)),
+            Err(_) => None,
+        };
+        match done {
+            Some(v) => v,
+            None => take().map(|f| f()).expect("the search ran nowhere"),
+        }
+    })
+}
+
 /// What [`fit`] found at one capacity.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Fit {
@@ -597,7 +787,9 @@ pub fn fit(intervals: &[Interval], capacity: u64, budget: Duration) -> Fit {
     let mut nodes = 0;
     let deadline = Instant::now() + budget;
     let mut limit = intervals.len() as u64;
-    let (offsets, exhausted) = loop {
+    // MiniMalloc's round robin: each static order in turn, the node limit
+    // doubled each round.
+    let (offsets, exhausted) = on_big_stack(|| loop {
         limit = limit.saturating_mul(2);
         match probe(&p, capacity, limit, deadline, &mut nodes) {
             Probe::Found(o) => break (Some(o), false),
@@ -605,7 +797,7 @@ pub fn fit(intervals: &[Interval], capacity: u64, budget: Duration) -> Fit {
             Probe::Timeout => break (None, false),
             Probe::Aborted => {}
         }
-    };
+    });
     Fit {
         offsets,
         exhausted,
@@ -628,28 +820,13 @@ pub fn plan(intervals: &[Interval], budget: Duration) -> ExactPlan {
     if lb < ub {
         let p = Prep::new(intervals);
         let deadline = start + budget;
-        // Deep recursion on large instances: search on a thread with a big stack.
-        let state = Bounds {
+        let mut st = Bounds {
             best,
             ub,
             lb,
             nodes,
         };
-        let run = |mut st: Bounds| {
-            drive(intervals, &p, deadline, &mut st);
-            st
-        };
-        let done = std::thread::scope(|scope| {
-            let copy = state.clone();
-            match std::thread::Builder::new()
-                .stack_size(512 << 20)
-                .spawn_scoped(scope, move || run(copy))
-            {
-                Ok(h) => h.join().ok(),
-                Err(_) => None,
-            }
-        });
-        let st = done.unwrap_or_else(|| run(state));
+        on_big_stack(|| drive(intervals, &p, deadline, &mut st));
         (best, ub, lb, nodes) = (st.best, st.ub, st.lb, st.nodes);
     }
     ExactPlan {
@@ -671,8 +848,27 @@ struct Bounds {
     nodes: u64,
 }
 
-/// The anytime loop: probe the lower bound, then binary-search the capacity
-/// between the bounds, doubling the node limit each round.
+/// The greatest common divisor of the sizes: every canonical plan (each
+/// buffer on the top of another or at 0) puts every offset, hence the arena,
+/// on a multiple of it, and every plan can be made canonical without
+/// growing, so the optimum is a multiple too.
+fn size_gcd(intervals: &[Interval]) -> u64 {
+    fn gcd(a: u64, b: u64) -> u64 {
+        if b == 0 {
+            a
+        } else {
+            gcd(b, a % b)
+        }
+    }
+    intervals.iter().fold(0, |g, i| gcd(g, i.size)).max(1)
+}
+
+/// The anytime loop. Each round (node limit doubled) first asks whether the
+/// lower bound itself fits (a yes is optimal), then binary-searches the
+/// capacities between the bounds, on multiples of the sizes' gcd, at a
+/// quarter of the round's limit: plans at slack capacities come cheap, and
+/// the lower-bound probe, which settles most instances, keeps most of the
+/// nodes.
 fn drive(intervals: &[Interval], p: &Prep, deadline: Instant, st: &mut Bounds) {
     let Bounds {
         best,
@@ -680,36 +876,122 @@ fn drive(intervals: &[Interval], p: &Prep, deadline: Instant, st: &mut Bounds) {
         lb,
         nodes,
     } = st;
-    let mut limit = (intervals.len() as u64).max(64);
+    let g = size_gcd(intervals);
+    *lb = lb.div_ceil(g) * g;
+    let floor_limit = (intervals.len() as u64).max(64) * 2;
+    let mut limit = floor_limit;
+    // A plan within `cap` (its arena may be lower); an exhausted search
+    // proves the next multiple of `g` a lower bound.
+    let take = |offsets: Vec<u64>, ub: &mut u64, best: &mut Vec<u64>| {
+        let arena = arena_of(intervals, &offsets);
+        debug_assert_eq!(verify(intervals, &offsets).ok(), Some(arena));
+        if arena < *ub {
+            *ub = arena;
+            *best = offsets;
+        }
+    };
     while *lb < *ub && Instant::now() < deadline {
-        limit = limit.saturating_mul(2);
-        let mut lo = *lb;
-        let mut hi = *ub - 1;
-        let mut first = true;
-        while lo <= hi && *lb < *ub {
-            // First the lower bound itself (a hit is optimal), then halves.
-            let cap = if first { lo } else { lo + (hi - lo) / 2 };
-            first = false;
-            match probe(p, cap, limit, deadline, nodes) {
-                Probe::Found(offsets) => {
-                    let arena = arena_of(intervals, &offsets);
-                    debug_assert_eq!(verify(intervals, &offsets).ok(), Some(arena));
-                    if arena < *ub {
-                        *ub = arena;
-                        *best = offsets;
-                    }
-                    if arena == 0 {
-                        break;
-                    }
-                    hi = arena - 1;
-                }
+        match probe(p, *lb, limit, deadline, nodes) {
+            Probe::Found(offsets) => {
+                take(offsets, ub, best);
+                continue;
+            }
+            Probe::NotFound => {
+                *lb += g;
+                continue;
+            }
+            Probe::Timeout => return,
+            Probe::Aborted => {}
+        }
+        let bs_limit = (limit / 4).max(floor_limit);
+        let mut lo = *lb + g;
+        while lo < *ub {
+            let hi = *ub - g;
+            let cap = lo + (hi - lo) / g / 2 * g;
+            match probe(p, cap, bs_limit, deadline, nodes) {
+                Probe::Found(offsets) => take(offsets, ub, best),
                 Probe::NotFound => {
-                    *lb = (*lb).max(cap + 1);
-                    lo = cap + 1;
+                    *lb = cap + g;
+                    lo = cap + g;
                 }
-                Probe::Aborted => lo = cap + 1,
+                Probe::Aborted => lo = cap + g,
                 Probe::Timeout => return,
             }
+        }
+        limit = limit.saturating_mul(2);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs the round robin at `cap` with the path's order memory limited
+    /// to `path_limit` entries: the outcome and the nodes visited.
+    fn decide(v: &[Interval], cap: u64, path_limit: usize) -> (Status, u64, Vec<u64>) {
+        let p = Prep::new(v);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut limit = v.len() as u64;
+        let mut nodes = 0;
+        loop {
+            limit *= 2;
+            for h in HEURISTICS {
+                let mut s = Search::new(&p, cap, h, limit, deadline);
+                s.path_limit = path_limit;
+                let st = s.run();
+                nodes += s.nodes;
+                if st != Status::Aborted {
+                    return (st, nodes, s.sol);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn letting_go_of_orders_visits_the_same_tree() {
+        // Past the memory limit a node rebuilds its order after each
+        // child instead of keeping it: the same nodes, the same plan.
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut r = |n: u64| {
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            x.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+        };
+        for case in 0..300 {
+            let n = 5 + r(20);
+            let v: Vec<Interval> = (0..n)
+                .map(|k| {
+                    let lower = r(30) as i64;
+                    Interval {
+                        id: k as i64,
+                        lower,
+                        upper: lower + 1 + r(10) as i64,
+                        size: 1 + r(16),
+                    }
+                })
+                .collect();
+            let lb = lower_bound(&v);
+            for cap in [lb, lb + 3, lb + 8] {
+                assert_eq!(
+                    decide(&v, cap, PATH_ENTRIES),
+                    decide(&v, cap, 0),
+                    "case {case} cap {cap}"
+                );
+            }
+        }
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/minimalloc");
+        for name in ["A", "G", "J"] {
+            let text = std::fs::read_to_string(format!("{dir}/{name}.1048576.csv"))
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            let v = crate::intervals::parse_csv(&text).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let (st, nodes, sol) = decide(&v, 1 << 20, 0);
+            assert_eq!(st, Status::Found, "{name}");
+            assert_eq!(
+                (st, nodes, sol),
+                decide(&v, 1 << 20, PATH_ENTRIES),
+                "{name}"
+            );
         }
     }
 }
