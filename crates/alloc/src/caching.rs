@@ -135,6 +135,9 @@ pub(crate) struct Block {
     pub(crate) live: bool,
     /// False for the unmapped address space of an expandable segment.
     pub(crate) mapped: bool,
+    /// Whether it lies in an expandable segment (blocks never change
+    /// segment).
+    pub(crate) expandable: bool,
 }
 
 impl Block {
@@ -154,10 +157,179 @@ pub(crate) struct Segment {
     pub(crate) expandable: bool,
 }
 
+/// The segments held, by id: a slot per id ever handed out (ids count up
+/// from 0), so finding a block's segment is an index, not a tree search.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct SegmentTable {
+    slots: Vec<Option<Segment>>,
+}
+
+impl SegmentTable {
+    pub(crate) fn insert(&mut self, id: SegmentId, segment: Segment) {
+        let i = id.0 as usize;
+        if i >= self.slots.len() {
+            self.slots.resize(i + 1, None);
+        }
+        self.slots[i] = Some(segment);
+    }
+
+    pub(crate) fn remove(&mut self, id: &SegmentId) -> Option<Segment> {
+        self.slots.get_mut(id.0 as usize).and_then(Option::take)
+    }
+
+    #[inline]
+    pub(crate) fn get(&self, id: &SegmentId) -> Option<&Segment> {
+        self.slots.get(id.0 as usize).and_then(Option::as_ref)
+    }
+
+    /// The segments in id order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (SegmentId, &Segment)> + '_ {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.as_ref().map(|s| (SegmentId(i as u64), s)))
+    }
+
+    pub(crate) fn values(&self) -> impl Iterator<Item = &Segment> + '_ {
+        self.slots.iter().flatten()
+    }
+}
+
+impl std::ops::Index<&SegmentId> for SegmentTable {
+    type Output = Segment;
+
+    #[inline]
+    fn index(&self, id: &SegmentId) -> &Segment {
+        self.get(id).expect("a live block's segment is held")
+    }
+}
+
+/// Free blocks ordered by (size, address, index), the order best fit
+/// searches: sorted runs of at most [`RUN`] entries, found by binary search
+/// over each run's first entry. A pool holds tens to a few thousand free
+/// blocks, so an insert or removal moves a few hundred bytes inside one run
+/// and never rebalances a tree; `std`'s B-tree spent most of the replay
+/// loop's instructions here.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct FreeSet {
+    /// Non-empty, each sorted, in order: every entry of a run is below
+    /// every entry of the next.
+    runs: Vec<Vec<FreeKey>>,
+    /// `runs[i][0]` for each run.
+    firsts: Vec<FreeKey>,
+    len: usize,
+}
+
+/// (size, address, block index).
+type FreeKey = (u64, u64, usize);
+
+/// Most entries a run holds before it splits in two.
+const RUN: usize = 32;
+
+impl FreeSet {
+    /// The run that holds `key` or would: the last whose first entry is at
+    /// most `key` (the first run when there is none).
+    #[inline]
+    fn run_of(&self, key: &FreeKey) -> usize {
+        self.firsts.partition_point(|f| f <= key).saturating_sub(1)
+    }
+
+    pub(crate) fn insert(&mut self, size: u64, address: u64, index: usize) -> bool {
+        let key = (size, address, index);
+        if self.runs.is_empty() {
+            self.runs.push(vec![key]);
+            self.firsts.push(key);
+            self.len = 1;
+            return true;
+        }
+        let r = self.run_of(&key);
+        let run = &mut self.runs[r];
+        let Err(at) = run.binary_search(&key) else {
+            return false;
+        };
+        run.insert(at, key);
+        if at == 0 {
+            self.firsts[r] = key;
+        }
+        if run.len() > RUN {
+            let rest = run.split_off(RUN / 2);
+            self.firsts.insert(r + 1, rest[0]);
+            self.runs.insert(r + 1, rest);
+        }
+        self.len += 1;
+        true
+    }
+
+    pub(crate) fn remove(&mut self, size: u64, address: u64, index: usize) -> bool {
+        let key = (size, address, index);
+        if self.runs.is_empty() {
+            return false;
+        }
+        let r = self.run_of(&key);
+        let run = &mut self.runs[r];
+        let Ok(at) = run.binary_search(&key) else {
+            return false;
+        };
+        run.remove(at);
+        self.len -= 1;
+        if run.is_empty() {
+            self.runs.remove(r);
+            self.firsts.remove(r);
+            return true;
+        }
+        if at == 0 {
+            self.firsts[r] = run[0];
+        }
+        // Keep runs from thinning out: a short run takes in the next when
+        // both fit in one.
+        let short = run.len();
+        if short < RUN / 4 && r + 1 < self.runs.len() && short + self.runs[r + 1].len() <= RUN {
+            let next = self.runs.remove(r + 1);
+            self.firsts.remove(r + 1);
+            self.runs[r].extend(next);
+        }
+        true
+    }
+
+    pub(crate) fn contains(&self, size: u64, address: u64, index: usize) -> bool {
+        let key = (size, address, index);
+        !self.runs.is_empty() && self.runs[self.run_of(&key)].binary_search(&key).is_ok()
+    }
+
+    /// (size, address, index) of every block, smallest first.
+    pub(crate) fn iter(&self) -> impl DoubleEndedIterator<Item = (u64, u64, usize)> + '_ {
+        self.runs.iter().flatten().copied()
+    }
+
+    /// The blocks of at least `size` bytes, smallest first.
+    #[inline]
+    pub(crate) fn at_least(&self, size: u64) -> impl Iterator<Item = (u64, u64, usize)> + '_ {
+        let key = (size, 0, 0);
+        let (r, at) = if self.runs.is_empty() {
+            (0, 0)
+        } else {
+            let r = self.run_of(&key);
+            (r, self.runs[r].partition_point(|e| *e < key))
+        };
+        let first = self.runs.get(r).map_or(&[][..], |run| &run[at..]);
+        let rest = self.runs.get(r + 1..).unwrap_or(&[]);
+        first.iter().chain(rest.iter().flatten()).copied()
+    }
+
+    /// The blocks smaller than `size` bytes, smallest first.
+    pub(crate) fn below(&self, size: u64) -> impl Iterator<Item = (u64, u64, usize)> + '_ {
+        self.iter().take_while(move |e| e.0 < size)
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+}
+
 /// Free blocks of one pool, ordered by (size, address) for best fit.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct BlockPool {
-    blocks: BTreeSet<(u64, u64, usize)>,
+    blocks: FreeSet,
     /// Unmapped blocks of expandable segments, by address (PyTorch's
     /// `BlockPool::unmapped`): where a segment can grow.
     pub(crate) unmapped: BTreeSet<(u64, usize)>,
@@ -174,7 +346,7 @@ pub struct CachingAllocator<S: SegmentSource> {
     free_slots: Vec<usize>,
     small: BlockPool,
     large: BlockPool,
-    pub(crate) segments: BTreeMap<SegmentId, Segment>,
+    pub(crate) segments: SegmentTable,
     /// How many of `segments` are expandable (spares a lookup per block
     /// when there are none).
     pub(crate) expandable_count: usize,
@@ -218,7 +390,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             free_slots: Vec::new(),
             small: BlockPool::default(),
             large: BlockPool::default(),
-            segments: BTreeMap::new(),
+            segments: SegmentTable::default(),
             expandable_count: 0,
             stats,
             total_reserved: 0,
@@ -811,7 +983,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             None => SimulatedSource::unlimited(),
         }
         .with_max_segment_size(self.source.max_segment_size());
-        for (&id, seg) in &self.segments {
+        for (id, seg) in self.segments.iter() {
             if !seg.expandable {
                 let _ = source.allocate(id, seg.size);
             }
@@ -853,9 +1025,9 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let max_split = self.config.max_split_size;
         self.pool(kind)
             .blocks
-            .range((size, 0, 0)..)
-            .take_while(move |&&(bsize, _, _)| may_serve(bsize, size, max_split))
-            .map(|&(_, _, i)| self.free_block_info(i))
+            .at_least(size)
+            .take_while(move |&(bsize, _, _)| may_serve(bsize, size, max_split))
+            .map(|(_, _, i)| self.free_block_info(i))
     }
 
     // ----- internals, named after their PyTorch counterparts -----
@@ -881,7 +1053,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         };
         let clock = self.pool_mut(kind).get_free_blocks_call_count;
         self.blocks[index].gc_count_base = clock;
-        let inserted = self.pool_mut(kind).blocks.insert((size, address, index));
+        let inserted = self.pool_mut(kind).blocks.insert(size, address, index);
         debug_assert!(inserted);
     }
 
@@ -890,7 +1062,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             let b = &self.blocks[index];
             (b.size, b.address, b.pool)
         };
-        let removed = self.pool_mut(kind).blocks.remove(&(size, address, index));
+        let removed = self.pool_mut(kind).blocks.remove(size, address, index);
         debug_assert!(removed);
     }
 
@@ -936,10 +1108,10 @@ impl<S: SegmentSource> CachingAllocator<S> {
     /// larger blocks while they can grow less (see `expandable_size`).
     fn peek_free_block(&self, kind: PoolKind, size: u64) -> Option<usize> {
         let max_split = self.config.max_split_size;
-        let mut it = self.pool(kind).blocks.range((size, 0, 0)..);
-        let &(_, _, mut index) = it.next()?;
+        let mut it = self.pool(kind).blocks.at_least(size);
+        let (_, _, mut index) = it.next()?;
         if self.config.expandable_segments && self.is_expandable(index) {
-            for &(_, _, next) in it {
+            for (_, _, next) in it {
                 if !self.is_expandable(index)
                     || self.expandable_size(next) >= self.expandable_size(index)
                 {
@@ -965,7 +1137,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             .large
             .blocks
             .iter()
-            .map(|&(_, _, i)| i)
+            .map(|(_, _, i)| i)
             .filter(|&i| !self.blocks[i].is_split() && !self.is_expandable(i))
             .collect();
         if candidates.is_empty() {
@@ -1058,12 +1230,13 @@ impl<S: SegmentSource> CachingAllocator<S> {
         }
         let key = size.max(max_split);
         let pool = self.pool(kind);
-        if let Some(&(_, _, index)) = pool.blocks.range((key, 0, 0)..).next() {
+        let first = pool.blocks.at_least(key).next();
+        if let Some((_, _, index)) = first {
             self.release_block(index);
             return true;
         }
         let descending: Vec<(u64, usize)> =
-            pool.blocks.iter().rev().map(|&(s, _, i)| (s, i)).collect();
+            pool.blocks.iter().rev().map(|(s, _, i)| (s, i)).collect();
         if descending.is_empty() {
             return false;
         }
@@ -1085,8 +1258,8 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let pool = self.pool(kind);
         let whole: Vec<usize> = pool
             .blocks
-            .range(..(size, 0, 0))
-            .map(|&(_, _, i)| i)
+            .below(size)
+            .map(|(_, _, i)| i)
             .filter(|&i| !self.blocks[i].is_split() && !self.is_expandable(i))
             .collect();
         for i in whole {
@@ -1103,7 +1276,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             let (expandable, fixed): (Vec<usize>, Vec<usize>) = pool
                 .blocks
                 .iter()
-                .map(|&(_, _, i)| i)
+                .map(|(_, _, i)| i)
                 .partition(|&i| self.is_expandable(i));
             for i in fixed {
                 if !self.blocks[i].is_split() {
@@ -1179,9 +1352,11 @@ impl<S: SegmentSource> CachingAllocator<S> {
                 let r = &self.blocks[remaining];
                 (r.segment, r.address, r.pool, r.prev)
             };
+            let expandable = self.blocks[remaining].expandable;
             block = self.new_block(Block {
                 prev,
                 next: Some(remaining),
+                expandable,
                 ..Block::free(segment, address, size, pool)
             });
             if let Some(p) = prev {
@@ -1309,7 +1484,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let b = &self.blocks[index];
         let pool = self.pool(b.pool);
         if b.mapped {
-            pool.blocks.contains(&(b.size, b.address, index))
+            pool.blocks.contains(b.size, b.address, index)
         } else {
             pool.unmapped.contains(&(b.address, index))
         }
@@ -1317,7 +1492,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
 
     /// The free mapped blocks of `kind`, smallest first.
     pub(crate) fn free_blocks(&self, kind: PoolKind) -> impl Iterator<Item = usize> + '_ {
-        self.pool(kind).blocks.iter().map(|&(_, _, i)| i)
+        self.pool(kind).blocks.iter().map(|(_, _, i)| i)
     }
 
     pub(crate) fn pool_len(&self) -> usize {
@@ -1328,12 +1503,9 @@ impl<S: SegmentSource> CachingAllocator<S> {
     }
 
     /// Whether a block lies in an expandable segment.
+    #[inline]
     pub(crate) fn is_expandable(&self, index: usize) -> bool {
-        self.expandable_count > 0
-            && self
-                .segments
-                .get(&self.blocks[index].segment)
-                .is_some_and(|s| s.expandable)
+        self.blocks[index].expandable
     }
 
     pub(crate) fn total_reserved(&self) -> u64 {

@@ -467,6 +467,7 @@ impl Block {
             generation: 0,
             live: true,
             mapped: true,
+            expandable: false,
         }
     }
 
@@ -474,6 +475,7 @@ impl Block {
     pub(crate) fn unmapped(segment: SegmentId, address: u64, size: u64, pool: PoolKind) -> Block {
         Block {
             mapped: false,
+            expandable: true,
             ..Block::free(segment, address, size, pool)
         }
     }

@@ -5,7 +5,7 @@
 
 use super::error::LabError;
 use super::strategies::planner::{plan, Lifetime};
-use super::strategies::{IdMap, Strategy};
+use super::strategies::{IdMap, Mappings, Strategy};
 use super::trace::TraceEvent;
 use crate::memory::events::{EventKind, MemEvent};
 use crate::memory::tag::Category;
@@ -188,6 +188,10 @@ pub struct RunResult {
     pub oom: bool,
     pub ooms: u64,
     pub ns_per_op: f64,
+    /// Granules mapped and unmapped one at a time (`vramlab` only): each a
+    /// cuMemMap / cuMemUnmap on a real device, which `ns_per_op` leaves out.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mappings: Option<Mappings>,
     /// (operation index, reserved bytes), sampled for plots.
     #[serde(skip)]
     pub reserved_timeline: Vec<(usize, u64)>,
@@ -284,6 +288,7 @@ pub fn run(s: &mut dyn Strategy, w: &Workload) -> RunResult {
         oom: ooms > 0,
         ooms,
         ns_per_op: ns,
+        mappings: s.mappings(),
         reserved_timeline: timeline,
     }
 }
@@ -306,6 +311,7 @@ pub fn run_planner(w: &Workload, capacity: Option<u64>) -> RunResult {
         oom,
         ooms: oom as u64,
         ns_per_op: ns,
+        mappings: None,
         reserved_timeline: vec![(0, p.arena), (w.ops.len(), p.arena)],
     }
 }

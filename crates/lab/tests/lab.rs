@@ -2,5 +2,6 @@
 
 mod exact_planner;
 mod expandable;
+mod granules;
 mod segment_map;
 mod vramlab;
