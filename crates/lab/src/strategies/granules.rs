@@ -44,6 +44,7 @@
 //! `expandable`.
 
 use super::{Category, DeviceCounts, Handle, IdMap, Mappings, Oom, Strategy};
+use crate::memory::constants::MAX_BYTES;
 use crate::memory::source::{SegmentId, SegmentSource, SourceError};
 use crate::memory::{AllocatorConfig, BlockHandle, CachingAllocator};
 
@@ -52,21 +53,31 @@ use crate::memory::{AllocatorConfig, BlockHandle, CachingAllocator};
 pub const GRANULE: u64 = 2 << 20;
 const GRANULE_SHIFT: u32 = GRANULE.trailing_zeros();
 
-/// Virtual address space for the allocator underneath: it never refuses,
-/// and reports the real device's capacity so that expandable segments
-/// reserve the same address ranges as on that device.
+/// Virtual address space for the allocator underneath: it refuses only
+/// past the 2^62 bytes vramlab models, and reports the real device's
+/// capacity so that expandable segments reserve the same address ranges as
+/// on that device.
 #[derive(Debug, Clone)]
 pub struct VirtualSpace {
     capacity: Option<u64>,
     maps_pages: bool,
+    used: u64,
 }
 
 impl SegmentSource for VirtualSpace {
-    fn allocate(&mut self, _id: SegmentId, _size: u64) -> Result<(), SourceError> {
-        Ok(())
+    fn allocate(&mut self, _id: SegmentId, size: u64) -> Result<(), SourceError> {
+        match self.used.checked_add(size) {
+            Some(total) if total <= MAX_BYTES => {
+                self.used = total;
+                Ok(())
+            }
+            _ => Err(SourceError::OutOfMemory),
+        }
     }
 
-    fn release(&mut self, _id: SegmentId, _size: u64) {}
+    fn release(&mut self, _id: SegmentId, size: u64) {
+        self.used -= size;
+    }
 
     fn total_capacity(&self) -> Option<u64> {
         self.capacity
@@ -128,6 +139,7 @@ impl<S: SegmentSource> Vramlab<S> {
         let space = VirtualSpace {
             capacity: source.total_capacity(),
             maps_pages: source.maps_pages(),
+            used: 0,
         };
         let config = AllocatorConfig {
             expandable_segments: true,
