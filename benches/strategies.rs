@@ -1,10 +1,15 @@
 //! Cost per allocator operation for every strategy, on one synthetic
 //! workload (variable-length batches, ~4,900 operations) over a simulated
-//! device: the same trace, so the times compare as ratios.
+//! device: the same trace, so the times compare as ratios. Then the
+//! replay path of `pytorch`, `expandable` and `vramlab` on the real PyTorch
+//! snapshots in tests/fixtures (one training step each, recorded on CUDA
+//! GPUs): the whole trace per iteration, so the time per operation is the
+//! iteration's time over the trace's operations (printed beside each).
 
-use criterion::{criterion_group, criterion_main, Criterion};
-use vramlab::lab::strategies::{online, NAMES};
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use vramlab::lab::strategies::{online, online_configured, NAMES};
 use vramlab::lab::synthetic;
+use vramlab::lab::torch_snapshot::read_all;
 use vramlab::lab::workload::{run, run_planner};
 
 fn strategies(c: &mut Criterion) {
@@ -26,5 +31,36 @@ fn strategies(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, strategies);
+/// The real recordings the repository holds.
+const REAL: [&str; 3] = [
+    "tests/fixtures/snapshots/cs336_kkaitlyn_ctx128_fullstep.pickle",
+    "tests/fixtures/snapshots/ftcourse_memory_snapshot.pickle",
+    "tests/fixtures/recorder/h200-torch2.11-gpt2-bf16.cuda.pickle",
+];
+
+fn real_snapshots(c: &mut Criterion) {
+    let mut g = c.benchmark_group("replay_real_snapshot");
+    g.sample_size(30);
+    for path in REAL {
+        let bytes = std::fs::read(path).expect("fixture");
+        let file = read_all(&bytes, path).expect("snapshot");
+        let snap = &file.devices[0];
+        let config = file.settings.clone().unwrap_or_default();
+        let w = &snap.workload;
+        // Throughput in elements: criterion prints operations per second.
+        g.throughput(Throughput::Elements(w.ops.len() as u64));
+        let short = path.rsplit('/').next().unwrap_or(path);
+        for name in ["pytorch", "expandable", "vramlab"] {
+            g.bench_function(format!("{name}/{short}"), |b| {
+                b.iter(|| {
+                    let mut s = online_configured(name, None, &config).expect("strategy");
+                    run(s.as_mut(), w).peak_reserved_bytes
+                })
+            });
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(benches, strategies, real_snapshots);
 criterion_main!(benches);

@@ -247,6 +247,10 @@ pub(crate) struct FreeSet {
     /// `runs[i][0]` for each run.
     firsts: Vec<FreeKey>,
     len: usize,
+    /// (run, position) of the entry `at_least` found last: best fit takes
+    /// that block next, and its removal or replacement starts there
+    /// instead of searching again (checked, so a stale hint costs nothing).
+    hint: std::cell::Cell<(usize, usize)>,
 }
 
 /// (size, address, block index).
@@ -323,16 +327,26 @@ impl FreeSet {
         true
     }
 
+    /// (run, position) of `key`, if it is here.
+    #[inline]
+    fn locate(&self, key: &FreeKey) -> Option<(usize, usize)> {
+        let (r, i) = self.hint.get();
+        if self.runs.get(r).and_then(|run| run.get(i)) == Some(key) {
+            return Some((r, i));
+        }
+        if self.runs.is_empty() {
+            return None;
+        }
+        let r = self.run_of(key);
+        search(&self.runs[r], key).ok().map(|i| (r, i))
+    }
+
     pub(crate) fn remove(&mut self, size: u64, address: u64, index: usize) -> bool {
         let key = (size, address, index);
-        if self.runs.is_empty() {
-            return false;
-        }
-        let r = self.run_of(&key);
-        let run = &mut self.runs[r];
-        let Ok(at) = search(run, &key) else {
+        let Some((r, at)) = self.locate(&key) else {
             return false;
         };
+        let run = &mut self.runs[r];
         run.remove(at);
         self.len -= 1;
         if run.is_empty() {
@@ -358,11 +372,7 @@ impl FreeSet {
     /// places by one when both lie in the same run. False (nothing
     /// changed) if `old` is not here.
     pub(crate) fn replace(&mut self, old: FreeKey, new: FreeKey) -> bool {
-        if self.runs.is_empty() {
-            return false;
-        }
-        let r = self.run_of(&old);
-        let Ok(i) = search(&self.runs[r], &old) else {
+        let Some((r, i)) = self.locate(&old) else {
             return false;
         };
         let fits_here = (r == 0 || self.firsts[r] <= new)
@@ -405,6 +415,7 @@ impl FreeSet {
             let r = self.run_of(&key);
             (r, rank(&self.runs[r], &key, false))
         };
+        self.hint.set((r, at));
         let first = self.runs.get(r).map_or(&[][..], |run| &run[at..]);
         let rest = self.runs.get(r + 1..).unwrap_or(&[]);
         first.iter().chain(rest.iter().flatten()).copied()
@@ -847,8 +858,11 @@ impl<S: SegmentSource> CachingAllocator<S> {
             split,
             label,
         );
-        self.blocks[index].category = request.category;
-        self.blocks[index].op = op;
+        let b = &mut self.blocks[index];
+        b.category = request.category;
+        if op.is_some() || b.op.is_some() {
+            b.op = op;
+        }
         let handle = BlockHandle {
             index: index as u32,
             generation: self.blocks[index].generation,
