@@ -106,6 +106,8 @@ pub fn pool_for(size: u64) -> PoolKind {
 pub struct Allocation {
     pub handle: BlockHandle,
     pub segment: SegmentId,
+    /// The block's virtual address (segments get disjoint ranges).
+    pub address: u64,
     /// Byte offset of the block inside its segment.
     pub offset: u64,
     /// The block's size (the request rounded).
@@ -889,6 +891,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         Allocation {
             handle,
             segment: b.segment,
+            address: b.address,
             offset: b.address - seg.address,
             size: b.size,
             requested: b.requested,

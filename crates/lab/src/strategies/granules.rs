@@ -104,10 +104,11 @@ impl SegmentSource for VirtualSpace {
 #[derive(Debug, Clone, Copy)]
 struct Live {
     handle: BlockHandle,
-    /// Key of its first granule (segment << 32 | granule index).
+    /// Its first granule: virtual address / 2 MiB (segments start
+    /// 2 MiB-aligned and never share an address range).
     first: u64,
     /// Granules after the first that it overlaps (0: one granule).
-    span: u32,
+    span: u64,
 }
 
 /// The `vramlab` strategy (see the module docs).
@@ -209,7 +210,7 @@ impl<S: SegmentSource> Vramlab<S> {
         let unshared = |g: u64| !self.shared.contains_key(&g) as u64;
         match live.span {
             0 => unshared(live.first),
-            s => (s as u64 - 1) + unshared(live.first) + unshared(live.first + s as u64),
+            s => (s - 1) + unshared(live.first) + unshared(live.first + s),
         }
     }
 
@@ -242,13 +243,12 @@ impl<S: SegmentSource> Strategy for Vramlab<S> {
             .inner
             .malloc_tagged(size, "", category, None)
             .map_err(|_| Oom)?;
-        let first = a.offset >> GRANULE_SHIFT;
-        let last = (a.offset + a.size - 1) >> GRANULE_SHIFT;
-        let base = a.segment.0 << 32;
+        let first = a.address >> GRANULE_SHIFT;
+        let last = (a.address + a.size - 1) >> GRANULE_SHIFT;
         let live = Live {
             handle: a.handle,
-            first: base | first,
-            span: (last - first) as u32,
+            first,
+            span: last - first,
         };
         let missing = self.missing(&live);
         if !self.map(missing) {
@@ -257,7 +257,7 @@ impl<S: SegmentSource> Strategy for Vramlab<S> {
         }
         self.hold(live.first);
         if live.span > 0 {
-            self.hold(live.first + live.span as u64);
+            self.hold(live.first + live.span);
         }
         self.live.push(Some(live));
         Ok(self.live.len() as Handle)
@@ -274,8 +274,8 @@ impl<S: SegmentSource> Strategy for Vramlab<S> {
         let _ = self.inner.free(live.handle);
         let mut freed = self.release(live.first) as u64;
         if live.span > 0 {
-            freed += live.span as u64 - 1;
-            freed += self.release(live.first + live.span as u64) as u64;
+            freed += live.span - 1;
+            freed += self.release(live.first + live.span) as u64;
         }
         self.unmap(freed);
     }
