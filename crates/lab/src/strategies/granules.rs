@@ -19,8 +19,8 @@
 //!   stitching, at granule level: the pool's handles are mapped wherever the
 //!   next block needs them, so free space anywhere serves any request;
 //! - the pool grows (one cuMemCreate per granule, counted as a device
-//!   allocation) only when every handle is mapped, and is given back by
-//!   `empty_cache`;
+//!   allocation; the simulated source sees one call per batch made at once)
+//!   only when every handle is mapped, and is given back by `empty_cache`;
 //! - reserved = handles held = the most granules mapped at once since the
 //!   last `empty_cache`.
 //!
@@ -123,8 +123,12 @@ pub struct Vramlab<S: SegmentSource> {
     shared: IdMap<u64, u32>,
     /// Granules mapped now.
     mapped: u64,
-    /// Physical handles held: mapped ones, then the pool.
-    held: Vec<SegmentId>,
+    /// Granules held (mapped, or unmapped in the pool).
+    held: u64,
+    /// The source's allocations behind them: (id, granules), one per batch
+    /// of granules made at once, so a huge request is one call, not one
+    /// per 2 MiB.
+    batches: Vec<(SegmentId, u64)>,
     next_id: u64,
     device_allocs: u64,
     device_frees: u64,
@@ -153,7 +157,8 @@ impl<S: SegmentSource> Vramlab<S> {
             live: Vec::new(),
             shared: IdMap::default(),
             mapped: 0,
-            held: Vec::new(),
+            held: 0,
+            batches: Vec::new(),
             next_id: 0,
             device_allocs: 0,
             device_frees: 0,
@@ -175,28 +180,40 @@ impl<S: SegmentSource> Vramlab<S> {
     /// Has `n` more granules mapped, creating handles when the pool has too
     /// few; false (nothing changed) if the device refuses one.
     fn map(&mut self, n: u64) -> bool {
-        let pooled = self.held.len() as u64 - self.mapped;
-        let mut created = 0u64;
-        while pooled + created < n {
+        let pooled = self.held - self.mapped;
+        if n > pooled {
+            let more = n - pooled;
             let id = SegmentId(self.next_id);
-            if self.source.allocate(id, GRANULE).is_err() {
-                // Give back what this call made: the pool is as before.
-                for _ in 0..created {
-                    if let Some(id) = self.held.pop() {
-                        self.source.release(id, GRANULE);
-                    }
-                }
-                self.device_frees += created;
+            let bytes = more.checked_mul(GRANULE).ok_or(());
+            if bytes.and_then(|b| self.source.allocate(id, b).map_err(|_| ())).is_err() {
                 return false;
             }
             self.next_id += 1;
-            self.held.push(id);
-            self.device_allocs += 1;
-            created += 1;
+            self.batches.push((id, more));
+            self.held += more;
+            self.device_allocs += more;
         }
         self.mapped += n;
         self.maps += n;
         true
+    }
+
+    /// Gives `n` unmapped granules back to the source, newest first.
+    fn give_back(&mut self, mut n: u64) {
+        self.held -= n;
+        self.device_frees += n;
+        while n > 0 {
+            let Some(last) = self.batches.last_mut() else {
+                break;
+            };
+            let k = last.1.min(n);
+            self.source.release(last.0, k * GRANULE);
+            last.1 -= k;
+            n -= k;
+            if last.1 == 0 {
+                self.batches.pop();
+            }
+        }
     }
 
     fn unmap(&mut self, n: u64) {
@@ -282,12 +299,7 @@ impl<S: SegmentSource> Strategy for Vramlab<S> {
 
     fn empty_cache(&mut self) {
         self.inner.empty_cache();
-        while self.held.len() as u64 > self.mapped {
-            if let Some(id) = self.held.pop() {
-                self.source.release(id, GRANULE);
-                self.device_frees += 1;
-            }
-        }
+        self.give_back(self.held - self.mapped);
     }
 
     fn allocated(&self) -> u64 {
@@ -295,7 +307,7 @@ impl<S: SegmentSource> Strategy for Vramlab<S> {
     }
 
     fn reserved(&self) -> u64 {
-        self.held.len() as u64 * GRANULE
+        self.held * GRANULE
     }
 
     fn device(&self) -> DeviceCounts {

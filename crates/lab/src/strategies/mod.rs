@@ -6,6 +6,8 @@
 //! Every online strategy draws device memory from a [`SegmentSource`]
 //! (simulated here; `WgpuSource` on a GPU), so "reserved" is what the device
 //! actually handed out. `planner` is offline: it sees the whole trace first.
+//! `vramlab` (granules.rs) is `expandable`'s decisions over physical memory
+//! in 2 MiB granules mapped only under live blocks.
 
 pub mod buckets;
 pub mod buddy;
@@ -182,8 +184,8 @@ pub fn online(name: &str, capacity: Option<u64>) -> Option<Box<dyn Strategy>> {
 }
 
 /// The online strategy called `name` under `config` (`--alloc-conf`):
-/// `pytorch` runs with it as given, `vramlab` and `expandable` with it plus
-/// their own options; the rest have no options to take.
+/// `pytorch` runs with it as given, `expandable` and `vramlab` with
+/// expandable segments on; the rest have no options to take.
 pub fn online_configured(
     name: &str,
     capacity: Option<u64>,
