@@ -348,7 +348,7 @@ fn unknown(name: &str) -> LabError {
 }
 
 /// Most replays `compare_with` times each online strategy with.
-pub const TIMING_RUNS: usize = 5;
+pub const TIMING_RUNS: usize = 20;
 /// Replays are repeated only while one strategy's have taken less than
 /// this in all (20 ms): a short trace is timed more than once, a long one
 /// once.

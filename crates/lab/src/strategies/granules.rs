@@ -185,7 +185,10 @@ impl<S: SegmentSource> Vramlab<S> {
             let more = n - pooled;
             let id = SegmentId(self.next_id);
             let bytes = more.checked_mul(GRANULE).ok_or(());
-            if bytes.and_then(|b| self.source.allocate(id, b).map_err(|_| ())).is_err() {
+            if bytes
+                .and_then(|b| self.source.allocate(id, b).map_err(|_| ()))
+                .is_err()
+            {
                 return false;
             }
             self.next_id += 1;
