@@ -290,7 +290,9 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let base = self.segments[&segment].address;
         let first = (address - base) / page;
         let last = (address - base + size).div_ceil(page);
-        let mut made = Vec::with_capacity((last - first) as usize);
+        // Grown page by page: a huge request stops at the first page the
+        // device refuses, without reserving room for all of them first.
+        let mut made = Vec::new();
         for p in first..last {
             let id = SegmentId(self.next_segment_id);
             match self.source.allocate(id, page) {

@@ -259,6 +259,16 @@ impl<S: SegmentSource> Strategy for Vramlab<S> {
     }
 
     fn malloc(&mut self, size: u64, category: Category) -> Result<Handle, Oom> {
+        // A request the device cannot hold even sharing two granules with
+        // its neighbours fails before the address space maps pages for it
+        // (virtual space refuses nothing, so a huge request would map page
+        // after page).
+        if let Some(free) = self.source.free_capacity() {
+            let pooled = (self.held - self.mapped) * GRANULE;
+            if size.saturating_sub(2 * GRANULE) > free.saturating_add(pooled) {
+                return Err(Oom);
+            }
+        }
         let a = self
             .inner
             .malloc_tagged(size, "", category, None)
