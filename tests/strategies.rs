@@ -2,7 +2,8 @@
 //! keeps allocated ≤ reserved and returns everything; the planner never
 //! overlaps live tensors and never beats the lower bound; capacity limits
 //! produce OOMs; the suite's numbers have the shape `bench-alloc --json`
-//! promises, and `vramlab` reserves less than `pytorch` on every workload.
+//! promises, and `vramlab` reserves less than `pytorch` and `expandable` on
+//! every workload.
 
 use crate::common;
 use common::Rng;
@@ -96,14 +97,17 @@ fn strategies_run_on_wgpu_buffers_with_the_simulated_numbers() {
     use vramlab::lab::strategies::online_on;
     let gpu = Gpu::new(&AdapterOptions::default()).expect("GPU tests need an adapter");
     let w = random_workload(42, 400);
-    // Expandable segments need page mapping, which wgpu lacks: refused.
-    let src = WgpuSource::new(gpu.device.clone(), gpu.buffer_piece, None, &gpu.info.name);
-    let mut expandable = online_on("expandable", src).unwrap();
-    assert!(expandable.malloc(1 << 20, Category::Untagged).is_err());
-    assert_eq!(expandable.reserved(), 0);
+    // Expandable segments (and vramlab's granules under them) need page
+    // mapping, which wgpu lacks: refused.
+    for name in ["expandable", "vramlab"] {
+        let src = WgpuSource::new(gpu.device.clone(), gpu.buffer_piece, None, &gpu.info.name);
+        let mut s = online_on(name, src).unwrap();
+        assert!(s.malloc(1 << 20, Category::Untagged).is_err(), "{name}");
+        assert_eq!(s.reserved(), 0, "{name}");
+    }
     for name in NAMES
         .iter()
-        .filter(|n| !matches!(**n, "planner" | "expandable"))
+        .filter(|n| !matches!(**n, "planner" | "expandable" | "vramlab"))
     {
         let src = WgpuSource::new(gpu.device.clone(), gpu.buffer_piece, None, &gpu.info.name);
         let real = run(online_on(name, src).unwrap().as_mut(), &w);
@@ -169,17 +173,24 @@ fn bench_alloc_json_reports_every_workload_and_vramlab_beats_pytorch_on_each() {
             assert!(r["oom"].is_boolean());
             assert!(r["peak_reserved_bytes"].as_u64().unwrap() >= lb);
         }
-        let (p, m) = (get("pytorch"), get("vramlab"));
-        let (pr, mr) = (
+        let (p, e, m) = (get("pytorch"), get("expandable"), get("vramlab"));
+        let (pr, er, mr) = (
             p["peak_reserved_bytes"].as_u64().unwrap(),
+            e["peak_reserved_bytes"].as_u64().unwrap(),
             m["peak_reserved_bytes"].as_u64().unwrap(),
         );
         assert!(mr < pr, "{}: vramlab {mr} >= pytorch {pr}", w["name"]);
+        assert!(mr < er, "{}: vramlab {mr} >= expandable {er}", w["name"]);
+        // vramlab's device allocations are its 2 MiB granules, each mapped
+        // and unmapped as blocks come and go: counted, never fewer maps
+        // than granules made.
+        let maps = m["mappings"]["maps"].as_u64().unwrap();
         assert!(
-            m["device_allocs"].as_u64() <= p["device_allocs"].as_u64(),
+            maps >= m["device_allocs"].as_u64().unwrap(),
             "{}",
             w["name"]
         );
+        assert!(p.get("mappings").is_none());
     }
 }
 

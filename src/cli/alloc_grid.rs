@@ -1,5 +1,7 @@
 //! `vramlab bench-alloc --grid`: the two strategies the engine runs
-//! (`pytorch` and `vramlab`) on every zoo model (default sizes) × Adam and
+//! (`pytorch`, and `vramlab` as the engine has it: PyTorch's allocator with
+//! vramlab's placement options, since wgpu cannot map pages for the lab's
+//! `vramlab` strategy) on every zoo model (default sizes) × Adam and
 //! SGD with momentum × batches 1…128, three training steps each on a
 //! simulated device. The suite's seven workloads can flatter a strategy
 //! tuned on them; the grid shows where it wins, ties and loses.

@@ -28,9 +28,10 @@ pub struct BenchAllocArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
-    /// Instead of the suite: pytorch vs vramlab on every zoo model × Adam and
-    /// SGD (momentum 0.9) × batches 1..128, three steps each (wins, ties,
-    /// losses)
+    /// Instead of the suite: pytorch vs vramlab as the engine runs it
+    /// (vramlab's placement options lookahead and small_from_large) on every
+    /// zoo model × Adam and SGD (momentum 0.9) × batches 1..128, three
+    /// steps each (wins, ties, losses)
     #[arg(long, conflicts_with_all = ["allocators", "capacity"])]
     pub grid: bool,
 }

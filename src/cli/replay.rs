@@ -24,6 +24,8 @@ pub struct ReplayArgs {
     pub timeline: bool,
     /// Compare allocator strategies on this trace instead:
     /// pytorch,expandable,nocache,buckets,sliced,buddy,planner,vramlab (or a subset).
+    /// vramlab: expandable segments with physical memory in 2 MiB granules
+    /// mapped only under live blocks (never more reserved than expandable).
     #[arg(long, value_delimiter = ',', value_name = "NAMES")]
     pub allocators: Option<Vec<String>>,
     /// With --allocators: write reserved.svg (reserved memory over the
@@ -516,7 +518,7 @@ fn replay_snapshot(args: &ReplayArgs) -> anyhow::Result<()> {
                 .map(|(c, n)| format!("{n} {c}"))
                 .collect();
             println!(
-                "  lifetime hints from Python frames: {} (the vramlab strategy places these by lookahead)",
+                "  lifetime hints from Python frames: {} (--alloc-conf lookahead:True places these)",
                 hints.join(", ")
             );
         }

@@ -34,7 +34,7 @@ use super::source::SimulatedSource;
 use super::source::{SegmentId, SegmentSource, SourceError};
 use super::stats::{DeviceStats, StatType};
 use super::tag::Category;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 /// PyTorch's `round_size`: the block size a request of `size` bytes gets.
@@ -106,6 +106,8 @@ pub fn pool_for(size: u64) -> PoolKind {
 pub struct Allocation {
     pub handle: BlockHandle,
     pub segment: SegmentId,
+    /// The block's virtual address (segments get disjoint ranges).
+    pub address: u64,
     /// Byte offset of the block inside its segment.
     pub offset: u64,
     /// The block's size (the request rounded).
@@ -135,6 +137,9 @@ pub(crate) struct Block {
     pub(crate) live: bool,
     /// False for the unmapped address space of an expandable segment.
     pub(crate) mapped: bool,
+    /// Whether it lies in an expandable segment (blocks never change
+    /// segment).
+    pub(crate) expandable: bool,
 }
 
 impl Block {
@@ -154,10 +159,284 @@ pub(crate) struct Segment {
     pub(crate) expandable: bool,
 }
 
+/// The segments held, by id: a slot per id ever handed out (ids count up
+/// from 0), so finding a block's segment is an index, not a tree search.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct SegmentTable {
+    slots: Vec<Option<Segment>>,
+}
+
+impl SegmentTable {
+    pub(crate) fn insert(&mut self, id: SegmentId, segment: Segment) {
+        let i = id.0 as usize;
+        if i >= self.slots.len() {
+            self.slots.resize(i + 1, None);
+        }
+        self.slots[i] = Some(segment);
+    }
+
+    pub(crate) fn remove(&mut self, id: &SegmentId) -> Option<Segment> {
+        self.slots.get_mut(id.0 as usize).and_then(Option::take)
+    }
+
+    #[inline]
+    pub(crate) fn get(&self, id: &SegmentId) -> Option<&Segment> {
+        self.slots.get(id.0 as usize).and_then(Option::as_ref)
+    }
+
+    /// The segments in id order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (SegmentId, &Segment)> + '_ {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.as_ref().map(|s| (SegmentId(i as u64), s)))
+    }
+
+    pub(crate) fn values(&self) -> impl Iterator<Item = &Segment> + '_ {
+        self.slots.iter().flatten()
+    }
+}
+
+impl std::ops::Index<&SegmentId> for SegmentTable {
+    type Output = Segment;
+
+    #[inline]
+    fn index(&self, id: &SegmentId) -> &Segment {
+        self.get(id).expect("a live block's segment is held")
+    }
+}
+
+/// Hashes page addresses (multiples of 2 MiB) with one folded multiply:
+/// the page map is only looked up and updated by address, never iterated
+/// in an order that matters.
+#[derive(Default, Clone, Copy)]
+pub(crate) struct AddressHasher(u64);
+
+impl std::hash::Hasher for AddressHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(b as u64);
+        }
+    }
+
+    #[inline]
+    fn write_u64(&mut self, n: u64) {
+        let p = ((self.0 ^ n) as u128).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        self.0 = (p as u64) ^ ((p >> 64) as u64);
+    }
+
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// Page address → (device allocation, bytes).
+pub(crate) type PageMap =
+    std::collections::HashMap<u64, (SegmentId, u64), std::hash::BuildHasherDefault<AddressHasher>>;
+
+/// Free blocks ordered by (size, address, index), the order best fit
+/// searches: sorted runs of at most [`RUN`] entries, found by binary search
+/// over each run's first entry. A pool holds tens to a few thousand free
+/// blocks, so an insert or removal moves a few hundred bytes inside one run
+/// and never rebalances a tree; `std`'s B-tree spent most of the replay
+/// loop's instructions here.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct FreeSet {
+    /// Non-empty, each sorted, in order: every entry of a run is below
+    /// every entry of the next.
+    runs: Vec<Vec<FreeKey>>,
+    /// `runs[i][0]` for each run.
+    firsts: Vec<FreeKey>,
+    len: usize,
+    /// (run, position) of the entry `at_least` found last: best fit takes
+    /// that block next, and its removal or replacement starts there
+    /// instead of searching again (checked, so a stale hint costs nothing).
+    hint: std::cell::Cell<(usize, usize)>,
+}
+
+/// (size, address, block index).
+type FreeKey = (u64, u64, usize);
+
+/// Most entries a run holds before it splits in two.
+const RUN: usize = 32;
+
+/// Size and address as one integer: ordering entries by it is ordering by
+/// (size, address), compared without branches.
+#[inline]
+fn packed(e: &FreeKey) -> u128 {
+    ((e.0 as u128) << 64) | e.1 as u128
+}
+
+/// How many entries of sorted `slice` are below `key` (`or_equal`: at most
+/// `key`). Equal (size, address) pairs are told apart by index, which only
+/// a corrupt pool would have.
+#[inline]
+fn rank(slice: &[FreeKey], key: &FreeKey, or_equal: bool) -> usize {
+    let k = packed(key);
+    let mut p = slice.partition_point(|e| packed(e) < k);
+    while p < slice.len()
+        && packed(&slice[p]) == k
+        && (slice[p].2 < key.2 || (or_equal && slice[p].2 == key.2))
+    {
+        p += 1;
+    }
+    p
+}
+
+/// Where `key` is in sorted `slice`, or where it would go.
+#[inline]
+fn search(slice: &[FreeKey], key: &FreeKey) -> Result<usize, usize> {
+    let p = rank(slice, key, false);
+    if slice.get(p) == Some(key) {
+        Ok(p)
+    } else {
+        Err(p)
+    }
+}
+
+impl FreeSet {
+    /// The run that holds `key` or would: the last whose first entry is at
+    /// most `key` (the first run when there is none).
+    #[inline]
+    fn run_of(&self, key: &FreeKey) -> usize {
+        rank(&self.firsts, key, true).saturating_sub(1)
+    }
+
+    pub(crate) fn insert(&mut self, size: u64, address: u64, index: usize) -> bool {
+        let key = (size, address, index);
+        if self.runs.is_empty() {
+            self.runs.push(vec![key]);
+            self.firsts.push(key);
+            self.len = 1;
+            return true;
+        }
+        let r = self.run_of(&key);
+        let run = &mut self.runs[r];
+        let Err(at) = search(run, &key) else {
+            return false;
+        };
+        run.insert(at, key);
+        if at == 0 {
+            self.firsts[r] = key;
+        }
+        if run.len() > RUN {
+            let rest = run.split_off(RUN / 2);
+            self.firsts.insert(r + 1, rest[0]);
+            self.runs.insert(r + 1, rest);
+        }
+        self.len += 1;
+        true
+    }
+
+    /// (run, position) of `key`, if it is here.
+    #[inline]
+    fn locate(&self, key: &FreeKey) -> Option<(usize, usize)> {
+        let (r, i) = self.hint.get();
+        if self.runs.get(r).and_then(|run| run.get(i)) == Some(key) {
+            return Some((r, i));
+        }
+        if self.runs.is_empty() {
+            return None;
+        }
+        let r = self.run_of(key);
+        search(&self.runs[r], key).ok().map(|i| (r, i))
+    }
+
+    pub(crate) fn remove(&mut self, size: u64, address: u64, index: usize) -> bool {
+        let key = (size, address, index);
+        let Some((r, at)) = self.locate(&key) else {
+            return false;
+        };
+        let run = &mut self.runs[r];
+        run.remove(at);
+        self.len -= 1;
+        if run.is_empty() {
+            self.runs.remove(r);
+            self.firsts.remove(r);
+            return true;
+        }
+        if at == 0 {
+            self.firsts[r] = run[0];
+        }
+        // Keep runs from thinning out: a short run takes in the next when
+        // both fit in one.
+        let short = run.len();
+        if short < RUN / 4 && r + 1 < self.runs.len() && short + self.runs[r + 1].len() <= RUN {
+            let next = self.runs.remove(r + 1);
+            self.firsts.remove(r + 1);
+            self.runs[r].extend(next);
+        }
+        true
+    }
+
+    /// Replaces entry `old` by `new`: moves the entries between their
+    /// places by one when both lie in the same run. False (nothing
+    /// changed) if `old` is not here.
+    pub(crate) fn replace(&mut self, old: FreeKey, new: FreeKey) -> bool {
+        let Some((r, i)) = self.locate(&old) else {
+            return false;
+        };
+        let fits_here = (r == 0 || self.firsts[r] <= new)
+            && self.firsts.get(r + 1).is_none_or(|next| new < *next);
+        if !fits_here {
+            self.remove(old.0, old.1, old.2);
+            return self.insert(new.0, new.1, new.2);
+        }
+        let run = &mut self.runs[r];
+        if new < old {
+            let j = rank(&run[..i], &new, false);
+            run[j..=i].rotate_right(1);
+            run[j] = new;
+        } else {
+            let j = i + rank(&run[i + 1..], &new, false);
+            run[i..=j].rotate_left(1);
+            run[j] = new;
+        }
+        self.firsts[r] = run[0];
+        true
+    }
+
+    pub(crate) fn contains(&self, size: u64, address: u64, index: usize) -> bool {
+        let key = (size, address, index);
+        !self.runs.is_empty() && search(&self.runs[self.run_of(&key)], &key).is_ok()
+    }
+
+    /// (size, address, index) of every block, smallest first.
+    pub(crate) fn iter(&self) -> impl DoubleEndedIterator<Item = (u64, u64, usize)> + '_ {
+        self.runs.iter().flatten().copied()
+    }
+
+    /// The blocks of at least `size` bytes, smallest first.
+    #[inline]
+    pub(crate) fn at_least(&self, size: u64) -> impl Iterator<Item = (u64, u64, usize)> + '_ {
+        let key = (size, 0, 0);
+        let (r, at) = if self.runs.is_empty() {
+            (0, 0)
+        } else {
+            let r = self.run_of(&key);
+            (r, rank(&self.runs[r], &key, false))
+        };
+        self.hint.set((r, at));
+        let first = self.runs.get(r).map_or(&[][..], |run| &run[at..]);
+        let rest = self.runs.get(r + 1..).unwrap_or(&[]);
+        first.iter().chain(rest.iter().flatten()).copied()
+    }
+
+    /// The blocks smaller than `size` bytes, smallest first.
+    pub(crate) fn below(&self, size: u64) -> impl Iterator<Item = (u64, u64, usize)> + '_ {
+        self.iter().take_while(move |e| e.0 < size)
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+}
+
 /// Free blocks of one pool, ordered by (size, address) for best fit.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct BlockPool {
-    blocks: BTreeSet<(u64, u64, usize)>,
+    blocks: FreeSet,
     /// Unmapped blocks of expandable segments, by address (PyTorch's
     /// `BlockPool::unmapped`): where a segment can grow.
     pub(crate) unmapped: BTreeSet<(u64, usize)>,
@@ -174,7 +453,7 @@ pub struct CachingAllocator<S: SegmentSource> {
     free_slots: Vec<usize>,
     small: BlockPool,
     large: BlockPool,
-    pub(crate) segments: BTreeMap<SegmentId, Segment>,
+    pub(crate) segments: SegmentTable,
     /// How many of `segments` are expandable (spares a lookup per block
     /// when there are none).
     pub(crate) expandable_count: usize,
@@ -189,7 +468,7 @@ pub struct CachingAllocator<S: SegmentSource> {
     placement: Option<Box<dyn Placement>>,
     /// Pages mapped into expandable segments: page address → the device
     /// allocation behind it.
-    pub(crate) pages: BTreeMap<u64, (SegmentId, u64)>,
+    pub(crate) pages: PageMap,
 }
 
 struct Recorder {
@@ -218,7 +497,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             free_slots: Vec::new(),
             small: BlockPool::default(),
             large: BlockPool::default(),
-            segments: BTreeMap::new(),
+            segments: SegmentTable::default(),
             expandable_count: 0,
             stats,
             total_reserved: 0,
@@ -226,7 +505,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             next_address: BASE_ADDRESS,
             recorder: None,
             placement,
-            pages: BTreeMap::new(),
+            pages: PageMap::default(),
         }
     }
 
@@ -499,8 +778,12 @@ impl<S: SegmentSource> CachingAllocator<S> {
                 found = self.take_place(place, size)?;
             }
         }
+        // A block found by best fit stays in its pool until it is split
+        // or taken (`alloc_found_block`): one update of the pool, not two.
+        let mut in_pool = false;
         if found.is_none() {
             found = self.get_free_block(pool, size);
+            in_pool = found.is_some();
         }
         if found.is_none() && pool == PoolKind::Small && self.placement.is_some() {
             if let Some(index) = self.peek_free_block(PoolKind::Large, size) {
@@ -508,6 +791,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
                 let carve = self.consult(|p, v| p.carve_small_from_large(v, &request, block));
                 if carve == Some(true) {
                     found = self.get_free_block(PoolKind::Large, size);
+                    in_pool = found.is_some();
                 }
             }
         }
@@ -553,22 +837,34 @@ impl<S: SegmentSource> CachingAllocator<S> {
                 reserved: self.memory_reserved(),
             })));
         };
-        Ok(self.finish_alloc(index, &request, label, op))
+        Ok(self.finish_alloc(index, in_pool, &request, label, op))
     }
 
     /// Splits the found block `index` as PyTorch does, marks it allocated
     /// for `request`, tells the hook and records the event.
+    /// `in_pool`: the block is still in its pool (found by best fit).
     fn finish_alloc(
         &mut self,
         index: usize,
+        in_pool: bool,
         request: &Request,
         label: &str,
         op: Option<Arc<str>>,
     ) -> Allocation {
         let split = self.should_split(index, request.size);
-        let index = self.alloc_found_block(index, request.size, request.requested, split, label);
-        self.blocks[index].category = request.category;
-        self.blocks[index].op = op;
+        let index = self.alloc_found_block(
+            index,
+            in_pool,
+            request.size,
+            request.requested,
+            split,
+            label,
+        );
+        let b = &mut self.blocks[index];
+        b.category = request.category;
+        if op.is_some() || b.op.is_some() {
+            b.op = op;
+        }
         let handle = BlockHandle {
             index: index as u32,
             generation: self.blocks[index].generation,
@@ -595,6 +891,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         Allocation {
             handle,
             segment: b.segment,
+            address: b.address,
             offset: b.address - seg.address,
             size: b.size,
             requested: b.requested,
@@ -624,7 +921,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             segment_size: allocation_size(size).min(self.source.max_segment_size()),
             category,
         };
-        Some(self.finish_alloc(index, &request, "", None))
+        Some(self.finish_alloc(index, false, &request, "", None))
     }
 
     /// Takes `place` for a block of `size` (rounded) bytes out of the pool
@@ -707,13 +1004,14 @@ impl<S: SegmentSource> CachingAllocator<S> {
             current = c;
             if offset > pos {
                 // The free gap before this block: carve it, free it below.
-                let gap = self.alloc_found_block(current, offset - pos, offset - pos, true, "");
+                let gap =
+                    self.alloc_found_block(current, false, offset - pos, offset - pos, true, "");
                 gaps.push(gap);
                 current = self.blocks[gap].next.expect("a block follows the gap");
                 self.remove_from_pool(current);
             }
             let split = self.blocks[current].size > bsize;
-            let b = self.alloc_found_block(current, bsize, requested.max(1), split, "");
+            let b = self.alloc_found_block(current, false, bsize, requested.max(1), split, "");
             handles[i] = Some(handle(self, b));
             pos = offset + bsize;
             rest = if split {
@@ -811,7 +1109,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             None => SimulatedSource::unlimited(),
         }
         .with_max_segment_size(self.source.max_segment_size());
-        for (&id, seg) in &self.segments {
+        for (id, seg) in self.segments.iter() {
             if !seg.expandable {
                 let _ = source.allocate(id, seg.size);
             }
@@ -853,9 +1151,9 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let max_split = self.config.max_split_size;
         self.pool(kind)
             .blocks
-            .range((size, 0, 0)..)
-            .take_while(move |&&(bsize, _, _)| may_serve(bsize, size, max_split))
-            .map(|&(_, _, i)| self.free_block_info(i))
+            .at_least(size)
+            .take_while(move |&(bsize, _, _)| may_serve(bsize, size, max_split))
+            .map(|(_, _, i)| self.free_block_info(i))
     }
 
     // ----- internals, named after their PyTorch counterparts -----
@@ -881,8 +1179,43 @@ impl<S: SegmentSource> CachingAllocator<S> {
         };
         let clock = self.pool_mut(kind).get_free_blocks_call_count;
         self.blocks[index].gc_count_base = clock;
-        let inserted = self.pool_mut(kind).blocks.insert((size, address, index));
+        let inserted = self.pool_mut(kind).blocks.insert(size, address, index);
         debug_assert!(inserted);
+    }
+
+    /// Block `index`, in its pool as (`was.0` bytes, at `was.1`), has
+    /// changed size and address: its entry moves to where it now belongs.
+    fn move_in_pool(&mut self, index: usize, was: (u64, u64)) {
+        let (size, address, kind) = {
+            let b = &self.blocks[index];
+            (b.size, b.address, b.pool)
+        };
+        let pool = self.pool_mut(kind);
+        let clock = pool.get_free_blocks_call_count;
+        if !pool
+            .blocks
+            .replace((was.0, was.1, index), (size, address, index))
+        {
+            debug_assert!(false, "block {index} was not in its pool");
+            pool.blocks.insert(size, address, index);
+        }
+        self.blocks[index].gc_count_base = clock;
+    }
+
+    /// Block `index` (in no pool) takes over the pool entry `old` of a
+    /// block merged into it.
+    fn take_over_entry(&mut self, index: usize, old: (u64, u64, usize)) {
+        let (size, address, kind) = {
+            let b = &self.blocks[index];
+            (b.size, b.address, b.pool)
+        };
+        let pool = self.pool_mut(kind);
+        let clock = pool.get_free_blocks_call_count;
+        if !pool.blocks.replace(old, (size, address, index)) {
+            debug_assert!(false, "block {} was not in its pool", old.2);
+            pool.blocks.insert(size, address, index);
+        }
+        self.blocks[index].gc_count_base = clock;
     }
 
     pub(crate) fn remove_from_pool(&mut self, index: usize) {
@@ -890,7 +1223,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             let b = &self.blocks[index];
             (b.size, b.address, b.pool)
         };
-        let removed = self.pool_mut(kind).blocks.remove(&(size, address, index));
+        let removed = self.pool_mut(kind).blocks.remove(size, address, index);
         debug_assert!(removed);
     }
 
@@ -919,15 +1252,15 @@ impl<S: SegmentSource> CachingAllocator<S> {
         self.pool(b.pool).get_free_blocks_call_count - b.gc_count_base
     }
 
+    /// PyTorch's `get_free_block`: the best-fitting block, left in its
+    /// pool for `alloc_found_block` to take out.
     fn get_free_block(&mut self, kind: PoolKind, size: u64) -> Option<usize> {
         let gc_on =
             self.config.memory_limit.is_some() && self.config.garbage_collection_threshold > 0.0;
         if gc_on {
             self.pool_mut(kind).get_free_blocks_call_count += 1;
         }
-        let index = self.peek_free_block(kind, size)?;
-        self.remove_from_pool(index);
-        Some(index)
+        self.peek_free_block(kind, size)
     }
 
     /// The block `get_free_block` would take, left in its pool. In an
@@ -936,10 +1269,10 @@ impl<S: SegmentSource> CachingAllocator<S> {
     /// larger blocks while they can grow less (see `expandable_size`).
     fn peek_free_block(&self, kind: PoolKind, size: u64) -> Option<usize> {
         let max_split = self.config.max_split_size;
-        let mut it = self.pool(kind).blocks.range((size, 0, 0)..);
-        let &(_, _, mut index) = it.next()?;
+        let mut it = self.pool(kind).blocks.at_least(size);
+        let (_, _, mut index) = it.next()?;
         if self.config.expandable_segments && self.is_expandable(index) {
-            for &(_, _, next) in it {
+            for (_, _, next) in it {
                 if !self.is_expandable(index)
                     || self.expandable_size(next) >= self.expandable_size(index)
                 {
@@ -965,7 +1298,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             .large
             .blocks
             .iter()
-            .map(|&(_, _, i)| i)
+            .map(|(_, _, i)| i)
             .filter(|&i| !self.blocks[i].is_split() && !self.is_expandable(i))
             .collect();
         if candidates.is_empty() {
@@ -1058,12 +1391,13 @@ impl<S: SegmentSource> CachingAllocator<S> {
         }
         let key = size.max(max_split);
         let pool = self.pool(kind);
-        if let Some(&(_, _, index)) = pool.blocks.range((key, 0, 0)..).next() {
+        let first = pool.blocks.at_least(key).next();
+        if let Some((_, _, index)) = first {
             self.release_block(index);
             return true;
         }
         let descending: Vec<(u64, usize)> =
-            pool.blocks.iter().rev().map(|&(s, _, i)| (s, i)).collect();
+            pool.blocks.iter().rev().map(|(s, _, i)| (s, i)).collect();
         if descending.is_empty() {
             return false;
         }
@@ -1085,8 +1419,8 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let pool = self.pool(kind);
         let whole: Vec<usize> = pool
             .blocks
-            .range(..(size, 0, 0))
-            .map(|&(_, _, i)| i)
+            .below(size)
+            .map(|(_, _, i)| i)
             .filter(|&i| !self.blocks[i].is_split() && !self.is_expandable(i))
             .collect();
         for i in whole {
@@ -1103,7 +1437,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             let (expandable, fixed): (Vec<usize>, Vec<usize>) = pool
                 .blocks
                 .iter()
-                .map(|&(_, _, i)| i)
+                .map(|(_, _, i)| i)
                 .partition(|&i| self.is_expandable(i));
             for i in fixed {
                 if !self.blocks[i].is_split() {
@@ -1159,14 +1493,21 @@ impl<S: SegmentSource> CachingAllocator<S> {
         }
     }
 
+    /// Marks the first `size` bytes of free block `index` allocated,
+    /// splitting the rest off when `split`. `in_pool`: the block is still
+    /// in its pool; it leaves it here (or its remainder takes its place).
     pub(crate) fn alloc_found_block(
         &mut self,
         index: usize,
+        in_pool: bool,
         size: u64,
         orig_size: u64,
         split: bool,
         label: &str,
     ) -> usize {
+        if in_pool && !split {
+            self.remove_from_pool(index);
+        }
         let already_split = self.blocks[index].is_split();
         // PyTorch leaves expandable blocks out of `inactive_split`: their
         // free whole pages can always be given back.
@@ -1179,21 +1520,29 @@ impl<S: SegmentSource> CachingAllocator<S> {
                 let r = &self.blocks[remaining];
                 (r.segment, r.address, r.pool, r.prev)
             };
+            let expandable = self.blocks[remaining].expandable;
             block = self.new_block(Block {
                 prev,
                 next: Some(remaining),
+                expandable,
                 ..Block::free(segment, address, size, pool)
             });
             if let Some(p) = prev {
                 self.blocks[p].next = Some(block);
             }
-            {
+            let was = {
                 let r = &mut self.blocks[remaining];
+                let was = (r.size, r.address);
                 r.prev = Some(block);
                 r.address += size;
                 r.size -= size;
+                was
+            };
+            if in_pool {
+                self.move_in_pool(remaining, was);
+            } else {
+                self.insert_into_pool(remaining);
             }
-            self.insert_into_pool(remaining);
             if !counts_split {
             } else if already_split {
                 // An already-split inactive block shrinks by `size`.
@@ -1237,14 +1586,20 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let mut net_blocks: i64 = 0;
         let mut net_bytes: i64 = 0;
         let candidates = [self.blocks[index].prev, self.blocks[index].next];
+        // The first neighbour merged leaves its pool entry for the merged
+        // block to take over (one update of the pool instead of two).
+        let mut entry = None;
         for candidate in candidates {
-            let subsumed = self.try_merge_blocks(index, candidate);
+            let subsumed = self.merge_free_neighbour(index, candidate, &mut entry);
             if subsumed > 0 {
                 net_blocks -= 1;
                 net_bytes -= subsumed as i64;
             }
         }
-        self.insert_into_pool(index);
+        match entry {
+            Some((size, address, old)) => self.take_over_entry(index, (size, address, old)),
+            None => self.insert_into_pool(index),
+        }
         if self.blocks[index].is_split() {
             net_blocks += 1;
             net_bytes += self.blocks[index].size as i64;
@@ -1267,6 +1622,24 @@ impl<S: SegmentSource> CachingAllocator<S> {
         self.stats.requested_bytes.decrease(st, requested as i64);
     }
 
+    /// `try_merge_blocks` for a block being freed (mapped, in no pool): the
+    /// first mapped neighbour merged stays in its pool, its entry (size,
+    /// address, index) left in `entry` for the merged block to take over.
+    fn merge_free_neighbour(
+        &mut self,
+        dst: usize,
+        src: Option<usize>,
+        entry: &mut Option<(u64, u64, usize)>,
+    ) -> u64 {
+        let Some(s) = src else { return 0 };
+        let b = &self.blocks[s];
+        if entry.is_none() && !b.allocated && b.mapped && self.blocks[dst].mapped {
+            *entry = Some((b.size, b.address, s));
+            return self.merge_blocks(dst, s);
+        }
+        self.try_merge_blocks(dst, src)
+    }
+
     /// Merges free neighbour `src` into `dst` (both mapped, or both
     /// unmapped); returns the bytes taken over.
     pub(crate) fn try_merge_blocks(&mut self, dst: usize, src: Option<usize>) -> u64 {
@@ -1280,6 +1653,12 @@ impl<S: SegmentSource> CachingAllocator<S> {
             let (address, kind) = (self.blocks[src].address, self.blocks[src].pool);
             self.pool_mut(kind).unmapped.remove(&(address, src));
         }
+        self.merge_blocks(dst, src)
+    }
+
+    /// Merges free neighbour `src`, already out of its pool's order, into
+    /// `dst`; returns the bytes taken over.
+    fn merge_blocks(&mut self, dst: usize, src: usize) -> u64 {
         let (s_addr, s_size, s_prev, s_next) = {
             let s = &self.blocks[src];
             (s.address, s.size, s.prev, s.next)
@@ -1309,7 +1688,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let b = &self.blocks[index];
         let pool = self.pool(b.pool);
         if b.mapped {
-            pool.blocks.contains(&(b.size, b.address, index))
+            pool.blocks.contains(b.size, b.address, index)
         } else {
             pool.unmapped.contains(&(b.address, index))
         }
@@ -1317,7 +1696,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
 
     /// The free mapped blocks of `kind`, smallest first.
     pub(crate) fn free_blocks(&self, kind: PoolKind) -> impl Iterator<Item = usize> + '_ {
-        self.pool(kind).blocks.iter().map(|&(_, _, i)| i)
+        self.pool(kind).blocks.iter().map(|(_, _, i)| i)
     }
 
     pub(crate) fn pool_len(&self) -> usize {
@@ -1328,12 +1707,9 @@ impl<S: SegmentSource> CachingAllocator<S> {
     }
 
     /// Whether a block lies in an expandable segment.
+    #[inline]
     pub(crate) fn is_expandable(&self, index: usize) -> bool {
-        self.expandable_count > 0
-            && self
-                .segments
-                .get(&self.blocks[index].segment)
-                .is_some_and(|s| s.expandable)
+        self.blocks[index].expandable
     }
 
     pub(crate) fn total_reserved(&self) -> u64 {
@@ -1390,6 +1766,69 @@ impl Ghost for CachingAllocator<SimulatedSource> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The free set against `std`'s ordered set: the same members in the
+    /// same order after any mix of inserts, removals and replacements,
+    /// through splits and merges of its runs.
+    #[test]
+    fn the_free_set_orders_as_a_btree_set_does() {
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for round in 0..40 {
+            let mut set = FreeSet::default();
+            let mut model: BTreeSet<(u64, u64, usize)> = BTreeSet::new();
+            // Few distinct sizes and addresses, so equal sizes, equal
+            // (size, address) pairs and runs of 32 all occur.
+            let spread = [4u64, 40, 400][round % 3];
+            for _ in 0..3000 {
+                let key = (
+                    next() % spread,
+                    next() % (spread * 3),
+                    (next() % 50) as usize,
+                );
+                match next() % 4 {
+                    0 | 1 => assert_eq!(set.insert(key.0, key.1, key.2), model.insert(key)),
+                    2 => assert_eq!(set.remove(key.0, key.1, key.2), model.remove(&key)),
+                    _ => {
+                        let old = model
+                            .iter()
+                            .nth((next() as usize) % model.len().max(1))
+                            .copied();
+                        if let Some(old) = old.filter(|_| !model.contains(&key)) {
+                            assert!(set.replace(old, key));
+                            model.remove(&old);
+                            model.insert(key);
+                        }
+                    }
+                }
+                assert_eq!(set.len(), model.len());
+                let size = next() % (spread + 1);
+                assert_eq!(
+                    set.at_least(size).collect::<Vec<_>>(),
+                    model.range((size, 0, 0)..).copied().collect::<Vec<_>>()
+                );
+                assert_eq!(set.contains(key.0, key.1, key.2), model.contains(&key));
+            }
+            assert_eq!(
+                set.iter().collect::<Vec<_>>(),
+                model.iter().copied().collect::<Vec<_>>()
+            );
+            assert_eq!(
+                set.iter().rev().collect::<Vec<_>>(),
+                model.iter().rev().copied().collect::<Vec<_>>()
+            );
+            let size = spread / 2;
+            assert_eq!(
+                set.below(size).collect::<Vec<_>>(),
+                model.range(..(size, 0, 0)).copied().collect::<Vec<_>>()
+            );
+        }
+    }
 
     #[test]
     fn roundup_examples_from_pytorch_comments() {

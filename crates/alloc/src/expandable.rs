@@ -174,7 +174,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             let mut current = free;
             if self.blocks[current].address < at {
                 let gap_size = at - self.blocks[current].address;
-                let gap = self.alloc_found_block(current, gap_size, gap_size, true, "");
+                let gap = self.alloc_found_block(current, false, gap_size, gap_size, true, "");
                 gaps.push(gap);
                 current = self.blocks[gap]
                     .next
@@ -182,7 +182,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
                 self.remove_from_pool(current);
             }
             let split = self.blocks[current].size > bsize;
-            let b = self.alloc_found_block(current, bsize, requested.max(1), split, "");
+            let b = self.alloc_found_block(current, false, bsize, requested.max(1), split, "");
             handles[i] = Some(super::caching::BlockHandle::new(
                 b,
                 self.blocks[b].generation,
@@ -224,23 +224,23 @@ impl<S: SegmentSource> CachingAllocator<S> {
     /// The lowest-address run of free and unmapped blocks with `size` bytes
     /// of room; a new expandable segment when none has.
     fn find_expandable_block(&mut self, kind: PoolKind, size: u64) -> usize {
-        let allocatable = |a: &Self, i: Option<usize>| i.filter(|&i| !a.blocks[i].allocated);
-        let candidates: Vec<usize> = self.pool(kind).unmapped.iter().map(|&(_, i)| i).collect();
-        for c in candidates {
-            let start = allocatable(self, self.blocks[c].prev).unwrap_or(c);
+        let allocatable = |i: Option<usize>| i.filter(|&i| !self.blocks[i].allocated);
+        let found = self.pool(kind).unmapped.iter().find_map(|&(_, c)| {
+            let start = allocatable(self.blocks[c].prev).unwrap_or(c);
             let (mut bytes, mut cursor) = (0u64, Some(start));
             while bytes < size {
-                let Some(i) = allocatable(self, cursor) else {
+                let Some(i) = allocatable(cursor) else {
                     break;
                 };
                 bytes = bytes.saturating_add(self.blocks[i].size);
                 cursor = self.blocks[i].next;
             }
-            if bytes >= size {
-                return start;
-            }
+            (bytes >= size).then_some(start)
+        });
+        match found {
+            Some(start) => start,
+            None => self.new_expandable_segment(kind, size),
         }
-        self.new_expandable_segment(kind, size)
     }
 
     /// A new segment of 1⅛ × the device's memory in address space (at least
@@ -290,6 +290,8 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let base = self.segments[&segment].address;
         let first = (address - base) / page;
         let last = (address - base + size).div_ceil(page);
+        // Grown page by page: a huge request stops at the first page the
+        // device refuses, without reserving room for all of them first.
         let mut made = Vec::new();
         for p in first..last {
             let id = SegmentId(self.next_segment_id);
@@ -377,11 +379,10 @@ impl<S: SegmentSource> CachingAllocator<S> {
             return;
         }
         let (lo, hi) = (base + first * page, base + last * page);
-        let ids: Vec<(u64, (SegmentId, u64))> =
-            self.pages.range(lo..hi).map(|(&a, &v)| (a, v)).collect();
-        for (at, (id, bytes)) in ids {
-            self.pages.remove(&at);
-            self.source.release(id, bytes);
+        for at in (lo..hi).step_by(page as usize) {
+            if let Some((id, bytes)) = self.pages.remove(&at) {
+                self.source.release(id, bytes);
+            }
         }
         self.remove_from_pool(index);
         if lo > address {
@@ -467,6 +468,7 @@ impl Block {
             generation: 0,
             live: true,
             mapped: true,
+            expandable: false,
         }
     }
 
@@ -474,6 +476,7 @@ impl Block {
     pub(crate) fn unmapped(segment: SegmentId, address: u64, size: u64, pool: PoolKind) -> Block {
         Block {
             mapped: false,
+            expandable: true,
             ..Block::free(segment, address, size, pool)
         }
     }

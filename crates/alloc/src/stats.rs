@@ -16,18 +16,20 @@ pub struct Stat {
 }
 
 impl Stat {
-    // Currents stay below 2^62 (`MAX_BYTES`); the accumulated counters
-    // grow for the whole run, so they saturate rather than wrap.
+    // Currents stay below 2^62 (`MAX_BYTES`: every source refuses more),
+    // so they need no overflow checks, which the replay loop paid for on
+    // every statistic; the accumulated counters grow for the whole run, so
+    // they saturate rather than wrap.
     #[inline]
     pub fn increase(&mut self, amount: i64) {
-        self.current = self.current.saturating_add(amount);
+        self.current = self.current.wrapping_add(amount);
         self.peak = self.peak.max(self.current);
         self.allocated = self.allocated.saturating_add(amount);
     }
 
     #[inline]
     pub fn decrease(&mut self, amount: i64) {
-        self.current = self.current.saturating_sub(amount);
+        self.current = self.current.wrapping_sub(amount);
         self.freed = self.freed.saturating_add(amount);
     }
 

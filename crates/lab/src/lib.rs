@@ -1,14 +1,17 @@
 //! The allocator lab: what studies allocators rather than being one.
 //! Workloads (allocation traces) and the harness that runs them through
-//! competing strategies (`strategies/`: pytorch, nocache, buckets, sliced,
-//! buddy, planner, vramlab) and compares peaks and fragmentation; the
+//! competing strategies (`strategies/`: pytorch, expandable, nocache,
+//! buckets, sliced, buddy, planner, and vramlab's own: expandable segments
+//! over 2 MiB granules mapped under live blocks) and compares peaks and
+//! fragmentation; the
 //! synthetic suite; vramlab's JSON Lines trace format and its replay; and
 //! PyTorch's memory snapshots in and out (a plain-data unpickler and
 //! pickler, the snapshot as a workload with its recorded start and end
 //! state, vramlab runs as snapshots). The allocator itself is
-//! [`crate::memory`]; vramlab's own placement policy (`lookahead`,
-//! `small_from_large`, `release_before_grow`) plugs into its placement hook
-//! from here (`strategies/vramlab.rs`). Like it, nothing here touches wgpu.
+//! [`crate::memory`]; vramlab's placement options (`lookahead`,
+//! `small_from_large`, `release_before_grow`, what the engine runs as
+//! `vramlab`) plug into its placement hook from here
+//! (`strategies/vramlab.rs`). Like it, nothing here touches wgpu.
 
 /// The allocator the strategies are measured against (`crate::memory::…`).
 pub use vramlab_alloc as memory;

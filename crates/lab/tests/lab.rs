@@ -2,6 +2,7 @@
 
 mod exact_planner;
 mod expandable;
+mod granules;
 mod segment_map;
 mod streaming;
 mod timeline;

@@ -6,9 +6,12 @@
 //! Every online strategy draws device memory from a [`SegmentSource`]
 //! (simulated here; `WgpuSource` on a GPU), so "reserved" is what the device
 //! actually handed out. `planner` is offline: it sees the whole trace first.
+//! `vramlab` (granules.rs) is `expandable`'s decisions over physical memory
+//! in 2 MiB granules mapped only under live blocks.
 
 pub mod buckets;
 pub mod buddy;
+pub mod granules;
 pub mod nocache;
 pub mod planner;
 pub mod pytorch;
@@ -83,6 +86,18 @@ pub trait Strategy {
     fn device_frees(&self) -> u64 {
         self.device().frees
     }
+    /// Pages mapped and unmapped one by one, where the strategy remaps
+    /// physical memory as it goes (`vramlab`); `None` elsewhere.
+    fn mappings(&self) -> Option<Mappings> {
+        None
+    }
+}
+
+/// Granules mapped and unmapped (each a cuMemMap / cuMemUnmap on CUDA).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Mappings {
+    pub maps: u64,
+    pub unmaps: u64,
 }
 
 /// A strategy's device-side counters.
@@ -169,8 +184,8 @@ pub fn online(name: &str, capacity: Option<u64>) -> Option<Box<dyn Strategy>> {
 }
 
 /// The online strategy called `name` under `config` (`--alloc-conf`):
-/// `pytorch` runs with it as given, `vramlab` and `expandable` with it plus
-/// their own options; the rest have no options to take.
+/// `pytorch` runs with it as given, `expandable` and `vramlab` with
+/// expandable segments on; the rest have no options to take.
 pub fn online_configured(
     name: &str,
     capacity: Option<u64>,
@@ -186,11 +201,7 @@ pub fn online_configured(
     };
     Some(match name {
         "pytorch" => Box::new(pytorch::Pytorch::new(src, config, "pytorch")),
-        "vramlab" => Box::new(pytorch::Pytorch::new(
-            src,
-            vramlab::with_extensions(config),
-            "vramlab",
-        )),
+        "vramlab" => Box::new(granules::Vramlab::new(src, config)),
         "expandable" => Box::new(pytorch::Pytorch::new(
             src,
             crate::memory::AllocatorConfig {
@@ -208,7 +219,9 @@ pub fn online_configured(
 pub fn online_on<S: SegmentSource + 'static>(name: &str, src: S) -> Option<Box<dyn Strategy>> {
     Some(match name {
         "pytorch" => Box::new(pytorch::Pytorch::new(src, Default::default(), "pytorch")),
-        "vramlab" => Box::new(pytorch::Pytorch::vramlab(src)),
+        // Expandable segments over 2 MiB granules remapped as blocks come
+        // and go (granules.rs); like `expandable`, it needs page mapping.
+        "vramlab" => Box::new(granules::Vramlab::new(src, Default::default())),
         // PyTorch's expandable_segments:True (memory/expandable.rs).
         "expandable" => Box::new(pytorch::Pytorch::new(
             src,

@@ -1,6 +1,7 @@
 //! `pytorch`: the faithful caching allocator (see `caching.rs`), and
-//! `vramlab`: the same allocator with vramlab's placement policy plugged
-//! into its hook (`vramlab.rs`).
+//! `expandable`: the same with `expandable_segments:True`. Either runs
+//! vramlab's placement options (`vramlab.rs`) when `--alloc-conf` names
+//! them.
 
 use super::{Category, DeviceCounts, Handle, Oom, Strategy};
 use crate::memory::{AllocatorConfig, BlockHandle, CachingAllocator, SegmentSource};
@@ -27,11 +28,6 @@ impl<S: SegmentSource> Pytorch<S> {
     /// The caching allocator underneath (for its event log and statistics).
     pub fn allocator_mut(&mut self) -> &mut CachingAllocator<S> {
         &mut self.inner
-    }
-
-    /// vramlab's strategy.
-    pub fn vramlab(source: S) -> Self {
-        Self::new(source, super::vramlab::config(), "vramlab")
     }
 }
 

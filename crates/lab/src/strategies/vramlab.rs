@@ -1,5 +1,5 @@
-//! `vramlab`: PyTorch's caching allocator plus vramlab's placement policy,
-//! plugged in through the allocator's placement hook
+//! vramlab's placement options: PyTorch's caching allocator plus a
+//! placement policy, plugged in through the allocator's placement hook
 //! ([`Placement`](crate::memory::Placement)). Three options, each an
 //! alloc-conf key parsed here (the allocator knows only PyTorch's):
 //! - `lookahead` (lookahead.rs): a large parameter or optimizer-state block
@@ -15,8 +15,12 @@
 //! - `release_before_grow`: before a new segment, give back the pool's whole
 //!   free segments too small for the request.
 //!
-//! The strategy runs `lookahead` and `small_from_large`: on the grid
-//! (`bench-alloc --grid`) the two together win 24 of 64 cells and lose none.
+//! These were the `vramlab` strategy until issue 31 (the lab's `vramlab` is
+//! now expandable segments over 2 MiB granules, granules.rs); the engine,
+//! which has no page mapping on wgpu, still runs `lookahead` and
+//! `small_from_large` as `vramlab` (`max-batch --allocator vramlab`,
+//! `bench-alloc --grid`): on the grid the two together win 24 of 64 cells
+//! and lose none.
 //! `release_before_grow` lowered one workload's peak but cost device
 //! allocations, so it stays an option. PyTorch snapshots get categories from
 //! their frames (`torch_snapshot.rs`); traces without any get
