@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Writes memory_viz's own segment summary (`torch.cuda._memory_viz.segsum`)
 of each real snapshot in tests/fixtures/snapshots beside it, as
-NAME.segsum.txt, for tests/doctor_cli.rs to check `vramlab doctor` against
+NAME.segsum.txt, and the counts of its trace listing
+(`torch.cuda._memory_viz.trace`: entries, allocations, `del`s, cudaMalloc
+and cudaFree lines) as NAME.trace.txt, for tests/doctor_cli.rs to check `vramlab doctor` against
 (the tests themselves need no PyTorch). Also writes state_only.pickle:
 scenario.pickle without its trace, as a snapshot taken with
 enabled="state" or without _record_memory_history would be.
@@ -10,6 +12,7 @@ enabled="state" or without _record_memory_history would be.
 """
 import os
 import pickle
+import re
 
 from torch.cuda import _memory_viz
 
@@ -23,6 +26,19 @@ for name in ["ftcourse_memory_snapshot", "cs336_kkaitlyn_ctx128_fullstep"]:
     tail = text[text.index("segments: "):]
     with open(os.path.join(HERE, name + ".segsum.txt"), "w") as f:
         f.write(tail)
+    # The trace listing, counted: "N entries", "x = seg_K[offset:size]" per
+    # allocation, "del x" per free, cudaMalloc / cudaFree per segment.
+    lines = _memory_viz.trace(data).splitlines()
+    entries = sum(int(l.split()[0]) for l in lines if l.endswith(" entries"))
+    counts = {
+        "entries": entries,
+        "allocations": sum(1 for l in lines if re.match(r"^\w+ = \w+\[\d+:", l)),
+        "frees": sum(1 for l in lines if l.startswith("del ")),
+        "segment_allocs": sum(1 for l in lines if "cudaMalloc" in l),
+        "segment_frees": sum(1 for l in lines if "cudaFree" in l),
+    }
+    with open(os.path.join(HERE, name + ".trace.txt"), "w") as f:
+        f.write("".join(f"{k}: {v}\n" for k, v in counts.items()))
 
 with open(os.path.join(HERE, "scenario.pickle"), "rb") as f:
     data = pickle.load(f)

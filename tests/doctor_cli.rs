@@ -208,7 +208,7 @@ fn format_size(bytes: u64) -> String {
 /// own summary of it (`segsum`, written by scripts/memory_viz_summaries.py
 /// with PyTorch), to the precision memory_viz prints.
 #[test]
-fn the_segment_map_agrees_with_memory_viz() {
+fn the_segment_map_and_trace_agree_with_memory_viz() {
     for name in ["ftcourse_memory_snapshot", "cs336_kkaitlyn_ctx128_fullstep"] {
         let file = format!("tests/fixtures/snapshots/{name}.pickle");
         let want =
@@ -237,6 +237,24 @@ fn the_segment_map_agrees_with_memory_viz() {
         assert_eq!(
             n("inactive_split_bytes") + n("free_segment_bytes"),
             n("free_external_bytes")
+        );
+        // The trace as memory_viz's `trace` lists it, counted.
+        let listed =
+            std::fs::read_to_string(format!("tests/fixtures/snapshots/{name}.trace.txt")).unwrap();
+        let counts = &d["devices"][0]["trace_counts"];
+        let mut got = String::new();
+        for k in [
+            "entries",
+            "allocations",
+            "frees",
+            "segment_allocs",
+            "segment_frees",
+        ] {
+            got += &format!("{k}: {}\n", counts[k].as_u64().unwrap());
+        }
+        assert_eq!(
+            got, listed,
+            "{name}: doctor's trace counts against memory_viz's"
         );
     }
 }

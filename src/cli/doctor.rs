@@ -87,6 +87,8 @@ struct DeviceReport {
     /// recording's own starting state did not fit it).
     capacity_bytes: Option<u64>,
     allocations: usize,
+    /// What the trace holds, counted as memory_viz's `trace` lists it.
+    trace_counts: TraceCounts,
     recorded_settings: String,
     what_ifs: Vec<WhatIf>,
     /// The offline planner's arena for this trace: no allocator that sees
@@ -108,6 +110,16 @@ struct DeviceReport {
     /// The snapshot's own segments, when it was taken.
     segments_at_snapshot: Option<SegmentMap>,
     advice: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct TraceCounts {
+    entries: usize,
+    allocations: usize,
+    frees: usize,
+    /// `segment_alloc` (or `segment_map`) entries.
+    segment_allocs: usize,
+    segment_frees: usize,
 }
 
 #[derive(Debug, Serialize)]
@@ -485,6 +497,18 @@ fn diagnose(
             device: snap.device,
             capacity_bytes: capacity,
             allocations: snap.workload.allocations(),
+            trace_counts: TraceCounts {
+                entries: snap.entries,
+                allocations: snap.workload.allocations(),
+                frees: snap
+                    .workload
+                    .ops
+                    .iter()
+                    .filter(|o| matches!(o, crate::lab::workload::Op::Free { .. }))
+                    .count(),
+                segment_allocs: snap.segment_allocs.len(),
+                segment_frees: snap.segment_frees.len(),
+            },
             recorded_settings: recorded.describe(),
             what_ifs,
             planner_floor_bytes,

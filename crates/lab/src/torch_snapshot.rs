@@ -71,6 +71,8 @@ pub struct TorchSnapshot {
     /// Allocations whose `user_metadata` named their category (a recording
     /// by `vramlab_torch`, which also names the module).
     pub categories_from_metadata: usize,
+    /// Trace entries of this device (every action).
+    pub entries: usize,
     /// CUDA streams the trace's allocations were made on. PyTorch keeps
     /// each stream's free blocks apart; the replay keeps one pool, so with
     /// more than one its segments can differ from the recording.
@@ -553,6 +555,7 @@ fn read_device(
         origins,
         categories_from_metadata: from_metadata,
         streams: streams.len(),
+        entries: trace.len(),
     })
 }
 
