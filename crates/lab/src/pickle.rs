@@ -337,12 +337,16 @@ impl Parser<'_> {
         self.take_value(item)
     }
 
-    fn pop_mark(&mut self, at: usize) -> Result<Vec<(PyValue, u16)>, LabError> {
-        let from = self
-            .stack
+    /// Where the top MARK is on the stack.
+    fn mark(&self, at: usize) -> Result<usize, LabError> {
+        self.stack
             .iter()
             .rposition(|i| matches!(i, Item::Mark))
-            .ok_or(malformed(at, "MARK not found"))?;
+            .ok_or(malformed(at, "MARK not found"))
+    }
+
+    fn pop_mark(&mut self, at: usize) -> Result<Vec<(PyValue, u16)>, LabError> {
+        let from = self.mark(at)?;
         let items: Vec<Item> = self.stack.drain(from..).skip(1).collect();
         items.into_iter().map(|i| self.take_value(i)).collect()
     }
@@ -451,9 +455,11 @@ impl Parser<'_> {
         }
     }
 
-    /// The open container on top of the stack, to append to.
-    fn target(&mut self, at: usize, kind: Kind) -> Result<&mut Slot, LabError> {
-        let s = match self.stack.last() {
+    /// The open container at stack position `pos`, to append to (its slot
+    /// index): an error if it is a complete value, not of `kind`, or
+    /// already completed.
+    fn open_slot(&self, pos: Option<usize>, at: usize, kind: Kind) -> Result<usize, LabError> {
+        let s = match pos.map(|p| &self.stack[p]) {
             Some(Item::Open(s)) => *s as usize,
             Some(Item::Val(..)) => {
                 return Err(malformed(
@@ -463,7 +469,7 @@ impl Parser<'_> {
             }
             _ => return Err(malformed(at, "no object on the stack")),
         };
-        let slot = &mut self.slots[s];
+        let slot = &self.slots[s];
         if slot.frozen.is_some() {
             // Only a container that is (inside) its own item completes
             // before its appends are done.
@@ -479,7 +485,7 @@ impl Parser<'_> {
                 },
             ));
         }
-        Ok(slot)
+        Ok(s)
     }
 
     fn push_into(slot: &mut Slot, (v, d): (PyValue, u16)) -> Result<(), LabError> {
@@ -493,45 +499,28 @@ impl Parser<'_> {
     }
 
     fn append(&mut self, at: usize, kind: Kind, item: (PyValue, u16)) -> Result<(), LabError> {
-        Self::push_into(self.target(at, kind)?, item)
+        let s = self.open_slot(self.stack.len().checked_sub(1), at, kind)?;
+        Self::push_into(&mut self.slots[s], item)
     }
 
     /// APPENDS, SETITEMS, ADDITEMS: the items above the top MARK go into the
     /// container below it, straight from the stack.
     fn append_marked(&mut self, at: usize, kind: Kind) -> Result<(), LabError> {
-        let from = self
-            .stack
-            .iter()
-            .rposition(|i| matches!(i, Item::Mark))
-            .ok_or(malformed(at, "MARK not found"))?;
+        let from = self.mark(at)?;
         let n = self.stack.len() - from - 1;
         if kind == Kind::Dict && n % 2 == 1 {
             return Err(malformed(at, "SETITEMS with an odd number of items"));
         }
-        let s = match from.checked_sub(1).map(|t| &self.stack[t]) {
-            Some(Item::Open(s)) => *s as usize,
-            Some(Item::Val(..)) => {
-                return Err(malformed(
-                    at,
-                    "appending to a value that is already complete",
-                ))
-            }
-            _ => return Err(malformed(at, "no object on the stack")),
-        };
-        if self.slots[s].kind != kind {
-            return Err(self.target(at, kind).err().unwrap_or(LabError::PickleCycle));
-        }
+        let s = self.open_slot(from.checked_sub(1), at, kind)?;
         let top = self.stack.len();
         for i in from + 1..top {
             let item = std::mem::replace(&mut self.stack[i], Item::Mark);
             let value = self.take_value(item)?;
-            let slot = &mut self.slots[s];
-            if slot.frozen.is_some() {
-                // Only a container that is (inside) its own item completes
-                // before its appends are done.
+            // An item that was the container itself has just completed it.
+            if self.slots[s].frozen.is_some() {
                 return Err(LabError::PickleCycle);
             }
-            Self::push_into(slot, value)?;
+            Self::push_into(&mut self.slots[s], value)?;
         }
         self.stack.truncate(from);
         Ok(())
@@ -649,11 +638,7 @@ pub fn unpickle_from<R: BufRead>(
                 p.discard(item);
             }
             b'1' => {
-                let from = p
-                    .stack
-                    .iter()
-                    .rposition(|i| matches!(i, Item::Mark))
-                    .ok_or(malformed(at, "MARK not found"))?;
+                let from = p.mark(at)?;
                 let items: Vec<Item> = p.stack.drain(from..).skip(1).collect();
                 for i in items {
                     p.discard(i);
