@@ -10,7 +10,7 @@
 
 use crate::error::LabError;
 use crate::memory::tag::N_CATEGORIES;
-use crate::memory::{AllocatorConfig, BlockHandle, Category, SegmentId};
+use crate::memory::{AllocatorConfig, Category, SegmentId};
 use crate::strategies::IdMap;
 use crate::torch_snapshot::{start_replay, Started, TorchSnapshot};
 use crate::workload::Op;
@@ -105,7 +105,9 @@ pub fn timeline(
             (origins.len() - 1) as u32
         })
     };
-    // Live blocks: id → (handle, segment, offset, size, category, origin).
+    // The trace's live blocks (a subset of `handles`, which also holds
+    // those from before the recording): id → (segment, offset, size,
+    // category, origin).
     let mut live: IdMap<u64, (SegmentId, u64, u64, Category, u32)> = IdMap::default();
     // Blocks from before the recording: their bytes count as "before".
     let mut cats = [0u64; N_CATEGORIES + 1];
@@ -166,7 +168,7 @@ pub fn timeline(
         b.reserved_max = b.reserved_max.max(reserved);
         while want.peek() == Some(&i) {
             want.next();
-            t.moments.push(moment(&a, i, &live, &handles));
+            t.moments.push(moment(&a, i, &live));
         }
     }
     t.origins = origins;
@@ -189,7 +191,6 @@ fn moment(
     a: &crate::memory::CachingAllocator<crate::recorded_source::RecordedSource>,
     op: usize,
     live: &IdMap<u64, (SegmentId, u64, u64, Category, u32)>,
-    handles: &HashMap<u64, BlockHandle>,
 ) -> Moment {
     let snap = a.snapshot();
     let mut index: HashMap<SegmentId, usize> = HashMap::new();
@@ -209,11 +210,7 @@ fn moment(
         .collect();
     // The largest live blocks of the trace, listed; the rest (and blocks
     // from before the recording) stay in `other_allocated`.
-    let mut blocks: Vec<_> = live
-        .iter()
-        .filter(|(id, _)| handles.contains_key(id))
-        .map(|(_, b)| *b)
-        .collect();
+    let mut blocks: Vec<_> = live.values().copied().collect();
     if blocks.len() > BLOCKS_PER_MOMENT {
         blocks.select_nth_unstable_by(BLOCKS_PER_MOMENT, |x, y| y.2.cmp(&x.2));
         blocks.truncate(BLOCKS_PER_MOMENT);

@@ -379,14 +379,18 @@ fn read_device(
 ) -> Result<TorchSnapshot, LabError> {
     // Newer PyTorch records free_requested then free_completed (the block is
     // reusable at the second); older versions one of them, or "free".
-    let mut seen = std::collections::HashSet::new();
+    const FREES: [&str; 3] = ["free_completed", "free_requested", "free"];
+    let mut seen = [false; FREES.len()];
     for item in trace {
         let e = table.resolve(item);
-        seen.insert(table.action_name(&e).to_string());
+        if let Some(k) = FREES.iter().position(|a| *a == table.action_name(&e)) {
+            seen[k] = true;
+        }
     }
-    let free_action = ["free_completed", "free_requested", "free"]
+    let free_action = FREES
         .into_iter()
-        .find(|a| seen.contains(*a))
+        .zip(seen)
+        .find_map(|(a, seen)| seen.then_some(a))
         .unwrap_or("free_completed");
     // Blocks the trace allocated and has not freed: address → id.
     let mut live: IdMap<u64, u64> = IdMap::default();

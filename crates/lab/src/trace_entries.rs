@@ -11,7 +11,7 @@ use super::peak::Origin;
 use super::pickle::{DictHook, PyValue};
 use crate::memory::tag::Category;
 use crate::strategies::IdMap;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 /// A `size` field as the file wrote it (checked where it is used, so the
@@ -92,7 +92,7 @@ pub struct Entries {
     action_ids: HashMap<Arc<str>, u8>,
     origins: Vec<Origin>,
     origin_ids: HashMap<Origin, u32>,
-    strings: HashMap<Arc<str>, ()>,
+    strings: HashSet<Arc<str>>,
     /// Category and user frame of each distinct frames list, by identity
     /// (the list is held here, so its address is never reused).
     frames: IdMap<usize, (PyValue, Category, Option<Arc<str>>)>,
@@ -109,7 +109,7 @@ impl Default for Entries {
             action_ids: HashMap::new(),
             origins: vec![Origin::default()],
             origin_ids: HashMap::new(),
-            strings: HashMap::new(),
+            strings: HashSet::new(),
             frames: IdMap::default(),
             metadata: HashMap::new(),
         }
@@ -148,11 +148,11 @@ impl Entries {
     }
 
     fn intern(&mut self, s: &str) -> Arc<str> {
-        if let Some((k, _)) = self.strings.get_key_value(s) {
+        if let Some(k) = self.strings.get(s) {
             return k.clone();
         }
         let k: Arc<str> = Arc::from(s);
-        self.strings.insert(k.clone(), ());
+        self.strings.insert(k.clone());
         k
     }
 
