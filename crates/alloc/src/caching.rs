@@ -206,34 +206,8 @@ impl std::ops::Index<&SegmentId> for SegmentTable {
     }
 }
 
-/// Hashes page addresses (multiples of 2 MiB) with one folded multiply:
-/// the page map is only looked up and updated by address, never iterated
-/// in an order that matters.
-#[derive(Default, Clone, Copy)]
-pub(crate) struct AddressHasher(u64);
-
-impl std::hash::Hasher for AddressHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(b as u64);
-        }
-    }
-
-    #[inline]
-    fn write_u64(&mut self, n: u64) {
-        let p = ((self.0 ^ n) as u128).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        self.0 = (p as u64) ^ ((p >> 64) as u64);
-    }
-
-    #[inline]
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
 /// Page address → (device allocation, bytes).
-pub(crate) type PageMap =
-    std::collections::HashMap<u64, (SegmentId, u64), std::hash::BuildHasherDefault<AddressHasher>>;
+pub(crate) type PageMap = crate::id_hash::IdMap<u64, (SegmentId, u64)>;
 
 /// Free blocks ordered by (size, address, index), the order best fit
 /// searches: sorted runs of at most [`RUN`] entries, found by binary search

@@ -56,6 +56,7 @@ pub mod error;
 pub mod events;
 pub mod expandable;
 pub mod handle;
+pub mod id_hash;
 pub mod placement;
 pub mod size;
 pub mod snapshot;

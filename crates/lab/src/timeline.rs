@@ -212,7 +212,10 @@ fn moment(
     // from before the recording) stay in `other_allocated`.
     let mut blocks: Vec<_> = live.values().copied().collect();
     if blocks.len() > BLOCKS_PER_MOMENT {
-        blocks.select_nth_unstable_by(BLOCKS_PER_MOMENT, |x, y| y.2.cmp(&x.2));
+        // Largest first, ties by place: the map's order decides nothing.
+        blocks.select_nth_unstable_by(BLOCKS_PER_MOMENT, |x, y| {
+            y.2.cmp(&x.2).then((x.0, x.1).cmp(&(y.0, y.1)))
+        });
         blocks.truncate(BLOCKS_PER_MOMENT);
     }
     for (seg, offset, size, category, origin) in blocks {

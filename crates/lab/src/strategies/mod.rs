@@ -25,38 +25,8 @@ use crate::memory::SimulatedSource;
 /// A block handed out by a strategy.
 pub type Handle = u64;
 
-/// A hasher for integer keys (handles, tensor ids, addresses): one folded
-/// multiply instead of SipHash, which dominated the replay loop. Only
-/// `insert`/`remove`/`get` go through it; nothing iterates such a map, so
-/// results do not depend on the hash.
-#[derive(Default, Clone, Copy)]
-pub(crate) struct IdHasher(u64);
-
-impl std::hash::Hasher for IdHasher {
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(b as u64);
-        }
-    }
-
-    #[inline]
-    fn write_u64(&mut self, n: u64) {
-        // Folded multiply: mixes high and low bits, so keys that differ only
-        // in high bits (addresses aligned to 512 B) still spread.
-        let p = ((self.0 ^ n) as u128).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        self.0 = (p as u64) ^ ((p >> 64) as u64);
-    }
-
-    #[inline]
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-/// A `HashMap` keyed by integers, hashed with [`IdHasher`].
-pub(crate) type IdMap<K, V> =
-    std::collections::HashMap<K, V, std::hash::BuildHasherDefault<IdHasher>>;
+/// A `HashMap` keyed by integers (the allocator's hasher).
+pub(crate) use crate::memory::id_hash::IdMap;
 
 /// The device (or the capacity) said no.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
