@@ -57,26 +57,10 @@ pub fn render(t: &Timeline, title: &str) -> String {
         "origins": t.origins,
         "moments": moments,
     });
-    let data = data.to_string().replace("</", "<\\/");
-    TEMPLATE
-        .replace("__TITLE__", &crate::profile::svg::escape(title))
-        .replace("__DATA__", &data)
+    crate::profile::html::page(title, &data, BODY)
 }
 
-const TEMPLATE: &str = r##"<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>__TITLE__</title>
-<style>
-body{font-family:sans-serif;margin:16px;color:#222}
-canvas{border:1px solid #ccc;display:block}
-#tip{position:fixed;pointer-events:none;background:#fffbe6;border:1px solid #bbb;padding:4px 6px;font-size:12px;display:none;white-space:pre}
-.legend span{display:inline-block;margin-right:12px;font-size:12px}
-.legend i{display:inline-block;width:10px;height:10px;margin-right:4px}
-#controls{margin:8px 0}
-</style></head>
-<body data-status="loading">
-<h2>__TITLE__</h2>
-<div class="legend" id="legend"></div>
-<p style="font-size:12px" id="how"></p>
+const BODY: &str = r##"<p style="font-size:12px" id="how"></p>
 <canvas id="timeline" width="1200" height="380"></canvas>
 <div id="controls">Segments at <input id="at" type="range" min="0" value="0" style="width:600px">
 <span id="atlabel"></span> <button id="peak">peak</button></div>

@@ -60,14 +60,20 @@ pub fn render(events: &[MemEvent], title: &str) -> String {
         "strings": strings,
         "events": rows,
     });
+    page(title, &data, BODY)
+}
+
+/// A self-contained page: the head the timeline pages share (title, styles,
+/// category legend), then `body`, whose script element holds `__DATA__`.
+pub fn page(title: &str, data: &serde_json::Value, body: &str) -> String {
     // `</` cannot appear inside the script element.
     let data = data.to_string().replace("</", "<\\/");
-    TEMPLATE
+    format!("{HEAD}{body}")
         .replace("__TITLE__", &super::svg::escape(title))
         .replace("__DATA__", &data)
 }
 
-const TEMPLATE: &str = r##"<!DOCTYPE html>
+const HEAD: &str = r##"<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>__TITLE__</title>
 <style>
 body{font-family:sans-serif;margin:16px;color:#222}
@@ -80,7 +86,9 @@ canvas{border:1px solid #ccc;display:block}
 <body data-status="loading">
 <h2>__TITLE__</h2>
 <div class="legend" id="legend"></div>
-<p style="font-size:12px">Active memory over allocation events, stacked by category; black: allocated, red dashed: reserved; grey lines: phases.
+"##;
+
+const BODY: &str = r##"<p style="font-size:12px">Active memory over allocation events, stacked by category; black: allocated, red dashed: reserved; grey lines: phases.
 Wheel: zoom. Drag: pan. Double-click: reset. Click: show the segments at that event.</p>
 <canvas id="timeline" width="1200" height="380"></canvas>
 <div id="controls">Segments at event <input id="at" type="range" min="0" value="0" style="width:600px">
