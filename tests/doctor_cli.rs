@@ -285,15 +285,15 @@ fn a_snapshot_without_a_trace_reports_its_segments() {
     );
 }
 
-/// `--out` writes memory_viz's views of the replay as one page per device,
-/// which headless Chromium draws (status "ok") with one allocation event per
-/// trace allocation.
-#[test]
-fn the_page_of_a_real_snapshot_draws_in_headless_chromium() {
-    let dir = std::env::temp_dir().join(format!("vramlab-doctor-{}", std::process::id()));
+/// `doctor --out DIR` on the cs336 snapshot (with `extra`): the directory
+/// and its page for device 0.
+fn cs336_page(tag: &str, extra: &[&str]) -> (std::path::PathBuf, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("vramlab-doctor-{tag}-{}", std::process::id()));
     let file = "tests/fixtures/snapshots/cs336_kkaitlyn_ctx128_fullstep.pickle";
     let out = Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args(["doctor", file, "--no-planner", "--out"])
+        .args(["doctor", file, "--no-planner"])
+        .args(extra)
+        .arg("--out")
         .arg(&dir)
         .output()
         .unwrap();
@@ -303,6 +303,15 @@ fn the_page_of_a_real_snapshot_draws_in_headless_chromium() {
         String::from_utf8_lossy(&out.stderr)
     );
     let page = dir.join("timeline-device0.html");
+    (dir, page)
+}
+
+/// `--out` writes memory_viz's views of the replay as one page per device,
+/// which headless Chromium draws (status "ok") with one allocation event per
+/// trace allocation.
+#[test]
+fn the_page_of_a_real_snapshot_draws_in_headless_chromium() {
+    let (dir, page) = cs336_page("events", &[]);
     let dom = crate::common::rendered_dom(&page);
     assert!(
         dom.contains("replayed under its recorded settings"),
@@ -317,26 +326,7 @@ fn the_page_of_a_real_snapshot_draws_in_headless_chromium() {
 /// page that headless Chromium draws, however long the trace.
 #[test]
 fn a_long_traces_page_draws_buckets_in_headless_chromium() {
-    let dir = std::env::temp_dir().join(format!("vramlab-doctor-lod-{}", std::process::id()));
-    let file = "tests/fixtures/snapshots/cs336_kkaitlyn_ctx128_fullstep.pickle";
-    let out = Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args([
-            "doctor",
-            file,
-            "--no-planner",
-            "--page-points",
-            "1000",
-            "--out",
-        ])
-        .arg(&dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let page = dir.join("timeline-device0.html");
+    let (dir, page) = cs336_page("buckets", &["--page-points", "1000"]);
     let html = std::fs::read_to_string(&page).unwrap();
     assert!(html.contains("\"per\":"), "not the bucket page");
     let dom = crate::common::rendered_dom(&page);
