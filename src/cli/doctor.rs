@@ -285,24 +285,35 @@ fn write_page(
     Ok(())
 }
 
-/// `f` over `items` on every core, results in the items' order.
+/// `f` over `items` on every core, results in the items' order. A job that
+/// panics panics the caller, as it would have run there.
 fn parallel_map<T: Send, R: Send>(items: Vec<T>, f: impl Fn(T) -> R + Sync) -> Vec<R> {
     let n = items.len();
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
     let jobs = std::sync::Mutex::new(items.into_iter().enumerate());
-    let results = std::sync::Mutex::new(Vec::with_capacity(n));
-    std::thread::scope(|s| {
-        for _ in 0..cores.min(n) {
-            s.spawn(|| loop {
-                let Some((i, item)) = jobs.lock().expect("job list").next() else {
-                    break;
-                };
-                let r = f(item);
-                results.lock().expect("results").push((i, r));
-            });
-        }
+    // The list stays whole if a job panics (taking the next item cannot).
+    let next = || {
+        jobs.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .next()
+    };
+    let mut out: Vec<(usize, R)> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..cores.min(n))
+            .map(|_| {
+                s.spawn(|| {
+                    let mut done = Vec::new();
+                    while let Some((i, item)) = next() {
+                        done.push((i, f(item)));
+                    }
+                    done
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
     });
-    let mut out = results.into_inner().expect("results");
     out.sort_by_key(|(i, _)| *i);
     out.into_iter().map(|(_, r)| r).collect()
 }
