@@ -36,14 +36,8 @@ enum TraceOp {
 }
 
 fn trace_op() -> impl Strategy<Value = TraceOp> {
-    let size = prop_oneof![
-        4 => 1u64..4096,
-        3 => 4096u64..(MIB + 4096),
-        2 => MIB..(12 * MIB),
-        1 => (12 * MIB)..(90 * MIB),
-    ];
     prop_oneof![
-        10 => size.prop_map(TraceOp::Alloc),
+        10 => crate::vramlab::request_size().prop_map(TraceOp::Alloc),
         8 => any::<usize>().prop_map(TraceOp::Free),
         1 => Just(TraceOp::EmptyCache),
     ]

@@ -147,15 +147,20 @@ enum Op {
     EmptyCache,
 }
 
-fn op_strategy() -> impl Strategy<Value = Op> {
-    let size = prop_oneof![
+/// Request sizes for generated traces: mostly small-pool, some around the
+/// 1 MiB and 10 MiB rounding bounds, a few past the 20 MiB segment.
+pub(crate) fn request_size() -> impl Strategy<Value = u64> {
+    prop_oneof![
         4 => 1u64..4096,
         3 => 4096u64..(MIB + 4096),
         2 => MIB..(12 * MIB),
         1 => (12 * MIB)..(90 * MIB),
-    ];
+    ]
+}
+
+fn op_strategy() -> impl Strategy<Value = Op> {
     prop_oneof![
-        10 => (size, prop::bool::weighted(0.2)).prop_map(|(s, p)| Op::Alloc(s, p)),
+        10 => (request_size(), prop::bool::weighted(0.2)).prop_map(|(s, p)| Op::Alloc(s, p)),
         8 => any::<usize>().prop_map(Op::Free),
         1 => Just(Op::EmptyCache),
     ]
