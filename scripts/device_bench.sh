@@ -4,7 +4,9 @@
 # are built on the x86-64 host and carried xz-compressed in .devbin/
 # (scripts/device_pack.sh makes them); the Vulkan loader comes as .gl/*.deb.
 #   scripts/device_bench.sh [STEPS]   STEPS: comma-separated, default all:
-#   tests,bench,burn,torch,layouts,estimate,recorder,zoo
+#   tests,coop,prefetch,bench,burn,torch,layouts,estimate,recorder,zoo
+# BENCH_ENV, COOP_ENVS, PREFETCH_ENVS: settings for the bench step and the
+# lists of the coop and prefetch steps, each entry's settings joined by "+".
 # Every figure lands under $OUT: log.txt (everything printed) and one JSON
 # file per measurement. Each step has its own time limit, so one slow step
 # cannot take the rest with it.
@@ -54,9 +56,39 @@ if want tests; then
   done
 fi
 
+if want coop; then
+  step "tensor-core kernel against f64, prefetching on and off, in the layouts timed below"
+  # Each entry: settings joined by "+" (a "," is part of a tile's form).
+  for env in ${COOP_ENVS:-VRAMLAB_COOP_PREFETCH=1 VRAMLAB_COOP_PREFETCH=0 VRAMLAB_COOP_BUFFERS=2 \
+    VRAMLAB_COOP_BUFFERS=2+VRAMLAB_COOP_TILE=4x2,2x4 VRAMLAB_COOP_BUFFERS=2+VRAMLAB_COOP_TILE=4x2,4x4 \
+    VRAMLAB_COOP_BUFFERS=2+VRAMLAB_COOP_STAGE_DEPTH=2}; do
+    echo "-- $env"
+    env ${env//+/ } VRAMLAB_EXPECT_TENSOR_CORES=1 timeout $(limit 30) .devbin/suite --test-threads 8 matmul_coop 2>&1 |
+      grep -E "test result|panicked" | head -3
+  done
+fi
+
+if want prefetch; then
+  step "f16 4096³ on tensor cores: prefetching the next step, by layout"
+  # Each entry: settings joined by "+" (a "," is part of a tile's form).
+  for env in ${PREFETCH_ENVS:-VRAMLAB_COOP_PREFETCH=0 VRAMLAB_COOP_PREFETCH=1 VRAMLAB_COOP_BUFFERS=2 \
+    VRAMLAB_COOP_BUFFERS=2+VRAMLAB_COOP_TILE=4x2,2x4 VRAMLAB_COOP_BUFFERS=2+VRAMLAB_COOP_TILE=4x2,4x4 \
+    VRAMLAB_COOP_BUFFERS=2+VRAMLAB_COOP_TILE=2x4,4x4 VRAMLAB_COOP_BUFFERS=2+VRAMLAB_COOP_TILE=2x2,4x4 \
+    VRAMLAB_COOP_BUFFERS=2+VRAMLAB_COOP_STAGE_DEPTH=2 VRAMLAB_COOP_BUFFERS=2+VRAMLAB_COOP_TILE=4x4,2x2 \
+    VRAMLAB_COOP_TILE=4x2,2x4}; do
+    env ${env//+/ } timeout $(limit 25) $V bench --sizes ${PREFETCH_N:-4096} --models none --reps 5 --json 2> /dev/null |
+      python3 -c "
+import json,sys
+d=json.load(sys.stdin)
+n=int(d['precision'][0]['what'].split()[-1].rstrip('³'))
+rows=[(r['mode'], round(2*n**3/r['seconds']/1e12,1)) for r in d['precision'] if r['what'].startswith('matmul')]
+print('$env', f'{n}³ TFLOP/s', rows)" || echo "$env failed"
+  done
+fi
+
 if want bench; then
   step "vramlab bench (tuning on, the first run tunes)"
-  timeout $(limit 150) $V bench --sizes 2048,4096 --models simple-cnn --batch 64 --reps 10 --json \
+  env ${BENCH_ENV//+/ } timeout $(limit 150) $V bench --sizes 2048,4096 --models simple-cnn --batch 64 --reps 10 --json \
     > "$OUT/bench.json" 2> /tmp/bench.err
   echo "rc $?"; grep -v "^vramlab: tuning" /tmp/bench.err | tail -5
   python3 - "$OUT/bench.json" <<'PY'
@@ -122,7 +154,9 @@ fi
 
 if want recorder; then
   step "recorder against CUDA"
-  PYTHONPATH=python timeout $(limit 130) python3 scripts/cuda_recorder_check.py --out /tmp/rec --budget 120 2>&1 | tail -30
+  PYTHONPATH=python timeout $(limit 130) python3 scripts/cuda_recorder_check.py --out /tmp/rec --budget ${REC_BUDGET:-120} \
+    ${REC_MODELS:+--models $REC_MODELS} --dump-both "${REC_DUMP-resnet50,gpt2-bf16,gpt2-fp32}" 2>&1 | tail -30
+  cp /tmp/rec/cuda_check.json "$OUT/" 2> /dev/null
   (cd /tmp/rec && tar cf "$OUT/recorder.tar" .) && ls -la /tmp/rec
 fi
 

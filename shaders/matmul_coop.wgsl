@@ -46,9 +46,88 @@ const NT: u32 = {{WM*WN*SG}}u;
 const KD: u32 = {{KS*S}}u;
 const LA: u32 = {{KS*S+8}}u;
 const LB: u32 = {{WN*TN*S+8}}u;
-var<workgroup> sa: array<f16, {{WM*TM*S*KS*S+WM*TM*S*8}}>;
-var<workgroup> sb: array<f16, {{KS*S*WN*TN*S+KS*S*8}}>;
+// BUF copies of each: with two, a step fills one while the tensor cores
+// read the other (one barrier a step).
+const SA_N: u32 = {{WM*TM*S*KS*S+WM*TM*S*8}}u;
+const SB_N: u32 = {{KS*S*WN*TN*S+KS*S*8}}u;
+var<workgroup> sa: array<f16, {{WM*TM*S*KS*S*BUF+WM*TM*S*8*BUF}}>;
+var<workgroup> sb: array<f16, {{KS*S*WN*TN*S*BUF+KS*S*8*BUF}}>;
 var<workgroup> sc: array<f32, {{WM*WN*S*S}}>;
+
+#if WIDE
+// Item i of a staged step is 8 halves along the operand's unit stride:
+// fetch_* reads it from storage (starts clamped to whole 8-half units
+// inside the operand, so any k0 reads in bounds), put_* writes it to
+// workgroup memory at `at` with zeros past the edges (no checks where the
+// whole step lies inside: `full`). Apart, so that PREFETCH reads the next
+// step into registers while the tensor cores run this one.
+const CA: u32 = {{WM*TM*S*KS*S/8}}u;
+const CB: u32 = {{KS*S*WN*TN*S/8}}u;
+fn fetch_a(i: u32, k0: u32, row0: u32, a_base: u32) -> vec4<u32> {
+#if A_COL
+    let r = (i % (BM / 8u)) * 8u;
+    let q = i / (BM / 8u);
+    let m8 = ((p.m - 1u) / 8u) * 8u;
+    return a[(a_base + min(row0 + r, m8) + min(k0 + q, p.k - 1u) * p.a_cs) / 8u];
+#else
+    let r = i / (KD / 8u);
+    let q = (i % (KD / 8u)) * 8u;
+    let k8 = ((p.k - 1u) / 8u) * 8u;
+    return a[(a_base + min(row0 + r, p.m - 1u) * p.a_rs + min(k0 + q, k8)) / 8u];
+#endif
+}
+fn put_a(v: vec4<u32>, i: u32, k0: u32, row0: u32, full: bool, at: u32) {
+#if A_COL
+    let r = (i % (BM / 8u)) * 8u;
+    let q = i / (BM / 8u);
+#for t in 0..4
+    let h{{t}} = vec2<f16>(unpack2x16float(v[{{t}}]));
+    sa[at + (r + {{2*t}}u) * LA + q] = select(f16(0.0), h{{t}}.x, full || (row0 + r + {{2*t}}u < p.m && k0 + q < p.k));
+    sa[at + (r + {{2*t+1}}u) * LA + q] = select(f16(0.0), h{{t}}.y, full || (row0 + r + {{2*t+1}}u < p.m && k0 + q < p.k));
+#endfor
+#else
+    let r = i / (KD / 8u);
+    let q = (i % (KD / 8u)) * 8u;
+#for t in 0..4
+    let h{{t}} = vec2<f16>(unpack2x16float(v[{{t}}]));
+    sa[at + r * LA + q + {{2*t}}u] = select(f16(0.0), h{{t}}.x, full || (row0 + r < p.m && k0 + q + {{2*t}}u < p.k));
+    sa[at + r * LA + q + {{2*t+1}}u] = select(f16(0.0), h{{t}}.y, full || (row0 + r < p.m && k0 + q + {{2*t+1}}u < p.k));
+#endfor
+#endif
+}
+fn fetch_b(i: u32, k0: u32, col0: u32, b_base: u32) -> vec4<u32> {
+#if B_COL
+    let r = (i % (KD / 8u)) * 8u;
+    let q = i / (KD / 8u);
+    let k8 = ((p.k - 1u) / 8u) * 8u;
+    return b[(b_base + min(k0 + r, k8) + min(col0 + q, p.n - 1u) * p.b_cs) / 8u];
+#else
+    let r = i / (BN / 8u);
+    let q = (i % (BN / 8u)) * 8u;
+    let n8 = ((p.n - 1u) / 8u) * 8u;
+    return b[(b_base + min(k0 + r, p.k - 1u) * p.b_rs + min(col0 + q, n8)) / 8u];
+#endif
+}
+fn put_b(v: vec4<u32>, i: u32, k0: u32, col0: u32, full: bool, at: u32) {
+#if B_COL
+    let r = (i % (KD / 8u)) * 8u;
+    let q = i / (KD / 8u);
+#for t in 0..4
+    let h{{t}} = vec2<f16>(unpack2x16float(v[{{t}}]));
+    sb[at + (r + {{2*t}}u) * LB + q] = select(f16(0.0), h{{t}}.x, full || (k0 + r + {{2*t}}u < p.k && col0 + q < p.n));
+    sb[at + (r + {{2*t+1}}u) * LB + q] = select(f16(0.0), h{{t}}.y, full || (k0 + r + {{2*t+1}}u < p.k && col0 + q < p.n));
+#endfor
+#else
+    let r = i / (BN / 8u);
+    let q = (i % (BN / 8u)) * 8u;
+#for t in 0..4
+    let h{{t}} = vec2<f16>(unpack2x16float(v[{{t}}]));
+    sb[at + r * LB + q + {{2*t}}u] = select(f16(0.0), h{{t}}.x, full || (k0 + r < p.k && col0 + q + {{2*t}}u < p.n));
+    sb[at + r * LB + q + {{2*t+1}}u] = select(f16(0.0), h{{t}}.y, full || (k0 + r < p.k && col0 + q + {{2*t+1}}u < p.n));
+#endfor
+#endif
+}
+#endif
 
 @compute @workgroup_size({{WM*WN*SG}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>,
@@ -107,61 +186,56 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 #else
     let k_direct = 0u;
 #endif
+#if WIDE
+#if !DIRECT
+    let inside = row0 + BM <= p.m && col0 + BN <= p.n;
+#endif
+#for t in 0..PA
+    var va{{t}} = fetch_a(min(lidx + {{t*WM*WN*SG}}u, CA - 1u), k_direct, row0, a_base);
+#endfor
+#for t in 0..PB
+    var vb{{t}} = fetch_b(min(lidx + {{t*WM*WN*SG}}u, CB - 1u), k_direct, col0, b_base);
+#endfor
+#if BUF == 2
+    {
+        let full = inside && k_direct + KD <= p.k;
+#for t in 0..PA
+        if (lidx + {{t*WM*WN*SG}}u < CA) { put_a(va{{t}}, lidx + {{t*WM*WN*SG}}u, k_direct, row0, full, 0u); }
+#endfor
+#for t in 0..PB
+        if (lidx + {{t*WM*WN*SG}}u < CB) { put_b(vb{{t}}, lidx + {{t*WM*WN*SG}}u, k_direct, col0, full, 0u); }
+#endfor
+    }
+    workgroupBarrier();
+#endif
+#endif
     for (var k0 = k_direct; k0 < p.k; k0 += KD) {
+#if BUF == 2
+        // This step's slices are in copy `cur`, filled by the last step.
+        let cur = ((k0 - k_direct) / KD) % 2u;
+        let at_a = cur * SA_N;
+        let at_b = cur * SB_N;
+#else
+        let at_a = 0u;
+        let at_b = 0u;
         // Consecutive invocations read consecutive addresses: along K for a
         // row-major A, along M for a column-major one (likewise for B).
 #if WIDE
-        // Eight halves a load, along the operand's unit stride; halves past
-        // an edge are zeroed. Clamped starts stay whole 8-half units.
-        let k8 = ((p.k - 1u) / 8u) * 8u;
-#if A_COL
-        let m8 = ((p.m - 1u) / 8u) * 8u;
-        for (var i = lidx; i < (BM / 8u) * KD; i += NT) {
-            let r = (i % (BM / 8u)) * 8u;
-            let q = i / (BM / 8u);
-            let v = a[(a_base + min(row0 + r, m8) + min(k0 + q, p.k - 1u) * p.a_cs) / 8u];
-#for t in 0..4
-            let h{{t}} = vec2<f16>(unpack2x16float(v[{{t}}]));
-            sa[(r + {{2*t}}u) * LA + q] = select(f16(0.0), h{{t}}.x, row0 + r + {{2*t}}u < p.m && k0 + q < p.k);
-            sa[(r + {{2*t+1}}u) * LA + q] = select(f16(0.0), h{{t}}.y, row0 + r + {{2*t+1}}u < p.m && k0 + q < p.k);
+#if !PREFETCH
+#for t in 0..PA
+        va{{t}} = fetch_a(min(lidx + {{t*WM*WN*SG}}u, CA - 1u), k0, row0, a_base);
 #endfor
-        }
-#else
-        for (var i = lidx; i < BM * (KD / 8u); i += NT) {
-            let r = i / (KD / 8u);
-            let q = (i % (KD / 8u)) * 8u;
-            let v = a[(a_base + min(row0 + r, p.m - 1u) * p.a_rs + min(k0 + q, k8)) / 8u];
-#for t in 0..4
-            let h{{t}} = vec2<f16>(unpack2x16float(v[{{t}}]));
-            sa[r * LA + q + {{2*t}}u] = select(f16(0.0), h{{t}}.x, row0 + r < p.m && k0 + q + {{2*t}}u < p.k);
-            sa[r * LA + q + {{2*t+1}}u] = select(f16(0.0), h{{t}}.y, row0 + r < p.m && k0 + q + {{2*t+1}}u < p.k);
+#for t in 0..PB
+        vb{{t}} = fetch_b(min(lidx + {{t*WM*WN*SG}}u, CB - 1u), k0, col0, b_base);
 #endfor
-        }
 #endif
-#if B_COL
-        for (var i = lidx; i < (KD / 8u) * BN; i += NT) {
-            let r = (i % (KD / 8u)) * 8u;
-            let q = i / (KD / 8u);
-            let v = b[(b_base + min(k0 + r, k8) + min(col0 + q, p.n - 1u) * p.b_cs) / 8u];
-#for t in 0..4
-            let h{{t}} = vec2<f16>(unpack2x16float(v[{{t}}]));
-            sb[(r + {{2*t}}u) * LB + q] = select(f16(0.0), h{{t}}.x, k0 + r + {{2*t}}u < p.k && col0 + q < p.n);
-            sb[(r + {{2*t+1}}u) * LB + q] = select(f16(0.0), h{{t}}.y, k0 + r + {{2*t+1}}u < p.k && col0 + q < p.n);
+        let full = inside && k0 + KD <= p.k;
+#for t in 0..PA
+        if (lidx + {{t*WM*WN*SG}}u < CA) { put_a(va{{t}}, lidx + {{t*WM*WN*SG}}u, k0, row0, full, 0u); }
 #endfor
-        }
-#else
-        let n8 = ((p.n - 1u) / 8u) * 8u;
-        for (var i = lidx; i < KD * (BN / 8u); i += NT) {
-            let r = i / (BN / 8u);
-            let q = (i % (BN / 8u)) * 8u;
-            let v = b[(b_base + min(k0 + r, p.k - 1u) * p.b_rs + min(col0 + q, n8)) / 8u];
-#for t in 0..4
-            let h{{t}} = vec2<f16>(unpack2x16float(v[{{t}}]));
-            sb[r * LB + q + {{2*t}}u] = select(f16(0.0), h{{t}}.x, k0 + r < p.k && col0 + q + {{2*t}}u < p.n);
-            sb[r * LB + q + {{2*t+1}}u] = select(f16(0.0), h{{t}}.y, k0 + r < p.k && col0 + q + {{2*t+1}}u < p.n);
+#for t in 0..PB
+        if (lidx + {{t*WM*WN*SG}}u < CB) { put_b(vb{{t}}, lidx + {{t*WM*WN*SG}}u, k0, col0, full, 0u); }
 #endfor
-        }
-#endif
 #else
         for (var i = lidx; i < BM * KD; i += NT) {
 #if A_COL
@@ -189,12 +263,23 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         }
 #endif
         workgroupBarrier();
+#endif
+#if PREFETCH
+        // The next step's slices travel while the tensor cores work on
+        // this one (past the last step the reads are clamped and unused).
+#for t in 0..PA
+        va{{t}} = fetch_a(min(lidx + {{t*WM*WN*SG}}u, CA - 1u), k0 + KD, row0, a_base);
+#endfor
+#for t in 0..PB
+        vb{{t}} = fetch_b(min(lidx + {{t*WM*WN*SG}}u, CB - 1u), k0 + KD, col0, b_base);
+#endfor
+#endif
 #for h in 0..KS
 #for i in 0..TM
-        let ga{{h}}_{{i}} = coopLoadT<coop_mat{{S}}x{{S}}<f16, A>>(&sa[(sr + {{i*S}}u) * LA + {{h*S}}u], LA);
+        let ga{{h}}_{{i}} = coopLoadT<coop_mat{{S}}x{{S}}<f16, A>>(&sa[at_a + (sr + {{i*S}}u) * LA + {{h*S}}u], LA);
 #endfor
 #for j in 0..TN
-        let gb{{h}}_{{j}} = coopLoadT<coop_mat{{S}}x{{S}}<f16, B>>(&sb[{{h*S}}u * LB + scol + {{j*S}}u], LB);
+        let gb{{h}}_{{j}} = coopLoadT<coop_mat{{S}}x{{S}}<f16, B>>(&sb[at_b + {{h*S}}u * LB + scol + {{j*S}}u], LB);
 #endfor
 #for i in 0..TM
 #for j in 0..TN
@@ -202,6 +287,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 #endfor
 #endfor
 #endfor
+#if BUF == 2
+        // The next step's slices go to the other copy, read last step:
+        // every invocation passed the barrier that ended it.
+        let kn = k0 + KD;
+        let full = inside && kn + KD <= p.k;
+#for t in 0..PA
+        if (lidx + {{t*WM*WN*SG}}u < CA) { put_a(va{{t}}, lidx + {{t*WM*WN*SG}}u, kn, row0, full, SA_N - at_a); }
+#endfor
+#for t in 0..PB
+        if (lidx + {{t*WM*WN*SG}}u < CB) { put_b(vb{{t}}, lidx + {{t*WM*WN*SG}}u, kn, col0, full, SB_N - at_b); }
+#endfor
+#endif
         workgroupBarrier();
     }
     }

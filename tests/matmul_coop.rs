@@ -359,11 +359,26 @@ fn f16_products_on_tensor_cores_match_f64() {
             let direct = kernels
                 .iter()
                 .any(|k| k.contains(", direct") || k.contains(", wide"));
-            let loads = vramlab::ops::matmul::coop::stage_from_env().unwrap().1;
-            let allowed = loads != vramlab::ops::matmul::coop::Loads::Staged;
+            use vramlab::ops::matmul::coop::{staging_from_env, Loads};
+            let st = staging_from_env().unwrap();
+            let allowed = st.loads != Loads::Staged;
             assert_eq!(
                 direct,
                 cores && allowed && aligned(&case),
+                "{name} {case:?}: ran {kernels:?}"
+            );
+            // Wide steps prefetch the next one unless turned off, into a
+            // second copy of workgroup memory where asked.
+            let wide = direct && st.loads == Loads::Wide;
+            let has = |flag: &str| kernels.iter().any(|k| k.contains(flag));
+            assert_eq!(
+                has(", prefetch"),
+                wide && st.prefetch,
+                "{name} {case:?}: ran {kernels:?}"
+            );
+            assert_eq!(
+                has(", two copies"),
+                wide && st.prefetch && st.buffers == 2,
                 "{name} {case:?}: ran {kernels:?}"
             );
         }

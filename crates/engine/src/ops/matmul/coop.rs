@@ -26,9 +26,18 @@ pub const TILE_VAR: &str = "VRAMLAB_COOP_TILE";
 pub const LOADS_VAR: &str = "VRAMLAB_COOP_LOADS";
 /// Tiles of K a staged step copies at once (1 to 4, default 1).
 pub const DEPTH_VAR: &str = "VRAMLAB_COOP_STAGE_DEPTH";
+/// `0` turns off reading the next staged step into registers during this
+/// one's products (wide loads only); to compare.
+pub const PREFETCH_VAR: &str = "VRAMLAB_COOP_PREFETCH";
+/// `2` stages steps in two copies of workgroup memory, one barrier a step
+/// (prefetching wide loads only); to compare.
+pub const BUFFERS_VAR: &str = "VRAMLAB_COOP_BUFFERS";
 /// One tile deep: on an H200, f16 4096³ ran at 82.6 TFLOP/s staged one
 /// tile deep, 62.9 two deep, 33.7 four deep (docs/tensor_cores.md).
 const DEFAULT_DEPTH: u32 = 1;
+/// One copy: on an H200 two copies ran f16 4096³ at 68.0 TFLOP/s against
+/// 119.0 in the default layout (docs/tensor_cores.md).
+const DEFAULT_BUFFERS: u32 = 1;
 
 /// How the steps of K inside a block read A and B, where the operands'
 /// layout allows (else staged).
@@ -45,6 +54,23 @@ pub enum Loads {
 /// The staged depth in tiles and the interior loads, from the environment
 /// ([`DEPTH_VAR`], [`LOADS_VAR`]).
 pub fn stage_from_env() -> Result<(u32, Loads), ConfigError> {
+    let s = staging_from_env()?;
+    Ok((s.depth, s.loads))
+}
+
+/// How staged steps run: tiles of K a step, the interior loads, whether
+/// wide steps prefetch the next step, copies of workgroup memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Staging {
+    pub depth: u32,
+    pub loads: Loads,
+    pub prefetch: bool,
+    pub buffers: u32,
+}
+
+/// As [`stage_from_env`], with prefetching ([`PREFETCH_VAR`]) and copies
+/// ([`BUFFERS_VAR`]).
+pub fn staging_from_env() -> Result<Staging, ConfigError> {
     let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
     let depth = match var(DEPTH_VAR) {
         None => DEFAULT_DEPTH,
@@ -76,17 +102,49 @@ pub fn stage_from_env() -> Result<(u32, Loads), ConfigError> {
             }
         },
     };
-    Ok((depth, loads))
+    let prefetch = match var(PREFETCH_VAR).as_deref().map(str::trim) {
+        None | Some("1") => true,
+        Some("0") => false,
+        Some(v) => {
+            return Err(ConfigError::Env {
+                var: PREFETCH_VAR,
+                value: v.to_string(),
+                expected: "1 (read the next step during this one's products) or 0",
+            })
+        }
+    };
+    let buffers = match var(BUFFERS_VAR).as_deref().map(str::trim) {
+        None => DEFAULT_BUFFERS,
+        Some("1") => 1,
+        Some("2") => 2,
+        Some(v) => {
+            return Err(ConfigError::Env {
+                var: BUFFERS_VAR,
+                value: v.to_string(),
+                expected: "1 or 2 copies of the staged slices",
+            })
+        }
+    };
+    Ok(Staging {
+        depth,
+        loads,
+        prefetch,
+        buffers,
+    })
 }
 
-/// The staged depth, the loads and the layout override from the
+/// The staged depth, the loads, prefetching and the layout override from the
 /// environment, read once: every product asks for them.
-fn settings() -> &'static (u32, Loads, Option<CoopTile>) {
-    static SETTINGS: std::sync::OnceLock<(u32, Loads, Option<CoopTile>)> =
-        std::sync::OnceLock::new();
+fn settings() -> &'static (Staging, Option<CoopTile>) {
+    static SETTINGS: std::sync::OnceLock<(Staging, Option<CoopTile>)> = std::sync::OnceLock::new();
     SETTINGS.get_or_init(|| {
-        let (depth, loads) = stage_from_env().unwrap_or((DEFAULT_DEPTH, Loads::Wide));
-        (depth, loads, CoopTile::from_env().ok().flatten())
+        let staging = staging_from_env().unwrap_or(Staging {
+            depth: DEFAULT_DEPTH,
+            loads: Loads::Wide,
+            prefetch: true,
+            buffers: DEFAULT_BUFFERS,
+        });
+        (staging, CoopTile::from_env().ok().flatten())
     })
 }
 
@@ -139,12 +197,13 @@ impl CoopTile {
         self.wm * self.wn * lanes
     }
 
-    /// Workgroup memory in bytes: A's and B's staged slices `depth` tiles
-    /// deep (f16, rows padded by 8) and one f32 tile a subgroup.
-    fn shared_bytes(&self, side: u32, depth: u32) -> u32 {
+    /// Workgroup memory in bytes: `buffers` copies of A's and B's staged
+    /// slices `depth` tiles deep (f16, rows padded by 8) and one f32 tile a
+    /// subgroup.
+    fn shared_bytes(&self, side: u32, depth: u32, buffers: u32) -> u32 {
         let (bm, bn) = self.block(side);
         let (bm, bn, kd) = (bm as u32, bn as u32, depth * side);
-        2 * (bm * (kd + 8) + kd * (bn + 8)) + 4 * self.wm * self.wn * side * side
+        2 * buffers * (bm * (kd + 8) + kd * (bn + 8)) + 4 * self.wm * self.wn * side * side
     }
 }
 
@@ -156,18 +215,19 @@ fn layout(
     side: u32,
     lanes: u32,
     depth: u32,
+    buffers: u32,
     chosen: Option<CoopTile>,
     limits: &wgpu::Limits,
 ) -> CoopTile {
     let fits = |t: &CoopTile| {
         t.invocations(lanes) <= limits.max_compute_invocations_per_workgroup
             && t.invocations(lanes) <= limits.max_compute_workgroup_size_x
-            && t.shared_bytes(side, depth) <= limits.max_compute_workgroup_storage_size
+            && t.shared_bytes(side, depth, buffers) <= limits.max_compute_workgroup_storage_size
     };
     let wanted = chosen.unwrap_or_else(|| {
         // 16×16: 2×4 subgroups of 4×2 tiles (a 128×128 block, 256
-        // invocations) ran f16 4096³ at 103.8 TFLOP/s on an H200, 2×2 of
-        // 4×4 at 82.6, 2×2 of 2×2 at 38.9 (docs/tensor_cores.md).
+        // invocations) ran f16 4096³ at 119.0 TFLOP/s on an H200 with
+        // prefetching, 2×2 of 4×4 at 96.9 (docs/tensor_cores.md).
         let tile = |wm, wn, tm, tn| CoopTile { wm, wn, tm, tn };
         let (big, small) = if side >= 16 {
             (tile(2, 4, 4, 2), tile(2, 2, 2, 2))
@@ -278,14 +338,24 @@ pub fn gemm(
             &default_limits
         }
     };
-    let &(depth, loads, chosen) = settings();
-    let tile = layout(g, side, lanes, depth, chosen, limits);
+    let &(st, chosen) = settings();
+    let Staging {
+        depth,
+        loads,
+        prefetch,
+        ..
+    } = st;
     let o = Oriented::of(g, false);
     let params = MatmulParams::new(g, &o, 1, g.k, g.c_offset, g.c_batch_stride, g.accumulate);
     let conv = g.implicit_b.as_ref();
     let aligned = conv.is_none() && direct_ok(&o.a, a, g.batch) && direct_ok(&o.b, b, g.batch);
     let direct = aligned && loads == Loads::Direct;
     let wide = aligned && loads == Loads::Wide;
+    let prefetch = wide && prefetch;
+    let buffers = if prefetch { st.buffers } else { 1 };
+    let tile = layout(g, side, lanes, depth, buffers, chosen, limits);
+    let (bm, bn) = tile.block(side);
+    let (kd, nt) = ((depth * side) as usize, tile.invocations(lanes) as usize);
     let a_col = major(&o.a).is_some_and(|(col, _)| col);
     // An im2colᵀ runs along K in memory, an im2col along N.
     let b_col = match conv {
@@ -305,6 +375,11 @@ pub fn gemm(
         .with("KS", depth)
         .with("DIRECT", u32::from(direct))
         .with("WIDE", u32::from(wide))
+        .with("PREFETCH", u32::from(prefetch))
+        .with("BUF", buffers)
+        // Wide items (8 halves) of A's and B's slices each invocation moves.
+        .with("PA", (bm * kd / 8).div_ceil(nt))
+        .with("PB", (kd * bn / 8).div_ceil(nt))
         .with("A_COL", u32::from(a_col))
         .with("B_COL", u32::from(b_col))
         .with("REDUCE", u32::from(g.reduce_batch))
@@ -315,7 +390,7 @@ pub fn gemm(
     let flag = |on: bool, name: &'static str| if on { name } else { "" };
     let kernel = Kernel::variant(
         format!(
-            "matmul_coop[f16→{}, {side}×{side}, {}×{} subgroups of {}×{} tiles, staged {depth} deep, {lanes} lanes{}{}{}{}{}{}{conv_name}]",
+            "matmul_coop[f16→{}, {side}×{side}, {}×{} subgroups of {}×{} tiles, staged {depth} deep, {lanes} lanes{}{}{}{}{}{}{}{}{conv_name}]",
             out.name(),
             tile.wm,
             tile.wn,
@@ -323,6 +398,8 @@ pub fn gemm(
             tile.tn,
             flag(direct, ", direct"),
             flag(wide, ", wide"),
+            flag(prefetch, ", prefetch"),
+            flag(buffers == 2, ", two copies"),
             flag(a_col, ", Aᵀ"),
             flag(b_col, ", Bᵀ"),
             flag(g.reduce_batch, ", summed batch"),
@@ -336,7 +413,6 @@ pub fn gemm(
     // stores guarded by C's sizes, workgroup indices from constants and
     // local ids (docs/tensor_cores.md).
     .trusted();
-    let (bm, bn) = tile.block(side);
     let z = if g.reduce_batch { 1 } else { g.batch };
     let mut bindings = vec![a.slice(), b.slice(), c.slice()];
     bindings.extend(bias.map(Tensor::slice));
@@ -393,15 +469,15 @@ mod tests {
             max_compute_workgroup_size_x: 1024,
             ..wgpu::Limits::default()
         };
-        let big = layout(&g(4096, 4096), 16, 32, 1, None, &limits);
+        let big = layout(&g(4096, 4096), 16, 32, 1, 1, None, &limits);
         assert_eq!((big.wm, big.wn, big.tm, big.tn), (2, 4, 4, 2));
-        assert_eq!(layout(&g(64, 64), 16, 32, 1, None, &limits).tn, 2);
+        assert_eq!(layout(&g(64, 64), 16, 32, 1, 1, None, &limits).tn, 2);
         // 8 KiB of workgroup memory cannot hold a 128×128 block's slices.
         let tight = wgpu::Limits {
             max_compute_workgroup_storage_size: 8192,
             ..limits
         };
-        let t = layout(&g(4096, 4096), 16, 32, 2, None, &tight);
+        let t = layout(&g(4096, 4096), 16, 32, 2, 1, None, &tight);
         assert!(t.shared_bytes(16, 2) <= 8192, "{t:?}");
     }
 }

@@ -61,7 +61,7 @@ impl Mode {
 /// The settings, from the environment; an error names a bad value.
 pub fn check_env() -> Result<(), ConfigError> {
     super::coop::CoopTile::from_env()?;
-    super::coop::stage_from_env()?;
+    super::coop::staging_from_env()?;
     Settings::from_env().map(|_| ())
 }
 
