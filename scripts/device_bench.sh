@@ -4,7 +4,7 @@
 # are built on the x86-64 host and carried xz-compressed in .devbin/
 # (scripts/device_pack.sh makes them); the Vulkan loader comes as .gl/*.deb.
 #   scripts/device_bench.sh [STEPS]   STEPS: comma-separated, default all:
-#   tests,coop,prefetch,bench,burn,torch,layouts,estimate,recorder,zoo
+#   tests,coop,prefetch,bench,bench2,burn,torch,layouts,estimate,recorder,ddp,zoo
 # BENCH_ENV, COOP_ENVS, PREFETCH_ENVS: settings for the bench step and the
 # lists of the coop and prefetch steps, each entry's settings joined by "+".
 # Every figure lands under $OUT: log.txt (everything printed) and one JSON
@@ -158,6 +158,28 @@ if want recorder; then
     ${REC_MODELS:+--models $REC_MODELS} --dump-both "${REC_DUMP-resnet50,gpt2-bf16,gpt2-fp32}" 2>&1 | tail -30
   cp /tmp/rec/cuda_check.json "$OUT/" 2> /dev/null
   (cd /tmp/rec && tar cf "$OUT/recorder.tar" .) && ls -la /tmp/rec
+fi
+
+if want ddp; then
+  step "DDP's options against the plain model (lesson C21)"
+  PYTHONPATH=python timeout $(limit 150) python3 scripts/ddp_check.py > "$OUT/ddp.json"
+  echo "rc $?"
+fi
+
+if want bench2; then
+  step "the SimpleConvNet step twice: the first run tunes the tile cache, the second reads it"
+  for i in 1 2; do
+    timeout $(limit 90) $V bench --sizes 2048 --models simple-cnn --batch 64 --reps 20 --json \
+      > "$OUT/bench_step$i.json" 2> /dev/null
+    python3 - "$OUT/bench_step$i.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+for r in d["precision"]:
+    print(f"{r['what']:<16} {r['mode']:<9} {r['seconds'] * 1e3:.2f} ms  {r['speedup_vs_f32']:.2f}x f32")
+for m in d["models"]:
+    print(f"{m['model']} step: untimed {m['untimed_seconds_median'] * 1e3:.2f} ms, device {m['device_seconds_median'] * 1e3:.2f} ms")
+PY
+  done
 fi
 
 if want moretests; then

@@ -5,6 +5,9 @@
 //!   statistics, snapshots and events; no wgpu;
 //! - [`lab`] (`vramlab-lab`): allocator strategies, traces, snapshot formats
 //!   and replay;
+//! - [`parallel`] (`vramlab-parallel`): what one rank of a DDP / ZeRO /
+//!   FSDP / tensor / pipeline parallel layout allocates, replayed through
+//!   the allocator, and the search for layouts that fit; no wgpu;
 //! - the engine (`vramlab-engine`): [`device`], [`tensor`], [`ops`],
 //!   [`autograd`], [`nn`], [`optim`], [`train`], [`estimate`], [`profile`],
 //!   [`io`].
@@ -14,6 +17,7 @@
 pub use vramlab_alloc as memory;
 pub use vramlab_engine::{autograd, device, estimate, io, nn, ops, optim, profile, tensor, train};
 pub use vramlab_lab as lab;
+pub use vramlab_parallel as parallel;
 
 pub mod cli;
 pub mod lessons;

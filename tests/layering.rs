@@ -18,7 +18,8 @@ fn strip_comments(text: &str) -> String {
 
 /// layer → layer it refers to → files that do. The layers: this crate's
 /// top-level modules (cli, lessons), the engine crate's (device, tensor,
-/// ops, …), and the allocator and lab crates as `memory` and `lab` (the
+/// ops, …), and the allocator, lab and parallel crates as `memory`, `lab`
+/// and `parallel` (the
 /// names every crate above them knows them by).
 fn graph() -> Graph {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -27,6 +28,7 @@ fn graph() -> Graph {
         let layer = match krate {
             "crates/lab/src" => "lab".to_string(),
             "crates/alloc/src" => "memory".to_string(),
+            "crates/parallel/src" => "parallel".to_string(),
             _ if parts == ["lib"] || parts == ["main"] => continue,
             _ => parts[0].clone(),
         };
@@ -138,6 +140,7 @@ fn modules() -> Vec<(&'static str, Vec<String>, std::path::PathBuf)> {
         "crates/engine/src",
         "crates/lab/src",
         "crates/alloc/src",
+        "crates/parallel/src",
     ] {
         let src = root.join(dir);
         let mut stack = vec![src.clone()];

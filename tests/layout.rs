@@ -1,6 +1,7 @@
-//! The design's invariant: the allocator (`crates/alloc`) and the allocator
-//! lab (`crates/lab`) never touch wgpu, so allocator tests, trace replays and
-//! snapshot work run without a GPU.
+//! The design's invariant: the allocator (`crates/alloc`), the allocator
+//! lab (`crates/lab`) and the parallel layouts (`crates/parallel`) never
+//! touch wgpu, so allocator tests, trace replays, snapshot work and
+//! per-rank estimates run without a GPU.
 
 use std::path::Path;
 
@@ -16,10 +17,10 @@ fn rust_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
 }
 
 #[test]
-fn memory_and_lab_are_free_of_wgpu() {
+fn memory_lab_and_parallel_are_free_of_wgpu() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates");
     let mut files = Vec::new();
-    for d in ["alloc/src", "lab/src"] {
+    for d in ["alloc/src", "lab/src", "parallel/src"] {
         rust_files(&root.join(d), &mut files);
     }
     assert!(files.len() > 20, "found {} files", files.len());

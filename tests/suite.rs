@@ -35,6 +35,7 @@ mod matmul_tuning;
 mod max_batch_cli;
 mod ops_backward;
 mod ops_reductions;
+mod parallel_cli;
 mod pickle_reader;
 mod profile;
 mod pytorch_step;

@@ -250,7 +250,7 @@ pub struct ModelArgs {
     pub classes: Option<usize>,
     /// gpt: sizes to start from: tiny (the default: 2 layers, 4 heads, dim
     /// 64, 64 positions, 96 characters), gpt2, gpt2-medium, gpt2-large,
-    /// gpt2-xl, 7b, 175b; the flags below override them.
+    /// gpt2-xl, 7b, 70b, 175b; the flags below override them.
     #[arg(long)]
     pub preset: Option<String>,
     /// gpt: transformer blocks.

@@ -40,9 +40,57 @@ pub struct EstimateArgs {
     pub device: DeviceArgs,
     #[command(flatten)]
     pub alloc: AllocArgs,
+    #[command(flatten)]
+    pub layout: super::layout_args::LayoutArgs,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+}
+
+/// The per-rank estimate of a parallel layout (`--dp`, `--zero`, `--tp`,
+/// `--pp`, ...): `--batch` is the micro-batch of one data-parallel rank.
+fn run_layout(args: &EstimateArgs) -> anyhow::Result<()> {
+    use crate::parallel::Precision;
+    let spec = args.model.spec()?;
+    let (model, seq) = super::layout_args::transformer(&spec)?;
+    if !matches!(
+        args.step.optimizer,
+        crate::train::OptimizerKind::Adam | crate::train::OptimizerKind::Adamw
+    ) {
+        anyhow::bail!("parallel layouts model Adam's two moments: use --optimizer adam or adamw");
+    }
+    if args.measure {
+        anyhow::bail!("--measure runs one GPU; a parallel layout's ranks are estimated only (leave out --measure)");
+    }
+    let precision = if args.step.amp.is_some() || args.dtype != DType::F32 {
+        Precision::Mixed
+    } else {
+        Precision::Fp32
+    };
+    let layout = args.layout.layout(
+        args.batch as u64,
+        seq,
+        precision,
+        args.step.mode == Mode::Checkpoint,
+    )?;
+    layout.check(&model)?;
+    let capacity = args.alloc.capacity()?;
+    let config = args.alloc.config(None)?;
+    let rows = super::estimate_layout::stages(&model, &layout, capacity, &config);
+    if args.json {
+        let out = serde_json::json!({
+            "model": model,
+            "parameters": model.params(),
+            "layout": layout,
+            "gpus": layout.gpus(),
+            "capacity": capacity,
+            "stages": rows,
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        super::estimate_layout::print(&model, &layout, &rows, capacity);
+    }
+    Ok(())
 }
 
 /// The precision modes the table compares: (name, autocast, model dtype,
@@ -172,6 +220,9 @@ fn side(a: &Analysis, seconds: f64, skipped_steps: Option<usize>) -> Side<'_> {
 pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
     if args.batch == 0 {
         anyhow::bail!("--batch must be at least 1");
+    }
+    if args.layout.given() {
+        return run_layout(args);
     }
     let spec = args.model.spec()?;
     let mut plan = args

@@ -8,10 +8,13 @@ pub mod demo;
 pub mod doctor;
 pub mod doctor_page;
 pub mod estimate;
+pub mod estimate_layout;
 pub mod info;
+pub mod layout_args;
 pub mod lessons;
 pub mod max_batch;
 pub mod models;
+pub mod plan;
 pub mod profile;
 pub mod progress;
 pub mod recorded;
@@ -47,6 +50,11 @@ pub enum Command {
     /// Predict a step's memory without a GPU (per layer, category, phase;
     /// peak allocated and reserved), optionally measured beside it.
     Estimate(Box<estimate::EstimateArgs>),
+    /// The parallel layouts of a GPU count (data × tensor × pipeline, DDP /
+    /// ZeRO 1-3 / FSDP, recomputation, micro-batch) whose every rank fits a
+    /// GPU's memory, each rank replayed through the caching allocator,
+    /// ranked by a stated step-time cost.
+    Plan(Box<plan::PlanArgs>),
     /// Record every allocator event of training steps and write a timeline
     /// (SVG and interactive HTML), a Chrome trace and the snapshot at the peak.
     Profile(Box<profile::ProfileArgs>),
@@ -127,6 +135,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Train(a) => train::run(&a),
         Command::Models(a) => models::run(&a),
         Command::Estimate(a) => estimate::run(&a),
+        Command::Plan(a) => plan::run(&a),
         Command::Profile(a) => profile::run(&a),
         Command::Sweep(a) => sweep::run(&a),
         Command::Bench(a) => bench::run(&a),

@@ -43,7 +43,7 @@ pub struct GptConfig {
 }
 
 /// The GPT-2 family, and a small character-level default.
-pub const PRESETS: [(&str, GptConfig); 7] = [
+pub const PRESETS: [(&str, GptConfig); 8] = [
     (
         "tiny",
         GptConfig {
@@ -102,6 +102,18 @@ pub const PRESETS: [(&str, GptConfig); 7] = [
             heads: 32,
             dim: 4096,
             seq_len: 2048,
+            vocab: 50257,
+        },
+    ),
+    // LLaMA-2-70B's depth, width and context on GPT-2's block (about 64.9B
+    // parameters: GPT-2's MLP is 4h wide where LLaMA's gated one is 3.5h).
+    (
+        "70b",
+        GptConfig {
+            layers: 80,
+            heads: 64,
+            dim: 8192,
+            seq_len: 4096,
             vocab: 50257,
         },
     ),

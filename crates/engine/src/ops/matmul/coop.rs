@@ -478,6 +478,6 @@ mod tests {
             ..limits
         };
         let t = layout(&g(4096, 4096), 16, 32, 2, 1, None, &tight);
-        assert!(t.shared_bytes(16, 2) <= 8192, "{t:?}");
+        assert!(t.shared_bytes(16, 2, 1) <= 8192, "{t:?}");
     }
 }

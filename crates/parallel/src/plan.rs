@@ -1,0 +1,244 @@
+//! The layouts of a GPU count that fit a memory size, each with the
+//! per-rank peak of its worst pipeline stage and a stated cost.
+
+use crate::layout::{Ddp, Layout, Precision, Recompute, Schedule, Sharding};
+use crate::model::Transformer;
+use crate::rank::{program_with, steady_microbatches};
+use crate::replay::{run, RankReport};
+use serde::Serialize;
+use vramlab_alloc::AllocatorConfig;
+
+/// What to search.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub model: Transformer,
+    pub gpus: u64,
+    /// Bytes a GPU gives the process.
+    pub memory: u64,
+    /// Fraction of `memory` to leave free (0.1: use at most 90%).
+    pub headroom: f64,
+    pub seq: u64,
+    pub global_batch: u64,
+    pub precision: Precision,
+    /// Recomputation choices to consider.
+    pub recompute: Vec<Recompute>,
+    /// Largest tensor-parallel size (GPUs a node: NVLink).
+    pub max_tp: u64,
+    pub costs: Costs,
+    pub config: AllocatorConfig,
+}
+
+/// The cost model's rates.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Costs {
+    /// Achieved 16-bit matrix FLOP/s a GPU.
+    pub flops: f64,
+    /// Bytes/s a GPU inside a node (tensor parallelism).
+    pub intra_bw: f64,
+    /// Bytes/s a GPU between nodes (data and pipeline parallelism).
+    pub inter_bw: f64,
+}
+
+impl Default for Costs {
+    fn default() -> Self {
+        Costs {
+            flops: 400e12,
+            intra_bw: 450e9,
+            inter_bw: 50e9,
+        }
+    }
+}
+
+/// One layout and what it needs.
+#[derive(Debug, Clone, Serialize)]
+pub struct Candidate {
+    pub layout: Layout,
+    /// The stage with the highest peak reserved.
+    pub worst: RankReport,
+    pub fits: bool,
+    /// `memory` minus the worst stage's peak reserved (negative: short).
+    pub memory_left: i64,
+    /// Bytes a GPU sends per step: data parallel, tensor parallel, pipeline.
+    pub comm_bytes: [f64; 3],
+    /// Idle fraction of a pipeline step: (p − 1)/(m + p − 1).
+    pub bubble: f64,
+    /// compute / (1 − bubble) + communication, in seconds (no overlap).
+    pub step_seconds: f64,
+}
+
+fn divisors(n: u64) -> Vec<u64> {
+    (1..=n).filter(|d| n.is_multiple_of(*d)).collect()
+}
+
+/// Every layout of `r.gpus` GPUs (tensor ≤ `max_tp` with sequence
+/// parallelism, pipeline under 1F1B, data parallel with DDP, ZeRO 1–3 or
+/// FSDP, each recomputation, micro-batches of 1, 2, 4 and 8), evaluated.
+pub fn layouts(r: &Request) -> Vec<Layout> {
+    let m = &r.model;
+    let mut out = vec![];
+    for tp in divisors(r.gpus) {
+        if tp > r.max_tp
+            || !m.heads.is_multiple_of(tp)
+            || !m.hidden.is_multiple_of(tp)
+            || !r.seq.is_multiple_of(tp)
+        {
+            continue;
+        }
+        for pp in divisors(r.gpus / tp) {
+            if !m.layers.is_multiple_of(pp) {
+                continue;
+            }
+            let dp = r.gpus / tp / pp;
+            let shardings: &[Sharding] = if dp == 1 {
+                &[Sharding::Ddp]
+            } else {
+                &[
+                    Sharding::Ddp,
+                    Sharding::Zero(1),
+                    Sharding::Zero(2),
+                    Sharding::Zero(3),
+                    Sharding::Fsdp,
+                ]
+            };
+            for &sharding in shardings {
+                for &recompute in &r.recompute {
+                    for mb in [1, 2, 4, 8] {
+                        if !r.global_batch.is_multiple_of(dp * mb) {
+                            continue;
+                        }
+                        out.push(Layout {
+                            dp,
+                            tp,
+                            sp: tp > 1,
+                            pp,
+                            sharding,
+                            ddp: Ddp::default(),
+                            micro_batch: mb,
+                            microbatches: r.global_batch / (dp * mb),
+                            seq: r.seq,
+                            schedule: Schedule::OneFOneB,
+                            recompute,
+                            precision: r.precision,
+                            fp32_grad_partition: false,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The stage that reserves most: the first (most micro-batches in
+/// flight, the embeddings) or the last (the head, the logits); 1F1B's
+/// repeating steady state is run only as far as it can change a peak
+/// ([`steady_microbatches`]).
+pub fn worst_stage(
+    model: &Transformer,
+    l: &Layout,
+    config: &AllocatorConfig,
+    capacity: Option<u64>,
+) -> RankReport {
+    let mut stages = vec![0];
+    if l.pp > 1 {
+        stages.push(l.pp - 1);
+    }
+    stages
+        .into_iter()
+        .map(|s| {
+            run(
+                &program_with(model, l, s, Some(steady_microbatches(l, s))),
+                capacity,
+                config,
+            )
+        })
+        .max_by_key(|r| r.peak_reserved)
+        .expect("at least one stage")
+}
+
+/// Communication bytes a GPU sends per step, by kind: data parallel
+/// (ring all-reduce 2(N−1)/N of the gradients; ZeRO-3/FSDP also gathers
+/// the parameters for each micro-batch's forward and backward), tensor
+/// parallel (four all-reduces, or all-gathers and reduce-scatters, of a
+/// layer's s·b·h a micro-batch), pipeline (a micro-batch's s·b·h forward
+/// and back across each stage boundary).
+pub fn comm_bytes(model: &Transformer, l: &Layout) -> [f64; 3] {
+    let ab = l.precision.activation_bytes() as f64;
+    let pb = l.precision.param_bytes() as f64;
+    let psi = model.stage_params(l.tp, 0, l.pp) as f64;
+    let (n, t, m) = (l.dp as f64, l.tp as f64, l.microbatches as f64);
+    let ring = (n - 1.0) / n;
+    let dp = match l.sharding.stage() {
+        3 => (2.0 * m + 1.0) * ring * psi * pb,
+        _ => 2.0 * ring * psi * pb,
+    };
+    let sbh = (l.seq * l.micro_batch * model.hidden) as f64 * ab;
+    let layers = (model.layers / l.pp) as f64;
+    let tp = 4.0 * 2.0 * (t - 1.0) / t * sbh * layers * m;
+    let split = if l.sp { t } else { 1.0 };
+    let pp = if l.pp > 1 { 2.0 * sbh / split * m } else { 0.0 };
+    [dp, tp, pp]
+}
+
+/// Evaluates every layout, fitting ones first by estimated step time, then
+/// the others by how far they are from fitting.
+pub fn search(r: &Request) -> Vec<Candidate> {
+    let all = layouts(r);
+    let limit = (r.memory as f64 * (1.0 - r.headroom)) as u64;
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(all.len().max(1));
+    let chunk = all.len().div_ceil(threads.max(1)).max(1);
+    let mut out: Vec<Candidate> = std::thread::scope(|s| {
+        let jobs: Vec<_> = all
+            .chunks(chunk)
+            .map(|part| {
+                s.spawn(move || {
+                    part.iter()
+                        .map(|l| evaluate(r, l, limit))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        jobs.into_iter()
+            .flat_map(|j| j.join().unwrap_or_default())
+            .collect()
+    });
+    out.sort_by(|a, b| {
+        b.fits
+            .cmp(&a.fits)
+            .then(if a.fits {
+                a.step_seconds.total_cmp(&b.step_seconds)
+            } else {
+                std::cmp::Ordering::Equal
+            })
+            .then(b.memory_left.cmp(&a.memory_left))
+    });
+    out
+}
+
+fn evaluate(r: &Request, l: &Layout, limit: u64) -> Candidate {
+    let worst = worst_stage(&r.model, l, &r.config, None);
+    let fits = worst.peak_reserved <= limit;
+    let comm = comm_bytes(&r.model, l);
+    let (p, m) = (l.pp as f64, l.microbatches as f64);
+    let bubble = (p - 1.0) / (m + p - 1.0);
+    let tokens = (l.global_batch() * l.seq) as f64;
+    let redo = match l.recompute {
+        Recompute::Full => 4.0 / 3.0,
+        _ => 1.0,
+    };
+    let compute = 6.0 * r.model.params() as f64 * tokens / r.gpus as f64 * redo / r.costs.flops;
+    let step_seconds = compute / (1.0 - bubble)
+        + (comm[0] + comm[2]) / r.costs.inter_bw
+        + comm[1] / r.costs.intra_bw;
+    Candidate {
+        layout: *l,
+        memory_left: r.memory as i64 - worst.peak_reserved as i64,
+        worst,
+        fits,
+        comm_bytes: comm,
+        bubble,
+        step_seconds,
+    }
+}

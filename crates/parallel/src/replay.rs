@@ -1,0 +1,113 @@
+//! A rank's program through vramlab-alloc's PyTorch caching allocator:
+//! peak allocated and reserved, what each kind holds at the peak, and the
+//! model states when they are all live.
+
+use crate::rank::{Kind, Op, Program, KINDS};
+use serde::Serialize;
+use vramlab_alloc::{AllocatorConfig, BlockHandle, CachingAllocator, Category, SimulatedSource};
+
+/// What a rank's two steps need.
+#[derive(Debug, Clone, Serialize)]
+pub struct RankReport {
+    pub stage: u64,
+    pub stage_params: u64,
+    pub in_flight: u64,
+    pub peak_allocated: u64,
+    pub peak_reserved: u64,
+    /// Requested bytes of each kind (in [`KINDS`] order) when allocated
+    /// bytes peaked.
+    pub at_peak: Vec<(Kind, u64)>,
+    /// The highest requested bytes each kind reached on its own.
+    pub kind_peaks: Vec<(Kind, u64)>,
+    /// Parameters, gradients and optimizer states right before the last
+    /// step's `zero_grad` (all live): the ZeRO paper's model states.
+    pub model_states: u64,
+    /// The allocation that did not fit the capacity, if one did not.
+    pub oom: Option<String>,
+}
+
+fn category(k: Kind) -> Category {
+    match k {
+        Kind::Parameters | Kind::Gathered => Category::Parameter,
+        Kind::Gradients => Category::Gradient,
+        Kind::OptimizerStates => Category::OptimizerState,
+        Kind::Activations | Kind::OuterActivations => Category::Activation,
+        Kind::Temporaries | Kind::CommBuffers => Category::Temporary,
+        Kind::Buckets => Category::Workspace,
+    }
+}
+
+/// Replays `program` on a device of `capacity` bytes (unlimited if
+/// `None`) under `config`.
+pub fn run(program: &Program, capacity: Option<u64>, config: &AllocatorConfig) -> RankReport {
+    let source = match capacity {
+        Some(c) => SimulatedSource::new(c),
+        None => SimulatedSource::unlimited(),
+    };
+    let mut alloc = CachingAllocator::new(source, config.clone());
+    let mut live: Vec<Option<(BlockHandle, u64, Kind)>> = vec![];
+    let mut by_kind = [0u64; KINDS.len()];
+    let mut kind_peaks = [0u64; KINDS.len()];
+    let mut at_peak = by_kind;
+    let mut peak = 0i64;
+    let mut model_states = 0;
+    let mut oom = None;
+    for op in &program.ops {
+        match *op {
+            Op::Alloc {
+                id,
+                bytes,
+                kind,
+                label,
+            } => {
+                match alloc.malloc_tagged(bytes, label, category(kind), None) {
+                    Ok(a) => {
+                        let id = id as usize;
+                        if live.len() <= id {
+                            live.resize(id + 1, None);
+                        }
+                        live[id] = Some((a.handle, bytes, kind));
+                        let k = kind.index();
+                        by_kind[k] += bytes;
+                        kind_peaks[k] = kind_peaks[k].max(by_kind[k]);
+                    }
+                    Err(e) => {
+                        oom = Some(format!("{label} ({}): {e}", kind.name()));
+                        break;
+                    }
+                }
+                let now = alloc.stats().allocated_bytes.0[0].current;
+                if now > peak {
+                    peak = now;
+                    at_peak = by_kind;
+                }
+            }
+            Op::Free { id } => {
+                if let Some((h, bytes, kind)) = live.get_mut(id as usize).and_then(Option::take) {
+                    by_kind[kind.index()] -= bytes;
+                    // A handle from this allocator, freed once: cannot fail.
+                    let _ = alloc.free(h);
+                }
+            }
+            Op::StatesLive => {
+                model_states = KINDS
+                    .iter()
+                    .filter(|k| k.model_state())
+                    .map(|k| by_kind[k.index()])
+                    .sum();
+            }
+        }
+    }
+    let s = alloc.stats();
+    RankReport {
+        stage: program.stage,
+        stage_params: program.stage_params,
+        in_flight: program.in_flight,
+        peak_allocated: s.allocated_bytes.0[0].peak.max(0) as u64,
+        peak_reserved: s.reserved_bytes.0[0].peak.max(0) as u64,
+        at_peak: KINDS.iter().map(|&k| (k, at_peak[k.index()])).collect(),
+        kind_peaks: KINDS.iter().map(|&k| (k, kind_peaks[k.index()])).collect(),
+        model_states,
+        oom,
+    }
+}

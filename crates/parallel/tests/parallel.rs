@@ -1,0 +1,312 @@
+//! Per-rank programs against the closed forms: the ZeRO paper's model
+//! states, DeepSpeed's estimators (fixtures from
+//! scripts/deepspeed_reference.py), Korthikanti et al.'s table 2, the
+//! pipeline schedules' micro-batches in flight, DDP's buckets.
+
+use proptest::prelude::*;
+use vramlab_alloc::AllocatorConfig;
+use vramlab_parallel::formulas::{in_flight, korthikanti_layer, zero_model_states};
+use vramlab_parallel::rank::{program, program_with, steady_microbatches, Kind};
+use vramlab_parallel::replay::{run, RankReport};
+use vramlab_parallel::{Ddp, Layout, Precision, Recompute, Schedule, Sharding, Transformer};
+
+fn model(layers: u64, heads: u64, hidden: u64, positions: u64, vocab: u64) -> Transformer {
+    Transformer {
+        layers,
+        heads,
+        hidden,
+        positions,
+        vocab,
+    }
+}
+
+fn replay(m: &Transformer, l: &Layout, stage: u64) -> RankReport {
+    run(&program(m, l, stage), None, &AllocatorConfig::default())
+}
+
+fn kind(r: &RankReport, k: Kind) -> u64 {
+    r.kind_peaks
+        .iter()
+        .find(|(x, _)| *x == k)
+        .map_or(0, |p| p.1)
+}
+
+fn sharding(stage: u8) -> Sharding {
+    if stage == 0 {
+        Sharding::Ddp
+    } else {
+        Sharding::Zero(stage)
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Model states per rank (parameters, gradients, optimizer states, all
+    /// live before zero_grad) equal (2 + 2 + K)Ψ, (2 + 2)Ψ + KΨ/N,
+    /// 2Ψ + (2 + K)Ψ/N and (2 + 2 + K)Ψ/N, with Ψ the stage's parameters on
+    /// a tensor rank; sizes chosen so every tensor splits evenly.
+    #[test]
+    fn model_states_equal_the_zero_papers_formulas(
+        layers in 1u64..5, heads in prop::sample::select(vec![4u64, 8]), k in 1u64..4,
+        vocab64 in 1u64..40, dp in prop::sample::select(vec![1u64, 2, 4, 8]),
+        tp in prop::sample::select(vec![1u64, 2, 4]), stage in 0u8..4, fp32 in any::<bool>(),
+        fsdp in any::<bool>(),
+    ) {
+        let m = model(layers, heads, 64 * k * 4, 256, 64 * vocab64);
+        let precision = if fp32 { Precision::Fp32 } else { Precision::Mixed };
+        let mut l = Layout { dp, tp, precision, sharding: sharding(stage), ..Layout::single(1, 32) };
+        if stage == 3 && fsdp {
+            l.sharding = Sharding::Fsdp;
+        }
+        l.check(&m).unwrap();
+        let r = replay(&m, &l, 0);
+        let psi = m.stage_params(tp, 0, 1);
+        let want = zero_model_states(psi, dp, l.sharding.stage(), precision);
+        prop_assert_eq!(r.model_states as f64, want, "{:?}", l);
+    }
+
+    /// Each layer's saved activations equal table 2 of Korthikanti et al.
+    /// (16-bit activations, 1-byte masks), for every combination of tensor
+    /// and sequence parallelism and recomputation; the saved-activation
+    /// peak of one micro-batch is the layers times that.
+    #[test]
+    fn layer_activations_equal_korthikanti_table_2(
+        layers in 1u64..4, heads in prop::sample::select(vec![4u64, 8, 16]), k in 1u64..3,
+        seq8 in 1u64..12, b in 1u64..4, tp in prop::sample::select(vec![1u64, 2, 4]),
+        sp in any::<bool>(), r in prop::sample::select(vec![Recompute::None, Recompute::Selective, Recompute::Full]),
+    ) {
+        let m = model(layers, heads, 64 * k, 128, 512);
+        let sp = sp && tp > 1;
+        let l = Layout { tp, sp, recompute: r, ..Layout::single(b, 8 * seq8) };
+        l.check(&m).unwrap();
+        let rep = replay(&m, &l, 0);
+        let per_layer = korthikanti_layer(l.seq, b, m.hidden, m.heads, tp, sp, r);
+        prop_assert_eq!(kind(&rep, Kind::Activations) as f64, layers as f64 * per_layer, "{:?}", l);
+    }
+
+    /// Pipeline stage i holds the activations of min(p − i, m) micro-batches
+    /// under 1F1B and of all m under GPipe.
+    #[test]
+    fn stages_hold_the_micro_batches_their_schedule_keeps_in_flight(
+        pp in prop::sample::select(vec![1u64, 2, 4]), per in 1u64..3, mbs in 1u64..9, gpipe in any::<bool>(),
+    ) {
+        let m = model(pp * per, 4, 64, 64, 256);
+        let schedule = if gpipe { Schedule::Gpipe } else { Schedule::OneFOneB };
+        let l = Layout { pp, microbatches: mbs, schedule, ..Layout::single(1, 32) };
+        l.check(&m).unwrap();
+        let one = korthikanti_layer(32, 1, 64, 4, 1, false, Recompute::None) * per as f64;
+        for stage in 0..pp {
+            let r = replay(&m, &l, stage);
+            let n = in_flight(stage, pp, mbs, gpipe);
+            prop_assert_eq!(kind(&r, Kind::Activations) as f64, n as f64 * one, "stage {} of {:?}", stage, l);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(40))]
+
+    /// Under 1F1B, running only the warm-up and two steady pairs of
+    /// micro-batches gives the whole step's peaks, allocated and reserved,
+    /// and the same model states (what `plan` relies on for speed).
+    #[test]
+    fn a_1f1b_stage_peaks_within_its_first_steady_pairs(
+        pp in prop::sample::select(vec![1u64, 2, 4]), per in 1u64..3, mbs in 1u64..24,
+        b in 1u64..3, stage_pick in 0u64..4, zero in 0u8..4, tp in prop::sample::select(vec![1u64, 2]),
+        r in prop::sample::select(vec![Recompute::None, Recompute::Selective, Recompute::Full]),
+    ) {
+        let m = model(pp * per, 4, 128, 128, 1000);
+        let dp = if zero == 0 { 1 } else { 4 };
+        let l = Layout { pp, dp, tp, sp: tp > 1, microbatches: mbs, recompute: r, sharding: sharding(zero), ..Layout::single(b, 64) };
+        l.check(&m).unwrap();
+        let stage = stage_pick % pp;
+        let cfg = AllocatorConfig::default();
+        let full = run(&program(&m, &l, stage), None, &cfg);
+        let short = run(&program_with(&m, &l, stage, Some(steady_microbatches(&l, stage))), None, &cfg);
+        prop_assert_eq!(full.peak_allocated, short.peak_allocated, "{:?}", l);
+        prop_assert_eq!(full.peak_reserved, short.peak_reserved, "{:?}", l);
+        prop_assert_eq!(full.model_states, short.model_states);
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct DsCase {
+    model: String,
+    dims: [u64; 5],
+    gpus: u64,
+    params: u64,
+    largest_layer_params: u64,
+    zero2_gpu_bytes: u64,
+    zero3_gpu_bytes: u64,
+    zero3_largest_layer_bytes: u64,
+}
+
+#[derive(serde::Deserialize)]
+struct DsFixture {
+    cases: Vec<DsCase>,
+}
+
+fn ds_cases() -> Vec<DsCase> {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/deepspeed_zero.json"
+    );
+    let text =
+        std::fs::read_to_string(path).expect("fixture written by scripts/deepspeed_reference.py");
+    serde_json::from_str::<DsFixture>(&text)
+        .expect("fixture parses")
+        .cases
+}
+
+/// DeepSpeed's estimators, run in scripts/deepspeed_reference.py, against
+/// the same model's rank with DeepSpeed's fp32 gradient partition:
+/// - ZeRO-2: 2Ψ + 18Ψ/N (16-bit parameters whole; 16-bit gradient, fp32
+///   gradient, fp32 weight and Adam partitions) equals the program's model
+///   states to the byte where N splits every tensor (else within a byte
+///   per tensor and rank);
+/// - ZeRO-3: the program gathers the largest module (2 bytes a parameter)
+///   and makes its whole gradient (2 more): DeepSpeed's
+///   `largest_layer_memory` 4·largest; its 18Ψ/N is the program's 20Ψ/N
+///   less the 16-bit gradient partition, which the ZeRO paper counts.
+#[test]
+fn rank_programs_agree_with_deepspeeds_estimators() {
+    let cases = ds_cases();
+    assert!(cases.len() >= 20, "{} cases", cases.len());
+    for c in cases.iter().filter(|c| c.dims[2] <= 4096 && c.gpus <= 64) {
+        let [layers, heads, hidden, positions, vocab] = c.dims;
+        let m = model(layers, heads, hidden, positions, vocab);
+        assert_eq!(m.params(), c.params, "{}: parameter count", c.model);
+        assert_eq!(m.largest_module(), c.largest_layer_params, "{}", c.model);
+        let n = c.gpus;
+        let mut l = Layout {
+            dp: n,
+            sharding: Sharding::Zero(2),
+            fp32_grad_partition: true,
+            ..Layout::single(1, 8)
+        };
+        let z2 = replay(&m, &l, 0).model_states;
+        let tensors = 16 * layers + 5;
+        let slack = if n == 1 { 0 } else { 18 * tensors };
+        assert!(
+            z2.abs_diff(c.zero2_gpu_bytes) <= slack,
+            "{} on {n}: ZeRO-2 {z2} vs DeepSpeed {}",
+            c.model,
+            c.zero2_gpu_bytes
+        );
+        l.sharding = Sharding::Zero(3);
+        let r = replay(&m, &l, 0);
+        assert_eq!(
+            2 * kind(&r, Kind::Gathered),
+            c.zero3_largest_layer_bytes,
+            "{}",
+            c.model
+        );
+        let ours = r.model_states as i64 - (2 * c.params).div_ceil(n) as i64;
+        let theirs = (c.zero3_gpu_bytes - c.zero3_largest_layer_bytes) as i64;
+        assert!(
+            ours.abs_diff(theirs) <= 20 * tensors,
+            "{} on {n}: ZeRO-3 {ours} vs DeepSpeed {theirs}",
+            c.model
+        );
+    }
+}
+
+/// DDP's buckets hold one more copy of the gradients, unless they are the
+/// gradients (gradient_as_bucket_view); find_unused_parameters adds one
+/// int32 per parameter tensor.
+#[test]
+fn ddp_buckets_cost_one_gradient_copy_unless_gradients_are_views() {
+    let m = model(4, 8, 512, 256, 4096);
+    let base = Layout {
+        dp: 8,
+        ..Layout::single(2, 64)
+    };
+    let plain = replay(&m, &base, 0);
+    let grads = kind(&plain, Kind::Gradients);
+    assert_eq!(grads, 2 * m.params());
+    assert_eq!(kind(&plain, Kind::Buckets), grads);
+    let view = replay(
+        &m,
+        &Layout {
+            ddp: Ddp {
+                bucket_view: true,
+                ..Ddp::default()
+            },
+            ..base
+        },
+        0,
+    );
+    assert_eq!(kind(&view, Kind::Gradients), 0);
+    assert_eq!(kind(&view, Kind::Buckets), grads);
+    // The copy shows in the peak by the gradients' size less what the
+    // step without it holds at its own peak beyond the model states
+    // (small activations here).
+    let small = Layout {
+        dp: 8,
+        ..Layout::single(1, 8)
+    };
+    let views = Layout {
+        ddp: Ddp {
+            bucket_view: true,
+            ..Ddp::default()
+        },
+        ..small
+    };
+    let (a, b) = (replay(&m, &small, 0), replay(&m, &views, 0));
+    let transient: u64 = [Kind::Activations, Kind::OuterActivations, Kind::Temporaries]
+        .iter()
+        .map(|&k| kind(&b, k))
+        .sum();
+    let saved = a.peak_allocated - b.peak_allocated;
+    assert!(
+        saved <= grads && saved + transient >= grads,
+        "{saved} of {grads}"
+    );
+    assert_eq!(a.model_states - b.model_states, grads);
+    assert!(plain.peak_allocated >= view.peak_allocated);
+    let unused = replay(
+        &m,
+        &Layout {
+            ddp: Ddp {
+                find_unused: true,
+                ..Ddp::default()
+            },
+            ..base
+        },
+        0,
+    );
+    let tensors = 16 * 4 + 4;
+    assert_eq!(kind(&unused, Kind::Buckets), grads + 4 * tensors);
+    // On one rank there is no DDP and no bucket.
+    let alone = replay(&m, &Layout::single(2, 64), 0);
+    assert_eq!(kind(&alone, Kind::Buckets), 0);
+}
+
+/// Layouts the model cannot run are errors that say what to change.
+#[test]
+fn impossible_layouts_say_what_to_change() {
+    let m = model(6, 12, 768, 1024, 50257);
+    let err = |l: Layout| l.check(&m).unwrap_err().to_string();
+    assert!(err(Layout {
+        tp: 5,
+        ..Layout::single(1, 1024)
+    })
+    .contains("divisor"));
+    assert!(err(Layout {
+        pp: 4,
+        ..Layout::single(1, 1024)
+    })
+    .contains("divisor of 6"));
+    assert!(err(Layout {
+        sp: true,
+        ..Layout::single(1, 1024)
+    })
+    .contains("--tp"));
+    assert!(err(Layout {
+        sharding: Sharding::Zero(4),
+        ..Layout::single(1, 1024)
+    })
+    .contains("stages 1, 2 and 3"));
+    assert!(err(Layout::single(1, 2048)).contains("positions"));
+}

@@ -1,0 +1,186 @@
+//! `vramlab estimate --dp/--zero/--fsdp/--tp/--sp/--pp ...`: each pipeline
+//! stage's rank of a parallel layout, its two steps replayed through the
+//! caching allocator, beside the ZeRO paper's model states and Korthikanti
+//! et al.'s activations.
+
+use crate::memory::AllocatorConfig;
+use crate::parallel::formulas::{korthikanti_layer, zero_model_states};
+use crate::parallel::rank::{program, Kind};
+use crate::parallel::replay::{run, RankReport};
+use crate::parallel::{Layout, Precision, Recompute, Schedule, Transformer};
+use serde::Serialize;
+
+/// One stage's figures.
+#[derive(Debug, Serialize)]
+pub struct StageRow {
+    #[serde(flatten)]
+    pub report: RankReport,
+    /// The ZeRO paper's model states for this stage's parameters.
+    pub zero_paper_model_states: f64,
+    /// Korthikanti et al.'s table 2 per layer, times the stage's layers and
+    /// micro-batches in flight (16-bit activations only).
+    pub korthikanti_activations: Option<f64>,
+}
+
+/// Every stage's rank of `layout` (all of them up to 16 stages, else the
+/// first, second and last).
+pub fn stages(
+    model: &Transformer,
+    l: &Layout,
+    capacity: Option<u64>,
+    config: &AllocatorConfig,
+) -> Vec<StageRow> {
+    let which: Vec<u64> = if l.pp <= 16 {
+        (0..l.pp).collect()
+    } else {
+        vec![0, 1, l.pp - 1]
+    };
+    which
+        .into_iter()
+        .map(|s| {
+            let report = run(&program(model, l, s), capacity, config);
+            let per_layer = korthikanti_layer(
+                l.seq,
+                l.micro_batch,
+                model.hidden,
+                model.heads,
+                l.tp,
+                l.sp,
+                l.recompute,
+            );
+            StageRow {
+                zero_paper_model_states: zero_model_states(
+                    report.stage_params,
+                    l.dp,
+                    l.sharding.stage(),
+                    l.precision,
+                ),
+                korthikanti_activations: (l.precision == Precision::Mixed)
+                    .then(|| per_layer * (model.layers / l.pp) as f64 * report.in_flight as f64),
+                report,
+            }
+        })
+        .collect()
+}
+
+pub fn describe(model: &Transformer, l: &Layout) -> String {
+    let prec = match l.precision {
+        Precision::Mixed => "mixed precision (16-bit parameters, gradients and activations; fp32 master weights and Adam: K = 12)",
+        Precision::Fp32 => "fp32 (parameters, gradients, activations; Adam: K = 8)",
+    };
+    let rec = match l.recompute {
+        Recompute::None => "no recomputation",
+        Recompute::Selective => "selective recomputation",
+        Recompute::Full => "full recomputation",
+    };
+    let sched = match l.schedule {
+        Schedule::OneFOneB => "1F1B",
+        Schedule::Gpipe => "GPipe",
+    };
+    let mut s = format!(
+        "{:.2}B parameters, {} layers, hidden {}, {} heads; {} GPUs = dp {} × tp {}{} × pp {} ({sched}); {}",
+        model.params() as f64 / 1e9,
+        model.layers,
+        model.hidden,
+        model.heads,
+        l.gpus(),
+        l.dp,
+        l.tp,
+        if l.sp { " (+sp)" } else { "" },
+        l.pp,
+        l.sharding.name(),
+    );
+    if l.sharding == crate::parallel::Sharding::Ddp && l.dp > 1 {
+        s += &format!(
+            " (bucket_cap_mb {}, gradient_as_bucket_view {}, find_unused_parameters {})",
+            l.ddp.bucket_cap_mb, l.ddp.bucket_view, l.ddp.find_unused
+        );
+    }
+    s += &format!(
+        ";\nmicro-batch {} × {} tokens, {} micro-batch(es) a step (global batch {}); {prec}; {rec}",
+        l.micro_batch,
+        l.seq,
+        l.microbatches,
+        l.global_batch()
+    );
+    s
+}
+
+fn gib(b: f64) -> String {
+    format!("{:.2} GiB", b / (1u64 << 30) as f64)
+}
+
+pub fn print(model: &Transformer, l: &Layout, rows: &[StageRow], capacity: Option<u64>) {
+    println!("{}\n", describe(model, l));
+    println!("Per rank, two steps through the caching allocator (the second is the steady state):");
+    println!(
+        "{:>5}  {:>10}  {:>13}  {:>13}  {:>13}  {:>13}  {:>14}  {:>13}",
+        "stage",
+        "params",
+        "model states",
+        "ZeRO paper",
+        "activations",
+        "Korthikanti",
+        "peak allocated",
+        "peak reserved"
+    );
+    for r in rows {
+        let acts = r
+            .report
+            .kind_peaks
+            .iter()
+            .find(|(k, _)| *k == Kind::Activations)
+            .map_or(0, |x| x.1);
+        println!(
+            "{:>5}  {:>9.2}B  {:>13}  {:>13}  {:>13}  {:>13}  {:>14}  {:>13}",
+            r.report.stage,
+            r.report.stage_params as f64 / 1e9,
+            gib(r.report.model_states as f64),
+            gib(r.zero_paper_model_states),
+            gib(acts as f64),
+            r.korthikanti_activations.map_or("—".into(), gib),
+            gib(r.report.peak_allocated as f64),
+            gib(r.report.peak_reserved as f64),
+        );
+    }
+    for r in rows {
+        let parts: Vec<String> = r
+            .report
+            .at_peak
+            .iter()
+            .filter(|(_, b)| *b > 0)
+            .map(|(k, b)| format!("{} {}", k.name(), gib(*b as f64)))
+            .collect();
+        println!("At stage {}'s peak: {}", r.report.stage, parts.join(", "));
+        if let Some(o) = &r.report.oom {
+            println!("  OUT OF MEMORY on stage {}: {o}", r.report.stage);
+        }
+    }
+    println!(
+        "\nmodel states: parameters, gradients and optimizer states (master weights, Adam's moments) of one rank,\n\
+         all live before zero_grad; ZeRO paper: (2+2+K)Ψ, (2+2)Ψ+KΨ/N, 2Ψ+(2+K)Ψ/N, (2+2+K)Ψ/N for stages 0-3.\n\
+         activations: what the stage's layers save for its micro-batches in flight; Korthikanti et al. 2022,\n\
+         table 2: sbh(34 + 5as/h) a layer, over t as tensor and sequence parallelism split it.\n\
+         The peaks also hold DDP's buckets, gathered parameters, activation gradients and communication buffers;\n\
+         CUDA's context, NCCL's buffers and cuBLAS workspaces are not in them."
+    );
+    if let Some(c) = capacity {
+        let worst = rows
+            .iter()
+            .map(|r| r.report.peak_reserved)
+            .max()
+            .unwrap_or(0);
+        println!(
+            "On {} a GPU: {}",
+            gib(c as f64),
+            if rows.iter().any(|r| r.report.oom.is_some()) {
+                "runs out of memory".to_string()
+            } else {
+                format!(
+                    "fits, {} left on the fullest stage",
+                    gib(c.saturating_sub(worst) as f64)
+                )
+            }
+        );
+    }
+}

@@ -1,0 +1,208 @@
+//! The flags that describe a parallel layout (`estimate --dp/--zero/--tp/
+//! --pp ...`, `plan`), and the transformer a GPT spec shards.
+
+use crate::nn::{GptSpec, ModelSpec};
+use crate::parallel::{Ddp, Layout, Precision, Recompute, Schedule, Sharding, Transformer};
+use clap::{Args, ValueEnum};
+
+/// Pipeline schedule flag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ScheduleArg {
+    #[value(name = "1f1b")]
+    OneFOneB,
+    Gpipe,
+}
+
+/// Recomputation flag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RecomputeArg {
+    None,
+    Selective,
+    Full,
+}
+
+impl From<RecomputeArg> for Recompute {
+    fn from(r: RecomputeArg) -> Recompute {
+        match r {
+            RecomputeArg::None => Recompute::None,
+            RecomputeArg::Selective => Recompute::Selective,
+            RecomputeArg::Full => Recompute::Full,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct LayoutArgs {
+    /// Data-parallel ranks: the per-rank step of a layout (gpt only), with
+    /// DDP's gradient buckets unless --zero or --fsdp shards the states.
+    #[arg(
+        long,
+        value_name = "N",
+        help_heading = "Parallel layout (per-rank estimate)"
+    )]
+    pub dp: Option<u64>,
+    /// ZeRO stage: 1 shards optimizer states over the --dp ranks, 2 also
+    /// gradients, 3 also parameters (gathered one module at a time).
+    #[arg(
+        long,
+        value_name = "1|2|3",
+        help_heading = "Parallel layout (per-rank estimate)"
+    )]
+    pub zero: Option<u8>,
+    /// FSDP (fully_shard per block): ZeRO-3's sharding, gathering a whole
+    /// block and prefetching the next.
+    #[arg(
+        long,
+        conflicts_with = "zero",
+        help_heading = "Parallel layout (per-rank estimate)"
+    )]
+    pub fsdp: bool,
+    /// Tensor-parallel ranks (Megatron's column/row split of every block).
+    #[arg(
+        long,
+        value_name = "T",
+        help_heading = "Parallel layout (per-rank estimate)"
+    )]
+    pub tp: Option<u64>,
+    /// Sequence parallelism: the activations tensor parallelism leaves
+    /// whole (LayerNorms, dropouts) split along the sequence over --tp.
+    #[arg(long, help_heading = "Parallel layout (per-rank estimate)")]
+    pub sp: bool,
+    /// Pipeline stages (the layers split evenly).
+    #[arg(
+        long,
+        value_name = "P",
+        help_heading = "Parallel layout (per-rank estimate)"
+    )]
+    pub pp: Option<u64>,
+    /// Micro-batches a step (each of --batch sequences a data-parallel
+    /// rank): the pipeline's m, or gradient accumulation.
+    #[arg(
+        long,
+        value_name = "M",
+        default_value_t = 1,
+        help_heading = "Parallel layout (per-rank estimate)"
+    )]
+    pub microbatches: u64,
+    /// Pipeline schedule: 1f1b holds at most p − i micro-batches on stage
+    /// i, gpipe all of them.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "1f1b",
+        help_heading = "Parallel layout (per-rank estimate)"
+    )]
+    pub schedule: ScheduleArg,
+    /// Activation recomputation (Korthikanti et al. 2022): selective
+    /// recomputes the attention core, full everything but each block's
+    /// input (--mode checkpoint means full).
+    #[arg(long, value_enum, help_heading = "Parallel layout (per-rank estimate)")]
+    pub recompute: Option<RecomputeArg>,
+    /// DDP's bucket_cap_mb.
+    #[arg(
+        long,
+        value_name = "MB",
+        default_value_t = 25.0,
+        help_heading = "Parallel layout (per-rank estimate)"
+    )]
+    pub bucket_cap_mb: f64,
+    /// DDP's gradient_as_bucket_view=True: gradients are views into the
+    /// buckets, not a second copy.
+    #[arg(long, help_heading = "Parallel layout (per-rank estimate)")]
+    pub bucket_view: bool,
+    /// DDP's find_unused_parameters=True.
+    #[arg(long, help_heading = "Parallel layout (per-rank estimate)")]
+    pub find_unused: bool,
+    /// Count DeepSpeed's fp32 gradient partition (4 bytes a parameter over
+    /// the ranks), as its estimators do; the ZeRO paper does not.
+    #[arg(long, help_heading = "Parallel layout (per-rank estimate)")]
+    pub fp32_grad_partition: bool,
+}
+
+impl LayoutArgs {
+    /// Whether any flag asks for a parallel layout.
+    pub fn given(&self) -> bool {
+        self.dp.is_some()
+            || self.zero.is_some()
+            || self.fsdp
+            || self.tp.is_some()
+            || self.sp
+            || self.pp.is_some()
+            || self.microbatches != 1
+            || self.recompute.is_some()
+            || self.bucket_view
+            || self.find_unused
+            || self.fp32_grad_partition
+    }
+
+    /// The layout, for micro-batches of `micro_batch` sequences of `seq`
+    /// tokens; `checkpoint` is `--mode checkpoint`.
+    pub fn layout(
+        &self,
+        micro_batch: u64,
+        seq: u64,
+        precision: Precision,
+        checkpoint: bool,
+    ) -> anyhow::Result<Layout> {
+        let dp = self.dp.unwrap_or(1);
+        let sharding = match (self.zero, self.fsdp) {
+            (Some(0), _) | (None, false) => Sharding::Ddp,
+            (Some(s), _) => Sharding::Zero(s),
+            (None, true) => Sharding::Fsdp,
+        };
+        if sharding != Sharding::Ddp && dp == 1 {
+            anyhow::bail!(
+                "{} shards over the data-parallel ranks: give --dp of 2 or more",
+                sharding.name()
+            );
+        }
+        let recompute = match (self.recompute, checkpoint) {
+            (Some(r), _) => r.into(),
+            (None, true) => Recompute::Full,
+            (None, false) => Recompute::None,
+        };
+        Ok(Layout {
+            dp,
+            tp: self.tp.unwrap_or(1),
+            sp: self.sp,
+            pp: self.pp.unwrap_or(1),
+            sharding,
+            ddp: Ddp {
+                bucket_cap_mb: self.bucket_cap_mb,
+                bucket_view: self.bucket_view,
+                find_unused: self.find_unused,
+            },
+            micro_batch,
+            microbatches: self.microbatches,
+            seq,
+            schedule: match self.schedule {
+                ScheduleArg::OneFOneB => Schedule::OneFOneB,
+                ScheduleArg::Gpipe => Schedule::Gpipe,
+            },
+            recompute,
+            precision,
+            fp32_grad_partition: self.fp32_grad_partition,
+        })
+    }
+}
+
+/// The transformer a gpt spec describes, and the sequence length it runs.
+pub fn transformer(spec: &ModelSpec) -> anyhow::Result<(Transformer, u64)> {
+    let Some(g) = spec.get::<GptSpec>() else {
+        anyhow::bail!(
+            "parallel layouts are modelled for --model gpt (its presets gpt2 … 7b, 70b, 175b); {} is not a transformer",
+            spec.name()
+        );
+    };
+    let c = g.config;
+    Ok((
+        Transformer {
+            layers: c.layers as u64,
+            heads: c.heads as u64,
+            hidden: c.dim as u64,
+            positions: c.seq_len as u64,
+            vocab: c.vocab as u64,
+        },
+        g.seq as u64,
+    ))
+}

@@ -1,0 +1,220 @@
+//! `vramlab plan`: the layouts of a GPU count (data × tensor × pipeline
+//! parallel, DDP or ZeRO 1–3 or FSDP, recomputation, micro-batch) whose
+//! every rank fits a GPU's memory with the headroom asked, each rank's two
+//! steps replayed through the caching allocator, ranked by a stated cost.
+
+use super::args::{parse_capacity, AllocArgs, ModelArgs};
+use super::layout_args::{transformer, RecomputeArg};
+use crate::parallel::plan::{search, Candidate, Costs, Request};
+use crate::parallel::{Precision, Recompute, Sharding};
+use clap::Args;
+
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// GPUs in all.
+    #[arg(long)]
+    pub gpus: u64,
+    /// Memory a GPU gives the process (e.g. 80GiB).
+    #[arg(long, value_name = "SIZE")]
+    pub memory: String,
+    /// Fraction of --memory to leave free (for the CUDA context, NCCL,
+    /// cuBLAS workspaces and fragmentation the replay does not see).
+    #[arg(long, default_value_t = 0.1)]
+    pub headroom: f64,
+    /// Sequences a step over all data-parallel ranks.
+    #[arg(long, default_value_t = 1024)]
+    pub global_batch: u64,
+    /// 16-bit mixed precision (fp32 master weights and Adam), the default;
+    /// --fp32 for fp32 everything.
+    #[arg(long)]
+    pub fp32: bool,
+    /// Only this recomputation (default: none, selective and full).
+    #[arg(long, value_enum)]
+    pub recompute: Option<RecomputeArg>,
+    /// Largest tensor-parallel size (GPUs joined by NVLink in a node).
+    #[arg(long, default_value_t = 8)]
+    pub max_tp: u64,
+    /// Achieved 16-bit TFLOP/s a GPU, for the step-time cost.
+    #[arg(long, default_value_t = 400.0)]
+    pub tflops: f64,
+    /// GB/s a GPU inside a node (tensor parallelism).
+    #[arg(long, default_value_t = 450.0)]
+    pub nvlink_gbs: f64,
+    /// GB/s a GPU between nodes (data and pipeline parallelism).
+    #[arg(long, default_value_t = 50.0)]
+    pub network_gbs: f64,
+    /// Layouts to list.
+    #[arg(long, default_value_t = 10)]
+    pub top: usize,
+    #[command(flatten)]
+    pub alloc: AllocArgs,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn gib(b: f64) -> String {
+    format!("{:.1}", b / (1u64 << 30) as f64)
+}
+
+fn row(c: &Candidate) -> String {
+    let l = &c.layout;
+    let rec = match l.recompute {
+        Recompute::None => "none",
+        Recompute::Selective => "selective",
+        Recompute::Full => "full",
+    };
+    let stage = if l.pp > 1 {
+        format!(" (stage {})", c.worst.stage)
+    } else {
+        String::new()
+    };
+    format!(
+        "{:>4} {:>3}{:<3} {:>3} {:<7} {:>9} {:>3}×{:<4} {:>10}{:<11} {:>9} {:>7.1}% {:>9.1} {:>8.2}",
+        l.dp,
+        l.tp,
+        if l.sp { "+sp" } else { "" },
+        l.pp,
+        l.sharding.name(),
+        rec,
+        l.micro_batch,
+        l.microbatches,
+        gib(c.worst.peak_reserved as f64),
+        stage,
+        gib(c.memory_left as f64),
+        c.bubble * 100.0,
+        c.comm_bytes.iter().sum::<f64>() / 1e9,
+        c.step_seconds,
+    )
+}
+
+pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
+    let spec = args.model.spec()?;
+    let (model, seq) = transformer(&spec)?;
+    let memory = parse_capacity(&Some(args.memory.clone()))?
+        .ok_or_else(|| anyhow::anyhow!("--memory needs a size, e.g. 80GiB"))?;
+    if args.gpus == 0 || args.global_batch == 0 {
+        anyhow::bail!("--gpus and --global-batch must be at least 1");
+    }
+    if !(0.0..1.0).contains(&args.headroom) {
+        anyhow::bail!("--headroom is a fraction of --memory, from 0 up to (not including) 1");
+    }
+    let recompute = match args.recompute {
+        Some(r) => vec![r.into()],
+        None => vec![Recompute::None, Recompute::Selective, Recompute::Full],
+    };
+    let req = Request {
+        model,
+        gpus: args.gpus,
+        memory,
+        headroom: args.headroom,
+        seq,
+        global_batch: args.global_batch,
+        precision: if args.fp32 {
+            Precision::Fp32
+        } else {
+            Precision::Mixed
+        },
+        recompute,
+        max_tp: args.max_tp,
+        costs: Costs {
+            flops: args.tflops * 1e12,
+            intra_bw: args.nvlink_gbs * 1e9,
+            inter_bw: args.network_gbs * 1e9,
+        },
+        config: args.alloc.config(None)?,
+    };
+    let t0 = std::time::Instant::now();
+    let found = search(&req);
+    let seconds = t0.elapsed().as_secs_f64();
+    let fitting = found.iter().filter(|c| c.fits).count();
+    if args.json {
+        let out = serde_json::json!({
+            "model": model,
+            "parameters": model.params(),
+            "gpus": args.gpus,
+            "memory": memory,
+            "headroom": args.headroom,
+            "sequence": seq,
+            "global_batch": args.global_batch,
+            "costs": req.costs,
+            "layouts_evaluated": found.len(),
+            "layouts_fitting": fitting,
+            "seconds": seconds,
+            "layouts": found.iter().take(args.top).collect::<Vec<_>>(),
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    println!(
+        "{:.2}B parameters ({} layers, hidden {}, {} heads), {} tokens a sequence, global batch {}, {} GPUs of {} GiB ({:.0}% headroom), {}",
+        model.params() as f64 / 1e9,
+        model.layers,
+        model.hidden,
+        model.heads,
+        seq,
+        args.global_batch,
+        args.gpus,
+        gib(memory as f64),
+        args.headroom * 100.0,
+        if args.fp32 { "fp32" } else { "mixed precision" },
+    );
+    println!(
+        "{} layouts evaluated in {seconds:.1} s (each rank's two steps through the caching allocator; the fullest pipeline stage shown); {fitting} fit.\n",
+        found.len()
+    );
+    println!(
+        "{:>4} {:>6} {:>3} {:<7} {:>9} {:>8} {:>21} {:>9} {:>8} {:>9} {:>8}",
+        "dp",
+        "tp",
+        "pp",
+        "states",
+        "recompute",
+        "mb×m",
+        "peak reserved GiB",
+        "left GiB",
+        "bubble",
+        "comm GB",
+        "step s"
+    );
+    let shown: Vec<&Candidate> = found.iter().take(args.top).collect();
+    if fitting == 0 {
+        println!("(none fits; the closest:)");
+    }
+    for c in &shown {
+        println!("{}", row(c));
+    }
+    println!(
+        "\nstep s: 6·params·tokens/GPUs at {} TFLOP/s a GPU (×4/3 with full recomputation), over 1 − bubble, plus\n\
+         data- and pipeline-parallel bytes at {} GB/s and tensor-parallel bytes at {} GB/s, none overlapped.\n\
+         comm GB: bytes a GPU sends a step. Layouts with tensor parallelism use sequence parallelism; pipelines run 1F1B.",
+        args.tflops, args.network_gbs, args.nvlink_gbs
+    );
+    if let Some(best) = shown.first().filter(|c| c.fits) {
+        let l = &best.layout;
+        let zero = match l.sharding {
+            Sharding::Ddp => String::new(),
+            Sharding::Zero(s) => format!(" --zero {s}"),
+            Sharding::Fsdp => " --fsdp".into(),
+        };
+        println!(
+            "\nThe first, rank by rank: vramlab estimate --model gpt{} --batch {} --dp {}{zero} --tp {}{} --pp {} --microbatches {}{}{}",
+            args.model.preset.as_ref().map_or(String::new(), |p| format!(" --preset {p}")),
+            l.micro_batch,
+            l.dp,
+            l.tp,
+            if l.sp { " --sp" } else { "" },
+            l.pp,
+            l.microbatches,
+            match l.recompute {
+                Recompute::None => "",
+                Recompute::Selective => " --recompute selective",
+                Recompute::Full => " --recompute full",
+            },
+            if args.fp32 { "" } else { " --amp bf16" },
+        );
+    }
+    Ok(())
+}

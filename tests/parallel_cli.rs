@@ -1,0 +1,161 @@
+//! `estimate --dp/--zero/--tp/--pp` and `plan` from the command line: the
+//! transformer they shard is the one the engine builds, the per-rank
+//! figures equal the closed forms they print beside them, `plan`'s
+//! shortened replays equal `estimate`'s whole ones, and impossible layouts
+//! are errors that say what to change.
+
+use crate::common::vramlab_json;
+use std::process::Command;
+
+/// The parameters the layouts shard are the engine's GPT's, preset by
+/// preset (vramlab's GPT splits q, k and v: 16 tensors a block).
+#[test]
+fn the_sharded_transformer_is_the_engines_gpt() {
+    for name in ["tiny", "gpt2", "gpt2-medium", "7b", "70b", "175b"] {
+        let spec = vramlab::nn::ModelSpec::from(vramlab::nn::GptSpec::preset(name).unwrap());
+        let shapes = spec.parameter_shapes();
+        let built: usize = shapes
+            .iter()
+            .map(|(_, s)| s.iter().product::<usize>())
+            .sum();
+        let (model, _) = vramlab::cli::layout_args::transformer(&spec).unwrap();
+        assert_eq!(model.params(), built as u64, "{name}");
+        assert_eq!(shapes.len() as u64, 16 * model.layers + 4, "{name}");
+    }
+}
+
+fn stderr_of(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "{args:?} should fail");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn a_rank_of_each_zero_stage_equals_the_papers_model_states() {
+    for (flags, stage) in [
+        (vec!["--dp", "8"], 0),
+        (vec!["--dp", "8", "--zero", "1"], 1),
+        (vec!["--dp", "8", "--zero", "2"], 2),
+        (vec!["--dp", "8", "--zero", "3"], 3),
+        (vec!["--dp", "8", "--fsdp"], 3),
+    ] {
+        let mut args = vec![
+            "estimate", "--model", "gpt", "--preset", "gpt2", "--batch", "1", "--amp", "bf16",
+            "--json",
+        ];
+        args.extend(flags);
+        let v = vramlab_json(&args);
+        let s = &v["stages"][0];
+        assert_eq!(
+            s["model_states"].as_f64().unwrap(),
+            s["zero_paper_model_states"].as_f64().unwrap(),
+            "stage {stage}: {s}"
+        );
+        assert_eq!(v["layout"]["precision"], "Mixed");
+    }
+}
+
+#[test]
+fn plans_fit_and_their_figures_are_estimates_per_rank() {
+    let v = vramlab_json([
+        "plan",
+        "--model",
+        "gpt",
+        "--preset",
+        "gpt2-xl",
+        "--gpus",
+        "16",
+        "--memory",
+        "24GiB",
+        "--global-batch",
+        "64",
+        "--top",
+        "3",
+        "--json",
+    ]);
+    assert!(v["layouts_fitting"].as_u64().unwrap() > 0, "{v}");
+    let limit = 24.0 * (1u64 << 30) as f64 * 0.9;
+    for c in v["layouts"].as_array().unwrap() {
+        let l = &c["layout"];
+        let dims = ["dp", "tp", "pp"].map(|k| l[k].as_u64().unwrap());
+        assert_eq!(dims.iter().product::<u64>(), 16);
+        assert!(c["fits"].as_bool().unwrap());
+        let worst = c["worst"]["peak_reserved"].as_f64().unwrap();
+        assert!(worst <= limit);
+        // The same layout through `estimate`: every stage's whole program.
+        let sharding = match &l["sharding"] {
+            serde_json::Value::String(s) if s == "Ddp" => vec![],
+            serde_json::Value::String(s) if s == "Fsdp" => vec!["--fsdp".to_string()],
+            other => vec!["--zero".to_string(), other["Zero"].to_string()],
+        };
+        let recompute = l["recompute"].as_str().unwrap().to_lowercase();
+        let mut args: Vec<String> = [
+            "estimate",
+            "--model",
+            "gpt",
+            "--preset",
+            "gpt2-xl",
+            "--amp",
+            "bf16",
+            "--json",
+            "--recompute",
+            &recompute,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        for (flag, key) in [
+            ("--batch", "micro_batch"),
+            ("--dp", "dp"),
+            ("--tp", "tp"),
+            ("--pp", "pp"),
+            ("--microbatches", "microbatches"),
+        ] {
+            args.push(flag.into());
+            args.push(l[key].to_string());
+        }
+        if l["sp"].as_bool().unwrap() {
+            args.push("--sp".into());
+        }
+        args.extend(sharding);
+        let e = vramlab_json(&args);
+        let most = e["stages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["peak_reserved"].as_f64().unwrap())
+            .fold(0.0, f64::max);
+        assert_eq!(most, worst, "{args:?}");
+    }
+}
+
+#[test]
+fn impossible_layouts_say_what_to_change() {
+    let e = stderr_of(&["estimate", "--model", "simple-cnn", "--dp", "2"]);
+    assert!(e.contains("--model gpt"), "{e}");
+    let e = stderr_of(&[
+        "estimate", "--model", "gpt", "--preset", "gpt2", "--zero", "2",
+    ]);
+    assert!(e.contains("--dp of 2 or more"), "{e}");
+    let e = stderr_of(&[
+        "estimate", "--model", "gpt", "--preset", "gpt2", "--tp", "5",
+    ]);
+    assert!(e.contains("divisor"), "{e}");
+    let e = stderr_of(&[
+        "estimate",
+        "--model",
+        "gpt",
+        "--preset",
+        "gpt2",
+        "--dp",
+        "2",
+        "--optimizer",
+        "sgd",
+    ]);
+    assert!(e.contains("adam"), "{e}");
+    let e = stderr_of(&["plan", "--model", "gpt", "--gpus", "8", "--memory", "lots"]);
+    assert!(e.contains("lots"), "{e}");
+}
