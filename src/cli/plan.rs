@@ -129,6 +129,15 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
     let t0 = std::time::Instant::now();
     let found = search(&req);
     let seconds = t0.elapsed().as_secs_f64();
+    if found.is_empty() {
+        anyhow::bail!(
+            "no layout of {} GPUs runs this model with global batch {}: the data-parallel ranks times the micro-batch must divide it, the tensor-parallel size the {} heads and the sequence, the pipeline stages the {} layers; try a --global-batch that is a multiple of --gpus",
+            args.gpus,
+            args.global_batch,
+            model.heads,
+            model.layers
+        );
+    }
     let fitting = found.iter().filter(|c| c.fits).count();
     if args.json {
         let out = serde_json::json!({
