@@ -4,7 +4,7 @@
 //! et al.'s activations.
 
 use crate::memory::AllocatorConfig;
-use crate::parallel::formulas::{korthikanti_layer, zero_model_states};
+use crate::parallel::formulas::{flash_layer, korthikanti_layer, zero_model_states};
 use crate::parallel::rank::{program, Kind};
 use crate::parallel::replay::{run, RankReport};
 use crate::parallel::{Layout, Precision, Recompute, Schedule, Transformer};
@@ -39,7 +39,12 @@ pub fn stages(
         .into_iter()
         .map(|s| {
             let report = run(&program(model, l, s), capacity, config);
-            let per_layer = korthikanti_layer(
+            let form = if l.flash_attention {
+                flash_layer
+            } else {
+                korthikanti_layer
+            };
+            let per_layer = form(
                 l.seq,
                 l.micro_batch,
                 model.hidden,
@@ -72,6 +77,11 @@ pub fn describe(model: &Transformer, l: &Layout) -> String {
         Recompute::None => "no recomputation",
         Recompute::Selective => "selective recomputation",
         Recompute::Full => "full recomputation",
+    };
+    let rec = if l.flash_attention {
+        format!("{rec}, fused attention (no scores stored)")
+    } else {
+        rec.to_string()
     };
     let sched = match l.schedule {
         Schedule::OneFOneB => "1F1B",

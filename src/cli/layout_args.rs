@@ -117,6 +117,10 @@ pub struct LayoutArgs {
     /// the ranks), as its estimators do; the ZeRO paper does not.
     #[arg(long, help_heading = "Parallel layout (per-rank estimate)")]
     pub fp32_grad_partition: bool,
+    /// Fused attention (FlashAttention; PyTorch's SDPA on a GPU): the
+    /// attention scores are never stored; a log-sum-exp per row is.
+    #[arg(long, help_heading = "Parallel layout (per-rank estimate)")]
+    pub flash_attention: bool,
 }
 
 impl LayoutArgs {
@@ -133,6 +137,7 @@ impl LayoutArgs {
             || self.bucket_view
             || self.find_unused
             || self.fp32_grad_partition
+            || self.flash_attention
     }
 
     /// The layout, for micro-batches of `micro_batch` sequences of `seq`
@@ -182,6 +187,7 @@ impl LayoutArgs {
             recompute,
             precision,
             fp32_grad_partition: self.fp32_grad_partition,
+            flash_attention: self.flash_attention,
         })
     }
 }

@@ -33,6 +33,10 @@ pub struct PlanArgs {
     /// Only this recomputation (default: none, selective and full).
     #[arg(long, value_enum)]
     pub recompute: Option<RecomputeArg>,
+    /// Fused attention (FlashAttention) in every layout: no attention
+    /// scores stored.
+    #[arg(long)]
+    pub flash_attention: bool,
     /// Largest tensor-parallel size (GPUs joined by NVLink in a node).
     #[arg(long, default_value_t = 8)]
     pub max_tp: u64,
@@ -119,6 +123,7 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
         },
         recompute,
         max_tp: args.max_tp,
+        flash_attention: args.flash_attention,
         costs: Costs {
             flops: args.tflops * 1e12,
             intra_bw: args.nvlink_gbs * 1e9,

@@ -46,6 +46,24 @@ pub fn korthikanti_layer(s: u64, b: u64, h: u64, a: u64, t: u64, sp: bool, r: Re
     }
 }
 
+/// As [`korthikanti_layer`] with fused attention (FlashAttention): no
+/// 5as/(ht) term whatever the recomputation, and 4·a·s·b/t bytes of fp32
+/// log-sum-exp where the layer's tensors are saved (not under full
+/// recomputation).
+pub fn flash_layer(s: u64, b: u64, h: u64, a: u64, t: u64, sp: bool, r: Recompute) -> f64 {
+    let kept = if r == Recompute::Full {
+        r
+    } else {
+        Recompute::Selective
+    };
+    let lse = if r == Recompute::Full {
+        0.0
+    } else {
+        4.0 * (a * s * b) as f64 / t as f64
+    };
+    korthikanti_layer(s, b, h, a, t, sp, kept) + lse
+}
+
 /// Micro-batches whose activations pipeline stage `stage` of `p` holds at
 /// once with `m` micro-batches: all of them under GPipe, at most p − stage
 /// under 1F1B (Narayanan et al. 2021).

@@ -140,6 +140,10 @@ pub struct Layout {
     /// optimizer (4 bytes a parameter over the data-parallel ranks), which
     /// its estimators count and the ZeRO paper's formula does not.
     pub fp32_grad_partition: bool,
+    /// Fused attention (FlashAttention, PyTorch's SDPA kernels): the
+    /// a·s² scores are never stored, in forward or backward; the kernel
+    /// saves its output and a log-sum-exp per row (fp32).
+    pub flash_attention: bool,
 }
 
 impl Layout {
@@ -159,6 +163,7 @@ impl Layout {
             recompute: Recompute::None,
             precision: Precision::Mixed,
             fp32_grad_partition: false,
+            flash_attention: false,
         }
     }
 

@@ -24,6 +24,8 @@ pub struct Request {
     pub recompute: Vec<Recompute>,
     /// Largest tensor-parallel size (GPUs a node: NVLink).
     pub max_tp: u64,
+    /// Fused attention in every layout ([`Layout::flash_attention`]).
+    pub flash_attention: bool,
     pub costs: Costs,
     pub config: AllocatorConfig,
 }
@@ -120,6 +122,7 @@ pub fn layouts(r: &Request) -> Vec<Layout> {
                             recompute,
                             precision: r.precision,
                             fp32_grad_partition: false,
+                            flash_attention: r.flash_attention,
                         });
                     }
                 }

@@ -210,6 +210,16 @@ impl Builder<'_> {
             * self.l.precision.activation_bytes()
     }
 
+    /// One micro-batch's fp32 logits over this rank's vocabulary share.
+    fn logits_bytes(&self) -> u64 {
+        self.l.seq * self.l.micro_batch * self.model.vocab.div_ceil(self.l.tp) * 4
+    }
+
+    /// A fused attention's log-sum-exp: one fp32 a row of each head.
+    fn lse_bytes(&self) -> u64 {
+        self.l.seq * self.l.micro_batch * self.model.heads / self.l.tp * 4
+    }
+
     /// The sequence-parallel all-gather of a layer input: the whole s·b·h.
     fn gather_bytes(&self) -> u64 {
         if self.l.sp {
@@ -462,6 +472,22 @@ pub fn program_with(
                 b.alloc(shard(e) * 4, Kind::OptimizerStates, "adam exp_avg_sq");
             }
         }
+        // fp32 runs PyTorch's Adam(foreach=True), whose step holds one
+        // fp32 temporary of every parameter at once (sqrt of exp_avg_sq);
+        // mixed precision runs a fused Adam (DeepSpeed's, Megatron's).
+        if l.precision == Precision::Fp32 {
+            let mut temp: Vec<Option<u32>> = all
+                .iter()
+                .map(|&e| {
+                    b.alloc(
+                        shard(e) * 4,
+                        Kind::Temporaries,
+                        "foreach adam: sqrt(exp_avg_sq)",
+                    )
+                })
+                .collect();
+            b.free_all(&mut temp);
+        }
         if step == 1 {
             b.ops.push(Op::StatesLive);
         }
@@ -510,6 +536,10 @@ fn forward_unit(b: &mut Builder, u: &Unit, _mb: u64) -> Vec<Option<u32>> {
     }
     if u.block {
         for (i, term) in TERMS.iter().enumerate() {
+            // A fused attention never stores the scores.
+            if term.core && l.flash_attention {
+                continue;
+            }
             let keep = match l.recompute {
                 Recompute::None => true,
                 Recompute::Selective => !term.core,
@@ -529,6 +559,10 @@ fn forward_unit(b: &mut Builder, u: &Unit, _mb: u64) -> Vec<Option<u32>> {
             if keep {
                 let bytes = b.term_bytes(term);
                 kept.push(b.alloc(bytes, Kind::Activations, term.label));
+                if l.flash_attention && term.label == "v" {
+                    let lse = b.lse_bytes();
+                    kept.push(b.alloc(lse, Kind::Activations, "attention log-sum-exp (fp32)"));
+                }
             } else {
                 let bytes = b.term_bytes(term);
                 let tmp = b.alloc(bytes, Kind::Temporaries, "not saved (recomputed)");
@@ -539,8 +573,11 @@ fn forward_unit(b: &mut Builder, u: &Unit, _mb: u64) -> Vec<Option<u32>> {
     }
     if u.last {
         kept.push(b.alloc(b.stream_bytes(), Kind::OuterActivations, "ln_f input"));
-        let logits = l.seq * l.micro_batch * b.model.vocab.div_ceil(l.tp) * 4;
+        // PyTorch's F.cross_entropy saves the fp32 logits and their
+        // log-probabilities (lesson X01).
+        let logits = b.logits_bytes();
         kept.push(b.alloc(logits, Kind::OuterActivations, "logits (fp32 for the loss)"));
+        kept.push(b.alloc(logits, Kind::OuterActivations, "log-probabilities"));
     }
     kept
 }
@@ -549,6 +586,16 @@ fn forward_unit(b: &mut Builder, u: &Unit, _mb: u64) -> Vec<Option<u32>> {
 /// attention scores' gradient inside it; then its saved tensors go.
 fn backward_unit(b: &mut Builder, u: &Unit, saved: &mut Vec<Option<u32>>) {
     let l = b.l;
+    if u.last {
+        // The loss's backward: the gradients of the log-probabilities and
+        // of the logits, live together with what forward saved.
+        let bytes = b.logits_bytes();
+        let mut g = vec![
+            b.alloc(bytes, Kind::Temporaries, "log-probabilities' gradient"),
+            b.alloc(bytes, Kind::Temporaries, "logits' gradient"),
+        ];
+        b.free_all(&mut g);
+    }
     if u.block {
         let mut again = vec![];
         for (i, term) in TERMS.iter().enumerate() {
@@ -556,7 +603,7 @@ fn backward_unit(b: &mut Builder, u: &Unit, saved: &mut Vec<Option<u32>>) {
                 Recompute::None => false,
                 Recompute::Selective => term.core,
                 Recompute::Full => i > 0,
-            };
+            } && !(term.core && l.flash_attention);
             if redo {
                 let bytes = b.term_bytes(term);
                 again.push(b.alloc(bytes, Kind::Temporaries, "recomputed activation"));
@@ -567,13 +614,15 @@ fn backward_unit(b: &mut Builder, u: &Unit, saved: &mut Vec<Option<u32>>) {
             Kind::CommBuffers,
             "sequence-parallel all-gather",
         );
-        let scores = TERMS[3];
-        let g = b.alloc(
-            b.term_bytes(&scores),
-            Kind::Temporaries,
-            "attention scores' gradient",
-        );
-        b.free(g);
+        if !l.flash_attention {
+            let scores = TERMS[3];
+            let g = b.alloc(
+                b.term_bytes(&scores),
+                Kind::Temporaries,
+                "attention scores' gradient",
+            );
+            b.free(g);
+        }
         b.free(gathered);
         b.free_all(&mut again);
     }

@@ -5,7 +5,7 @@
 
 use proptest::prelude::*;
 use vramlab_alloc::AllocatorConfig;
-use vramlab_parallel::formulas::{in_flight, korthikanti_layer, zero_model_states};
+use vramlab_parallel::formulas::{flash_layer, in_flight, korthikanti_layer, zero_model_states};
 use vramlab_parallel::rank::{program, program_with, steady_microbatches, Kind};
 use vramlab_parallel::replay::{run, RankReport};
 use vramlab_parallel::{Ddp, Layout, Precision, Recompute, Schedule, Sharding, Transformer};
@@ -83,6 +83,12 @@ proptest! {
         let rep = replay(&m, &l, 0);
         let per_layer = korthikanti_layer(l.seq, b, m.hidden, m.heads, tp, sp, r);
         prop_assert_eq!(kind(&rep, Kind::Activations) as f64, layers as f64 * per_layer, "{:?}", l);
+        // Fused attention: the scores' terms gone, a log-sum-exp per row.
+        let fused = Layout { flash_attention: true, ..l };
+        let rep = replay(&m, &fused, 0);
+        let per_layer = flash_layer(l.seq, b, m.hidden, m.heads, tp, sp, r);
+        prop_assert_eq!(kind(&rep, Kind::Activations) as f64, layers as f64 * per_layer, "{:?}", fused);
+        prop_assert!(kind(&rep, Kind::Temporaries) <= kind(&replay(&m, &l, 0), Kind::Temporaries));
     }
 
     /// Pipeline stage i holds the activations of min(p − i, m) micro-batches
