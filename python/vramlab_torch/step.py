@@ -281,7 +281,8 @@ def _record_step(build, inputs, input_dtypes, target, optimizer, lr, impl, weigh
             r.step = s + 1
             train_step(xs)
             r.set_phase("between")
-        rec._keep = (model, opt, xs, y, runner)  # alive after the block, as the user's are
+        rec._keep = (model, opt, xs, y)  # alive after the block, as the user's are
+        rec._runner = runner  # the DDP wrapper with --dist ddp (else the model)
     # state['step']: on the CPU unless fused (then a 4-byte device allocation).
     for p in params:
         st = opt.state.get(p, {}).get("step")
