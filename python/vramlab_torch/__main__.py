@@ -15,7 +15,7 @@ What a recording on meta tensors cannot see (not in the file):
   * scratch a kernel allocates and frees inside itself: flash /
     memory-efficient / cuDNN attention backward's accumulators,
     embedding backward's sort buffers, LayerNorm backward's partial sums,
-    NCCL and other communication buffers (nothing distributed is recorded);
+    NCCL's own buffers (with --dist, FSDP2's and DDP's buffers are recorded);
   * cudnn_batch_norm's reserve space (CUDA runs BatchNorm through cuDNN;
     meta runs native_batch_norm);
   * ops whose memory depends on values (nonzero, masked_select, unique:

@@ -51,8 +51,8 @@ DDP (torch.nn.parallel.DistributedDataParallel)
     gives rank 0).
   The buckets (alive after the constructor, and the rebuilt ones) carry the
   role "ddp bucket", category "workspace"; what the constructor allocates
-  and frees (the broadcast of the parameters from rank 0, flattened in
-  250 MiB pieces) "ddp construction", category "temporary".
+  and frees (the broadcast of the parameters from rank 0, flattened) "ddp
+  construction", category "temporary".
 """
 
 import contextlib
