@@ -15,7 +15,7 @@ What a recording on meta tensors cannot see (not in the file):
   * scratch a kernel allocates and frees inside itself: flash /
     memory-efficient / cuDNN attention backward's accumulators,
     embedding backward's sort buffers, LayerNorm backward's partial sums,
-    NCCL and other communication buffers (nothing distributed is recorded);
+    NCCL's own buffers (with --dist, FSDP2's and DDP's buffers are recorded);
   * cudnn_batch_norm's reserve space (CUDA runs BatchNorm through cuDNN;
     meta runs native_batch_norm);
   * ops whose memory depends on values (nonzero, masked_select, unique:
@@ -78,6 +78,19 @@ def parse_args(argv):
                    help="activation checkpointing (torch.utils.checkpoint, non-reentrant) on the model's "
                         "repeated blocks (the largest nn.ModuleList / nn.Sequential of one class)")
     r.add_argument("--checkpoint-class", metavar="NAME", help="checkpoint every module of this class instead")
+    r.add_argument("--dist", choices=["fsdp", "ddp"],
+                   help="record rank 0 of a data-parallel run on a fake process group (no GPU, no "
+                        "communication): fsdp = FSDP2's fully_shard on each repeated block (the largest "
+                        "nn.ModuleList / nn.Sequential of one class, or --fsdp-blocks) and the root; ddp = "
+                        "DistributedDataParallel. The inputs are one rank's (its batch)")
+    r.add_argument("--world-size", type=int, default=8, help="--dist: the number of ranks (default 8)")
+    r.add_argument("--fsdp-blocks", default="auto", metavar="CLASS",
+                   help="--dist fsdp: fully_shard every module of this class (default: the repeated blocks)")
+    r.add_argument("--bucket-cap-mb", type=float, help="--dist ddp: DDP's bucket_cap_mb (default 25)")
+    r.add_argument("--bucket-view", action="store_true",
+                   help="--dist ddp: gradient_as_bucket_view=True")
+    r.add_argument("--find-unused", action="store_true",
+                   help="--dist ddp: find_unused_parameters=True")
     r.add_argument("--zero-grad", choices=["set-to-none", "zero", "keep"], default="set-to-none")
     r.add_argument("--sdpa", choices=["auto", "cudnn", "flash", "efficient", "math"], default="auto",
                    help="F.scaled_dot_product_attention's backend: auto = what CUDA picks on --capability "
@@ -147,6 +160,15 @@ def main(argv=None):
                 raise SystemExit(f"--input-dtype {x!r}: one of {', '.join(step_mod.DTYPES)}")
             dts.append(step_mod.DTYPES[x])
     cap = tuple(int(x) for x in a.capability.split("."))
+    ddp_kwargs = {}
+    if a.bucket_cap_mb is not None:
+        ddp_kwargs["bucket_cap_mb"] = a.bucket_cap_mb
+    if a.bucket_view:
+        ddp_kwargs["gradient_as_bucket_view"] = True
+    if a.find_unused:
+        ddp_kwargs["find_unused_parameters"] = True
+    if ddp_kwargs and a.dist != "ddp":
+        raise SystemExit("--bucket-cap-mb, --bucket-view, --find-unused: with --dist ddp")
     t0 = time.perf_counter()
     rec = step_mod.record_step(
         build, inputs=inputs, input_dtypes=dts, target=a.target, optimizer=a.optimizer, lr=a.lr,
@@ -154,7 +176,8 @@ def main(argv=None):
         checkpoint=(a.checkpoint_class or ("auto" if a.checkpoint else None)), zero_grad=a.zero_grad,
         build_kwargs=kwargs, frames=False if a.no_frames else ("short" if a.short_paths else True), cublas_workspace=a.cublas_workspace,
         capability=cap, sdpa=a.sdpa, inplace_accumulation=not a.no_inplace_accumulation,
-        segments=a.segments, cudnn_workspace=a.cudnn_workspace)
+        segments=a.segments, cudnn_workspace=a.cudnn_workspace, dist=a.dist, world_size=a.world_size,
+        ddp_kwargs=ddp_kwargs, fsdp_blocks=a.fsdp_blocks)
     if a.vocab:
         rec.meta["vocab"] = a.vocab
     recorded = time.perf_counter() - t0

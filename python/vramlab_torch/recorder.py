@@ -37,7 +37,7 @@ import torch
 import torch.optim.optimizer as optim_module
 import torch.utils._foreach_utils as foreach_utils
 from torch._prims_common import is_non_overlapping_and_dense_or_false
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 
 # By this name, so that tests can pretend to be another PyTorch.
@@ -89,6 +89,24 @@ def allow_fused_on_meta():
             return orig() + ["meta"]
         foreach_utils._get_fused_kernels_supported_devices = devices
         optim_module._get_fused_kernels_supported_devices = devices
+
+
+def plain_tensors(t):
+    """The tensors holding a tensor's memory: itself, or for a wrapper
+    subclass (DTensor: FSDP2's sharded parameters and gradients) its inner
+    tensors. A wrapper's own storage holds nothing on CUDA (on meta it
+    reports the whole logical size), and the ops the subclass runs on its
+    inner tensors happen inside the mode's call, where the mode does not see
+    them: their storages are taken from the subclass's outputs."""
+    if not is_traceable_wrapper_subclass(t):
+        return [t]
+    attrs, _ = t.__tensor_flatten__()
+    out = []
+    for a in attrs:
+        inner = getattr(t, a)
+        if isinstance(inner, torch.Tensor):
+            out.extend(plain_tensors(inner))
+    return out
 
 
 def storage_uses(t):
@@ -274,6 +292,13 @@ class Recorder(TorchDispatchMode):
         self.in_optimizer = 0
         self.thread = threading.get_ident()
         self.paused_depth = 0
+        # Set around a library's own allocations (distributed.py): a role
+        # for user_metadata and, if given, the category.
+        self.role = None
+        self.role_category = None
+        # distributed.py, around DDP's bucket rebuild: a copy from meta to
+        # the host keeps the host tensor's values (what rank 0 broadcast).
+        self.host_copies_keep = False
 
     # -- storages --------------------------------------------------------
     def known(self, st):
@@ -289,6 +314,10 @@ class Recorder(TorchDispatchMode):
         if category:
             ev["category"] = category
         ev["phase"], ev["step"] = self.phase, self.step
+        if self.role:
+            ev["role"] = self.role
+            if self.role_category and not category:
+                ev["category"] = self.role_category
         where = self.where()
         if where:
             ev["where"] = where
@@ -310,6 +339,28 @@ class Recorder(TorchDispatchMode):
         key = id(st)
         self.quiet[key] = weakref.ref(st, lambda r, k=key: self.quiet.pop(k, None))
 
+    def storage_resized(self, st, label, category=None):
+        """A storage's nbytes changed outside any op (FSDP2 frees and
+        re-allocates unsharded parameters with storage.resize_, which no
+        dispatch mode sees): a free of what it held, an allocation of what
+        it holds now."""
+        if st.device.type != "meta":
+            return
+        key = id(st)
+        nbytes = st.nbytes()
+        entry = self.live.get(key)
+        if entry is not None:
+            if entry[0]["size"] == nbytes:
+                return
+            del self.live[key]
+            if self.on:
+                self.events.append({"op": "free", "id": entry[0]["id"]})
+        if nbytes == 0:
+            self.add_quiet(st)
+            return
+        self.quiet.pop(key, None)
+        self.add(st, label, category)
+
     def synthetic_alloc(self, size, label, category):
         ev = self._event(size, label, category)
         self.synthetic[ev["id"]] = ev
@@ -320,15 +371,19 @@ class Recorder(TorchDispatchMode):
             self.events.append({"op": "free", "id": i})
 
     def event_of(self, t):
-        entry = self.live.get(id(t.untyped_storage()))
-        return entry[0] if entry else None
+        for p in plain_tensors(t):
+            entry = self.live.get(id(p.untyped_storage()))
+            if entry:
+                return entry[0]
+        return None
 
     def mark(self, category, tensors, force=True):
         for t in tensors:
             if isinstance(t, torch.Tensor):
-                ev = self.event_of(t)
-                if ev is not None and (force or "category" not in ev):
-                    ev["category"] = category
+                for p in plain_tensors(t):
+                    ev = self.event_of(p)
+                    if ev is not None and (force or "category" not in ev):
+                        ev["category"] = category
 
     def where(self):
         """The module whose forward runs the op, or in the backward the
@@ -435,6 +490,9 @@ class Recorder(TorchDispatchMode):
         kwargs = kwargs or {}
         if self.paused_depth:
             return func(*args, **kwargs)
+        if self.host_copies_keep and func is torch.ops.aten.copy_.default \
+                and args[0].device.type == "cpu" and args[1].device.type == "meta":
+            return args[0]
         if self.auto_phase:
             self._auto()
         if self.engine_accumulation(func, args, kwargs):
@@ -461,6 +519,9 @@ class Recorder(TorchDispatchMode):
         leaves = tree_leaves(out)
         if func is _CUDNN_SDPA and func is not None:
             leaves = [out[6], out[7], out[0], out[1]]
+        if any(isinstance(t, torch.Tensor) and is_traceable_wrapper_subclass(t) for t in leaves):
+            leaves = [p for t in leaves
+                      for p in (plain_tensors(t) if isinstance(t, torch.Tensor) else [t])]
         conv_ws = {}
         if self.conv_workspaces is not None and func in CONV_OPS:
             # cuDNN's workspace right after each output it makes (forward:

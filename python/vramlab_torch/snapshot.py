@@ -167,7 +167,7 @@ def metadata_of(ev):
     in ``user_metadata`` (what ``torch.cuda.memory._set_memory_metadata``
     sets and pytorch.org/memory_viz shows)."""
     m = {"category": ev.get("category", "temporary")}
-    for k in ("where", "phase", "step", "label"):
+    for k in ("where", "phase", "step", "label", "role"):
         if ev.get(k) not in (None, ""):
             m[{"where": "module", "label": "op"}.get(k, k)] = ev[k]
     return json.dumps(m, separators=(",", ":"))

@@ -155,10 +155,33 @@ def make_target(target, inputs, probe):
 
 def record_step(build, *, inputs, input_dtypes=None, target="classes", optimizer="adamw", lr=1e-3,
                 impl="foreach", weight_decay=None, momentum=0.9, steps=2, amp=None, checkpoint=None,
-                zero_grad="set-to-none", build_kwargs=None, **options):
+                zero_grad="set-to-none", build_kwargs=None, dist=None, world_size=8,
+                ddp_kwargs=None, fsdp_blocks="auto", **options):
     """Records `steps` training steps of build(**build_kwargs); returns the
     Recording (save it with .save(path)). `inputs`: shapes; input_dtypes:
-    their dtypes (default float32). Other options as Recording's."""
+    their dtypes (default float32). `dist`: "fsdp" (FSDP2's fully_shard on
+    each block of `fsdp_blocks`, then the root) or "ddp"
+    (DistributedDataParallel(model, **ddp_kwargs)), rank 0 of `world_size`
+    on a fake process group (see distributed.py); the inputs are that rank's.
+    Other options as Recording's."""
+    if dist is not None:
+        from . import distributed
+        if dist not in ("fsdp", "ddp"):
+            raise ValueError(f"dist {dist!r}: fsdp or ddp")
+        ok, why = distributed.available()
+        if not ok:
+            raise RuntimeError(f"--dist {dist}: {why}")
+        with distributed.fake_world(world_size):
+            return _record_step(build, inputs, input_dtypes, target, optimizer, lr, impl, weight_decay,
+                                momentum, steps, amp, checkpoint, zero_grad, build_kwargs, dist,
+                                world_size, ddp_kwargs, fsdp_blocks, options)
+    return _record_step(build, inputs, input_dtypes, target, optimizer, lr, impl, weight_decay, momentum,
+                        steps, amp, checkpoint, zero_grad, build_kwargs, None, 1, None, None, options)
+
+
+def _record_step(build, inputs, input_dtypes, target, optimizer, lr, impl, weight_decay, momentum, steps,
+                 amp, checkpoint, zero_grad, build_kwargs, dist, world_size, ddp_kwargs, fsdp_blocks,
+                 options):
     build_kwargs = build_kwargs or {}
     input_dtypes = list(input_dtypes or [])
     while len(input_dtypes) < len(inputs):
@@ -181,6 +204,14 @@ def record_step(build, *, inputs, input_dtypes=None, target="classes", optimizer
     if checkpoint:
         cls, n = checkpoint_blocks(model, checkpoint)
         meta["checkpoint"] = f"{n} x {cls}"
+    if dist == "fsdp":
+        from . import distributed
+        n = distributed.shard(model, fsdp_blocks)
+        meta["dist"] = {"kind": "fsdp2", "world_size": world_size, "rank": 0,
+                        "units": f"{n} blocks + root",
+                        "reshard_after_forward": "fully_shard's default (blocks True, root False)"}
+    elif dist == "ddp":
+        meta["dist"] = {"kind": "ddp", "world_size": world_size, "rank": 0, **(ddp_kwargs or {})}
     params = []
     with rec:
         # The parameters and buffers, allocated as model.to("cuda") does
@@ -188,11 +219,15 @@ def record_step(build, *, inputs, input_dtypes=None, target="classes", optimizer
         _to_empty_once(model, META)
         params = list(model.parameters())
         rec.mark("parameter", params + list(model.buffers()))
+        runner = model
+        if dist == "ddp":
+            from . import distributed
+            runner = distributed.wrap_ddp(model, rec, **(ddp_kwargs or {}))
         for n, b in model.named_buffers():
             ev = r.event_of(b)  # category parameter, op "buffer:NAME" (BatchNorm's running
             if ev is not None:  # statistics, a causal mask), as scripts/record_step.py labels them
                 ev["label"] = f"buffer:{n}"
-        meta["parameters"] = sum(p.numel() for p in params)
+        meta["parameters"] = sum(p.numel() for p in params)  # whole (DTensor: logical) sizes
         xs = [torch.empty(s, dtype=d) for s, d in zip(inputs, input_dtypes)]
         rec.mark("input", xs)
 
@@ -213,7 +248,7 @@ def record_step(build, *, inputs, input_dtypes=None, target="classes", optimizer
         def forward_and_loss(xs):
             ctx = emu.autocast(amp_dtype) if amp_dtype else contextlib.nullcontext()
             with ctx:
-                out = model(*xs)
+                out = runner(*xs)
                 r.set_phase("loss")
                 logits = first_tensor(out)
                 loss = loss_fn(logits, y)
@@ -233,6 +268,10 @@ def record_step(build, *, inputs, input_dtypes=None, target="classes", optimizer
             r.set_phase("optimizer")
             opt.step()
             r.set_phase("zero_grad")
+            if r.step == steps:
+                # What is alive right before the last zero_grad: every model
+                # state (vramlab estimate's model_states moment).
+                meta["live_before_last_zero_grad"] = live_by_category(r)
             if zero_grad != "keep":
                 opt.zero_grad(set_to_none=(zero_grad == "set-to-none"))
             r.set_phase("return")
@@ -243,12 +282,23 @@ def record_step(build, *, inputs, input_dtypes=None, target="classes", optimizer
             train_step(xs)
             r.set_phase("between")
         rec._keep = (model, opt, xs, y)  # alive after the block, as the user's are
+        rec._runner = runner  # the DDP wrapper with --dist ddp (else the model)
     # state['step']: on the CPU unless fused (then a 4-byte device allocation).
     for p in params:
         st = opt.state.get(p, {}).get("step")
         if st is not None and (st.device.type == "meta") != (impl == "fused"):
             meta["warning"] = f"state['step'] is on {st.device} with --{impl}"
     return rec
+
+
+def live_by_category(r):
+    """Live bytes by category (roles that distributed.py sets apart, as
+    "category/role")."""
+    out = {}
+    for ev in [e for e, _ in r.live.values()] + list(r.synthetic.values()):
+        k = ev.get("category", "temporary") + (f"/{ev['role']}" if ev.get("role") else "")
+        out[k] = out.get(k, 0) + ev["size"]
+    return dict(sorted(out.items()))
 
 
 def _to_empty_once(model, device):
