@@ -132,7 +132,7 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
         config: args.alloc.config(None)?,
     };
     let t0 = std::time::Instant::now();
-    let found = search(&req);
+    let found = search(&req, args.top);
     let seconds = t0.elapsed().as_secs_f64();
     if found.is_empty() {
         anyhow::bail!(
@@ -176,7 +176,9 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
         if args.fp32 { "fp32" } else { "mixed precision" },
     );
     println!(
-        "{} layouts evaluated in {seconds:.1} s (each rank's two steps through the caching allocator; the fullest pipeline stage shown); {fitting} fit.\n",
+        "{} layouts evaluated in {seconds:.1} s (each rank's two steps through the caching allocator: the first and\n\
+         last stages, 1F1B's steady state shortened); {fitting} fit. Those listed were replayed whole, every stage,\n\
+         as `estimate` does; the fullest stage is shown.\n",
         found.len()
     );
     println!(

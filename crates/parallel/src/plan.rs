@@ -57,6 +57,9 @@ pub struct Candidate {
     pub layout: Layout,
     /// The stage with the highest peak reserved.
     pub worst: RankReport,
+    /// Whether every stage's whole step was replayed (else the screening
+    /// replays of [`worst_stage`]).
+    pub whole: bool,
     pub fits: bool,
     /// `memory` minus the worst stage's peak reserved (negative: short).
     pub memory_left: i64,
@@ -132,28 +135,31 @@ pub fn layouts(r: &Request) -> Vec<Layout> {
     out
 }
 
-/// The stage that reserves most: the first (most micro-batches in
-/// flight, the embeddings) or the last (the head, the logits); 1F1B's
-/// repeating steady state is run only as far as it can change a peak
-/// ([`steady_microbatches`]).
+/// The stage that reserves most. Screening (`whole` false) replays the
+/// first stage (most micro-batches in flight, the embeddings) and the last
+/// (the head, the logits), running 1F1B's repeating steady state only for
+/// two pairs past the warm-up ([`steady_microbatches`]): allocated comes
+/// out the same and reserved never higher than the whole step's (a property
+/// test checks both). `whole` replays every stage's whole step (the first,
+/// second and last past 16 stages), as `estimate` does.
 pub fn worst_stage(
     model: &Transformer,
     l: &Layout,
     config: &AllocatorConfig,
     capacity: Option<u64>,
+    whole: bool,
 ) -> RankReport {
-    let mut stages = vec![0];
-    if l.pp > 1 {
-        stages.push(l.pp - 1);
-    }
+    let stages: Vec<u64> = match (whole, l.pp) {
+        (true, p) if p <= 16 => (0..p).collect(),
+        (_, 1) => vec![0],
+        (true, p) => vec![0, 1, p - 1],
+        (false, p) => vec![0, p - 1],
+    };
     stages
         .into_iter()
         .map(|s| {
-            run(
-                &program_with(model, l, s, Some(steady_microbatches(l, s))),
-                capacity,
-                config,
-            )
+            let most = (!whole).then(|| steady_microbatches(l, s));
+            run(&program_with(model, l, s, most), capacity, config)
         })
         .max_by_key(|r| r.peak_reserved)
         .expect("at least one stage")
@@ -183,9 +189,11 @@ pub fn comm_bytes(model: &Transformer, l: &Layout) -> [f64; 3] {
     [dp, tp, pp]
 }
 
-/// Evaluates every layout, fitting ones first by estimated step time, then
-/// the others by how far they are from fitting.
-pub fn search(r: &Request) -> Vec<Candidate> {
+/// Evaluates every layout with the screening replays, then replays whole
+/// the `confirm` best that fit, in order, until that many still fit (each
+/// one's figures are then `estimate`'s); fitting ones first by estimated
+/// step time, then the others by how far they are from fitting.
+pub fn search(r: &Request, confirm: usize) -> Vec<Candidate> {
     let all = layouts(r);
     let limit = (r.memory as f64 * (1.0 - r.headroom)) as u64;
     let threads = std::thread::available_parallelism()
@@ -198,7 +206,7 @@ pub fn search(r: &Request) -> Vec<Candidate> {
             .map(|part| {
                 s.spawn(move || {
                     part.iter()
-                        .map(|l| evaluate(r, l, limit))
+                        .map(|l| evaluate(r, l, limit, false))
                         .collect::<Vec<_>>()
                 })
             })
@@ -207,9 +215,28 @@ pub fn search(r: &Request) -> Vec<Candidate> {
             .flat_map(|j| j.join().unwrap_or_default())
             .collect()
     });
+    sort(&mut out);
+    // Whole replays never reserve less: a layout that fitted may not, one
+    // that did not still does not. The first `confirm` are replayed whole
+    // whatever they are (what is listed), then fitting ones until
+    // `confirm` of them still fit.
+    let mut confirmed = 0;
+    for (i, c) in out.iter_mut().enumerate() {
+        if confirmed == confirm || (i >= confirm && !c.fits) {
+            break;
+        }
+        *c = evaluate(r, &c.layout, limit, true);
+        confirmed += usize::from(c.fits);
+    }
+    sort(&mut out);
+    out
+}
+
+fn sort(out: &mut [Candidate]) {
     out.sort_by(|a, b| {
         b.fits
             .cmp(&a.fits)
+            .then(b.whole.cmp(&a.whole))
             .then(if a.fits {
                 a.step_seconds.total_cmp(&b.step_seconds)
             } else {
@@ -217,11 +244,10 @@ pub fn search(r: &Request) -> Vec<Candidate> {
             })
             .then(b.memory_left.cmp(&a.memory_left))
     });
-    out
 }
 
-fn evaluate(r: &Request, l: &Layout, limit: u64) -> Candidate {
-    let worst = worst_stage(&r.model, l, &r.config, None);
+fn evaluate(r: &Request, l: &Layout, limit: u64, whole: bool) -> Candidate {
+    let worst = worst_stage(&r.model, l, &r.config, None, whole);
     let fits = worst.peak_reserved <= limit;
     let comm = comm_bytes(&r.model, l);
     let (p, m) = (l.pp as f64, l.microbatches as f64);
@@ -237,6 +263,7 @@ fn evaluate(r: &Request, l: &Layout, limit: u64) -> Candidate {
         + comm[1] / r.costs.intra_bw;
     Candidate {
         layout: *l,
+        whole,
         memory_left: r.memory as i64 - worst.peak_reserved as i64,
         worst,
         fits,

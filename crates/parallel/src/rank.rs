@@ -31,7 +31,8 @@ pub enum Kind {
     /// Freed within the step: gradients flowing backward, recomputed
     /// activations, a unit's whole gradients before their reduce-scatter.
     Temporaries,
-    /// Sequence parallelism's all-gathered layer inputs.
+    /// Sequence parallelism's all-gathered layer inputs and the whole
+    /// outputs it reduce-scatters.
     CommBuffers,
 }
 
@@ -569,6 +570,19 @@ fn forward_unit(b: &mut Builder, u: &Unit, _mb: u64) -> Vec<Option<u32>> {
                 b.free(tmp);
             }
             b.free(gathered);
+            // ... and reduce-scatters the row-parallel linears' whole
+            // outputs back to sequence shards.
+            if matches!(
+                term.label,
+                "attention projection input" | "mlp projection input"
+            ) {
+                let whole = b.alloc(
+                    b.gather_bytes(),
+                    Kind::CommBuffers,
+                    "sequence-parallel reduce-scatter input",
+                );
+                b.free(whole);
+            }
         }
     }
     if u.last {
