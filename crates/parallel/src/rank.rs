@@ -151,6 +151,8 @@ struct Builder<'a> {
     l: &'a Layout,
     ops: Vec<Op>,
     next: u32,
+    /// FSDP2's last all-gather output, freed at the next all-gather.
+    gather_buffer: Option<u32>,
 }
 
 impl Builder<'_> {
@@ -338,6 +340,7 @@ pub fn program_with(
         l,
         ops: vec![],
         next: 0,
+        gather_buffer: None,
     };
     let pb = l.precision.param_bytes();
     let mixed = l.precision == Precision::Mixed;
@@ -364,22 +367,24 @@ pub fn program_with(
     }
     let ddp = l.sharding == Sharding::Ddp && n > 1;
     let all: Vec<u64> = units.iter().flat_map(|u| u.tensors()).collect();
+    // DDP's Reducer (PyTorch 2.x): with find_unused_parameters its buckets
+    // are 1 MiB then bucket_cap_mb over the parameters in registration
+    // order, for good; without it one bucket holds every gradient until
+    // the second iteration rebuilds them in the order gradients arrived
+    // (reverse registration here), 1 MiB then bucket_cap_mb.
+    let cap = (l.ddp.bucket_cap_mb * 1024.0 * 1024.0) as u64;
+    let sizes: Vec<u64> = all.iter().map(|e| e * pb).collect();
+    let mut buckets = vec![];
     if ddp {
-        // Buckets fill in reverse registration order (about the order
-        // backward produces gradients): 1 MiB for the first, then the cap.
-        let cap = (l.ddp.bucket_cap_mb * 1024.0 * 1024.0) as u64;
-        let mut limit = 1 << 20;
-        let mut fill = 0;
-        for &e in all.iter().rev() {
-            let bytes = e * pb;
-            if fill > 0 && fill + bytes > limit {
-                b.alloc(fill, Kind::Buckets, "ddp bucket");
-                fill = 0;
-                limit = cap;
-            }
-            fill += bytes;
-        }
-        b.alloc(fill, Kind::Buckets, "ddp bucket");
+        let first = if l.ddp.find_unused {
+            bucket_sizes(sizes.iter().copied(), &[1 << 20, cap])
+        } else {
+            vec![sizes.iter().sum()]
+        };
+        buckets = first
+            .into_iter()
+            .map(|s| b.alloc(s, Kind::Buckets, "ddp bucket"))
+            .collect();
         if l.ddp.find_unused {
             b.alloc(
                 4 * all.len() as u64,
@@ -390,9 +395,20 @@ pub fn program_with(
     }
     let own_grads = !(ddp && l.ddp.bucket_view);
     let gathered = zero == 3;
+    let fsdp = l.sharding == Sharding::Fsdp;
+    // FSDP's root unit (the embeddings), gathered from its forward to its
+    // backward.
+    let mut root: Option<Vec<Option<u32>>> = None;
     let in_flight = in_flight_all;
 
     for step in 0..2 {
+        if ddp && step == 1 && !l.ddp.find_unused {
+            b.free_all(&mut buckets);
+            buckets = bucket_sizes(sizes.iter().rev().copied(), &[1 << 20, cap])
+                .into_iter()
+                .map(|s| b.alloc(s, Kind::Buckets, "ddp bucket (rebuilt)"))
+                .collect();
+        }
         // Gradients live from their unit's first backward to zero_grad.
         let mut grads: Vec<Vec<Option<u32>>> = vec![vec![]; units.len()];
         // Saved activations of each micro-batch in flight, per unit.
@@ -402,20 +418,26 @@ pub fn program_with(
                 let mut per_unit = vec![];
                 let mut prefetched: Option<Vec<Option<u32>>> = None;
                 for (ui, u) in units.iter().enumerate() {
-                    let mut gath = if gathered {
+                    let mut gath = if !gathered || (ui == 0 && root.is_some()) {
+                        vec![]
+                    } else {
                         prefetched
                             .take()
                             .unwrap_or_else(|| gather(&mut b, u, l.sharding))
-                    } else {
-                        vec![]
                     };
-                    if gathered && l.sharding == Sharding::Fsdp {
+                    if fsdp {
                         if let Some(next) = units.get(ui + 1) {
                             prefetched = Some(gather(&mut b, next, l.sharding));
                         }
                     }
                     per_unit.push(forward_unit(&mut b, u, mb));
-                    b.free_all(&mut gath);
+                    if fsdp && u.first && root.is_none() {
+                        // FSDP2 leaves the root unit gathered after
+                        // forward (reshard_after_forward is off for it).
+                        root = Some(gath);
+                    } else {
+                        b.free_all(&mut gath);
+                    }
                 }
                 saved.push((mb, per_unit));
             } else {
@@ -425,13 +447,21 @@ pub fn program_with(
                 // input in turn (two live across a unit).
                 let mut stream =
                     b.alloc(b.stream_bytes(), Kind::Temporaries, "activation gradient");
+                let mut prefetched: Option<Vec<Option<u32>>> = None;
                 for ui in (0..units.len()).rev() {
                     let u = &units[ui];
-                    let mut gath = if gathered {
-                        gather(&mut b, u, l.sharding)
-                    } else {
+                    let kept_root = ui == 0 && root.is_some();
+                    let mut gath = if !gathered || kept_root {
                         vec![]
+                    } else {
+                        prefetched
+                            .take()
+                            .unwrap_or_else(|| gather(&mut b, u, l.sharding))
                     };
+                    // FSDP prefetches the unit backward reaches next.
+                    if fsdp && ui > 0 && !(ui == 1 && root.is_some()) {
+                        prefetched = Some(gather(&mut b, &units[ui - 1], l.sharding));
+                    }
                     let next = b.alloc(b.stream_bytes(), Kind::Temporaries, "activation gradient");
                     backward_unit(&mut b, u, &mut per_unit[ui]);
                     // This unit's parameter gradients.
@@ -463,8 +493,15 @@ pub fn program_with(
                     stream = next;
                 }
                 b.free(stream);
+                // The root unit is resharded when the micro-batch's
+                // backward is done with it.
+                if let Some(mut r) = root.take() {
+                    b.free_all(&mut r);
+                }
             }
         }
+        let last = b.gather_buffer.take();
+        b.free(last);
         // The optimizer step: Adam's moments on the first (fp32; shards
         // from stage 1).
         if step == 0 {
@@ -505,16 +542,39 @@ pub fn program_with(
     }
 }
 
+/// DDP's bucket assignment (`compute_bucket_assignment_by_size`): each
+/// gradient joins the open bucket, which closes once it reaches its limit;
+/// the limits run through `limits`, the last repeating.
+fn bucket_sizes(sizes: impl Iterator<Item = u64>, limits: &[u64]) -> Vec<u64> {
+    let mut out = vec![];
+    let mut fill = 0;
+    for s in sizes {
+        fill += s;
+        if fill >= limits[out.len().min(limits.len() - 1)] {
+            out.push(fill);
+            fill = 0;
+        }
+    }
+    if fill > 0 {
+        out.push(fill);
+    }
+    out
+}
+
 /// ZeRO-3 gathers a unit's modules one at a time (only the largest's size
 /// is modelled: one module live), FSDP the whole unit at once.
 fn gather(b: &mut Builder, u: &Unit, sharding: Sharding) -> Vec<Option<u32>> {
     let pb = b.l.precision.param_bytes();
     match sharding {
-        Sharding::Fsdp => vec![b.alloc(
-            u.tensors().sum::<u64>() * pb,
-            Kind::Gathered,
-            "all-gathered block",
-        )],
+        Sharding::Fsdp => {
+            // FSDP2 all-gathers into one flat buffer, copies it out into
+            // the parameters, and frees the buffer at the next all-gather.
+            let bytes = u.tensors().sum::<u64>() * pb;
+            let buffer = b.alloc(bytes, Kind::CommBuffers, "fsdp all-gather output");
+            let last = std::mem::replace(&mut b.gather_buffer, buffer);
+            b.free(last);
+            vec![b.alloc(bytes, Kind::Gathered, "all-gathered block")]
+        }
         _ => {
             let largest = u.modules.iter().map(Module::numel).max().unwrap_or(0);
             vec![b.alloc(largest * pb, Kind::Gathered, "all-gathered module")]

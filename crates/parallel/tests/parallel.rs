@@ -348,3 +348,63 @@ fn impossible_layouts_say_what_to_change() {
     .contains("stages 1, 2 and 3"));
     assert!(err(Layout::single(1, 2048)).contains("positions"));
 }
+
+/// DDP's buckets as PyTorch 2.15's Reducer lays them out for GPT-2 small
+/// (recorded on fake tensors, docs/recorder_distributed.md): one bucket of
+/// every gradient at construction; before the second iteration 9,446,400
+/// bytes (ln_f and the last block's MLP projection: the first gradients,
+/// past 1 MiB), eleven of 28,351,488 and 176,446,464 (block 0's rest and
+/// the embeddings). With find_unused_parameters the construction's split
+/// (registration order, 1 MiB then 25 MiB) stays.
+#[test]
+fn ddp_buckets_are_laid_out_as_pytorchs_reducer_lays_them() {
+    let m = model(12, 12, 768, 1024, 50257);
+    let buckets = |find_unused| -> Vec<(&'static str, u64)> {
+        let l = Layout {
+            dp: 8,
+            precision: Precision::Fp32,
+            ddp: Ddp {
+                find_unused,
+                ..Ddp::default()
+            },
+            ..Layout::single(1, 64)
+        };
+        program(&m, &l, 0)
+            .ops
+            .iter()
+            .filter_map(|op| match *op {
+                vramlab_parallel::rank::Op::Alloc {
+                    bytes,
+                    kind: Kind::Buckets,
+                    label,
+                    ..
+                } => Some((label, bytes)),
+                _ => None,
+            })
+            .collect()
+    };
+    let plain = buckets(false);
+    assert_eq!(plain[0], ("ddp bucket", 497_759_232));
+    let rebuilt: Vec<u64> = plain
+        .iter()
+        .filter(|b| b.0 == "ddp bucket (rebuilt)")
+        .map(|b| b.1)
+        .collect();
+    let mut want = vec![9_446_400];
+    want.extend([28_351_488; 11]);
+    want.push(176_446_464);
+    assert_eq!(rebuilt, want);
+    let unused = buckets(true);
+    assert_eq!(
+        unused[0],
+        ("ddp bucket", 154_389_504),
+        "wte alone passes 1 MiB"
+    );
+    assert!(unused.iter().all(|b| b.0 != "ddp bucket (rebuilt)"));
+    let total: u64 = unused
+        .iter()
+        .filter(|b| b.0 == "ddp bucket")
+        .map(|b| b.1)
+        .sum();
+    assert_eq!(total, 497_759_232);
+}
