@@ -159,3 +159,53 @@ fn impossible_layouts_say_what_to_change() {
     let e = stderr_of(&["plan", "--model", "gpt", "--gpus", "8", "--memory", "lots"]);
     assert!(e.contains("lots"), "{e}");
 }
+
+/// The `estimate` command `plan` prints for its first layout carries every
+/// flag that changes the figures (here --flash-attention and --seq-len),
+/// so it replays the same peak.
+#[test]
+fn plans_first_layout_command_replays_its_figures() {
+    let args = [
+        "plan",
+        "--model",
+        "gpt",
+        "--preset",
+        "gpt2",
+        "--gpus",
+        "8",
+        "--memory",
+        "80GiB",
+        "--flash-attention",
+        "--seq-len",
+        "512",
+        "--top",
+        "1",
+    ];
+    let mut json_args = args.to_vec();
+    json_args.push("--json");
+    let v = vramlab_json(&json_args);
+    let worst = v["layouts"][0]["worst"]["peak_reserved"].as_f64().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .args(args)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find_map(|l| l.strip_prefix("The first, rank by rank: vramlab "))
+        .expect(&text);
+    assert!(
+        line.contains("--flash-attention") && line.contains("--seq-len 512"),
+        "{line}"
+    );
+    let mut e: Vec<&str> = line.split_whitespace().collect();
+    e.push("--json");
+    let est = vramlab_json(&e);
+    let most = est["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["peak_reserved"].as_f64().unwrap())
+        .fold(0.0, f64::max);
+    assert_eq!(most, worst, "{line}");
+}

@@ -62,6 +62,14 @@ fn run_layout(args: &EstimateArgs) -> anyhow::Result<()> {
     if args.measure {
         anyhow::bail!("--measure runs one GPU; a parallel layout's ranks are estimated only (leave out --measure)");
     }
+    if args.step.mode == Mode::Inference {
+        anyhow::bail!(
+            "a parallel layout's estimate is a training step; --mode inference is for one GPU"
+        );
+    }
+    if args.steps != 1 {
+        anyhow::bail!("a parallel layout's estimate always runs two steps (the first allocates Adam's state, the second is the steady state); leave out --steps");
+    }
     let precision = if args.step.amp.is_some() || args.dtype != DType::F32 {
         Precision::Mixed
     } else {

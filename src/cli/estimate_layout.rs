@@ -145,7 +145,11 @@ pub fn print(model: &Transformer, l: &Layout, rows: &[StageRow], capacity: Optio
             "{:>5}  {:>9.2}B  {:>13}  {:>13}  {:>13}  {:>13}  {:>14}  {:>13}",
             r.report.stage,
             r.report.stage_params as f64 / 1e9,
-            gib(r.report.model_states as f64),
+            if r.report.oom.is_some() {
+                "— (out of memory)".to_string()
+            } else {
+                gib(r.report.model_states as f64)
+            },
             gib(r.zero_paper_model_states),
             gib(acts as f64),
             r.korthikanti_activations.map_or("—".into(), gib),
@@ -163,7 +167,10 @@ pub fn print(model: &Transformer, l: &Layout, rows: &[StageRow], capacity: Optio
             .collect();
         println!("At stage {}'s peak: {}", r.report.stage, parts.join(", "));
         if let Some(o) = &r.report.oom {
-            println!("  OUT OF MEMORY on stage {}: {o}", r.report.stage);
+            println!(
+                "  OUT OF MEMORY on stage {}: {o}\n  (this stage's figures stop at that allocation)",
+                r.report.stage
+            );
         }
     }
     println!(

@@ -138,6 +138,8 @@ impl LayoutArgs {
             || self.find_unused
             || self.fp32_grad_partition
             || self.flash_attention
+            || self.schedule != ScheduleArg::OneFOneB
+            || self.bucket_cap_mb != 25.0
     }
 
     /// The layout, for micro-batches of `micro_batch` sequences of `seq`
@@ -149,6 +151,12 @@ impl LayoutArgs {
         precision: Precision,
         checkpoint: bool,
     ) -> anyhow::Result<Layout> {
+        if !(self.bucket_cap_mb.is_finite() && self.bucket_cap_mb > 0.0) {
+            anyhow::bail!(
+                "--bucket-cap-mb {}: DDP's bucket size must be a number of MB above 0 (PyTorch's default is 25)",
+                self.bucket_cap_mb
+            );
+        }
         let dp = self.dp.unwrap_or(1);
         let sharding = match (self.zero, self.fsdp) {
             (Some(0), _) | (None, false) => Sharding::Ddp,

@@ -59,6 +59,72 @@ pub struct PlanArgs {
     pub json: bool,
 }
 
+/// The `estimate` arguments that replay `l` for the model `args` name:
+/// every model, precision, attention and allocator flag carried over.
+pub fn estimate_command(args: &PlanArgs, l: &crate::parallel::Layout, seq: u64) -> Vec<String> {
+    let m = &args.model;
+    let rec = match l.recompute {
+        Recompute::None => None,
+        Recompute::Selective => Some("selective".to_string()),
+        Recompute::Full => Some("full".to_string()),
+    };
+    let (zero, fsdp) = match l.sharding {
+        Sharding::Ddp => (None, false),
+        Sharding::Zero(s) => (Some(s.to_string()), false),
+        Sharding::Fsdp => (None, true),
+    };
+    let s = |x: u64| Some(x.to_string());
+    let valued: [(&str, Option<String>); 18] = [
+        ("model", Some(m.model.clone())),
+        ("preset", m.preset.clone()),
+        ("layers", m.layers.map(|x| x.to_string())),
+        ("heads", m.heads.map(|x| x.to_string())),
+        ("dim", m.dim.map(|x| x.to_string())),
+        ("vocab", m.vocab.map(|x| x.to_string())),
+        ("dropout", m.dropout.map(|x| x.to_string())),
+        ("seq-len", s(seq)),
+        ("batch", s(l.micro_batch)),
+        ("dp", s(l.dp)),
+        ("zero", zero),
+        ("tp", s(l.tp)),
+        ("pp", s(l.pp)),
+        ("microbatches", s(l.microbatches)),
+        ("recompute", rec),
+        ("amp", (!args.fp32).then(|| "bf16".to_string())),
+        ("alloc-conf", args.alloc.alloc_conf.clone()),
+        ("capacity", args.alloc.capacity.clone()),
+    ];
+    let mut v = vec![];
+    for (name, value) in valued {
+        if let Some(x) = value {
+            v.push(format!("--{name}"));
+            v.push(x);
+        }
+    }
+    for (name, on) in [
+        ("fsdp", fsdp),
+        ("sp", l.sp),
+        ("flash-attention", l.flash_attention),
+    ] {
+        if on {
+            v.push(format!("--{name}"));
+        }
+    }
+    for (name, value) in [
+        ("memory-limit", args.alloc.memory_limit.clone()),
+        (
+            "memory-fraction",
+            args.alloc.memory_fraction.map(|x| x.to_string()),
+        ),
+    ] {
+        if let Some(x) = value {
+            v.push(format!("--{name}"));
+            v.push(x);
+        }
+    }
+    v
+}
+
 fn gib(b: f64) -> String {
     format!("{:.1}", b / (1u64 << 30) as f64)
 }
@@ -101,6 +167,15 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
         .ok_or_else(|| anyhow::anyhow!("--memory needs a size, e.g. 80GiB"))?;
     if args.gpus == 0 || args.global_batch == 0 {
         anyhow::bail!("--gpus and --global-batch must be at least 1");
+    }
+    if args.max_tp == 0 || args.top == 0 {
+        anyhow::bail!("--max-tp and --top must be at least 1");
+    }
+    if [args.tflops, args.nvlink_gbs, args.network_gbs]
+        .iter()
+        .any(|x| !(x.is_finite() && *x > 0.0))
+    {
+        anyhow::bail!("--tflops, --nvlink-gbs and --network-gbs are rates: numbers above 0");
     }
     if !(0.0..1.0).contains(&args.headroom) {
         anyhow::bail!("--headroom is a fraction of --memory, from 0 up to (not including) 1");
@@ -177,8 +252,9 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
     );
     println!(
         "{} layouts evaluated in {seconds:.1} s (each rank's two steps through the caching allocator: the first and\n\
-         last stages, 1F1B's steady state shortened); {fitting} fit. Those listed were replayed whole, every stage,\n\
-         as `estimate` does; the fullest stage is shown.\n",
+         last stages, 1F1B's steady state shortened); {fitting} fit. Those listed were replayed whole, as `estimate`\n\
+         does (every stage; the first, second and last past 16); the fullest stage is shown. left: under --memory\n\
+         less the headroom.\n",
         found.len()
     );
     println!(
@@ -209,27 +285,9 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
         args.tflops, args.network_gbs, args.nvlink_gbs
     );
     if let Some(best) = shown.first().filter(|c| c.fits) {
-        let l = &best.layout;
-        let zero = match l.sharding {
-            Sharding::Ddp => String::new(),
-            Sharding::Zero(s) => format!(" --zero {s}"),
-            Sharding::Fsdp => " --fsdp".into(),
-        };
         println!(
-            "\nThe first, rank by rank: vramlab estimate --model gpt{} --batch {} --dp {}{zero} --tp {}{} --pp {} --microbatches {}{}{}",
-            args.model.preset.as_ref().map_or(String::new(), |p| format!(" --preset {p}")),
-            l.micro_batch,
-            l.dp,
-            l.tp,
-            if l.sp { " --sp" } else { "" },
-            l.pp,
-            l.microbatches,
-            match l.recompute {
-                Recompute::None => "",
-                Recompute::Selective => " --recompute selective",
-                Recompute::Full => " --recompute full",
-            },
-            if args.fp32 { "" } else { " --amp bf16" },
+            "\nThe first, rank by rank: vramlab estimate {}",
+            estimate_command(args, &best.layout, seq).join(" ")
         );
     }
     Ok(())

@@ -217,6 +217,46 @@ impl Layout {
                 self.seq, self.tp
             ));
         }
+        // Every size the programs compute must fit u64, and a program is
+        // held in memory: about 25 allocations a layer and micro-batch.
+        let big = |what: &str| {
+            Err(LayoutError(format!(
+                "{what} is too large to model; use smaller sizes (a real run of it could not be held either)"
+            )))
+        };
+        let gpus = self
+            .dp
+            .checked_mul(self.tp)
+            .and_then(|x| x.checked_mul(self.pp));
+        let batch = self
+            .dp
+            .checked_mul(self.micro_batch)
+            .and_then(|x| x.checked_mul(self.microbatches));
+        let (s, b) = (self.seq, self.micro_batch);
+        let scores = model
+            .heads
+            .checked_mul(s)
+            .and_then(|x| x.checked_mul(s))
+            .and_then(|x| x.checked_mul(b))
+            .and_then(|x| x.checked_mul(8));
+        let logits = s
+            .checked_mul(b)
+            .and_then(|x| x.checked_mul(model.vocab.max(model.hidden * 4)))
+            .and_then(|x| x.checked_mul(8));
+        let params = model.params().checked_mul(16);
+        if gpus.is_none() || batch.is_none() {
+            return big("--dp × --tp × --pp or the global batch");
+        }
+        if scores.is_none() || logits.is_none() || params.is_none() {
+            return big("a tensor of this model and micro-batch");
+        }
+        if self.microbatches.saturating_mul(model.layers / self.pp) > MAX_LAYER_PASSES {
+            return Err(LayoutError(format!(
+                "--microbatches {} over {} layers a stage is past the {MAX_LAYER_PASSES} layer passes a program holds; use fewer micro-batches (a larger --batch) or more --pp",
+                self.microbatches,
+                model.layers / self.pp
+            )));
+        }
         if self.seq > model.positions {
             return bad(format!(
                 "sequence length {} is longer than the model's {} positions",
@@ -226,6 +266,10 @@ impl Layout {
         Ok(())
     }
 }
+
+/// Micro-batches × layers a stage the per-rank program is built for (about
+/// 25 allocations each, two steps: some 10 million operations).
+pub const MAX_LAYER_PASSES: u64 = 200_000;
 
 /// A layout the model cannot run, with what would fix it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -61,7 +61,8 @@ pub struct Candidate {
     /// replays of [`worst_stage`]).
     pub whole: bool,
     pub fits: bool,
-    /// `memory` minus the worst stage's peak reserved (negative: short).
+    /// `memory` less the headroom, minus the worst stage's peak reserved
+    /// (negative: short by that much).
     pub memory_left: i64,
     /// Bytes a GPU sends per step: data parallel, tensor parallel, pipeline.
     pub comm_bytes: [f64; 3],
@@ -71,8 +72,10 @@ pub struct Candidate {
     pub step_seconds: f64,
 }
 
-fn divisors(n: u64) -> Vec<u64> {
-    (1..=n).filter(|d| n.is_multiple_of(*d)).collect()
+/// The divisors of `n` up to `most` (at most the model's heads or layers:
+/// a few hundred numbers, whatever `n` is).
+fn divisors_to(n: u64, most: u64) -> Vec<u64> {
+    (1..=most.min(n)).filter(|d| n.is_multiple_of(*d)).collect()
 }
 
 /// Every layout of `r.gpus` GPUs (tensor ≤ `max_tp` with sequence
@@ -81,15 +84,12 @@ fn divisors(n: u64) -> Vec<u64> {
 pub fn layouts(r: &Request) -> Vec<Layout> {
     let m = &r.model;
     let mut out = vec![];
-    for tp in divisors(r.gpus) {
-        if tp > r.max_tp
-            || !m.heads.is_multiple_of(tp)
-            || !m.hidden.is_multiple_of(tp)
-            || !r.seq.is_multiple_of(tp)
+    for tp in divisors_to(r.gpus, r.max_tp.min(m.heads)) {
+        if !m.heads.is_multiple_of(tp) || !m.hidden.is_multiple_of(tp) || !r.seq.is_multiple_of(tp)
         {
             continue;
         }
-        for pp in divisors(r.gpus / tp) {
+        for pp in divisors_to(r.gpus / tp, m.layers) {
             if !m.layers.is_multiple_of(pp) {
                 continue;
             }
@@ -194,7 +194,10 @@ pub fn comm_bytes(model: &Transformer, l: &Layout) -> [f64; 3] {
 /// one's figures are then `estimate`'s); fitting ones first by estimated
 /// step time, then the others by how far they are from fitting.
 pub fn search(r: &Request, confirm: usize) -> Vec<Candidate> {
-    let all = layouts(r);
+    let all: Vec<Layout> = layouts(r)
+        .into_iter()
+        .filter(|l| l.check(&r.model).is_ok())
+        .collect();
     let limit = (r.memory as f64 * (1.0 - r.headroom)) as u64;
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
@@ -264,7 +267,7 @@ fn evaluate(r: &Request, l: &Layout, limit: u64, whole: bool) -> Candidate {
     Candidate {
         layout: *l,
         whole,
-        memory_left: r.memory as i64 - worst.peak_reserved as i64,
+        memory_left: limit as i64 - worst.peak_reserved as i64,
         worst,
         fits,
         comm_bytes: comm,

@@ -101,6 +101,9 @@ pub struct Program {
     pub stage_params: u64,
     /// Micro-batches whose activations the stage holds at once.
     pub in_flight: u64,
+    /// The gradients are views into DDP's buckets (`--bucket-view`): the
+    /// buckets count as gradients in the model states.
+    pub buckets_are_gradients: bool,
 }
 
 /// An activation term of Korthikanti et al.'s table 2.
@@ -539,6 +542,7 @@ pub fn program_with(
         ops: b.ops,
         stage_params,
         in_flight,
+        buckets_are_gradients: ddp && l.ddp.bucket_view,
     }
 }
 

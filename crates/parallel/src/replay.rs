@@ -20,7 +20,9 @@ pub struct RankReport {
     /// The highest requested bytes each kind reached on its own.
     pub kind_peaks: Vec<(Kind, u64)>,
     /// Parameters, gradients and optimizer states right before the last
-    /// step's `zero_grad` (all live): the ZeRO paper's model states.
+    /// step's `zero_grad` (all live): the ZeRO paper's model states (DDP's
+    /// buckets counted where they are the gradients). 0 when the replay
+    /// ran out of memory before that moment.
     pub model_states: u64,
     /// The allocation that did not fit the capacity, if one did not.
     pub oom: Option<String>,
@@ -92,7 +94,9 @@ pub fn run(program: &Program, capacity: Option<u64>, config: &AllocatorConfig) -
             Op::StatesLive => {
                 model_states = KINDS
                     .iter()
-                    .filter(|k| k.model_state())
+                    .filter(|k| {
+                        k.model_state() || (program.buckets_are_gradients && **k == Kind::Buckets)
+                    })
                     .map(|k| by_kind[k.index()])
                     .sum();
             }
