@@ -215,23 +215,13 @@ def fake_world(world_size, rank=0):
 
 
 def find_blocks(model, which="auto"):
-    """The repeated blocks: the children of the nn.ModuleList /
-    nn.Sequential with the most parameters whose two or more children are
-    all of one class ("auto"), or every module of class `which`."""
-    if which == "auto":
-        best = None
-        for m in model.modules():
-            if isinstance(m, (nn.ModuleList, nn.Sequential)) and len(m) >= 2:
-                kinds = {type(c) for c in m}
-                if len(kinds) == 1 and any(True for _ in next(iter(m)).parameters()):
-                    n = sum(p.numel() for p in m.parameters())
-                    if best is None or n > best[0]:
-                        best = (n, list(m))
-        if best is None:
-            raise ValueError("no nn.ModuleList / nn.Sequential of two or more blocks of one "
-                             "class found; name the class")
-        return best[1]
-    blocks = [m for m in model.modules() if type(m).__name__ == which]
+    """The blocks `shard` wraps (`step.find_blocks`), or an error that says
+    how to name them."""
+    from .step import find_blocks as found
+    blocks = found(model, which)
+    if not blocks and which == "auto":
+        raise ValueError("no nn.ModuleList / nn.Sequential of two or more blocks of one "
+                         "class found; name the class")
     if not blocks:
         raise ValueError(f"no module of class {which}")
     return blocks

@@ -93,32 +93,36 @@ def build_optimizer(name, params, lr, impl, weight_decay=None, momentum=0.9, bet
     raise ValueError(f"optimizer {name!r}: sgd, adam or adamw")
 
 
+def find_blocks(model, which="auto"):
+    """The model's repeated blocks: every module of class `which`, or for
+    "auto" the children of the nn.ModuleList / nn.Sequential with the most
+    parameters whose two or more children are all of one class; [] where
+    there are none."""
+    if which != "auto":
+        return [m for m in model.modules() if type(m).__name__ == which]
+    best = None
+    for m in model.modules():
+        if isinstance(m, (nn.ModuleList, nn.Sequential)) and len(m) >= 2:
+            kinds = {type(c) for c in m}
+            if len(kinds) == 1 and any(True for _ in next(iter(m)).parameters()):
+                n = sum(p.numel() for p in m.parameters())
+                if best is None or n > best[0]:
+                    best = (n, list(m))
+    return best[1] if best else []
+
+
 def checkpoint_blocks(model, which="auto"):
     """Activation checkpointing (torch.utils.checkpoint, non-reentrant) on
-    the model's repeated blocks: `which` is a class name, or "auto" (the
-    children of the nn.ModuleList / nn.Sequential with the most parameters
-    whose two or more children are all of one class). Returns the class
-    name and how many blocks were wrapped."""
+    the model's repeated blocks (`find_blocks`). Returns the class name and
+    how many blocks were wrapped."""
     from torch.utils.checkpoint import checkpoint
 
-    blocks = []
-    if which == "auto":
-        best = None
-        for m in model.modules():
-            if isinstance(m, (nn.ModuleList, nn.Sequential)) and len(m) >= 2:
-                kinds = {type(c) for c in m}
-                if len(kinds) == 1 and any(True for _ in next(iter(m)).parameters()):
-                    n = sum(p.numel() for p in m.parameters())
-                    if best is None or n > best[0]:
-                        best = (n, list(m))
-        if best is None:
-            raise ValueError("--checkpoint: no nn.ModuleList / nn.Sequential of two or more blocks "
-                             "of one class found; name the class with --checkpoint-class")
-        blocks = best[1]
-    else:
-        blocks = [m for m in model.modules() if type(m).__name__ == which]
-        if not blocks:
-            raise ValueError(f"--checkpoint-class {which}: no module of that class")
+    blocks = find_blocks(model, which)
+    if not blocks and which == "auto":
+        raise ValueError("--checkpoint: no nn.ModuleList / nn.Sequential of two or more blocks "
+                         "of one class found; name the class with --checkpoint-class")
+    if not blocks:
+        raise ValueError(f"--checkpoint-class {which}: no module of that class")
     for b in blocks:
         fwd = b.forward
 
