@@ -30,12 +30,7 @@ pub fn stages(
     capacity: Option<u64>,
     config: &AllocatorConfig,
 ) -> Vec<StageRow> {
-    let which: Vec<u64> = if l.pp <= 16 {
-        (0..l.pp).collect()
-    } else {
-        vec![0, 1, l.pp - 1]
-    };
-    which
+    crate::parallel::plan::whole_stages(l.pp)
         .into_iter()
         .map(|s| {
             let report = run(&program(model, l, s), capacity, config);

@@ -63,11 +63,7 @@ pub struct PlanArgs {
 /// every model, precision, attention and allocator flag carried over.
 pub fn estimate_command(args: &PlanArgs, l: &crate::parallel::Layout, seq: u64) -> Vec<String> {
     let m = &args.model;
-    let rec = match l.recompute {
-        Recompute::None => None,
-        Recompute::Selective => Some("selective".to_string()),
-        Recompute::Full => Some("full".to_string()),
-    };
+    let rec = (l.recompute != Recompute::None).then(|| l.recompute.name().to_string());
     let (zero, fsdp) = match l.sharding {
         Sharding::Ddp => (None, false),
         Sharding::Zero(s) => (Some(s.to_string()), false),
@@ -131,11 +127,7 @@ fn gib(b: f64) -> String {
 
 fn row(c: &Candidate) -> String {
     let l = &c.layout;
-    let rec = match l.recompute {
-        Recompute::None => "none",
-        Recompute::Selective => "selective",
-        Recompute::Full => "full",
-    };
+    let rec = l.recompute.name();
     let stage = if l.pp > 1 {
         format!(" (stage {})", c.worst.stage)
     } else {

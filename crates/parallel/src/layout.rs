@@ -84,6 +84,17 @@ pub enum Recompute {
     Full,
 }
 
+impl Recompute {
+    /// The `--recompute` value that names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Recompute::None => "none",
+            Recompute::Selective => "selective",
+            Recompute::Full => "full",
+        }
+    }
+}
+
 /// Bytes per parameter of each model state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum Precision {

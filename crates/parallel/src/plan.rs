@@ -150,9 +150,8 @@ pub fn worst_stage(
     whole: bool,
 ) -> RankReport {
     let stages: Vec<u64> = match (whole, l.pp) {
-        (true, p) if p <= 16 => (0..p).collect(),
-        (_, 1) => vec![0],
-        (true, p) => vec![0, 1, p - 1],
+        (true, p) => whole_stages(p),
+        (false, 1) => vec![0],
         (false, p) => vec![0, p - 1],
     };
     stages
@@ -163,6 +162,17 @@ pub fn worst_stage(
         })
         .max_by_key(|r| r.peak_reserved)
         .expect("at least one stage")
+}
+
+/// The stages whose whole steps `estimate` and `plan`'s answers replay:
+/// every one up to 16, else the first, the second and the last (the rest
+/// hold fewer micro-batches than the second and the same layers).
+pub fn whole_stages(pp: u64) -> Vec<u64> {
+    if pp <= 16 {
+        (0..pp).collect()
+    } else {
+        vec![0, 1, pp - 1]
+    }
 }
 
 /// Communication bytes a GPU sends per step, by kind: data parallel
