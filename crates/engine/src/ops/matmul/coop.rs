@@ -51,13 +51,6 @@ pub enum Loads {
     Wide,
 }
 
-/// The staged depth in tiles and the interior loads, from the environment
-/// ([`DEPTH_VAR`], [`LOADS_VAR`]).
-pub fn stage_from_env() -> Result<(u32, Loads), ConfigError> {
-    let s = staging_from_env()?;
-    Ok((s.depth, s.loads))
-}
-
 /// How staged steps run: tiles of K a step, the interior loads, whether
 /// wide steps prefetch the next step, copies of workgroup memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,7 +61,8 @@ pub struct Staging {
     pub buffers: u32,
 }
 
-/// As [`stage_from_env`], with prefetching ([`PREFETCH_VAR`]) and copies
+/// The staging from the environment: depth ([`DEPTH_VAR`]), interior
+/// loads ([`LOADS_VAR`]), prefetching ([`PREFETCH_VAR`]) and copies
 /// ([`BUFFERS_VAR`]).
 pub fn staging_from_env() -> Result<Staging, ConfigError> {
     let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
