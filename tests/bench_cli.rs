@@ -177,3 +177,18 @@ fn bench_refuses_bad_flags_before_measuring() {
     );
     assert!(out.stdout.is_empty(), "nothing measured before the error");
 }
+
+#[test]
+fn a_bad_submit_setting_is_refused_with_what_it_takes() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .arg("info")
+        .env("VRAMLAB_SUBMIT_FIRST", "soon")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("VRAMLAB_SUBMIT_FIRST=\"soon\"") && err.contains("a number of commands"),
+        "{err}"
+    );
+}

@@ -50,6 +50,31 @@ fn every_dispatch_reads_its_own_parameters() {
 }
 
 #[test]
+fn arenas_reused_after_waits_keep_each_dispatchs_parameters() {
+    // A step's first submits come early (8, 16, 32, … commands after a
+    // wait), and arenas are rewritten once a wait saw their submits end:
+    // runs of fills with and without waits between them must each keep
+    // their own values.
+    let e = engine();
+    let mut all = Vec::new();
+    for round in 0..8 {
+        for i in 0..(20 + 37 * round) {
+            let t = Tensor::empty(&e, &[3], vramlab::tensor::DType::F32, "t").unwrap();
+            let v = (round * 1000 + i) as f32;
+            fill::fill(&t, v).unwrap();
+            all.push((t, v));
+        }
+        if round % 3 != 2 {
+            e.synchronize().unwrap();
+        }
+    }
+    for (k, (t, v)) in all.iter().enumerate() {
+        let got = t.to_vec().unwrap();
+        assert!(got.iter().all(|x| x == v), "fill {k}: {got:?}, want {v}");
+    }
+}
+
+#[test]
 fn timed_and_untimed_stretches_interleave() {
     let e = engine();
     for round in 0..3 {

@@ -54,6 +54,12 @@ pub enum DeviceError {
     SimulatedTensor,
     #[error("segment {segment} has no buffer")]
     NoSegmentBuffer { segment: u64 },
+    #[error("{var}={value:?}: expected {expected}")]
+    Env {
+        var: &'static str,
+        value: String,
+        expected: &'static str,
+    },
     #[error("WGPU_BACKEND={0:?} names no backend wgpu knows; use vulkan, metal, dx12 or gl (comma-separated for several), or unset it")]
     UnknownBackend(String),
 }

@@ -153,14 +153,21 @@ struct Pending {
     /// recorded since the last submit, written once at the submit.
     arena: Option<Arena>,
     commands: usize,
+    /// Submit once this many commands are pending: `first_submit` after a
+    /// wait (the GPU is idle, so it starts early), doubling up to
+    /// [`MAX_PENDING_COMMANDS`] while the GPU has work queued.
+    submit_at: usize,
+    /// Arenas submitted since the last wait, and arenas free to reuse
+    /// (their submits finished at a wait).
+    in_flight: Vec<wgpu::Buffer>,
+    spare: Vec<wgpu::Buffer>,
 }
 
 /// One buffer of uniforms per submit instead of one buffer per dispatch:
 /// each dispatch's bytes at their own aligned offset, staged on the host
 /// and written with `queue.write_buffer`, which wgpu orders before the
-/// submit's commands. An arena is never rewritten, so a bind group that
-/// outlives its submit (a dispatch recorded after a timing wait) still
-/// reads what it was given.
+/// submit's commands. An arena is rewritten only after a wait has seen
+/// its submit finish, so every dispatch reads what it was given.
 struct Arena {
     buffer: wgpu::Buffer,
     bytes: Vec<u8>,
@@ -173,6 +180,33 @@ const ARENA_BYTES: u64 = 128 << 10;
 /// Submit after this many recorded commands, so the GPU starts on work
 /// while the host records more.
 const MAX_PENDING_COMMANDS: usize = 256;
+
+/// The first submit after a wait comes after this many commands
+/// ([`SUBMIT_FIRST_VAR`]): a step's first kernels start on an idle GPU
+/// while the host records the rest, instead of after all of them.
+const DEFAULT_SUBMIT_FIRST: usize = 8;
+
+/// Commands before the first submit after a wait (then twice as many each
+/// submit, up to 256); `0` submits only every 256 commands and at waits.
+pub const SUBMIT_FIRST_VAR: &str = "VRAMLAB_SUBMIT_FIRST";
+
+/// Spare arenas kept for reuse; a step submits a handful.
+const MAX_SPARE_ARENAS: usize = 8;
+
+fn submit_first_from_env() -> Result<usize, DeviceError> {
+    match std::env::var(SUBMIT_FIRST_VAR) {
+        Ok(v) if !v.trim().is_empty() => match v.trim().parse::<usize>() {
+            Ok(0) => Ok(MAX_PENDING_COMMANDS),
+            Ok(n) => Ok(n.min(MAX_PENDING_COMMANDS)),
+            Err(_) => Err(DeviceError::Env {
+                var: SUBMIT_FIRST_VAR,
+                value: v,
+                expected: "a number of commands (0: submit every 256 commands only)",
+            }),
+        },
+        _ => Ok(DEFAULT_SUBMIT_FIRST),
+    }
+}
 
 /// One GPU: device, queue, limits, compiled pipelines, the open encoder.
 pub struct Gpu {
@@ -205,6 +239,8 @@ pub struct Gpu {
     /// Dispatches that bound some tensor in more than one window.
     windowed: AtomicU64,
     pending: Mutex<Pending>,
+    /// Commands before the first submit after a wait.
+    first_submit: usize,
     timer: Mutex<Option<Timer>>,
     errors: Arc<Mutex<Vec<String>>>,
 }
@@ -338,6 +374,7 @@ impl Gpu {
                 .map_or(limits.max_buffer_size, |l| l.min(limits.max_buffer_size)),
             alignment,
         );
+        let first_submit = submit_first_from_env()?;
         Ok(Gpu {
             options: options.clone(),
             device,
@@ -360,7 +397,11 @@ impl Gpu {
                 pass: None,
                 arena: None,
                 commands: 0,
+                submit_at: first_submit,
+                in_flight: Vec::new(),
+                spare: Vec::new(),
             }),
+            first_submit,
             errors,
         })
     }
@@ -552,8 +593,9 @@ impl Gpu {
     /// Counts a recorded command; submits once enough are pending.
     fn recorded(&self, p: &mut Pending) {
         p.commands += 1;
-        if p.commands >= MAX_PENDING_COMMANDS {
+        if p.commands >= p.submit_at.min(MAX_PENDING_COMMANDS) {
             Self::submit_locked(&self.queue, p);
+            p.submit_at = (p.submit_at * 2).min(MAX_PENDING_COMMANDS);
         }
     }
 
@@ -571,15 +613,23 @@ impl Gpu {
             // Submitting writes the full arena and drops it from `p`.
             Self::submit_locked(&self.queue, p);
         }
-        let a = p.arena.get_or_insert_with(|| Arena {
-            buffer: self.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("uniforms"),
-                size: if small { 4 << 10 } else { ARENA_BYTES }.max(size),
-                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            }),
-            bytes: Vec::new(),
-        });
+        if p.arena.is_none() {
+            let want = if small { 4 << 10 } else { ARENA_BYTES }.max(size);
+            let buffer = match p.spare.iter().position(|b| b.size() >= want) {
+                Some(i) => p.spare.swap_remove(i),
+                None => self.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("uniforms"),
+                    size: want,
+                    usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                }),
+            };
+            p.arena = Some(Arena {
+                buffer,
+                bytes: Vec::new(),
+            });
+        }
+        let a = p.arena.as_mut().expect("an arena was just set");
         let offset = (a.bytes.len() as u64).next_multiple_of(align);
         a.bytes.resize(offset as usize, 0);
         a.bytes.extend_from_slice(data);
@@ -593,6 +643,7 @@ impl Gpu {
             if !a.bytes.is_empty() {
                 queue.write_buffer(&a.buffer, 0, &a.bytes);
             }
+            p.in_flight.push(a.buffer);
         }
         if let Some(enc) = p.encoder.take() {
             queue.submit(Some(enc.finish()));
@@ -608,10 +659,22 @@ impl Gpu {
 
     /// Submits and waits until the GPU has finished all of it.
     pub fn synchronize(&self) -> Result<(), DeviceError> {
-        self.flush();
+        let submitted = {
+            let mut p = lock(&self.pending);
+            Self::submit_locked(&self.queue, &mut p);
+            std::mem::take(&mut p.in_flight)
+        };
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(DeviceError::Poll)?;
+        {
+            // Everything submitted before the wait has finished: its
+            // arenas may be rewritten, and the idle GPU wants work soon.
+            let mut p = lock(&self.pending);
+            p.spare.extend(submitted);
+            p.spare.truncate(MAX_SPARE_ARENAS);
+            p.submit_at = self.first_submit;
+        }
         self.take_errors()?;
         self.read_times()
     }

@@ -188,7 +188,10 @@ impl Adam {
     /// `_multi_tensor_adam`: a list op at a time over every parameter (one
     /// device, one dtype). Adam's weight decay makes a new list of
     /// gradients, deleted after the moments; `_foreach_sqrt` makes the
-    /// denominators' list, alive until the group ends.
+    /// denominators' list, alive until the group ends. The memory follows
+    /// those lists; the arithmetic runs a parameter at a time, its list ops
+    /// fused into one dispatch (phase 7, or 8 after a weight-decayed list),
+    /// which gives the same bits as one dispatch per list op.
     fn foreach(&self, store: &ParamStore) -> Result<(), TensorError> {
         let live = self.live(store);
         let wd_grads = if !self.decoupled && self.weight_decay != 0.0 {
@@ -202,20 +205,21 @@ impl Adam {
         } else {
             None
         };
-        for (k, (w, g, s)) in live.iter().enumerate() {
-            let g = wd_grads.as_ref().map_or(*g, |l| &l[k]);
-            self.phase(1, w, [g, &s.exp_avg, &s.exp_avg_sq, w, w])?;
+        let fused = wd_grads.is_none();
+        if let Some(l) = &wd_grads {
+            for ((w, _, s), g) in live.iter().zip(l) {
+                self.phase(1, w, [g, &s.exp_avg, &s.exp_avg_sq, w, w])?;
+            }
         }
         // del device_grads: CPython frees a list's items last to first.
         free_in_reverse(wd_grads.unwrap_or_default());
-        let mut denoms = Vec::with_capacity(live.len());
-        for (w, g, s) in &live {
-            let d = phases::temporary(w, "adam._foreach_sqrt")?;
-            self.phase(2, w, [g, &s.exp_avg, &s.exp_avg_sq, &d, w])?;
-            denoms.push(d);
-        }
+        let denoms = live
+            .iter()
+            .map(|(w, _, _)| phases::temporary(w, "adam._foreach_sqrt"))
+            .collect::<Result<Vec<_>, _>>()?;
         for ((w, g, s), d) in live.iter().zip(&denoms) {
-            self.phase(3, w, [g, &s.exp_avg, &s.exp_avg_sq, d, w])?;
+            let phase = if fused { 7 } else { 8 };
+            self.phase(phase, w, [g, &s.exp_avg, &s.exp_avg_sq, d, w])?;
         }
         free_in_reverse(denoms);
         Ok(())
