@@ -10,7 +10,7 @@ struct Params {
     a_rs: u32, a_cs: u32, b_rs: u32, b_cs: u32,
     a_bs: u32, b_bs: u32, c_bs: u32, accumulate: u32,
     a_off: u32, b_off: u32, c_off: u32, splits: u32,
-    k_chunk: u32, c_rs: u32, c_cs: u32, _p2: u32,
+    k_chunk: u32, c_rs: u32, c_cs: u32, group: u32,
 }
 
 #if IMPLICIT_B
@@ -41,14 +41,18 @@ const CV_WO = {{CV_WO}}u;
 
 // Where workgroup z's product lies: batch entry z / splits and K split
 // z % splits (K range [k_begin, k_end)), with A's, B's and C's bases there
-// (C's per z: each split writes its own partial product).
-struct Place { k_begin: u32, k_end: u32, a_base: u32, b_base: u32, c_base: u32 }
+// (C's per z: each split writes its own partial product). With a group of
+// G > 1 (GPU tiles only), slot z / splits sums the G entries from
+// (z / splits)·G on (fewer in the last slot), one after another.
+struct Place { k_begin: u32, k_end: u32, a_base: u32, b_base: u32, c_base: u32, entries: u32 }
 
 fn place_of(z: u32) -> Place {
-    let bt = z / p.splits;
+    let g = max(p.group, 1u);
+    let first = (z / p.splits) * g;
     let k_begin = (z % p.splits) * p.k_chunk;
-    return Place(k_begin, min(k_begin + p.k_chunk, p.k), p.a_off + bt * p.a_bs,
-                 p.b_off + bt * p.b_bs, p.c_off + z * p.c_bs);
+    return Place(k_begin, min(k_begin + p.k_chunk, p.k), p.a_off + first * p.a_bs,
+                 p.b_off + first * p.b_bs, p.c_off + z * p.c_bs,
+                 min(g, max(p.batch, first + 1u) - first));
 }
 
 // B[kk, col] at batch base `base`: a strided element, or with IMPLICIT_B

@@ -132,8 +132,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     let at = place_of(wid.z);
     let k_begin = at.k_begin;
     let k_end = at.k_end;
-    let a_base = at.a_base;
-    let b_base = at.b_base;
     let c_base = at.c_base;
     let row_tile = wid.y * {{BM}}u;
     let col_tile = wid.x * {{BN}}u;
@@ -149,6 +147,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 #endif
 #endfor
 #endfor
+    // The entries of a group (one unless the dispatch sums several into
+    // this slot): their slices one after another into the same sums.
+    for (var en = 0u; en < at.entries; en++) {
+    let a_base = at.a_base + en * p.a_bs;
+    let b_base = at.b_base + en * p.b_bs;
     if (slices > 0u) {
         stage(0u, tid, k_begin, k_end, row_tile, col_tile, a_base, b_base);
     }
@@ -189,6 +192,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 #endfor
 #endif
         workgroupBarrier();
+    }
     }
 
     let p_m = p.m;

@@ -816,3 +816,36 @@ fn gpu_tiles_stage_in_fours_where_the_layout_allows_and_stay_exact() {
         }
     }
 }
+
+#[test]
+fn a_summed_batch_past_one_workspace_is_one_product_on_gpu_tiles() {
+    // 300×700 outputs an entry: 840 KB of partial products, so a 4 MiB
+    // workspace holds 4 of the 7 entries. GPU tiles sum 2 entries a slot
+    // (the last slot 1) in one product; direct tiles take a round a
+    // workspace. Both exact, accumulating into C.
+    let e = engine();
+    e.start_timing();
+    let mut rng = Rng::new(21);
+    let (m, n, k, batch) = (300, 700, 19, 7);
+    let g = Gemm {
+        m,
+        n,
+        k,
+        batch,
+        a: MatView::dense(0, m, k, false),
+        b: MatView::dense(0, n, k, true),
+        c_offset: 0,
+        c_batch_stride: 0,
+        accumulate: true,
+        reduce_batch: true,
+        implicit_b: None,
+    };
+    let s = plan_split(&g);
+    assert!(s.group > 1 && s.group < batch, "{s:?}");
+    let rounds = batch.div_ceil(s.group);
+    for (target, products) in [(Target::Gpu, 1), (Target::Cpu, rounds)] {
+        let tile = choose_tile(ShapeClass::Square, target);
+        let ks = checked_kernels(&e, &mut rng, &g, tile, &format!("summed batch, {target:?}"));
+        assert_eq!(ks.len(), products, "{target:?}: {ks:?}");
+    }
+}

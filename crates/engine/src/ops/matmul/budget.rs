@@ -64,7 +64,7 @@ impl Product<'_> {
         let grid = [
             (p.n as usize).div_ceil(bn) as u32,
             (p.m as usize).div_ceil(bm) as u32,
-            p.batch * p.splits,
+            p.batch.div_ceil(p.group.max(1)) * p.splits,
         ];
         engine.dispatch(kernel, &refs, bytemuck::bytes_of(p), Workgroups::Grid(grid))?;
         Ok(())
@@ -73,6 +73,14 @@ impl Product<'_> {
     /// `p` bound to the ranges it touches, or cut in two (or in its K
     /// slices) and each part recorded the same way.
     fn part(&self, engine: &Engine, kernel: &Kernel, p: MatmulParams) -> Result<(), TensorError> {
+        if p.group > 1 {
+            // The caller sums several entries a slot only where the whole
+            // product binds in one dispatch (`fits_whole`).
+            return Err(TensorError::NotSupported {
+                op: "matmul",
+                what: "a product summing several entries a slot cut into parts",
+            });
+        }
         let (slices, rebased) = self.narrowed(engine, &p);
         if fits(engine, &slices) {
             return self.record(engine, kernel, &slices, &rebased);
@@ -237,6 +245,12 @@ fn cut(len: u32, block: usize, step: u32) -> u32 {
         half.next_multiple_of(step)
     };
     at.clamp(1, len - 1)
+}
+
+/// Whether one dispatch binds `tensors` whole (no parts needed).
+pub(super) fn fits_whole(tensors: &[&Tensor]) -> bool {
+    let slices: Vec<BufferSlice> = tensors.iter().map(|t| t.slice()).collect();
+    tensors.first().is_none_or(|t| fits(t.engine(), &slices))
 }
 
 fn fits(engine: &Engine, slices: &[BufferSlice]) -> bool {

@@ -29,7 +29,8 @@ pub(crate) struct MatmulParams {
     pub(crate) k_chunk: u32,
     pub(crate) c_rs: u32,
     pub(crate) c_cs: u32,
-    pub(crate) _pad: u32,
+    /// Batch entries each slot of C sums (GPU tiles; 1: one entry a slot).
+    pub(crate) group: u32,
 }
 
 /// A product as the kernel runs it: as given, or as Cᵀ (n×m) = Bᵀ·Aᵀ,
@@ -106,7 +107,7 @@ impl MatmulParams {
             k_chunk: u(k_chunk),
             c_rs: u(o.c_rs),
             c_cs: u(o.c_cs),
-            _pad: 0,
+            group: 1,
         }
     }
 }
@@ -123,9 +124,18 @@ pub(super) fn dispatch(
     c_offset: usize,
     c_batch_stride: usize,
     accumulate: bool,
+    group: usize,
 ) -> Result<(), TensorError> {
     let o = Oriented::of(g, transposed);
-    let params = MatmulParams::new(g, &o, splits, k_chunk, c_offset, c_batch_stride, accumulate);
+    let mut params =
+        MatmulParams::new(g, &o, splits, k_chunk, c_offset, c_batch_stride, accumulate);
+    params.group = group.max(1) as u32;
+    if group > 1 && !tile.shared {
+        return Err(TensorError::NotSupported {
+            op: "matmul",
+            what: "summing several batch entries a slot needs a GPU tile",
+        });
+    }
     let Oriented {
         m: _,
         n,
@@ -253,7 +263,8 @@ fn dispatch_gpu(
                 vec_c,
                 a_along_k: av.col_stride == 1,
                 b_along_n,
-                one_slice: tile.one_slice(k_chunk.min(g.k)),
+                // Several entries a slot add their slices to running sums.
+                one_slice: params.group == 1 && tile.one_slice(k_chunk.min(g.k)),
             },
         )
     };

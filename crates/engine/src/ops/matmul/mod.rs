@@ -325,6 +325,7 @@ pub fn gemm_bias(
             g.c_offset,
             g.c_batch_stride,
             g.accumulate,
+            1,
         );
     }
     if bias.is_some() && (g.c_offset != 0 || g.c_batch_stride != g.m * g.n || g.accumulate) {
@@ -334,71 +335,117 @@ pub fn gemm_bias(
         });
     }
     let mn = g.m * g.n;
-    for b0 in (0..g.batch).step_by(split.group) {
+    // One workspace of `group` entries' partial products, allocated once
+    // (shapes only: the same on every adapter, and in `estimate`).
+    let parts = Tensor::empty_as(
+        a.engine(),
+        &[split.group * split.splits, g.m, g.n],
+        DType::F32,
+        "matmul.partials",
+        Some(Category::Workspace),
+    )?;
+    let round = |b0: usize| {
         let nb = split.group.min(g.batch - b0);
-        let parts = Tensor::empty_as(
-            a.engine(),
-            &[nb * split.splits, g.m, g.n],
-            DType::F32,
-            "matmul.partials",
-            Some(Category::Workspace),
-        )?;
         let mut part = *g;
         part.batch = nb;
         part.a.offset += b0 * g.a.batch_stride;
         part.b.offset += b0 * g.b.batch_stride;
-        // Unsplit K (a summed batch): each entry's product into its slot of
-        // the same workspace, on tensor cores where they run it.
-        let entries = Gemm {
-            reduce_batch: false,
-            c_offset: 0,
-            c_batch_stride: mn,
-            accumulate: false,
-            ..part
-        };
-        let cores = (split.splits == 1 && kernel == MatmulKernel::Tiled)
-            .then(|| coop::usable(&entries, a, b, &parts, None))
-            .flatten();
-        if let Some(lanes) = cores {
-            coop::gemm(&entries, a, b, &parts, None, lanes)?;
-        } else {
-            dispatch(
-                &part,
-                [a, b, &parts],
-                None,
-                &tile,
-                transposed,
-                split.splits,
-                split.k_chunk,
-                0,
-                mn,
-                false,
-            )?;
-        }
-        if g.reduce_batch {
-            sum_partials(
-                &parts,
-                c,
-                0,
-                nb * split.splits,
-                mn,
-                g.c_offset,
-                g.accumulate || b0 > 0,
-            )?;
-        } else {
-            for e in 0..nb {
+        part
+    };
+    // Unsplit K (a summed batch): each entry's product into its slot of
+    // the workspace, on tensor cores where they run it.
+    let entries = |part: &Gemm| Gemm {
+        reduce_batch: false,
+        c_offset: 0,
+        c_batch_stride: mn,
+        accumulate: false,
+        ..*part
+    };
+    let cores_for = |part: &Gemm| {
+        (split.splits == 1 && kernel == MatmulKernel::Tiled)
+            .then(|| coop::usable(&entries(part), a, b, &parts, None))
+            .flatten()
+    };
+    if g.reduce_batch
+        && tile.shared
+        && split.group < g.batch
+        && cores_for(&round(0)).is_none()
+        && budget::fits_whole(&[a, b, &parts])
+    {
+        // A summed batch past one workspace: GPU tiles sum several entries
+        // a slot, so one product and one sum instead of a round of each per
+        // workspace's worth of entries.
+        let per = g.batch.div_ceil(split.group);
+        let slots = g.batch.div_ceil(per);
+        dispatch(
+            g,
+            [a, b, &parts],
+            None,
+            &tile,
+            transposed,
+            split.splits,
+            split.k_chunk,
+            0,
+            mn,
+            false,
+            per,
+        )?;
+        sum_partials(
+            &parts,
+            c,
+            0,
+            slots * split.splits,
+            mn,
+            g.c_offset,
+            g.accumulate,
+        )?;
+    } else {
+        for b0 in (0..g.batch).step_by(split.group) {
+            let part = round(b0);
+            let nb = part.batch;
+            if let Some(lanes) = cores_for(&part) {
+                coop::gemm(&entries(&part), a, b, &parts, None, lanes)?;
+            } else {
+                dispatch(
+                    &part,
+                    [a, b, &parts],
+                    None,
+                    &tile,
+                    transposed,
+                    split.splits,
+                    split.k_chunk,
+                    0,
+                    mn,
+                    false,
+                    1,
+                )?;
+            }
+            if g.reduce_batch {
                 sum_partials(
                     &parts,
                     c,
-                    e * split.splits * mn,
-                    split.splits,
+                    0,
+                    nb * split.splits,
                     mn,
-                    g.c_offset + (b0 + e) * g.c_batch_stride,
-                    g.accumulate,
+                    g.c_offset,
+                    g.accumulate || b0 > 0,
                 )?;
+            } else {
+                for e in 0..nb {
+                    sum_partials(
+                        &parts,
+                        c,
+                        e * split.splits * mn,
+                        split.splits,
+                        mn,
+                        g.c_offset + (b0 + e) * g.c_batch_stride,
+                        g.accumulate,
+                    )?;
+                }
             }
         }
     }
+    drop(parts);
     if let Some(bias) = bias {
         // A 16-bit product summed in an f32 workspace (gemm_via_f32) has a
         // 16-bit bias: widened first (exactly), then added in f32.
