@@ -25,7 +25,7 @@ use super::timing::{DispatchTime, Timer, TimingSource};
 use super::windows::{pad, split, table_bytes, Window};
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use wgpu::util::DeviceExt;
 
@@ -239,8 +239,10 @@ pub struct Gpu {
     /// Dispatches that bound some tensor in more than one window.
     windowed: AtomicU64,
     pending: Mutex<Pending>,
-    /// Commands before the first submit after a wait.
-    first_submit: usize,
+    /// Commands before the first submit after a wait: `configured_submit`,
+    /// or [`MAX_PENDING_COMMANDS`] while [`Gpu::hold_submits`] holds them.
+    first_submit: AtomicUsize,
+    configured_submit: usize,
     timer: Mutex<Option<Timer>>,
     errors: Arc<Mutex<Vec<String>>>,
 }
@@ -401,7 +403,8 @@ impl Gpu {
                 in_flight: Vec::new(),
                 spare: Vec::new(),
             }),
-            first_submit,
+            first_submit: AtomicUsize::new(first_submit),
+            configured_submit: first_submit,
             errors,
         })
     }
@@ -651,6 +654,19 @@ impl Gpu {
         p.commands = 0;
     }
 
+    /// Holds submits until [`MAX_PENDING_COMMANDS`] are pending or a wait
+    /// (`true`), or restores the early first submit (`false`): to time the
+    /// host's recording apart from its submits.
+    pub fn hold_submits(&self, hold: bool) {
+        let n = if hold {
+            MAX_PENDING_COMMANDS
+        } else {
+            self.configured_submit
+        };
+        self.first_submit.store(n, Ordering::Relaxed);
+        lock(&self.pending).submit_at = n;
+    }
+
     /// Submits everything recorded so far.
     pub fn flush(&self) {
         let mut p = lock(&self.pending);
@@ -673,7 +689,7 @@ impl Gpu {
             let mut p = lock(&self.pending);
             p.spare.extend(submitted);
             p.spare.truncate(MAX_SPARE_ARENAS);
-            p.submit_at = self.first_submit;
+            p.submit_at = self.first_submit.load(Ordering::Relaxed);
         }
         self.take_errors()?;
         self.read_times()

@@ -5,12 +5,10 @@
 //! copy, so the tape saves what PyTorch saves.
 
 use super::{check_u32, launch};
-use crate::device::Kernel;
 use crate::memory::Category;
-use crate::tensor::{DType, Tensor, TensorError};
+use crate::tensor::{Tensor, TensorError};
 
 const SOURCE: &str = include_str!("../../../../shaders/swap_axes.wgsl");
-const SWAP: Kernel = Kernel::fixed("swap_axes", SOURCE, "main");
 
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
@@ -33,7 +31,6 @@ pub(crate) fn swap_axes_12_as(
     label: &str,
     category: Option<Category>,
 ) -> Result<Tensor, TensorError> {
-    x.require_f32("swap axes")?;
     check_u32("swap axes", x)?;
     let [a, b, c, e] = match x.shape() {
         [a, b, c, e] => [*a, *b, *c, *e],
@@ -46,7 +43,7 @@ pub(crate) fn swap_axes_12_as(
             })
         }
     };
-    let out = Tensor::empty_as(x.engine(), &[a, c, b, e], DType::F32, label, category)?;
+    let out = Tensor::empty_as(x.engine(), &[a, c, b, e], x.dtype(), label, category)?;
     let p = Params {
         a: a as u32,
         b: b as u32,
@@ -55,10 +52,10 @@ pub(crate) fn swap_axes_12_as(
     };
     launch(
         x,
-        &SWAP,
+        &super::typed_kernel("swap_axes", SOURCE, "main", x.dtype()),
         &[&x.slice(), &out.slice()],
         bytemuck::bytes_of(&p),
-        x.numel(),
+        x.numel().div_ceil(2),
     )?;
     Ok(out)
 }
