@@ -7,9 +7,11 @@
 //! 3.9e-3): an elementwise op computes in f32 and rounds once, so each
 //! element is within u of the exact result (plus half the smallest f16
 //! subnormal, 2^-25, where results are tiny). Products and reductions sum
-//! in f32 and round once, but the input gradient of a convolution passes
-//! through a 16-bit `grad_im2col` workspace and col2im sums up to KH·KW of
-//! its rounded values, so those results are judged norm-wise, within 4u.
+//! in f32 and round once, but the input gradient of a strided convolution
+//! passes through a 16-bit `grad_im2col` workspace and col2im sums up to
+//! KH·KW of its rounded values (a stride-1 one is the flipped kernel's
+//! convolution, rounded once), so those results are judged norm-wise,
+//! within 4u.
 
 use crate::common;
 use common::*;
@@ -143,6 +145,33 @@ fn conv2d_forward_and_backward_in_each_dtype() {
                 assert_eq!(got.dtype(), d, "{what} {name}");
                 let err = normwise(&got.to_vec().unwrap(), &want);
                 assert!(err <= 4.0 * unit(d), "{what} {name}: {err:.2e}");
+            }
+        }
+    }
+}
+
+#[test]
+fn swap_axes_copies_each_dtype_exactly() {
+    // An odd count: the last 16-bit word holds one element.
+    let e = engine();
+    let mut rng = Rng::new(35);
+    let (a, b, c, d) = (3, 3, 5, 7);
+    for dt in DTYPES {
+        let (x, tx) = rounded(&e, &mut rng, &[a, b, c, d], dt);
+        let y = vramlab::ops::swap_axes::swap_axes_12(&tx, "y").unwrap();
+        assert_eq!((y.shape(), y.dtype()), (&[a, c, b, d][..], dt));
+        let yv = y.to_vec().unwrap();
+        for i in 0..a {
+            for j in 0..b {
+                for k in 0..c {
+                    for l in 0..d {
+                        let (got, want) = (
+                            yv[((i * c + k) * b + j) * d + l],
+                            x[((i * b + j) * c + k) * d + l],
+                        );
+                        assert_eq!(got, want, "{dt} [{i},{j},{k},{l}]");
+                    }
+                }
             }
         }
     }
