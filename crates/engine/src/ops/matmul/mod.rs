@@ -254,6 +254,12 @@ pub fn gemm_bias(
     // shapes alone, so memory is the same either way).
     if kernel == MatmulKernel::Tiled && plan_split(g).group == 0 {
         if let Some(lanes) = coop::usable(g, a, b, c, bias) {
+            // A 16-bit C the plain kernels cannot write in whole words
+            // takes the f32 workspace here too (its product still on
+            // tensor cores), so what is allocated does not depend on them.
+            if c.dtype().is_16bit() && !whole_words(g) {
+                return gemm_via_f32(g, a, b, c, bias, kernel);
+            }
             return coop::gemm(g, a, b, c, bias, lanes);
         }
     }
@@ -288,10 +294,7 @@ pub fn gemm_bias(
         // f16, and always for bf16): each thread owns whole words (a GPU
         // tile's columns come in fours).
         tile.strided_cols = tile.shared;
-        let even = |v: usize| v.is_multiple_of(2);
-        let pairs =
-            even(tile.tn as usize) && even(g.n) && even(g.c_offset) && even(g.c_batch_stride);
-        if !pairs {
+        if !(tile.tn.is_multiple_of(2) && whole_words(g)) {
             return gemm_via_f32(g, a, b, c, bias, kernel);
         }
     }
@@ -459,6 +462,15 @@ pub fn gemm_bias(
         super::bias::add_bias(c, bias, g.m, g.n)?;
     }
     Ok(())
+}
+
+/// Whether C's rows start and end on whole 16-bit words: the plain
+/// kernels' 16-bit stores write pairs (tiles for 16-bit outputs have even
+/// thread widths).
+fn whole_words(g: &Gemm) -> bool {
+    [g.n, g.c_offset, g.c_batch_stride]
+        .iter()
+        .all(|v| v.is_multiple_of(2))
 }
 
 /// A bf16 product whose output words cannot each go to one thread (odd
