@@ -4,7 +4,7 @@
 # are built on the x86-64 host and carried xz-compressed in .devbin/
 # (scripts/device_pack.sh makes them); the Vulkan loader comes as .gl/*.deb.
 #   scripts/device_bench.sh [STEPS]   STEPS: comma-separated, default all:
-#   tests,coop,prefetch,bench,bench2,burn,torch,layouts,estimate,recorder,ddp,zoo
+#   tests,coop,prefetch,bench,bench2,ab,burn,torch,layouts,estimate,recorder,ddp,zoo
 # BENCH_ENV, COOP_ENVS, PREFETCH_ENVS: settings for the bench step and the
 # lists of the coop and prefetch steps, each entry's settings joined by "+".
 # Every figure lands under $OUT: log.txt (everything printed) and one JSON
@@ -180,6 +180,37 @@ for m in d["models"]:
     print(f"{m['model']} step: untimed {m['untimed_seconds_median'] * 1e3:.2f} ms, device {m['device_seconds_median'] * 1e3:.2f} ms")
 PY
   done
+fi
+
+if want ab; then
+  step "SimpleConvNet batch 64: this build, the same with VRAMLAB_SUBMIT_FIRST=0, the base build, in turn"
+  # The base build (device_pack.sh's BASE_BIN) shares the tile cache: one
+  # warm-up run tunes it first. Base's mixed-precision rows are timed with
+  # the kernel timer on, this build's with it off (untimed wall clock).
+  timeout $(limit 60) $V bench --sizes 256 --models simple-cnn --batch 64 --reps 1 > /dev/null 2>&1
+  for i in 1 2 3; do
+    for run in new new-submit0 base; do
+      case $run in
+        new) bin=$V; envs="" ;;
+        new-submit0) bin=$V; envs="VRAMLAB_SUBMIT_FIRST=0" ;;
+        base) bin=.devbin/vramlab-base; envs="" ;;
+      esac
+      [ -x "$bin" ] || { echo "$run: $bin missing"; continue; }
+      env $envs timeout $(limit 45) "$bin" bench --sizes 256 --models simple-cnn --batch 64 --reps 20 --json \
+        > "$OUT/ab_${run}_$i.json" 2> /dev/null
+      python3 - "$OUT/ab_${run}_$i.json" "$run" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+m = d["models"][0]
+amp = {r["mode"]: r["speedup_vs_f32"] for r in d["precision"] if not r["what"].startswith("matmul")}
+print(f"{sys.argv[2]:<12} untimed {m['untimed_seconds_median'] * 1e3:.2f} ms  device {m['device_seconds_median'] * 1e3:.2f} ms"
+      f"  host {m['host_seconds_median'] * 1e3:.2f} ms  dispatches {m['device_time']['dispatches']}"
+      f"  amp f16 {amp.get('amp f16', 0):.2f}x f32  amp bf16 {amp.get('amp bf16', 0):.2f}x")
+PY
+    done
+  done
+  timeout $(limit 40) python3 scripts/torch_step_bench.py --reps 50 --json > "$OUT/ab_torch.json" 2> /dev/null &&
+    python3 -c "import json; d=json.load(open('$OUT/ab_torch.json')); print('PyTorch CUDA step', round(d['step']['seconds'] * 1e3, 3), 'ms')"
 fi
 
 if want moretests; then

@@ -7,6 +7,8 @@
 #   cargo build --release --bin vramlab && cargo test --test suite --no-run
 #   cargo build --bin vramlab
 #   cargo build --release --manifest-path benches/peers/burn/Cargo.toml
+# BASE_BIN=path/to/an/older/release/vramlab also packs that build as
+# vramlab-base, for device_bench.sh's `ab` step (this build beside it).
 set -euo pipefail
 mkdir -p .devbin
 rm -f .devbin/*
@@ -19,4 +21,5 @@ pack target/release/vramlab vramlab
 pack target/debug/vramlab vramlab-debug
 pack "$(ls -t target/debug/deps/suite-* | grep -v '\.d$' | head -n 1)" suite
 pack benches/peers/burn/target/release/vramlab-peer-burn vramlab-peer-burn
+if [ -n "${BASE_BIN:-}" ]; then pack "$BASE_BIN" vramlab-base; fi
 du -ch .devbin/* | tail -n 1
