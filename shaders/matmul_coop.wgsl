@@ -17,7 +17,8 @@
 // inside C (plus a bias per row, added to C when the product accumulates,
 // converted for f16). B may be a convolution's im2col read in place
 // (matmul_common's loader, staged steps only), and REDUCE sums the batch's
-// products into one C (a weight gradient) in the same accumulators.
+// products into one C (a weight gradient) in the same accumulators: a
+// group of p.group entries for each z into slot z of C.
 // naga 30 needs coopStoreT's operands bound with `let` (docs/tensor_cores.md).
 enable wgpu_cooperative_matrix;
 
@@ -151,7 +152,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     // bounds rather than branches choose, as naga wants cooperative
     // operations in control flow it can prove uniform.
 #if REDUCE
-    for (var bz = 0u; bz < p.batch; bz += 1u) {
+    let first = wid.z * p.group;
+    for (var bz = first; bz < min(first + p.group, p.batch); bz += 1u) {
     let a_base = p.a_off + bz * p.a_bs;
     let b_base = p.b_off + bz * p.b_bs;
 #else
@@ -303,7 +305,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     }
     }
 #if REDUCE
-    let c_base = p.c_off;
+    let c_base = p.c_off + wid.z * p.c_bs;
 #else
     let c_base = p.c_off + wid.z * p.c_bs;
 #endif

@@ -312,13 +312,28 @@ pub fn usable(g: &Gemm, a: &Tensor, b: &Tensor, c: &Tensor, bias: Option<&Tensor
 }
 
 /// Runs `g` on tensor cores with subgroups of `lanes` invocations; the
-/// caller has checked [`usable`].
+/// caller has checked [`usable`]. A summed batch goes into one C.
 pub fn gemm(
     g: &Gemm,
     a: &Tensor,
     b: &Tensor,
     c: &Tensor,
     bias: Option<&Tensor>,
+    lanes: u32,
+) -> Result<(), TensorError> {
+    gemm_grouped(g, a, b, c, bias, g.batch.max(1), lanes)
+}
+
+/// [`gemm`] where a summed batch is summed `group` entries at a time, each
+/// group into its own C (`c_batch_stride` apart): the partial products of
+/// a weight gradient past one workspace, in one dispatch.
+pub fn gemm_grouped(
+    g: &Gemm,
+    a: &Tensor,
+    b: &Tensor,
+    c: &Tensor,
+    bias: Option<&Tensor>,
+    group: usize,
     lanes: u32,
 ) -> Result<(), TensorError> {
     let u = |x: usize| x as u32;
@@ -340,7 +355,9 @@ pub fn gemm(
         ..
     } = st;
     let o = Oriented::of(g, false);
-    let params = MatmulParams::new(g, &o, 1, g.k, g.c_offset, g.c_batch_stride, g.accumulate);
+    let mut params = MatmulParams::new(g, &o, 1, g.k, g.c_offset, g.c_batch_stride, g.accumulate);
+    let group = group.clamp(1, g.batch.max(1));
+    params.group = group as u32;
     let conv = g.implicit_b.as_ref();
     let aligned = conv.is_none() && direct_ok(&o.a, a, g.batch) && direct_ok(&o.b, b, g.batch);
     let direct = aligned && loads == Loads::Direct;
@@ -407,7 +424,11 @@ pub fn gemm(
     // stores guarded by C's sizes, workgroup indices from constants and
     // local ids (docs/tensor_cores.md).
     .trusted();
-    let z = if g.reduce_batch { 1 } else { g.batch };
+    let z = if g.reduce_batch {
+        g.batch.div_ceil(group)
+    } else {
+        g.batch
+    };
     let mut bindings = vec![a.slice(), b.slice(), c.slice()];
     bindings.extend(bias.map(Tensor::slice));
     let refs: Vec<_> = bindings.iter().collect();

@@ -369,30 +369,40 @@ pub fn gemm_bias(
             .then(|| coop::usable(&entries(part), a, b, &parts, None))
             .flatten()
     };
+    let cores = cores_for(&round(0));
     if g.reduce_batch
-        && tile.shared
+        && (tile.shared || cores.is_some())
         && split.group < g.batch
-        && cores_for(&round(0)).is_none()
         && budget::fits_whole(&[a, b, &parts])
     {
-        // A summed batch past one workspace: GPU tiles sum several entries
-        // a slot, so one product and one sum instead of a round of each per
-        // workspace's worth of entries.
+        // A summed batch past one workspace: GPU tiles and tensor cores sum
+        // several entries a slot, so one product and one sum instead of a
+        // round of each per workspace's worth of entries.
         let per = g.batch.div_ceil(split.group);
         let slots = g.batch.div_ceil(per);
-        dispatch(
-            g,
-            [a, b, &parts],
-            None,
-            &tile,
-            transposed,
-            split.splits,
-            split.k_chunk,
-            0,
-            mn,
-            false,
-            per,
-        )?;
+        if let Some(lanes) = cores {
+            let slotted = Gemm {
+                c_offset: 0,
+                c_batch_stride: mn,
+                accumulate: false,
+                ..*g
+            };
+            coop::gemm_grouped(&slotted, a, b, &parts, None, per, lanes)?;
+        } else {
+            dispatch(
+                g,
+                [a, b, &parts],
+                None,
+                &tile,
+                transposed,
+                split.splits,
+                split.k_chunk,
+                0,
+                mn,
+                false,
+                per,
+            )?;
+        }
         sum_partials(
             &parts,
             c,
