@@ -355,23 +355,42 @@ pub fn gemm_bias(
         part.b.offset += b0 * g.b.batch_stride;
         part
     };
-    // Unsplit K (a summed batch): each entry's product into its slot of
-    // the workspace, on tensor cores where they run it.
-    let entries = |part: &Gemm| Gemm {
-        reduce_batch: false,
+    // Each entry's partial products into its slot of the workspace, or
+    // with `per` > 1 (a summed batch) each slot summing `per` entries; on
+    // tensor cores where they run an unsplit K.
+    let slotted = |part: &Gemm| Gemm {
         c_offset: 0,
         c_batch_stride: mn,
         accumulate: false,
         ..*part
     };
     let cores_for = |part: &Gemm| {
+        let entries = Gemm {
+            reduce_batch: false,
+            ..slotted(part)
+        };
         (split.splits == 1 && kernel == MatmulKernel::Tiled)
-            .then(|| coop::usable(&entries(part), a, b, &parts, None))
+            .then(|| coop::usable(&entries, a, b, &parts, None))
             .flatten()
     };
-    let cores = cores_for(&round(0));
+    let product = |part: &Gemm, per: usize| match cores_for(part) {
+        Some(lanes) => coop::gemm_grouped(&slotted(part), a, b, &parts, None, per, lanes),
+        None => dispatch(
+            part,
+            [a, b, &parts],
+            None,
+            &tile,
+            transposed,
+            split.splits,
+            split.k_chunk,
+            0,
+            mn,
+            false,
+            per,
+        ),
+    };
     if g.reduce_batch
-        && (tile.shared || cores.is_some())
+        && (tile.shared || cores_for(g).is_some())
         && split.group < g.batch
         && budget::fits_whole(&[a, b, &parts])
     {
@@ -380,29 +399,7 @@ pub fn gemm_bias(
         // round of each per workspace's worth of entries.
         let per = g.batch.div_ceil(split.group);
         let slots = g.batch.div_ceil(per);
-        if let Some(lanes) = cores {
-            let slotted = Gemm {
-                c_offset: 0,
-                c_batch_stride: mn,
-                accumulate: false,
-                ..*g
-            };
-            coop::gemm_grouped(&slotted, a, b, &parts, None, per, lanes)?;
-        } else {
-            dispatch(
-                g,
-                [a, b, &parts],
-                None,
-                &tile,
-                transposed,
-                split.splits,
-                split.k_chunk,
-                0,
-                mn,
-                false,
-                per,
-            )?;
-        }
+        product(g, per)?;
         sum_partials(
             &parts,
             c,
@@ -416,23 +413,7 @@ pub fn gemm_bias(
         for b0 in (0..g.batch).step_by(split.group) {
             let part = round(b0);
             let nb = part.batch;
-            if let Some(lanes) = cores_for(&part) {
-                coop::gemm(&entries(&part), a, b, &parts, None, lanes)?;
-            } else {
-                dispatch(
-                    &part,
-                    [a, b, &parts],
-                    None,
-                    &tile,
-                    transposed,
-                    split.splits,
-                    split.k_chunk,
-                    0,
-                    mn,
-                    false,
-                    1,
-                )?;
-            }
+            product(&part, 1)?;
             if g.reduce_batch {
                 sum_partials(
                     &parts,
