@@ -75,6 +75,18 @@ fn arenas_reused_after_waits_keep_each_dispatchs_parameters() {
 }
 
 #[test]
+fn timed_dispatches_past_a_full_query_set_keep_their_parameters() {
+    // 2,048 query pairs: the 2,049th timed dispatch waits for the set to
+    // be read back, and its uniforms are staged after that wait.
+    let e = engine();
+    e.start_timing();
+    fills(&e, 2100, 2, "2100 timed fills");
+    let (_, times) = e.take_dispatch_times().unwrap().expect("timing is on");
+    assert!(times.len() >= 2100, "{} times", times.len());
+    e.stop_timing().unwrap();
+}
+
+#[test]
 fn timed_and_untimed_stretches_interleave() {
     let e = engine();
     for round in 0..3 {

@@ -9,9 +9,9 @@
 //! subnormal, 2^-25, where results are tiny). Products and reductions sum
 //! in f32 and round once, but the input gradient of a strided convolution
 //! passes through a 16-bit `grad_im2col` workspace and col2im sums up to
-//! KH·KW of its rounded values (a stride-1 one is the flipped kernel's
-//! convolution, rounded once), so those results are judged norm-wise,
-//! within 4u.
+//! KH·KW of its rounded values (a stride-1 one over an even H·W is the
+//! flipped kernel's convolution, rounded once), so those results are
+//! judged norm-wise, within 4u.
 
 use crate::common;
 use common::*;

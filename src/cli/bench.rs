@@ -187,31 +187,35 @@ fn dispatch_overhead(e: &Engine, reps: usize) -> anyhow::Result<DispatchOverhead
     if let Some(g) = e.gpu() {
         g.hold_submits(true);
     }
-    let t = crate::ops::fill::zeros(e, &[1], "bench.dispatch")?;
-    let (mut record, mut submit, mut total) = (Vec::new(), Vec::new(), Vec::new());
-    let micros = |d: std::time::Duration| d.as_secs_f64() / COUNT as f64 * 1e6;
-    for rep in 0..=reps {
-        e.synchronize()?;
-        let t0 = Instant::now();
-        for i in 0..COUNT {
-            crate::ops::fill::fill(&t, i as f32)?;
+    let timed = (|| -> anyhow::Result<[Vec<f64>; 3]> {
+        let t = crate::ops::fill::zeros(e, &[1], "bench.dispatch")?;
+        let (mut record, mut submit, mut total) = (Vec::new(), Vec::new(), Vec::new());
+        let micros = |d: std::time::Duration| d.as_secs_f64() / COUNT as f64 * 1e6;
+        for rep in 0..=reps {
+            e.synchronize()?;
+            let t0 = Instant::now();
+            for i in 0..COUNT {
+                crate::ops::fill::fill(&t, i as f32)?;
+            }
+            let recorded = t0.elapsed();
+            if let Some(g) = e.gpu() {
+                g.flush();
+            }
+            let submitted = t0.elapsed();
+            e.synchronize()?;
+            // The first rep compiles the kernel and warms the caches.
+            if rep > 0 {
+                record.push(micros(recorded));
+                submit.push(micros(submitted - recorded));
+                total.push(micros(t0.elapsed()));
+            }
         }
-        let recorded = t0.elapsed();
-        if let Some(g) = e.gpu() {
-            g.flush();
-        }
-        let submitted = t0.elapsed();
-        e.synchronize()?;
-        // The first rep compiles the kernel and warms the caches.
-        if rep > 0 {
-            record.push(micros(recorded));
-            submit.push(micros(submitted - recorded));
-            total.push(micros(t0.elapsed()));
-        }
-    }
+        Ok([record, submit, total])
+    })();
     if let Some(g) = e.gpu() {
         g.hold_submits(false);
     }
+    let [record, submit, total] = timed?;
     e.start_timing();
     Ok(DispatchOverhead {
         count: COUNT,

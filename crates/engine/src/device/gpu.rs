@@ -675,24 +675,40 @@ impl Gpu {
 
     /// Submits and waits until the GPU has finished all of it.
     pub fn synchronize(&self) -> Result<(), DeviceError> {
-        let submitted = {
-            let mut p = lock(&self.pending);
-            Self::submit_locked(&self.queue, &mut p);
-            std::mem::take(&mut p.in_flight)
-        };
+        self.wait(true)
+    }
+
+    /// [`Gpu::synchronize`]; with `recycle` the arenas submitted before the
+    /// wait may be rewritten after it. Without, they are left alone: a
+    /// dispatch whose uniforms were staged before the wait is recorded
+    /// after it.
+    fn wait(&self, recycle: bool) -> Result<(), DeviceError> {
+        let submitted = self.flush_taking_arenas();
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(DeviceError::Poll)?;
-        {
-            // Everything submitted before the wait has finished: its
-            // arenas may be rewritten, and the idle GPU wants work soon.
-            let mut p = lock(&self.pending);
-            p.spare.extend(submitted);
-            p.spare.truncate(MAX_SPARE_ARENAS);
-            p.submit_at = self.first_submit.load(Ordering::Relaxed);
+        if recycle {
+            self.recycle(submitted);
         }
         self.take_errors()?;
         self.read_times()
+    }
+
+    /// Submits what is pending; returns the arenas submitted since the
+    /// last recycling, to recycle once a wait has seen them finish.
+    fn flush_taking_arenas(&self) -> Vec<wgpu::Buffer> {
+        let mut p = lock(&self.pending);
+        Self::submit_locked(&self.queue, &mut p);
+        std::mem::take(&mut p.in_flight)
+    }
+
+    /// After a wait that saw `arenas`' submits finish: they may be
+    /// rewritten, and the idle GPU wants work soon.
+    fn recycle(&self, arenas: Vec<wgpu::Buffer>) {
+        let mut p = lock(&self.pending);
+        p.spare.extend(arenas);
+        p.spare.truncate(MAX_SPARE_ARENAS);
+        p.submit_at = self.first_submit.load(Ordering::Relaxed);
     }
 
     /// Whether one dispatch may bind all of `bindings`: their windows
@@ -854,6 +870,11 @@ impl Gpu {
             kernel
         };
         let (pipeline, layout) = self.pipeline(kernel)?;
+        // The timer's wait comes before this dispatch's uniforms are
+        // staged: a wait lets the arenas it saw submitted be rewritten.
+        if lock(&self.timer).as_ref().is_some_and(Timer::wants_wait) {
+            self.synchronize()?;
+        }
         let small = lock(&self.timer).is_some();
         let (uniform, table) = {
             let mut p = lock(&self.pending);
@@ -901,20 +922,19 @@ impl Gpu {
                 match t.next_pair(&kernel.name, op.clone()) {
                     Some(i) => Some(i),
                     None => {
+                        // Only where another thread filled the set since
+                        // the wait above: this dispatch's uniforms are
+                        // staged, so their arena is not recycled.
                         drop(timer);
-                        self.synchronize()?;
+                        self.wait(false)?;
                         timer = lock(&self.timer);
                         timer.as_mut().and_then(|t| t.next_pair(&kernel.name, op))
                     }
                 }
             }
-            Some(_) => {
-                drop(timer);
-                self.synchronize()?;
-                timer = lock(&self.timer);
-                if let Some(t) = timer.as_mut() {
-                    t.start_wall(&kernel.name, op());
-                }
+            Some(t) => {
+                // Waited for above, before the uniforms were staged.
+                t.start_wall(&kernel.name, op());
                 None
             }
         };
@@ -1039,7 +1059,7 @@ impl Gpu {
         self.with_encoder(|enc| {
             enc.copy_buffer_to_buffer(source, offset, &readback, 0, size);
         });
-        self.flush();
+        let submitted = self.flush_taking_arenas();
         let (tx, rx) = std::sync::mpsc::channel();
         readback.map_async(wgpu::MapMode::Read, .., move |r| {
             let _ = tx.send(r);
@@ -1047,6 +1067,7 @@ impl Gpu {
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(DeviceError::Poll)?;
+        self.recycle(submitted);
         self.take_errors()?;
         rx.recv()
             .map_err(DeviceError::MapLost)?

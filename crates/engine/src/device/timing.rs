@@ -117,6 +117,15 @@ impl Timer {
 
     /// The query indices for the next dispatch, or `None` when the set is
     /// full and must be read back first.
+    /// Whether the next dispatch must wait first: timestamps whose query
+    /// set is full (read back at a wait), or the wall clock (each
+    /// dispatch alone between two waits).
+    pub fn wants_wait(&self) -> bool {
+        self.stamps
+            .as_ref()
+            .is_none_or(|s| s.pending.len() as u32 >= QUERY_PAIRS)
+    }
+
     pub fn next_pair(&mut self, kernel: &str, op: Arc<str>) -> Option<u32> {
         let phase = self.phase.clone();
         let s = self.stamps.as_mut()?;

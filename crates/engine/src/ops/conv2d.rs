@@ -129,11 +129,15 @@ impl Dims {
     /// Whether dX can be computed as a convolution of dY (implicit GEMM,
     /// no workspace of im2col's shape and no col2im): stride 1, a square
     /// kernel and padding below its size (so the transposed convolution's
-    /// padding KH−1−P is one number and not negative). Any dtype: 16-bit
-    /// products sum in f32 and round once, where col2im rounded each
-    /// product to 16 bits before summing the overlapping windows.
-    fn dx_as_convolution(&self) -> bool {
-        self.cfg.stride == 1 && self.kh == self.kw && self.cfg.padding < self.kh
+    /// padding KH−1−P is one number and not negative). 16-bit too, where
+    /// each sample's H·W is even: the product then writes whole 16-bit
+    /// words (an odd one would take an f32 copy of all of dX, where the
+    /// chunked col2im route is bounded), summing in f32 and rounding once.
+    fn dx_as_convolution(&self, dtype: DType) -> bool {
+        self.cfg.stride == 1
+            && self.kh == self.kw
+            && self.cfg.padding < self.kh
+            && (dtype == DType::F32 || (self.h * self.w).is_multiple_of(2))
     }
 
     fn ckk(&self) -> usize {
@@ -296,7 +300,7 @@ pub fn conv2d_backward_ex(
         }),
     };
     gemm(&g, dy, x, &dw, MatmulKernel::Tiled)?;
-    if let Some(out) = dx.as_ref().filter(|_| d.dx_as_convolution()) {
+    if let Some(out) = dx.as_ref().filter(|_| d.dx_as_convolution(x.dtype())) {
         // dX[n] (C×HW) = W' (C × O·KH·KW) · im2col(dY[n]) with padding
         // KH−1−P and the window flipped, where W'[c, o, ·] = W[o, c, ·]:
         // a stride-1 convolution's input gradient is the convolution of dY
