@@ -40,11 +40,12 @@ pub struct EstimateArgs {
     pub device: DeviceArgs,
     #[command(flatten)]
     pub alloc: AllocArgs,
-    #[command(flatten)]
-    pub layout: super::layout_args::LayoutArgs,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+    // Last: its help heading holds for the arguments declared after it.
+    #[command(flatten)]
+    pub layout: super::layout_args::LayoutArgs,
 }
 
 /// The per-rank estimate of a parallel layout (`--dp`, `--zero`, `--tp`,

@@ -32,94 +32,60 @@ impl From<RecomputeArg> for Recompute {
 }
 
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Parallel layout (per-rank estimate)")]
 pub struct LayoutArgs {
     /// Data-parallel ranks: the per-rank step of a layout (gpt only), with
     /// DDP's gradient buckets unless --zero or --fsdp shards the states.
-    #[arg(
-        long,
-        value_name = "N",
-        help_heading = "Parallel layout (per-rank estimate)"
-    )]
+    #[arg(long, value_name = "N")]
     pub dp: Option<u64>,
     /// ZeRO stage: 1 shards optimizer states over the --dp ranks, 2 also
     /// gradients, 3 also parameters (gathered one module at a time).
-    #[arg(
-        long,
-        value_name = "1|2|3",
-        help_heading = "Parallel layout (per-rank estimate)"
-    )]
+    #[arg(long, value_name = "1|2|3")]
     pub zero: Option<u8>,
     /// FSDP (fully_shard per block): ZeRO-3's sharding, gathering a whole
     /// block and prefetching the next.
-    #[arg(
-        long,
-        conflicts_with = "zero",
-        help_heading = "Parallel layout (per-rank estimate)"
-    )]
+    #[arg(long, conflicts_with = "zero")]
     pub fsdp: bool,
     /// Tensor-parallel ranks (Megatron's column/row split of every block).
-    #[arg(
-        long,
-        value_name = "T",
-        help_heading = "Parallel layout (per-rank estimate)"
-    )]
+    #[arg(long, value_name = "T")]
     pub tp: Option<u64>,
     /// Sequence parallelism: the activations tensor parallelism leaves
     /// whole (LayerNorms, dropouts) split along the sequence over --tp.
-    #[arg(long, help_heading = "Parallel layout (per-rank estimate)")]
+    #[arg(long)]
     pub sp: bool,
     /// Pipeline stages (the layers split evenly).
-    #[arg(
-        long,
-        value_name = "P",
-        help_heading = "Parallel layout (per-rank estimate)"
-    )]
+    #[arg(long, value_name = "P")]
     pub pp: Option<u64>,
     /// Micro-batches a step (each of --batch sequences a data-parallel
     /// rank): the pipeline's m, or gradient accumulation.
-    #[arg(
-        long,
-        value_name = "M",
-        default_value_t = 1,
-        help_heading = "Parallel layout (per-rank estimate)"
-    )]
+    #[arg(long, value_name = "M", default_value_t = 1)]
     pub microbatches: u64,
     /// Pipeline schedule: 1f1b holds at most p − i micro-batches on stage
     /// i, gpipe all of them.
-    #[arg(
-        long,
-        value_enum,
-        default_value = "1f1b",
-        help_heading = "Parallel layout (per-rank estimate)"
-    )]
+    #[arg(long, value_enum, default_value = "1f1b")]
     pub schedule: ScheduleArg,
     /// Activation recomputation (Korthikanti et al. 2022): selective
     /// recomputes the attention core, full everything but each block's
     /// input (--mode checkpoint means full).
-    #[arg(long, value_enum, help_heading = "Parallel layout (per-rank estimate)")]
+    #[arg(long, value_enum)]
     pub recompute: Option<RecomputeArg>,
     /// DDP's bucket_cap_mb.
-    #[arg(
-        long,
-        value_name = "MB",
-        default_value_t = 25.0,
-        help_heading = "Parallel layout (per-rank estimate)"
-    )]
+    #[arg(long, value_name = "MB", default_value_t = 25.0)]
     pub bucket_cap_mb: f64,
     /// DDP's gradient_as_bucket_view=True: gradients are views into the
     /// buckets, not a second copy.
-    #[arg(long, help_heading = "Parallel layout (per-rank estimate)")]
+    #[arg(long)]
     pub bucket_view: bool,
     /// DDP's find_unused_parameters=True.
-    #[arg(long, help_heading = "Parallel layout (per-rank estimate)")]
+    #[arg(long)]
     pub find_unused: bool,
     /// Count DeepSpeed's fp32 gradient partition (4 bytes a parameter over
     /// the ranks), as its estimators do; the ZeRO paper does not.
-    #[arg(long, help_heading = "Parallel layout (per-rank estimate)")]
+    #[arg(long)]
     pub fp32_grad_partition: bool,
     /// Fused attention (FlashAttention; PyTorch's SDPA on a GPU): the
     /// attention scores are never stored; a log-sum-exp per row is.
-    #[arg(long, help_heading = "Parallel layout (per-rank estimate)")]
+    #[arg(long)]
     pub flash_attention: bool,
 }
 
