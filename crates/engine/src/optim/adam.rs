@@ -205,7 +205,8 @@ impl Adam {
         } else {
             None
         };
-        let fused = wd_grads.is_none();
+        // Without a weight-decayed list the moments join the last two ops.
+        let phase = if wd_grads.is_none() { 7 } else { 8 };
         if let Some(l) = &wd_grads {
             for ((w, _, s), g) in live.iter().zip(l) {
                 self.phase(1, w, [g, &s.exp_avg, &s.exp_avg_sq, w, w])?;
@@ -218,7 +219,6 @@ impl Adam {
             .map(|(w, _, _)| phases::temporary(w, "adam._foreach_sqrt"))
             .collect::<Result<Vec<_>, _>>()?;
         for ((w, g, s), d) in live.iter().zip(&denoms) {
-            let phase = if fused { 7 } else { 8 };
             self.phase(phase, w, [g, &s.exp_avg, &s.exp_avg_sq, d, w])?;
         }
         free_in_reverse(denoms);

@@ -464,7 +464,7 @@ fn whole_words(g: &Gemm) -> bool {
         .all(|v| v.is_multiple_of(2))
 }
 
-/// A bf16 product whose output words cannot each go to one thread (odd
+/// A 16-bit product whose output words cannot each go to one thread (odd
 /// widths or offsets): computed in an f32 workspace shaped like C, then
 /// rounded into C.
 fn gemm_via_f32(
