@@ -2,13 +2,34 @@
 // g[i] *= inv_scale in place, and found[0] becomes 1 if any g[i] is inf or
 // NaN (checked on the scaled value, as PyTorch does). Gradients are f32
 // (parameters' master gradients).
+// LIST (a count of 2..8): one dispatch for that many gradients, as PyTorch's
+// one multi-tensor launch. Element i of the concatenation belongs to the
+// first gradient t with i < ends[t], at index i - ends[t-1].
+#if LIST
+struct Params { n: u32, inv_scale: f32, _p0: u32, _p1: u32, ends: array<vec4<u32>, 2> }
+
+#for t in 0..LIST
+@group(0) @binding({{t}}) var<storage, read_write> g{{t}}: array<f32>;
+#endfor
+@group(0) @binding({{LIST}}) var<storage, read_write> found: array<atomic<u32>>;
+@group(0) @binding({{LIST+1}}) var<uniform> p: Params;
+#else
 struct Params { n: u32, inv_scale: f32, _p0: u32, _p1: u32 }
 
 @group(0) @binding(0) var<storage, read_write> g: array<f32>;
 @group(0) @binding(1) var<storage, read_write> found: array<atomic<u32>>;
 @group(0) @binding(2) var<uniform> p: Params;
+#endif
 
 #include prelude
+
+fn unscaled(v: f32) -> f32 {
+    // Exponent all ones: inf or NaN (a bit test, immune to fast-math).
+    if ((bitcast<u32>(v) & 0x7f800000u) == 0x7f800000u) {
+        atomicMax(&found[0], 1u);
+    }
+    return v * p.inv_scale;
+}
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>,
@@ -16,10 +37,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         @builtin(local_invocation_index) lidx: u32) {
     let i = flat_index(wid, nwg, lidx);
     if (i >= p.n) { return; }
-    let v = rd_g(i);
-    // Exponent all ones: inf or NaN (a bit test, immune to fast-math).
-    if ((bitcast<u32>(v) & 0x7f800000u) == 0x7f800000u) {
-        atomicMax(&found[0], 1u);
+#if LIST
+    var start = 0u;
+#for t in 0..LIST
+    let end{{t}} = p.ends[{{t/4}}][{{t-t/4*4}}];
+    if (i < end{{t}}) {
+        wr_g{{t}}(i - start, unscaled(rd_g{{t}}(i - start)));
+        return;
     }
-    wr_g(i, v * p.inv_scale);
+    start = end{{t}};
+#endfor
+#else
+    wr_g(i, unscaled(rd_g(i)));
+#endif
 }

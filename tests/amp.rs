@@ -282,6 +282,82 @@ fn unscale_divides_gradients_and_finds_overflow() {
     }
 }
 
+/// Unscales `sizes` gradients on `e` with an inf or NaN at `bad`
+/// (gradient, element), checking every element against `v · (1/scale)`
+/// and the overflow flag; returns the unscale dispatches.
+fn unscale_lists(e: &Engine, sizes: &[usize], bad: Option<(usize, usize, f32)>) -> usize {
+    let mut rng = Rng::new(sizes.len() as u64);
+    let mut store = ParamStore::new();
+    let mut want = Vec::new();
+    let s = GradScaler::default();
+    let inv = 1.0 / s.scale;
+    for (t, &n) in sizes.iter().enumerate() {
+        let mut g: Vec<f32> = rng.vec(n).iter().map(|v| v * s.scale).collect();
+        if let Some((bt, bi, v)) = bad {
+            if bt == t {
+                g[bi] = v;
+            }
+        }
+        want.push(g.iter().map(|v| v * inv).collect::<Vec<f32>>());
+        let w = Tensor::from_slice(e, &vec![0.0; n], &[n], "w").unwrap();
+        let id = store.add(&format!("p{t}"), w);
+        store.get_mut(id).grad = Some(Tensor::from_slice(e, &g, &[n], "g").unwrap());
+    }
+    e.start_timing();
+    let found = s.unscale(&mut store).unwrap();
+    let (_, times) = e.take_dispatch_times().unwrap().expect("timing is on");
+    e.stop_timing().unwrap();
+    assert_eq!(found, bad.is_some(), "sizes {sizes:?}, bad {bad:?}");
+    for (t, (p, w)) in store.iter().zip(&want).enumerate() {
+        let got = p.grad.as_ref().unwrap().to_vec().unwrap();
+        for (i, (a, b)) in got.iter().zip(w).enumerate() {
+            assert!(
+                a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+                "gradient {t} of {sizes:?}, element {i}: {a}, want {b}"
+            );
+        }
+    }
+    times
+        .iter()
+        .filter(|t| t.kernel.starts_with("unscale"))
+        .count()
+}
+
+#[test]
+fn unscale_takes_gradients_in_lists_of_one_dispatch() {
+    // PyTorch unscales a device's gradients in one multi-tensor launch;
+    // vramlab in one dispatch per list of up to 8 (bindings allowing).
+    let e = engine();
+    let limit = e.gpu().unwrap().limits.max_storage_buffers_per_shader_stage as usize;
+    let most = (limit - 1).min(8);
+    let sizes = [1, 3, 257, 1000, 5, 255, 256, 2, 7, 31, 4099, 1, 17];
+    let n = unscale_lists(&e, &sizes, None);
+    assert_eq!(n, sizes.len().div_ceil(most), "{most} gradients a list");
+    assert_eq!(unscale_lists(&e, &sizes[..6], None), 1);
+    // An overflow anywhere in any list is found, and the rest unscaled.
+    for (t, i) in [(0, 0), (3, 999), (7, 1), (12, 16), (10, 2048)] {
+        for v in [f32::INFINITY, f32::NEG_INFINITY, f32::NAN] {
+            unscale_lists(&e, &sizes, Some((t, i, v)));
+        }
+    }
+}
+
+#[test]
+fn unscale_sends_a_gradient_past_one_window_alone() {
+    // 1 KiB windows: the 1000-element gradient needs four, so it runs in
+    // ranges of its own while the others share lists.
+    let small = vramlab::device::AdapterOptions {
+        binding_limit: Some(1024),
+        ..adapter_options()
+    };
+    let e = engine_from(&small, AllocatorConfig::default());
+    let sizes = [3, 1000, 5, 255, 2];
+    let n = unscale_lists(&e, &sizes, None);
+    assert!(n >= 2, "the windowed gradient apart from the list: {n}");
+    unscale_lists(&e, &sizes, Some((1, 999, f32::NAN)));
+    unscale_lists(&e, &sizes, Some((4, 1, f32::INFINITY)));
+}
+
 #[test]
 fn an_overflowing_step_is_skipped_and_halves_the_scale() {
     let e = engine();

@@ -7,7 +7,8 @@
 //! ×0.5, interval 2000.
 
 use crate::autograd::param::ParamStore;
-use crate::device::Kernel;
+use crate::device::compose::{Defs, Elem};
+use crate::device::{BufferSlice, Kernel};
 use crate::memory::Category;
 use crate::tensor::{DType, Tensor, TensorError};
 
@@ -17,12 +18,83 @@ const UNSCALE: Kernel = Kernel::fixed(
     "main",
 );
 
+/// Gradients one list dispatch takes at most (the shader's `ends` table).
+const LIST_MAX: usize = 8;
+
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 struct Params {
     n: u32,
     inv_scale: f32,
     _pad: [u32; 2],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct ListParams {
+    n: u32,
+    inv_scale: f32,
+    _pad: [u32; 2],
+    /// Where each gradient ends in the concatenation, in elements.
+    ends: [u32; LIST_MAX],
+}
+
+/// One gradient, in element ranges where it needs more windows than one
+/// dispatch may bind.
+fn unscale_one(g: &Tensor, found: &Tensor, inv: f32) -> Result<(), TensorError> {
+    let params = Params {
+        n: g.numel() as u32,
+        inv_scale: inv,
+        _pad: [0; 2],
+    };
+    crate::ops::launch_flat(
+        g,
+        &UNSCALE,
+        &[
+            (&g.slice(), crate::device::Part::Elements(4)),
+            (&found.slice(), crate::device::Part::Whole),
+        ],
+        bytemuck::bytes_of(&params),
+        g.numel(),
+        1,
+    )
+}
+
+/// Several gradients, each bound whole, in one dispatch over their
+/// concatenation (one gradient alone takes the plain kernel).
+fn unscale_list(list: &[&Tensor], found: &Tensor, inv: f32) -> Result<(), TensorError> {
+    match list {
+        [] => return Ok(()),
+        [g] => return unscale_one(g, found, inv),
+        _ => {}
+    }
+    let mut params = ListParams {
+        n: 0,
+        inv_scale: inv,
+        _pad: [0; 2],
+        ends: [0; LIST_MAX],
+    };
+    for (end, g) in params.ends.iter_mut().zip(list) {
+        params.n += g.numel() as u32;
+        *end = params.n;
+    }
+    let kernel = Kernel::variant(
+        format!("unscale[list {}]", list.len()),
+        UNSCALE.source,
+        "main",
+        Defs::elem(Elem::F32).with("LIST", list.len()),
+    );
+    let slices: Vec<_> = list.iter().map(|g| g.slice()).collect();
+    let found = found.slice();
+    let mut bindings: Vec<&BufferSlice> = slices.iter().collect();
+    bindings.push(&found);
+    crate::ops::launch(
+        list[0],
+        &kernel,
+        &bindings,
+        bytemuck::bytes_of(&params),
+        params.n as usize,
+    )
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -63,6 +135,15 @@ impl GradScaler {
         )?;
         crate::ops::fill::fill(&found, 0.0)?;
         let inv = 1.0 / self.scale;
+        // Gradients go out in lists of up to `most` (bindings allowing),
+        // one dispatch each; one that needs several windows goes alone.
+        let most = engine.gpu().map_or(1, |g| {
+            (g.limits.max_storage_buffers_per_shader_stage as usize)
+                .saturating_sub(1)
+                .min(LIST_MAX)
+        });
+        let mut list: Vec<&Tensor> = Vec::new();
+        let mut total = 0u64;
         for p in store.iter() {
             let Some(g) = &p.grad else { continue };
             if g.dtype() != DType::F32 {
@@ -71,23 +152,24 @@ impl GradScaler {
                     dtype: g.dtype(),
                 });
             }
-            let params = Params {
-                n: g.numel() as u32,
-                inv_scale: inv,
-                _pad: [0; 2],
-            };
-            crate::ops::launch_flat(
-                g,
-                &UNSCALE,
-                &[
-                    (&g.slice(), crate::device::Part::Elements(4)),
-                    (&found.slice(), crate::device::Part::Whole),
-                ],
-                bytemuck::bytes_of(&params),
-                g.numel(),
-                1,
-            )?;
+            let n = g.numel() as u64;
+            if n == 0 {
+                continue;
+            }
+            let listed = most >= 2 && engine.gpu().is_some_and(|d| d.binds_whole(&g.slice()));
+            if !listed {
+                unscale_one(g, &found, inv)?;
+                continue;
+            }
+            if list.len() == most || total + n > u32::MAX as u64 {
+                unscale_list(&list, &found, inv)?;
+                list.clear();
+                total = 0;
+            }
+            list.push(g);
+            total += n;
         }
+        unscale_list(&list, &found, inv)?;
         // fill wrote 0.0 (bits 0); the kernel writes the integer 1.
         let bits = found.to_vec()?[0].to_bits();
         Ok(bits != 0)
