@@ -44,7 +44,13 @@ fn wgpu_paths(c: &mut Criterion) {
     };
     let mut g = c.benchmark_group("alloc_free_wgpu");
     for &size in SIZES {
-        let source = WgpuSource::new(gpu.device.clone(), gpu.buffer_piece, None, &gpu.info.name);
+        let source = WgpuSource::new(
+            gpu.device.clone(),
+            gpu.buffer_piece,
+            None,
+            &gpu.info.name,
+            None,
+        );
         let mut a = CachingAllocator::new(source, AllocatorConfig::default());
         let warm = a.malloc(size, "warm").unwrap();
         a.free(warm.handle).unwrap();

@@ -35,6 +35,10 @@ fn bench_reports_shapes_plans_and_device_time() {
         record > 0.0 && submit > 0.0 && total >= record + submit,
         "{o}"
     );
+    // The same one-element fill 200 times: its bind group is made at most
+    // once and reused for every other dispatch.
+    assert!(o["bind_groups_made"].as_u64().unwrap() <= 1, "{o}");
+    assert!(o["bind_groups_reused"].as_u64().unwrap() >= 199, "{o}");
     let sq = &r["square"][0];
     assert_eq!(sq["n"], 48);
     assert!(sq["gflops"].as_f64().unwrap() > 0.0, "{sq}");
@@ -189,6 +193,22 @@ fn a_bad_submit_setting_is_refused_with_what_it_takes() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("VRAMLAB_SUBMIT_FIRST=\"soon\"") && err.contains("a number of commands"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_bad_bind_group_setting_is_refused_with_what_it_takes() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .arg("info")
+        .env("VRAMLAB_BIND_GROUP_CACHE", "maybe")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("VRAMLAB_BIND_GROUP_CACHE=\"maybe\"")
+            && err.contains("0 (create one per dispatch)"),
         "{err}"
     );
 }

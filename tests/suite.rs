@@ -9,6 +9,7 @@ mod accumulate;
 mod amp;
 mod autograd;
 mod bench_cli;
+mod bind_groups;
 mod demo_cli;
 mod dispatch_batching;
 mod docs_examples;

@@ -175,6 +175,10 @@ struct DispatchOverhead {
     submit_micros: f64,
     /// Recording, submit and the wait for the device to finish them.
     total_micros: f64,
+    /// Tensors' bind groups made and reused over these dispatches
+    /// (`VRAMLAB_BIND_GROUP_CACHE=0` makes one for each).
+    bind_groups_made: u64,
+    bind_groups_reused: u64,
 }
 
 /// Measures [`DispatchOverhead`]: `reps` timed runs after a warm-up.
@@ -187,6 +191,8 @@ fn dispatch_overhead(e: &Engine, reps: usize) -> anyhow::Result<DispatchOverhead
     if let Some(g) = e.gpu() {
         g.hold_submits(true);
     }
+    let counts = || e.gpu().map_or((0, 0), |g| g.bind_groups().counts());
+    let (made0, reused0) = counts();
     let timed = (|| -> anyhow::Result<[Vec<f64>; 3]> {
         let t = crate::ops::fill::zeros(e, &[1], "bench.dispatch")?;
         let (mut record, mut submit, mut total) = (Vec::new(), Vec::new(), Vec::new());
@@ -216,12 +222,15 @@ fn dispatch_overhead(e: &Engine, reps: usize) -> anyhow::Result<DispatchOverhead
         g.hold_submits(false);
     }
     let [record, submit, total] = timed?;
+    let (made1, reused1) = counts();
     e.start_timing();
     Ok(DispatchOverhead {
         count: COUNT,
         record_micros: median(record),
         submit_micros: median(submit),
         total_micros: median(total),
+        bind_groups_made: made1 - made0,
+        bind_groups_reused: reused1 - reused0,
     })
 }
 
@@ -609,8 +618,8 @@ fn start_report(ctx: &Ctx) -> anyhow::Result<BenchReport> {
     };
     let o = &report.dispatch_overhead;
     ctx.say(format!(
-        "host cost per dispatch ({} one-element fills, timer off, one submit): {:.2} µs to record, {:.2} µs to submit, {:.1} µs with the wait",
-        o.count, o.record_micros, o.submit_micros, o.total_micros
+        "host cost per dispatch ({} one-element fills, timer off, one submit): {:.2} µs to record, {:.2} µs to submit, {:.1} µs with the wait; bind groups {} made, {} reused",
+        o.count, o.record_micros, o.submit_micros, o.total_micros, o.bind_groups_made, o.bind_groups_reused
     ));
     Ok(report)
 }

@@ -4,12 +4,17 @@
 //! The allocator above sees one contiguous segment either way, so its
 //! sizes, rounding and statistics are PyTorch's on every adapter.
 
+use super::bind_groups::BindGroupCache;
 use super::segment_buffers::SegmentBuffers;
 use crate::memory::{SegmentId, SegmentSource, SourceError};
 use std::collections::HashMap;
+use std::sync::Arc;
 
 pub struct WgpuSource {
     device: wgpu::Device,
+    /// Told of every released segment, so that no cached bind group keeps
+    /// its memory.
+    bind_groups: Option<Arc<BindGroupCache>>,
     segments: HashMap<SegmentId, SegmentBuffers>,
     piece: u64,
     capacity: Option<u64>,
@@ -27,9 +32,11 @@ impl WgpuSource {
         piece: u64,
         capacity: Option<u64>,
         adapter_name: &str,
+        bind_groups: Option<Arc<BindGroupCache>>,
     ) -> Self {
         WgpuSource {
             device,
+            bind_groups,
             segments: HashMap::new(),
             piece,
             capacity,
@@ -96,7 +103,10 @@ impl SegmentSource for WgpuSource {
     fn release(&mut self, id: SegmentId, size: u64) {
         // Dropping (not destroying) lets wgpu keep the buffers alive until
         // submitted work that uses them has finished.
-        if self.segments.remove(&id).is_some() {
+        if let Some(buffers) = self.segments.remove(&id) {
+            if let Some(cache) = &self.bind_groups {
+                cache.forget(buffers.all());
+            }
             self.used -= size;
         }
     }

@@ -16,6 +16,7 @@
 //! Bound ranges never overlap, so nothing aliases.
 
 use super::adapter::{backends_for, choose, AdapterOptions, AdapterSummary};
+use super::bind_groups::{split_groups, BindGroupCache, BIND_GROUP_CACHE_VAR};
 use super::compose::{compose, Defs, Elem};
 use super::error::DeviceError;
 use super::flat::{ranges, Flat, Part};
@@ -159,8 +160,8 @@ struct Pending {
     submit_at: usize,
     /// Arenas submitted since the last wait, and arenas free to reuse
     /// (their submits finished at a wait).
-    in_flight: Vec<wgpu::Buffer>,
-    spare: Vec<wgpu::Buffer>,
+    in_flight: Vec<ArenaBuffer>,
+    spare: Vec<ArenaBuffer>,
 }
 
 /// One buffer of uniforms per submit instead of one buffer per dispatch:
@@ -169,8 +170,45 @@ struct Pending {
 /// submit's commands. An arena is rewritten only after a wait has seen
 /// its submit finish, so every dispatch reads what it was given.
 struct Arena {
-    buffer: wgpu::Buffer,
+    buffer: ArenaBuffer,
     bytes: Vec<u8>,
+}
+
+/// An arena's buffer and its group-1 bind groups (one per list of uniform
+/// sizes, bound with dynamic offsets), made once and kept while it lives.
+struct ArenaBuffer {
+    buffer: wgpu::Buffer,
+    groups: HashMap<Vec<u64>, wgpu::BindGroup>,
+}
+
+impl ArenaBuffer {
+    fn group(&mut self, cache: &BindGroupCache, sizes: &[u64]) -> wgpu::BindGroup {
+        if let Some(g) = self.groups.get(sizes) {
+            return g.clone();
+        }
+        let layout = cache.uniform_layout(sizes.len());
+        let entries: Vec<wgpu::BindGroupEntry> = sizes
+            .iter()
+            .enumerate()
+            .map(|(j, &size)| wgpu::BindGroupEntry {
+                binding: j as u32,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: &self.buffer,
+                    offset: 0,
+                    size: wgpu::BufferSize::new(size),
+                }),
+            })
+            .collect();
+        let group = cache
+            .device()
+            .create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some("uniforms"),
+                layout: &layout,
+                entries: &entries,
+            });
+        self.groups.insert(sizes.to_vec(), group.clone());
+        group
+    }
 }
 
 /// An arena's size: 256 dispatches of a 256-byte-aligned uniform and a
@@ -208,6 +246,22 @@ fn submit_first_from_env() -> Result<usize, DeviceError> {
     }
 }
 
+fn bind_group_cache_from_env() -> Result<bool, DeviceError> {
+    match std::env::var(BIND_GROUP_CACHE_VAR) {
+        Ok(v) if !v.trim().is_empty() => match v.trim() {
+            "0" | "off" => Ok(false),
+            "1" | "on" => Ok(true),
+            _ => Err(DeviceError::Env {
+                var: BIND_GROUP_CACHE_VAR,
+                value: v,
+                expected:
+                    "1 (reuse tensors' bind groups, the default) or 0 (create one per dispatch)",
+            }),
+        },
+        _ => Ok(true),
+    }
+}
+
 /// One GPU: device, queue, limits, compiled pipelines, the open encoder.
 pub struct Gpu {
     /// What the adapter was opened with (the tuner opens a second device
@@ -235,7 +289,10 @@ pub struct Gpu {
     pub choice_reason: String,
     /// Every adapter that was found, for `info`.
     pub adapters: Vec<AdapterSummary>,
-    pipelines: Mutex<HashMap<String, (wgpu::ComputePipeline, wgpu::BindGroupLayout)>>,
+    /// Each kernel variant's pipeline and its uniform count.
+    pipelines: Mutex<HashMap<String, (wgpu::ComputePipeline, usize)>>,
+    /// Storage bind groups made once (and the layouts every pipeline uses).
+    bind_groups: Arc<BindGroupCache>,
     /// Dispatches that bound some tensor in more than one window.
     windowed: AtomicU64,
     pending: Mutex<Pending>,
@@ -377,6 +434,10 @@ impl Gpu {
             alignment,
         );
         let first_submit = submit_first_from_env()?;
+        let bind_groups = Arc::new(BindGroupCache::new(
+            device.clone(),
+            bind_group_cache_from_env()?,
+        ));
         Ok(Gpu {
             options: options.clone(),
             device,
@@ -392,6 +453,7 @@ impl Gpu {
             choice_reason,
             adapters: summaries,
             pipelines: Mutex::default(),
+            bind_groups,
             windowed: AtomicU64::new(0),
             timer: Mutex::new(None),
             pending: Mutex::new(Pending {
@@ -437,16 +499,16 @@ impl Gpu {
         }
     }
 
-    /// The kernel's pipeline and its bind group layout, compiled once.
-    fn pipeline(
-        &self,
-        kernel: &Kernel,
-    ) -> Result<(wgpu::ComputePipeline, wgpu::BindGroupLayout), DeviceError> {
+    /// The kernel's pipeline and how many uniforms it binds, compiled once:
+    /// tensors in group 0, uniforms in group 1 (see [`super::bind_groups`]).
+    fn pipeline(&self, kernel: &Kernel) -> Result<(wgpu::ComputePipeline, usize), DeviceError> {
         let mut cache = lock(&self.pipelines);
         if let Some(p) = cache.get(kernel.name.as_ref()) {
             return Ok(p.clone());
         }
-        let wgsl = kernel.wgsl_for(self.features.contains(wgpu::Features::SHADER_F16))?;
+        let composed = kernel.wgsl_for(self.features.contains(wgpu::Features::SHADER_F16))?;
+        let (wgsl, storage, uniforms) = split_groups(&composed);
+        let layout = self.bind_groups.pipeline_layout(storage, uniforms);
         let desc = wgpu::ShaderModuleDescriptor {
             label: Some(&kernel.name),
             source: wgpu::ShaderSource::Wgsl(wgsl.into()),
@@ -466,15 +528,14 @@ impl Gpu {
             .device
             .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                 label: Some(&kernel.name),
-                layout: None,
+                layout: Some(&layout),
                 module: &module,
                 entry_point: Some(kernel.entry),
                 compilation_options: Default::default(),
                 cache: None,
             });
-        let layout = pipeline.get_bind_group_layout(0);
-        cache.insert(kernel.name.to_string(), (pipeline.clone(), layout.clone()));
-        Ok((pipeline, layout))
+        cache.insert(kernel.name.to_string(), (pipeline.clone(), uniforms));
+        Ok((pipeline, uniforms))
     }
 
     /// Starts timing every dispatch (see [`super::timing`]); says how.
@@ -551,6 +612,12 @@ impl Gpu {
         self.windowed.load(Ordering::Relaxed)
     }
 
+    /// The cache of tensors' bind groups, which the segment source tells
+    /// when a segment's buffers go.
+    pub fn bind_groups(&self) -> Arc<BindGroupCache> {
+        self.bind_groups.clone()
+    }
+
     /// Number of pipelines compiled so far (each kernel compiles once).
     pub fn pipelines_compiled(&self) -> usize {
         lock(&self.pipelines).len()
@@ -602,30 +669,44 @@ impl Gpu {
         }
     }
 
-    /// `data` (padded to 16 bytes) at its own aligned offset of the
-    /// pending arena, submitting first when the arena is full: the buffer,
-    /// offset and size to bind. `small` (the timer is on, and submits every
-    /// dispatch or few) starts a new arena at 4 KiB rather than 128 KiB.
-    fn stage_uniform(&self, p: &mut Pending, data: &[u8], small: bool) -> (wgpu::Buffer, u64, u64) {
+    /// Each of `data` (padded to 16 bytes) at its own aligned offset of
+    /// the pending arena, all in one arena, submitting first when it is
+    /// full: the arena's bind group for these sizes and the offsets, in
+    /// order. `small` (the timer is on, and submits every dispatch or few)
+    /// starts a new arena at 4 KiB rather than 128 KiB.
+    fn stage_uniforms(
+        &self,
+        p: &mut Pending,
+        data: &[&[u8]],
+        small: bool,
+    ) -> (wgpu::BindGroup, Vec<u32>) {
         let align = (self.limits.min_uniform_buffer_offset_alignment as u64).max(16);
-        let size = (data.len() as u64).div_ceil(16).max(1) * 16;
+        let sizes: Vec<u64> = data
+            .iter()
+            .map(|d| (d.len() as u64).div_ceil(16).max(1) * 16)
+            .collect();
+        // Room for all of them whatever the padding between.
+        let need: u64 = sizes.iter().map(|s| s.next_multiple_of(align)).sum();
         let full = p.arena.as_ref().is_some_and(|a| {
-            (a.bytes.len() as u64).next_multiple_of(align) + size > a.buffer.size()
+            (a.bytes.len() as u64).next_multiple_of(align) + need > a.buffer.buffer.size()
         });
         if full {
             // Submitting writes the full arena and drops it from `p`.
             Self::submit_locked(&self.queue, p);
         }
         if p.arena.is_none() {
-            let want = if small { 4 << 10 } else { ARENA_BYTES }.max(size);
-            let buffer = match p.spare.iter().position(|b| b.size() >= want) {
-                Some(i) => p.spare.swap_remove(i),
-                None => self.device.create_buffer(&wgpu::BufferDescriptor {
-                    label: Some("uniforms"),
-                    size: want,
-                    usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-                    mapped_at_creation: false,
-                }),
+            let want = if small { 4 << 10 } else { ARENA_BYTES }.max(need);
+            let buffer = match p.spare.iter().position(|b| b.buffer.size() >= want) {
+                Some(i) => p.spare.remove(i),
+                None => ArenaBuffer {
+                    buffer: self.device.create_buffer(&wgpu::BufferDescriptor {
+                        label: Some("uniforms"),
+                        size: want,
+                        usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+                        mapped_at_creation: false,
+                    }),
+                    groups: HashMap::new(),
+                },
             };
             p.arena = Some(Arena {
                 buffer,
@@ -633,18 +714,22 @@ impl Gpu {
             });
         }
         let a = p.arena.as_mut().expect("an arena was just set");
-        let offset = (a.bytes.len() as u64).next_multiple_of(align);
-        a.bytes.resize(offset as usize, 0);
-        a.bytes.extend_from_slice(data);
-        a.bytes.resize((offset + size) as usize, 0);
-        (a.buffer.clone(), offset, size)
+        let mut offsets = Vec::with_capacity(data.len());
+        for (d, &size) in data.iter().zip(&sizes) {
+            let offset = (a.bytes.len() as u64).next_multiple_of(align);
+            a.bytes.resize(offset as usize, 0);
+            a.bytes.extend_from_slice(d);
+            a.bytes.resize((offset + size) as usize, 0);
+            offsets.push(offset as u32);
+        }
+        (a.buffer.group(&self.bind_groups, &sizes), offsets)
     }
 
     fn submit_locked(queue: &wgpu::Queue, p: &mut Pending) {
         p.pass = None;
         if let Some(a) = p.arena.take() {
             if !a.bytes.is_empty() {
-                queue.write_buffer(&a.buffer, 0, &a.bytes);
+                queue.write_buffer(&a.buffer.buffer, 0, &a.bytes);
             }
             p.in_flight.push(a.buffer);
         }
@@ -696,7 +781,7 @@ impl Gpu {
 
     /// Submits what is pending; returns the arenas submitted since the
     /// last recycling, to recycle once a wait has seen them finish.
-    fn flush_taking_arenas(&self) -> Vec<wgpu::Buffer> {
+    fn flush_taking_arenas(&self) -> Vec<ArenaBuffer> {
         let mut p = lock(&self.pending);
         Self::submit_locked(&self.queue, &mut p);
         std::mem::take(&mut p.in_flight)
@@ -704,7 +789,7 @@ impl Gpu {
 
     /// After a wait that saw `arenas`' submits finish: they may be
     /// rewritten, and the idle GPU wants work soon.
-    fn recycle(&self, arenas: Vec<wgpu::Buffer>) {
+    fn recycle(&self, arenas: Vec<ArenaBuffer>) {
         let mut p = lock(&self.pending);
         p.spare.extend(arenas);
         p.spare.truncate(MAX_SPARE_ARENAS);
@@ -869,48 +954,36 @@ impl Gpu {
         } else {
             kernel
         };
-        let (pipeline, layout) = self.pipeline(kernel)?;
+        let (pipeline, uniforms) = self.pipeline(kernel)?;
         // The timer's wait comes before this dispatch's uniforms are
         // staged: a wait lets the arenas it saw submitted be rewritten.
         if lock(&self.timer).as_ref().is_some_and(Timer::wants_wait) {
             self.synchronize()?;
         }
         let small = lock(&self.timer).is_some();
-        let (uniform, table) = {
-            let mut p = lock(&self.pending);
-            let uniform = (!params.is_empty()).then(|| self.stage_uniform(&mut p, params, small));
-            let table = windowed.then(|| self.stage_uniform(&mut p, &table_bytes(&windows), small));
-            (uniform, table)
-        };
-        let mut entries: Vec<wgpu::BindGroupEntry> = Vec::new();
+        let table = windowed.then(|| table_bytes(&windows));
+        let mut data: Vec<&[u8]> = Vec::with_capacity(2);
+        if !params.is_empty() {
+            data.push(params);
+        }
+        data.extend(table.as_deref());
+        if data.len() != uniforms {
+            return Err(DeviceError::Wgpu(vec![format!(
+                "kernel {} binds {uniforms} uniforms but its dispatch gave {}",
+                kernel.name,
+                data.len()
+            )]));
+        }
+        let uniform_group =
+            (!data.is_empty()).then(|| self.stage_uniforms(&mut lock(&self.pending), &data, small));
+        let mut bound = Vec::with_capacity(windows.iter().map(Vec::len).sum());
         for (b, ws) in bindings.iter().zip(&windows) {
             let buffers = b.real()?;
             for w in ws {
-                entries.push(wgpu::BindGroupEntry {
-                    binding: entries.len() as u32,
-                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                        buffer: buffers.buffer(w.buffer),
-                        offset: w.offset,
-                        size: wgpu::BufferSize::new(w.size),
-                    }),
-                });
+                bound.push((buffers.buffer(w.buffer).clone(), w.offset, w.size));
             }
         }
-        for (buffer, offset, size) in uniform.iter().chain(&table) {
-            entries.push(wgpu::BindGroupEntry {
-                binding: entries.len() as u32,
-                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                    buffer,
-                    offset: *offset,
-                    size: wgpu::BufferSize::new(*size),
-                }),
-            });
-        }
-        let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(&kernel.name),
-            layout: &layout,
-            entries: &entries,
-        });
+        let bind_group = self.bind_groups.storage_group(bound);
         // Timing: a query pair for this pass, reading the set back first
         // when it is full; or, without timestamps, this dispatch alone
         // between two waits.
@@ -949,6 +1022,9 @@ impl Gpu {
             self.with_pass(|pass| {
                 pass.set_pipeline(&pipeline);
                 pass.set_bind_group(0, &bind_group, &[]);
+                if let Some((group, offsets)) = &uniform_group {
+                    pass.set_bind_group(1, group, offsets);
+                }
                 pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
             });
             return Ok(());
@@ -968,6 +1044,9 @@ impl Gpu {
             });
             pass.set_pipeline(&pipeline);
             pass.set_bind_group(0, &bind_group, &[]);
+            if let Some((group, offsets)) = &uniform_group {
+                pass.set_bind_group(1, group, offsets);
+            }
             pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
         });
         if wall {

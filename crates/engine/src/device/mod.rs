@@ -4,6 +4,7 @@
 //! [`Gpu::dispatch`], [`Gpu::upload`] and [`Gpu::download`].
 
 pub mod adapter;
+pub mod bind_groups;
 pub mod buffer_source;
 pub mod compose;
 pub mod engine_source;

@@ -41,6 +41,11 @@ impl SegmentBuffers {
         self.buffers.len()
     }
 
+    /// Every buffer of the segment.
+    pub fn all(&self) -> &[wgpu::Buffer] {
+        &self.buffers
+    }
+
     /// Bytes per buffer (every buffer but the last is this size).
     pub fn piece(&self) -> u64 {
         self.piece

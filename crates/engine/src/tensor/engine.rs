@@ -100,6 +100,7 @@ impl Engine {
             gpu.buffer_piece,
             capacity,
             &gpu.info.name,
+            Some(gpu.bind_groups()),
         );
         Ok(Self::with(Some(gpu), EngineSource::Wgpu(source), config))
     }
