@@ -183,16 +183,17 @@ PY
 fi
 
 if want ab; then
-  step "SimpleConvNet batch 64: this build, the same with VRAMLAB_SUBMIT_FIRST=0, the base build, in turn"
+  step "SimpleConvNet batch 64: this build, the same with VRAMLAB_SUBMIT_FIRST=0 and with VRAMLAB_BIND_GROUP_CACHE=0, the base build, in turn"
   # The base build (device_pack.sh's BASE_BIN) shares the tile cache: one
   # warm-up run tunes it first. Base's mixed-precision rows are timed with
   # the kernel timer on, this build's with it off (untimed wall clock).
   timeout $(limit 60) $V bench --sizes 256 --models simple-cnn --batch 64 --reps 1 > /dev/null 2>&1
   for i in 1 2 3; do
-    for run in new new-submit0 base; do
+    for run in new new-submit0 new-bg0 base; do
       case $run in
         new) bin=$V; envs="" ;;
         new-submit0) bin=$V; envs="VRAMLAB_SUBMIT_FIRST=0" ;;
+        new-bg0) bin=$V; envs="VRAMLAB_BIND_GROUP_CACHE=0" ;;
         base) bin=.devbin/vramlab-base; envs="" ;;
       esac
       [ -x "$bin" ] || { echo "$run: $bin missing"; continue; }
@@ -203,9 +204,11 @@ import json, sys
 d = json.load(open(sys.argv[1]))
 m = d["models"][0]
 amp = {r["mode"]: r["speedup_vs_f32"] for r in d["precision"] if not r["what"].startswith("matmul")}
+o = d["dispatch_overhead"]
 print(f"{sys.argv[2]:<12} untimed {m['untimed_seconds_median'] * 1e3:.2f} ms  device {m['device_seconds_median'] * 1e3:.2f} ms"
       f"  host {m['host_seconds_median'] * 1e3:.2f} ms  dispatches {m['device_time']['dispatches']}"
-      f"  amp f16 {amp.get('amp f16', 0):.2f}x f32  amp bf16 {amp.get('amp bf16', 0):.2f}x")
+      f"  amp f16 {amp.get('amp f16', 0):.2f}x f32  amp bf16 {amp.get('amp bf16', 0):.2f}x"
+      f"  record {o['record_micros']:.2f} us/dispatch")
 PY
     done
   done
