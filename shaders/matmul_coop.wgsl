@@ -23,11 +23,33 @@
 enable wgpu_cooperative_matrix;
 
 #if WIDE
-// WIDE: A and B read 16 bytes (8 halves) a load, where the dispatch found
+// WIDE: A and B read 16 bytes (8 halves) an item, where the dispatch found
 // every row start, leading stride and batch stride in whole 8-half units
-// and each binding in whole 16 bytes.
+// and each binding in whole 16 bytes: one 16-byte load unpacked to halves,
+// or with HALVES two 8-byte loads of halves, stored as they are.
+#if HALVES
+alias Item = mat2x4<f16>;
+@group(0) @binding(0) var<storage, read_write> a: array<vec4<f16>>;
+@group(0) @binding(1) var<storage, read_write> b: array<vec4<f16>>;
+fn item_a(j: u32) -> Item { return Item(a[2u * j], a[2u * j + 1u]); }
+fn item_b(j: u32) -> Item { return Item(b[2u * j], b[2u * j + 1u]); }
+#else
+alias Item = vec4<u32>;
 @group(0) @binding(0) var<storage, read_write> a: array<vec4<u32>>;
 @group(0) @binding(1) var<storage, read_write> b: array<vec4<u32>>;
+fn item_a(j: u32) -> Item { return a[j]; }
+fn item_b(j: u32) -> Item { return b[j]; }
+#endif
+// Halves 2t and 2t+1 of an item.
+#for t in 0..4
+fn pair_{{t}}(v: Item) -> vec2<f16> {
+#if HALVES
+    return vec2<f16>(v[{{t/2}}][{{2*t-t/2*4}}], v[{{t/2}}][{{2*t-t/2*4+1}}]);
+#else
+    return vec2<f16>(unpack2x16float(v[{{t}}]));
+#endif
+}
+#endfor
 #else
 @group(0) @binding(0) var<storage, read_write> a: array<{{T}}>;
 #accessors a
@@ -64,25 +86,25 @@ var<workgroup> sc: array<f32, {{WM*WN*S*S}}>;
 // step into registers while the tensor cores run this one.
 const CA: u32 = {{WM*TM*S*KS*S/8}}u;
 const CB: u32 = {{KS*S*WN*TN*S/8}}u;
-fn fetch_a(i: u32, k0: u32, row0: u32, a_base: u32) -> vec4<u32> {
+fn fetch_a(i: u32, k0: u32, row0: u32, a_base: u32) -> Item {
 #if A_COL
     let r = (i % (BM / 8u)) * 8u;
     let q = i / (BM / 8u);
     let m8 = ((p.m - 1u) / 8u) * 8u;
-    return a[(a_base + min(row0 + r, m8) + min(k0 + q, p.k - 1u) * p.a_cs) / 8u];
+    return item_a((a_base + min(row0 + r, m8) + min(k0 + q, p.k - 1u) * p.a_cs) / 8u);
 #else
     let r = i / (KD / 8u);
     let q = (i % (KD / 8u)) * 8u;
     let k8 = ((p.k - 1u) / 8u) * 8u;
-    return a[(a_base + min(row0 + r, p.m - 1u) * p.a_rs + min(k0 + q, k8)) / 8u];
+    return item_a((a_base + min(row0 + r, p.m - 1u) * p.a_rs + min(k0 + q, k8)) / 8u);
 #endif
 }
-fn put_a(v: vec4<u32>, i: u32, k0: u32, row0: u32, full: bool, at: u32) {
+fn put_a(v: Item, i: u32, k0: u32, row0: u32, full: bool, at: u32) {
 #if A_COL
     let r = (i % (BM / 8u)) * 8u;
     let q = i / (BM / 8u);
 #for t in 0..4
-    let h{{t}} = vec2<f16>(unpack2x16float(v[{{t}}]));
+    let h{{t}} = pair_{{t}}(v);
     sa[at + (r + {{2*t}}u) * LA + q] = select(f16(0.0), h{{t}}.x, full || (row0 + r + {{2*t}}u < p.m && k0 + q < p.k));
     sa[at + (r + {{2*t+1}}u) * LA + q] = select(f16(0.0), h{{t}}.y, full || (row0 + r + {{2*t+1}}u < p.m && k0 + q < p.k));
 #endfor
@@ -90,31 +112,31 @@ fn put_a(v: vec4<u32>, i: u32, k0: u32, row0: u32, full: bool, at: u32) {
     let r = i / (KD / 8u);
     let q = (i % (KD / 8u)) * 8u;
 #for t in 0..4
-    let h{{t}} = vec2<f16>(unpack2x16float(v[{{t}}]));
+    let h{{t}} = pair_{{t}}(v);
     sa[at + r * LA + q + {{2*t}}u] = select(f16(0.0), h{{t}}.x, full || (row0 + r < p.m && k0 + q + {{2*t}}u < p.k));
     sa[at + r * LA + q + {{2*t+1}}u] = select(f16(0.0), h{{t}}.y, full || (row0 + r < p.m && k0 + q + {{2*t+1}}u < p.k));
 #endfor
 #endif
 }
-fn fetch_b(i: u32, k0: u32, col0: u32, b_base: u32) -> vec4<u32> {
+fn fetch_b(i: u32, k0: u32, col0: u32, b_base: u32) -> Item {
 #if B_COL
     let r = (i % (KD / 8u)) * 8u;
     let q = i / (KD / 8u);
     let k8 = ((p.k - 1u) / 8u) * 8u;
-    return b[(b_base + min(k0 + r, k8) + min(col0 + q, p.n - 1u) * p.b_cs) / 8u];
+    return item_b((b_base + min(k0 + r, k8) + min(col0 + q, p.n - 1u) * p.b_cs) / 8u);
 #else
     let r = i / (BN / 8u);
     let q = (i % (BN / 8u)) * 8u;
     let n8 = ((p.n - 1u) / 8u) * 8u;
-    return b[(b_base + min(k0 + r, p.k - 1u) * p.b_rs + min(col0 + q, n8)) / 8u];
+    return item_b((b_base + min(k0 + r, p.k - 1u) * p.b_rs + min(col0 + q, n8)) / 8u);
 #endif
 }
-fn put_b(v: vec4<u32>, i: u32, k0: u32, col0: u32, full: bool, at: u32) {
+fn put_b(v: Item, i: u32, k0: u32, col0: u32, full: bool, at: u32) {
 #if B_COL
     let r = (i % (KD / 8u)) * 8u;
     let q = i / (KD / 8u);
 #for t in 0..4
-    let h{{t}} = vec2<f16>(unpack2x16float(v[{{t}}]));
+    let h{{t}} = pair_{{t}}(v);
     sb[at + (r + {{2*t}}u) * LB + q] = select(f16(0.0), h{{t}}.x, full || (k0 + r + {{2*t}}u < p.k && col0 + q < p.n));
     sb[at + (r + {{2*t+1}}u) * LB + q] = select(f16(0.0), h{{t}}.y, full || (k0 + r + {{2*t+1}}u < p.k && col0 + q < p.n));
 #endfor
@@ -122,7 +144,7 @@ fn put_b(v: vec4<u32>, i: u32, k0: u32, col0: u32, full: bool, at: u32) {
     let r = i / (BN / 8u);
     let q = (i % (BN / 8u)) * 8u;
 #for t in 0..4
-    let h{{t}} = vec2<f16>(unpack2x16float(v[{{t}}]));
+    let h{{t}} = pair_{{t}}(v);
     sb[at + r * LB + q + {{2*t}}u] = select(f16(0.0), h{{t}}.x, full || (k0 + r < p.k && col0 + q + {{2*t}}u < p.n));
     sb[at + r * LB + q + {{2*t+1}}u] = select(f16(0.0), h{{t}}.y, full || (k0 + r < p.k && col0 + q + {{2*t+1}}u < p.n));
 #endfor

@@ -399,6 +399,11 @@ fn f16_products_on_tensor_cores_match_f64() {
                 wide && st.prefetch && st.buffers == 2,
                 "{name} {case:?}: ran {kernels:?}"
             );
+            assert_eq!(
+                has(", halves"),
+                wide && st.halves,
+                "{name} {case:?}: ran {kernels:?}"
+            );
         }
     }
 }

@@ -32,6 +32,10 @@ pub const PREFETCH_VAR: &str = "VRAMLAB_COOP_PREFETCH";
 /// `2` stages steps in two copies of workgroup memory, one barrier a step
 /// (prefetching wide loads only); to compare.
 pub const BUFFERS_VAR: &str = "VRAMLAB_COOP_BUFFERS";
+/// `1` reads a wide item as two 8-byte loads of halves stored as they are,
+/// rather than one 16-byte load unpacked to f32 and converted back; to
+/// compare (not measured on a GPU yet).
+pub const HALVES_VAR: &str = "VRAMLAB_COOP_HALVES";
 /// One tile deep: on an H200, f16 4096³ ran at 82.6 TFLOP/s staged one
 /// tile deep, 62.9 two deep, 33.7 four deep (docs/tensor_cores.md).
 const DEFAULT_DEPTH: u32 = 1;
@@ -59,6 +63,8 @@ pub struct Staging {
     pub loads: Loads,
     pub prefetch: bool,
     pub buffers: u32,
+    /// Wide items as two loads of halves ([`HALVES_VAR`]).
+    pub halves: bool,
 }
 
 /// The staging from the environment: depth ([`DEPTH_VAR`]), interior
@@ -119,11 +125,24 @@ pub fn staging_from_env() -> Result<Staging, ConfigError> {
             })
         }
     };
+    let halves = match var(HALVES_VAR).as_deref().map(str::trim) {
+        None | Some("0") => false,
+        Some("1") => true,
+        Some(v) => {
+            return Err(ConfigError::Env {
+                var: HALVES_VAR,
+                value: v.to_string(),
+                expected:
+                    "1 (wide items as two 8-byte loads of halves) or 0 (one 16-byte load, unpacked)",
+            })
+        }
+    };
     Ok(Staging {
         depth,
         loads,
         prefetch,
         buffers,
+        halves,
     })
 }
 
@@ -137,6 +156,7 @@ fn settings() -> &'static (Staging, Option<CoopTile>) {
             loads: Loads::Wide,
             prefetch: true,
             buffers: DEFAULT_BUFFERS,
+            halves: false,
         });
         (staging, CoopTile::from_env().ok().flatten())
     })
@@ -363,6 +383,7 @@ pub fn gemm_grouped(
     let direct = aligned && loads == Loads::Direct;
     let wide = aligned && loads == Loads::Wide;
     let prefetch = wide && prefetch;
+    let halves = wide && st.halves;
     let buffers = if prefetch { st.buffers } else { 1 };
     let tile = layout(g, side, lanes, depth, buffers, chosen, limits);
     let (bm, bn) = tile.block(side);
@@ -388,6 +409,7 @@ pub fn gemm_grouped(
         .with("WIDE", u32::from(wide))
         .with("PREFETCH", u32::from(prefetch))
         .with("BUF", buffers)
+        .with("HALVES", u32::from(halves))
         // Wide items (8 halves) of A's and B's slices each invocation moves.
         .with("PA", (bm * kd / 8).div_ceil(nt))
         .with("PB", (kd * bn / 8).div_ceil(nt))
@@ -401,7 +423,7 @@ pub fn gemm_grouped(
     let flag = |on: bool, name: &'static str| if on { name } else { "" };
     let kernel = Kernel::variant(
         format!(
-            "matmul_coop[f16→{}, {side}×{side}, {}×{} subgroups of {}×{} tiles, staged {depth} deep, {lanes} lanes{}{}{}{}{}{}{}{}{conv_name}]",
+            "matmul_coop[f16→{}, {side}×{side}, {}×{} subgroups of {}×{} tiles, staged {depth} deep, {lanes} lanes{}{}{}{}{}{}{}{}{}{conv_name}]",
             out.name(),
             tile.wm,
             tile.wn,
@@ -410,6 +432,7 @@ pub fn gemm_grouped(
             flag(direct, ", direct"),
             flag(wide, ", wide"),
             flag(prefetch, ", prefetch"),
+            flag(halves, ", halves"),
             flag(buffers == 2, ", two copies"),
             flag(a_col, ", Aᵀ"),
             flag(b_col, ", Bᵀ"),
