@@ -212,3 +212,18 @@ fn a_bad_bind_group_setting_is_refused_with_what_it_takes() {
         "{err}"
     );
 }
+
+#[test]
+fn a_bad_tile_family_is_refused_with_what_it_takes() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .arg("info")
+        .env("VRAMLAB_TILE_FAMILY", "xyz")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("VRAMLAB_TILE_FAMILY=\"xyz\"") && err.contains("gpu (the GPU tile family"),
+        "{err}"
+    );
+}

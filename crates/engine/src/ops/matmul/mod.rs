@@ -69,14 +69,33 @@ pub enum Target {
     CpuSubgroup8,
 }
 
+/// `gpu` takes the GPU tile family on any adapter (CI runs the kernel
+/// tests through it on lavapipe); `auto` or unset, the adapter's own.
+pub const TILE_FAMILY_VAR: &str = "VRAMLAB_TILE_FAMILY";
+
+/// Whether [`TILE_FAMILY_VAR`] asks for the GPU family; an error names a
+/// value it does not take.
+pub fn tile_family_forced() -> Result<bool, crate::tensor::ConfigError> {
+    match std::env::var(TILE_FAMILY_VAR) {
+        Ok(v) if !v.trim().is_empty() => match v.trim().to_ascii_lowercase().as_str() {
+            "gpu" => Ok(true),
+            "auto" => Ok(false),
+            _ => Err(crate::tensor::ConfigError::Env {
+                var: TILE_FAMILY_VAR,
+                value: v,
+                expected: "gpu (the GPU tile family on any adapter) or auto (the adapter's own)",
+            }),
+        },
+        _ => Ok(false),
+    }
+}
+
 impl Target {
-    /// The adapter's class; `VRAMLAB_TILE_FAMILY=gpu` takes the GPU family
-    /// on any adapter (CI runs the kernel tests through it on lavapipe).
+    /// The adapter's class, or the GPU family where [`TILE_FAMILY_VAR`]
+    /// asks for it.
     pub fn of(engine: &crate::tensor::Engine) -> Target {
         static FORCED_GPU: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let forced = *FORCED_GPU.get_or_init(|| {
-            std::env::var("VRAMLAB_TILE_FAMILY").is_ok_and(|v| v.eq_ignore_ascii_case("gpu"))
-        });
+        let forced = *FORCED_GPU.get_or_init(|| tile_family_forced().unwrap_or(false));
         if forced {
             return Target::Gpu;
         }

@@ -60,6 +60,7 @@ impl Mode {
 
 /// The settings, from the environment; an error names a bad value.
 pub fn check_env() -> Result<(), ConfigError> {
+    super::tile_family_forced()?;
     super::coop::CoopTile::from_env()?;
     super::coop::staging_from_env()?;
     Settings::from_env().map(|_| ())
