@@ -182,48 +182,36 @@ fn bench_refuses_bad_flags_before_measuring() {
     assert!(out.stdout.is_empty(), "nothing measured before the error");
 }
 
+/// Every setting read from the environment refuses a value it does not
+/// take, before any work, and says what it takes.
 #[test]
-fn a_bad_submit_setting_is_refused_with_what_it_takes() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .arg("info")
-        .env("VRAMLAB_SUBMIT_FIRST", "soon")
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("VRAMLAB_SUBMIT_FIRST=\"soon\"") && err.contains("a number of commands"),
-        "{err}"
-    );
-}
-
-#[test]
-fn a_bad_bind_group_setting_is_refused_with_what_it_takes() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .arg("info")
-        .env("VRAMLAB_BIND_GROUP_CACHE", "maybe")
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("VRAMLAB_BIND_GROUP_CACHE=\"maybe\"")
-            && err.contains("0 (create one per dispatch)"),
-        "{err}"
-    );
-}
-
-#[test]
-fn a_bad_tile_family_is_refused_with_what_it_takes() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .arg("info")
-        .env("VRAMLAB_TILE_FAMILY", "xyz")
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("VRAMLAB_TILE_FAMILY=\"xyz\"") && err.contains("gpu (the GPU tile family"),
-        "{err}"
-    );
+fn bad_settings_are_refused_with_what_they_take() {
+    for (var, value, takes) in [
+        ("VRAMLAB_SUBMIT_FIRST", "soon", "a number of commands"),
+        (
+            "VRAMLAB_BIND_GROUP_CACHE",
+            "maybe",
+            "0 (create one per dispatch)",
+        ),
+        ("VRAMLAB_TILE_FAMILY", "xyz", "gpu (the GPU tile family"),
+        ("VRAMLAB_TUNE", "sometimes", "auto, on or off"),
+        ("VRAMLAB_COOP_TILE", "2x2", "WMxWN,TMxTN"),
+        ("VRAMLAB_COOP_LOADS", "fast", "direct, staged or wide"),
+        ("VRAMLAB_COOP_STAGE_DEPTH", "5", "1, 2, 3 or 4"),
+        ("VRAMLAB_COOP_PREFETCH", "yes", "1 (read the next step"),
+        ("VRAMLAB_COOP_BUFFERS", "3", "1 or 2 copies"),
+        ("VRAMLAB_COOP_HALVES", "2", "two 8-byte loads of halves"),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
+            .arg("info")
+            .env(var, value)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{var}={value} was taken");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!("{var}=\"{value}\"")) && err.contains(takes),
+            "{var}: {err}"
+        );
+    }
 }

@@ -67,9 +67,24 @@ pub struct Staging {
     pub halves: bool,
 }
 
+/// A `1`/`0` setting: `default` where unset, an error naming what it takes
+/// otherwise.
+fn on_off(var: &'static str, default: bool, expected: &'static str) -> Result<bool, ConfigError> {
+    match std::env::var(var).ok().as_deref().map(str::trim) {
+        None | Some("") => Ok(default),
+        Some("1") => Ok(true),
+        Some("0") => Ok(false),
+        Some(v) => Err(ConfigError::Env {
+            var,
+            value: v.to_string(),
+            expected,
+        }),
+    }
+}
+
 /// The staging from the environment: depth ([`DEPTH_VAR`]), interior
-/// loads ([`LOADS_VAR`]), prefetching ([`PREFETCH_VAR`]) and copies
-/// ([`BUFFERS_VAR`]).
+/// loads ([`LOADS_VAR`]), prefetching ([`PREFETCH_VAR`]), copies
+/// ([`BUFFERS_VAR`]) and halves ([`HALVES_VAR`]).
 pub fn staging_from_env() -> Result<Staging, ConfigError> {
     let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
     let depth = match var(DEPTH_VAR) {
@@ -102,17 +117,11 @@ pub fn staging_from_env() -> Result<Staging, ConfigError> {
             }
         },
     };
-    let prefetch = match var(PREFETCH_VAR).as_deref().map(str::trim) {
-        None | Some("1") => true,
-        Some("0") => false,
-        Some(v) => {
-            return Err(ConfigError::Env {
-                var: PREFETCH_VAR,
-                value: v.to_string(),
-                expected: "1 (read the next step during this one's products) or 0",
-            })
-        }
-    };
+    let prefetch = on_off(
+        PREFETCH_VAR,
+        true,
+        "1 (read the next step during this one's products) or 0",
+    )?;
     let buffers = match var(BUFFERS_VAR).as_deref().map(str::trim) {
         None => DEFAULT_BUFFERS,
         Some("1") => 1,
@@ -125,18 +134,11 @@ pub fn staging_from_env() -> Result<Staging, ConfigError> {
             })
         }
     };
-    let halves = match var(HALVES_VAR).as_deref().map(str::trim) {
-        None | Some("0") => false,
-        Some("1") => true,
-        Some(v) => {
-            return Err(ConfigError::Env {
-                var: HALVES_VAR,
-                value: v.to_string(),
-                expected:
-                    "1 (wide items as two 8-byte loads of halves) or 0 (one 16-byte load, unpacked)",
-            })
-        }
-    };
+    let halves = on_off(
+        HALVES_VAR,
+        false,
+        "1 (wide items as two 8-byte loads of halves) or 0 (one 16-byte load, unpacked)",
+    )?;
     Ok(Staging {
         depth,
         loads,
