@@ -16,78 +16,117 @@
 //   8 denom, apply (2, 3) in one pass (Adam's weight decay: the moments
 //     read a gradient list freed before the denominators exist)
 // Bindings a phase does not use are bound to any tensor of the same size.
+// LIST: phases 7 and 8 over COUNT (2..16) parameters in one dispatch, as
+// PyTorch's one multi-tensor launch: parameter t's param, grad, m, v and a
+// at bindings 5t..5t+4, its words ending at ends[t] of the concatenation.
+// Each parameter runs the same functions as alone (COUNT 1), so the same
+// bits.
 struct Params {
     n: u32, decoupled: u32, phase: u32, _p1: u32,
     lr: f32, beta1: f32, beta2: f32, eps: f32,
     weight_decay: f32, bc1: f32, bc2_sqrt: f32, _p2: f32,
+#if LIST
+    // Where each parameter's words end in the concatenation, and its
+    // element count.
+    ends: array<vec4<u32>, 4>,
+    counts: array<vec4<u32>, 4>,
+#endif
 }
 
-@group(0) @binding(0) var<storage, read_write> param: array<{{T}}>;
-@group(0) @binding(1) var<storage, read_write> grad: array<{{T}}>;
-@group(0) @binding(2) var<storage, read_write> m: array<{{T}}>;
-@group(0) @binding(3) var<storage, read_write> v: array<{{T}}>;
-@group(0) @binding(4) var<storage, read_write> a: array<{{T}}>;
-@group(0) @binding(5) var<storage, read_write> b: array<{{T}}>;
+#for t in 0..COUNT
+@group(0) @binding({{5*t}}) var<storage, read_write> param{{t}}: array<{{T}}>;
+@group(0) @binding({{5*t+1}}) var<storage, read_write> grad{{t}}: array<{{T}}>;
+@group(0) @binding({{5*t+2}}) var<storage, read_write> m{{t}}: array<{{T}}>;
+@group(0) @binding({{5*t+3}}) var<storage, read_write> v{{t}}: array<{{T}}>;
+@group(0) @binding({{5*t+4}}) var<storage, read_write> a{{t}}: array<{{T}}>;
+#accessors param{{t}} grad{{t}} m{{t}} v{{t}} a{{t}}
+#endfor
+#if LIST
+@group(0) @binding({{5*COUNT}}) var<uniform> p: Params;
+#else
+@group(0) @binding(5) var<storage, read_write> b0: array<{{T}}>;
 @group(0) @binding(6) var<uniform> p: Params;
-#accessors param grad m v a b
+#accessors b0
+#endif
 #include prelude
 
-// Elements i and j (= i + 1, or i at the end) of word w: each invocation
-// owns its pair, so it reads back what it stored (16-bit values rounded).
-fn moments(w: u32, i: u32, j: u32) {
-    let g = vec2<f32>(ld_grad(i), ld_grad(j));
+// Elements i and j (= i + 1, or i at the end) of word w of parameter t (n
+// elements): each invocation owns its pair, so it reads back what it
+// stored (16-bit values rounded).
+#for t in 0..COUNT
+fn moments{{t}}(w: u32, i: u32, j: u32, n: u32) {
+    let g = vec2<f32>(ld_grad{{t}}(i), ld_grad{{t}}(j));
     if (p.decoupled != 0u && p.weight_decay != 0.0) {
-        st2_param(w, vec2<f32>(ld_param(i), ld_param(j)) * (1.0 - p.lr * p.weight_decay), p.n);
+        st2_param{{t}}(w, vec2<f32>(ld_param{{t}}(i), ld_param{{t}}(j)) * (1.0 - p.lr * p.weight_decay), n);
     }
-    st2_m(w, p.beta1 * vec2<f32>(ld_m(i), ld_m(j)) + (1.0 - p.beta1) * g, p.n);
-    st2_v(w, p.beta2 * vec2<f32>(ld_v(i), ld_v(j)) + (1.0 - p.beta2) * g * g, p.n);
+    st2_m{{t}}(w, p.beta1 * vec2<f32>(ld_m{{t}}(i), ld_m{{t}}(j)) + (1.0 - p.beta1) * g, n);
+    st2_v{{t}}(w, p.beta2 * vec2<f32>(ld_v{{t}}(i), ld_v{{t}}(j)) + (1.0 - p.beta2) * g * g, n);
 }
 
-fn denom(w: u32, i: u32, j: u32) {
-    st2_a(w, sqrt(vec2<f32>(ld_v(i), ld_v(j))) / p.bc2_sqrt + p.eps, p.n);
+fn denom{{t}}(w: u32, i: u32, j: u32, n: u32) {
+    st2_a{{t}}(w, sqrt(vec2<f32>(ld_v{{t}}(i), ld_v{{t}}(j))) / p.bc2_sqrt + p.eps, n);
 }
 
-fn apply(w: u32, i: u32, j: u32) {
-    let d = vec2<f32>(ld_a(i), ld_a(j));
-    let mi = vec2<f32>(ld_m(i), ld_m(j));
-    st2_param(w, vec2<f32>(ld_param(i), ld_param(j)) - (p.lr / p.bc1) * mi / d, p.n);
+fn apply{{t}}(w: u32, i: u32, j: u32, n: u32) {
+    let d = vec2<f32>(ld_a{{t}}(i), ld_a{{t}}(j));
+    let mi = vec2<f32>(ld_m{{t}}(i), ld_m{{t}}(j));
+    st2_param{{t}}(w, vec2<f32>(ld_param{{t}}(i), ld_param{{t}}(j)) - (p.lr / p.bc1) * mi / d, n);
 }
+
+// Phases 7 and 8, the list ops fused, on word w of parameter t.
+fn fused{{t}}(w: u32, n: u32) {
+    let i = 2u * w;
+    let j = min(i + 1u, n - 1u);
+    if (p.phase == 7u) {
+        moments{{t}}(w, i, j, n);
+    }
+    denom{{t}}(w, i, j, n);
+    apply{{t}}(w, i, j, n);
+}
+#endfor
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>,
         @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lidx: u32) {
     let w = flat_index(wid, nwg, lidx);
+#if LIST
+    if (w >= p.n) { return; }
+    var start = 0u;
+#for t in 0..COUNT
+    let end{{t}} = p.ends[{{t/4}}][{{t-t/4*4}}];
+    if (w < end{{t}}) {
+        fused{{t}}(w - start, p.counts[{{t/4}}][{{t-t/4*4}}]);
+        return;
+    }
+    start = end{{t}};
+#endfor
+#else
     let i = 2u * w;
     if (i >= p.n) { return; }
     let j = min(i + 1u, p.n - 1u);
     switch p.phase {
         case 0u: {
-            st2_a(w, vec2<f32>(ld_grad(i), ld_grad(j)) + p.weight_decay * vec2<f32>(ld_param(i), ld_param(j)), p.n);
+            st2_a0(w, vec2<f32>(ld_grad0(i), ld_grad0(j)) + p.weight_decay * vec2<f32>(ld_param0(i), ld_param0(j)), p.n);
         }
         case 1u: {
-            moments(w, i, j);
+            moments0(w, i, j, p.n);
         }
         case 3u: {
-            apply(w, i, j);
+            apply0(w, i, j, p.n);
         }
-        case 7u: {
-            moments(w, i, j);
-            denom(w, i, j);
-            apply(w, i, j);
-        }
-        case 8u: {
-            denom(w, i, j);
-            apply(w, i, j);
+        case 7u, 8u: {
+            fused0(w, p.n);
         }
         case 4u: {
-            st2_a(w, sqrt(vec2<f32>(ld_v(i), ld_v(j))), p.n);
+            st2_a0(w, sqrt(vec2<f32>(ld_v0(i), ld_v0(j))), p.n);
         }
         case 5u: {
-            st2_b(w, vec2<f32>(ld_a(i), ld_a(j)) / p.bc2_sqrt, p.n);
+            st2_b0(w, vec2<f32>(ld_a0(i), ld_a0(j)) / p.bc2_sqrt, p.n);
         }
         default: {
-            st2_a(w, vec2<f32>(ld_a(i), ld_a(j)) + p.eps, p.n);
+            st2_a0(w, vec2<f32>(ld_a0(i), ld_a0(j)) + p.eps, p.n);
         }
     }
+#endif
 }

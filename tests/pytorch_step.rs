@@ -311,3 +311,86 @@ fn estimate_predicts_pytorchs_own_step_replayed() {
         );
     }
 }
+
+/// Foreach Adam and AdamW run phases 7 and 8 over lists of parameters, one
+/// dispatch a list (PyTorch's multi-tensor launch): the same bits as a
+/// parameter at a time, in every dtype, over more parameters than one list
+/// takes and with a gradient list (Adam's weight decay, phase 8).
+#[test]
+fn foreach_adam_lists_give_the_bits_of_one_parameter_at_a_time() {
+    use vramlab::tensor::DType;
+    // Lists: whole tensors. Alone: 64-byte windows, so every tensor past
+    // 16 floats runs by itself in ranges; the tiny ones still list.
+    let lists = engine();
+    let alone = engine_from(
+        &AdapterOptions {
+            binding_limit: Some(64),
+            ..adapter_options()
+        },
+        AllocatorConfig::default(),
+    );
+    let sizes = [
+        1usize, 7, 1001, 4099, 33, 2, 515, 64, 17, 3, 999, 128, 5, 77, 2048,
+    ];
+    let mut rng = Rng::new(12);
+    let w0: Vec<Vec<f32>> = sizes.iter().map(|&n| rng.vec(n)).collect();
+    let grads: Vec<Vec<Vec<f32>>> = (0..2)
+        .map(|_| sizes.iter().map(|&n| rng.vec(n)).collect())
+        .collect();
+    let limit = lists
+        .gpu()
+        .unwrap()
+        .limits
+        .max_storage_buffers_per_shader_stage as usize;
+    let most = (limit / 5).min(16);
+    for dtype in [DType::F32, DType::F16, DType::Bf16] {
+        for (kind, wd) in [(Kind::Adam, 0.0), (Kind::Adam, 0.01), (Kind::AdamW, 0.01)] {
+            let run = |e: &Engine| {
+                let mut store = ParamStore::new();
+                let ids: Vec<_> = w0
+                    .iter()
+                    .enumerate()
+                    .map(|(k, w)| {
+                        let t = Tensor::from_f32_as(e, w, &[w.len()], dtype, "w").unwrap();
+                        store.add(&format!("w{k}"), t)
+                    })
+                    .collect();
+                let mut opt = build(kind, OptimizerImpl::Foreach, wd);
+                e.start_timing();
+                for g in &grads {
+                    for (id, gk) in ids.iter().zip(g) {
+                        let t = Tensor::from_f32_as(e, gk, &[gk.len()], dtype, "g").unwrap();
+                        store.get_mut(*id).grad = Some(t);
+                    }
+                    opt.step(&mut store).unwrap();
+                }
+                let (_, times) = e.take_dispatch_times().unwrap().unwrap();
+                e.stop_timing().unwrap();
+                let lists = times.iter().filter(|t| t.kernel.contains("list")).count();
+                let values: Vec<Vec<u32>> = ids
+                    .iter()
+                    .map(|id| {
+                        let v = store.get(*id).value.to_vec().unwrap();
+                        v.iter().map(|x| x.to_bits()).collect()
+                    })
+                    .collect();
+                (values, lists)
+            };
+            let (a, listed) = run(&lists);
+            let (b, _) = run(&alone);
+            for (k, (x, y)) in a.iter().zip(&b).enumerate() {
+                assert!(
+                    x == y,
+                    "{dtype} {kind:?} wd {wd}: parameter {k} ({} elements) differs",
+                    sizes[k]
+                );
+            }
+            // Two steps, each in lists of up to `most` parameters.
+            assert_eq!(
+                listed,
+                2 * sizes.len().div_ceil(most),
+                "{dtype} {kind:?} wd {wd}: list dispatches"
+            );
+        }
+    }
+}

@@ -19,7 +19,7 @@
 //! - `#include NAME`: a shared snippet ([`PRELUDE`] as `prelude`;
 //!   `matmul_common`, expanded with the includer's definitions).
 //! - `#accessors a b c`: `ld_a(i) -> f32` and `st_a(i, v: f32)` for storage
-//!   arrays `a`, `b`, `c` declared as `array<{{T}}>`, in the element type
+//!   arrays `a`, `b`, `c` (names may hold `{{ }}`) declared as `array<{{T}}>`, in the element type
 //!   `ELEM` names (`f32`, `f16`, `bf16`), so arithmetic is always f32.
 //!   `c:ELEM_C` takes the type from definition `ELEM_C` instead, `c:f32`
 //!   names it outright (a matmul with f16 operands and an f32 workspace).
@@ -327,6 +327,8 @@ fn expand(
                 i += 1;
             }
             Some(("accessors", names)) => {
+                // Names may be built in a `#for` (`g{{t}}`).
+                let names = substitute(names, defs, vars).map_err(|m| err(i, m))?;
                 for spec in names.split_whitespace() {
                     let (name, elem) = match spec.split_once(':') {
                         Some((n, e)) if ["f32", "f16", "f16p", "bf16"].contains(&e) => (n, e),
@@ -528,6 +530,16 @@ mod tests {
         let defs = Defs::elem(Elem::F32).with("N", 3);
         let got = compose(t, &defs).unwrap();
         assert_eq!(got, "let x: f32 = 7;\nv0_3\none 1\nv2_1\nsmall\n", "{got}");
+    }
+
+    #[test]
+    fn accessors_take_names_built_in_a_loop() {
+        let t = "#for t in 0..2\n#accessors g{{t}}\n#endfor";
+        let got = compose(t, &Defs::elem(Elem::F32)).unwrap();
+        assert!(
+            got.contains("fn ld_g0(") && got.contains("fn st2_g1("),
+            "{got}"
+        );
     }
 
     #[test]

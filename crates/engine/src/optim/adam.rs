@@ -6,6 +6,8 @@
 use super::phases::{self, free_in_reverse, grad_of};
 use super::{Optimizer, OptimizerImpl};
 use crate::autograd::param::ParamStore;
+use crate::device::compose::Defs;
+use crate::device::Kernel;
 use crate::ops::fill;
 use crate::tensor::{DType, Tensor, TensorError};
 
@@ -27,6 +29,38 @@ struct Params {
     bc1: f32,
     bc2_sqrt: f32,
     _q: f32,
+}
+
+/// Parameters one list dispatch of phase 7 or 8 takes at most (the
+/// shader's `ends` table).
+const LIST_MAX: usize = 16;
+
+/// A list dispatch's parameters: where each parameter's words end in the
+/// concatenation, and its element count.
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct ListParams {
+    base: Params,
+    ends: [u32; LIST_MAX],
+    counts: [u32; LIST_MAX],
+}
+
+/// The phase kernel for `dtype` over `count` parameters (1: any phase, a
+/// parameter at a time; more: phases 7 and 8 as a list).
+fn phase_kernel(dtype: DType, count: usize) -> Kernel {
+    let defs = Defs::elem(dtype.elem()).with("COUNT", count);
+    let name = match (dtype, count) {
+        (DType::F32, 1) => "adam_phases".to_string(),
+        (_, 1) => format!("adam_phases[{dtype}]"),
+        (DType::F32, n) => format!("adam_phases[list {n}]"),
+        (_, n) => format!("adam_phases[{dtype} list {n}]"),
+    };
+    let defs = if count > 1 {
+        defs.with("LIST", 1)
+    } else {
+        defs
+    };
+    Kernel::variant(name, PHASES, "main", defs)
 }
 
 /// Adam (`decoupled = false`) or AdamW (`decoupled = true`).
@@ -177,11 +211,84 @@ impl Adam {
             ..self.params(phase)
         };
         phases::run(
-            "adam_phases",
-            PHASES,
+            &phase_kernel(w.dtype(), 1),
             w,
             &[w, b[0], b[1], b[2], b[3], b[4]],
             bytemuck::bytes_of(&params),
+        )
+    }
+
+    /// Phase 7 or 8 over every parameter of `live` with its denominator in
+    /// `denoms`: in lists of up to [`LIST_MAX`] parameters a dispatch
+    /// (bindings allowing), where each of a parameter's tensors binds
+    /// whole; the rest a parameter at a time.
+    fn fused_phase(
+        &self,
+        phase: u32,
+        live: &[(&Tensor, &Tensor, &State)],
+        denoms: &[Tensor],
+    ) -> Result<(), TensorError> {
+        let Some((w0, _, _)) = live.first() else {
+            return Ok(());
+        };
+        let e = w0.engine();
+        let most = e.gpu().map_or(1, |g| {
+            (g.limits.max_storage_buffers_per_shader_stage as usize / 5).min(LIST_MAX)
+        });
+        let mut list: Vec<[&Tensor; 5]> = Vec::new();
+        let mut words = 0u64;
+        for ((w, g, s), d) in live.iter().zip(denoms) {
+            let tensors = [*w, *g, &s.exp_avg, &s.exp_avg_sq, d];
+            let n = w.numel() as u64;
+            let whole = e
+                .gpu()
+                .is_some_and(|gpu| tensors.iter().all(|t| gpu.binds_whole(&t.slice())));
+            let fits = |list: &[[&Tensor; 5]], words: u64| {
+                list.len() < most
+                    && list.first().is_none_or(|l| l[0].dtype() == w.dtype())
+                    && words + n.div_ceil(2) <= u32::MAX as u64
+            };
+            if most < 2 || !whole || n == 0 {
+                self.phase(phase, w, [g, &s.exp_avg, &s.exp_avg_sq, d, w])?;
+                continue;
+            }
+            if !fits(&list, words) {
+                self.list_phase(phase, &list)?;
+                list.clear();
+                words = 0;
+            }
+            list.push(tensors);
+            words += n.div_ceil(2);
+        }
+        self.list_phase(phase, &list)
+    }
+
+    /// One dispatch of phase 7 or 8 over `list` (param, grad, m, v, denom
+    /// each); one parameter alone takes the single kernel.
+    fn list_phase(&self, phase: u32, list: &[[&Tensor; 5]]) -> Result<(), TensorError> {
+        match list {
+            [] => return Ok(()),
+            [[w, g, m, v, d]] => return self.phase(phase, w, [g, m, v, d, w]),
+            _ => {}
+        }
+        let mut p = ListParams {
+            base: self.params(phase),
+            ends: [0; LIST_MAX],
+            counts: [0; LIST_MAX],
+        };
+        for (t, [w, ..]) in list.iter().enumerate() {
+            p.base.n += (w.numel() as u32).div_ceil(2);
+            p.ends[t] = p.base.n;
+            p.counts[t] = w.numel() as u32;
+        }
+        let slices: Vec<_> = list.iter().flatten().map(|t| t.slice()).collect();
+        let refs: Vec<_> = slices.iter().collect();
+        crate::ops::launch(
+            list[0][0],
+            &phase_kernel(list[0][0].dtype(), list.len()),
+            &refs,
+            bytemuck::bytes_of(&p),
+            p.base.n as usize,
         )
     }
 
@@ -218,9 +325,7 @@ impl Adam {
             .iter()
             .map(|(w, _, _)| phases::temporary(w, "adam._foreach_sqrt"))
             .collect::<Result<Vec<_>, _>>()?;
-        for ((w, g, s), d) in live.iter().zip(&denoms) {
-            self.phase(phase, w, [g, &s.exp_avg, &s.exp_avg_sq, d, w])?;
-        }
+        self.fused_phase(phase, &live, &denoms)?;
         free_in_reverse(denoms);
         Ok(())
     }

@@ -20,8 +20,7 @@ pub(super) fn temporary(like: &Tensor, label: &str) -> Result<Tensor, TensorErro
 /// One pass of a phase kernel (two elements per invocation) over `like`'s
 /// elements; every binding holds as many elements of its dtype.
 pub(super) fn run(
-    name: &'static str,
-    source: &'static str,
+    kernel: &crate::device::Kernel,
     like: &Tensor,
     bindings: &[&Tensor],
     params: &[u8],
@@ -30,7 +29,7 @@ pub(super) fn run(
     let refs: Vec<_> = slices.iter().collect();
     crate::ops::launch_flat(
         like,
-        &crate::ops::typed_kernel(name, source, "main", like.dtype()),
+        kernel,
         &crate::ops::same_parts(like, &refs),
         params,
         like.numel(),

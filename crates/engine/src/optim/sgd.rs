@@ -78,8 +78,7 @@ impl Sgd {
     fn phase(&self, phase: u32, w: &Tensor, b: [&Tensor; 3]) -> Result<(), TensorError> {
         let params = self.params(phase, w.numel());
         phases::run(
-            "sgd_phases",
-            PHASES,
+            &crate::ops::typed_kernel("sgd_phases", PHASES, "main", w.dtype()),
             w,
             &[w, b[0], b[1], b[2]],
             bytemuck::bytes_of(&params),
