@@ -16,11 +16,11 @@
 //   8 denom, apply (2, 3) in one pass (Adam's weight decay: the moments
 //     read a gradient list freed before the denominators exist)
 // Bindings a phase does not use are bound to any tensor of the same size.
-// LIST: phases 7 and 8 over COUNT (2..16) parameters in one dispatch, as
-// PyTorch's one multi-tensor launch: parameter t's param, grad, m, v and a
-// at bindings 5t..5t+4, its words ending at ends[t] of the concatenation.
-// Each parameter runs the same functions as alone (COUNT 1), so the same
-// bits.
+// LIST: one of the foreach path's phases (0, 1, 7, 8) over COUNT (2..16)
+// parameters in one dispatch, as PyTorch's one multi-tensor launch:
+// parameter t's param, grad, m, v and a at bindings 5t..5t+4, its words
+// ending at ends[t] of the concatenation. Each parameter runs the function
+// it runs alone (COUNT 1), so the same bits.
 struct Params {
     n: u32, decoupled: u32, phase: u32, _p1: u32,
     lr: f32, beta1: f32, beta2: f32, eps: f32,
@@ -73,15 +73,31 @@ fn apply{{t}}(w: u32, i: u32, j: u32, n: u32) {
     st2_param{{t}}(w, vec2<f32>(ld_param{{t}}(i), ld_param{{t}}(j)) - (p.lr / p.bc1) * mi / d, n);
 }
 
-// Phases 7 and 8, the list ops fused, on word w of parameter t.
-fn fused{{t}}(w: u32, n: u32) {
+// The phases the foreach path runs (0, 1, 3, 7, 8) on word w of
+// parameter t; 7 and 8 are its list ops fused.
+fn phase{{t}}(w: u32, n: u32) {
     let i = 2u * w;
     let j = min(i + 1u, n - 1u);
-    if (p.phase == 7u) {
-        moments{{t}}(w, i, j, n);
+    switch p.phase {
+        case 0u: {
+            st2_a{{t}}(w, vec2<f32>(ld_grad{{t}}(i), ld_grad{{t}}(j)) + p.weight_decay * vec2<f32>(ld_param{{t}}(i), ld_param{{t}}(j)), n);
+        }
+        case 1u: {
+            moments{{t}}(w, i, j, n);
+        }
+        case 3u: {
+            apply{{t}}(w, i, j, n);
+        }
+        case 7u: {
+            moments{{t}}(w, i, j, n);
+            denom{{t}}(w, i, j, n);
+            apply{{t}}(w, i, j, n);
+        }
+        default: {
+            denom{{t}}(w, i, j, n);
+            apply{{t}}(w, i, j, n);
+        }
     }
-    denom{{t}}(w, i, j, n);
-    apply{{t}}(w, i, j, n);
 }
 #endfor
 
@@ -96,7 +112,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 #for t in 0..COUNT
     let end{{t}} = p.ends[{{t/4}}][{{t-t/4*4}}];
     if (w < end{{t}}) {
-        fused{{t}}(w - start, p.counts[{{t/4}}][{{t-t/4*4}}]);
+        phase{{t}}(w - start, p.counts[{{t/4}}][{{t-t/4*4}}]);
         return;
     }
     start = end{{t}};
@@ -106,26 +122,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     if (i >= p.n) { return; }
     let j = min(i + 1u, p.n - 1u);
     switch p.phase {
-        case 0u: {
-            st2_a0(w, vec2<f32>(ld_grad0(i), ld_grad0(j)) + p.weight_decay * vec2<f32>(ld_param0(i), ld_param0(j)), p.n);
-        }
-        case 1u: {
-            moments0(w, i, j, p.n);
-        }
-        case 3u: {
-            apply0(w, i, j, p.n);
-        }
-        case 7u, 8u: {
-            fused0(w, p.n);
-        }
         case 4u: {
             st2_a0(w, sqrt(vec2<f32>(ld_v0(i), ld_v0(j))), p.n);
         }
         case 5u: {
             st2_b0(w, vec2<f32>(ld_a0(i), ld_a0(j)) / p.bc2_sqrt, p.n);
         }
-        default: {
+        case 6u: {
             st2_a0(w, vec2<f32>(ld_a0(i), ld_a0(j)) + p.eps, p.n);
+        }
+        default: {
+            phase0(w, p.n);
         }
     }
 #endif

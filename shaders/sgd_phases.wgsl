@@ -10,34 +10,68 @@
 //   4 nesterov  a = g + momentum buf       grad.add(buf, alpha=momentum)
 //   5 apply     p -= lr g                  param.add_(grad, alpha=-lr)
 // `g` is the grad binding: the gradient, or the temporary that replaced it.
+// LIST: one phase over COUNT (2..16) parameters in one dispatch, as
+// PyTorch's one multi-tensor launch: parameter t's param, grad, buf and a
+// at bindings 4t..4t+3, its words ending at ends[t] of the concatenation.
+// Each parameter runs the function it runs alone (COUNT 1), so the same
+// bits.
 struct Params {
     n: u32, phase: u32, _p0: u32, _p1: u32,
     lr: f32, momentum: f32, dampening: f32, weight_decay: f32,
+#if LIST
+    // Where each parameter's words end in the concatenation, and its
+    // element count.
+    ends: array<vec4<u32>, 4>,
+    counts: array<vec4<u32>, 4>,
+#endif
 }
 
-@group(0) @binding(0) var<storage, read_write> param: array<{{T}}>;
-@group(0) @binding(1) var<storage, read_write> grad: array<{{T}}>;
-@group(0) @binding(2) var<storage, read_write> buf: array<{{T}}>;
-@group(0) @binding(3) var<storage, read_write> a: array<{{T}}>;
-@group(0) @binding(4) var<uniform> p: Params;
-#accessors param grad buf a
+#for t in 0..COUNT
+@group(0) @binding({{4*t}}) var<storage, read_write> param{{t}}: array<{{T}}>;
+@group(0) @binding({{4*t+1}}) var<storage, read_write> grad{{t}}: array<{{T}}>;
+@group(0) @binding({{4*t+2}}) var<storage, read_write> buf{{t}}: array<{{T}}>;
+@group(0) @binding({{4*t+3}}) var<storage, read_write> a{{t}}: array<{{T}}>;
+#accessors param{{t}} grad{{t}} buf{{t}} a{{t}}
+#endfor
+@group(0) @binding({{4*COUNT}}) var<uniform> p: Params;
 #include prelude
+
+// Word w of parameter t (n elements): elements i and j (= i + 1, or i at
+// the end), each invocation owning its pair.
+#for t in 0..COUNT
+fn phase{{t}}(w: u32, n: u32) {
+    let i = 2u * w;
+    let j = min(i + 1u, n - 1u);
+    let g = vec2<f32>(ld_grad{{t}}(i), ld_grad{{t}}(j));
+    switch p.phase {
+        case 0u: { st2_a{{t}}(w, g + p.weight_decay * vec2<f32>(ld_param{{t}}(i), ld_param{{t}}(j)), n); }
+        case 1u: { st2_buf{{t}}(w, g, n); }
+        case 2u: { st2_buf{{t}}(w, p.momentum * vec2<f32>(ld_buf{{t}}(i), ld_buf{{t}}(j)) + (1.0 - p.dampening) * g, n); }
+        case 3u: { st2_grad{{t}}(w, g + p.momentum * vec2<f32>(ld_buf{{t}}(i), ld_buf{{t}}(j)), n); }
+        case 4u: { st2_a{{t}}(w, g + p.momentum * vec2<f32>(ld_buf{{t}}(i), ld_buf{{t}}(j)), n); }
+        default: { st2_param{{t}}(w, vec2<f32>(ld_param{{t}}(i), ld_param{{t}}(j)) - p.lr * g, n); }
+    }
+}
+#endfor
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>,
         @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lidx: u32) {
     let w = flat_index(wid, nwg, lidx);
-    let i = 2u * w;
-    if (i >= p.n) { return; }
-    let j = min(i + 1u, p.n - 1u);
-    let g = vec2<f32>(ld_grad(i), ld_grad(j));
-    switch p.phase {
-        case 0u: { st2_a(w, g + p.weight_decay * vec2<f32>(ld_param(i), ld_param(j)), p.n); }
-        case 1u: { st2_buf(w, g, p.n); }
-        case 2u: { st2_buf(w, p.momentum * vec2<f32>(ld_buf(i), ld_buf(j)) + (1.0 - p.dampening) * g, p.n); }
-        case 3u: { st2_grad(w, g + p.momentum * vec2<f32>(ld_buf(i), ld_buf(j)), p.n); }
-        case 4u: { st2_a(w, g + p.momentum * vec2<f32>(ld_buf(i), ld_buf(j)), p.n); }
-        default: { st2_param(w, vec2<f32>(ld_param(i), ld_param(j)) - p.lr * g, p.n); }
+#if LIST
+    if (w >= p.n) { return; }
+    var start = 0u;
+#for t in 0..COUNT
+    let end{{t}} = p.ends[{{t/4}}][{{t-t/4*4}}];
+    if (w < end{{t}}) {
+        phase{{t}}(w - start, p.counts[{{t/4}}][{{t-t/4*4}}]);
+        return;
     }
+    start = end{{t}};
+#endfor
+#else
+    if (2u * w >= p.n) { return; }
+    phase0(w, p.n);
+#endif
 }

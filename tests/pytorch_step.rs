@@ -312,12 +312,13 @@ fn estimate_predicts_pytorchs_own_step_replayed() {
     }
 }
 
-/// Foreach Adam and AdamW run phases 7 and 8 over lists of parameters, one
-/// dispatch a list (PyTorch's multi-tensor launch): the same bits as a
+/// Foreach SGD, Adam and AdamW run each list op over lists of parameters,
+/// one dispatch a list (PyTorch's multi-tensor launch): the same bits as a
 /// parameter at a time, in every dtype, over more parameters than one list
-/// takes and with a gradient list (Adam's weight decay, phase 8).
+/// takes, with and without momentum, Nesterov and weight decay (Adam's
+/// makes a gradient list: phases 0, 1 and 8).
 #[test]
-fn foreach_adam_lists_give_the_bits_of_one_parameter_at_a_time() {
+fn foreach_lists_give_the_bits_of_one_parameter_at_a_time() {
     use vramlab::tensor::DType;
     // Lists: whole tensors. Alone: 64-byte windows, so every tensor past
     // 16 floats runs by itself in ranges; the tiny ones still list.
@@ -342,9 +343,25 @@ fn foreach_adam_lists_give_the_bits_of_one_parameter_at_a_time() {
         .unwrap()
         .limits
         .max_storage_buffers_per_shader_stage as usize;
-    let most = (limit / 5).min(16);
+    let sgd = |momentum, nesterov| Kind::Sgd { momentum, nesterov };
+    let cases = [
+        (Kind::Adam, 0.0, 1),
+        (Kind::Adam, 0.01, 3),
+        (Kind::AdamW, 0.01, 1),
+        (sgd(0.0, false), 0.0, 1),
+        (sgd(0.9, false), 0.01, 3),
+        (sgd(0.9, true), 0.0, 3),
+    ];
     for dtype in [DType::F32, DType::F16, DType::Bf16] {
-        for (kind, wd) in [(Kind::Adam, 0.0), (Kind::Adam, 0.01), (Kind::AdamW, 0.01)] {
+        for (kind, wd, ops) in cases {
+            // Bindings a parameter: Adam's param, grad, m, v, a; SGD's
+            // param, grad, buf, a.
+            let per = if matches!(kind, Kind::Sgd { .. }) {
+                4
+            } else {
+                5
+            };
+            let most = (limit / per).min(16);
             let run = |e: &Engine| {
                 let mut store = ParamStore::new();
                 let ids: Vec<_> = w0
@@ -385,10 +402,11 @@ fn foreach_adam_lists_give_the_bits_of_one_parameter_at_a_time() {
                     sizes[k]
                 );
             }
-            // Two steps, each in lists of up to `most` parameters.
+            // Two steps of `ops` list ops, each in lists of up to `most`
+            // parameters.
             assert_eq!(
                 listed,
-                2 * sizes.len().div_ceil(most),
+                2 * ops * sizes.len().div_ceil(most),
                 "{dtype} {kind:?} wd {wd}: list dispatches"
             );
         }

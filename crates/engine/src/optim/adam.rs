@@ -6,8 +6,6 @@
 use super::phases::{self, free_in_reverse, grad_of};
 use super::{Optimizer, OptimizerImpl};
 use crate::autograd::param::ParamStore;
-use crate::device::compose::Defs;
-use crate::device::Kernel;
 use crate::ops::fill;
 use crate::tensor::{DType, Tensor, TensorError};
 
@@ -29,38 +27,6 @@ struct Params {
     bc1: f32,
     bc2_sqrt: f32,
     _q: f32,
-}
-
-/// Parameters one list dispatch of phase 7 or 8 takes at most (the
-/// shader's `ends` table).
-const LIST_MAX: usize = 16;
-
-/// A list dispatch's parameters: where each parameter's words end in the
-/// concatenation, and its element count.
-#[repr(C)]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct ListParams {
-    base: Params,
-    ends: [u32; LIST_MAX],
-    counts: [u32; LIST_MAX],
-}
-
-/// The phase kernel for `dtype` over `count` parameters (1: any phase, a
-/// parameter at a time; more: phases 7 and 8 as a list).
-fn phase_kernel(dtype: DType, count: usize) -> Kernel {
-    let defs = Defs::elem(dtype.elem()).with("COUNT", count);
-    let name = match (dtype, count) {
-        (DType::F32, 1) => "adam_phases".to_string(),
-        (_, 1) => format!("adam_phases[{dtype}]"),
-        (DType::F32, n) => format!("adam_phases[list {n}]"),
-        (_, n) => format!("adam_phases[{dtype} list {n}]"),
-    };
-    let defs = if count > 1 {
-        defs.with("LIST", 1)
-    } else {
-        defs
-    };
-    Kernel::variant(name, PHASES, "main", defs)
 }
 
 /// Adam (`decoupled = false`) or AdamW (`decoupled = true`).
@@ -211,84 +177,39 @@ impl Adam {
             ..self.params(phase)
         };
         phases::run(
-            &phase_kernel(w.dtype(), 1),
+            &phases::kernel("adam_phases", PHASES, w.dtype(), 1),
             w,
             &[w, b[0], b[1], b[2], b[3], b[4]],
             bytemuck::bytes_of(&params),
         )
     }
 
-    /// Phase 7 or 8 over every parameter of `live` with its denominator in
-    /// `denoms`: in lists of up to [`LIST_MAX`] parameters a dispatch
-    /// (bindings allowing), where each of a parameter's tensors binds
-    /// whole; the rest a parameter at a time.
-    fn fused_phase(
+    /// One foreach list op (phase 0, 1, 7 or 8) over every parameter of
+    /// `live`, with `extra[k]` as parameter k's grad-binding replacement
+    /// (the weight-decayed list) or its temporary: lists of parameters a
+    /// dispatch ([`phases::run_all`]).
+    fn list_op(
         &self,
         phase: u32,
         live: &[(&Tensor, &Tensor, &State)],
-        denoms: &[Tensor],
+        grads: Option<&[Tensor]>,
+        temps: Option<&[Tensor]>,
     ) -> Result<(), TensorError> {
-        let Some((w0, _, _)) = live.first() else {
-            return Ok(());
-        };
-        let e = w0.engine();
-        let most = e.gpu().map_or(1, |g| {
-            (g.limits.max_storage_buffers_per_shader_stage as usize / 5).min(LIST_MAX)
-        });
-        let mut list: Vec<[&Tensor; 5]> = Vec::new();
-        let mut words = 0u64;
-        for ((w, g, s), d) in live.iter().zip(denoms) {
-            let tensors = [*w, *g, &s.exp_avg, &s.exp_avg_sq, d];
-            let n = w.numel() as u64;
-            let whole = e
-                .gpu()
-                .is_some_and(|gpu| tensors.iter().all(|t| gpu.binds_whole(&t.slice())));
-            let fits = |list: &[[&Tensor; 5]], words: u64| {
-                list.len() < most
-                    && list.first().is_none_or(|l| l[0].dtype() == w.dtype())
-                    && words + n.div_ceil(2) <= u32::MAX as u64
-            };
-            if most < 2 || !whole || n == 0 {
-                self.phase(phase, w, [g, &s.exp_avg, &s.exp_avg_sq, d, w])?;
-                continue;
-            }
-            if !fits(&list, words) {
-                self.list_phase(phase, &list)?;
-                list.clear();
-                words = 0;
-            }
-            list.push(tensors);
-            words += n.div_ceil(2);
-        }
-        self.list_phase(phase, &list)
-    }
-
-    /// One dispatch of phase 7 or 8 over `list` (param, grad, m, v, denom
-    /// each); one parameter alone takes the single kernel.
-    fn list_phase(&self, phase: u32, list: &[[&Tensor; 5]]) -> Result<(), TensorError> {
-        match list {
-            [] => return Ok(()),
-            [[w, g, m, v, d]] => return self.phase(phase, w, [g, m, v, d, w]),
-            _ => {}
-        }
-        let mut p = ListParams {
-            base: self.params(phase),
-            ends: [0; LIST_MAX],
-            counts: [0; LIST_MAX],
-        };
-        for (t, [w, ..]) in list.iter().enumerate() {
-            p.base.n += (w.numel() as u32).div_ceil(2);
-            p.ends[t] = p.base.n;
-            p.counts[t] = w.numel() as u32;
-        }
-        let slices: Vec<_> = list.iter().flatten().map(|t| t.slice()).collect();
-        let refs: Vec<_> = slices.iter().collect();
-        crate::ops::launch(
-            list[0][0],
-            &phase_kernel(list[0][0].dtype(), list.len()),
-            &refs,
-            bytemuck::bytes_of(&p),
-            p.base.n as usize,
+        let items: Vec<Vec<&Tensor>> = live
+            .iter()
+            .enumerate()
+            .map(|(k, (w, g, s))| {
+                let g = grads.map_or(*g, |l| &l[k]);
+                let a = temps.map_or(*w, |l| &l[k]);
+                vec![*w, g, &s.exp_avg, &s.exp_avg_sq, a]
+            })
+            .collect();
+        phases::run_all(
+            "adam_phases",
+            PHASES,
+            &items,
+            bytemuck::bytes_of(&self.params(phase)),
+            &|t| self.phase(phase, t[0], [t[1], t[2], t[3], t[4], t[0]]),
         )
     }
 
@@ -302,12 +223,11 @@ impl Adam {
     fn foreach(&self, store: &ParamStore) -> Result<(), TensorError> {
         let live = self.live(store);
         let wd_grads = if !self.decoupled && self.weight_decay != 0.0 {
-            let mut l = Vec::with_capacity(live.len());
-            for (w, g, s) in &live {
-                let t = phases::temporary(w, "adam._foreach_add")?;
-                self.phase(0, w, [g, &s.exp_avg, &s.exp_avg_sq, &t, w])?;
-                l.push(t);
-            }
+            let l = live
+                .iter()
+                .map(|(w, _, _)| phases::temporary(w, "adam._foreach_add"))
+                .collect::<Result<Vec<_>, _>>()?;
+            self.list_op(0, &live, None, Some(&l))?;
             Some(l)
         } else {
             None
@@ -315,9 +235,7 @@ impl Adam {
         // Without a weight-decayed list the moments join the last two ops.
         let phase = if wd_grads.is_none() { 7 } else { 8 };
         if let Some(l) = &wd_grads {
-            for ((w, _, s), g) in live.iter().zip(l) {
-                self.phase(1, w, [g, &s.exp_avg, &s.exp_avg_sq, w, w])?;
-            }
+            self.list_op(1, &live, Some(l), None)?;
         }
         // del device_grads: CPython frees a list's items last to first.
         free_in_reverse(wd_grads.unwrap_or_default());
@@ -325,7 +243,7 @@ impl Adam {
             .iter()
             .map(|(w, _, _)| phases::temporary(w, "adam._foreach_sqrt"))
             .collect::<Result<Vec<_>, _>>()?;
-        self.fused_phase(phase, &live, &denoms)?;
+        self.list_op(phase, &live, None, Some(&denoms))?;
         free_in_reverse(denoms);
         Ok(())
     }

@@ -2,8 +2,116 @@
 //! size of a parameter, and one pass of a phase kernel over a parameter.
 
 use crate::autograd::param::Parameter;
+use crate::device::compose::Defs;
+use crate::device::Kernel;
 use crate::memory::Category;
-use crate::tensor::{Tensor, TensorError};
+use crate::tensor::{DType, Tensor, TensorError};
+
+/// Parameters one list dispatch takes at most (the shaders' `ends` table).
+const LIST_MAX: usize = 16;
+
+/// A phase kernel family's variant for `dtype` over `count` parameters
+/// (1: a parameter at a time, named as before lists; more: `LIST`).
+pub(super) fn kernel(name: &str, source: &'static str, dtype: DType, count: usize) -> Kernel {
+    let defs = Defs::elem(dtype.elem()).with("COUNT", count);
+    let (name, defs) = match (dtype, count) {
+        (DType::F32, 1) => (name.to_string(), defs),
+        (_, 1) => (format!("{name}[{dtype}]"), defs),
+        (DType::F32, n) => (format!("{name}[list {n}]"), defs.with("LIST", 1)),
+        (_, n) => (format!("{name}[{dtype} list {n}]"), defs.with("LIST", 1)),
+    };
+    Kernel::variant(name, source, "main", defs)
+}
+
+/// One phase over many parameters, as a foreach list op: `items[k]` binds
+/// parameter k's tensors (the parameter first), `params` are the kernel's
+/// parameters (16-byte multiple, the element count first, filled here).
+/// Lists of up to 16 parameters a dispatch where each of their tensors
+/// binds whole and the device binds them all; the rest go to `alone`, a
+/// parameter at a time. A list's
+/// parameters run the code they run alone, so the bits do not change.
+pub(super) fn run_all(
+    name: &str,
+    source: &'static str,
+    items: &[Vec<&Tensor>],
+    params: &[u8],
+    alone: &dyn Fn(&[&Tensor]) -> Result<(), TensorError>,
+) -> Result<(), TensorError> {
+    let Some(first) = items.first() else {
+        return Ok(());
+    };
+    let e = first[0].engine();
+    let per = first.len();
+    let most = e.gpu().map_or(1, |g| {
+        (g.limits.max_storage_buffers_per_shader_stage as usize / per).min(LIST_MAX)
+    });
+    let mut list: Vec<&[&Tensor]> = Vec::new();
+    let mut words = 0u64;
+    for item in items {
+        let w = item[0];
+        let half = (w.numel() as u64).div_ceil(2);
+        let whole = e
+            .gpu()
+            .is_some_and(|g| item.iter().all(|t| g.binds_whole(&t.slice())));
+        if most < 2 || !whole || half == 0 {
+            alone(item)?;
+            continue;
+        }
+        let joins = list.len() < most
+            && list.first().is_none_or(|l| l[0].dtype() == w.dtype())
+            && words + half <= u32::MAX as u64;
+        if !joins {
+            run_list(name, source, &list, params, alone)?;
+            list.clear();
+            words = 0;
+        }
+        list.push(item);
+        words += half;
+    }
+    run_list(name, source, &list, params, alone)
+}
+
+/// One dispatch over `list`'s concatenated words (one item alone runs the
+/// single kernel): `params`, then where each parameter's words end, then
+/// its element count.
+fn run_list(
+    name: &str,
+    source: &'static str,
+    list: &[&[&Tensor]],
+    params: &[u8],
+    alone: &dyn Fn(&[&Tensor]) -> Result<(), TensorError>,
+) -> Result<(), TensorError> {
+    match list {
+        [] => return Ok(()),
+        [item] => return alone(item),
+        _ => {}
+    }
+    let (mut ends, mut counts) = ([0u32; LIST_MAX], [0u32; LIST_MAX]);
+    let mut words = 0u32;
+    for (k, item) in list.iter().enumerate() {
+        words += (item[0].numel() as u32).div_ceil(2);
+        ends[k] = words;
+        counts[k] = item[0].numel() as u32;
+    }
+    let mut bytes = params.to_vec();
+    bytes[..4].copy_from_slice(&words.to_le_bytes());
+    bytes.extend_from_slice(bytemuck::cast_slice(&ends));
+    bytes.extend_from_slice(bytemuck::cast_slice(&counts));
+    let slices: Vec<_> = list
+        .iter()
+        .flat_map(|i| i.iter())
+        .map(|t| t.slice())
+        .collect();
+    let refs: Vec<_> = slices.iter().collect();
+    let w = list[0][0];
+    crate::ops::launch(
+        w,
+        &kernel(name, source, w.dtype(), list.len()),
+        &refs,
+        &bytes,
+        words as usize,
+    )
+}
 
 /// A parameter-sized temporary in the parameter's dtype (PyTorch's foreach
 /// and for-loop temporaries are the parameter's dtype, f16 after half()).

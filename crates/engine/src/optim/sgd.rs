@@ -78,7 +78,7 @@ impl Sgd {
     fn phase(&self, phase: u32, w: &Tensor, b: [&Tensor; 3]) -> Result<(), TensorError> {
         let params = self.params(phase, w.numel());
         phases::run(
-            &crate::ops::typed_kernel("sgd_phases", PHASES, "main", w.dtype()),
+            &phases::kernel("sgd_phases", PHASES, w.dtype(), 1),
             w,
             &[w, b[0], b[1], b[2]],
             bytemuck::bytes_of(&params),
@@ -154,29 +154,47 @@ impl Sgd {
             .filter_map(|(i, p)| Some((i, &p.value, p.grad.as_ref()?)))
             .collect();
         // device_grads: handles on the gradients, or the decayed list.
-        let mut grads = Vec::with_capacity(live.len());
-        for &(_, w, g) in &live {
-            grads.push(if self.weight_decay != 0.0 {
-                let t = phases::temporary(w, "sgd._foreach_add")?;
-                self.phase(0, w, [g, w, &t])?;
-                t
-            } else {
-                g.clone()
-            });
-        }
+        let mut grads: Vec<Tensor> = if self.weight_decay != 0.0 {
+            let l = live
+                .iter()
+                .map(|&(_, w, _)| phases::temporary(w, "sgd._foreach_add"))
+                .collect::<Result<Vec<_>, _>>()?;
+            let items = live
+                .iter()
+                .zip(&l)
+                .map(|(&(_, w, g), t)| vec![w, g, w, t])
+                .collect::<Vec<_>>();
+            self.list_op(0, &items)?;
+            l
+        } else {
+            live.iter().map(|&(_, _, g)| g.clone()).collect()
+        };
         if self.momentum != 0.0 {
-            for (&(i, w, _), g) in live.iter().zip(&grads) {
+            // A first step clones the gradients into new buffers (made in
+            // parameter order), the others update theirs.
+            let mut fresh = vec![false; live.len()];
+            for (k, &(i, w, _)) in live.iter().enumerate() {
                 if self.buffers[i].is_none() {
                     self.new_buffer(i, w, store.name_of(i))?;
-                    self.phase(1, w, [g, self.buf(i)?, w])?;
-                } else {
-                    self.phase(2, w, [g, self.buf(i)?, w])?;
+                    fresh[k] = true;
                 }
             }
-            if self.nesterov {
-                for (&(i, w, _), g) in live.iter().zip(&grads) {
-                    self.phase(3, w, [g, self.buf(i)?, w])?;
+            for (phase, first) in [(1, true), (2, false)] {
+                let mut items = Vec::new();
+                for ((&(i, w, _), g), &f) in live.iter().zip(&grads).zip(&fresh) {
+                    if f == first {
+                        items.push(vec![w, g, self.buf(i)?, w]);
+                    }
                 }
+                self.list_op(phase, &items)?;
+            }
+            if self.nesterov {
+                let items = live
+                    .iter()
+                    .zip(&grads)
+                    .map(|(&(i, w, _), g)| Ok(vec![w, g, self.buf(i)?, w]))
+                    .collect::<Result<Vec<_>, TensorError>>()?;
+                self.list_op(3, &items)?;
             } else {
                 // device_grads = bufs: the decayed list goes, last first.
                 let bufs = live
@@ -186,11 +204,26 @@ impl Sgd {
                 free_in_reverse(std::mem::replace(&mut grads, bufs));
             }
         }
-        for (&(_, w, _), g) in live.iter().zip(&grads) {
-            self.phase(5, w, [g, w, w])?;
-        }
+        let items = live
+            .iter()
+            .zip(&grads)
+            .map(|(&(_, w, _), g)| vec![w, g, w, w])
+            .collect::<Vec<_>>();
+        self.list_op(5, &items)?;
         free_in_reverse(grads);
         Ok(())
+    }
+
+    /// One foreach list op over `items` (param, grad, buf, a each): lists
+    /// of parameters a dispatch ([`phases::run_all`]).
+    fn list_op(&self, phase: u32, items: &[Vec<&Tensor>]) -> Result<(), TensorError> {
+        phases::run_all(
+            "sgd_phases",
+            PHASES,
+            items,
+            bytemuck::bytes_of(&self.params(phase, 0)),
+            &|t| self.phase(phase, t[0], [t[1], t[2], t[3]]),
+        )
     }
 
     /// `_single_tensor_sgd`: a parameter at a time; the decayed gradient
