@@ -1,8 +1,9 @@
 // Inputs are bound read_write too: tensors share segment buffers, and wgpu
 // rejects a read-only and a read-write binding of one buffer in one dispatch.
 // Adam/AdamW as the phases of torch.optim's foreach and for-loop paths
-// (_multi_tensor_adam, _single_tensor_adam), one parameter per dispatch,
-// into temporaries the caller allocated when PyTorch does:
+// (_multi_tensor_adam, _single_tensor_adam), one parameter per dispatch
+// (or a list of them, LIST below), into temporaries the caller allocated
+// when PyTorch does:
 //   0 wd       a = g + wd p                  grad.add(param, alpha=wd)  (Adam)
 //   1 moments  [AdamW: p *= 1 - lr wd]; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g²
 //   2 denom    a = sqrt(v) / bc2_sqrt + eps   _foreach_sqrt, _foreach_div_, _foreach_add_ (in 7, 8)
@@ -73,8 +74,9 @@ fn apply{{t}}(w: u32, i: u32, j: u32, n: u32) {
     st2_param{{t}}(w, vec2<f32>(ld_param{{t}}(i), ld_param{{t}}(j)) - (p.lr / p.bc1) * mi / d, n);
 }
 
-// The phases the foreach path runs (0, 1, 3, 7, 8) on word w of
-// parameter t; 7 and 8 are its list ops fused.
+// Phases 0, 1, 3, 7 and 8 (those reading no b) on word w of parameter t:
+// the foreach path lists 0, 1, 7 and 8 (7 and 8 are its list ops fused);
+// the for-loop path runs 3 alone.
 fn phase{{t}}(w: u32, n: u32) {
     let i = 2u * w;
     let j = min(i + 1u, n - 1u);

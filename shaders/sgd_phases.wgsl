@@ -1,8 +1,9 @@
 // Inputs are bound read_write too: tensors share segment buffers, and wgpu
 // rejects a read-only and a read-write binding of one buffer in one dispatch.
 // SGD as the phases of torch.optim's foreach and for-loop paths
-// (_multi_tensor_sgd, _single_tensor_sgd), one parameter per dispatch, into
-// temporaries the caller allocated when PyTorch does:
+// (_multi_tensor_sgd, _single_tensor_sgd), one parameter per dispatch (or
+// a list of them, LIST below), into temporaries the caller allocated when
+// PyTorch does:
 //   0 wd        a = g + wd p               grad.add(param, alpha=wd)
 //   1 clone     buf = g                    grad.detach().clone() (first step)
 //   2 momentum  buf = momentum buf + (1 - dampening) g

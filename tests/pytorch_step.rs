@@ -320,10 +320,12 @@ fn estimate_predicts_pytorchs_own_step_replayed() {
 #[test]
 fn foreach_lists_give_the_bits_of_one_parameter_at_a_time() {
     use vramlab::tensor::DType;
-    // Lists: whole tensors. Alone: 64-byte windows, so every tensor past
-    // 16 floats runs by itself in ranges; the tiny ones still list.
-    let lists = engine();
-    let alone = engine_from(
+    // Lists: whole tensors, all parameters in one optimizer. Alone: each
+    // parameter in an optimizer of its own (a list of one runs the single
+    // kernel). Windows: 64-byte windows, so every tensor past 16 floats runs
+    // alone, in ranges.
+    let e = engine();
+    let windowed = engine_from(
         &AdapterOptions {
             binding_limit: Some(64),
             ..adapter_options()
@@ -338,11 +340,7 @@ fn foreach_lists_give_the_bits_of_one_parameter_at_a_time() {
     let grads: Vec<Vec<Vec<f32>>> = (0..2)
         .map(|_| sizes.iter().map(|&n| rng.vec(n)).collect())
         .collect();
-    let limit = lists
-        .gpu()
-        .unwrap()
-        .limits
-        .max_storage_buffers_per_shader_stage as usize;
+    let limit = e.gpu().unwrap().limits.max_storage_buffers_per_shader_stage as usize;
     let sgd = |momentum, nesterov| Kind::Sgd { momentum, nesterov };
     let cases = [
         (Kind::Adam, 0.0, 1),
@@ -362,12 +360,14 @@ fn foreach_lists_give_the_bits_of_one_parameter_at_a_time() {
                 5
             };
             let most = (limit / per).min(16);
-            let run = |e: &Engine| {
+            // Two steps of the parameters `which` in one optimizer: their
+            // values' bits, and the list dispatches.
+            let run = |e: &Engine, which: &[usize]| {
                 let mut store = ParamStore::new();
-                let ids: Vec<_> = w0
+                let ids: Vec<_> = which
                     .iter()
-                    .enumerate()
-                    .map(|(k, w)| {
+                    .map(|&k| {
+                        let w = &w0[k];
                         let t = Tensor::from_f32_as(e, w, &[w.len()], dtype, "w").unwrap();
                         store.add(&format!("w{k}"), t)
                     })
@@ -375,7 +375,8 @@ fn foreach_lists_give_the_bits_of_one_parameter_at_a_time() {
                 let mut opt = build(kind, OptimizerImpl::Foreach, wd);
                 e.start_timing();
                 for g in &grads {
-                    for (id, gk) in ids.iter().zip(g) {
+                    for (id, &k) in ids.iter().zip(which) {
+                        let gk = &g[k];
                         let t = Tensor::from_f32_as(e, gk, &[gk.len()], dtype, "g").unwrap();
                         store.get_mut(*id).grad = Some(t);
                     }
@@ -393,19 +394,24 @@ fn foreach_lists_give_the_bits_of_one_parameter_at_a_time() {
                     .collect();
                 (values, lists)
             };
-            let (a, listed) = run(&lists);
-            let (b, _) = run(&alone);
-            for (k, (x, y)) in a.iter().zip(&b).enumerate() {
-                assert!(
-                    x == y,
-                    "{dtype} {kind:?} wd {wd}: parameter {k} ({} elements) differs",
-                    sizes[k]
-                );
+            let all: Vec<usize> = (0..sizes.len()).collect();
+            let (listed, lists) = run(&e, &all);
+            let (in_windows, _) = run(&windowed, &all);
+            for k in 0..sizes.len() {
+                let (alone, none) = run(&e, &[k]);
+                assert_eq!(none, 0, "one parameter ran as a list");
+                for (what, got) in [("listed", &listed[k]), ("in windows", &in_windows[k])] {
+                    assert!(
+                        *got == alone[0],
+                        "{dtype} {kind:?} wd {wd}: parameter {k} ({} elements) {what} differs from alone",
+                        sizes[k]
+                    );
+                }
             }
             // Two steps of `ops` list ops, each in lists of up to `most`
             // parameters.
             assert_eq!(
-                listed,
+                lists,
                 2 * ops * sizes.len().div_ceil(most),
                 "{dtype} {kind:?} wd {wd}: list dispatches"
             );

@@ -249,8 +249,8 @@ fn submit_first_from_env() -> Result<usize, DeviceError> {
 fn bind_group_cache_from_env() -> Result<bool, DeviceError> {
     match std::env::var(BIND_GROUP_CACHE_VAR) {
         Ok(v) if !v.trim().is_empty() => match v.trim() {
-            "0" | "off" => Ok(false),
-            "1" | "on" => Ok(true),
+            "0" => Ok(false),
+            "1" => Ok(true),
             _ => Err(DeviceError::Env {
                 var: BIND_GROUP_CACHE_VAR,
                 value: v,
@@ -887,8 +887,9 @@ impl Gpu {
         Ok(())
     }
 
-    /// Records one dispatch of `kernel`: storage bindings 0..n in order, then
-    /// `params` as a uniform at binding n (if not empty).
+    /// Records one dispatch of `kernel`: storage bindings 0..n in order in
+    /// group 0, then `params` (if not empty) as a uniform in group 1 at a
+    /// dynamic offset (see [`super::bind_groups`]).
     pub fn dispatch(
         &self,
         kernel: &Kernel,

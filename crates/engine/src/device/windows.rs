@@ -23,7 +23,8 @@
 //! declaration of binding `i` with `k` windows becomes `k` declarations
 //! `x_w0 .. x_w{k-1}`, every binding is renumbered to make room, and a
 //! uniform table `win_` after the last binding holds where each window
-//! starts, in 4-byte words from the tensor's start.
+//! starts, in 4-byte words from the tensor's start. (The device then moves
+//! the uniforms to bind group 1: `super::bind_groups`.)
 
 /// Why composed WGSL cannot be split into windows (a bug in a kernel).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -185,9 +185,10 @@ impl Adam {
     }
 
     /// One foreach list op (phase 0, 1, 7 or 8) over every parameter of
-    /// `live`, with `extra[k]` as parameter k's grad-binding replacement
-    /// (the weight-decayed list) or its temporary: lists of parameters a
-    /// dispatch ([`phases::run_all`]).
+    /// `live`: `grads[k]`, where given, replaces parameter k's gradient
+    /// (the weight-decayed list) and `temps[k]` is its temporary (else the
+    /// parameter is bound there); lists of parameters a dispatch
+    /// ([`phases::run_all`]).
     fn list_op(
         &self,
         phase: u32,

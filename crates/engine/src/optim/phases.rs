@@ -1,5 +1,6 @@
 //! What the foreach and for-loop implementations share: a temporary the
-//! size of a parameter, and one pass of a phase kernel over a parameter.
+//! size of a parameter, one pass of a phase kernel over a parameter, and
+//! one over lists of parameters (a foreach list op).
 
 use crate::autograd::param::Parameter;
 use crate::device::compose::Defs;
