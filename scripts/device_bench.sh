@@ -186,17 +186,18 @@ PY
 fi
 
 if want ab; then
-  step "SimpleConvNet batch 64: this build, the same with VRAMLAB_SUBMIT_FIRST=0 and with VRAMLAB_BIND_GROUP_CACHE=0, the base build, in turn"
+  step "SimpleConvNet batch 64: this build, the same with VRAMLAB_SUBMIT_FIRST=0, VRAMLAB_BIND_GROUP_CACHE=0 and VRAMLAB_LIST_OPS=off, the base build, in turn"
   # The base build (device_pack.sh's BASE_BIN) shares the tile cache: one
   # warm-up run tunes it first. Base's mixed-precision rows are timed with
   # the kernel timer on, this build's with it off (untimed wall clock).
   timeout $(limit 60) $V bench --sizes 256 --models simple-cnn --batch 64 --reps 1 > /dev/null 2>&1
   for i in 1 2 3; do
-    for run in new new-submit0 new-bg0 base; do
+    for run in new new-submit0 new-bg0 new-lists-off base; do
       case $run in
         new) bin=$V; envs="" ;;
         new-submit0) bin=$V; envs="VRAMLAB_SUBMIT_FIRST=0" ;;
         new-bg0) bin=$V; envs="VRAMLAB_BIND_GROUP_CACHE=0" ;;
+        new-lists-off) bin=$V; envs="VRAMLAB_LIST_OPS=off" ;;
         base) bin=.devbin/vramlab-base; envs="" ;;
       esac
       [ -x "$bin" ] || { echo "$run: $bin missing"; continue; }

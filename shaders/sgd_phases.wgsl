@@ -13,15 +13,15 @@
 // `g` is the grad binding: the gradient, or the temporary that replaced it.
 // LIST: one phase over COUNT (2..16) parameters in one dispatch, as
 // PyTorch's one multi-tensor launch: parameter t's param, grad, buf and a
-// at bindings 4t..4t+3, its words ending at ends[t] of the concatenation.
+// at bindings 4t..4t+3, its workgroups ending at ends[t].
 // Each parameter runs the function it runs alone (COUNT 1), so the same
 // bits.
 struct Params {
     n: u32, phase: u32, _p0: u32, _p1: u32,
     lr: f32, momentum: f32, dampening: f32, weight_decay: f32,
 #if LIST
-    // Where each parameter's words end in the concatenation, and its
-    // element count.
+    // Where each parameter's workgroups end (256 words each, the last
+    // partly), and its element count.
     ends: array<vec4<u32>, 4>,
     counts: array<vec4<u32>, 4>,
 #endif
@@ -61,12 +61,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         @builtin(local_invocation_index) lidx: u32) {
     let w = flat_index(wid, nwg, lidx);
 #if LIST
-    if (w >= p.n) { return; }
+    // Each parameter has whole workgroups (ends[t]: where they end), so a
+    // workgroup takes one branch: a CPU adapter, which runs a divergent
+    // branch's every side masked, runs one parameter's code, not all.
+    let g = flat_index(wid, nwg, 0u) / 256u;
     var start = 0u;
 #for t in 0..COUNT
     let end{{t}} = p.ends[{{t/4}}][{{t-t/4*4}}];
-    if (w < end{{t}}) {
-        phase{{t}}(w - start, p.counts[{{t/4}}][{{t-t/4*4}}]);
+    if (g < end{{t}}) {
+        let n = p.counts[{{t/4}}][{{t-t/4*4}}];
+        let wl = (g - start) * 256u + lidx;
+        if (2u * wl < n) { phase{{t}}(wl, n); }
         return;
     }
     start = end{{t}};

@@ -3,10 +3,11 @@
 // NaN (checked on the scaled value, as PyTorch does). Gradients are f32
 // (parameters' master gradients).
 // LIST (a count of 2..8): one dispatch for that many gradients, as PyTorch's
-// one multi-tensor launch. Element i of the concatenation belongs to the
-// first gradient t with i < ends[t], at index i - ends[t-1].
+// one multi-tensor launch. Each gradient has whole workgroups (ends[t]: where
+// they end) so a workgroup takes one branch: a CPU adapter runs a divergent
+// branch's every side masked.
 #if LIST
-struct Params { n: u32, inv_scale: f32, _p0: u32, _p1: u32, ends: array<vec4<u32>, 2> }
+struct Params { n: u32, inv_scale: f32, _p0: u32, _p1: u32, ends: array<vec4<u32>, 2>, counts: array<vec4<u32>, 2> }
 
 #for t in 0..LIST
 @group(0) @binding({{t}}) var<storage, read_write> g{{t}}: array<f32>;
@@ -35,19 +36,21 @@ fn unscaled(v: f32) -> f32 {
 fn main(@builtin(workgroup_id) wid: vec3<u32>,
         @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lidx: u32) {
-    let i = flat_index(wid, nwg, lidx);
-    if (i >= p.n) { return; }
 #if LIST
+    let g = flat_index(wid, nwg, 0u) / 256u;
     var start = 0u;
 #for t in 0..LIST
     let end{{t}} = p.ends[{{t/4}}][{{t-t/4*4}}];
-    if (i < end{{t}}) {
-        wr_g{{t}}(i - start, unscaled(rd_g{{t}}(i - start)));
+    if (g < end{{t}}) {
+        let i = (g - start) * 256u + lidx;
+        if (i < p.counts[{{t/4}}][{{t-t/4*4}}]) { wr_g{{t}}(i, unscaled(rd_g{{t}}(i))); }
         return;
     }
     start = end{{t}};
 #endfor
 #else
+    let i = flat_index(wid, nwg, lidx);
+    if (i >= p.n) { return; }
     wr_g(i, unscaled(rd_g(i)));
 #endif
 }

@@ -326,8 +326,10 @@ fn unscale_lists(e: &Engine, sizes: &[usize], bad: Option<(usize, usize, f32)>) 
 #[test]
 fn unscale_takes_gradients_in_lists_of_one_dispatch() {
     // PyTorch unscales a device's gradients in one multi-tensor launch;
-    // vramlab in one dispatch per list of up to 8 (bindings allowing).
+    // vramlab in one dispatch per list of up to 8 (bindings allowing; on
+    // CPU adapters only when asked).
     let e = engine();
+    e.gpu().unwrap().set_list_ops(true);
     let limit = e.gpu().unwrap().limits.max_storage_buffers_per_shader_stage as usize;
     let most = (limit - 1).min(8);
     let sizes = [1, 3, 257, 1000, 5, 255, 256, 2, 7, 31, 4099, 1, 17];
@@ -351,6 +353,7 @@ fn unscale_sends_a_gradient_past_one_window_alone() {
         ..adapter_options()
     };
     let e = engine_from(&small, AllocatorConfig::default());
+    e.gpu().unwrap().set_list_ops(true);
     let sizes = [3, 1000, 5, 255, 2];
     let n = unscale_lists(&e, &sizes, None);
     assert!(n >= 2, "the windowed gradient apart from the list: {n}");

@@ -189,6 +189,11 @@ fn bad_settings_are_refused_with_what_they_take() {
     for (var, value, takes) in [
         ("VRAMLAB_SUBMIT_FIRST", "soon", "a number of commands"),
         (
+            "VRAMLAB_LIST_OPS",
+            "1",
+            "auto (lists except on CPU adapters",
+        ),
+        (
             "VRAMLAB_BIND_GROUP_CACHE",
             "maybe",
             "0 (create one per dispatch)",

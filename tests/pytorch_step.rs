@@ -332,6 +332,10 @@ fn foreach_lists_give_the_bits_of_one_parameter_at_a_time() {
         },
         AllocatorConfig::default(),
     );
+    // Off by default on CPU adapters (VRAMLAB_LIST_OPS=auto).
+    for e in [&e, &windowed] {
+        e.gpu().unwrap().set_list_ops(true);
+    }
     let sizes = [
         1usize, 7, 1001, 4099, 33, 2, 515, 64, 17, 3, 999, 128, 5, 77, 2048,
     ];

@@ -35,8 +35,10 @@ struct ListParams {
     n: u32,
     inv_scale: f32,
     _pad: [u32; 2],
-    /// Where each gradient ends in the concatenation, in elements.
+    /// Where each gradient's workgroups (256 elements each) end.
     ends: [u32; LIST_MAX],
+    /// Each gradient's elements.
+    counts: [u32; LIST_MAX],
 }
 
 /// One gradient, in element ranges where it needs more windows than one
@@ -73,10 +75,12 @@ fn unscale_list(list: &[&Tensor], found: &Tensor, inv: f32) -> Result<(), Tensor
         inv_scale: inv,
         _pad: [0; 2],
         ends: [0; LIST_MAX],
+        counts: [0; LIST_MAX],
     };
-    for (end, g) in params.ends.iter_mut().zip(list) {
-        params.n += g.numel() as u32;
-        *end = params.n;
+    for (t, g) in list.iter().enumerate() {
+        params.n += (g.numel() as u32).div_ceil(256);
+        params.ends[t] = params.n;
+        params.counts[t] = g.numel() as u32;
     }
     let kernel = Kernel::variant(
         format!("unscale[list {}]", list.len()),
@@ -93,7 +97,7 @@ fn unscale_list(list: &[&Tensor], found: &Tensor, inv: f32) -> Result<(), Tensor
         &kernel,
         &bindings,
         bytemuck::bytes_of(&params),
-        params.n as usize,
+        params.n as usize * 256,
     )
 }
 
@@ -137,7 +141,7 @@ impl GradScaler {
         let inv = 1.0 / self.scale;
         // Gradients go out in lists of up to `most` (bindings allowing),
         // one dispatch each; one that needs several windows goes alone.
-        let most = engine.gpu().map_or(1, |g| {
+        let most = engine.gpu().filter(|g| g.list_ops()).map_or(1, |g| {
             (g.limits.max_storage_buffers_per_shader_stage as usize)
                 .saturating_sub(1)
                 .min(LIST_MAX)
@@ -161,6 +165,8 @@ impl GradScaler {
                 unscale_one(g, &found, inv)?;
                 continue;
             }
+            // Each in whole workgroups of 256 elements.
+            let n = n.div_ceil(256) * 256;
             if list.len() == most || total + n > u32::MAX as u64 {
                 unscale_list(&list, &found, inv)?;
                 list.clear();

@@ -43,14 +43,15 @@ pub(super) fn run_all(
     };
     let e = first[0].engine();
     let per = first.len();
-    let most = e.gpu().map_or(1, |g| {
+    let most = e.gpu().filter(|g| g.list_ops()).map_or(1, |g| {
         (g.limits.max_storage_buffers_per_shader_stage as usize / per).min(LIST_MAX)
     });
     let mut list: Vec<&[&Tensor]> = Vec::new();
     let mut words = 0u64;
     for item in items {
         let w = item[0];
-        let half = (w.numel() as u64).div_ceil(2);
+        // Its words, in whole workgroups (run_list).
+        let half = (w.numel() as u64).div_ceil(2).div_ceil(256) * 256;
         let whole = e
             .gpu()
             .is_some_and(|g| item.iter().all(|t| g.binds_whole(&t.slice())));
@@ -72,9 +73,9 @@ pub(super) fn run_all(
     run_list(name, source, &list, params, alone)
 }
 
-/// One dispatch over `list`'s concatenated words (one item alone runs the
-/// single kernel): `params`, then where each parameter's words end, then
-/// its element count.
+/// One dispatch over `list` (one item alone runs the single kernel), each
+/// parameter in whole workgroups of 256 words: `params`, then where each
+/// parameter's workgroups end, then its element count.
 fn run_list(
     name: &str,
     source: &'static str,
@@ -88,14 +89,14 @@ fn run_list(
         _ => {}
     }
     let (mut ends, mut counts) = ([0u32; LIST_MAX], [0u32; LIST_MAX]);
-    let mut words = 0u32;
+    let mut groups = 0u32;
     for (k, item) in list.iter().enumerate() {
-        words += (item[0].numel() as u32).div_ceil(2);
-        ends[k] = words;
+        groups += (item[0].numel() as u32).div_ceil(2).div_ceil(256);
+        ends[k] = groups;
         counts[k] = item[0].numel() as u32;
     }
     let mut bytes = params.to_vec();
-    bytes[..4].copy_from_slice(&words.to_le_bytes());
+    bytes[..4].copy_from_slice(&groups.to_le_bytes());
     bytes.extend_from_slice(bytemuck::cast_slice(&ends));
     bytes.extend_from_slice(bytemuck::cast_slice(&counts));
     let slices: Vec<_> = list
@@ -110,7 +111,7 @@ fn run_list(
         &kernel(name, source, w.dtype(), list.len()),
         &refs,
         &bytes,
-        words as usize,
+        groups as usize * 256,
     )
 }
 
