@@ -50,6 +50,8 @@ struct Params {
 #accessors b0
 #endif
 #include prelude
+// Elements an invocation (list_main).
+const PER: u32 = 2u;
 
 // Elements i and j (= i + 1, or i at the end) of word w of parameter t (n
 // elements): each invocation owns its pair, so it reads back what it
@@ -109,21 +111,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         @builtin(local_invocation_index) lidx: u32) {
     let w = flat_index(wid, nwg, lidx);
 #if LIST
-    // Each parameter has whole workgroups (ends[t]: where they end), so a
-    // workgroup takes one branch: a CPU adapter, which runs a divergent
-    // branch's every side masked, runs one parameter's code, not all.
-    let g = flat_index(wid, nwg, 0u) / 256u;
-    var start = 0u;
-#for t in 0..COUNT
-    let end{{t}} = p.ends[{{t/4}}][{{t-t/4*4}}];
-    if (g < end{{t}}) {
-        let n = p.counts[{{t/4}}][{{t-t/4*4}}];
-        let wl = (g - start) * 256u + lidx;
-        if (2u * wl < n) { phase{{t}}(wl, n); }
-        return;
-    }
-    start = end{{t}};
-#endfor
+#include list_main
 #else
     let i = 2u * w;
     if (i >= p.n) { return; }

@@ -2,18 +2,19 @@
 // g[i] *= inv_scale in place, and found[0] becomes 1 if any g[i] is inf or
 // NaN (checked on the scaled value, as PyTorch does). Gradients are f32
 // (parameters' master gradients).
-// LIST (a count of 2..8): one dispatch for that many gradients, as PyTorch's
-// one multi-tensor launch. Each gradient has whole workgroups (ends[t]: where
-// they end) so a workgroup takes one branch: a CPU adapter runs a divergent
-// branch's every side masked.
+// LIST: one dispatch for COUNT (2..8) gradients, as PyTorch's one
+// multi-tensor launch (`#include list_main`).
 #if LIST
-struct Params { n: u32, inv_scale: f32, _p0: u32, _p1: u32, ends: array<vec4<u32>, 2>, counts: array<vec4<u32>, 2> }
+struct Params {
+    n: u32, inv_scale: f32, _p0: u32, _p1: u32,
+    ends: array<vec4<u32>, 4>, counts: array<vec4<u32>, 4>,
+}
 
-#for t in 0..LIST
+#for t in 0..COUNT
 @group(0) @binding({{t}}) var<storage, read_write> g{{t}}: array<f32>;
 #endfor
-@group(0) @binding({{LIST}}) var<storage, read_write> found: array<atomic<u32>>;
-@group(0) @binding({{LIST+1}}) var<uniform> p: Params;
+@group(0) @binding({{COUNT}}) var<storage, read_write> found: array<atomic<u32>>;
+@group(0) @binding({{COUNT+1}}) var<uniform> p: Params;
 #else
 struct Params { n: u32, inv_scale: f32, _p0: u32, _p1: u32 }
 
@@ -32,22 +33,23 @@ fn unscaled(v: f32) -> f32 {
     return v * p.inv_scale;
 }
 
+#if LIST
+// Elements an invocation (list_main).
+const PER: u32 = 1u;
+
+#for t in 0..COUNT
+fn phase{{t}}(i: u32, n: u32) {
+    wr_g{{t}}(i, unscaled(rd_g{{t}}(i)));
+}
+#endfor
+#endif
+
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>,
         @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lidx: u32) {
 #if LIST
-    let g = flat_index(wid, nwg, 0u) / 256u;
-    var start = 0u;
-#for t in 0..LIST
-    let end{{t}} = p.ends[{{t/4}}][{{t-t/4*4}}];
-    if (g < end{{t}}) {
-        let i = (g - start) * 256u + lidx;
-        if (i < p.counts[{{t/4}}][{{t-t/4*4}}]) { wr_g{{t}}(i, unscaled(rd_g{{t}}(i))); }
-        return;
-    }
-    start = end{{t}};
-#endfor
+#include list_main
 #else
     let i = flat_index(wid, nwg, lidx);
     if (i >= p.n) { return; }

@@ -17,7 +17,8 @@
 //! - `#for VAR in A..B` … `#endfor`: the lines repeated for VAR = A..B-1 (A, B
 //!   expressions), VAR usable in `{{ }}` inside; nests.
 //! - `#include NAME`: a shared snippet ([`PRELUDE`] as `prelude`;
-//!   `matmul_common`, expanded with the includer's definitions).
+//!   `matmul_common` and `list_main`, expanded with the includer's
+//!   definitions).
 //! - `#accessors a b c`: `ld_a(i) -> f32` and `st_a(i, v: f32)` for storage
 //!   arrays `a`, `b`, `c` (names may hold `{{ }}`) declared as `array<{{T}}>`, in the element type
 //!   `ELEM` names (`f32`, `f16`, `bf16`), so arithmetic is always f32.
@@ -39,6 +40,10 @@ fn flat_index(wid: vec3<u32>, nwg: vec3<u32>, lidx: u32) -> u32 {
 /// What the matmul kernels share (`#include matmul_common`): parameters,
 /// convolution constants, bindings and B's element loader.
 const MATMUL_COMMON: &str = include_str!("../../../../shaders/matmul_common.wgsl");
+
+/// What the list kernels' mains share (`#include list_main`): which item a
+/// workgroup runs.
+const LIST_MAIN: &str = include_str!("../../../../shaders/list_main.wgsl");
 
 /// f32 → bf16 bits, rounding to nearest even (NaN stays NaN: its quiet bit
 /// survives the shift); appended to any module whose accessors store bf16.
@@ -317,9 +322,14 @@ fn expand(
             Some(("include", name)) => {
                 match name {
                     "prelude" => out.push_str(PRELUDE),
-                    "matmul_common" => {
+                    "matmul_common" | "list_main" => {
                         // Expanded with the includer's definitions.
-                        let snippet: Vec<&str> = MATMUL_COMMON.lines().collect();
+                        let text = if name == "list_main" {
+                            LIST_MAIN
+                        } else {
+                            MATMUL_COMMON
+                        };
+                        let snippet: Vec<&str> = text.lines().collect();
                         expand(&snippet, 0, snippet.len(), defs, vars, out)?;
                     }
                     other => return Err(err(i, ShaderProblem::UnknownSnippet(other.to_string()))),

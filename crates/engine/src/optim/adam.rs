@@ -12,6 +12,15 @@ use crate::tensor::{DType, Tensor, TensorError};
 const ADAM: &str = include_str!("../../../../shaders/adam.wgsl");
 const PHASES: &str = include_str!("../../../../shaders/adam_phases.wgsl");
 
+/// The phase kernel as a list op: two elements an invocation, as the
+/// single kernel.
+const LIST: phases::ListKernel = phases::ListKernel {
+    name: "adam_phases",
+    source: PHASES,
+    per_invocation: 2,
+    most: 16,
+};
+
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 struct Params {
@@ -206,9 +215,9 @@ impl Adam {
             })
             .collect();
         phases::run_all(
-            "adam_phases",
-            PHASES,
+            &LIST,
             &items,
+            &[],
             bytemuck::bytes_of(&self.params(phase)),
             &|t| self.phase(phase, t[0], [t[1], t[2], t[3], t[4], t[0]]),
         )

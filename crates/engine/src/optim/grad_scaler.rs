@@ -7,19 +7,21 @@
 //! ×0.5, interval 2000.
 
 use crate::autograd::param::ParamStore;
-use crate::device::compose::{Defs, Elem};
-use crate::device::{BufferSlice, Kernel};
+use crate::device::Kernel;
 use crate::memory::Category;
 use crate::tensor::{DType, Tensor, TensorError};
 
-const UNSCALE: Kernel = Kernel::fixed(
-    "unscale",
-    include_str!("../../../../shaders/unscale.wgsl"),
-    "main",
-);
+const SOURCE: &str = include_str!("../../../../shaders/unscale.wgsl");
+const UNSCALE: Kernel = Kernel::fixed("unscale", SOURCE, "main");
 
-/// Gradients one list dispatch takes at most (the shader's `ends` table).
-const LIST_MAX: usize = 8;
+/// The unscale as a list op: an element an invocation, up to 8 gradients
+/// a dispatch.
+const LIST: super::phases::ListKernel = super::phases::ListKernel {
+    name: "unscale",
+    source: SOURCE,
+    per_invocation: 1,
+    most: 8,
+};
 
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
@@ -27,18 +29,6 @@ struct Params {
     n: u32,
     inv_scale: f32,
     _pad: [u32; 2],
-}
-
-#[repr(C)]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct ListParams {
-    n: u32,
-    inv_scale: f32,
-    _pad: [u32; 2],
-    /// Where each gradient's workgroups (256 elements each) end.
-    ends: [u32; LIST_MAX],
-    /// Each gradient's elements.
-    counts: [u32; LIST_MAX],
 }
 
 /// One gradient, in element ranges where it needs more windows than one
@@ -59,45 +49,6 @@ fn unscale_one(g: &Tensor, found: &Tensor, inv: f32) -> Result<(), TensorError> 
         bytemuck::bytes_of(&params),
         g.numel(),
         1,
-    )
-}
-
-/// Several gradients, each bound whole, in one dispatch over their
-/// concatenation (one gradient alone takes the plain kernel).
-fn unscale_list(list: &[&Tensor], found: &Tensor, inv: f32) -> Result<(), TensorError> {
-    match list {
-        [] => return Ok(()),
-        [g] => return unscale_one(g, found, inv),
-        _ => {}
-    }
-    let mut params = ListParams {
-        n: 0,
-        inv_scale: inv,
-        _pad: [0; 2],
-        ends: [0; LIST_MAX],
-        counts: [0; LIST_MAX],
-    };
-    for (t, g) in list.iter().enumerate() {
-        params.n += (g.numel() as u32).div_ceil(256);
-        params.ends[t] = params.n;
-        params.counts[t] = g.numel() as u32;
-    }
-    let kernel = Kernel::variant(
-        format!("unscale[list {}]", list.len()),
-        UNSCALE.source,
-        "main",
-        Defs::elem(Elem::F32).with("LIST", list.len()),
-    );
-    let slices: Vec<_> = list.iter().map(|g| g.slice()).collect();
-    let found = found.slice();
-    let mut bindings: Vec<&BufferSlice> = slices.iter().collect();
-    bindings.push(&found);
-    crate::ops::launch(
-        list[0],
-        &kernel,
-        &bindings,
-        bytemuck::bytes_of(&params),
-        params.n as usize * 256,
     )
 }
 
@@ -139,15 +90,7 @@ impl GradScaler {
         )?;
         crate::ops::fill::fill(&found, 0.0)?;
         let inv = 1.0 / self.scale;
-        // Gradients go out in lists of up to `most` (bindings allowing),
-        // one dispatch each; one that needs several windows goes alone.
-        let most = engine.gpu().filter(|g| g.list_ops()).map_or(1, |g| {
-            (g.limits.max_storage_buffers_per_shader_stage as usize)
-                .saturating_sub(1)
-                .min(LIST_MAX)
-        });
-        let mut list: Vec<&Tensor> = Vec::new();
-        let mut total = 0u64;
+        let mut items: Vec<Vec<&Tensor>> = Vec::new();
         for p in store.iter() {
             let Some(g) = &p.grad else { continue };
             if g.dtype() != DType::F32 {
@@ -156,26 +99,24 @@ impl GradScaler {
                     dtype: g.dtype(),
                 });
             }
-            let n = g.numel() as u64;
-            if n == 0 {
-                continue;
+            if g.numel() > 0 {
+                items.push(vec![g]);
             }
-            let listed = most >= 2 && engine.gpu().is_some_and(|d| d.binds_whole(&g.slice()));
-            if !listed {
-                unscale_one(g, &found, inv)?;
-                continue;
-            }
-            // Each in whole workgroups of 256 elements.
-            let n = n.div_ceil(256) * 256;
-            if list.len() == most || total + n > u32::MAX as u64 {
-                unscale_list(&list, &found, inv)?;
-                list.clear();
-                total = 0;
-            }
-            list.push(g);
-            total += n;
         }
-        unscale_list(&list, &found, inv)?;
+        // Lists of gradients a dispatch (bindings allowing); a gradient past
+        // one window alone, in ranges.
+        let params = Params {
+            n: 0,
+            inv_scale: inv,
+            _pad: [0; 2],
+        };
+        super::phases::run_all(
+            &LIST,
+            &items,
+            &[&found],
+            bytemuck::bytes_of(&params),
+            &|t| unscale_one(t[0], &found, inv),
+        )?;
         // fill wrote 0.0 (bits 0); the kernel writes the integer 1.
         let bits = found.to_vec()?[0].to_bits();
         Ok(bits != 0)

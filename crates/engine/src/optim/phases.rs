@@ -8,8 +8,9 @@ use crate::device::Kernel;
 use crate::memory::Category;
 use crate::tensor::{DType, Tensor, TensorError};
 
-/// Parameters one list dispatch takes at most (the shaders' `ends` table).
-const LIST_MAX: usize = 16;
+/// Tensors one list dispatch takes at most: the `ends` and `counts` tables
+/// of the list kernels (`#include list` in their shaders).
+const TABLE: usize = 16;
 
 /// A phase kernel family's variant for `dtype` over `count` parameters
 /// (1: a parameter at a time, named as before lists; more: `LIST`).
@@ -24,17 +25,26 @@ pub(super) fn kernel(name: &str, source: &'static str, dtype: DType, count: usiz
     Kernel::variant(name, source, "main", defs)
 }
 
-/// One phase over many parameters, as a foreach list op: `items[k]` binds
-/// parameter k's tensors (the parameter first), `params` are the kernel's
-/// parameters (16-byte multiple, the element count first, filled here).
-/// Lists of up to 16 parameters a dispatch where each of their tensors
-/// binds whole and the device binds them all; the rest go to `alone`, a
-/// parameter at a time. A list's
-/// parameters run the code they run alone, so the bits do not change.
+/// A list kernel family: its name and source, the elements each invocation
+/// takes (the `PER` of `#include list`), and the most tensors a list.
+pub(super) struct ListKernel {
+    pub name: &'static str,
+    pub source: &'static str,
+    pub per_invocation: u64,
+    pub most: usize,
+}
+
+/// One op over many tensors, as a foreach list op: `items[k]` binds item
+/// k's tensors (the one whose elements it covers first), `shared` is bound
+/// after all of them, `params` are the kernel's parameters (16-byte
+/// multiple, the element count first, filled here). Lists of up to
+/// `kind.most` items a dispatch where each of their tensors binds whole and
+/// the device binds them all; the rest go to `alone`, an item at a time.
+/// A list's items run the code they run alone, so the bits do not change.
 pub(super) fn run_all(
-    name: &str,
-    source: &'static str,
+    kind: &ListKernel,
     items: &[Vec<&Tensor>],
+    shared: &[&Tensor],
     params: &[u8],
     alone: &dyn Fn(&[&Tensor]) -> Result<(), TensorError>,
 ) -> Result<(), TensorError> {
@@ -44,42 +54,46 @@ pub(super) fn run_all(
     let e = first[0].engine();
     let per = first.len();
     let most = e.gpu().filter(|g| g.list_ops()).map_or(1, |g| {
-        (g.limits.max_storage_buffers_per_shader_stage as usize / per).min(LIST_MAX)
+        let limit = g.limits.max_storage_buffers_per_shader_stage as usize;
+        (limit.saturating_sub(shared.len()) / per).min(kind.most.min(TABLE))
     });
     let mut list: Vec<&[&Tensor]> = Vec::new();
-    let mut words = 0u64;
+    let mut invocations = 0u64;
     for item in items {
         let w = item[0];
-        // Its words, in whole workgroups (run_list).
-        let half = (w.numel() as u64).div_ceil(2).div_ceil(256) * 256;
+        // Its invocations, in whole workgroups (run_list).
+        let need = (w.numel() as u64)
+            .div_ceil(kind.per_invocation)
+            .div_ceil(256)
+            * 256;
         let whole = e
             .gpu()
             .is_some_and(|g| item.iter().all(|t| g.binds_whole(&t.slice())));
-        if most < 2 || !whole || half == 0 {
+        if most < 2 || !whole || need == 0 {
             alone(item)?;
             continue;
         }
         let joins = list.len() < most
             && list.first().is_none_or(|l| l[0].dtype() == w.dtype())
-            && words + half <= u32::MAX as u64;
+            && invocations + need <= u32::MAX as u64;
         if !joins {
-            run_list(name, source, &list, params, alone)?;
+            run_list(kind, &list, shared, params, alone)?;
             list.clear();
-            words = 0;
+            invocations = 0;
         }
         list.push(item);
-        words += half;
+        invocations += need;
     }
-    run_list(name, source, &list, params, alone)
+    run_list(kind, &list, shared, params, alone)
 }
 
-/// One dispatch over `list` (one item alone runs the single kernel), each
-/// parameter in whole workgroups of 256 words: `params`, then where each
-/// parameter's workgroups end, then its element count.
+/// One dispatch over `list` (one item alone goes to `alone`), each item in
+/// whole workgroups of 256 invocations: `params`, then where each item's
+/// workgroups end, then its element count.
 fn run_list(
-    name: &str,
-    source: &'static str,
+    kind: &ListKernel,
     list: &[&[&Tensor]],
+    shared: &[&Tensor],
     params: &[u8],
     alone: &dyn Fn(&[&Tensor]) -> Result<(), TensorError>,
 ) -> Result<(), TensorError> {
@@ -88,10 +102,12 @@ fn run_list(
         [item] => return alone(item),
         _ => {}
     }
-    let (mut ends, mut counts) = ([0u32; LIST_MAX], [0u32; LIST_MAX]);
+    let (mut ends, mut counts) = ([0u32; TABLE], [0u32; TABLE]);
     let mut groups = 0u32;
     for (k, item) in list.iter().enumerate() {
-        groups += (item[0].numel() as u32).div_ceil(2).div_ceil(256);
+        groups += (item[0].numel() as u64)
+            .div_ceil(kind.per_invocation)
+            .div_ceil(256) as u32;
         ends[k] = groups;
         counts[k] = item[0].numel() as u32;
     }
@@ -102,13 +118,14 @@ fn run_list(
     let slices: Vec<_> = list
         .iter()
         .flat_map(|i| i.iter())
+        .chain(shared)
         .map(|t| t.slice())
         .collect();
     let refs: Vec<_> = slices.iter().collect();
     let w = list[0][0];
     crate::ops::launch(
         w,
-        &kernel(name, source, w.dtype(), list.len()),
+        &kernel(kind.name, kind.source, w.dtype(), list.len()),
         &refs,
         &bytes,
         groups as usize * 256,

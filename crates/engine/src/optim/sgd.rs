@@ -11,6 +11,15 @@ use crate::tensor::{Tensor, TensorError};
 const SGD: &str = include_str!("../../../../shaders/sgd.wgsl");
 const PHASES: &str = include_str!("../../../../shaders/sgd_phases.wgsl");
 
+/// The phase kernel as a list op: two elements an invocation, as the
+/// single kernel.
+const LIST: phases::ListKernel = phases::ListKernel {
+    name: "sgd_phases",
+    source: PHASES,
+    per_invocation: 2,
+    most: 16,
+};
+
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 struct PhaseParams {
@@ -218,9 +227,9 @@ impl Sgd {
     /// of parameters a dispatch ([`phases::run_all`]).
     fn list_op(&self, phase: u32, items: &[Vec<&Tensor>]) -> Result<(), TensorError> {
         phases::run_all(
-            "sgd_phases",
-            PHASES,
+            &LIST,
             items,
+            &[],
             bytemuck::bytes_of(&self.params(phase, 0)),
             &|t| self.phase(phase, t[0], [t[1], t[2], t[3]]),
         )
