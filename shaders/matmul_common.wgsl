@@ -55,45 +55,60 @@ fn place_of(z: u32) -> Place {
                  min(g, max(p.batch, first + 1u) - first));
 }
 
-// B[kk, col] at batch base `base`: a strided element, or with IMPLICIT_B
-// the im2col element of the input (row kk = (c, ky, kx), column col = output
-// position (oy, ox); zero in the padding) read straight from the input, so
-// no im2col buffer is written and read back.
+#if IMPLICIT_B
+// The im2col element's input index as two parts that add: an output
+// position's (oy·S, ox·S) and a kernel tap's (c·H·W, ky − PAD, kx − PAD,
+// wrapping below zero), so a loader whose elements share a position or a
+// tap works that part out once, and padding is one unsigned compare a
+// dimension (a row or column above the image wraps past H or W).
+fn im_pos(col: u32) -> vec2<u32> {
+    let oy = col / CV_WO;
+    return vec2<u32>(oy * CV_STRIDE, (col - oy * CV_WO) * CV_STRIDE);
+}
+
+// Tap kk = (c, ky, kx) of the kernel; CONV_FLIP reads it rotated by 180°
+// (a stride-1 convolution's input gradient is the convolution of dY with
+// the flipped kernel): (KH−1−ky, KW−1−kx) is tap KH·KW−1−r of the channel.
+fn im_tap(kk: u32) -> vec3<u32> {
+    let kk2 = CV_KH * CV_KW;
+    let c = kk / kk2;
+#if CONV_FLIP
+    let r = kk2 - 1u - (kk - c * kk2);
+#else
+    let r = kk - c * kk2;
+#endif
+    let ky = r / CV_KW;
+    return vec3<u32>(c * CV_H * CV_W, ky - CV_PAD, r - ky * CV_KW - CV_PAD);
+}
+
+// The input at a position and tap: zero in the padding and where `ok` is
+// false (an element past the product's edge), which then reads `base`.
+fn im_load(base: u32, pos: vec2<u32>, tap: vec3<u32>, ok: bool) -> f32 {
+    let y = pos.x + tap.y;
+    let x = pos.y + tap.z;
+#if CONV_PAD0
+    // No padding: every window of an in-range position lies in the image.
+    let inside = ok;
+#else
+    let inside = ok && y < CV_H && x < CV_W;
+#endif
+    return select(0.0, ld_b(base + select(0u, tap.x + y * CV_W + x, inside)), inside);
+}
+#endif
+
+// B[kk, col] at batch base `base` (indices in range): a strided element,
+// or with IMPLICIT_B the im2col element of the input (row kk = (c, ky,
+// kx), column col = output position (oy, ox); zero in the padding) read
+// straight from the input, so no im2col buffer is written and read back.
 #if !B4
 fn ld_b_at(base: u32, k_index: u32, n_index: u32, b_rs: u32, b_cs: u32) -> f32 {
 #if IMPLICIT_B
     // B = im2col (K runs over its rows) or, IMPLICIT_BT, im2colᵀ (the
     // weight gradient dW = dY · im2colᵀ: K runs over output positions).
 #if IMPLICIT_BT
-    let kk = n_index;
-    let col = k_index;
+    return im_load(base, im_pos(k_index), im_tap(n_index), true);
 #else
-    let kk = k_index;
-    let col = n_index;
-#endif
-    let kk2 = CV_KH * CV_KW;
-    let c = kk / kk2;
-    let r = kk - c * kk2;
-#if CONV_FLIP
-    // The kernel read rotated by 180° (a stride-1 convolution's input
-    // gradient is the convolution of dY with the flipped kernel).
-    let ky = CV_KH - 1u - r / CV_KW;
-    let kx = CV_KW - 1u - (r - (r / CV_KW) * CV_KW);
-#else
-    let ky = r / CV_KW;
-    let kx = r - ky * CV_KW;
-#endif
-    let oy = col / CV_WO;
-    let ox = col - oy * CV_WO;
-#if CONV_PAD0
-    // No padding: every window lies inside the image.
-    return ld_b(base + (c * CV_H + oy * CV_STRIDE + ky) * CV_W + ox * CV_STRIDE + kx);
-#else
-    let iy = i32(oy * CV_STRIDE + ky) - i32(CV_PAD);
-    let ix = i32(ox * CV_STRIDE + kx) - i32(CV_PAD);
-    let inside = iy >= 0 && ix >= 0 && iy < i32(CV_H) && ix < i32(CV_W);
-    let at = select(0u, (c * CV_H + u32(iy)) * CV_W + u32(ix), inside);
-    return select(0.0, ld_b(base + at), inside);
+    return im_load(base, im_pos(n_index), im_tap(k_index), true);
 #endif
 #else
     return ld_b(base + k_index * b_rs + n_index * b_cs);

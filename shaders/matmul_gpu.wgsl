@@ -106,6 +106,32 @@ fn stage(hf: u32, tid: u32, k0: u32, k_end: u32, row_tile: u32, col_tile: u32,
     }
 #endfor
 #else
+#if IMPLICIT_B
+    // The im2col read in place. Element l is e = tid + l·THREADS of the
+    // slice, split so that what every l shares (the column, or the K
+    // index, where THREADS is a multiple of BN or BK) is one expression the
+    // compiler works out once; past the edge reads nothing.
+#for l in 0..BK*BN/THREADS
+    {
+#if B_ALONG_N
+        let cc = (tid + {{l*THREADS-l*THREADS/BN*BN}}u) % {{BN}}u;
+        let kk = (tid + {{l*THREADS-l*THREADS/BN*BN}}u) / {{BN}}u + {{l*THREADS/BN}}u;
+#else
+        let kk = (tid + {{l*THREADS-l*THREADS/BK*BK}}u) % {{BK}}u;
+        let cc = (tid + {{l*THREADS-l*THREADS/BK*BK}}u) / {{BK}}u + {{l*THREADS/BK}}u;
+#endif
+        let gc = col_tile + cc;
+        let gk = k0 + kk;
+        let ok = gc < p_n && gk < k_end;
+#if IMPLICIT_BT
+        let v = im_load(b_base, im_pos(gk), im_tap(gc), ok);
+#else
+        let v = im_load(b_base, im_pos(gc), im_tap(gk), ok);
+#endif
+        b_tile[b_half + kk * {{BN/4}}u + cc / 4u][cc % 4u] = v;
+    }
+#endfor
+#else
 #for l in 0..BK*BN/THREADS
     {
         let e = tid + {{l*THREADS}}u;
@@ -123,6 +149,7 @@ fn stage(hf: u32, tid: u32, k0: u32, k_end: u32, row_tile: u32, col_tile: u32,
         b_tile[b_half + kk * {{BN/4}}u + cc / 4u][cc % 4u] = select(0.0, v, inside);
     }
 #endfor
+#endif
 #endif
 }
 

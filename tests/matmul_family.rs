@@ -849,3 +849,133 @@ fn a_summed_batch_past_one_workspace_is_one_product_on_gpu_tiles() {
         assert_eq!(ks.len(), products, "{target:?}: {ks:?}");
     }
 }
+
+/// The im2col element B[kk, col] of `cv` (or, transposed, B[col, kk]) for
+/// batch entry `bt` of `x`, from its definition: row kk = (c, ky, kx),
+/// column = output position (oy, ox), the window rotated by 180° where
+/// flipped, zero in the padding.
+fn im2col_at(cv: &ConvGeometry, x: &[f32], bt: usize, kk: usize, col: usize) -> f64 {
+    let (c, r) = (kk / (cv.kh * cv.kw), kk % (cv.kh * cv.kw));
+    let (mut ky, mut kx) = (r / cv.kw, r % cv.kw);
+    if cv.flipped {
+        (ky, kx) = (cv.kh - 1 - ky, cv.kw - 1 - kx);
+    }
+    let (oy, ox) = (col / cv.wo, col % cv.wo);
+    let iy = (oy * cv.stride + ky) as isize - cv.pad as isize;
+    let ix = (ox * cv.stride + kx) as isize - cv.pad as isize;
+    if iy < 0 || ix < 0 || iy >= cv.h as isize || ix >= cv.w as isize {
+        return 0.0;
+    }
+    x[bt * cv.c * cv.h * cv.w + (c * cv.h + iy as usize) * cv.w + ix as usize] as f64
+}
+
+#[test]
+fn implicit_convolutions_match_f64_on_every_kind_of_gpu_tile() {
+    // B read as an im2col in place, forward (padding 0, 1, 2, stride 2, a
+    // non-square window), flipped (the input gradient) and transposed (the
+    // weight gradient, batch-summed or not), on GPU tiles staging B along N
+    // and along K, where an element's column or K index is shared by the
+    // thread's whole share and where it is not (8 threads, 256-wide blocks).
+    let e = engine();
+    let mut rng = Rng::new(31);
+    let limits = e
+        .gpu()
+        .map_or(GpuLimits::DEFAULT, |g| GpuLimits::of(&g.limits));
+    let tiles: Vec<TileConfig> = [
+        TileConfig::new(16, 16, 4, 4, 16, true),
+        TileConfig::new(16, 8, 8, 4, 16, true),
+        TileConfig::new(32, 4, 4, 8, 16, true),
+        TileConfig::new(8, 1, 4, 4, 16, true),
+        TileConfig::new(4, 16, 4, 4, 8, true),
+    ]
+    .into_iter()
+    .filter(|t| limits.fits(t))
+    .collect();
+    assert!(tiles.len() >= 4, "{tiles:?}");
+    // (channels, h, w, kh, kw, stride, pad, flipped, transposed, summed)
+    let cases = [
+        (3, 11, 9, 3, 3, 1, 1, false, false, false),
+        (5, 10, 13, 3, 2, 2, 1, false, false, false),
+        (2, 12, 7, 5, 5, 1, 0, false, false, false),
+        (4, 9, 9, 3, 3, 1, 2, true, false, false),
+        (3, 11, 10, 3, 3, 1, 1, false, true, true),
+        (2, 13, 9, 3, 3, 2, 0, false, true, false),
+    ];
+    let m = 13;
+    let batch = 2;
+    for (c, h, w, kh, kw, stride, pad, flipped, transposed, summed) in cases {
+        let ho = (h + 2 * pad - kh) / stride + 1;
+        let wo = (w + 2 * pad - kw) / stride + 1;
+        let cv = ConvGeometry {
+            c,
+            h,
+            w,
+            kh,
+            kw,
+            stride,
+            pad,
+            wo,
+            transposed,
+            flipped,
+        };
+        let (taps, positions) = (c * kh * kw, ho * wo);
+        // im2col: K over taps, N over positions; transposed the other way.
+        let (n, k) = if transposed {
+            (taps, positions)
+        } else {
+            (positions, taps)
+        };
+        let g = Gemm {
+            m,
+            n,
+            k,
+            batch,
+            a: MatView::dense(0, m, k, false),
+            b: MatView {
+                offset: 0,
+                row_stride: 0,
+                col_stride: 0,
+                batch_stride: c * h * w,
+            },
+            c_offset: 0,
+            c_batch_stride: if summed { 0 } else { m * n },
+            accumulate: false,
+            reduce_batch: summed,
+            implicit_b: Some(cv),
+        };
+        let a = rng.vec(batch * m * k);
+        let x = rng.vec(batch * c * h * w);
+        let mut want = vec![0.0f64; if summed { 1 } else { batch } * m * n];
+        for bt in 0..batch {
+            let cb = if summed { 0 } else { bt * m * n };
+            for i in 0..m {
+                for j in 0..n {
+                    want[cb + i * n + j] += (0..k)
+                        .map(|kk| {
+                            let b = if transposed {
+                                im2col_at(&cv, &x, bt, j, kk)
+                            } else {
+                                im2col_at(&cv, &x, bt, kk, j)
+                            };
+                            a[bt * m * k + i * k + kk] as f64 * b
+                        })
+                        .sum::<f64>();
+                }
+            }
+        }
+        let ta = Tensor::from_slice(&e, &a, &[a.len()], "a").unwrap();
+        let tx = Tensor::from_slice(&e, &x, &[x.len()], "x").unwrap();
+        for t in &tiles {
+            let tc =
+                Tensor::from_slice(&e, &vec![f32::NAN; want.len()], &[want.len()], "c").unwrap();
+            gemm(&g, &ta, &tx, &tc, MatmulKernel::Fixed(*t)).unwrap();
+            let got = tc.to_vec().unwrap();
+            let err = max_rel_err(&got, &want);
+            assert!(
+                got.iter().all(|v| v.is_finite()) && err < TOL,
+                "{} on {cv:?}, summed {summed}: rel err {err}",
+                t.describe()
+            );
+        }
+    }
+}

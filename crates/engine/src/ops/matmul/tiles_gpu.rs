@@ -223,6 +223,31 @@ pub fn candidates(class: ShapeClass, bk: u32, limits: &GpuLimits) -> Vec<TileCon
     v
 }
 
+/// The share of a block grid's outputs that lie inside an m×n product.
+pub fn inside_share(t: &TileConfig, m: usize, n: usize) -> f64 {
+    let (bm, bn) = t.block();
+    let padded = |len: usize, block: usize| len.max(1).div_ceil(block) * block;
+    (m.max(1) * n.max(1)) as f64 / (padded(m, bm) * padded(n, bn)) as f64
+}
+
+/// Orders candidates for an m×n product: after the first (the fixed tile),
+/// those whose blocks pad it little, then the rest, each group in the
+/// family's order. The tuner times only what its budget allows, and a
+/// block twice the product's height spends half its work on padding.
+pub fn rank_for_shape(tiles: &mut [TileConfig], m: usize, n: usize) {
+    let Some((_, rest)) = tiles.split_first_mut() else {
+        return;
+    };
+    let best = rest
+        .iter()
+        .map(|t| inside_share(t, m, n))
+        .fold(0.0, f64::max);
+    rest.sort_by_key(|t| inside_share(t, m, n) < PADDING_KEPT * best);
+}
+
+/// Candidates within this share of the least padded one are timed first.
+const PADDING_KEPT: f64 = 0.8;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -255,5 +280,40 @@ mod tests {
         let big = TileConfig::new(16, 16, 8, 8, 16, true);
         assert_eq!(workgroup_bytes(&big), 32768);
         assert!(!GpuLimits::DEFAULT.fits(&big));
+    }
+
+    #[test]
+    fn tiles_that_pad_the_product_by_half_are_timed_last() {
+        let limits = GpuLimits {
+            workgroup_bytes: 49152,
+            invocations: 1024,
+            size_x: 1024,
+            size_y: 1024,
+        };
+        // conv2's input gradient: 64 rows (channels), 900 columns (30×30).
+        let (m, n) = (64, 900);
+        let mut c = candidates(ShapeClass::Square, 16, &limits);
+        let before = c.clone();
+        rank_for_shape(&mut c, m, n);
+        assert_eq!(c[0], before[0], "the fixed tile stays first");
+        let mut sorted = c.clone();
+        sorted.sort_by_key(|t| (t.wx, t.wy, t.tm, t.tn));
+        let mut all = before.clone();
+        all.sort_by_key(|t| (t.wx, t.wy, t.tm, t.tn));
+        assert_eq!(sorted, all, "the same candidates, reordered");
+        // Every tile of 128-row blocks comes after every tile that pads
+        // the product by less than a fifth more than the best.
+        let best = c.iter().map(|t| inside_share(t, m, n)).fold(0.0, f64::max);
+        let kept = |t: &TileConfig| inside_share(t, m, n) >= 0.8 * best;
+        let first_dropped = c[1..].iter().position(|t| !kept(t)).unwrap() + 1;
+        assert!(c[first_dropped..].iter().all(|t| !kept(t)), "{c:?}");
+        assert!(c[1..first_dropped].iter().all(|t| t.block().0 <= m));
+        assert!(first_dropped >= 6, "{c:?}");
+        // Before, the second and third tiles timed had 128-row blocks.
+        assert!(before[1..3].iter().all(|t| t.block().0 > m), "{before:?}");
+        // A square product pads no tile more than another: order unchanged.
+        let mut square = before.clone();
+        rank_for_shape(&mut square, 2048, 2048);
+        assert_eq!(square, before);
     }
 }

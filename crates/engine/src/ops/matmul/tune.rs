@@ -278,7 +278,7 @@ fn class_key(g: &Gemm, choice: &TileChoice, elem: Elem, out: Elem, bias: bool) -
 
 /// The tiles to time for `choice` on `e`: the fixed choice first, then the
 /// adapter class's family, all with its K-slice depth.
-fn candidates(e: &Engine, choice: &TileChoice, out16: bool) -> Vec<TileConfig> {
+fn candidates(e: &Engine, g: &Gemm, choice: &TileChoice, out16: bool) -> Vec<TileConfig> {
     let fixed = choice.tile;
     let mut v = vec![fixed];
     let more: Vec<TileConfig> = match Target::of(e) {
@@ -286,7 +286,9 @@ fn candidates(e: &Engine, choice: &TileChoice, out16: bool) -> Vec<TileConfig> {
             let limits = e
                 .gpu()
                 .map_or(GpuLimits::DEFAULT, |g| GpuLimits::of(&g.limits));
-            tiles_gpu::candidates(choice.class, fixed.bk, &limits)
+            let mut c = tiles_gpu::candidates(choice.class, fixed.bk, &limits);
+            tiles_gpu::rank_for_shape(&mut c, g.m, g.n);
+            c
         }
         Target::CpuSubgroup8 => {
             let mut c = Vec::new();
@@ -400,7 +402,7 @@ fn time_candidates(
     bias: bool,
 ) -> Option<Entry> {
     let started = Instant::now();
-    let mut tiles = candidates(e, choice, out.is_16bit());
+    let mut tiles = candidates(e, g, choice, out.is_16bit());
     tiles.truncate(s.settings.max_candidates);
     if !s.probes.contains_key(adapter) {
         let options = e.gpu()?.options.clone();
