@@ -31,7 +31,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// Bumped whenever a kernel family changes, so old timings are not trusted.
-const CACHE_VERSION: u32 = 1;
+const CACHE_VERSION: u32 = 2;
 
 /// Whether products choose their tiles by timing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
