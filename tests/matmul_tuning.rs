@@ -1,11 +1,15 @@
 //! Tile tuning: the first run times candidates for each shape class and
 //! writes the cache file; a second run reads it, times nothing and picks
 //! the same tiles; a bad setting is refused with what to set instead; and
-//! tuning leaves the measured memory of a step exactly as the estimate.
+//! tuning leaves the measured memory of a step exactly as the estimate;
+//! and the kernels of a round of candidates are compiled ahead, together.
 
+use crate::common::{self, Rng, RngExt};
 use serde_json::Value;
 use std::path::Path;
 use std::process::Command;
+use vramlab::ops::matmul::{gemm, Gemm, MatView, MatmulKernel, TileConfig};
+use vramlab::tensor::Tensor;
 
 fn vramlab(cache: &Path, args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_vramlab"))
@@ -52,6 +56,11 @@ fn a_second_run_reads_the_cache_times_nothing_and_picks_the_same_tiles() {
     assert!(first["tuned"].as_u64().unwrap() >= 1, "{first}");
     assert!(first["timed"].as_u64().unwrap() >= 2, "{first}");
     assert_eq!(first["from_cache"], 0, "{first}");
+    // Every timed tile's kernel was compiled ahead, on the probe device.
+    assert!(
+        first["compiled_ahead"].as_u64().unwrap() >= first["timed"].as_u64().unwrap(),
+        "{first}"
+    );
     let file: Value = serde_json::from_str(&std::fs::read_to_string(&cache).unwrap()).unwrap();
     let adapters = file["adapters"].as_object().unwrap();
     assert_eq!(adapters.len(), 1, "{file}");
@@ -70,6 +79,7 @@ fn a_second_run_reads_the_cache_times_nothing_and_picks_the_same_tiles() {
     assert_eq!(second["timed"], 0, "{second}");
     assert_eq!(second["tuned"], 0, "{second}");
     assert_eq!(second["from_cache"], first["tuned"], "{second}");
+    assert_eq!(second["compiled_ahead"], 0, "{second}");
     assert_eq!(second["choices"], first["choices"]);
     std::fs::remove_dir_all(&dir).ok();
 }
@@ -126,4 +136,78 @@ fn tuning_leaves_the_measured_step_equal_to_the_estimate() {
     let file = std::fs::read_to_string(&cache).unwrap();
     assert!(file.contains("gflops"), "{file}");
     std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn kernels_collected_ahead_run_nothing_and_compile_once_several_at_a_time() {
+    // What the tuner does with each round of candidates: learn the kernels
+    // a product runs without running it, compile them on several threads,
+    // then run it, compiling nothing more.
+    let e = common::engine();
+    let gpu = e.gpu().expect("a GPU engine");
+    let mut rng = Rng::new(5);
+    let (m, n, k) = (37, 45, 300);
+    let (a, b) = (rng.vec(m * k), rng.vec(k * n));
+    let ta = Tensor::from_slice(&e, &a, &[m, k], "a").unwrap();
+    let tb = Tensor::from_slice(&e, &b, &[k, n], "b").unwrap();
+    let tc = Tensor::from_slice(&e, &vec![f32::NAN; m * n], &[m, n], "c").unwrap();
+    let g = Gemm {
+        m,
+        n,
+        k,
+        batch: 1,
+        a: MatView::dense(0, m, k, false),
+        b: MatView::dense(0, k, n, false),
+        c_offset: 0,
+        c_batch_stride: m * n,
+        accumulate: false,
+        reduce_batch: false,
+        implicit_b: None,
+    };
+    // Two tiles of the GPU family and one direct, none compiled yet.
+    let tiles = [
+        TileConfig::new(8, 8, 4, 4, 16, true),
+        TileConfig::new(16, 8, 8, 4, 16, true),
+        TileConfig::new(8, 4, 3, 5, 16, false),
+    ];
+    let before = gpu.pipelines_compiled();
+    let mut kernels = Vec::new();
+    for t in tiles {
+        let (r, ks) = gpu.kernels_of(|| gemm(&g, &ta, &tb, &tc, MatmulKernel::Fixed(t)));
+        r.unwrap();
+        assert!(ks.iter().any(|k| k.name.starts_with("matmul[")), "{ks:?}");
+        kernels.extend(ks);
+    }
+    assert_eq!(
+        gpu.pipelines_compiled(),
+        before,
+        "collecting compiles nothing"
+    );
+    assert!(
+        tc.to_vec().unwrap().iter().all(|v| v.is_nan()),
+        "collecting ran a kernel"
+    );
+    let compiled = gpu.precompile(&kernels, 3);
+    assert!(compiled >= tiles.len(), "{compiled}");
+    assert_eq!(gpu.pipelines_compiled(), before + compiled);
+    assert_eq!(gpu.precompile(&kernels, 3), 0, "compiled once");
+    for t in tiles {
+        gemm(&g, &ta, &tb, &tc, MatmulKernel::Fixed(t)).unwrap();
+        let got = tc.to_vec().unwrap();
+        let want: Vec<f64> = (0..m * n)
+            .map(|ij| {
+                let (i, j) = (ij / n, ij % n);
+                (0..k)
+                    .map(|q| a[i * k + q] as f64 * b[q * n + j] as f64)
+                    .sum()
+            })
+            .collect();
+        let err = common::max_rel_err(&got, &want);
+        assert!(err < 1e-4, "{}: rel err {err}", t.describe());
+    }
+    assert_eq!(
+        gpu.pipelines_compiled(),
+        before + compiled,
+        "running compiled nothing more"
+    );
 }

@@ -978,9 +978,10 @@ fn finish(ctx: &Ctx, report: &mut BenchReport) -> anyhow::Result<()> {
     let t = &report.tuning;
     if t.tuned + t.from_cache > 0 {
         ctx.say(format!(
-            "\ntile tuning: {} shape classes timed ({} tiles), {} read from {}",
+            "\ntile tuning: {} shape classes timed ({} tiles, {} kernels compiled ahead), {} read from {}",
             t.tuned,
             t.timed,
+            t.compiled_ahead,
             t.from_cache,
             t.cache.as_deref().unwrap_or("no cache file")
         ));

@@ -30,6 +30,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use wgpu::util::DeviceExt;
 
+mod precompile;
+
 /// A compute kernel: a WGSL template (see [`super::compose`]), the
 /// definitions it is composed with, and an entry point; compiled once per
 /// device and variant.
@@ -314,6 +316,9 @@ pub struct Gpu {
     pub adapters: Vec<AdapterSummary>,
     /// Each kernel variant's pipeline and its uniform count.
     pipelines: Mutex<HashMap<String, (wgpu::ComputePipeline, usize)>>,
+    /// Where dispatches go while [`Gpu::kernels_of`] collects them.
+    collecting: Mutex<Option<Vec<Kernel>>>,
+    collect_on: AtomicBool,
     /// Storage bind groups made once (and the layouts every pipeline uses).
     bind_groups: Arc<BindGroupCache>,
     /// Dispatches that bound some tensor in more than one window.
@@ -480,6 +485,8 @@ impl Gpu {
             choice_reason,
             adapters: summaries,
             pipelines: Mutex::default(),
+            collecting: Mutex::new(None),
+            collect_on: AtomicBool::new(false),
             bind_groups,
             windowed: AtomicU64::new(0),
             timer: Mutex::new(None),
@@ -530,10 +537,18 @@ impl Gpu {
     /// The kernel's pipeline and how many uniforms it binds, compiled once:
     /// tensors in group 0, uniforms in group 1 (see [`super::bind_groups`]).
     fn pipeline(&self, kernel: &Kernel) -> Result<(wgpu::ComputePipeline, usize), DeviceError> {
-        let mut cache = lock(&self.pipelines);
-        if let Some(p) = cache.get(kernel.name.as_ref()) {
+        if let Some(p) = lock(&self.pipelines).get(kernel.name.as_ref()) {
             return Ok(p.clone());
         }
+        // Compiled outside the lock, so other threads compile beside it.
+        let built = self.compile(kernel)?;
+        Ok(lock(&self.pipelines)
+            .entry(kernel.name.to_string())
+            .or_insert(built)
+            .clone())
+    }
+
+    fn compile(&self, kernel: &Kernel) -> Result<(wgpu::ComputePipeline, usize), DeviceError> {
         let composed = kernel.wgsl_for(self.features.contains(wgpu::Features::SHADER_F16))?;
         let (wgsl, storage, uniforms) = split_groups(&composed);
         let layout = self.bind_groups.pipeline_layout(storage, uniforms);
@@ -562,7 +577,6 @@ impl Gpu {
                 compilation_options: Default::default(),
                 cache: None,
             });
-        cache.insert(kernel.name.to_string(), (pipeline.clone(), uniforms));
         Ok((pipeline, uniforms))
     }
 
@@ -994,6 +1008,12 @@ impl Gpu {
         } else {
             kernel
         };
+        if self.collect_on.load(Ordering::Relaxed) {
+            if let Some(kernels) = lock(&self.collecting).as_mut() {
+                kernels.push(kernel.clone());
+                return Ok(());
+            }
+        }
         let (pipeline, uniforms) = self.pipeline(kernel)?;
         // The timer's wait comes before this dispatch's uniforms are
         // staged: a wait lets the arenas it saw submitted be rewritten.

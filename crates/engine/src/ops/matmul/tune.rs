@@ -168,6 +168,8 @@ pub struct Stats {
     pub tuned: usize,
     /// Candidate tiles timed in this process.
     pub timed: usize,
+    /// Kernels compiled ahead of their timing, several at once.
+    pub compiled_ahead: usize,
     /// Shape classes whose tile came from the cache file.
     pub from_cache: usize,
     /// Every choice made: shape class key → tile.
@@ -445,27 +447,44 @@ fn time_candidates(
     let mut best: Option<(TileConfig, f64)> = None;
     let mut fixed_rate = f64::NAN;
     let mut timed = 0;
-    for (i, t) in tiles.iter().enumerate() {
-        // The fixed tile and one rival at least, then while the budget lasts.
-        if i >= 2 && started.elapsed() > s.settings.budget {
-            break;
-        }
-        let kernel = if choice.transposed {
+    let kernel_for = |t: &TileConfig| {
+        if choice.transposed {
             MatmulKernel::FixedTransposed(*t)
         } else {
             MatmulKernel::Fixed(*t)
-        };
-        let Some(secs) = time_one(probe, &pg, [&a, &b, &c], bias_t.as_ref(), kernel) else {
-            continue;
-        };
-        timed += 1;
-        let rate = flops / secs / 1e9;
-        if i == 0 {
-            fixed_rate = rate;
         }
-        if best.is_none_or(|(_, r)| rate > r) {
-            best = Some((*t, rate));
+    };
+    // Candidates in rounds of as many as the host compiles at once (the
+    // fixed tile and one rival at least), each round's kernels compiled
+    // together before any is timed, then rounds while the budget lasts.
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let per_round = threads.max(2);
+    let mut first = 0;
+    while first < tiles.len() && (first == 0 || started.elapsed() <= s.settings.budget) {
+        let round = &tiles[first..(first + per_round).min(tiles.len())];
+        if let Some(gpu) = probe.gpu() {
+            let mut kernels = Vec::new();
+            for t in round {
+                let run = || gemm_bias(&pg, &a, &b, &c, bias_t.as_ref(), kernel_for(t));
+                kernels.extend(gpu.kernels_of(run).1);
+            }
+            s.stats.compiled_ahead += gpu.precompile(&kernels, threads);
         }
+        for (j, t) in round.iter().enumerate() {
+            let Some(secs) = time_one(probe, &pg, [&a, &b, &c], bias_t.as_ref(), kernel_for(t))
+            else {
+                continue;
+            };
+            timed += 1;
+            let rate = flops / secs / 1e9;
+            if first + j == 0 {
+                fixed_rate = rate;
+            }
+            if best.is_none_or(|(_, r)| rate > r) {
+                best = Some((*t, rate));
+            }
+        }
+        first += round.len();
     }
     drop((a, b, c, bias_t));
     probe.allocator().empty_cache();
