@@ -187,10 +187,14 @@ fi
 
 if want ab; then
   step "SimpleConvNet batch 64: this build, the same with VRAMLAB_SUBMIT_FIRST=0, VRAMLAB_BIND_GROUP_CACHE=0 and VRAMLAB_LIST_OPS=off, the base build, in turn"
-  # The base build (device_pack.sh's BASE_BIN) shares the tile cache: one
-  # warm-up run tunes it first. Base's mixed-precision rows are timed with
-  # the kernel timer on, this build's with it off (untimed wall clock).
-  timeout $(limit 60) $V bench --sizes 256 --models simple-cnn --batch 64 --reps 1 > /dev/null 2>&1
+  # Each build keeps its own tile cache (their cache versions may differ,
+  # and each would retune over the other's), warmed up by one run first.
+  # Base's mixed-precision rows are timed with the kernel timer on, this
+  # build's with it off (untimed wall clock).
+  for bin in $V .devbin/vramlab-base; do
+    [ -x "$bin" ] && VRAMLAB_TUNE_CACHE=/tmp/tiles-$(basename $bin).json timeout $(limit 60) "$bin" bench \
+      --sizes 256 --models simple-cnn --batch 64 --reps 1 2>&1 | grep "tile tuning"
+  done
   for i in 1 2 3; do
     for run in new new-submit0 new-bg0 new-lists-off base; do
       case $run in
@@ -201,7 +205,8 @@ if want ab; then
         base) bin=.devbin/vramlab-base; envs="" ;;
       esac
       [ -x "$bin" ] || { echo "$run: $bin missing"; continue; }
-      env $envs timeout $(limit 45) "$bin" bench --sizes 256 --models simple-cnn --batch 64 --reps 20 --json \
+      env $envs VRAMLAB_TUNE_CACHE=/tmp/tiles-$(basename $bin).json timeout $(limit 45) "$bin" bench \
+        --sizes 256 --models simple-cnn --batch 64 --reps 20 --json \
         > "$OUT/ab_${run}_$i.json" 2> /dev/null
       python3 - "$OUT/ab_${run}_$i.json" "$run" <<'PY'
 import json, sys
@@ -213,6 +218,8 @@ print(f"{sys.argv[2]:<12} untimed {m['untimed_seconds_median'] * 1e3:.2f} ms  de
       f"  host {m['host_seconds_median'] * 1e3:.2f} ms  dispatches {m['device_time']['dispatches']}"
       f"  amp f16 {amp.get('amp f16', 0):.2f}x f32  amp bf16 {amp.get('amp bf16', 0):.2f}x"
       f"  record {o['record_micros']:.2f} us/dispatch")
+for k in m["device_time"]["kernels"][:4]:
+    print(f"    {k['seconds'] * 1e3:.3f} ms x{k['calls']} {k['name'][:110]}")
 PY
     done
   done
