@@ -3,15 +3,24 @@
 // partial product per split and batch entry). A fixed order keeps results
 // deterministic. Partials are f32 whatever the output's type (ELEM); each partial is itself a blocked sum, so the total is as
 // accurate as one long blocked reduction.
+// COL_BIAS (f32 out): then + bias[i % cols], a linear layer's bias added
+// where its split product is summed, as PyTorch's addmm adds it in the
+// product, rather than in a pass of its own.
 struct Params {
     len: u32, count: u32, off: u32, accumulate: u32,
-    start: u32, _p0: u32, _p1: u32, _p2: u32,
+    start: u32, cols: u32, _p1: u32, _p2: u32,
 }
 
 @group(0) @binding(0) var<storage, read_write> parts: array<f32>;
 @group(0) @binding(1) var<storage, read_write> out: array<{{T}}>;
+#if COL_BIAS
+@group(0) @binding(2) var<storage, read_write> bias: array<{{T}}>;
+@group(0) @binding(3) var<uniform> p: Params;
+#accessors parts:f32 out bias
+#else
 @group(0) @binding(2) var<uniform> p: Params;
 #accessors parts:f32 out
+#endif
 #include prelude
 
 @compute @workgroup_size(256)
@@ -33,6 +42,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     if (i >= p.len) { return; }
     var total = total_at(i);
     if (p.accumulate != 0u) { total += ld_out(p.off + i); }
+#if COL_BIAS
+    total += ld_bias(i % p.cols);
+#endif
     st_out(p.off + i, total);
 #endif
 }

@@ -979,3 +979,60 @@ fn implicit_convolutions_match_f64_on_every_kind_of_gpu_tile() {
         }
     }
 }
+
+#[test]
+fn a_linear_bias_is_added_where_a_split_product_is_summed() {
+    // linear(x, W, b) with K deep enough to split: the bias is added by
+    // the pass summing the partial products (no bias pass of its own), with
+    // the bits of the product followed by that pass; unsplit or 16-bit, it
+    // keeps its pass. Every result against f64.
+    use vramlab::ops::bias::add_bias;
+    use vramlab::ops::linear::linear;
+    let e = engine();
+    e.start_timing().expect("a GPU engine can time");
+    let mut rng = Rng::new(41);
+    for (n, i, o, splits) in [(5, 3001, 7, true), (6, 40, 9, false)] {
+        let (xv, wv, bv) = (rng.vec(n * i), rng.vec(o * i), rng.vec(o));
+        let x = Tensor::from_slice(&e, &xv, &[n, i], "x").unwrap();
+        let w = Tensor::from_slice(&e, &wv, &[o, i], "w").unwrap();
+        let b = Tensor::from_slice(&e, &bv, &[o], "b").unwrap();
+        let g = plain(n, o, i, false, true);
+        assert_eq!(plan_split(&g).group > 0, splits, "{n}×{o}·K{i}");
+        e.take_dispatch_times().unwrap();
+        let fused = linear(&x, &w, Some(&b)).unwrap().to_vec().unwrap();
+        let (_, times) = e.take_dispatch_times().unwrap().unwrap();
+        let kernels: Vec<&str> = times.iter().map(|t| t.kernel.as_str()).collect();
+        assert_eq!(
+            kernels.iter().any(|k| k.starts_with("bias_add")),
+            !splits,
+            "{kernels:?}"
+        );
+        assert_eq!(
+            kernels.iter().any(|k| *k == "sum_partials[f32 +bias]"),
+            splits,
+            "{kernels:?}"
+        );
+        let apart = Tensor::empty(&e, &[n, o], vramlab::tensor::DType::F32, "y").unwrap();
+        gemm(&g, &x, &w, &apart, MatmulKernel::Tiled).unwrap();
+        add_bias(&apart, &b, o, 1).unwrap();
+        let apart = apart.to_vec().unwrap();
+        assert!(
+            fused
+                .iter()
+                .zip(&apart)
+                .all(|(p, q)| p.to_bits() == q.to_bits()),
+            "{n}×{o}·K{i}: the fused bias changed bits"
+        );
+        let want: Vec<f64> = (0..n * o)
+            .map(|rc| {
+                let (r, c) = (rc / o, rc % o);
+                bv[c] as f64
+                    + (0..i)
+                        .map(|q| xv[r * i + q] as f64 * wv[c * i + q] as f64)
+                        .sum::<f64>()
+            })
+            .collect();
+        let err = max_rel_err(&fused, &want);
+        assert!(err < TOL, "{n}×{o}·K{i}: rel err {err}");
+    }
+}

@@ -1,8 +1,8 @@
 //! `linear(x, W, b) = x · Wᵀ + b` in PyTorch's layout (W `[out, in]`, b
 //! `[out]`), and its backward: `dx = dy · W`, `dW = dyᵀ · x`, `db = Σ_rows dy`.
 
-use super::bias::{add_bias, sum_channels};
-use super::matmul::{gemm, Gemm, MatView, MatmulKernel};
+use super::bias::sum_channels;
+use super::matmul::{gemm, gemm_col_bias, Gemm, MatView, MatmulKernel};
 use crate::tensor::{Tensor, TensorError};
 
 fn dims(x: &Tensor, w: &Tensor) -> Result<(usize, usize, usize), TensorError> {
@@ -39,21 +39,27 @@ pub(super) fn plain(m: usize, n: usize, k: usize, a: MatView, b: MatView) -> Gem
 pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor, TensorError> {
     let (n, i, o) = dims(x, w)?;
     let y = Tensor::empty(x.engine(), &[n, o], x.dtype(), "linear.out")?;
-    gemm(
-        &plain(
-            n,
-            o,
-            i,
-            MatView::dense(0, n, i, false),
-            MatView::dense(0, o, i, true),
-        ),
-        x,
-        w,
-        &y,
-        MatmulKernel::Tiled,
-    )?;
-    if let Some(b) = b {
-        add_bias(&y, b, o, 1)?;
+    let g = plain(
+        n,
+        o,
+        i,
+        MatView::dense(0, n, i, false),
+        MatView::dense(0, o, i, true),
+    );
+    match b {
+        Some(b) => {
+            // The bias pass's own checks, before any work.
+            if b.numel() != o {
+                return Err(TensorError::ShapeMismatch {
+                    op: "bias",
+                    lhs: y.shape().to_vec(),
+                    rhs: b.shape().to_vec(),
+                });
+            }
+            super::same_dtype("bias", &y, b)?;
+            gemm_col_bias(&g, x, w, &y, b, MatmulKernel::Tiled)?
+        }
+        None => gemm(&g, x, w, &y, MatmulKernel::Tiled)?,
     }
     Ok(y)
 }

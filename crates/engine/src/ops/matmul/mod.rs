@@ -31,7 +31,7 @@ pub use shapes::{plan_split, ConvGeometry, Gemm, GemmShape, MatView, ShapeClass,
 use tile::conv_defs;
 pub use tile::{TileConfig, Variant, Vec4Io, ROWS_OUTER_MAX_B};
 
-use super::partials::sum_partials;
+use super::partials::{sum_partials, sum_partials_bias};
 use crate::device::compose::Elem;
 use crate::memory::Category;
 use crate::tensor::{DType, Tensor, TensorError};
@@ -246,6 +246,59 @@ pub fn gemm_bias(
     bias: Option<&Tensor>,
     kernel: MatmulKernel,
 ) -> Result<(), TensorError> {
+    gemm_biased(g, a, b, c, bias, None, kernel)
+}
+
+/// [`gemm`] into a fresh, dense C, then `C[b, r, col] += bias[col]` (a
+/// linear layer's bias, per output feature, as PyTorch's addmm adds it):
+/// where the product is split and C is f32, in the pass that sums its
+/// partial products (the bits of a pass of its own, one dispatch fewer);
+/// else in a pass over C.
+pub fn gemm_col_bias(
+    g: &Gemm,
+    a: &Tensor,
+    b: &Tensor,
+    c: &Tensor,
+    bias: &Tensor,
+    kernel: MatmulKernel,
+) -> Result<(), TensorError> {
+    if g.accumulate
+        || g.reduce_batch
+        || g.c_offset != 0
+        || (g.batch > 1 && g.c_batch_stride != g.m * g.n)
+    {
+        return Err(TensorError::NotSupported {
+            op: "matmul",
+            what: "a column bias needs a fresh, dense C",
+        });
+    }
+    if bias.numel() != g.n || bias.dtype() != c.dtype() {
+        return Err(TensorError::BadBias {
+            op: "matmul",
+            len: g.n,
+            dtype: c.dtype(),
+            got_shape: bias.shape().to_vec(),
+            got_dtype: bias.dtype(),
+        });
+    }
+    if c.dtype() == DType::F32 && g.m > 0 && plan_split(g).group > 0 {
+        return gemm_biased(g, a, b, c, None, Some(bias), kernel);
+    }
+    gemm_biased(g, a, b, c, None, None, kernel)?;
+    super::bias::add_bias(c, bias, g.n, 1)
+}
+
+/// [`gemm_bias`], with `col_bias` (f32, a split product: see
+/// [`gemm_col_bias`]) added where the partial products are summed.
+fn gemm_biased(
+    g: &Gemm,
+    a: &Tensor,
+    b: &Tensor,
+    c: &Tensor,
+    bias: Option<&Tensor>,
+    col_bias: Option<&Tensor>,
+    kernel: MatmulKernel,
+) -> Result<(), TensorError> {
     const OP: &str = "matmul";
     for t in [a, b, c] {
         super::check_u32(OP, t)?;
@@ -445,7 +498,7 @@ pub fn gemm_bias(
                 )?;
             } else {
                 for e in 0..nb {
-                    sum_partials(
+                    sum_partials_bias(
                         &parts,
                         c,
                         e * split.splits * mn,
@@ -453,6 +506,7 @@ pub fn gemm_bias(
                         mn,
                         g.c_offset + (b0 + e) * g.c_batch_stride,
                         g.accumulate,
+                        col_bias,
                     )?;
                 }
             }
