@@ -1008,7 +1008,7 @@ fn a_linear_bias_is_added_where_a_split_product_is_summed() {
             "{kernels:?}"
         );
         assert_eq!(
-            kernels.iter().any(|k| *k == "sum_partials[f32 +bias]"),
+            kernels.contains(&"sum_partials[f32 +bias]"),
             splits,
             "{kernels:?}"
         );
