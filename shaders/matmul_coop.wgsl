@@ -282,8 +282,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
             let q = i % BN;
 #endif
             let ok = k0 + r < p.k && col0 + q < p.n;
+#if IMPLICIT_B
+            // The im2col in place: past the edge reads nothing (im_load).
+#if IMPLICIT_BT
+            let v = im_load(b_base, im_pos(k0 + r), im_tap(col0 + q), ok);
+#else
+            let v = im_load(b_base, im_pos(col0 + q), im_tap(k0 + r), ok);
+#endif
+            sb[r * LB + q] = f16(v);
+#else
             let v = ld_b_at(b_base, min(k0 + r, p.k - 1u), min(col0 + q, p.n - 1u), p.b_rs, p.b_cs);
             sb[r * LB + q] = f16(select(0.0, v, ok));
+#endif
         }
 #endif
         workgroupBarrier();
