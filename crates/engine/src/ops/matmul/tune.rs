@@ -455,10 +455,12 @@ fn time_candidates(
         }
     };
     // Candidates in rounds of as many as the host compiles at once (the
-    // fixed tile and one rival at least), each round's kernels compiled
-    // together before any is timed, then rounds while the budget lasts.
+    // fixed tile and one rival at least, 8 at most: should a driver compile
+    // one at a time, a round overruns the budget by a few compiles only),
+    // each round's kernels compiled together before any is timed, then
+    // rounds while the budget lasts.
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let per_round = threads.max(2);
+    let per_round = threads.clamp(2, 8);
     let mut first = 0;
     while first < tiles.len() && (first == 0 || started.elapsed() <= s.settings.budget) {
         let round = &tiles[first..(first + per_round).min(tiles.len())];
