@@ -1023,15 +1023,7 @@ fn a_linear_bias_is_added_where_a_split_product_is_summed() {
                 .all(|(p, q)| p.to_bits() == q.to_bits()),
             "{n}×{o}·K{i}: the fused bias changed bits"
         );
-        let want: Vec<f64> = (0..n * o)
-            .map(|rc| {
-                let (r, c) = (rc / o, rc % o);
-                bv[c] as f64
-                    + (0..i)
-                        .map(|q| xv[r * i + q] as f64 * wv[c * i + q] as f64)
-                        .sum::<f64>()
-            })
-            .collect();
+        let want = linear_ref(&to_f64(&xv), &to_f64(&wv), &to_f64(&bv), n, i, o);
         let err = max_rel_err(&fused, &want);
         assert!(err < TOL, "{n}×{o}·K{i}: rel err {err}");
     }

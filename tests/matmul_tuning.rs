@@ -194,14 +194,7 @@ fn kernels_collected_ahead_run_nothing_and_compile_once_several_at_a_time() {
     for t in tiles {
         gemm(&g, &ta, &tb, &tc, MatmulKernel::Fixed(t)).unwrap();
         let got = tc.to_vec().unwrap();
-        let want: Vec<f64> = (0..m * n)
-            .map(|ij| {
-                let (i, j) = (ij / n, ij % n);
-                (0..k)
-                    .map(|q| a[i * k + q] as f64 * b[q * n + j] as f64)
-                    .sum()
-            })
-            .collect();
+        let want = common::matmul_ref(&a, &b, m, k, n);
         let err = common::max_rel_err(&got, &want);
         assert!(err < 1e-4, "{}: rel err {err}", t.describe());
     }

@@ -171,7 +171,7 @@ pub fn batchnorm_backward(
         c,
     )?;
     let db = Tensor::empty(e, &[c], DType::F32, "batchnorm.grad_bias")?;
-    sum_partials(&sums, &db, 0, 1, c, 0, false)?;
+    sum_partials(&sums, &db, 0, 1, c, 0, false, None)?;
     let dx = if need_dx {
         let dx = Tensor::empty(e, x.shape(), DType::F32, "batchnorm.grad_input")?;
         launch(

@@ -175,5 +175,5 @@ pub(crate) fn channel_sums(
         bytemuck::bytes_of(&sp),
         crate::device::Workgroups::Linear((groups * channels) as u64),
     )?;
-    sum_partials(&parts, out, 0, groups, channels, off, false)
+    sum_partials(&parts, out, 0, groups, channels, off, false, None)
 }

@@ -40,24 +40,12 @@ fn kernel(elem: Elem, col_bias: bool) -> Kernel {
     )
 }
 
-/// `out[off + i] (+)= Σ_z parts[start + z·len + i]` for i < len, z < count.
-pub(crate) fn sum_partials(
-    parts: &Tensor,
-    out: &Tensor,
-    start: usize,
-    count: usize,
-    len: usize,
-    off: usize,
-    accumulate: bool,
-) -> Result<(), TensorError> {
-    sum_partials_bias(parts, out, start, count, len, off, accumulate, None)
-}
-
-/// [`sum_partials`], then `+ bias[i % bias.numel()]` where a bias is given
-/// (f32 out and bias): each output is its sum plus its column's bias, the
-/// bits a pass adding the bias afterwards gives.
+/// `out[off + i] (+)= Σ_z parts[start + z·len + i]` for i < len, z < count,
+/// then `+ bias[i % bias.numel()]` where a bias is given (f32 out and bias):
+/// each output its sum plus its column's bias, the bits a pass adding the
+/// bias afterwards gives.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn sum_partials_bias(
+pub(crate) fn sum_partials(
     parts: &Tensor,
     out: &Tensor,
     start: usize,

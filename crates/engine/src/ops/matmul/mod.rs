@@ -31,7 +31,7 @@ pub use shapes::{plan_split, ConvGeometry, Gemm, GemmShape, MatView, ShapeClass,
 use tile::conv_defs;
 pub use tile::{TileConfig, Variant, Vec4Io, ROWS_OUTER_MAX_B};
 
-use super::partials::{sum_partials, sum_partials_bias};
+use super::partials::sum_partials;
 use crate::device::compose::Elem;
 use crate::memory::Category;
 use crate::tensor::{DType, Tensor, TensorError};
@@ -480,6 +480,7 @@ fn gemm_biased(
             mn,
             g.c_offset,
             g.accumulate,
+            None,
         )?;
     } else {
         for b0 in (0..g.batch).step_by(split.group) {
@@ -495,10 +496,11 @@ fn gemm_biased(
                     mn,
                     g.c_offset,
                     g.accumulate || b0 > 0,
+                    None,
                 )?;
             } else {
                 for e in 0..nb {
-                    sum_partials_bias(
+                    sum_partials(
                         &parts,
                         c,
                         e * split.splits * mn,
