@@ -36,7 +36,15 @@ const CV_WO = {{CV_WO}}u;
 @group(0) @binding(4) var<uniform> p: Params;
 #accessors bias
 #else
+#if BIAS_COLS
+// Epilogue: C[r, col] = product + bias[col] (a linear layer's, per output
+// feature; GPU tiles, f32 C), as PyTorch's addmm adds it.
+@group(0) @binding(3) var<storage, read_write> bias: array<{{T}}>;
+@group(0) @binding(4) var<uniform> p: Params;
+#accessors bias
+#else
 @group(0) @binding(3) var<uniform> p: Params;
+#endif
 #endif
 
 // Where workgroup z's product lies: batch entry z / splits and K split

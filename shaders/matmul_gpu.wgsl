@@ -244,6 +244,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 #if BIAS_ROWS
                 v += vec4<f32>(bias_row);
 #endif
+#if BIAS_COLS
+                // Columns past the edge read the last bias and are not stored.
+                v += vec4<f32>(ld_bias(min(col_, p_n - 1u)), ld_bias(min(col_ + 1u, p_n - 1u)),
+                               ld_bias(min(col_ + 2u, p_n - 1u)), ld_bias(min(col_ + 3u, p_n - 1u)));
+#endif
                 let ci = c_base + row_ * c_rs + col_ * c_cs;
 #if VEC_C
                 if (col_ < p_n) {

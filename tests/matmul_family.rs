@@ -981,50 +981,77 @@ fn implicit_convolutions_match_f64_on_every_kind_of_gpu_tile() {
 }
 
 #[test]
-fn a_linear_bias_is_added_where_a_split_product_is_summed() {
-    // linear(x, W, b) with K deep enough to split: the bias is added by
-    // the pass summing the partial products (no bias pass of its own), with
-    // the bits of the product followed by that pass; unsplit or 16-bit, it
-    // keeps its pass. Every result against f64.
+fn a_linear_bias_is_added_by_the_product_where_it_can() {
+    // linear(x, W, b): the bias is added by the pass summing a split
+    // product's partials, or by a GPU tile's epilogue (f32, bound whole),
+    // with the bits of the product followed by a bias pass; the direct
+    // tiles keep the pass. Odd and whole-vec4 widths; every result against
+    // f64.
     use vramlab::ops::bias::add_bias;
-    use vramlab::ops::linear::linear;
+    use vramlab::ops::matmul::gemm_col_bias;
     let e = engine();
     e.start_timing().expect("a GPU engine can time");
     let mut rng = Rng::new(41);
-    for (n, i, o, splits) in [(5, 3001, 7, true), (6, 40, 9, false)] {
+    let chosen = |g: &Gemm| choose(g, Target::of(&e), false, false).tile;
+    for (n, i, o) in [(5, 3001, 7), (6, 40, 9), (70, 33, 12)] {
         let (xv, wv, bv) = (rng.vec(n * i), rng.vec(o * i), rng.vec(o));
         let x = Tensor::from_slice(&e, &xv, &[n, i], "x").unwrap();
         let w = Tensor::from_slice(&e, &wv, &[o, i], "w").unwrap();
         let b = Tensor::from_slice(&e, &bv, &[o], "b").unwrap();
         let g = plain(n, o, i, false, true);
-        assert_eq!(plan_split(&g).group > 0, splits, "{n}×{o}·K{i}");
-        e.take_dispatch_times().unwrap();
-        let fused = linear(&x, &w, Some(&b)).unwrap().to_vec().unwrap();
-        let (_, times) = e.take_dispatch_times().unwrap().unwrap();
-        let kernels: Vec<&str> = times.iter().map(|t| t.kernel.as_str()).collect();
-        assert_eq!(
-            kernels.iter().any(|k| k.starts_with("bias_add")),
-            !splits,
-            "{kernels:?}"
-        );
-        assert_eq!(
-            kernels.contains(&"sum_partials[f32 +bias]"),
-            splits,
-            "{kernels:?}"
-        );
-        let apart = Tensor::empty(&e, &[n, o], vramlab::tensor::DType::F32, "y").unwrap();
-        gemm(&g, &x, &w, &apart, MatmulKernel::Tiled).unwrap();
-        add_bias(&apart, &b, o, 1).unwrap();
-        let apart = apart.to_vec().unwrap();
-        assert!(
-            fused
-                .iter()
-                .zip(&apart)
-                .all(|(p, q)| p.to_bits() == q.to_bits()),
-            "{n}×{o}·K{i}: the fused bias changed bits"
-        );
+        let split = plan_split(&g).group > 0;
         let want = linear_ref(&to_f64(&xv), &to_f64(&wv), &to_f64(&bv), n, i, o);
-        let err = max_rel_err(&fused, &want);
-        assert!(err < TOL, "{n}×{o}·K{i}: rel err {err}");
+        for tile in [chosen(&g), TileConfig::new(16, 16, 4, 4, 16, true)] {
+            let what = format!("{n}×{o}·K{i} on {}", tile.describe());
+            let kernel = MatmulKernel::Fixed(tile);
+            let y = Tensor::empty(&e, &[n, o], vramlab::tensor::DType::F32, "y").unwrap();
+            e.take_dispatch_times().unwrap();
+            gemm_col_bias(&g, &x, &w, &y, &b, kernel).unwrap();
+            let fused = y.to_vec().unwrap();
+            let (_, times) = e.take_dispatch_times().unwrap().unwrap();
+            let kernels: Vec<&str> = times.iter().map(|t| t.kernel.as_str()).collect();
+            let in_product = split || tile.shared;
+            assert_eq!(
+                kernels.iter().any(|k| k.starts_with("bias_add")),
+                !in_product,
+                "{what}: {kernels:?}"
+            );
+            assert_eq!(
+                kernels.contains(&"sum_partials[f32 +bias]"),
+                split,
+                "{what}: {kernels:?}"
+            );
+            assert_eq!(
+                kernels.iter().any(|k| k.contains(" +col bias")),
+                !split && tile.shared,
+                "{what}: {kernels:?}"
+            );
+            let apart = Tensor::empty(&e, &[n, o], vramlab::tensor::DType::F32, "y").unwrap();
+            gemm(&g, &x, &w, &apart, kernel).unwrap();
+            add_bias(&apart, &b, o, 1).unwrap();
+            let apart = apart.to_vec().unwrap();
+            assert!(
+                fused
+                    .iter()
+                    .zip(&apart)
+                    .all(|(p, q)| p.to_bits() == q.to_bits()),
+                "{what}: the fused bias changed bits"
+            );
+            let err = max_rel_err(&fused, &want);
+            assert!(err < TOL, "{what}: rel err {err}");
+        }
     }
+    // linear takes the same route.
+    let x = Tensor::from_slice(&e, &rng.vec(6 * 40), &[6, 40], "x").unwrap();
+    let w = Tensor::from_slice(&e, &rng.vec(9 * 40), &[9, 40], "w").unwrap();
+    let b = Tensor::from_slice(&e, &rng.vec(9), &[9], "b").unwrap();
+    e.take_dispatch_times().unwrap();
+    vramlab::ops::linear::linear(&x, &w, Some(&b)).unwrap();
+    let (_, times) = e.take_dispatch_times().unwrap().unwrap();
+    let gpu = chosen(&plain(6, 9, 40, false, true)).shared;
+    assert_eq!(
+        times.iter().any(|t| t.kernel.starts_with("bias_add")),
+        !gpu,
+        "{times:?}"
+    );
 }

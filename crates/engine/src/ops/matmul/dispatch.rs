@@ -112,11 +112,28 @@ impl MatmulParams {
     }
 }
 
+/// A bias the product's epilogue adds: one per row of C (a convolution's,
+/// per output channel) or one per column (a linear layer's, per output
+/// feature: GPU tiles, f32 C, the product bound whole and unsplit).
+#[derive(Clone, Copy)]
+pub(crate) enum Bias<'a> {
+    Rows(&'a Tensor),
+    Cols(&'a Tensor),
+}
+
+impl<'a> Bias<'a> {
+    fn tensor(self) -> &'a Tensor {
+        match self {
+            Bias::Rows(t) | Bias::Cols(t) => t,
+        }
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 pub(super) fn dispatch(
     g: &Gemm,
     [a, b, c]: [&Tensor; 3],
-    bias: Option<&Tensor>,
+    bias: Option<Bias<'_>>,
     tile: &TileConfig,
     transposed: bool,
     splits: usize,
@@ -149,6 +166,15 @@ pub(super) fn dispatch(
     if tile.shared {
         return dispatch_gpu(g, [a, b, c], bias, tile, &o, params, k_chunk, accumulate);
     }
+    let bias = match bias {
+        Some(Bias::Cols(_)) => {
+            return Err(TensorError::NotSupported {
+                op: "matmul",
+                what: "a column bias in the product needs a GPU tile",
+            })
+        }
+        b => b.map(Bias::tensor),
+    };
     let asked = tile.vec4 && !tile.shared;
     let cols4 = asked && tile.tn.is_multiple_of(4) && n.is_multiple_of(4);
     let dense_b = g.implicit_b.is_none() && elem_of(b) == Elem::F32;
@@ -217,7 +243,7 @@ pub(super) fn dispatch(
 fn dispatch_gpu(
     g: &Gemm,
     [a, b, c]: [&Tensor; 3],
-    bias: Option<&Tensor>,
+    bias: Option<Bias<'_>>,
     tile: &TileConfig,
     o: &Oriented,
     params: MatmulParams,
@@ -256,7 +282,8 @@ fn dispatch_gpu(
             elem_of(c),
             g.implicit_b.as_ref(),
             tiles_gpu::GpuVariant {
-                bias_rows: bias.is_some(),
+                bias_rows: matches!(bias, Some(Bias::Rows(_))),
+                bias_cols: matches!(bias, Some(Bias::Cols(_))),
                 accumulate,
                 vec_a,
                 vec_b,
@@ -272,7 +299,7 @@ fn dispatch_gpu(
     record(
         g,
         [a, b, c],
-        bias,
+        bias.map(Bias::tensor),
         tile.block(),
         steps,
         &variant,

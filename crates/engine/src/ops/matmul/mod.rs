@@ -25,7 +25,7 @@ mod tiles_cpu;
 pub mod tiles_gpu;
 pub mod tune;
 
-use dispatch::dispatch;
+use dispatch::{dispatch, Bias};
 pub(crate) use dispatch::{MatmulParams, Oriented};
 pub use shapes::{plan_split, ConvGeometry, Gemm, GemmShape, MatView, ShapeClass, Split};
 use tile::conv_defs;
@@ -250,10 +250,11 @@ pub fn gemm_bias(
 }
 
 /// [`gemm`] into a fresh, dense C, then `C[b, r, col] += bias[col]` (a
-/// linear layer's bias, per output feature, as PyTorch's addmm adds it):
-/// where the product is split and C is f32, in the pass that sums its
-/// partial products (the bits of a pass of its own, one dispatch fewer);
-/// else in a pass over C.
+/// linear layer's bias, per output feature, as PyTorch's addmm adds it).
+/// Where C is f32, in the product's own work: the epilogue of a GPU tile
+/// bound whole, or the pass that sums a split product's partial products;
+/// each gives the bits of a pass of its own, one dispatch fewer. Else in a
+/// pass over C.
 pub fn gemm_col_bias(
     g: &Gemm,
     a: &Tensor,
@@ -281,15 +282,24 @@ pub fn gemm_col_bias(
             got_dtype: bias.dtype(),
         });
     }
-    if c.dtype() == DType::F32 && g.m > 0 && plan_split(g).group > 0 {
+    if c.dtype() == DType::F32 && g.m > 0 {
         return gemm_biased(g, a, b, c, None, Some(bias), kernel);
     }
     gemm_biased(g, a, b, c, None, None, kernel)?;
     super::bias::add_bias(c, bias, g.n, 1)
 }
 
-/// [`gemm_bias`], with `col_bias` (f32, a split product: see
-/// [`gemm_col_bias`]) added where the partial products are summed.
+/// `C += bias[col]` in a pass of its own, for a column bias the product
+/// could not add.
+fn col_bias_pass(g: &Gemm, c: &Tensor, col_bias: Option<&Tensor>) -> Result<(), TensorError> {
+    match col_bias {
+        Some(bias) => super::bias::add_bias(c, bias, g.n, 1),
+        None => Ok(()),
+    }
+}
+
+/// [`gemm_bias`], with `col_bias` (f32 C, no row bias: see
+/// [`gemm_col_bias`]) added by the product where it can, else in a pass.
 fn gemm_biased(
     g: &Gemm,
     a: &Tensor,
@@ -300,6 +310,12 @@ fn gemm_biased(
     kernel: MatmulKernel,
 ) -> Result<(), TensorError> {
     const OP: &str = "matmul";
+    if col_bias.is_some() && (bias.is_some() || c.dtype() != DType::F32) {
+        return Err(TensorError::NotSupported {
+            op: OP,
+            what: "a column bias in the product needs f32 output and no row bias",
+        });
+    }
     for t in [a, b, c] {
         super::check_u32(OP, t)?;
     }
@@ -332,7 +348,8 @@ fn gemm_biased(
             if c.dtype().is_16bit() && !whole_words(g) {
                 return gemm_via_f32(g, a, b, c, bias, kernel);
             }
-            return coop::gemm(g, a, b, c, bias, lanes);
+            coop::gemm(g, a, b, c, bias, lanes)?;
+            return col_bias_pass(g, c, col_bias);
         }
     }
     let fixed = |tile| TileChoice {
@@ -389,10 +406,14 @@ fn gemm_biased(
     }
     let split = plan_split(g);
     if split.group == 0 {
-        return dispatch(
+        // A column bias in the epilogue of a GPU tile bound whole (cutting
+        // the product into parts would move its columns).
+        let fused =
+            col_bias.filter(|cb| tile.shared && !transposed && budget::fits_whole(&[a, b, c, cb]));
+        dispatch(
             g,
             [a, b, c],
-            bias,
+            bias.map(Bias::Rows).or(fused.map(Bias::Cols)),
             &tile,
             transposed,
             1,
@@ -401,7 +422,8 @@ fn gemm_biased(
             g.c_batch_stride,
             g.accumulate,
             1,
-        );
+        )?;
+        return col_bias_pass(g, c, col_bias.filter(|_| fused.is_none()));
     }
     if bias.is_some() && (g.c_offset != 0 || g.c_batch_stride != g.m * g.n || g.accumulate) {
         return Err(TensorError::NotSupported {

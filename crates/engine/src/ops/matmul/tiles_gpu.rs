@@ -16,6 +16,8 @@ const SOURCE: &str = include_str!("../../../../../shaders/matmul_gpu.wgsl");
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct GpuVariant {
     pub bias_rows: bool,
+    /// A bias per column of C (f32), added in the epilogue.
+    pub bias_cols: bool,
     pub accumulate: bool,
     /// A staged four steps of K a load (A dense along K, in fours).
     pub vec_a: bool,
@@ -114,6 +116,7 @@ pub fn kernel(
     let (bm, bn) = t.block();
     let defs = Defs::elem(elem)
         .with("BIAS_ROWS", v.bias_rows as u8)
+        .with("BIAS_COLS", v.bias_cols as u8)
         .with("ACCUMULATE", v.accumulate as u8)
         .with("ELEM_C", out.name())
         .with("TC", out.storage())
@@ -138,12 +141,13 @@ pub fn kernel(
     let flag = |on: bool, name: &'static str| if on { name } else { "" };
     Kernel::variant(
         format!(
-            "matmul[{}→{} {}{}{}{}{}{}{}{}{}]",
+            "matmul[{}→{} {}{}{}{}{}{}{}{}{}{}]",
             elem.name(),
             out.name(),
             t.describe(),
             conv_name,
             flag(v.bias_rows, " +bias"),
+            flag(v.bias_cols, " +col bias"),
             flag(v.accumulate, " +="),
             flag(v.one_slice, " one slice"),
             flag(v.vec_a, " vec4 A"),
