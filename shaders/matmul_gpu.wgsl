@@ -16,8 +16,9 @@
 //   B_ALONG_N where B is along N), as vec4 where the dispatch found the
 //   layout in fours (VEC_A along K, VEC_B along N; f32 only); C is stored
 //   as vec4 (VEC_C) or as 16-bit pairs (PAIR_STORE) likewise.
-// Every global index is clamped into range and the value past the edge
-// replaced by 0 (select, no branch); every workgroup index is formed from
+// Every global index is clamped into range (an im2col element past the
+// edge reads its batch entry's first element instead) and the value past
+// the edge replaced by 0 (select, no branch); every workgroup index is formed from
 // constants and local ids below their bounds, so no access leaves its
 // array. Blocked summation exactly as matmul_cpu.wgsl (each BK slice summed
 // on its own, then added to the total): the same additions in the same

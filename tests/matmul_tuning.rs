@@ -204,3 +204,43 @@ fn kernels_collected_ahead_run_nothing_and_compile_once_several_at_a_time() {
         "running compiled nothing more"
     );
 }
+
+#[test]
+fn a_failed_compile_ahead_keeps_nothing_and_a_panic_stops_collecting() {
+    // A round with a kernel that does not compile: none of its kernels is
+    // kept (the errors cannot be told apart), and each compiles at its own
+    // dispatch later. A panic inside kernels_of leaves dispatches running.
+    use vramlab::device::Kernel;
+    let e = common::engine();
+    let gpu = e.gpu().expect("a GPU engine");
+    let before = gpu.pipelines_compiled();
+    let bad = Kernel::fixed(
+        "tune-test-bad",
+        "@compute @workgroup_size(1) fn main( {",
+        "main",
+    );
+    let good = Kernel::fixed(
+        "tune-test-good",
+        "@compute @workgroup_size(1) fn main() {}",
+        "main",
+    );
+    assert_eq!(gpu.precompile(&[bad, good.clone()], 2), 0);
+    assert_eq!(gpu.pipelines_compiled(), before, "nothing kept");
+    e.synchronize().expect("the dropped errors do not linger");
+    assert_eq!(gpu.precompile(&[good], 2), 1);
+
+    let x = Tensor::from_slice(&e, &[1.0, 2.0, 3.0, 4.0], &[2, 2], "x").unwrap();
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        gpu.kernels_of(|| {
+            vramlab::ops::matmul::matmul(&x, &x).unwrap();
+            panic!("inside the collection");
+        })
+    }));
+    assert!(caught.is_err());
+    let y = vramlab::ops::matmul::matmul(&x, &x).unwrap();
+    assert_eq!(
+        y.to_vec().unwrap(),
+        vec![7.0, 10.0, 15.0, 22.0],
+        "the product ran"
+    );
+}

@@ -1002,7 +1002,6 @@ impl Gpu {
                     piece: self.buffer_piece,
                 });
             }
-            self.windowed.fetch_add(1, Ordering::Relaxed);
             variant = kernel.windowed(&counts);
             &variant
         } else {
@@ -1013,6 +1012,9 @@ impl Gpu {
                 kernels.push(kernel.clone());
                 return Ok(());
             }
+        }
+        if windowed {
+            self.windowed.fetch_add(1, Ordering::Relaxed);
         }
         let (pipeline, uniforms) = self.pipeline(kernel)?;
         // The timer's wait comes before this dispatch's uniforms are

@@ -12,21 +12,38 @@ impl Gpu {
     /// Runs `f` with its dispatches collected instead of recorded: the
     /// kernels it would run, as dispatched (windowed variants included), in
     /// order. Nothing reaches the device, so what `f` writes keeps what it
-    /// held; what it allocates is allocated.
+    /// held; what it allocates is allocated. A collection around this one
+    /// does not see these kernels; should `f` panic, dispatches are
+    /// recorded again.
     pub fn kernels_of<R>(&self, f: impl FnOnce() -> R) -> (R, Vec<Kernel>) {
-        let outer = lock(&self.collecting).replace(Vec::new());
+        /// Puts back the collection around this one, however `f` ends.
+        struct Restore<'a> {
+            gpu: &'a Gpu,
+            outer: Option<Vec<Kernel>>,
+        }
+        impl Drop for Restore<'_> {
+            fn drop(&mut self) {
+                let mut slot = lock(&self.gpu.collecting);
+                *slot = self.outer.take();
+                self.gpu.collect_on.store(slot.is_some(), Ordering::Relaxed);
+            }
+        }
+        let restore = Restore {
+            gpu: self,
+            outer: lock(&self.collecting).replace(Vec::new()),
+        };
         self.collect_on.store(true, Ordering::Relaxed);
         let r = f();
-        let mut slot = lock(&self.collecting);
-        let kernels = slot.take().unwrap_or_default();
-        *slot = outer;
-        self.collect_on.store(slot.is_some(), Ordering::Relaxed);
+        let kernels = lock(&self.collecting).take().unwrap_or_default();
+        drop(restore);
         (r, kernels)
     }
 
     /// Compiles the kernels not compiled yet, on up to `threads` threads at
-    /// once, and says how many it compiled. A kernel that fails to compile
-    /// is reported as its dispatch would report it.
+    /// once, and says how many it compiled. Errors cannot be told apart
+    /// between threads, so where any compile fails none is kept and the
+    /// errors are dropped: each kernel then compiles at its dispatch, which
+    /// reports its own.
     pub fn precompile(&self, kernels: &[Kernel], threads: usize) -> usize {
         let todo: Vec<&Kernel> = {
             let cache = lock(&self.pipelines);
@@ -54,6 +71,13 @@ impl Gpu {
             }
             work();
         });
+        if self.take_errors().is_err() {
+            let mut cache = lock(&self.pipelines);
+            for k in &todo {
+                cache.remove(k.name.as_ref());
+            }
+            return 0;
+        }
         compiled.into_inner()
     }
 }

@@ -306,7 +306,7 @@ mod tests {
         all.sort_by_key(|t| (t.wx, t.wy, t.tm, t.tn));
         assert_eq!(sorted, all, "the same candidates, reordered");
         // Every tile of 128-row blocks comes after every tile that pads
-        // the product by less than a fifth more than the best.
+        // the product by at most a quarter more than the best.
         let best = c.iter().map(|t| inside_share(t, m, n)).fold(0.0, f64::max);
         let kept = |t: &TileConfig| inside_share(t, m, n) >= 0.8 * best;
         let first_dropped = c[1..].iter().position(|t| !kept(t)).unwrap() + 1;
