@@ -44,13 +44,7 @@ fn wgpu_paths(c: &mut Criterion) {
     };
     let mut g = c.benchmark_group("alloc_free_wgpu");
     for &size in SIZES {
-        let source = WgpuSource::new(
-            gpu.device.clone(),
-            gpu.buffer_piece,
-            None,
-            &gpu.info.name,
-            None,
-        );
+        let source = WgpuSource::of(&gpu);
         let mut a = CachingAllocator::new(source, AllocatorConfig::default());
         let warm = a.malloc(size, "warm").unwrap();
         a.free(warm.handle).unwrap();

@@ -100,13 +100,7 @@ fn strategies_run_on_wgpu_buffers_with_the_simulated_numbers() {
     // Expandable segments (and vramlab's granules under them) need page
     // mapping, which wgpu lacks: refused.
     for name in ["expandable", "vramlab"] {
-        let src = WgpuSource::new(
-            gpu.device.clone(),
-            gpu.buffer_piece,
-            None,
-            &gpu.info.name,
-            None,
-        );
+        let src = WgpuSource::of(&gpu);
         let mut s = online_on(name, src).unwrap();
         assert!(s.malloc(1 << 20, Category::Untagged).is_err(), "{name}");
         assert_eq!(s.reserved(), 0, "{name}");
@@ -115,13 +109,7 @@ fn strategies_run_on_wgpu_buffers_with_the_simulated_numbers() {
         .iter()
         .filter(|n| !matches!(**n, "planner" | "expandable" | "vramlab"))
     {
-        let src = WgpuSource::new(
-            gpu.device.clone(),
-            gpu.buffer_piece,
-            None,
-            &gpu.info.name,
-            None,
-        );
+        let src = WgpuSource::of(&gpu);
         let real = run(online_on(name, src).unwrap().as_mut(), &w);
         let sim = run(online(name, None).unwrap().as_mut(), &w);
         assert_eq!(real.peak_reserved_bytes, sim.peak_reserved_bytes, "{name}");

@@ -5,6 +5,7 @@
 //! sizes, rounding and statistics are PyTorch's on every adapter.
 
 use super::bind_groups::BindGroupCache;
+use super::gpu::Gpu;
 use super::segment_buffers::SegmentBuffers;
 use crate::memory::{SegmentId, SegmentSource, SourceError};
 use std::collections::HashMap;
@@ -27,6 +28,20 @@ impl WgpuSource {
     /// storage offset alignment). `capacity`: the device's memory, where it
     /// is known (a CPU adapter's is the host's); wgpu does not report a
     /// GPU's, so there the driver's out-of-memory error is the limit.
+    /// The source of `gpu`'s segments as its engine has it: buffers of the
+    /// device's piece, its memory as the limit (past a CPU adapter's, the
+    /// host's, out of memory rather than swapping), its bind groups told of
+    /// every release.
+    pub fn of(gpu: &Gpu) -> Self {
+        WgpuSource::new(
+            gpu.device.clone(),
+            gpu.buffer_piece,
+            gpu.device_memory(),
+            &gpu.info.name,
+            Some(gpu.bind_groups()),
+        )
+    }
+
     pub fn new(
         device: wgpu::Device,
         piece: u64,

@@ -92,16 +92,7 @@ impl Engine {
     /// `config`.
     pub fn new(options: &AdapterOptions, config: AllocatorConfig) -> Result<Engine, DeviceError> {
         let gpu = Gpu::new(options)?;
-        // Past a CPU adapter's memory (the host's): out of memory rather
-        // than swapping.
-        let capacity = gpu.device_memory();
-        let source = WgpuSource::new(
-            gpu.device.clone(),
-            gpu.buffer_piece,
-            capacity,
-            &gpu.info.name,
-            Some(gpu.bind_groups()),
-        );
+        let source = WgpuSource::of(&gpu);
         Ok(Self::with(Some(gpu), EngineSource::Wgpu(source), config))
     }
 
