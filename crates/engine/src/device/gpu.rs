@@ -22,6 +22,7 @@ use super::error::DeviceError;
 use super::flat::{ranges, Flat, Part};
 use super::grid::{grid_for, Workgroups};
 use super::segment_buffers::SegmentBuffers;
+use super::settings::word_setting;
 use super::timing::{DispatchTime, Timer, TimingSource};
 use super::windows::{pad, split, table_bytes, Window};
 use std::borrow::Cow;
@@ -256,35 +257,21 @@ fn submit_first_from_env() -> Result<usize, DeviceError> {
 pub const LIST_OPS_VAR: &str = "VRAMLAB_LIST_OPS";
 
 fn list_ops_from_env(cpu: bool) -> Result<bool, DeviceError> {
-    match std::env::var(LIST_OPS_VAR) {
-        Ok(v) if !v.trim().is_empty() => match v.trim() {
-            "auto" => Ok(!cpu),
-            "on" => Ok(true),
-            "off" => Ok(false),
-            _ => Err(DeviceError::Env {
-                var: LIST_OPS_VAR,
-                value: v,
-                expected: "auto (lists except on CPU adapters, the default), on or off",
-            }),
-        },
-        _ => Ok(!cpu),
-    }
+    let words = [("auto", !cpu), ("on", true), ("off", false)];
+    word_setting(LIST_OPS_VAR, &words, !cpu).map_err(|value| DeviceError::Env {
+        var: LIST_OPS_VAR,
+        value,
+        expected: "auto (lists except on CPU adapters, the default), on or off",
+    })
 }
 
 fn bind_group_cache_from_env() -> Result<bool, DeviceError> {
-    match std::env::var(BIND_GROUP_CACHE_VAR) {
-        Ok(v) if !v.trim().is_empty() => match v.trim() {
-            "0" => Ok(false),
-            "1" => Ok(true),
-            _ => Err(DeviceError::Env {
-                var: BIND_GROUP_CACHE_VAR,
-                value: v,
-                expected:
-                    "1 (reuse tensors' bind groups, the default) or 0 (create one per dispatch)",
-            }),
-        },
-        _ => Ok(true),
-    }
+    let words = [("0", false), ("1", true)];
+    word_setting(BIND_GROUP_CACHE_VAR, &words, true).map_err(|value| DeviceError::Env {
+        var: BIND_GROUP_CACHE_VAR,
+        value,
+        expected: "1 (reuse tensors' bind groups, the default) or 0 (create one per dispatch)",
+    })
 }
 
 /// One GPU: device, queue, limits, compiled pipelines, the open encoder.

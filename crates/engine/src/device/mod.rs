@@ -15,6 +15,7 @@ pub mod grid;
 pub mod host_memory;
 pub mod info;
 pub mod segment_buffers;
+pub mod settings;
 pub mod timing;
 pub mod windows;
 

@@ -13,6 +13,7 @@
 use super::tile::conv_defs;
 use super::{Gemm, MatView, MatmulParams, Oriented};
 use crate::device::compose::{Defs, Elem};
+use crate::device::settings::word_setting;
 use crate::device::{Kernel, Workgroups};
 use crate::ops::MAX_LOOP_ITERATIONS;
 use crate::tensor::{ConfigError, DType, Tensor, TensorError};
@@ -70,16 +71,11 @@ pub struct Staging {
 /// A `1`/`0` setting: `default` where unset, an error naming what it takes
 /// otherwise.
 fn on_off(var: &'static str, default: bool, expected: &'static str) -> Result<bool, ConfigError> {
-    match std::env::var(var).ok().as_deref().map(str::trim) {
-        None | Some("") => Ok(default),
-        Some("1") => Ok(true),
-        Some("0") => Ok(false),
-        Some(v) => Err(ConfigError::Env {
-            var,
-            value: v.to_string(),
-            expected,
-        }),
-    }
+    word_setting(var, &[("1", true), ("0", false)], default).map_err(|value| ConfigError::Env {
+        var,
+        value,
+        expected,
+    })
 }
 
 /// The staging from the environment: depth ([`DEPTH_VAR`]), interior
