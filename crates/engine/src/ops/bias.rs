@@ -55,8 +55,9 @@ fn params(t: &Tensor, channels: usize, inner: usize) -> Result<Params, TensorErr
     })
 }
 
-/// `t[o, c, i] += b[c]`, in place (t and b of one dtype).
-pub fn add_bias(t: &Tensor, b: &Tensor, channels: usize, inner: usize) -> Result<(), TensorError> {
+/// Whether `b` can be added to `t` along `channels`: one value a channel,
+/// of t's dtype.
+pub(crate) fn check_bias(t: &Tensor, b: &Tensor, channels: usize) -> Result<(), TensorError> {
     if b.numel() != channels {
         return Err(TensorError::ShapeMismatch {
             op: "bias",
@@ -64,7 +65,12 @@ pub fn add_bias(t: &Tensor, b: &Tensor, channels: usize, inner: usize) -> Result
             rhs: b.shape().to_vec(),
         });
     }
-    same_dtype("bias", t, b)?;
+    same_dtype("bias", t, b)
+}
+
+/// `t[o, c, i] += b[c]`, in place (t and b of one dtype).
+pub fn add_bias(t: &Tensor, b: &Tensor, channels: usize, inner: usize) -> Result<(), TensorError> {
+    check_bias(t, b, channels)?;
     let p = params(t, channels, inner)?;
     if inner >= 256 && !t.dtype().is_16bit() {
         let planes = p.outer as usize * channels;

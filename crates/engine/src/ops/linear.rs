@@ -1,7 +1,7 @@
 //! `linear(x, W, b) = x · Wᵀ + b` in PyTorch's layout (W `[out, in]`, b
 //! `[out]`), and its backward: `dx = dy · W`, `dW = dyᵀ · x`, `db = Σ_rows dy`.
 
-use super::bias::sum_channels;
+use super::bias::{check_bias, sum_channels};
 use super::matmul::{gemm, gemm_col_bias, Gemm, MatView, MatmulKernel};
 use crate::tensor::{Tensor, TensorError};
 
@@ -49,14 +49,7 @@ pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor, Tens
     match b {
         Some(b) => {
             // The bias pass's own checks, before any work.
-            if b.numel() != o {
-                return Err(TensorError::ShapeMismatch {
-                    op: "bias",
-                    lhs: y.shape().to_vec(),
-                    rhs: b.shape().to_vec(),
-                });
-            }
-            super::same_dtype("bias", &y, b)?;
+            check_bias(&y, b, o)?;
             gemm_col_bias(&g, x, w, &y, b, MatmulKernel::Tiled)?
         }
         None => gemm(&g, x, w, &y, MatmulKernel::Tiled)?,
