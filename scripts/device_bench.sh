@@ -46,10 +46,11 @@ if want tests; then
   step "kernel tests against f64 on this GPU"
   # The optimizers' list kernels against one parameter at a time, bit for
   # bit: a driver may contract a*b+c differently in two shader modules.
-  # And kernels compiled on several threads at once (the tuner's rounds).
+  # And kernels compiled on several threads at once (the tuner's rounds),
+  # and long sums of partials spread over threads against one thread each.
   VRAMLAB_EXPECT_TENSOR_CORES=1 timeout $(limit 90) .devbin/suite --test-threads 8 \
     matmul_coop matmul_family kernels:: pytorch_step::foreach_lists bind_groups:: \
-    matmul_tuning::kernels_collected matmul_tuning::a_failed 2>&1 |
+    matmul_tuning::kernels_collected matmul_tuning::a_failed ops_reductions::partials 2>&1 |
     grep -E "^test |test result|panicked|FAILED|failures" | tail -40
   for env in VRAMLAB_COOP_TILE=4x2,2x4 VRAMLAB_COOP_LOADS=wide VRAMLAB_COOP_LOADS=staged \
     "VRAMLAB_COOP_LOADS=wide VRAMLAB_COOP_TILE=4x2,2x4 VRAMLAB_COOP_STAGE_DEPTH=1" \

@@ -6,6 +6,11 @@
 // COL_BIAS (f32 out): then + bias[i % cols], a linear layer's bias added
 // where its split product is summed, as PyTorch's addmm adds it in the
 // product, rather than in a pass of its own.
+// SPREAD: the same additions in the same order, spread over more threads
+// for a long sum over few outputs (SimpleConvNet's fc: 128 partials of 640
+// outputs), where one thread an output leaves a GPU waiting on 128 loads in
+// turn: eight threads an output each add blocks of 8, and one adds the
+// blocks in order.
 struct Params {
     len: u32, count: u32, off: u32, accumulate: u32,
     start: u32, cols: u32, _p1: u32, _p2: u32,
@@ -23,6 +28,7 @@ struct Params {
 #endif
 #include prelude
 
+#if !SPREAD
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>,
         @builtin(num_workgroups) nwg: vec3<u32>,
@@ -48,6 +54,84 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     st_out(p.off + i, total);
 #endif
 }
+#else
+// Blocks a round: 64 blocks of the workgroup's 32 outputs in workgroup
+// memory (8 KiB), added in order before the next round overwrites them.
+const ROUND: u32 = 64u;
+var<workgroup> blocks: array<array<f32, 32>, 64>;
+#if PAIRS
+var<workgroup> totals: array<f32, 32>;
+#endif
+
+// Block b of output i: its (at most 8) partials added in turn from 0.0,
+// as total_at adds them.
+fn block_at(i: u32, b: u32) -> f32 {
+    var block = 0.0;
+    for (var zz = b * 8u; zz < min(b * 8u + 8u, p.count); zz++) {
+        block += ld_parts(p.start + zz * p.len + i);
+    }
+    return block;
+}
+
+// Workgroup w takes outputs 32w .. 32w + 31 (x); its 8 rows (y) each add
+// every 8th block of a round. Then row 0 adds the blocks in order: the full
+// ones into the total one by one, the last partial block (or 0.0) added at
+// the end, as total_at does, so the bits are the same.
+@compute @workgroup_size(32, 8)
+fn main(@builtin(workgroup_id) wid: vec3<u32>,
+        @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_id) lid: vec3<u32>) {
+    let i = (wid.x + wid.y * nwg.x + wid.z * nwg.x * nwg.y) * 32u + lid.x;
+    let live = i < p.len;
+    let nb = (p.count + 7u) / 8u;
+    let full = p.count / 8u;
+    var total = 0.0;
+    var tail = 0.0;
+    for (var r = 0u; r < nb; r += ROUND) {
+        for (var q = lid.y; q < ROUND; q += 8u) {
+            if (live && r + q < nb) {
+                blocks[q][lid.x] = block_at(i, r + q);
+            }
+        }
+        workgroupBarrier();
+        if (lid.y == 0u) {
+            for (var q = 0u; q < min(ROUND, nb - r); q++) {
+                if (r + q < full) {
+                    total += blocks[q][lid.x];
+                } else {
+                    tail = blocks[q][lid.x];
+                }
+            }
+        }
+        workgroupBarrier();
+    }
+    total += tail;
+#if PAIRS
+    // Packed 16-bit output (off even, 32w even): lane 2j writes the word of
+    // outputs 2j and 2j + 1, the second only inside len (st2).
+    if (lid.y == 0u) {
+        totals[lid.x] = total;
+    }
+    workgroupBarrier();
+    if (lid.y == 0u && live && (lid.x & 1u) == 0u) {
+        let i2 = min(i + 1u, p.len - 1u);
+        var v = vec2<f32>(total, totals[lid.x + i2 - i]);
+        if (p.accumulate != 0u) {
+            v += vec2<f32>(ld_out(p.off + i), ld_out(p.off + i2));
+        }
+        st2_out((p.off + i) / 2u, v, p.off + p.len);
+    }
+#else
+    if (lid.y == 0u && live) {
+        if (p.accumulate != 0u) { total += ld_out(p.off + i); }
+#if COL_BIAS
+        total += ld_bias(i % p.cols);
+#endif
+        st_out(p.off + i, total);
+    }
+#endif
+}
+#endif
 
 // Blocked too: partials are added in blocks of 8, then the blocks, so 128
 // partials (conv1's weight gradient over 64 samples × 2 splits) cost 16 + 8

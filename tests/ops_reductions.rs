@@ -224,3 +224,125 @@ fn residual_add_passes_the_gradient_to_both_inputs() {
     // y = a + a: both paths deliver g, so da = 2g.
     assert_eq!(da.to_vec().unwrap(), vec![1.0, -2.0, 4.0]);
 }
+
+#[test]
+fn partials_summed_spread_over_blocks_give_the_bits_of_one_thread_an_output() {
+    // Generated sums (long and short, offsets, accumulating or not, a
+    // column bias, 16-bit outputs): eight threads an output, adding blocks
+    // of 8 that one thread then adds in order, give the bits of one thread
+    // adding every partial in turn; both within 1e-4 of f64; nothing
+    // outside the output's range written. Auto spreads from 32 partials.
+    use vramlab::ops::cast::cast;
+    use vramlab::ops::partials::{sum_partials_spread, Spread};
+    use vramlab::tensor::DType;
+    let e = engine();
+    e.start_timing().expect("a GPU engine can time");
+    let mut rng = Rng::new(77);
+    let mut pick = |n: usize| (rng.next_u64() % n as u64) as usize;
+    let mut cases = vec![
+        (640, 128),
+        (864, 128),
+        (33, 520),
+        (1, 1),
+        (3, 0),
+        (70, 8),
+        (65, 31),
+    ];
+    for _ in 0..10 {
+        cases.push((1 + pick(300), pick(700)));
+    }
+    let mut rng = Rng::new(78);
+    for (case, &(len, count)) in cases.iter().enumerate() {
+        let dtype = [DType::F32, DType::F16, DType::Bf16][case % 3];
+        let wide = dtype == DType::F32;
+        let start = case % 5;
+        let off = 2 * (case % 4);
+        let accumulate = case % 2 == 1;
+        let with_bias = wide && case % 4 == 0;
+        let cols = 1 + case % 7;
+        let partials: Vec<f32> = rng.vec(start + count * len);
+        let before: Vec<f32> = rng.vec(off + len + 3);
+        let bias_v = rng.vec(cols);
+        let parts = Tensor::from_slice(&e, &partials, &[partials.len()], "parts").unwrap();
+        let bias = Tensor::from_slice(&e, &bias_v, &[cols], "bias").unwrap();
+        let what = format!("len {len}, count {count}, {dtype}, start {start}, off {off}, accumulate {accumulate}, bias {with_bias}");
+        let mut results = Vec::new();
+        for spread in [Spread::Outputs, Spread::Blocks, Spread::Auto] {
+            let out32 = Tensor::from_slice(&e, &before, &[before.len()], "out").unwrap();
+            let out = if wide {
+                out32
+            } else {
+                cast(&out32, dtype, "out").unwrap()
+            };
+            let initial = out.to_vec().unwrap();
+            e.take_dispatch_times().unwrap();
+            sum_partials_spread(
+                &parts,
+                &out,
+                start,
+                count,
+                len,
+                off,
+                accumulate,
+                with_bias.then_some(&bias),
+                spread,
+            )
+            .unwrap();
+            let (_, times) = e.take_dispatch_times().unwrap().unwrap();
+            let spread_ran = times.iter().any(|t| t.kernel.ends_with(" spread]"));
+            let want_spread = match spread {
+                Spread::Outputs => false,
+                Spread::Blocks => true,
+                Spread::Auto => count >= 32,
+            };
+            assert_eq!(spread_ran, want_spread, "{what}, {spread:?}: {times:?}");
+            let got = out.to_vec().unwrap();
+            // A packed 16-bit word is written whole: the half past the
+            // end shares its word with the last output.
+            let shared_half = !wide && (off + len) % 2 == 1;
+            let written = off..off + len + usize::from(shared_half);
+            for (j, (g, i)) in got.iter().zip(&initial).enumerate() {
+                if !written.contains(&j) {
+                    assert_eq!(g.to_bits(), i.to_bits(), "{what}, {spread:?}: {j} written");
+                }
+            }
+            let want: Vec<f64> = (0..len)
+                .map(|i| {
+                    let sum: f64 = (0..count)
+                        .map(|z| partials[start + z * len + i] as f64)
+                        .sum();
+                    sum + if accumulate {
+                        initial[off + i] as f64
+                    } else {
+                        0.0
+                    } + if with_bias {
+                        bias_v[i % cols] as f64
+                    } else {
+                        0.0
+                    }
+                })
+                .collect();
+            let tol = match dtype {
+                DType::F32 => TOL,
+                DType::F16 => 2f64.powi(-10),
+                _ => 2f64.powi(-7),
+            };
+            // Against f64 relative to the sum's scale (a sum of ±1 values
+            // can cancel to near zero).
+            let scale = (count as f64).sqrt().max(1.0);
+            for (i, w) in want.iter().enumerate() {
+                let err = (got[off + i] as f64 - w).abs() / w.abs().max(scale);
+                assert!(err < tol, "{what}, {spread:?}: output {i} err {err}");
+            }
+            results.push(got);
+        }
+        for r in &results[1..] {
+            assert!(
+                r.iter()
+                    .zip(&results[0])
+                    .all(|(p, q)| p.to_bits() == q.to_bits()),
+                "{what}: the spread sum changed bits"
+            );
+        }
+    }
+}

@@ -6,7 +6,7 @@
 //! blocked reduction.
 
 use crate::device::compose::{Defs, Elem};
-use crate::device::Kernel;
+use crate::device::{Kernel, Workgroups};
 use crate::tensor::{DType, Tensor, TensorError};
 
 const SOURCE: &str = include_str!("../../../../shaders/sum_partials.wgsl");
@@ -23,20 +23,43 @@ struct SumParams {
     _pad: [u32; 2],
 }
 
+/// Sums at least this long are spread over eight threads an output
+/// ([`Spread::Blocks`]): SimpleConvNet's fc forward and conv1's weight
+/// gradient (128 partials each), not conv2's summed batch (22 partials of
+/// 36,864 outputs, which fill a GPU one thread an output).
+const SPREAD_FROM: usize = 32;
+/// Outputs a spread workgroup takes (`shaders/sum_partials.wgsl`).
+const SPREAD_OUTPUTS: usize = 32;
+
+/// How a sum of partials is spread over threads. The additions and their
+/// order are the same either way, so are the bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Spread {
+    /// From the shape: [`Spread::Blocks`] for a sum of at least 32 partials.
+    Auto,
+    /// One thread an output, adding its partials in turn.
+    Outputs,
+    /// Eight threads an output, each adding blocks of 8 partials; one of
+    /// them then adds the blocks in order.
+    Blocks,
+}
+
 /// The kernel writing its output in `elem`, adding a bias per column with
-/// `col_bias` (f32 only).
-fn kernel(elem: Elem, col_bias: bool) -> Kernel {
+/// `col_bias` (f32 only), spread by blocks with `blocks`.
+fn kernel(elem: Elem, col_bias: bool, blocks: bool) -> Kernel {
     Kernel::variant(
         format!(
-            "sum_partials[{}{}]",
+            "sum_partials[{}{}{}]",
             elem.name(),
-            if col_bias { " +bias" } else { "" }
+            if col_bias { " +bias" } else { "" },
+            if blocks { " spread" } else { "" }
         ),
         SOURCE,
         "main",
         Defs::elem(elem)
             .with("PAIRS", elem.is_16bit() as u8)
-            .with("COL_BIAS", col_bias as u8),
+            .with("COL_BIAS", col_bias as u8)
+            .with("SPREAD", blocks as u8),
     )
 }
 
@@ -55,6 +78,38 @@ pub(crate) fn sum_partials(
     accumulate: bool,
     bias: Option<&Tensor>,
 ) -> Result<(), TensorError> {
+    sum_partials_spread(
+        parts,
+        out,
+        start,
+        count,
+        len,
+        off,
+        accumulate,
+        bias,
+        Spread::Auto,
+    )
+}
+
+/// [`sum_partials`] spread over threads as `spread` says (the bits do not
+/// depend on it; tests compare the two).
+#[allow(clippy::too_many_arguments)]
+pub fn sum_partials_spread(
+    parts: &Tensor,
+    out: &Tensor,
+    start: usize,
+    count: usize,
+    len: usize,
+    off: usize,
+    accumulate: bool,
+    bias: Option<&Tensor>,
+    spread: Spread,
+) -> Result<(), TensorError> {
+    let blocks = match spread {
+        Spread::Auto => count >= SPREAD_FROM,
+        Spread::Outputs => false,
+        Spread::Blocks => true,
+    };
     let params = SumParams {
         len: len as u32,
         count: count as u32,
@@ -72,12 +127,13 @@ pub(crate) fn sum_partials(
                 what: "a bias added where partials are summed needs f32 output and bias",
             });
         }
-        return super::launch(
+        return launch(
             parts,
-            &kernel(elem, true),
+            &kernel(elem, true, blocks),
             &[&parts.slice(), &out.slice(), &b.slice()],
-            bytemuck::bytes_of(&params),
+            &params,
             len,
+            blocks,
         );
     }
     if elem.is_16bit() && !off.is_multiple_of(2) {
@@ -86,16 +142,41 @@ pub(crate) fn sum_partials(
             offset: off,
         });
     }
-    let invocations = if elem.is_16bit() {
+    // One invocation a word where the output is 16-bit (unless spread,
+    // which takes outputs 32 a workgroup).
+    let n = if elem.is_16bit() && !blocks {
         len.div_ceil(2)
     } else {
         len
     };
-    super::launch(
+    launch(
         parts,
-        &kernel(elem, false),
+        &kernel(elem, false, blocks),
         &[&parts.slice(), &out.slice()],
-        bytemuck::bytes_of(&params),
-        invocations,
+        &params,
+        n,
+        blocks,
     )
+}
+
+/// One invocation an output (or word), or with `blocks` a workgroup for
+/// every 32 of the `n` outputs.
+fn launch(
+    parts: &Tensor,
+    kernel: &Kernel,
+    bindings: &[&crate::device::BufferSlice],
+    params: &SumParams,
+    n: usize,
+    blocks: bool,
+) -> Result<(), TensorError> {
+    if !blocks {
+        return super::launch(parts, kernel, bindings, bytemuck::bytes_of(params), n);
+    }
+    parts.engine().dispatch(
+        kernel,
+        bindings,
+        bytemuck::bytes_of(params),
+        Workgroups::Linear(n.div_ceil(SPREAD_OUTPUTS) as u64),
+    )?;
+    Ok(())
 }
