@@ -189,19 +189,26 @@ PY
 fi
 
 if want ab; then
-  step "SimpleConvNet batch 64: this build, the same with VRAMLAB_SUBMIT_FIRST=0, VRAMLAB_BIND_GROUP_CACHE=0 and VRAMLAB_LIST_OPS=off, the base build, in turn"
+  step "SimpleConvNet batch 64: this build, the same with VRAMLAB_SUBMIT_FIRST=0, VRAMLAB_BIND_GROUP_CACHE=0, VRAMLAB_LIST_OPS=off and 512-workgroup K splits, the base build, in turn"
   # Each build keeps its own tile cache (their cache versions may differ,
   # and each would retune over the other's), warmed up by one run first.
   # Base's mixed-precision rows are timed with the kernel timer on, this
   # build's with it off (untimed wall clock).
-  for bin in $V .devbin/vramlab-base; do
-    [ -x "$bin" ] && VRAMLAB_TUNE_CACHE=/tmp/tiles-$(basename $bin).json timeout $(limit 60) "$bin" bench \
+  # VRAMLAB_SPLIT_*: K split into 512 workgroups' worth of ranges of at
+  # least 128 (the fc forward's and conv1 weight gradient's chains of
+  # dependent slices 4x shorter); its split products are their own shape
+  # classes, tuned in the warm-up too.
+  SPLIT="VRAMLAB_SPLIT_GROUPS=512 VRAMLAB_SPLIT_MIN_K=128"
+  for warm in "$V" "$V $SPLIT" .devbin/vramlab-base; do
+    set -- $warm; bin=$1; shift
+    [ -x "$bin" ] && env "$@" VRAMLAB_TUNE_CACHE=/tmp/tiles-$(basename $bin).json timeout $(limit 60) "$bin" bench \
       --sizes 256 --models simple-cnn --batch 64 --reps 1 2>&1 | grep "tile tuning"
   done
   for i in 1 2 3; do
-    for run in new new-submit0 new-bg0 new-lists-off base; do
+    for run in new new-submit0 new-bg0 new-lists-off new-split512 base; do
       case $run in
         new) bin=$V; envs="" ;;
+        new-split512) bin=$V; envs="$SPLIT" ;;
         new-submit0) bin=$V; envs="VRAMLAB_SUBMIT_FIRST=0" ;;
         new-bg0) bin=$V; envs="VRAMLAB_BIND_GROUP_CACHE=0" ;;
         new-lists-off) bin=$V; envs="VRAMLAB_LIST_OPS=off" ;;

@@ -206,6 +206,12 @@ fn bad_settings_are_refused_with_what_they_take() {
         ("VRAMLAB_COOP_PREFETCH", "yes", "1 (read the next step"),
         ("VRAMLAB_COOP_BUFFERS", "3", "1 or 2 copies"),
         ("VRAMLAB_COOP_HALVES", "2", "two 8-byte loads of halves"),
+        ("VRAMLAB_SPLIT_GROUPS", "0", "a whole number of at least 1"),
+        (
+            "VRAMLAB_SPLIT_MIN_K",
+            "lots",
+            "a whole number of at least 1",
+        ),
     ] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
             .arg("info")

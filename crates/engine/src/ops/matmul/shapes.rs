@@ -9,6 +9,51 @@
 const TARGET_GROUPS: usize = 128;
 /// The shortest K range one split is given.
 const MIN_SPLIT_K: usize = 256;
+
+/// The workgroups a split aims at and the shortest K range of one split:
+/// [`TARGET_GROUPS`] and [`MIN_SPLIT_K`], or `VRAMLAB_SPLIT_GROUPS` and
+/// `VRAMLAB_SPLIT_MIN_K` where set, to time on a GPU whether shorter K
+/// ranges (a shorter chain of dependent slices) pay for more partials.
+/// Still shapes only: `estimate` reads the same values, so stays exact.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SplitTargets {
+    pub groups: usize,
+    pub min_k: usize,
+}
+
+impl SplitTargets {
+    /// The environment's values, or an error naming the one that is not a
+    /// whole number of at least 1.
+    pub fn from_env() -> Result<SplitTargets, crate::tensor::ConfigError> {
+        let number = |var: &'static str, default: usize| match std::env::var(var) {
+            Ok(v) if !v.trim().is_empty() => match v.trim().parse::<usize>() {
+                Ok(n) if n >= 1 => Ok(n),
+                _ => Err(crate::tensor::ConfigError::Env {
+                    var,
+                    value: v,
+                    expected: "a whole number of at least 1",
+                }),
+            },
+            _ => Ok(default),
+        };
+        Ok(SplitTargets {
+            groups: number("VRAMLAB_SPLIT_GROUPS", TARGET_GROUPS)?,
+            min_k: number("VRAMLAB_SPLIT_MIN_K", MIN_SPLIT_K)?,
+        })
+    }
+
+    /// Read once a process (the CLI refuses bad values first; a library
+    /// user's bad value gives the defaults).
+    fn get() -> SplitTargets {
+        static TARGETS: std::sync::OnceLock<SplitTargets> = std::sync::OnceLock::new();
+        *TARGETS.get_or_init(|| {
+            SplitTargets::from_env().unwrap_or(SplitTargets {
+                groups: TARGET_GROUPS,
+                min_k: MIN_SPLIT_K,
+            })
+        })
+    }
+}
 /// The most workspace one batch of partial products may take; a larger
 /// reduced batch is done in groups that accumulate.
 const MAX_PARTIALS_BYTES: usize = 4 << 20;
@@ -246,10 +291,11 @@ pub fn plan_split(g: &Gemm) -> Split {
     let tiles = g.m.div_ceil(64) * g.n.div_ceil(64);
     let loop_cap = crate::ops::MAX_LOOP_ITERATIONS;
     let mut splits = 1;
+    let target = SplitTargets::get();
     // Every batch entry is its own set of workgroups, reduced or not.
-    if tiles * g.batch < TARGET_GROUPS {
-        let want = TARGET_GROUPS.div_ceil(tiles * g.batch.max(1));
-        splits = want.min(g.k / MIN_SPLIT_K).max(1);
+    if tiles * g.batch < target.groups {
+        let want = target.groups.div_ceil(tiles * g.batch.max(1));
+        splits = want.min(g.k / target.min_k).max(1);
     }
     // llvmpipe ends a loop after 65,535 iterations: bound each split's K.
     splits = splits.max(g.k.div_ceil(loop_cap));

@@ -63,6 +63,7 @@ pub fn check_env() -> Result<(), ConfigError> {
     super::tile_family_forced()?;
     super::coop::CoopTile::from_env()?;
     super::coop::staging_from_env()?;
+    super::shapes::SplitTargets::from_env()?;
     Settings::from_env().map(|_| ())
 }
 
