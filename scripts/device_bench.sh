@@ -196,26 +196,29 @@ if want ab; then
   # build's with it off (untimed wall clock).
   # VRAMLAB_SPLIT_*: K split into 512 workgroups' worth of ranges of at
   # least 128 (the fc forward's and conv1 weight gradient's chains of
-  # dependent slices 4x shorter); its split products are their own shape
-  # classes, tuned in the warm-up too.
+  # dependent slices 4x shorter). A tile class does not name its split, so
+  # that run keeps a tile cache of its own, tuned for its K ranges in the
+  # warm-up.
   SPLIT="VRAMLAB_SPLIT_GROUPS=512 VRAMLAB_SPLIT_MIN_K=128"
-  for warm in "$V" "$V $SPLIT" .devbin/vramlab-base; do
-    set -- $warm; bin=$1; shift
-    [ -x "$bin" ] && env "$@" VRAMLAB_TUNE_CACHE=/tmp/tiles-$(basename $bin).json timeout $(limit 60) "$bin" bench \
+  for warm in "$V /tmp/tiles-vramlab.json" "$V /tmp/tiles-split.json $SPLIT" \
+    ".devbin/vramlab-base /tmp/tiles-base.json"; do
+    set -- $warm; bin=$1; cache=$2; shift 2
+    [ -x "$bin" ] && env "$@" VRAMLAB_TUNE_CACHE=$cache timeout $(limit 60) "$bin" bench \
       --sizes 256 --models simple-cnn --batch 64 --reps 1 2>&1 | grep "tile tuning"
   done
   for i in 1 2 3; do
     for run in new new-submit0 new-bg0 new-lists-off new-split512 base; do
+      cache=/tmp/tiles-vramlab.json
       case $run in
         new) bin=$V; envs="" ;;
-        new-split512) bin=$V; envs="$SPLIT" ;;
+        new-split512) bin=$V; envs="$SPLIT"; cache=/tmp/tiles-split.json ;;
         new-submit0) bin=$V; envs="VRAMLAB_SUBMIT_FIRST=0" ;;
         new-bg0) bin=$V; envs="VRAMLAB_BIND_GROUP_CACHE=0" ;;
         new-lists-off) bin=$V; envs="VRAMLAB_LIST_OPS=off" ;;
-        base) bin=.devbin/vramlab-base; envs="" ;;
+        base) bin=.devbin/vramlab-base; envs=""; cache=/tmp/tiles-base.json ;;
       esac
       [ -x "$bin" ] || { echo "$run: $bin missing"; continue; }
-      env $envs VRAMLAB_TUNE_CACHE=/tmp/tiles-$(basename $bin).json timeout $(limit 45) "$bin" bench \
+      env $envs VRAMLAB_TUNE_CACHE=$cache timeout $(limit 45) "$bin" bench \
         --sizes 256 --models simple-cnn --batch 64 --reps 20 --json \
         > "$OUT/ab_${run}_$i.json" 2> /dev/null
       python3 - "$OUT/ab_${run}_$i.json" "$run" <<'PY'

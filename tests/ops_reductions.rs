@@ -239,14 +239,23 @@ fn partials_summed_spread_over_blocks_give_the_bits_of_one_thread_an_output() {
     e.start_timing().expect("a GPU engine can time");
     let mut rng = Rng::new(77);
     let mut pick = |n: usize| (rng.next_u64() % n as u64) as usize;
+    // Case i runs in f32 where i % 3 == 0: among those, sums of several
+    // rounds (512 partials a round) with a partial last block, and one of
+    // exactly one round.
     let mut cases = vec![
         (640, 128),
         (864, 128),
         (33, 520),
+        (40, 1029),
         (1, 1),
         (3, 0),
         (70, 8),
         (65, 31),
+        (9, 7),
+        (5, 513),
+        (7, 600),
+        (11, 40),
+        (6, 512),
     ];
     for _ in 0..10 {
         cases.push((1 + pick(300), pick(700)));
@@ -260,7 +269,8 @@ fn partials_summed_spread_over_blocks_give_the_bits_of_one_thread_an_output() {
         let accumulate = case % 2 == 1;
         let with_bias = wide && case % 4 == 0;
         let cols = 1 + case % 7;
-        let partials: Vec<f32> = rng.vec(start + count * len);
+        // One more than read, so an empty sum still binds a buffer.
+        let partials: Vec<f32> = rng.vec(start + count * len + 1);
         let before: Vec<f32> = rng.vec(off + len + 3);
         let bias_v = rng.vec(cols);
         let parts = Tensor::from_slice(&e, &partials, &[partials.len()], "parts").unwrap();

@@ -25,35 +25,38 @@ impl SplitTargets {
     /// The environment's values, or an error naming the one that is not a
     /// whole number of at least 1.
     pub fn from_env() -> Result<SplitTargets, crate::tensor::ConfigError> {
-        let number = |var: &'static str, default: usize| match std::env::var(var) {
-            Ok(v) if !v.trim().is_empty() => match v.trim().parse::<usize>() {
-                Ok(n) if n >= 1 => Ok(n),
-                _ => Err(crate::tensor::ConfigError::Env {
-                    var,
-                    value: v,
-                    expected: "a whole number of at least 1",
-                }),
-            },
-            _ => Ok(default),
-        };
         Ok(SplitTargets {
-            groups: number("VRAMLAB_SPLIT_GROUPS", TARGET_GROUPS)?,
-            min_k: number("VRAMLAB_SPLIT_MIN_K", MIN_SPLIT_K)?,
+            groups: setting("VRAMLAB_SPLIT_GROUPS", TARGET_GROUPS)?,
+            min_k: setting("VRAMLAB_SPLIT_MIN_K", MIN_SPLIT_K)?,
         })
     }
 
-    /// Read once a process (the CLI refuses bad values first; a library
-    /// user's bad value gives the defaults).
+    /// Read once a process (the CLI refuses bad values first; for a
+    /// library user a bad value is that one setting's default).
     fn get() -> SplitTargets {
         static TARGETS: std::sync::OnceLock<SplitTargets> = std::sync::OnceLock::new();
-        *TARGETS.get_or_init(|| {
-            SplitTargets::from_env().unwrap_or(SplitTargets {
-                groups: TARGET_GROUPS,
-                min_k: MIN_SPLIT_K,
-            })
+        *TARGETS.get_or_init(|| SplitTargets {
+            groups: setting("VRAMLAB_SPLIT_GROUPS", TARGET_GROUPS).unwrap_or(TARGET_GROUPS),
+            min_k: setting("VRAMLAB_SPLIT_MIN_K", MIN_SPLIT_K).unwrap_or(MIN_SPLIT_K),
         })
     }
 }
+
+/// `var` as a whole number of at least 1, `default` where unset or blank.
+fn setting(var: &'static str, default: usize) -> Result<usize, crate::tensor::ConfigError> {
+    match std::env::var(var) {
+        Ok(v) if !v.trim().is_empty() => match v.trim().parse::<usize>() {
+            Ok(n) if n >= 1 => Ok(n),
+            _ => Err(crate::tensor::ConfigError::Env {
+                var,
+                value: v,
+                expected: "a whole number of at least 1",
+            }),
+        },
+        _ => Ok(default),
+    }
+}
+
 /// The most workspace one batch of partial products may take; a larger
 /// reduced batch is done in groups that accumulate.
 const MAX_PARTIALS_BYTES: usize = 4 << 20;
