@@ -217,3 +217,44 @@ fn long_reductions_survive_llvmpipes_loop_limit() {
     let want = x.iter().map(|&v| v as f64).sum::<f64>() / x.len() as f64;
     assert!((mean[0] as f64 - want).abs() < 1e-5, "{mean:?} vs {want}");
 }
+
+#[test]
+fn channel_sums_match_f64_whatever_share_of_positions_a_workgroup_takes() {
+    // Generated shapes from one channel over many positions to many
+    // channels over few: a workgroup takes from 2,048 to 16,384 positions
+    // of a channel, as many as give about 1,024 workgroups, so both bounds
+    // and the range between them are crossed, with a partial last group.
+    let e = engine();
+    let mut rng = Rng::new(61);
+    let mut pick = |lo: usize, hi: usize| lo + (rng.next_u64() % (hi - lo + 1) as u64) as usize;
+    let mut shapes = vec![(64, 128, 784), (1, 1, 300_001), (7, 3, 9_999), (2, 500, 17)];
+    for _ in 0..8 {
+        let ch = pick(1, 300);
+        let inner = pick(1, 4_000);
+        let outer = pick(1, (1_500_000 / (ch * inner)).max(1));
+        shapes.push((outer, ch, inner));
+    }
+    let mut rng = Rng::new(62);
+    for (outer, ch, inner) in shapes {
+        let x = rng.vec(outer * ch * inner);
+        let t = Tensor::from_slice(&e, &x, &[outer, ch, inner], "x").unwrap();
+        let sums = vramlab::ops::bias::sum_channels(&t, ch, inner, "s")
+            .unwrap()
+            .to_vec()
+            .unwrap();
+        let want: Vec<f64> = (0..ch)
+            .map(|c| {
+                (0..outer)
+                    .flat_map(|o| (0..inner).map(move |i| (o, i)))
+                    .map(|(o, i)| x[(o * ch + c) * inner + i] as f64)
+                    .sum::<f64>()
+            })
+            .collect();
+        // Relative to the sum's scale: uniform ±1 values cancel.
+        let scale = ((outer * inner) as f64).sqrt();
+        for (c, (g, w)) in sums.iter().zip(&want).enumerate() {
+            let err = (*g as f64 - w).abs() / w.abs().max(scale);
+            assert!(err < TOL, "{outer}×{ch}×{inner}: channel {c}: {g} vs {w}");
+        }
+    }
+}

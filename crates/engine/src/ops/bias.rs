@@ -12,9 +12,24 @@ use crate::tensor::{DType, Tensor, TensorError};
 const SOURCE: &str = include_str!("../../../../shaders/bias.wgsl");
 const CHANNEL_SUM: &str = include_str!("../../../../shaders/channel_sum.wgsl");
 
-/// Positions one channel-sum workgroup takes: 256 threads × 64, the block
-/// length of the blocked summation.
+/// The most positions one channel-sum workgroup takes: 256 threads × 64,
+/// the block length of the blocked summation.
 const PER_GROUP: usize = 256 * 64;
+/// The fewest it takes: 256 threads × 8.
+const MIN_PER_GROUP: usize = 256 * 8;
+/// Workgroups a channel sum aims at, between those bounds. Few channels
+/// over many positions (SimpleConvNet's conv2 bias: 128 channels, 4
+/// groups) left each thread 49 loads in a row and a GPU mostly waiting.
+const TARGET_WORKGROUPS: usize = 1024;
+
+/// Positions a workgroup of a channel sum takes: shapes only, so the
+/// workspace is the same on every adapter.
+fn per_group(total: usize, channels: usize) -> usize {
+    total
+        .div_ceil(TARGET_WORKGROUPS.div_ceil(channels.max(1)))
+        .next_multiple_of(256)
+        .clamp(MIN_PER_GROUP, PER_GROUP)
+}
 
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
@@ -143,7 +158,8 @@ pub(crate) fn channel_sums(
     // From the shape, not the kernel's u32 parameters: a simulated device
     // sizes the workspace of tensors past 2^32 elements too.
     let total = t.numel() / channels;
-    let groups = total.div_ceil(PER_GROUP).max(1);
+    let per_group = per_group(total, channels);
+    let groups = total.div_ceil(per_group).max(1);
     // Stage one: a partial sum per (group of positions, channel), in a
     // workspace; stage two adds the groups up in order.
     let parts = Tensor::empty_as(
@@ -158,7 +174,7 @@ pub(crate) fn channel_sums(
         channels: p.channels,
         inner: p.inner,
         total: total as u32,
-        per_group: PER_GROUP as u32,
+        per_group: per_group as u32,
         groups: groups as u32,
         _pad: [0; 2],
     };
