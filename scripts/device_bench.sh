@@ -231,7 +231,9 @@ print(f"{sys.argv[2]:<12} untimed {m['untimed_seconds_median'] * 1e3:.2f} ms  de
       f"  host {m['host_seconds_median'] * 1e3:.2f} ms  dispatches {m['device_time']['dispatches']}"
       f"  amp f16 {amp.get('amp f16', 0):.2f}x f32  amp bf16 {amp.get('amp bf16', 0):.2f}x"
       f"  record {o['record_micros']:.2f} us/dispatch")
-for k in m["device_time"]["kernels"][:4]:
+ks = m["device_time"]["kernels"]
+# The four longest, then the reductions' second stages and channel sums.
+for k in ks[:4] + [k for k in ks[4:] if k["name"].startswith(("sum_partials", "channel_sum"))]:
     print(f"    {k['seconds'] * 1e3:.3f} ms x{k['calls']} {k['name'][:110]}")
 PY
     done
