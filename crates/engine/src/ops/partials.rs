@@ -25,8 +25,8 @@ struct SumParams {
 
 /// Sums at least this long are spread over eight threads an output
 /// ([`Spread::Blocks`]): SimpleConvNet's fc forward and conv1's weight
-/// gradient (128 partials each), not conv2's summed batch (22 partials of
-/// 36,864 outputs, which fill a GPU one thread an output).
+/// gradient (128 partials each), not conv2's summed batch (13 partials of
+/// 73,728 outputs, which fill a GPU one thread an output).
 const SPREAD_FROM: usize = 32;
 /// Outputs a spread workgroup takes (`shaders/sum_partials.wgsl`).
 const SPREAD_OUTPUTS: usize = 32;
