@@ -38,20 +38,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     let w = flat_index(wid, nwg, lidx);
     let i = 2u * w;
     if (i >= p.len) { return; }
-    var v = vec2<f32>(total_at(i), total_at(min(i + 1u, p.len - 1u)));
-    if (p.accumulate != 0u) {
-        v += vec2<f32>(ld_out(p.off + i), ld_out(p.off + min(i + 1u, p.len - 1u)));
-    }
-    st2_out((p.off + i) / 2u, v, p.off + p.len);
+    let i2 = min(i + 1u, p.len - 1u);
+    finish2(i, i2, vec2<f32>(total_at(i), total_at(i2)));
 #else
     let i = flat_index(wid, nwg, lidx);
     if (i >= p.len) { return; }
-    var total = total_at(i);
-    if (p.accumulate != 0u) { total += ld_out(p.off + i); }
-#if COL_BIAS
-    total += ld_bias(i % p.cols);
-#endif
-    st_out(p.off + i, total);
+    finish(i, total_at(i));
 #endif
 }
 #else
@@ -115,21 +107,34 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     workgroupBarrier();
     if (lid.y == 0u && live && (lid.x & 1u) == 0u) {
         let i2 = min(i + 1u, p.len - 1u);
-        var v = vec2<f32>(total, totals[lid.x + i2 - i]);
-        if (p.accumulate != 0u) {
-            v += vec2<f32>(ld_out(p.off + i), ld_out(p.off + i2));
-        }
-        st2_out((p.off + i) / 2u, v, p.off + p.len);
+        finish2(i, i2, vec2<f32>(total, totals[lid.x + i2 - i]));
     }
 #else
     if (lid.y == 0u && live) {
-        if (p.accumulate != 0u) { total += ld_out(p.off + i); }
-#if COL_BIAS
-        total += ld_bias(i % p.cols);
-#endif
-        st_out(p.off + i, total);
+        finish(i, total);
     }
 #endif
+}
+#endif
+
+// How both ways end: what the output held (accumulate), the column's
+// bias, the store; packed 16-bit outputs a word (outputs i and i2) at once.
+#if PAIRS
+fn finish2(i: u32, i2: u32, sums: vec2<f32>) {
+    var v = sums;
+    if (p.accumulate != 0u) {
+        v += vec2<f32>(ld_out(p.off + i), ld_out(p.off + i2));
+    }
+    st2_out((p.off + i) / 2u, v, p.off + p.len);
+}
+#else
+fn finish(i: u32, sum: f32) {
+    var total = sum;
+    if (p.accumulate != 0u) { total += ld_out(p.off + i); }
+#if COL_BIAS
+    total += ld_bias(i % p.cols);
+#endif
+    st_out(p.off + i, total);
 }
 #endif
 

@@ -199,20 +199,9 @@ fn long_reductions_survive_llvmpipes_loop_limit() {
     // Channel sums over 3 x 2 x 70,001 positions, and a mean over 140,002.
     let (outer, ch, inner) = (3, 2, 70_001);
     let x = rng.vec(outer * ch * inner);
-    let t = Tensor::from_slice(&e, &x, &[outer, ch, inner], "x").unwrap();
-    let sums = vramlab::ops::bias::sum_channels(&t, ch, inner, "s")
-        .unwrap()
-        .to_vec()
-        .unwrap();
-    let want: Vec<f64> = (0..ch)
-        .map(|c| {
-            (0..outer)
-                .flat_map(|o| (0..inner).map(move |i| (o, i)))
-                .map(|(o, i)| x[(o * ch + c) * inner + i] as f64)
-                .sum::<f64>()
-        })
-        .collect();
+    let (sums, want) = channel_sums(&e, &x, outer, ch, inner);
     assert!(max_rel_err(&sums, &want) < TOL, "{sums:?} vs {want:?}");
+    let t = Tensor::from_slice(&e, &x, &[outer, ch, inner], "x").unwrap();
     let mean = vramlab::ops::mean::mean(&t, "m").unwrap().to_vec().unwrap();
     let want = x.iter().map(|&v| v as f64).sum::<f64>() / x.len() as f64;
     assert!((mean[0] as f64 - want).abs() < 1e-5, "{mean:?} vs {want}");
@@ -237,19 +226,7 @@ fn channel_sums_match_f64_whatever_share_of_positions_a_workgroup_takes() {
     let mut rng = Rng::new(62);
     for (outer, ch, inner) in shapes {
         let x = rng.vec(outer * ch * inner);
-        let t = Tensor::from_slice(&e, &x, &[outer, ch, inner], "x").unwrap();
-        let sums = vramlab::ops::bias::sum_channels(&t, ch, inner, "s")
-            .unwrap()
-            .to_vec()
-            .unwrap();
-        let want: Vec<f64> = (0..ch)
-            .map(|c| {
-                (0..outer)
-                    .flat_map(|o| (0..inner).map(move |i| (o, i)))
-                    .map(|(o, i)| x[(o * ch + c) * inner + i] as f64)
-                    .sum::<f64>()
-            })
-            .collect();
+        let (sums, want) = channel_sums(&e, &x, outer, ch, inner);
         // Relative to the sum's scale: uniform ±1 values cancel.
         let scale = ((outer * inner) as f64).sqrt();
         for (c, (g, w)) in sums.iter().zip(&want).enumerate() {
@@ -257,4 +234,29 @@ fn channel_sums_match_f64_whatever_share_of_positions_a_workgroup_takes() {
             assert!(err < TOL, "{outer}×{ch}×{inner}: channel {c}: {g} vs {w}");
         }
     }
+}
+
+/// Σ over outer and inner of x viewed as `[outer, ch, inner]`, per
+/// channel: `sum_channels` on the GPU, and in f64.
+fn channel_sums(
+    e: &vramlab::tensor::Engine,
+    x: &[f32],
+    outer: usize,
+    ch: usize,
+    inner: usize,
+) -> (Vec<f32>, Vec<f64>) {
+    let t = Tensor::from_slice(e, x, &[outer, ch, inner], "x").unwrap();
+    let sums = vramlab::ops::bias::sum_channels(&t, ch, inner, "s")
+        .unwrap()
+        .to_vec()
+        .unwrap();
+    let want = (0..ch)
+        .map(|c| {
+            (0..outer)
+                .flat_map(|o| (0..inner).map(move |i| (o, i)))
+                .map(|(o, i)| x[(o * ch + c) * inner + i] as f64)
+                .sum::<f64>()
+        })
+        .collect();
+    (sums, want)
 }

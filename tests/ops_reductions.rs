@@ -233,7 +233,7 @@ fn partials_summed_spread_over_blocks_give_the_bits_of_one_thread_an_output() {
     // adding every partial in turn; both within 1e-4 of f64; nothing
     // outside the output's range written. Auto spreads from 32 partials.
     use vramlab::ops::cast::cast;
-    use vramlab::ops::partials::{sum_partials_spread, Spread};
+    use vramlab::ops::partials::{sum_partials, Spread};
     use vramlab::tensor::DType;
     let e = engine();
     e.start_timing().expect("a GPU engine can time");
@@ -286,7 +286,7 @@ fn partials_summed_spread_over_blocks_give_the_bits_of_one_thread_an_output() {
             };
             let initial = out.to_vec().unwrap();
             e.take_dispatch_times().unwrap();
-            sum_partials_spread(
+            sum_partials(
                 &parts,
                 &out,
                 start,

@@ -8,7 +8,7 @@
 //! (the two vectors as one `[2, C]` tensor: the same bytes).
 
 use super::bias::{channel_sums, sum_channels_into, Centre};
-use super::partials::sum_partials;
+use super::partials::{sum_partials, Spread};
 use super::{check_u32, launch};
 use crate::device::Kernel;
 use crate::tensor::{DType, Tensor, TensorError};
@@ -171,7 +171,7 @@ pub fn batchnorm_backward(
         c,
     )?;
     let db = Tensor::empty(e, &[c], DType::F32, "batchnorm.grad_bias")?;
-    sum_partials(&sums, &db, 0, 1, c, 0, false, None)?;
+    sum_partials(&sums, &db, 0, 1, c, 0, false, None, Spread::Auto)?;
     let dx = if need_dx {
         let dx = Tensor::empty(e, x.shape(), DType::F32, "batchnorm.grad_input")?;
         launch(

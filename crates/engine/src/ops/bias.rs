@@ -2,7 +2,7 @@
 //! (conv: `[N, O, H·W]`, linear: `[N, O, 1]`): add it in place in forward, sum
 //! over the other axes for its gradient.
 
-use super::partials::sum_partials;
+use super::partials::{sum_partials, Spread};
 use super::{launch_pairs, plane_grid, same_dtype, typed_kernel};
 use crate::device::compose::Defs;
 use crate::device::Kernel;
@@ -197,5 +197,15 @@ pub(crate) fn channel_sums(
         bytemuck::bytes_of(&sp),
         crate::device::Workgroups::Linear((groups * channels) as u64),
     )?;
-    sum_partials(&parts, out, 0, groups, channels, off, false, None)
+    sum_partials(
+        &parts,
+        out,
+        0,
+        groups,
+        channels,
+        off,
+        false,
+        None,
+        Spread::Auto,
+    )
 }

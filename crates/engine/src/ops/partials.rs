@@ -66,35 +66,11 @@ fn kernel(elem: Elem, col_bias: bool, blocks: bool) -> Kernel {
 /// `out[off + i] (+)= Σ_z parts[start + z·len + i]` for i < len, z < count,
 /// then `+ bias[i % bias.numel()]` where a bias is given (f32 out and bias):
 /// each output its sum plus its column's bias, the bits a pass adding the
-/// bias afterwards gives.
+/// bias afterwards gives. `spread` says how the sum is spread over threads
+/// ([`Spread::Auto`] but in tests, which compare the ways: the bits do not
+/// depend on it).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn sum_partials(
-    parts: &Tensor,
-    out: &Tensor,
-    start: usize,
-    count: usize,
-    len: usize,
-    off: usize,
-    accumulate: bool,
-    bias: Option<&Tensor>,
-) -> Result<(), TensorError> {
-    sum_partials_spread(
-        parts,
-        out,
-        start,
-        count,
-        len,
-        off,
-        accumulate,
-        bias,
-        Spread::Auto,
-    )
-}
-
-/// [`sum_partials`] spread over threads as `spread` says (the bits do not
-/// depend on it; tests compare the two).
-#[allow(clippy::too_many_arguments)]
-pub fn sum_partials_spread(
+pub fn sum_partials(
     parts: &Tensor,
     out: &Tensor,
     start: usize,

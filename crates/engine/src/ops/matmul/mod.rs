@@ -31,7 +31,7 @@ pub use shapes::{plan_split, ConvGeometry, Gemm, GemmShape, MatView, ShapeClass,
 use tile::conv_defs;
 pub use tile::{TileConfig, Variant, Vec4Io, ROWS_OUTER_MAX_B};
 
-use super::partials::sum_partials;
+use super::partials::{sum_partials, Spread};
 use crate::device::compose::Elem;
 use crate::memory::Category;
 use crate::tensor::{DType, Tensor, TensorError};
@@ -503,6 +503,7 @@ fn gemm_biased(
             g.c_offset,
             g.accumulate,
             None,
+            Spread::Auto,
         )?;
     } else {
         for b0 in (0..g.batch).step_by(split.group) {
@@ -519,6 +520,7 @@ fn gemm_biased(
                     g.c_offset,
                     g.accumulate || b0 > 0,
                     None,
+                    Spread::Auto,
                 )?;
             } else {
                 for e in 0..nb {
@@ -531,6 +533,7 @@ fn gemm_biased(
                         g.c_offset + (b0 + e) * g.c_batch_stride,
                         g.accumulate,
                         col_bias,
+                        Spread::Auto,
                     )?;
                 }
             }
