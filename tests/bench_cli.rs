@@ -182,6 +182,44 @@ fn bench_refuses_bad_flags_before_measuring() {
     assert!(out.stdout.is_empty(), "nothing measured before the error");
 }
 
+/// `bench --json` names the split settings a run used, so that runs timed
+/// with other values (scripts/device_bench.sh's `ab`) tell themselves apart.
+#[test]
+fn bench_names_the_split_settings_it_ran_with() {
+    let run = |groups: Option<&str>| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"));
+        cmd.args([
+            "bench",
+            "--sizes",
+            "16",
+            "--models",
+            "none",
+            "--reps",
+            "1",
+            "--no-precision",
+            "--json",
+        ])
+        .env_remove("VRAMLAB_SPLIT_GROUPS")
+        .env_remove("VRAMLAB_SPLIT_MIN_K");
+        if let Some(g) = groups {
+            cmd.env("VRAMLAB_SPLIT_GROUPS", g);
+        }
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        r["split"].clone()
+    };
+    assert_eq!(run(None), serde_json::json!({"groups": 128, "min_k": 256}));
+    assert_eq!(
+        run(Some("512")),
+        serde_json::json!({"groups": 512, "min_k": 256})
+    );
+}
+
 /// Every setting read from the environment refuses a value it does not
 /// take, before any work, and says what it takes.
 #[test]

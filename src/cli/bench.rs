@@ -161,6 +161,9 @@ struct BenchReport {
     /// `crates/engine/src/ops/matmul/tune.rs`): classes tuned, tiles timed, classes read
     /// from the cache file, and each class's tile.
     tuning: crate::ops::matmul::tune::Stats,
+    /// How far K is split (`VRAMLAB_SPLIT_GROUPS`, `VRAMLAB_SPLIT_MIN_K`),
+    /// so runs with other values tell themselves apart.
+    split: crate::ops::matmul::SplitTargets,
 }
 
 /// What the host spends per kernel dispatch: `count` one-element fills
@@ -615,6 +618,7 @@ fn start_report(ctx: &Ctx) -> anyhow::Result<BenchReport> {
         precision: Vec::new(),
         tune: Vec::new(),
         tuning: Default::default(),
+        split: crate::ops::matmul::SplitTargets::in_effect(),
     };
     let o = &report.dispatch_overhead;
     ctx.say(format!(

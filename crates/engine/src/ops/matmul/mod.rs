@@ -27,7 +27,9 @@ pub mod tune;
 
 use dispatch::{dispatch, Bias};
 pub(crate) use dispatch::{MatmulParams, Oriented};
-pub use shapes::{plan_split, ConvGeometry, Gemm, GemmShape, MatView, ShapeClass, Split};
+pub use shapes::{
+    plan_split, ConvGeometry, Gemm, GemmShape, MatView, ShapeClass, Split, SplitTargets,
+};
 use tile::conv_defs;
 pub use tile::{TileConfig, Variant, Vec4Io, ROWS_OUTER_MAX_B};
 

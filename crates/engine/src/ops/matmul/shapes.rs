@@ -15,7 +15,7 @@ const MIN_SPLIT_K: usize = 256;
 /// `VRAMLAB_SPLIT_MIN_K` where set, to time on a GPU whether shorter K
 /// ranges (a shorter chain of dependent slices) pay for more partials.
 /// Still shapes only: `estimate` reads the same values, so stays exact.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct SplitTargets {
     pub groups: usize,
     pub min_k: usize,
@@ -31,9 +31,10 @@ impl SplitTargets {
         })
     }
 
-    /// Read once a process (the CLI refuses bad values first; for a
-    /// library user a bad value is that one setting's default).
-    fn get() -> SplitTargets {
+    /// The values in effect, read once a process (the CLI refuses bad
+    /// values first; for a library user a bad value is that one setting's
+    /// default).
+    pub fn in_effect() -> SplitTargets {
         static TARGETS: std::sync::OnceLock<SplitTargets> = std::sync::OnceLock::new();
         *TARGETS.get_or_init(|| SplitTargets {
             groups: setting("VRAMLAB_SPLIT_GROUPS", TARGET_GROUPS).unwrap_or(TARGET_GROUPS),
@@ -294,7 +295,7 @@ pub fn plan_split(g: &Gemm) -> Split {
     let tiles = g.m.div_ceil(64) * g.n.div_ceil(64);
     let loop_cap = crate::ops::MAX_LOOP_ITERATIONS;
     let mut splits = 1;
-    let target = SplitTargets::get();
+    let target = SplitTargets::in_effect();
     // Every batch entry is its own set of workgroups, reduced or not.
     if tiles * g.batch < target.groups {
         let want = target.groups.div_ceil(tiles * g.batch.max(1));
