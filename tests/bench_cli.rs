@@ -204,14 +204,7 @@ fn bench_names_the_split_settings_it_ran_with() {
         if let Some(g) = groups {
             cmd.env("VRAMLAB_SPLIT_GROUPS", g);
         }
-        let out = cmd.output().unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        r["split"].clone()
+        json_of(cmd.output().unwrap())["split"].clone()
     };
     assert_eq!(run(None), serde_json::json!({"groups": 128, "min_k": 256}));
     assert_eq!(

@@ -39,12 +39,7 @@ fn bench(cache: &Path) -> Value {
             "--json",
         ],
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("bench --json prints JSON")
+    common::json_of(out)
 }
 
 #[test]
@@ -116,12 +111,7 @@ fn tuning_leaves_the_measured_step_equal_to_the_estimate() {
             "--json",
         ],
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = common::json_of(out);
     let (est, m) = (&v["estimate"], &v["measured"]);
     assert!(m.is_object(), "{v}");
     for key in [

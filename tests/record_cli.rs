@@ -2,6 +2,7 @@
 //! stand-in recorder (tests/fixtures/recorder/fake_recorder.py, no PyTorch)
 //! whose step needs max(4 + 3·B, 12) MiB at batch B.
 
+use crate::common::json_of;
 use std::process::Command;
 
 fn vramlab(args: &[&str]) -> std::process::Output {
@@ -26,12 +27,7 @@ fn max_batch_searches_the_recorded_step_under_the_limit() {
         "0",
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = json_of(out);
     let n = v["max_batch"].as_u64().unwrap();
     let probes = v["probes"].as_array().unwrap();
     let fits = |b: u64| {
@@ -56,13 +52,9 @@ fn max_batch_searches_the_recorded_step_under_the_limit() {
 
 #[test]
 fn sweep_fits_a_line_through_the_recorded_peaks() {
-    let out = vramlab(&["sweep", "--record", RECORD, "--batch", "4,8,16", "--json"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = json_of(vramlab(&[
+        "sweep", "--record", RECORD, "--batch", "4,8,16", "--json",
+    ]));
     let slope = v["fit"]["slope"].as_f64().unwrap();
     assert!(
         (slope - 3.0 * 1048576.0).abs() < 1.0,

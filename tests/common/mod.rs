@@ -255,10 +255,17 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<std::ffi::OsStr>,
 {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args(args)
-        .output()
-        .expect("the vramlab binary runs");
+    json_of(
+        std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
+            .args(args)
+            .output()
+            .expect("the vramlab binary runs"),
+    )
+}
+
+/// The JSON a finished vramlab command printed; fails the test with its
+/// stderr if it did not succeed.
+pub fn json_of(out: std::process::Output) -> serde_json::Value {
     assert!(
         out.status.success(),
         "{}",
