@@ -103,14 +103,6 @@ pub fn sum_partials(
                 what: "a bias added where partials are summed needs f32 output and bias",
             });
         }
-        return launch(
-            parts,
-            &kernel(elem, true, blocks),
-            &[&parts.slice(), &out.slice(), &b.slice()],
-            &params,
-            len,
-            blocks,
-        );
     }
     if elem.is_16bit() && !off.is_multiple_of(2) {
         return Err(TensorError::Misaligned {
@@ -118,41 +110,26 @@ pub fn sum_partials(
             offset: off,
         });
     }
-    // One invocation a word where the output is 16-bit (unless spread,
-    // which takes outputs 32 a workgroup).
-    let n = if elem.is_16bit() && !blocks {
-        len.div_ceil(2)
+    // A workgroup for every 32 outputs where spread; else an invocation an
+    // output, or a word where the output is 16-bit.
+    let workgroups = if blocks {
+        len.div_ceil(SPREAD_OUTPUTS) as u64
+    } else if elem.is_16bit() {
+        (len.div_ceil(2) as u64).div_ceil(super::ELEMENTWISE_WORKGROUP)
     } else {
-        len
+        (len as u64).div_ceil(super::ELEMENTWISE_WORKGROUP)
     };
-    launch(
-        parts,
-        &kernel(elem, false, blocks),
-        &[&parts.slice(), &out.slice()],
-        &params,
-        n,
-        blocks,
-    )
-}
-
-/// One invocation an output (or word), or with `blocks` a workgroup for
-/// every 32 of the `n` outputs.
-fn launch(
-    parts: &Tensor,
-    kernel: &Kernel,
-    bindings: &[&crate::device::BufferSlice],
-    params: &SumParams,
-    n: usize,
-    blocks: bool,
-) -> Result<(), TensorError> {
-    if !blocks {
-        return super::launch(parts, kernel, bindings, bytemuck::bytes_of(params), n);
-    }
+    let slices: Vec<_> = [parts, out]
+        .into_iter()
+        .chain(bias)
+        .map(Tensor::slice)
+        .collect();
+    let bindings: Vec<_> = slices.iter().collect();
     parts.engine().dispatch(
-        kernel,
-        bindings,
-        bytemuck::bytes_of(params),
-        Workgroups::Linear(n.div_ceil(SPREAD_OUTPUTS) as u64),
+        &kernel(elem, bias.is_some(), blocks),
+        &bindings,
+        bytemuck::bytes_of(&params),
+        Workgroups::Linear(workgroups),
     )?;
     Ok(())
 }
