@@ -22,7 +22,7 @@ use super::error::DeviceError;
 use super::flat::{ranges, Flat, Part};
 use super::grid::{grid_for, Workgroups};
 use super::segment_buffers::SegmentBuffers;
-use super::settings::word_setting;
+use super::settings::{number_setting, word_setting};
 use super::timing::{DispatchTime, Timer, TimingSource};
 use super::windows::{pad, split, table_bytes, Window};
 use std::borrow::Cow;
@@ -235,17 +235,14 @@ pub const SUBMIT_FIRST_VAR: &str = "VRAMLAB_SUBMIT_FIRST";
 const MAX_SPARE_ARENAS: usize = 8;
 
 fn submit_first_from_env() -> Result<usize, DeviceError> {
-    match std::env::var(SUBMIT_FIRST_VAR) {
-        Ok(v) if !v.trim().is_empty() => match v.trim().parse::<usize>() {
-            Ok(0) => Ok(MAX_PENDING_COMMANDS),
-            Ok(n) => Ok(n.min(MAX_PENDING_COMMANDS)),
-            Err(_) => Err(DeviceError::Env {
-                var: SUBMIT_FIRST_VAR,
-                value: v,
-                expected: "a number of commands (0: submit every 256 commands only)",
-            }),
-        },
-        _ => Ok(DEFAULT_SUBMIT_FIRST),
+    match number_setting(SUBMIT_FIRST_VAR, DEFAULT_SUBMIT_FIRST, 0) {
+        Ok(0) => Ok(MAX_PENDING_COMMANDS),
+        Ok(n) => Ok(n.min(MAX_PENDING_COMMANDS)),
+        Err(value) => Err(DeviceError::Env {
+            var: SUBMIT_FIRST_VAR,
+            value,
+            expected: "a number of commands (0: submit every 256 commands only)",
+        }),
     }
 }
 

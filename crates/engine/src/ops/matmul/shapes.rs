@@ -45,17 +45,13 @@ impl SplitTargets {
 
 /// `var` as a whole number of at least 1, `default` where unset or blank.
 fn setting(var: &'static str, default: usize) -> Result<usize, crate::tensor::ConfigError> {
-    match std::env::var(var) {
-        Ok(v) if !v.trim().is_empty() => match v.trim().parse::<usize>() {
-            Ok(n) if n >= 1 => Ok(n),
-            _ => Err(crate::tensor::ConfigError::Env {
-                var,
-                value: v,
-                expected: "a whole number of at least 1",
-            }),
-        },
-        _ => Ok(default),
-    }
+    crate::device::settings::number_setting(var, default, 1).map_err(|value| {
+        crate::tensor::ConfigError::Env {
+            var,
+            value,
+            expected: "a whole number of at least 1",
+        }
+    })
 }
 
 /// The most workspace one batch of partial products may take; a larger

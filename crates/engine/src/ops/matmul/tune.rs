@@ -80,14 +80,13 @@ impl Settings {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
         let mode = Mode::parse(&var("VRAMLAB_TUNE").unwrap_or_default())?;
         let number = |k: &'static str, default: u64| -> Result<u64, ConfigError> {
-            match var(k) {
-                None => Ok(default),
-                Some(v) => v.trim().parse::<u64>().map_err(|_| ConfigError::Env {
+            crate::device::settings::number_setting(k, default as usize, 0)
+                .map(|n| n as u64)
+                .map_err(|value| ConfigError::Env {
                     var: k,
-                    value: v,
+                    value,
                     expected: "a whole number",
-                }),
-            }
+                })
         };
         let path = var("VRAMLAB_TUNE_CACHE").map(PathBuf::from).or_else(|| {
             var("XDG_CACHE_HOME")
