@@ -189,7 +189,7 @@ PY
 fi
 
 if want ab; then
-  step "SimpleConvNet batch 64: this build, the same with VRAMLAB_SUBMIT_FIRST=0, VRAMLAB_BIND_GROUP_CACHE=0, VRAMLAB_LIST_OPS=off and 512-workgroup K splits, the base build, in turn"
+  step "SimpleConvNet batch 64: this build, its step under autocast f16 (per kernel), the same with VRAMLAB_SUBMIT_FIRST=0, VRAMLAB_BIND_GROUP_CACHE=0, VRAMLAB_LIST_OPS=off and 512-workgroup K splits, the base build, in turn"
   # Each build keeps its own tile cache (their cache versions may differ,
   # and each would retune over the other's), warmed up by one run first.
   # Base's mixed-precision rows are timed with the kernel timer on, this
@@ -207,10 +207,12 @@ if want ab; then
       --sizes 256 --models simple-cnn --batch 64 --reps 1 2>&1 | grep "tile tuning"
   done
   for i in 1 2 3; do
-    for run in new new-submit0 new-bg0 new-lists-off new-split512 base; do
+    for run in new new-amp new-submit0 new-bg0 new-lists-off new-split512 base; do
       cache=/tmp/tiles-vramlab.json
+      flags=""
       case $run in
         new) bin=$V; envs="" ;;
+        new-amp) bin=$V; envs=""; flags="--amp f16 --no-precision" ;;
         new-split512) bin=$V; envs="$SPLIT"; cache=/tmp/tiles-split.json ;;
         new-submit0) bin=$V; envs="VRAMLAB_SUBMIT_FIRST=0" ;;
         new-bg0) bin=$V; envs="VRAMLAB_BIND_GROUP_CACHE=0" ;;
@@ -219,7 +221,7 @@ if want ab; then
       esac
       [ -x "$bin" ] || { echo "$run: $bin missing"; continue; }
       env $envs VRAMLAB_TUNE_CACHE=$cache timeout $(limit 45) "$bin" bench \
-        --sizes 256 --models simple-cnn --batch 64 --reps 20 --json \
+        --sizes 256 --models simple-cnn --batch 64 --reps 20 --json $flags \
         > "$OUT/ab_${run}_$i.json" 2> /dev/null
       python3 - "$OUT/ab_${run}_$i.json" "$run" <<'PY'
 import json, sys
@@ -227,7 +229,7 @@ d = json.load(open(sys.argv[1]))
 m = d["models"][0]
 amp = {r["mode"]: r["speedup_vs_f32"] for r in d["precision"] if not r["what"].startswith("matmul")}
 o = d["dispatch_overhead"]
-print(f"{sys.argv[2]:<12} untimed {m['untimed_seconds_median'] * 1e3:.2f} ms  device {m['device_seconds_median'] * 1e3:.2f} ms"
+print(f"{sys.argv[2]:<12} {'amp ' + m['amp'] if m.get('amp') else 'f32':<8} untimed {m['untimed_seconds_median'] * 1e3:.2f} ms  device {m['device_seconds_median'] * 1e3:.2f} ms"
       f"  host {m['host_seconds_median'] * 1e3:.2f} ms  dispatches {m['device_time']['dispatches']}"
       f"  amp f16 {amp.get('amp f16', 0):.2f}x f32  amp bf16 {amp.get('amp bf16', 0):.2f}x"
       f"  record {o['record_micros']:.2f} us/dispatch")

@@ -136,7 +136,7 @@ env "CARGO_TARGET_${host}_RUNNER=$runner" VRAMLAB_EXPECT_TENSOR_CORES=1 cargo te
   low_precision_ops:: gpt_ops:: resnet_ops:: \
   torch_fixtures:: torch_amp:: hostile_numerics:: pytorch_step:: \
   linear_cross_entropy:: dispatch_batching:: matmul_coop:: windows:: \
-  estimate_differential:: \
+  estimate_differential:: bench_cli::bench_times_the_model_steps_under_autocast \
   --skip windows::every_model --skip windows::the_documents --skip windows::products_past
 # The tensor-core kernel's other staging paths (the default prefetches the
 # next step with one copy of workgroup memory): without prefetching, with

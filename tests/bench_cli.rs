@@ -125,6 +125,89 @@ fn bench_reports_shapes_plans_and_device_time() {
     }
 }
 
+/// `bench --amp f16` runs the model steps under autocast: the same
+/// products as the f32 step, each counted once (a 16-bit output of odd
+/// width takes an f32 workspace, the same product and not a second), timed
+/// in f16 and on tensor cores where the adapter has them; the step's device
+/// time names the casts and the f16 kernels.
+#[test]
+fn bench_times_the_model_steps_under_autocast() {
+    let run = |amp: &[&str]| {
+        let mut args = vec![
+            "bench",
+            "--sizes",
+            "16",
+            "--models",
+            "simple-cnn",
+            "--batch",
+            "2",
+            "--reps",
+            "1",
+            "--no-precision",
+            "--json",
+        ];
+        args.extend_from_slice(amp);
+        vramlab_json(args)
+    };
+    let (plain, amp) = (run(&[]), run(&["--amp", "f16"]));
+    let (p, a) = (&plain["models"][0], &amp["models"][0]);
+    assert!(p["amp"].is_null(), "{p}");
+    assert_eq!(a["amp"], "f16");
+    let products = |m: &serde_json::Value| {
+        let mut v: Vec<String> = m["shapes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| {
+                let x = &s["shape"];
+                format!(
+                    "{} {}x{}x{} batch {} summed {} ×{}",
+                    x["op"], x["m"], x["n"], x["k"], x["batch"], x["reduce_batch"], s["count"]
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(products(p), products(a));
+    // conv1's weight gradient (27 columns: odd) is one product.
+    assert!(
+        products(a)
+            .iter()
+            .any(|s| s.contains("\"conv1.backward\" 64x27x900") && s.ends_with("×1")),
+        "{:?}",
+        products(a)
+    );
+    // Unsplit f16 products run on tensor cores where the adapter has them
+    // (Mesa 26's lavapipe, NVIDIA), split ones and f32 ones never.
+    let cores = amp["tensor_cores"] == true;
+    for (m, f16) in [(p, false), (a, true)] {
+        for s in m["shapes"].as_array().unwrap() {
+            assert_eq!(
+                s["tile"] == "tensor cores",
+                f16 && cores && s["splits"] == 1,
+                "{s}"
+            );
+        }
+    }
+    let kernels = |m: &serde_json::Value| -> Vec<String> {
+        m["device_time"]["kernels"]
+            .as_array()
+            .map(|ks| {
+                ks.iter()
+                    .map(|k| k["name"].as_str().unwrap().to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    if amp["products_timed_by"] == "device timestamps" {
+        let (kp, ka) = (kernels(p), kernels(a));
+        assert!(ka.iter().any(|k| k.starts_with("cast[f32→f16]")), "{ka:?}");
+        assert!(ka.iter().any(|k| k.contains("f16→")), "{ka:?}");
+        assert!(!kp.iter().any(|k| k.contains("f16")), "{kp:?}");
+    }
+}
+
 /// `info` names the adapter's cooperative-matrix shapes (none on
 /// bookworm's lavapipe; 8×8×8 f16 under Mesa 26; 16×16×16 on NVIDIA) in text
 /// and JSON alike.

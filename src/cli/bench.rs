@@ -51,6 +51,14 @@ pub struct BenchArgs {
     /// Try a grid of tile shapes per shape class and report the best.
     #[arg(long)]
     pub tune: bool,
+    /// Run the model steps under autocast to this dtype (f16 with the
+    /// GradScaler's loss scaling, as `train --amp`): each product shape and
+    /// its 1024³ reference square timed in that dtype (on tensor cores where
+    /// they run), and the whole step with its device time per op and
+    /// kernel. The square sizes, --tune and the mixed-precision section stay
+    /// as they are.
+    #[arg(long, value_name = "f16|bf16", value_parser = super::args::parse_amp)]
+    pub amp: Option<DType>,
     /// Skip the mixed-precision section (square matmul in f16 and bf16 beside
     /// f32; each model's step under autocast f16 / bf16 beside f32,
     /// interleaved rep by rep).
@@ -102,6 +110,8 @@ struct ShapeRow {
 struct StepRow {
     model: String,
     batch: usize,
+    /// The autocast dtype the step ran under (`--amp`), or null for f32.
+    amp: Option<DType>,
     /// Wall clock of a step with the kernel timer on, and a wait.
     seconds_median: f64,
     seconds_all: Vec<f64>,
@@ -311,6 +321,12 @@ impl Timed {
         })
     }
 
+    /// Whether the tiled kernel runs this product on tensor cores.
+    fn on_tensor_cores(&self) -> bool {
+        let [a, b, c] = &self.abc;
+        crate::ops::matmul::tensor_cores_for(&self.g, a, b, c, None, MatmulKernel::Tiled).is_some()
+    }
+
     /// One run of `kernel` on these operands: device time (the sum of its
     /// dispatches' timestamps) where the adapter has timestamp queries,
     /// else wall clock and a wait.
@@ -378,10 +394,14 @@ fn square(n: usize) -> GemmShape {
 }
 
 /// The distinct products one training step of `spec` issues, with counts.
-fn step_shapes(spec: &ModelSpec, batch: usize) -> anyhow::Result<Vec<(GemmShape, usize)>> {
+fn step_shapes(
+    spec: &ModelSpec,
+    batch: usize,
+    amp: Option<DType>,
+) -> anyhow::Result<Vec<(GemmShape, usize)>> {
     let e = Engine::simulated(AllocatorConfig::default(), None);
     crate::ops::matmul::log_gemms(&e, true);
-    let (mut trainer, data) = plan(spec, batch).trainer(&e, 0)?;
+    let (mut trainer, data) = plan(spec, batch, amp).trainer(&e, 0)?;
     trainer.step(&data)?;
     let mut shapes: Vec<(GemmShape, usize)> = Vec::new();
     for s in crate::ops::matmul::take_gemms(&e) {
@@ -398,14 +418,15 @@ fn step_shapes(spec: &ModelSpec, batch: usize) -> anyhow::Result<Vec<(GemmShape,
     Ok(shapes)
 }
 
-/// One Adam training step of `spec` at `batch` (torch.optim's defaults).
-fn plan(spec: &ModelSpec, batch: usize) -> Plan {
+/// One Adam training step of `spec` at `batch` (torch.optim's defaults),
+/// under autocast to `amp` where given.
+fn plan(spec: &ModelSpec, batch: usize, amp: Option<DType>) -> Plan {
     Plan {
         model: spec.clone(),
         batch,
         optimizer: OptimizerConfig::new(OptimizerKind::Adam, None, None, None),
         mode: Mode::Train,
-        amp: None,
+        amp,
         dtype: crate::tensor::DType::F32,
         loss: Default::default(),
         config: AllocatorConfig::default(),
@@ -563,6 +584,11 @@ impl<'a> Ctx<'a> {
         })
     }
 
+    /// The dtype the model steps' products run in (`--amp`, else f32).
+    fn step_dtype(&self) -> DType {
+        self.args.amp.unwrap_or(DType::F32)
+    }
+
     /// Prints a line of text (nothing with `--json`).
     fn say(&self, s: String) {
         if !self.args.json {
@@ -683,18 +709,13 @@ struct Reference {
 }
 
 impl Reference {
-    /// Allocates the 1024³ reference product's operands (kept to the end
-    /// of the run).
+    /// Allocates the 1024³ reference product's operands in the model
+    /// steps' dtype (kept to the end of the run).
     fn new(ctx: &mut Ctx) -> anyhow::Result<Reference> {
         let n = 1024;
         let shape = square(n);
-        let timed = Timed::new(
-            &ctx.e,
-            &shape,
-            MatmulKernel::Tiled,
-            &mut ctx.rng,
-            DType::F32,
-        )?;
+        let dtype = ctx.step_dtype();
+        let timed = Timed::new(&ctx.e, &shape, MatmulKernel::Tiled, &mut ctx.rng, dtype)?;
         Ok(Reference { n, shape, timed })
     }
 }
@@ -708,13 +729,18 @@ fn model_step(
     spec: &ModelSpec,
 ) -> anyhow::Result<StepRow> {
     ctx.say(format!(
-        "\n{} step, batch {}, Adam (each product's share of the {}³ square's rate: the square timed beside it, rep by rep):",
+        "\n{} step, batch {}, Adam{} (each product's share of the {}³ {} square's rate: the square timed beside it, rep by rep):",
         spec.describe(),
         ctx.args.batch,
-        reference.n
+        ctx.args
+            .amp
+            .map(|d| format!(", autocast {d}"))
+            .unwrap_or_default(),
+        reference.n,
+        ctx.step_dtype()
     ));
     let mut shapes = Vec::new();
-    for (shape, count) in step_shapes(spec, ctx.args.batch)? {
+    for (shape, count) in step_shapes(spec, ctx.args.batch, ctx.args.amp)? {
         shapes.push(shape_row(ctx, reference, shape, count)?);
     }
     whole_step(ctx, name, spec, shapes)
@@ -728,8 +754,8 @@ fn shape_row(
     shape: GemmShape,
     count: usize,
 ) -> anyhow::Result<ShapeRow> {
-    let e = &ctx.e;
-    let choice = choose_for(e, &shape.gemm(), (DType::F32, DType::F32), false);
+    let (e, dtype) = (&ctx.e, ctx.step_dtype());
+    let choice = choose_for(e, &shape.gemm(), (dtype, dtype), false);
     // The same outputs from a one-deep product: what writing them
     // (and any partial sums) costs with no arithmetic to speak of.
     let floor_shape = GemmShape {
@@ -737,18 +763,14 @@ fn shape_row(
         conv: None,
         ..shape.clone()
     };
+    let product = Timed::new(e, &shape, MatmulKernel::Tiled, &mut ctx.rng, dtype)?;
+    let on_cores = product.on_tensor_cores();
     let [times, square_times, floor_times] = interleaved(
         e,
         [
-            &Timed::new(e, &shape, MatmulKernel::Tiled, &mut ctx.rng, DType::F32)?,
+            &product,
             &reference.timed,
-            &Timed::new(
-                e,
-                &floor_shape,
-                MatmulKernel::Tiled,
-                &mut ctx.rng,
-                DType::F32,
-            )?,
+            &Timed::new(e, &floor_shape, MatmulKernel::Tiled, &mut ctx.rng, dtype)?,
         ],
         ctx.args.reps,
     )?;
@@ -771,21 +793,28 @@ fn shape_row(
         square_gflops: reference.shape.flops() / median(square_times.clone()) / 1e9,
         count,
         class: ShapeClass::of(shape.m, shape.n, shape.k),
-        transposed: choice.transposed,
-        tile: choice.describe(),
+        transposed: choice.transposed && !on_cores,
+        tile: if on_cores {
+            TENSOR_CORES.to_string()
+        } else {
+            choice.describe()
+        },
         splits: plan_split(&shape.gemm()).splits,
         seconds: secs,
         gflops,
         of_square: share(&times),
         shape,
     };
-    ctx.say(shape_line(&row, &choice));
+    ctx.say(shape_line(&row));
     Ok(row)
 }
 
+/// A shape row's tile where the product runs on cooperative matrices.
+const TENSOR_CORES: &str = "tensor cores";
+
 /// A product's line: its shape, rate, share of the square's, the bound
 /// writing its output sets, its class and split.
-fn shape_line(row: &ShapeRow, choice: &crate::ops::matmul::TileChoice) -> String {
+fn shape_line(row: &ShapeRow) -> String {
     let s = &row.shape;
     format!(
         "  {:<16} ×{:<2} {:>5}×{:<6}·K {:<6} batch {:<3}{}{} {:>8.2} GFLOP/s ({:>3.0}% of square{}) {:?}{}, split {}",
@@ -815,8 +844,13 @@ fn shape_line(row: &ShapeRow, choice: &crate::ops::matmul::TileChoice) -> String
             String::new()
         },
         row.class,
-        if choice.transposed {
-            format!(" run as Cᵀ ({:?})", choice.class)
+        if row.transposed {
+            format!(
+                " run as Cᵀ ({:?})",
+                ShapeClass::of(row.shape.n, row.shape.m, row.shape.k)
+            )
+        } else if row.tile == TENSOR_CORES {
+            " on tensor cores".to_string()
         } else {
             String::new()
         },
@@ -833,7 +867,7 @@ fn whole_step(
     shapes: Vec<ShapeRow>,
 ) -> anyhow::Result<StepRow> {
     let (e, args) = (&ctx.e, ctx.args);
-    let (mut t, data) = plan(spec, args.batch).trainer(e, 0)?;
+    let (mut t, data) = plan(spec, args.batch, args.amp).trainer(e, 0)?;
     t.step(&data)?;
     e.take_dispatch_times()?;
     let (mut secs, mut untimed, mut device) = (Vec::new(), Vec::new(), Vec::new());
@@ -887,6 +921,7 @@ fn whole_step(
     Ok(StepRow {
         model: name,
         batch: args.batch,
+        amp: args.amp,
         seconds_median: med,
         seconds_all: secs,
         untimed_seconds_all: untimed,
@@ -1069,8 +1104,7 @@ fn precision_step(
         .collect();
     let mut runs = Vec::new();
     for &amp in &amps {
-        let mut p = plan(&spec, args.batch);
-        p.amp = amp;
+        let p = plan(&spec, args.batch, amp);
         // The steady-state peak of this model alone (the three trainers
         // share the device here): two steps on a simulated device.
         let sim = Engine::simulated(AllocatorConfig::default(), None);

@@ -300,9 +300,48 @@ fn col_bias_pass(g: &Gemm, c: &Tensor, col_bias: Option<&Tensor>) -> Result<(), 
     }
 }
 
+/// The subgroup size `g` runs on tensor cores with, or `None` where it
+/// runs on the plain kernels: f16 products where the device has them, not
+/// split ones (their partials are planned from shapes alone, so memory is
+/// the same either way), not with a fixed tile.
+pub fn tensor_cores_for(
+    g: &Gemm,
+    a: &Tensor,
+    b: &Tensor,
+    c: &Tensor,
+    bias: Option<&Tensor>,
+    kernel: MatmulKernel,
+) -> Option<u32> {
+    (kernel == MatmulKernel::Tiled && plan_split(g).group == 0)
+        .then(|| coop::usable(g, a, b, c, bias))
+        .flatten()
+}
+
 /// [`gemm_bias`], with `col_bias` (f32 C, no row bias: see
-/// [`gemm_col_bias`]) added by the product where it can, else in a pass.
+/// [`gemm_col_bias`]) added by the product where it can, else in a pass;
+/// the product logged once where a [`GemmLog`] is on.
 fn gemm_biased(
+    g: &Gemm,
+    a: &Tensor,
+    b: &Tensor,
+    c: &Tensor,
+    bias: Option<&Tensor>,
+    col_bias: Option<&Tensor>,
+    kernel: MatmulKernel,
+) -> Result<(), TensorError> {
+    if g.m != 0 && g.n != 0 && g.batch != 0 {
+        a.engine().with_extension::<GemmLog, _>(|log| {
+            if let Some(log) = log {
+                log.0.push(GemmShape::of(g, &a.engine().current_scope().1));
+            }
+        });
+    }
+    run_product(g, a, b, c, bias, col_bias, kernel)
+}
+
+/// [`gemm_biased`] unlogged: also the f32 product a 16-bit C's workspace
+/// takes ([`gemm_via_f32`]), which is the same product, not another.
+fn run_product(
     g: &Gemm,
     a: &Tensor,
     b: &Tensor,
@@ -334,25 +373,15 @@ fn gemm_biased(
     if g.m == 0 || g.n == 0 || g.batch == 0 {
         return Ok(());
     }
-    a.engine().with_extension::<GemmLog, _>(|log| {
-        if let Some(log) = log {
-            log.0.push(GemmShape::of(g, &a.engine().current_scope().1));
+    if let Some(lanes) = tensor_cores_for(g, a, b, c, bias, kernel) {
+        // A 16-bit C the plain kernels cannot write in whole words
+        // takes the f32 workspace here too (its product still on
+        // tensor cores), so what is allocated does not depend on them.
+        if c.dtype().is_16bit() && !whole_words(g) {
+            return gemm_via_f32(g, a, b, c, bias, kernel);
         }
-    });
-    // f16 products on tensor cores where the device has them; split
-    // products keep the plain kernels (their partials are planned from
-    // shapes alone, so memory is the same either way).
-    if kernel == MatmulKernel::Tiled && plan_split(g).group == 0 {
-        if let Some(lanes) = coop::usable(g, a, b, c, bias) {
-            // A 16-bit C the plain kernels cannot write in whole words
-            // takes the f32 workspace here too (its product still on
-            // tensor cores), so what is allocated does not depend on them.
-            if c.dtype().is_16bit() && !whole_words(g) {
-                return gemm_via_f32(g, a, b, c, bias, kernel);
-            }
-            coop::gemm(g, a, b, c, bias, lanes)?;
-            return col_bias_pass(g, c, col_bias);
-        }
+        coop::gemm(g, a, b, c, bias, lanes)?;
+        return col_bias_pass(g, c, col_bias);
     }
     let fixed = |tile| TileChoice {
         tile,
@@ -587,7 +616,7 @@ fn gemm_via_f32(
     if g.accumulate {
         super::cast::cast_into(c, &wide)?;
     }
-    gemm_bias(g, a, b, &wide, bias, kernel)?;
+    run_product(g, a, b, &wide, bias, None, kernel)?;
     super::cast::cast_into(&wide, c)
 }
 
