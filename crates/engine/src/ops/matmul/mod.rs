@@ -248,7 +248,21 @@ pub fn gemm_bias(
     bias: Option<&Tensor>,
     kernel: MatmulKernel,
 ) -> Result<(), TensorError> {
+    log_product(g, a);
     gemm_biased(g, a, b, c, bias, None, kernel)
+}
+
+/// Adds `g` to the engine's [`GemmLog`] where one is on (empty products
+/// run nothing and are not logged).
+fn log_product(g: &Gemm, a: &Tensor) {
+    if g.m == 0 || g.n == 0 || g.batch == 0 {
+        return;
+    }
+    a.engine().with_extension::<GemmLog, _>(|log| {
+        if let Some(log) = log {
+            log.0.push(GemmShape::of(g, &a.engine().current_scope().1));
+        }
+    });
 }
 
 /// [`gemm`] into a fresh, dense C, then `C[b, r, col] += bias[col]` (a
@@ -284,6 +298,7 @@ pub fn gemm_col_bias(
             got_dtype: bias.dtype(),
         });
     }
+    log_product(g, a);
     if c.dtype() == DType::F32 && g.m > 0 {
         return gemm_biased(g, a, b, c, None, Some(bias), kernel);
     }
@@ -318,30 +333,10 @@ pub fn tensor_cores_for(
 }
 
 /// [`gemm_bias`], with `col_bias` (f32 C, no row bias: see
-/// [`gemm_col_bias`]) added by the product where it can, else in a pass;
-/// the product logged once where a [`GemmLog`] is on.
+/// [`gemm_col_bias`]) added by the product where it can, else in a pass.
+/// Unlogged: the public entries log the product, so the f32 product a
+/// 16-bit C's workspace takes ([`gemm_via_f32`]) is not counted again.
 fn gemm_biased(
-    g: &Gemm,
-    a: &Tensor,
-    b: &Tensor,
-    c: &Tensor,
-    bias: Option<&Tensor>,
-    col_bias: Option<&Tensor>,
-    kernel: MatmulKernel,
-) -> Result<(), TensorError> {
-    if g.m != 0 && g.n != 0 && g.batch != 0 {
-        a.engine().with_extension::<GemmLog, _>(|log| {
-            if let Some(log) = log {
-                log.0.push(GemmShape::of(g, &a.engine().current_scope().1));
-            }
-        });
-    }
-    run_product(g, a, b, c, bias, col_bias, kernel)
-}
-
-/// [`gemm_biased`] unlogged: also the f32 product a 16-bit C's workspace
-/// takes ([`gemm_via_f32`]), which is the same product, not another.
-fn run_product(
     g: &Gemm,
     a: &Tensor,
     b: &Tensor,
@@ -616,7 +611,7 @@ fn gemm_via_f32(
     if g.accumulate {
         super::cast::cast_into(c, &wide)?;
     }
-    run_product(g, a, b, &wide, bias, None, kernel)?;
+    gemm_biased(g, a, b, &wide, bias, None, kernel)?;
     super::cast::cast_into(&wide, c)
 }
 
