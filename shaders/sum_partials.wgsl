@@ -3,9 +3,10 @@
 // partial product per split and batch entry). A fixed order keeps results
 // deterministic. Partials are f32 whatever the output's type (ELEM); each partial is itself a blocked sum, so the total is as
 // accurate as one long blocked reduction.
-// COL_BIAS (f32 out): then + bias[i % cols], a linear layer's bias added
-// where its split product is summed, as PyTorch's addmm adds it in the
-// product, rather than in a pass of its own.
+// COL_BIAS (bias in the output's type): then + bias[i % cols], a linear
+// layer's bias added where its split product is summed, as PyTorch's addmm
+// adds it in the product, rather than in a pass of its own: a 16-bit output
+// is rounded once, after the bias, as addmm's f32 sum is.
 // SPREAD: the same additions in the same order, spread over more threads
 // for a long sum over few outputs (SimpleConvNet's fc: 128 partials of 640
 // outputs), where one thread an output leaves a GPU waiting on 128 loads in
@@ -125,6 +126,9 @@ fn finish2(i: u32, i2: u32, sums: vec2<f32>) {
     if (p.accumulate != 0u) {
         v += vec2<f32>(ld_out(p.off + i), ld_out(p.off + i2));
     }
+#if COL_BIAS
+    v += vec2<f32>(ld_bias(i % p.cols), ld_bias(i2 % p.cols));
+#endif
     st2_out((p.off + i) / 2u, v, p.off + p.len);
 }
 #else

@@ -267,14 +267,20 @@ fn partials_summed_spread_over_blocks_give_the_bits_of_one_thread_an_output() {
         let start = case % 5;
         let off = 2 * (case % 4);
         let accumulate = case % 2 == 1;
-        let with_bias = wide && case % 4 == 0;
+        let with_bias = case % 4 == 0;
         let cols = 1 + case % 7;
         // One more than read, so an empty sum still binds a buffer.
         let partials: Vec<f32> = rng.vec(start + count * len + 1);
         let before: Vec<f32> = rng.vec(off + len + 3);
-        let bias_v = rng.vec(cols);
         let parts = Tensor::from_slice(&e, &partials, &[partials.len()], "parts").unwrap();
-        let bias = Tensor::from_slice(&e, &bias_v, &[cols], "bias").unwrap();
+        // The bias in the output's type (its values as rounded there).
+        let bias = Tensor::from_slice(&e, &rng.vec(cols), &[cols], "bias").unwrap();
+        let bias = if wide {
+            bias
+        } else {
+            cast(&bias, dtype, "bias").unwrap()
+        };
+        let bias_v = bias.to_vec().unwrap();
         let what = format!("len {len}, count {count}, {dtype}, start {start}, off {off}, accumulate {accumulate}, bias {with_bias}");
         let mut results = Vec::new();
         for spread in [Spread::Outputs, Spread::Blocks, Spread::Auto] {

@@ -7,7 +7,7 @@
 
 use crate::device::compose::{Defs, Elem};
 use crate::device::{Kernel, Workgroups};
-use crate::tensor::{DType, Tensor, TensorError};
+use crate::tensor::{Tensor, TensorError};
 
 const SOURCE: &str = include_str!("../../../../shaders/sum_partials.wgsl");
 
@@ -44,8 +44,8 @@ pub enum Spread {
     Blocks,
 }
 
-/// The kernel writing its output in `elem`, adding a bias per column with
-/// `col_bias` (f32 only), spread by blocks with `blocks`.
+/// The kernel writing its output in `elem`, adding a bias per column (of
+/// the output's type) with `col_bias`, spread by blocks with `blocks`.
 fn kernel(elem: Elem, col_bias: bool, blocks: bool) -> Kernel {
     Kernel::variant(
         format!(
@@ -64,9 +64,10 @@ fn kernel(elem: Elem, col_bias: bool, blocks: bool) -> Kernel {
 }
 
 /// `out[off + i] (+)= Σ_z parts[start + z·len + i]` for i < len, z < count,
-/// then `+ bias[i % bias.numel()]` where a bias is given (f32 out and bias):
-/// each output its sum plus its column's bias, the bits a pass adding the
-/// bias afterwards gives. `spread` says how the sum is spread over threads
+/// then `+ bias[i % bias.numel()]` where a bias is given (of the output's
+/// type): each output its sum plus its column's bias, in f32. For f32 the
+/// bits a pass adding the bias afterwards gives; a 16-bit output is rounded
+/// once, after the bias, where a pass would round the sum first. `spread` says how the sum is spread over threads
 /// ([`Spread::Auto`] but in tests, which compare the ways: the bits do not
 /// depend on it).
 #[allow(clippy::too_many_arguments)]
@@ -97,10 +98,10 @@ pub fn sum_partials(
     };
     let elem = out.dtype().elem();
     if let Some(b) = bias {
-        if out.dtype() != DType::F32 || b.dtype() != DType::F32 {
+        if b.dtype() != out.dtype() {
             return Err(TensorError::NotSupported {
                 op: "sum_partials",
-                what: "a bias added where partials are summed needs f32 output and bias",
+                what: "a bias added where partials are summed needs the output's dtype",
             });
         }
     }

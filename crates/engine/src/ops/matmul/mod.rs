@@ -269,8 +269,9 @@ fn log_product(g: &Gemm, a: &Tensor) {
 /// linear layer's bias, per output feature, as PyTorch's addmm adds it).
 /// Where C is f32, in the product's own work: the epilogue of a GPU tile
 /// bound whole, or the pass that sums a split product's partial products;
-/// each gives the bits of a pass of its own, one dispatch fewer. Else in a
-/// pass over C.
+/// each gives the bits of a pass of its own, one dispatch fewer. A split
+/// product's 16-bit C too, where its partials are summed: rounded once,
+/// after the bias, as addmm rounds its f32 sum. Else in a pass over C.
 pub fn gemm_col_bias(
     g: &Gemm,
     a: &Tensor,
@@ -299,11 +300,19 @@ pub fn gemm_col_bias(
         });
     }
     log_product(g, a);
-    if c.dtype() == DType::F32 && g.m > 0 {
+    if col_bias_in_product(g, a, c) && g.m > 0 {
         return gemm_biased(g, a, b, c, None, Some(bias), kernel);
     }
     gemm_biased(g, a, b, c, None, None, kernel)?;
     super::bias::add_bias(c, bias, g.n, 1)
+}
+
+/// Whether a column bias (of C's type) can be added in the product's own
+/// work: C of the operands' type (the kernels bind the bias as theirs), f32,
+/// or 16-bit where the product is split (added to the f32 sum of its
+/// partials).
+fn col_bias_in_product(g: &Gemm, a: &Tensor, c: &Tensor) -> bool {
+    c.dtype() == a.dtype() && (c.dtype() == DType::F32 || plan_split(g).group > 0)
 }
 
 /// `C += bias[col]` in a pass of its own, for a column bias the product
@@ -346,10 +355,11 @@ fn gemm_biased(
     kernel: MatmulKernel,
 ) -> Result<(), TensorError> {
     const OP: &str = "matmul";
-    if col_bias.is_some() && (bias.is_some() || c.dtype() != DType::F32) {
+    if col_bias.is_some() && (bias.is_some() || !col_bias_in_product(g, a, c)) {
         return Err(TensorError::NotSupported {
             op: OP,
-            what: "a column bias in the product needs f32 output and no row bias",
+            what: "a column bias in the product needs no row bias and output in the \
+                   operands' type, f32 or a split product's 16-bit",
         });
     }
     for t in [a, b, c] {
@@ -373,7 +383,8 @@ fn gemm_biased(
         // takes the f32 workspace here too (its product still on
         // tensor cores), so what is allocated does not depend on them.
         if c.dtype().is_16bit() && !whole_words(g) {
-            return gemm_via_f32(g, a, b, c, bias, kernel);
+            gemm_via_f32(g, a, b, c, bias, kernel)?;
+            return col_bias_pass(g, c, col_bias);
         }
         coop::gemm(g, a, b, c, bias, lanes)?;
         return col_bias_pass(g, c, col_bias);
@@ -410,7 +421,8 @@ fn gemm_biased(
         // tile's columns come in fours).
         tile.strided_cols = tile.shared;
         if !(tile.tn.is_multiple_of(2) && whole_words(g)) {
-            return gemm_via_f32(g, a, b, c, bias, kernel);
+            gemm_via_f32(g, a, b, c, bias, kernel)?;
+            return col_bias_pass(g, c, col_bias);
         }
     }
     if !tile.is_valid() {
