@@ -981,12 +981,13 @@ fn implicit_convolutions_match_f64_on_every_kind_of_gpu_tile() {
 }
 
 #[test]
-fn a_split_16bit_linear_rounds_once_after_its_bias() {
-    // linear(x, W, b) in f16 and bf16 with K split: the pass summing the
-    // partials adds the bias to their f32 sum and rounds once, as addmm
-    // rounds its f32 sum: the bits of the product into f32, the bias added
-    // in f32, then one cast. An odd width (no whole 16-bit words) takes the
-    // f32 workspace and keeps the bias pass. Every result against f64.
+fn a_16bit_linear_rounds_once_after_its_bias_where_the_product_adds_it() {
+    // linear(x, W, b) in f16 and bf16: where the product adds the bias (the
+    // pass summing a split product's partials, a GPU tile's epilogue), it
+    // adds it to the f32 sum and rounds once, as addmm rounds its f32 sum:
+    // the bits of the product into f32, the bias added in f32, then one
+    // cast. Direct tiles and odd widths (no whole 16-bit words: the f32
+    // workspace) keep the bias pass. Every result against f64.
     use vramlab::ops::bias::add_bias;
     use vramlab::ops::cast::cast;
     use vramlab::ops::matmul::gemm_col_bias;
@@ -994,10 +995,17 @@ fn a_split_16bit_linear_rounds_once_after_its_bias() {
     let e = engine();
     e.start_timing().expect("a GPU engine can time");
     let mut rng = Rng::new(43);
+    let chosen = |g: &Gemm| choose(g, Target::of(&e), true, false).tile;
     for dtype in [DType::F16, DType::Bf16] {
-        for (n, i, o) in [(6, 3001, 10), (5, 2049, 7), (4, 4096, 2)] {
+        for (n, i, o) in [
+            (6, 3001, 10),
+            (5, 2049, 7),
+            (4, 4096, 2),
+            (6, 40, 12),
+            (7, 33, 9),
+        ] {
             let g = plain(n, o, i, false, true);
-            assert!(plan_split(&g).group > 0, "{n}×{o}·K{i} splits");
+            let split = plan_split(&g).group > 0;
             let half = |v: Vec<f32>, shape: &[usize]| {
                 let t = Tensor::from_slice(&e, &v, shape, "t").unwrap();
                 cast(&t, dtype, "t16").unwrap()
@@ -1007,48 +1015,55 @@ fn a_split_16bit_linear_rounds_once_after_its_bias() {
                 half(rng.vec(o * i), &[o, i]),
                 half(rng.vec(o), &[o]),
             );
-            let what = format!("{dtype} {n}×{o}·K{i}");
-            let y = Tensor::empty(&e, &[n, o], dtype, "y").unwrap();
-            e.take_dispatch_times().unwrap();
-            gemm_col_bias(&g, &x, &w, &y, &b, MatmulKernel::Tiled).unwrap();
-            let (_, times) = e.take_dispatch_times().unwrap().unwrap();
-            let kernels: Vec<&str> = times.iter().map(|t| t.kernel.as_str()).collect();
-            let whole_words = o % 2 == 0;
-            assert_eq!(
-                kernels.iter().any(|k| k.starts_with("bias_add")),
-                !whole_words,
-                "{what}: {kernels:?}"
-            );
-            assert_eq!(
-                kernels
-                    .iter()
-                    .any(|k| k.starts_with(&format!("sum_partials[{dtype} +bias"))),
-                whole_words,
-                "{what}: {kernels:?}"
-            );
-            let got = y.to_vec().unwrap();
-            // The product into f32, its bias widened and added, one cast.
-            let wide = Tensor::empty(&e, &[n, o], DType::F32, "wide").unwrap();
-            gemm(&g, &x, &w, &wide, MatmulKernel::Tiled).unwrap();
-            add_bias(&wide, &cast(&b, DType::F32, "b32").unwrap(), o, 1).unwrap();
-            let once = cast(&wide, dtype, "once").unwrap().to_vec().unwrap();
-            if whole_words {
-                assert!(
-                    got.iter()
-                        .zip(&once)
-                        .all(|(p, q)| p.to_bits() == q.to_bits()),
-                    "{what}: not the bits of one rounding after the bias"
-                );
-            }
             let (xv, wv, bv) = (
                 x.to_vec().unwrap(),
                 w.to_vec().unwrap(),
                 b.to_vec().unwrap(),
             );
             let want = linear_ref(&to_f64(&xv), &to_f64(&wv), &to_f64(&bv), n, i, o);
-            let err = normwise(&got, &want);
-            let tol = if dtype == DType::F16 { 2e-3 } else { 1.6e-2 };
-            assert!(err < tol, "{what}: distance {err}");
+            for tile in [chosen(&g), TileConfig::new(16, 16, 4, 4, 16, true)] {
+                let what = format!("{dtype} {n}×{o}·K{i} on {}", tile.describe());
+                let kernel = MatmulKernel::Fixed(tile);
+                let y = Tensor::empty(&e, &[n, o], dtype, "y").unwrap();
+                e.take_dispatch_times().unwrap();
+                gemm_col_bias(&g, &x, &w, &y, &b, kernel).unwrap();
+                let (_, times) = e.take_dispatch_times().unwrap().unwrap();
+                let kernels: Vec<&str> = times.iter().map(|t| t.kernel.as_str()).collect();
+                let once = o % 2 == 0 && (split || tile.shared);
+                assert_eq!(
+                    kernels.iter().any(|k| k.starts_with("bias_add")),
+                    !once,
+                    "{what}: {kernels:?}"
+                );
+                let summed = format!("sum_partials[{dtype} +bias");
+                assert_eq!(
+                    kernels.iter().any(|k| k.starts_with(&summed)),
+                    once && split,
+                    "{what}: {kernels:?}"
+                );
+                assert_eq!(
+                    kernels.iter().any(|k| k.contains(" +col bias")),
+                    once && !split,
+                    "{what}: {kernels:?}"
+                );
+                let got = y.to_vec().unwrap();
+                if once {
+                    // The product into f32, its bias widened and added, one cast.
+                    let wide = Tensor::empty(&e, &[n, o], DType::F32, "wide").unwrap();
+                    gemm(&g, &x, &w, &wide, kernel).unwrap();
+                    add_bias(&wide, &cast(&b, DType::F32, "b32").unwrap(), o, 1).unwrap();
+                    let one = cast(&wide, dtype, "once").unwrap().to_vec().unwrap();
+                    assert!(
+                        got.iter()
+                            .zip(&one)
+                            .all(|(p, q)| p.to_bits() == q.to_bits()),
+                        "{what}: not the bits of one rounding after the bias"
+                    );
+                }
+                let err = normwise(&got, &want);
+                let tol = if dtype == DType::F16 { 2e-3 } else { 1.6e-2 };
+                assert!(err < tol, "{what}: distance {err}");
+            }
         }
     }
 }

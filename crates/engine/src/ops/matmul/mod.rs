@@ -267,11 +267,11 @@ fn log_product(g: &Gemm, a: &Tensor) {
 
 /// [`gemm`] into a fresh, dense C, then `C[b, r, col] += bias[col]` (a
 /// linear layer's bias, per output feature, as PyTorch's addmm adds it).
-/// Where C is f32, in the product's own work: the epilogue of a GPU tile
-/// bound whole, or the pass that sums a split product's partial products;
-/// each gives the bits of a pass of its own, one dispatch fewer. A split
-/// product's 16-bit C too, where its partials are summed: rounded once,
-/// after the bias, as addmm rounds its f32 sum. Else in a pass over C.
+/// Where C is in the operands' type, in the product's own work: the
+/// epilogue of a GPU tile bound whole, or the pass that sums a split
+/// product's partial products, one dispatch fewer. An f32 C gets the bits
+/// of a pass of its own; a 16-bit one is rounded once, after the bias, as
+/// addmm rounds its f32 sum, where a pass rounds twice. Else in a pass.
 pub fn gemm_col_bias(
     g: &Gemm,
     a: &Tensor,
@@ -300,19 +300,11 @@ pub fn gemm_col_bias(
         });
     }
     log_product(g, a);
-    if col_bias_in_product(g, a, c) && g.m > 0 {
+    if c.dtype() == a.dtype() && g.m > 0 {
         return gemm_biased(g, a, b, c, None, Some(bias), kernel);
     }
     gemm_biased(g, a, b, c, None, None, kernel)?;
     super::bias::add_bias(c, bias, g.n, 1)
-}
-
-/// Whether a column bias (of C's type) can be added in the product's own
-/// work: C of the operands' type (the kernels bind the bias as theirs), f32,
-/// or 16-bit where the product is split (added to the f32 sum of its
-/// partials).
-fn col_bias_in_product(g: &Gemm, a: &Tensor, c: &Tensor) -> bool {
-    c.dtype() == a.dtype() && (c.dtype() == DType::F32 || plan_split(g).group > 0)
 }
 
 /// `C += bias[col]` in a pass of its own, for a column bias the product
@@ -355,11 +347,12 @@ fn gemm_biased(
     kernel: MatmulKernel,
 ) -> Result<(), TensorError> {
     const OP: &str = "matmul";
-    if col_bias.is_some() && (bias.is_some() || !col_bias_in_product(g, a, c)) {
+    // The kernels bind a column bias as the operands' type.
+    if col_bias.is_some() && (bias.is_some() || c.dtype() != a.dtype()) {
         return Err(TensorError::NotSupported {
             op: OP,
             what: "a column bias in the product needs no row bias and output in the \
-                   operands' type, f32 or a split product's 16-bit",
+                   operands' type",
         });
     }
     for t in [a, b, c] {
