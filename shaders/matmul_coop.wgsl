@@ -14,7 +14,7 @@
 //   workgroup memory with zeros past the edges, so any size, stride,
 //   offset, batch and window layout runs.
 // The tiles go back through workgroup memory, one at a time, to be written
-// inside C (plus a bias per row, added to C when the product accumulates,
+// inside C (plus a bias per row or per column, added to C when the product accumulates,
 // converted for f16). B may be a convolution's im2col read in place
 // (matmul_common's loader, staged steps only), and REDUCE sums the batch's
 // products into one C (a weight gradient) in the same accumulators: a
@@ -355,6 +355,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
             var v = sc[own + e];
 #if BIAS_ROWS
             v += ld_bias(row);
+#endif
+#if BIAS_COLS
+            v += ld_bias(col);
 #endif
             if (p.accumulate != 0u) { v += ld_c(ci); }
             st_c(ci, v);

@@ -983,19 +983,22 @@ fn implicit_convolutions_match_f64_on_every_kind_of_gpu_tile() {
 #[test]
 fn a_16bit_linear_rounds_once_after_its_bias_where_the_product_adds_it() {
     // linear(x, W, b) in f16 and bf16: where the product adds the bias (the
-    // pass summing a split product's partials, a GPU tile's epilogue), it
+    // pass summing a split product's partials, a GPU tile's epilogue, the
+    // tensor cores' epilogue where the adapter has them), it
     // adds it to the f32 sum and rounds once, as addmm rounds its f32 sum:
     // the bits of the product into f32, the bias added in f32, then one
     // cast. Direct tiles and odd widths (no whole 16-bit words: the f32
     // workspace) keep the bias pass. Every result against f64.
     use vramlab::ops::bias::add_bias;
     use vramlab::ops::cast::cast;
-    use vramlab::ops::matmul::gemm_col_bias;
+    use vramlab::ops::matmul::{gemm_col_bias, tensor_cores_for};
     use vramlab::tensor::DType;
     let e = engine();
     e.start_timing().expect("a GPU engine can time");
     let mut rng = Rng::new(43);
     let chosen = |g: &Gemm| choose(g, Target::of(&e), true, false).tile;
+    let gpu_tile = TileConfig::new(16, 16, 4, 4, 16, true);
+    let mut on_cores_once = 0;
     for dtype in [DType::F16, DType::Bf16] {
         for (n, i, o) in [
             (6, 3001, 10),
@@ -1021,15 +1024,28 @@ fn a_16bit_linear_rounds_once_after_its_bias_where_the_product_adds_it() {
                 b.to_vec().unwrap(),
             );
             let want = linear_ref(&to_f64(&xv), &to_f64(&wv), &to_f64(&bv), n, i, o);
-            for tile in [chosen(&g), TileConfig::new(16, 16, 4, 4, 16, true)] {
-                let what = format!("{dtype} {n}×{o}·K{i} on {}", tile.describe());
-                let kernel = MatmulKernel::Fixed(tile);
+            let probe = Tensor::empty(&e, &[n, o], dtype, "probe").unwrap();
+            let cores = tensor_cores_for(&g, &x, &w, &probe, None, MatmulKernel::Tiled).is_some();
+            for kernel in [
+                MatmulKernel::Fixed(chosen(&g)),
+                MatmulKernel::Fixed(gpu_tile),
+                MatmulKernel::Tiled,
+            ] {
+                let (shared, on_cores) = match kernel {
+                    MatmulKernel::Fixed(t) => (t.shared, false),
+                    _ => (false, cores),
+                };
+                let what = format!("{dtype} {n}×{o}·K{i} with {kernel:?}");
                 let y = Tensor::empty(&e, &[n, o], dtype, "y").unwrap();
                 e.take_dispatch_times().unwrap();
                 gemm_col_bias(&g, &x, &w, &y, &b, kernel).unwrap();
                 let (_, times) = e.take_dispatch_times().unwrap().unwrap();
                 let kernels: Vec<&str> = times.iter().map(|t| t.kernel.as_str()).collect();
-                let once = o % 2 == 0 && (split || tile.shared);
+                if matches!(kernel, MatmulKernel::Tiled) && !on_cores {
+                    continue; // the tiles ran above
+                }
+                let once = o % 2 == 0 && (split || shared || on_cores);
+                on_cores_once += usize::from(once && on_cores);
                 assert_eq!(
                     kernels.iter().any(|k| k.starts_with("bias_add")),
                     !once,
@@ -1044,6 +1060,11 @@ fn a_16bit_linear_rounds_once_after_its_bias_where_the_product_adds_it() {
                 assert_eq!(
                     kernels.iter().any(|k| k.contains(" +col bias")),
                     once && !split,
+                    "{what}: {kernels:?}"
+                );
+                assert_eq!(
+                    kernels.iter().any(|k| k.starts_with("matmul_coop")),
+                    on_cores,
                     "{what}: {kernels:?}"
                 );
                 let got = y.to_vec().unwrap();
@@ -1066,6 +1087,9 @@ fn a_16bit_linear_rounds_once_after_its_bias_where_the_product_adds_it() {
             }
         }
     }
+    // Where the adapter has f16 tensor cores (Mesa 26, NVIDIA), their
+    // epilogue added a bias.
+    assert_eq!(on_cores_once > 0, e.tensor_core_lanes().is_some());
 }
 
 #[test]

@@ -10,6 +10,7 @@
 //! f16 cooperative matrices (`Engine::tensor_core_lanes`); products that
 //! need a K split keep the plain kernels.
 
+use super::dispatch::Bias;
 use super::tile::conv_defs;
 use super::{Gemm, MatView, MatmulParams, Oriented};
 use crate::device::compose::{Defs, Elem};
@@ -329,14 +330,15 @@ pub fn usable(g: &Gemm, a: &Tensor, b: &Tensor, c: &Tensor, bias: Option<&Tensor
         .then_some(lanes)
 }
 
-/// Runs `g` on tensor cores with subgroups of `lanes` invocations; the
-/// caller has checked [`usable`]. A summed batch goes into one C.
-pub fn gemm(
+/// Runs `g` on tensor cores with subgroups of `lanes` invocations, adding
+/// `bias` per row or per column (of C's type) in the epilogue; the caller
+/// has checked [`usable`]. A summed batch goes into one C.
+pub(crate) fn gemm(
     g: &Gemm,
     a: &Tensor,
     b: &Tensor,
     c: &Tensor,
-    bias: Option<&Tensor>,
+    bias: Option<Bias>,
     lanes: u32,
 ) -> Result<(), TensorError> {
     gemm_grouped(g, a, b, c, bias, g.batch.max(1), lanes)
@@ -345,12 +347,12 @@ pub fn gemm(
 /// [`gemm`] where a summed batch is summed `group` entries at a time, each
 /// group into its own C (`c_batch_stride` apart): the partial products of
 /// a weight gradient past one workspace, in one dispatch.
-pub fn gemm_grouped(
+pub(crate) fn gemm_grouped(
     g: &Gemm,
     a: &Tensor,
     b: &Tensor,
     c: &Tensor,
-    bias: Option<&Tensor>,
+    bias: Option<Bias>,
     group: usize,
     lanes: u32,
 ) -> Result<(), TensorError> {
@@ -414,7 +416,8 @@ pub fn gemm_grouped(
         .with("A_COL", u32::from(a_col))
         .with("B_COL", u32::from(b_col))
         .with("REDUCE", u32::from(g.reduce_batch))
-        .with("BIAS_ROWS", u32::from(bias.is_some()))
+        .with("BIAS_ROWS", u32::from(matches!(bias, Some(Bias::Rows(_)))))
+        .with("BIAS_COLS", u32::from(matches!(bias, Some(Bias::Cols(_)))))
         // matmul_common's element loader for B is not wanted by WIDE.
         .with("B4", u32::from(wide));
     let (defs, conv_name) = conv_defs(defs, conv);
@@ -435,7 +438,11 @@ pub fn gemm_grouped(
             flag(a_col, ", Aᵀ"),
             flag(b_col, ", Bᵀ"),
             flag(g.reduce_batch, ", summed batch"),
-            flag(bias.is_some(), ", +bias"),
+            match bias {
+                Some(Bias::Rows(_)) => ", +bias",
+                Some(Bias::Cols(_)) => ", +col bias",
+                None => "",
+            },
         ),
         SOURCE,
         "main",
@@ -451,7 +458,7 @@ pub fn gemm_grouped(
         g.batch
     };
     let mut bindings = vec![a.slice(), b.slice(), c.slice()];
-    bindings.extend(bias.map(Tensor::slice));
+    bindings.extend(bias.map(|b| b.tensor().slice()));
     let refs: Vec<_> = bindings.iter().collect();
     e.dispatch(
         &kernel,

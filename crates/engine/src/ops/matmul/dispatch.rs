@@ -114,7 +114,8 @@ impl MatmulParams {
 
 /// A bias the product's epilogue adds: one per row of C (a convolution's,
 /// per output channel) or one per column (a linear layer's, per output
-/// feature: GPU tiles, f32 C, the product bound whole and unsplit).
+/// feature: GPU tiles bound whole and unsplit, or tensor cores; C in the
+/// operands' type).
 #[derive(Clone, Copy)]
 pub(crate) enum Bias<'a> {
     Rows(&'a Tensor),
@@ -122,7 +123,7 @@ pub(crate) enum Bias<'a> {
 }
 
 impl<'a> Bias<'a> {
-    fn tensor(self) -> &'a Tensor {
+    pub(crate) fn tensor(self) -> &'a Tensor {
         match self {
             Bias::Rows(t) | Bias::Cols(t) => t,
         }

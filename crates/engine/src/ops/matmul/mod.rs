@@ -379,8 +379,8 @@ fn gemm_biased(
             gemm_via_f32(g, a, b, c, bias, kernel)?;
             return col_bias_pass(g, c, col_bias);
         }
-        coop::gemm(g, a, b, c, bias, lanes)?;
-        return col_bias_pass(g, c, col_bias);
+        let epilogue = bias.map(Bias::Rows).or(col_bias.map(Bias::Cols));
+        return coop::gemm(g, a, b, c, epilogue, lanes);
     }
     let fixed = |tile| TileChoice {
         tile,
