@@ -206,8 +206,10 @@ impl std::ops::Index<&SegmentId> for SegmentTable {
     }
 }
 
-/// Page address → (device allocation, bytes).
-pub(crate) type PageMap = crate::id_hash::IdMap<u64, (SegmentId, u64)>;
+/// Mapped runs of whole pages: first page's address → (device allocation,
+/// bytes). One entry a mapping (split where unmapping cuts it), not one a
+/// page, so a huge request costs no more host memory than a small one.
+pub(crate) type PageMap = std::collections::BTreeMap<u64, (SegmentId, u64)>;
 
 /// Free blocks ordered by (size, address, index), the order best fit
 /// searches: sorted runs of at most [`RUN`] entries, found by binary search

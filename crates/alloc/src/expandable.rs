@@ -290,31 +290,30 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let base = self.segments[&segment].address;
         let first = (address - base) / page;
         let last = (address - base + size).div_ceil(page);
-        // Grown page by page: a huge request stops at the first page the
-        // device refuses, without reserving room for all of them first.
-        let mut made = Vec::new();
-        for p in first..last {
-            let id = SegmentId(self.next_segment_id);
-            match self.source.allocate(id, page) {
-                Ok(()) => {
-                    self.next_segment_id += 1;
-                    made.push((base + p * page, id));
-                }
-                Err(e) => {
-                    for (_, id) in made {
-                        self.source.release(id, page);
-                    }
-                    return match e {
-                        SourceError::OutOfMemory => Ok(false),
-                        SourceError::Other(msg) => Err(AllocError::Device(msg)),
-                    };
-                }
-            }
-        }
         let mapped = (last - first) * page;
-        for (at, id) in made {
-            self.pages.insert(at, (id, page));
+        // All the pages or none, in runs of whole pages no longer than the
+        // source's largest segment: one device allocation a run, however
+        // many pages it holds.
+        let run = (self.source.max_segment_size() / page).max(1) * page;
+        let mut made = Vec::new();
+        let mut at = base + first * page;
+        while at < base + last * page {
+            let bytes = run.min(base + last * page - at);
+            let id = SegmentId(self.next_segment_id);
+            if let Err(e) = self.source.allocate(id, bytes) {
+                for (_, (id, bytes)) in made {
+                    self.source.release(id, bytes);
+                }
+                return match e {
+                    SourceError::OutOfMemory => Ok(false),
+                    SourceError::Other(msg) => Err(AllocError::Device(msg)),
+                };
+            }
+            self.next_segment_id += 1;
+            made.push((at, (id, bytes)));
+            at += bytes;
         }
+        self.pages.extend(made);
         self.pool_mut(kind).unmapped.remove(&(address, index));
         self.blocks[index].mapped = true;
         if mapped < bsize {
@@ -379,11 +378,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             return;
         }
         let (lo, hi) = (base + first * page, base + last * page);
-        for at in (lo..hi).step_by(page as usize) {
-            if let Some((id, bytes)) = self.pages.remove(&at) {
-                self.source.release(id, bytes);
-            }
-        }
+        self.unmap_pages(lo, hi);
         self.remove_from_pool(index);
         if lo > address {
             // prev? → before → block
@@ -433,6 +428,40 @@ impl<S: SegmentSource> CachingAllocator<S> {
             .decrease(kind.stat_type(), unmapped as i64);
         self.stats.num_device_free += 1;
         self.record_segment(EventKind::SegmentUnmap, unmapped, lo, segment);
+    }
+
+    /// Gives back the mapped pages in [lo, hi) (whole pages): runs inside it
+    /// go back whole; a run reaching past either end goes back and its
+    /// pages outside are mapped again as runs of their own.
+    fn unmap_pages(&mut self, lo: u64, hi: u64) {
+        // Runs are disjoint and sorted: walking down from hi, those ending
+        // past lo overlap.
+        let cut: Vec<(u64, (SegmentId, u64))> = self
+            .pages
+            .range(..hi)
+            .rev()
+            .take_while(|(&at, &(_, bytes))| at + bytes > lo)
+            .map(|(&at, &v)| (at, v))
+            .collect();
+        for (at, (id, bytes)) in cut {
+            self.pages.remove(&at);
+            self.source.release(id, bytes);
+            for (start, len) in [
+                (at, lo.saturating_sub(at)),
+                (hi, (at + bytes).saturating_sub(hi)),
+            ] {
+                if len == 0 {
+                    continue;
+                }
+                let keep = SegmentId(self.next_segment_id);
+                // Fewer bytes than were just released: a source counting
+                // bytes cannot refuse them.
+                if self.source.allocate(keep, len).is_ok() {
+                    self.next_segment_id += 1;
+                    self.pages.insert(start, (keep, len));
+                }
+            }
+        }
     }
 
     /// Forgets an expandable segment with nothing mapped (its one block).

@@ -463,3 +463,42 @@ fn a_placement_hook_is_consulted_and_checked() {
     a.empty_cache();
     assert_eq!(a.memory_reserved(), 0);
 }
+
+/// Expandable segments map a request's pages as runs (one device
+/// allocation each), so a request of 2^61 bytes maps at once rather than
+/// page by page (10^11 pages); unmapping part of a run gives back exactly
+/// those pages and keeps the rest mapped, the device's count of bytes in
+/// step with `memory_reserved` throughout.
+#[test]
+fn expandable_pages_map_in_runs_and_unmap_in_part() {
+    let conf = AllocatorConfig::parse("expandable_segments:True").unwrap();
+    let mut huge = CachingAllocator::new(SimulatedSource::unlimited(), conf.clone());
+    let x = huge.malloc(1 << 61, "x").unwrap();
+    assert_eq!(
+        huge.memory_reserved(),
+        (1u64 << 61).div_ceil(20 * MIB) * 20 * MIB
+    );
+    huge.free(x.handle).unwrap();
+    huge.empty_cache();
+    assert_eq!(huge.memory_reserved(), 0);
+
+    let cap = 1024 * MIB;
+    let mut a = CachingAllocator::new(SimulatedSource::new(cap), conf);
+    let in_use = |a: &CachingAllocator<SimulatedSource>| cap - a.source().free_capacity().unwrap();
+    // One run of five 20 MiB pages, then a 30 MiB block at its start: the
+    // free 70 MiB after it holds three whole pages.
+    let x = a.malloc(100 * MIB, "x").unwrap();
+    assert_eq!((a.memory_reserved(), in_use(&a)), (100 * MIB, 100 * MIB));
+    a.free(x.handle).unwrap();
+    let y = a.malloc(30 * MIB, "y").unwrap();
+    a.empty_cache();
+    assert_eq!((a.memory_reserved(), in_use(&a)), (40 * MIB, 40 * MIB));
+    // What stays mapped is still usable: 10 MiB more fit without mapping.
+    let z = a.malloc(10 * MIB, "z").unwrap();
+    assert_eq!(a.memory_reserved(), 40 * MIB);
+    for h in [y.handle, z.handle] {
+        a.free(h).unwrap();
+    }
+    a.empty_cache();
+    assert_eq!((a.memory_reserved(), in_use(&a)), (0, 0));
+}
