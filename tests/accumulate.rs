@@ -79,3 +79,30 @@ fn micro_batches_give_the_full_batch_gradients_at_a_lower_peak() {
         }
     }
 }
+
+/// `train --accumulate K` reports the batch as given, cut into K
+/// micro-batches, in text and JSON.
+#[test]
+fn accumulated_batches_are_reported_whole() {
+    let v = common::vramlab_json([
+        "train",
+        "--model",
+        "mlp",
+        "--batch",
+        "4",
+        "--accumulate",
+        "2",
+        "--steps",
+        "1",
+        "--json",
+    ]);
+    assert_eq!(
+        (
+            v["batch"].as_u64(),
+            v["accumulate"].as_u64(),
+            v["micro_batch"].as_u64()
+        ),
+        (Some(4), Some(2), Some(2)),
+        "{v}"
+    );
+}

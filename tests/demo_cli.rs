@@ -94,3 +94,23 @@ fn the_readme_shows_what_the_demo_prints() {
         skipping = false;
     }
 }
+
+/// The reading's comparison with the article's batch-64 estimate follows
+/// the figures: a batch-2 peak is below it, and the text says the estimate
+/// was made for batch 64.
+#[test]
+fn the_demo_compares_its_peak_with_the_article_as_the_figures_say() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .args(["demo", "--batch", "2", "--steps", "1"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(
+            "is below the article's 55.73 MiB estimate (made for batch 64; this run's batch is 2)"
+        ),
+        "{text}"
+    );
+    assert!(!text.contains("well above"), "{text}");
+}

@@ -122,3 +122,63 @@ fn estimate_handles_gpt2_to_175b() {
         "{params:?}"
     );
 }
+
+/// `--data` for a language model: x holds token ids, as integers (what
+/// PyTorch saves) or whole floats, each inside the vocabulary; an id past
+/// it, negative or not whole is an error naming it, never clamped.
+#[test]
+fn data_token_ids_are_whole_and_inside_the_vocabulary() {
+    use vramlab::io::SafeTensors;
+    use vramlab::memory::AllocatorConfig;
+    use vramlab::nn::ModelSpec;
+    use vramlab::tensor::Engine;
+    use vramlab::train::Batch;
+    let spec = ModelSpec::default_for("gpt").unwrap();
+    let vocab = spec.vocab().expect("gpt has a vocabulary");
+    let seq = spec.input_shape()[0];
+    let e = Engine::simulated(AllocatorConfig::default(), None);
+    let labels: Vec<i64> = (0..2 * seq).map(|i| (i % vocab) as i64).collect();
+    let batch = |x: &dyn Fn(&mut SafeTensors)| {
+        let mut st = SafeTensors::new();
+        x(&mut st);
+        st.insert_i64("y", &[2, seq], &labels).unwrap();
+        Batch::from_safetensors(&e, &st, spec.classes(), spec.vocab()).map(|b| b.size())
+    };
+    let ids = |last: i64| -> Vec<i64> {
+        let mut v = labels.clone();
+        *v.last_mut().unwrap() = last;
+        v
+    };
+    // int64 ids, and the same as whole floats.
+    assert_eq!(
+        batch(&|st| st.insert_i64("x", &[2, seq], &ids(3)).unwrap()).unwrap(),
+        2
+    );
+    let floats = |last: f32| -> Vec<f32> {
+        let mut v: Vec<f32> = labels.iter().map(|&i| i as f32).collect();
+        *v.last_mut().unwrap() = last;
+        v
+    };
+    assert_eq!(
+        batch(&|st| st.insert_f32("x", &[2, seq], &floats(3.0)).unwrap()).unwrap(),
+        2
+    );
+    for bad in [vocab as i64, -1] {
+        let err = batch(&|st| st.insert_i64("x", &[2, seq], &ids(bad)).unwrap()).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains(&format!("token {bad} is outside 0..{vocab}")),
+            "{err}"
+        );
+    }
+    let err = batch(&|st| {
+        st.insert_f32("x", &[2, seq], &floats(vocab as f32))
+            .unwrap()
+    })
+    .unwrap_err();
+    assert!(err.to_string().contains("outside"), "{err}");
+    for bad in [1.5, f32::NAN] {
+        let err = batch(&|st| st.insert_f32("x", &[2, seq], &floats(bad)).unwrap()).unwrap_err();
+        assert!(err.to_string().contains("not a whole number"), "{err}");
+    }
+}

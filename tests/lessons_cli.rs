@@ -172,3 +172,20 @@ fn measured_lessons_report_what_could_not_run_and_agree_otherwise() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `lesson` takes every id `lessons` lists, whole (`C06/C28`) or by one of
+/// its parts, in any case, with or without the C and the leading zero.
+#[test]
+fn lessons_are_found_by_the_ids_lessons_lists() {
+    use vramlab::lessons::{catalog::LESSONS, find};
+    for l in LESSONS.iter() {
+        assert_eq!(find(l.id).map(|f| f.id), Some(l.id), "{}", l.id);
+        assert_eq!(find(&l.id.to_lowercase()).map(|f| f.id), Some(l.id));
+        for part in l.id.split('/') {
+            assert_eq!(find(part).map(|f| f.id), Some(l.id), "{part}");
+        }
+    }
+    assert_eq!(find("7").map(|l| l.id), find("C07").map(|l| l.id));
+    assert_eq!(find("c6").map(|l| l.id), Some("C06/C28"));
+    assert!(find("C06/C99").is_none() && find("nope").is_none());
+}

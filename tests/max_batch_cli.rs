@@ -52,3 +52,46 @@ fn max_batch_trains_and_the_next_batch_runs_out_of_memory() {
         "{by:?}"
     );
 }
+
+/// A search capped by `--max` says so, and does not name a larger batch
+/// that failed: none was tried.
+#[test]
+fn a_batch_capped_by_max_is_reported_as_capped() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .args([
+            "max-batch",
+            "--model",
+            "mlp",
+            "--widths",
+            "4,4,2",
+            "--memory-limit",
+            "64MiB",
+            "--max",
+            "10",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("max batch 10 (capped by --max 10: larger batches were not tried)"),
+        "{text}"
+    );
+    assert!(!text.contains("batch 11 did not fit"), "{text}");
+    let v = common::vramlab_json([
+        "max-batch",
+        "--model",
+        "mlp",
+        "--widths",
+        "4,4,2",
+        "--memory-limit",
+        "64MiB",
+        "--max",
+        "10",
+        "--json",
+    ]);
+    assert_eq!(
+        (v["max_batch"].as_u64(), v["max"].as_u64()),
+        (Some(10), Some(10))
+    );
+}

@@ -235,7 +235,7 @@ fn run_case(dir: &Path) -> f64 {
     let mut store = ParamStore::new();
     let model = spec.build(&e, &mut store, &mut Rng::new(0)).unwrap();
     store.load(&weights).unwrap();
-    let batch = Batch::from_safetensors(&e, &data, spec.classes()).unwrap();
+    let batch = Batch::from_safetensors(&e, &data, spec.classes(), spec.vocab()).unwrap();
     let mut trainer = Trainer::new(e, model, store, opt.build(), false);
     let mut last = None;
     for _ in 0..meta("steps").parse::<usize>().unwrap() {

@@ -67,6 +67,8 @@ const ARTICLE_ESTIMATE: [(&str, f64); 5] = [
     ("activation (conv outputs)", 38.5),
 ];
 const ARTICLE_TOTAL_MIB: f64 = 55.73;
+/// The batch the article's figures are for.
+const ARTICLE_BATCH: usize = 64;
 const ARTICLE_MEASURED_MB: f64 = 54.12;
 
 /// Runs `vramlab demo`: the simulated figures, the real steps, then the
@@ -327,7 +329,7 @@ fn report(
         return print_json(args, d, steps, &live, at_peak, alloc.stats(), start);
     }
     print_comparison(&live, last);
-    print_reading(at_peak, last);
+    print_reading(at_peak, last, args.batch);
     print!(
         "{}",
         memory_summary(alloc.stats(), &d.engine.device_name(), true)
@@ -424,7 +426,7 @@ fn print_comparison(live: &BTreeMap<&'static str, u64>, last: Last) {
 
 /// Prints what the figures mean: what is alive after a step, what is live
 /// at the peak, why reserved differs, and the loss.
-fn print_reading(at_peak: &BTreeMap<&'static str, u64>, last: Last) {
+fn print_reading(at_peak: &BTreeMap<&'static str, u64>, last: Last, batch: usize) {
     println!();
     println!("Reading it:");
     println!("  - After a step only parameters, gradients (kept until zero_grad), Adam's two states and the");
@@ -440,9 +442,24 @@ fn print_reading(at_peak: &BTreeMap<&'static str, u64>, last: Last) {
         .iter()
         .map(|(k, b)| format!("{k} {:.2}", mib(*b)))
         .collect();
+    // Said from the figures: the article's estimate is for batch 64.
+    let peak = mib(last.2);
+    let relation = if peak > ARTICLE_TOTAL_MIB * 1.25 {
+        "well above"
+    } else if peak > ARTICLE_TOTAL_MIB * 1.05 {
+        "above"
+    } else if peak < ARTICLE_TOTAL_MIB * 0.95 {
+        "below"
+    } else {
+        "close to"
+    };
+    let batch_note = if batch == ARTICLE_BATCH {
+        String::new()
+    } else {
+        format!(" (made for batch {ARTICLE_BATCH}; this run's batch is {batch})")
+    };
     println!(
-        "  - The peak ({:.2} MiB) is well above the article's {ARTICLE_TOTAL_MIB} MiB estimate. Live at the peak (MiB):",
-        mib(last.2)
+        "  - The peak ({peak:.2} MiB) is {relation} the article's {ARTICLE_TOTAL_MIB} MiB estimate{batch_note}. Live at the peak (MiB):"
     );
     println!("    {}.", listed.join(", "));
     let temporary = at_peak.get("temporary").copied().unwrap_or(0);
@@ -450,7 +467,14 @@ fn print_reading(at_peak: &BTreeMap<&'static str, u64>, last: Last) {
         "    The article's count has no line for backward's temporaries ({:.2} MiB: the gradients passed",
         mib(temporary)
     );
-    println!("    between layers and their workspaces), which makes the gap; its activations (the ReLU outputs");
+    println!(
+        "    between layers and their workspaces){}; its activations (the ReLU outputs",
+        if batch == ARTICLE_BATCH {
+            ", which makes the gap"
+        } else {
+            ""
+        }
+    );
     println!(
         "    saved for backward) are right. From step 2 on, Adam's state is alive at the peak too."
     );

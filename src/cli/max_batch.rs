@@ -300,6 +300,9 @@ pub fn run(args: &MaxBatchArgs) -> anyhow::Result<()> {
             "device": engine.device_name(),
             "estimated_max_batch": estimated,
             "max_batch": max_batch,
+            // The search's cap (--max): a max_batch equal to it may not be
+            // the device's limit.
+            "max": args.max,
             "trials": trials,
             "by_allocator": by_allocator,
         });
@@ -335,10 +338,27 @@ pub fn run(args: &MaxBatchArgs) -> anyhow::Result<()> {
             mib(t.peak_reserved_bytes)
         );
     }
-    println!(
-        "estimated: {estimated}; on the device: max batch {max_batch} (batch {} did not fit)",
-        max_batch + 1
-    );
+    // What bounds the answer: the smallest larger batch that failed on the
+    // device, or --max (larger batches are not tried).
+    let bound = match trials
+        .iter()
+        .filter(|t| t.on == "device" && !t.fits && t.batch > max_batch)
+        .map(|t| t.batch)
+        .min()
+    {
+        Some(b) => format!("batch {b} did not fit"),
+        None => format!(
+            "capped by --max {}: larger batches were not tried",
+            args.max
+        ),
+    };
+    println!("estimated: {estimated}; on the device: max batch {max_batch} ({bound})");
+    if by_allocator.iter().any(|r| r["max_batch"] == args.max) {
+        println!(
+            "(an allocator at {} may allow more: --max caps every search)",
+            args.max
+        );
+    }
     if let Some(why) = trials.iter().find_map(|t| t.limit.as_ref()) {
         println!("limit: a batch failed past what the adapter binds, not for memory: {why}");
     }

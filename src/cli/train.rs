@@ -404,9 +404,8 @@ fn first_batches(
     per: usize,
 ) -> anyhow::Result<(Batch, Vec<Batch>)> {
     let mut batch = match data {
-        Some(d) => {
-            Batch::from_safetensors(engine, d, spec.classes()).map_err(anyhow::Error::msg)?
-        }
+        Some(d) => Batch::from_safetensors(engine, d, spec.classes(), spec.vocab())
+            .map_err(anyhow::Error::msg)?,
         None if text.is_some() => {
             text_batch(text, spec, per, rng, engine)?.context("text batch")?
         }
@@ -436,9 +435,16 @@ fn print_header(args: &TrainArgs, s: &Setup) {
         println!("note: this device has no native f16 (SHADER_F16): f16 tensors are stored as f16, two per 32-bit word, and computed in f32; memory is the same, speed differs");
     }
     println!("vramlab train: {}", s.spec.describe());
+    // The batch as given; with --accumulate, the micro-batches it is cut
+    // into (what each forward holds).
+    let micro = if args.accumulate > 1 {
+        format!(" ({} micro-batches of {})", args.accumulate, s.batch.size())
+    } else {
+        String::new()
+    };
     println!(
-        "batch {}, {:?} lr {}{}, {} steps, on {} ({})",
-        s.batch.size(),
+        "batch {}{micro}, {:?} lr {}{}, {} steps, on {} ({})",
+        s.batch.size() * args.accumulate,
         s.opt.kind,
         s.opt.lr,
         if s.opt.momentum != 0.0 {
@@ -732,7 +738,11 @@ fn print_report(
     if args.json {
         let report = serde_json::json!({
             "model": t.spec,
-            "batch": t.batch.size(),
+            "batch": t.batch.size() * args.accumulate,
+            // Micro-batches a step's batch is cut into (1: not cut), and
+            // each one's samples.
+            "accumulate": args.accumulate,
+            "micro_batch": t.batch.size(),
             "optimizer": t.opt,
             "adapter": t.gpu_name,
             "backend": t.backend,

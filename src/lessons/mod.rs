@@ -208,19 +208,20 @@ pub fn fig(name: impl Into<String>, value: f64, unit: &'static str) -> Figure {
     }
 }
 
-/// The lesson called `id` (case-insensitive; `C6` is `C06`, and `C28`
-/// finds `C06/C28`).
+/// The lesson called `id` (case-insensitive; `C6` and `6` are `C06`,
+/// `C28` finds `C06/C28`, and so does `C06/C28` itself, as `lessons` lists
+/// it).
 pub fn find(id: &str) -> Option<&'static Lesson> {
     let want = id.trim().to_ascii_uppercase();
     let norm = |s: &str| -> String {
-        match s.strip_prefix('C').and_then(|n| n.parse::<u32>().ok()) {
-            Some(n) => format!("C{n:02}"),
-            None => s.to_string(),
+        match s.strip_prefix('C').unwrap_or(s).parse::<u32>() {
+            Ok(n) => format!("C{n:02}"),
+            Err(_) => s.to_string(),
         }
     };
-    let want = norm(&want);
-    catalog::LESSONS.iter().find(|l| {
-        l.id.split('/')
-            .any(|part| norm(part) == want || part == want)
-    })
+    let whole = |s: &str| s.split('/').map(norm).collect::<Vec<_>>().join("/");
+    let want = whole(&want);
+    catalog::LESSONS
+        .iter()
+        .find(|l| whole(l.id) == want || l.id.split('/').any(|part| norm(part) == want))
 }

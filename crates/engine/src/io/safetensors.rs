@@ -96,7 +96,7 @@ impl StDtype {
         }
     }
 
-    fn is_float(self) -> bool {
+    pub fn is_float(self) -> bool {
         matches!(
             self,
             StDtype::F64 | StDtype::F32 | StDtype::F16 | StDtype::BF16

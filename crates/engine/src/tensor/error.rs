@@ -222,6 +222,9 @@ pub enum EngineError {
         value: i64,
         classes: usize,
     },
+    /// A language model's input id that is not a whole number.
+    #[error("batch: token id {value} in x is not a whole number (a language model's x holds token ids in 0..{vocab}: save them as integers, e.g. int64)")]
+    TokenNotWhole { value: f64, vocab: usize },
     #[error("y must have shape [N] with N = x's first axis (or x's shape, for token labels); x is {x:?}, y is {y:?}")]
     LabelShape { x: Vec<usize>, y: Vec<usize> },
     #[error("cannot load {path} into this model:{}", Problems(.problems))]

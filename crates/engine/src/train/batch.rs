@@ -163,13 +163,19 @@ impl Batch {
     }
 
     /// `x` and `y` from a safetensors file; labels must lie in 0..classes.
+    /// For a language model (`vocab`), x holds token ids: integers (as
+    /// PyTorch saves them) or whole floats, each in 0..vocab.
     pub fn from_safetensors(
         engine: &Engine,
         st: &SafeTensors,
         classes: usize,
+        vocab: Option<usize>,
     ) -> Result<Batch, TensorError> {
         let _scope = engine.scope(Category::Input, "batch");
-        let (xv, xs) = st.f32("x")?;
+        let (xv, xs) = match vocab {
+            Some(vocab) => Self::token_ids(st, vocab).map_err(|e| e.in_file(&st.origin))?,
+            None => st.f32("x")?,
+        };
         let (yv, ys) = st.i64("y")?;
         // [N] class labels, or [N, S] next-token labels of a sequence
         // model (x [N, S] token ids), flattened as its logits are.
@@ -178,6 +184,38 @@ impl Batch {
         }
         let x = Tensor::from_slice(engine, &xv, &xs, "input")?;
         Self::with_labels(engine, x, yv, classes).map_err(|e| e.in_file(&st.origin))
+    }
+
+    /// x's token ids as f32 (exact: a vocabulary is below 2^24), each a
+    /// whole number in 0..vocab.
+    fn token_ids(st: &SafeTensors, vocab: usize) -> Result<(Vec<f32>, Vec<usize>), TensorError> {
+        let ids: (Vec<i64>, Vec<usize>) = if st.get("x")?.dtype.is_float() {
+            let (v, shape) = st.f32("x")?;
+            let ids = v
+                .iter()
+                .map(|&f| {
+                    if f.is_finite() && f.fract() == 0.0 {
+                        Ok(f as i64)
+                    } else {
+                        Err(TensorError::TokenNotWhole {
+                            value: f as f64,
+                            vocab,
+                        })
+                    }
+                })
+                .collect::<Result<_, _>>()?;
+            (ids, shape)
+        } else {
+            st.i64("x")?
+        };
+        if let Some(&bad) = ids.0.iter().find(|&&v| v < 0 || v as usize >= vocab) {
+            return Err(TensorError::ClassOutOfRange {
+                what: "token",
+                value: bad,
+                classes: vocab,
+            });
+        }
+        Ok((ids.0.iter().map(|&v| v as f32).collect(), ids.1))
     }
 
     fn with_labels(
