@@ -539,3 +539,45 @@ fn a_file_that_contradicts_a_size_flag_is_refused() {
     assert!(o.status.success(), "{}", stderr(&o));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A device size or memory limit of no bytes is refused before any work,
+/// naming the flag: it refused every allocation and reported empty figures
+/// (a trace's lower bound of 0 MiB, "0 fit" with negative headroom).
+#[test]
+fn zero_memory_is_refused_naming_the_flag() {
+    let trace = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/traces/split_merge.jsonl"
+    );
+    for (args, flag) in [
+        (vec!["replay", trace, "--capacity", "0"], "--capacity 0"),
+        (
+            vec!["replay", trace, "--memory-limit", "0MiB"],
+            "--memory-limit 0MiB",
+        ),
+        (
+            vec!["bench-alloc", "--allocators", "pytorch", "--capacity", "0"],
+            "--capacity 0",
+        ),
+        (
+            vec![
+                "plan", "--model", "gpt", "--preset", "gpt2", "--gpus", "8", "--memory", "0",
+            ],
+            "--memory 0",
+        ),
+        (
+            vec!["max-batch", "--model", "mlp", "--memory-limit", "0"],
+            "--memory-limit 0",
+        ),
+        (
+            vec!["estimate", "--model", "mlp", "--memory-limit", "0b"],
+            "--memory-limit 0b",
+        ),
+    ] {
+        let err = fails_cleanly(&args);
+        assert!(
+            err.contains(flag) && err.contains("above 0"),
+            "{args:?}: {err}"
+        );
+    }
+}

@@ -125,8 +125,7 @@ impl AllocArgs {
             ArgError(format!("{from}: {e}"))
         })?;
         if let Some(s) = &self.memory_limit {
-            cfg.memory_limit =
-                Some(parse_size(s).map_err(|e| ArgError(format!("--memory-limit: {e}")))?);
+            cfg.memory_limit = Some(parse_memory("--memory-limit", s)?);
         }
         if let Some(f) = self.memory_fraction {
             if !(f > 0.0 && f <= 1.0) {
@@ -206,8 +205,21 @@ pub fn out_file_dir(flag: &str, file: &std::path::Path) -> Result<(), ArgError> 
 /// Parses an optional `--capacity`.
 pub fn parse_capacity(s: &Option<String>) -> Result<Option<u64>, ArgError> {
     s.as_ref()
-        .map(|s| parse_size(s).map_err(|e| ArgError(format!("--capacity: {e}"))))
+        .map(|s| parse_memory("--capacity", s))
         .transpose()
+}
+
+/// A device's size or a memory limit given as `flag`: a size above 0 (a
+/// device of no bytes refuses every allocation, and every figure of a run
+/// on it would be empty).
+pub fn parse_memory(flag: &str, s: &str) -> Result<u64, ArgError> {
+    match parse_size(s) {
+        Ok(0) => Err(ArgError(format!(
+            "{flag} {s}: no memory at all refuses every allocation; give a size above 0, e.g. 16GiB"
+        ))),
+        Ok(n) => Ok(n),
+        Err(e) => Err(ArgError(format!("{flag}: {e}"))),
+    }
 }
 
 /// Choosing a zoo model and its sizes (see `vramlab models`).

@@ -13,7 +13,7 @@ use crate::estimate::{analyze, Plan};
 use crate::lab::strategies::NAMES;
 use crate::lab::workload::{compare, Workload};
 use crate::memory::mib;
-use crate::memory::{parse_size, AllocatorConfig};
+use crate::memory::AllocatorConfig;
 use crate::tensor::Engine;
 use clap::Args;
 use serde::Serialize;
@@ -171,7 +171,7 @@ fn limits(args: &MaxBatchArgs, base_config: &AllocatorConfig) -> anyhow::Result<
         None => None,
     };
     let limit = match &args.limit {
-        Some(s) => parse_size(s).map_err(|e| anyhow::anyhow!("--memory-limit: {e}"))?,
+        Some(s) => super::args::parse_memory("--memory-limit", s)?,
         None => base_config.memory_limit.or(capacity).ok_or_else(|| {
             anyhow::anyhow!(
                 "max-batch needs the memory to fit in: add --memory-limit SIZE (e.g. --memory-limit 16GiB), or --memory-fraction F with --capacity SIZE"

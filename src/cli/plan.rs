@@ -3,7 +3,7 @@
 //! every rank fits a GPU's memory with the headroom asked, each rank's two
 //! steps replayed through the caching allocator, ranked by a stated cost.
 
-use super::args::{parse_capacity, AllocArgs, ModelArgs};
+use super::args::{AllocArgs, ModelArgs};
 use super::layout_args::{transformer, RecomputeArg};
 use crate::parallel::plan::{search, Candidate, Costs, Request};
 use crate::parallel::{Precision, Recompute, Sharding};
@@ -155,8 +155,7 @@ fn row(c: &Candidate) -> String {
 pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
     let spec = args.model.spec()?;
     let (model, seq) = transformer(&spec)?;
-    let memory = parse_capacity(&Some(args.memory.clone()))?
-        .ok_or_else(|| anyhow::anyhow!("--memory needs a size, e.g. 80GiB"))?;
+    let memory = super::args::parse_memory("--memory", &args.memory)?;
     if args.gpus == 0 || args.global_batch == 0 {
         anyhow::bail!("--gpus and --global-batch must be at least 1");
     }
