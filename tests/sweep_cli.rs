@@ -68,3 +68,24 @@ fn an_out_of_memory_point_is_recorded_and_the_sweep_goes_on() {
     // Estimated and measured agree where it ran.
     assert_eq!(p[0]["measured_peak_bytes"], p[0]["estimated_peak_bytes"]);
 }
+
+/// Under `--memory-limit`, a point whose step does not fit is recorded as
+/// out of memory without `--measure` too (simulated under the limit),
+/// beside its estimated demand.
+#[test]
+fn a_point_past_the_memory_limit_is_out_of_memory_without_measuring() {
+    let v = crate::common::vramlab_json([
+        "sweep",
+        "--model",
+        "simple-cnn",
+        "--batch",
+        "1,1000",
+        "--memory-limit",
+        "1GiB",
+        "--json",
+    ]);
+    let points = v["points"].as_array().unwrap();
+    assert!(points[0].get("oom").is_none(), "{v}");
+    assert_eq!(points[1]["oom"], true, "{v}");
+    assert!(points[1]["estimated_peak_bytes"].as_u64().unwrap() > 1 << 30, "{v}");
+}

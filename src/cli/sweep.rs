@@ -137,6 +137,13 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
             .map(|c| a.by_category.get(c).copied().unwrap_or(0))
             .sum();
         let (measured, oom) = match &engine {
+            // Under a memory limit, whether the step fits it: run on a
+            // simulated device with the limit.
+            None if plan.config.memory_limit.is_some() => match estimate(&plan) {
+                Ok(_) => (None, false),
+                Err(err) if err.is_oom() => (None, true),
+                Err(err) => return Err(err).context(format!("{dim} {value}")),
+            },
             None => (None, false),
             Some(e) => {
                 e.allocator().empty_cache();
@@ -206,6 +213,7 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
     );
     for p in &points {
         let m = match (p.measured_peak_bytes, p.oom) {
+            (_, true) if engine.is_none() => "out of memory (simulated)".to_string(),
             (_, true) => "out of memory".to_string(),
             (Some(b), _) => format!("{:.2}", mib(b)),
             (None, _) => "-".to_string(),
