@@ -581,3 +581,24 @@ fn zero_memory_is_refused_naming_the_flag() {
         );
     }
 }
+
+/// An output file whose directory cannot be made is refused before any
+/// training, naming its flag.
+#[test]
+fn train_outputs_are_checked_before_training() {
+    for flag in ["--dump", "--record-trace"] {
+        let err = fails_cleanly(&[
+            "train",
+            "--model",
+            "mlp",
+            "--batch",
+            "2",
+            "--steps",
+            "1",
+            flag,
+            "/proc/no/such/out",
+        ]);
+        assert!(err.contains(&format!("{flag} /proc/no/such")), "{err}");
+        assert!(!err.contains("step 1"), "{err}");
+    }
+}

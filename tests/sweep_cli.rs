@@ -87,5 +87,8 @@ fn a_point_past_the_memory_limit_is_out_of_memory_without_measuring() {
     let points = v["points"].as_array().unwrap();
     assert!(points[0].get("oom").is_none(), "{v}");
     assert_eq!(points[1]["oom"], true, "{v}");
-    assert!(points[1]["estimated_peak_bytes"].as_u64().unwrap() > 1 << 30, "{v}");
+    assert!(
+        points[1]["estimated_peak_bytes"].as_u64().unwrap() > 1 << 30,
+        "{v}"
+    );
 }

@@ -134,6 +134,16 @@ struct StepJson {
 pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     let start = Instant::now();
     let checked = check_flags(args)?;
+    // The output files' directories before any training: a path that
+    // cannot be written is found now, not after the run.
+    for (flag, path) in [
+        ("--dump", &args.dump),
+        ("--record-trace", &args.record_trace),
+    ] {
+        if let Some(path) = path {
+            super::args::out_file_dir(flag, path)?;
+        }
+    }
     let setup = setup(args, checked)?;
     print_header(args, &setup);
     let f32_peaks = f32_peaks(args, &setup)?;
@@ -698,7 +708,8 @@ fn dump(args: &TrainArgs, t: &Training, path: &Path, out: &StepOutputs) -> anyho
         "optimizer".into(),
         format!("{:?} lr {}", t.opt.kind, t.opt.lr),
     );
-    st.write(path)?;
+    st.write(path)
+        .map_err(|e| anyhow::anyhow!("--dump {}: {e}", path.display()))?;
     if !args.json {
         println!(
             "\nwrote {} ({} tensors: {output}, loss, grad.*, param.*)",
