@@ -48,7 +48,10 @@ pub struct BenchArgs {
     /// Also time the naive kernel (one output per thread) at each size.
     #[arg(long)]
     pub naive: bool,
-    /// Try a grid of tile shapes per shape class and report the best.
+    /// Try a grid of tile shapes per shape class and report the best; where
+    /// tile tuning is on (GPUs, by default), also time every shape class
+    /// again and rewrite the tile cache. On CPU adapters tuning is off
+    /// (VRAMLAB_TUNE=on turns it on), and the report says no cache was written.
     #[arg(long)]
     pub tune: bool,
     /// Run the model steps under autocast to this dtype (f16 with the
@@ -963,6 +966,11 @@ fn tune(ctx: &mut Ctx, report: &mut BenchReport) -> anyhow::Result<()> {
         bar.inc(1);
     }
     bar.finish_and_clear();
+    if !crate::ops::matmul::tune::enabled(&ctx.e) {
+        ctx.say(
+            "  (tile tuning is off on this adapter, so these timings choose nothing and no tile cache was written: VRAMLAB_TUNE=auto leaves it off on CPU adapters; VRAMLAB_TUNE=on tunes and caches)".into(),
+        );
+    }
     Ok(())
 }
 

@@ -64,8 +64,9 @@ pub enum Command {
     /// Kernel speed on this adapter: square matmuls, every product shape of
     /// each zoo model's step (with the time its output alone takes to write,
     /// which bounds shallow products), the whole step with device time per
-    /// phase and op; --tune times tile shapes per shape class again and
-    /// rewrites the tile cache (VRAMLAB_TUNE=auto|on|off).
+    /// phase and op; --tune times tile shapes per shape class again and,
+    /// where tuning is on (GPUs by default: VRAMLAB_TUNE=auto|on|off),
+    /// rewrites the tile cache.
     Bench(Box<bench::BenchArgs>),
     /// Run the built-in allocation workloads (vramlab's own training traces
     /// and synthetic fragmentation patterns) through every allocator strategy.

@@ -52,9 +52,18 @@ impl fmt::Display for OomReport {
             format_size(self.allocated),
             format_size(self.reserved.saturating_sub(self.allocated)),
         )?;
+        // What bounded it: the limit given, the device's size, or (neither)
+        // the 2^62 bytes a simulated device without a limit still stops at.
+        let bound = match (self.limit, self.capacity) {
+            (Some(_), _) => ", or raise --memory-limit",
+            (None, Some(_)) => " (the device's memory is the bound)",
+            (None, None) => {
+                ": this device has no limit but the 2^62 bytes (4 EiB) vramlab models, so the sizes are probably far larger than meant"
+            }
+        };
         write!(
             f,
-            " To fit: free tensors, use a smaller batch, or raise --memory-limit; if reserved but unallocated memory is large, try VRAMLAB_ALLOC_CONF=max_split_size_mb:128 to limit fragmentation."
+            " To fit: free tensors or use a smaller batch{bound}; if reserved but unallocated memory is large, try VRAMLAB_ALLOC_CONF=max_split_size_mb:128 to limit fragmentation."
         )
     }
 }
@@ -109,5 +118,38 @@ pub enum AllocError {
 impl AllocError {
     pub fn is_oom(&self) -> bool {
         matches!(self, AllocError::OutOfMemory(_))
+    }
+}
+
+#[cfg(test)]
+mod oom_advice {
+    use super::OomReport;
+
+    /// The advice names what bounded the request: the limit given, the
+    /// device's size, or the 2^62 bytes an unlimited simulated device stops at.
+    #[test]
+    fn the_advice_names_what_bounded_the_request() {
+        let report = |limit, capacity| OomReport {
+            requested: 1 << 20,
+            rounded: 1 << 20,
+            alloc_size: 2 << 20,
+            limit,
+            capacity,
+            device_free: capacity,
+            allocated: 0,
+            reserved: 0,
+        };
+        let limited = report(Some(1 << 20), None).to_string();
+        assert!(limited.contains("raise --memory-limit"), "{limited}");
+        let device = report(None, Some(1 << 30)).to_string();
+        assert!(
+            !device.contains("--memory-limit") && device.contains("the device's memory"),
+            "{device}"
+        );
+        let unlimited = report(None, None).to_string();
+        assert!(
+            !unlimited.contains("--memory-limit") && unlimited.contains("2^62"),
+            "{unlimited}"
+        );
     }
 }
