@@ -175,23 +175,24 @@ fn snapshot_sizes_out_of_range_name_their_entry() {
 }
 
 /// The kind of file is decided from its bytes: protocol 0 and 1 pickles are
-/// refused by name (they were parsed as JSON: "expected value at line 1"),
-/// and a JSON Lines error says the file was read as JSON Lines.
+/// read as snapshots, as `doctor` reads them (they were parsed as JSON:
+/// "expected value at line 1", then refused by name), and a JSON Lines
+/// error says the file was read as JSON Lines.
 #[test]
 fn replay_says_what_kind_of_file_it_assumed() {
     let dir = scratch("kind");
     let p = dir.join("t");
-    // pickle.dumps({'device_traces': []}, protocol=0) and protocol=1.
+    // pickle.dumps({'device_traces': [[]], 'segments': []}, protocol=0) and
+    // protocol=1: snapshots with nothing recorded.
     for old in [
-        &b"(dp0\nVdevice_traces\np1\n(lp2\ns."[..],
-        b"}q\x00X\r\x00\x00\x00device_tracesq\x01]q\x02s.",
+        &b"(dp0\nVdevice_traces\np1\n(lp2\n(lp3\nasVsegments\np4\n(lp5\ns."[..],
+        b"}q\x00(X\r\x00\x00\x00device_tracesq\x01]q\x02]q\x03aX\x08\x00\x00\x00segmentsq\x04]q\x05u.",
     ] {
         std::fs::write(&p, old).unwrap();
-        let err = fails_cleanly(&["replay", p.to_str().unwrap()]);
-        assert!(
-            err.contains("protocol 0 or 1") && err.contains("protocol=4"),
-            "{err}"
-        );
+        for cmd in ["replay", "doctor"] {
+            let err = fails_cleanly(&[cmd, p.to_str().unwrap()]);
+            assert!(err.contains("no allocation history"), "{cmd}: {err}");
+        }
     }
     std::fs::write(&p, b"not a trace at all\n").unwrap();
     let err = fails_cleanly(&["replay", p.to_str().unwrap()]);

@@ -135,8 +135,6 @@ pub enum LabError {
         #[source]
         source: std::io::Error,
     },
-    #[error("{}: a pickle of protocol 0 or 1 (it opens with opcode {opcode:?} and ends with STOP); vramlab reads protocols 2 to 5, which torch.cuda.memory._dump_snapshot() writes. Save it again with protocol 4: python -c \"import pickle,sys; pickle.dump(pickle.load(open(sys.argv[1],'rb')), open(sys.argv[2],'wb'), protocol=4)\" OLD.pickle NEW.pickle", .path.display())]
-    OldPickle { path: PathBuf, opcode: char },
 
     // ----- interval files (`line`: 1-based) and interval lists (`index`) -----
     #[error("cannot read the interval file: {0} (is it UTF-8 text?)")]

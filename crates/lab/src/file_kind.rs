@@ -1,7 +1,8 @@
 //! Which kind of trace file `replay` was given, decided from its bytes, not
 //! its name: a pickle of protocol 2 or later opens with byte 0x80 (PyTorch's
-//! `_dump_snapshot` writes protocol 2+); protocol 0 and 1 pickles are named
-//! and refused; a first line naming the columns `id,lower,upper,size` is an
+//! `_dump_snapshot` writes protocol 2+); a protocol 0 or 1 pickle (a known
+//! opening opcode and a final STOP) is read as a snapshot too, as `doctor`
+//! reads it; a first line naming the columns `id,lower,upper,size` is an
 //! interval file; anything else is read as JSON Lines, and its errors say so.
 
 use crate::error::LabError;
@@ -10,7 +11,7 @@ use std::path::Path;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FileKind {
-    /// A pickle of protocol 2 to 5: a PyTorch memory snapshot.
+    /// A pickle (any protocol): a PyTorch memory snapshot.
     Snapshot,
     /// vramlab's JSON Lines trace.
     JsonLines,
@@ -54,10 +55,7 @@ pub fn sniff(path: &Path) -> Result<FileKind, LabError> {
         && f.read(&mut last).is_ok_and(|n| n == 1)
         && last[0] == b'.';
     if ends_with_stop && OLD_PICKLE_OPENERS.contains(&first[0]) {
-        return Err(LabError::OldPickle {
-            path: path.to_path_buf(),
-            opcode: first[0] as char,
-        });
+        return Ok(FileKind::Snapshot);
     }
     Ok(FileKind::JsonLines)
 }
@@ -113,13 +111,13 @@ mod tests {
             kind_of(b"{\"op\":\"empty_cache\"}\n").ok(),
             Some(FileKind::JsonLines)
         );
-        // pickle.dumps({'a': 1}, protocol=0) and protocol=1.
+        // pickle.dumps({'a': 1}, protocol=0) and protocol=1: snapshots,
+        // which the pickle reader reads as doctor does.
         for old in [
             &b"(dp0\nVa\np1\nI1\ns."[..],
             b"}q\x00X\x01\x00\x00\x00aq\x01K\x01s.",
         ] {
-            let e = kind_of(old).unwrap_err().to_string();
-            assert!(e.contains("protocol 0 or 1"), "{e}");
+            assert_eq!(kind_of(old).ok(), Some(FileKind::Snapshot));
         }
         // Text that merely ends in a full stop is still JSON Lines (and its
         // parse error will say so).
