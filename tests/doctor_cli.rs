@@ -374,11 +374,45 @@ fn at_a_chosen_operation_equals_the_peak_at_the_peak() {
         let dev = &at["devices"][0];
         assert_eq!(dev["at_chosen"], dev["at_peak"], "{file}");
         assert_eq!(dev["segments_at_chosen"], dev["segments_at_peak"], "{file}");
-        let end = doctor(file, &["--no-planner", "--at", "99999999"]);
+        // Past the end is refused, naming the last operation: the end.
+        let past = Command::new(env!("CARGO_BIN_EXE_vramlab"))
+            .args(["doctor", file, "--no-planner", "--at", "99999999"])
+            .output()
+            .unwrap();
+        assert!(!past.status.success(), "{file}");
+        let err = String::from_utf8_lossy(&past.stderr);
+        let last: u64 = err
+            .split("last operation, ")
+            .nth(1)
+            .and_then(|r| r.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{file}: {err}"));
+        let end = doctor(file, &["--no-planner", "--at", &last.to_string()]);
         let ops = end["devices"][0]["at_chosen"]["after_op"].as_u64().unwrap();
-        assert!(ops >= peak_op, "{file}");
+        assert!(ops >= peak_op && ops == last, "{file}");
         assert!(end["devices"][0]["segments_at_chosen"]["reserved_bytes"]
             .as_u64()
             .is_some());
     }
+}
+
+/// `--at` past the trace's last operation is an error naming the last one
+/// (it was clamped to it without a word).
+#[test]
+fn at_past_the_last_operation_is_refused() {
+    let snap = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/snapshots/ftcourse_memory_snapshot.pickle"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .args(["doctor", snap, "--at", "99999999"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--at 99999999 is past the trace's last operation, 6829"),
+        "{err}"
+    );
+    assert!(out.stdout.is_empty());
 }

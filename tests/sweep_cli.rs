@@ -92,3 +92,16 @@ fn a_point_past_the_memory_limit_is_out_of_memory_without_measuring() {
         "{v}"
     );
 }
+
+/// A value listed twice is refused: a fit needs distinct points (three 2s
+/// gave a line through one point, R² = 1).
+#[test]
+fn a_repeated_value_is_refused() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .args(["sweep", "--model", "mlp", "--batch", "2,4,2"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--batch 2 is given more than once"), "{err}");
+}

@@ -162,6 +162,14 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<()> {
     let mut reports = Vec::new();
     let mut failures: Vec<String> = Vec::new();
     for snap in devices {
+        let ops = snap.workload.ops.len();
+        if let Some(at) = args.at.filter(|&at| at >= ops) {
+            anyhow::bail!(
+                "{name}: device {}: --at {at} is past the trace's last operation, {} (operations count from 0)",
+                snap.device,
+                ops.saturating_sub(1)
+            );
+        }
         let mut recorded = file.settings.clone().unwrap_or_default();
         if snap.expandable || file.expandable_setting {
             recorded.expandable_segments = true;

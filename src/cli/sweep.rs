@@ -94,6 +94,13 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
     if values.contains(&0) {
         anyhow::bail!("--{dim} values must be at least 1");
     }
+    // A fit needs distinct points: a repeated value adds nothing to it.
+    if let Some(v) = values
+        .iter()
+        .find(|v| values.iter().filter(|w| w == v).count() > 1)
+    {
+        anyhow::bail!("--{dim} {v} is given more than once; list each value once");
+    }
     if let Some(command) = &args.record {
         return run_recorded(args, command, dim, &values);
     }
