@@ -235,7 +235,7 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
     }
     if let Some(f) = &fit_out {
         println!(
-            "  line: {:.0} bytes per unit of {dim} (+{:.2} MiB), R² = {:.6}",
+            "  line: {:.0} bytes per unit of {dim} ({:+.2} MiB), R² = {:.6}",
             f.slope,
             f.intercept / 1048576.0,
             f.r2
@@ -396,7 +396,7 @@ fn run_recorded(
     }
     if let Some(l) = line {
         println!(
-            "  line: {:.0} bytes per sample (+{:.2} MiB), R² = {:.6}",
+            "  line: {:.0} bytes per sample ({:+.2} MiB), R² = {:.6}",
             l.slope,
             l.intercept / 1048576.0,
             l.r2
