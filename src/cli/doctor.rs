@@ -33,8 +33,10 @@ pub struct DoctorArgs {
     /// Only this device (default: every device with a history).
     #[arg(long, value_name = "N")]
     pub device: Option<usize>,
-    /// Leave out the offline planner's arena (the floor no online allocator
-    /// can beat).
+    /// Leave out the offline planner's arena (the trace packed with every
+    /// lifetime known in advance: about the least an allocator could
+    /// reserve; the planner is a heuristic, so an online allocator can
+    /// occasionally do better).
     #[arg(long, conflicts_with = "planner")]
     pub no_planner: bool,
     /// Compute the planner's arena however long the trace: by default it is
@@ -91,8 +93,9 @@ struct DeviceReport {
     trace_counts: TraceCounts,
     recorded_settings: String,
     what_ifs: Vec<WhatIf>,
-    /// The offline planner's arena for this trace: no allocator that sees
-    /// one request at a time can reserve less.
+    /// The offline planner's arena for this trace (every lifetime known in
+    /// advance): about the least an allocator could reserve. The planner is
+    /// a heuristic, so an online allocator can occasionally reserve less.
     planner_floor_bytes: Option<u64>,
     at_peak: LiveAt,
     recorded_ooms: Vec<RecordedOom>,
@@ -613,14 +616,19 @@ fn advise(
     }
     match (floor, capacity) {
         (Some(floor), Some(cap)) if floor > cap => out.push(format!(
-            "No allocator fits this step in {}: even an offline planner that knew every lifetime in advance needs {}. Lower the batch, checkpoint activations, or shard.",
+            "No allocator setting is likely to fit this step in {}: even an offline planner that knew every lifetime in advance needs {}. Lower the batch, checkpoint activations, or shard.",
             Mib(cap),
             Mib(floor)
         )),
-        (Some(floor), _) if base.ooms == 0 => out.push(format!(
-            "An offline planner that knew every lifetime in advance would need {}: {} under the recorded peak reserved, the most any allocator setting could save.",
+        (Some(floor), _) if base.ooms == 0 && floor < base.peak_reserved_bytes => out.push(format!(
+            "An offline planner that knew every lifetime in advance packs this step into {}: {} under the recorded peak reserved, about the most any allocator setting could save (the planner is a heuristic, not a proven bound).",
             Mib(floor),
-            Mib(base.peak_reserved_bytes.saturating_sub(floor))
+            Mib(base.peak_reserved_bytes - floor)
+        )),
+        (Some(floor), _) if base.ooms == 0 => out.push(format!(
+            "An offline planner that knew every lifetime in advance packs this step into {}, no less than the recorded settings reserved ({}): little is left to gain from allocator settings.",
+            Mib(floor),
+            Mib(base.peak_reserved_bytes)
         )),
         _ => {}
     }
@@ -702,7 +710,7 @@ fn print_text(name: &str, reports: &[DeviceReport]) {
         if let Some(f) = r.planner_floor_bytes {
             println!(
                 "    {:<58} {:>14}",
-                "offline planner (the floor)",
+                "offline planner (foresight)",
                 Mib(f).to_string()
             );
         }
