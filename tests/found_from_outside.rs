@@ -603,3 +603,20 @@ fn train_outputs_are_checked_before_training() {
         assert!(!err.contains("step 1"), "{err}");
     }
 }
+
+/// Flags that cannot apply are refused, not ignored: `--device` on a trace
+/// of one device, `--models none` beside models.
+#[test]
+fn flags_that_cannot_apply_are_refused() {
+    let trace = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/traces/split_merge.jsonl"
+    );
+    let err = fails_cleanly(&["replay", trace, "--device", "3"]);
+    assert!(
+        err.contains("--device 3 picks a device of a PyTorch snapshot"),
+        "{err}"
+    );
+    let err = fails_cleanly(&["bench", "--models", "none,mlp"]);
+    assert!(err.contains("--models none"), "{err}");
+}

@@ -551,6 +551,9 @@ fn check_flags(args: &BenchArgs) -> anyhow::Result<Vec<(String, ModelSpec)>> {
             "--sizes {n}: an {n}×{n} f32 matrix is more than 2^62 bytes, more than any device holds; give sizes such as 1024,2048"
         );
     }
+    if args.models.len() > 1 && args.models.iter().any(|m| m == "none") {
+        anyhow::bail!("--models none times no model: give it alone, or list the models to time");
+    }
     args.models
         .iter()
         .filter(|m| m.as_str() != "none")

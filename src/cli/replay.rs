@@ -69,6 +69,9 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
         }
         return replay_snapshot(args);
     }
+    if let Some(d) = args.device {
+        anyhow::bail!("--device {d} picks a device of a PyTorch snapshot; this file is a trace of one device (leave --device out)");
+    }
     if let Some(path) = &args.export_intervals {
         export_intervals(args, kind, path)?;
     }
