@@ -182,3 +182,11 @@ fn data_token_ids_are_whole_and_inside_the_vocabulary() {
         assert!(err.to_string().contains("not a whole number"), "{err}");
     }
 }
+
+/// `vramlab models` names every GPT preset `--preset` takes, in order.
+#[test]
+fn models_lists_every_preset() {
+    let names: Vec<&str> = vramlab::nn::gpt::PRESETS.iter().map(|p| p.0).collect();
+    let listed = format!("--preset {};", names.join("|"));
+    assert!(vramlab::nn::gpt::ENTRY.about.contains(&listed), "{listed}");
+}

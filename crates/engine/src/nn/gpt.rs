@@ -493,7 +493,7 @@ impl GptSpec {
 
 pub const ENTRY: ZooEntry = ZooEntry {
     name: "gpt",
-    about: "GPT-2: token + position embedding, pre-LN blocks (causal multi-head attention, GELU MLP), tied head, next-token loss (--preset tiny|gpt2|gpt2-medium|gpt2-large|gpt2-xl|7b|175b; --layers --heads --dim --seq-len --vocab)",
+    about: "GPT-2: token + position embedding, pre-LN blocks (causal multi-head attention, GELU MLP), tied head, next-token loss (--preset tiny|gpt2|gpt2-medium|gpt2-large|gpt2-xl|7b|70b|175b; --layers --heads --dim --seq-len --vocab)",
     default: || PRESETS[0].1.into(),
 };
 
