@@ -177,6 +177,16 @@ fn data_token_ids_are_whole_and_inside_the_vocabulary() {
     })
     .unwrap_err();
     assert!(err.to_string().contains("outside"), "{err}");
+    // Labels of one class a sample are not next tokens.
+    let err = {
+        let mut st = SafeTensors::new();
+        st.insert_i64("x", &[2, seq], &ids(3)).unwrap();
+        st.insert_i64("y", &[2], &[0, 1]).unwrap();
+        Batch::from_safetensors(&e, &st, spec.classes(), spec.vocab())
+            .map(|b| b.size())
+            .unwrap_err()
+    };
+    assert!(err.to_string().contains("y must have shape"), "{err}");
     for bad in [1.5, f32::NAN] {
         let err = batch(&|st| st.insert_f32("x", &[2, seq], &floats(bad)).unwrap()).unwrap_err();
         assert!(err.to_string().contains("not a whole number"), "{err}");

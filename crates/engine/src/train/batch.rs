@@ -179,7 +179,9 @@ impl Batch {
         let (yv, ys) = st.i64("y")?;
         // [N] class labels, or [N, S] next-token labels of a sequence
         // model (x [N, S] token ids), flattened as its logits are.
-        if xs.is_empty() || (ys != [xs[0]] && ys != xs) {
+        // A language model's labels are next tokens: x's shape.
+        let token_labels = vocab.is_some();
+        if xs.is_empty() || (ys != xs && (token_labels || ys != [xs[0]])) {
             return Err(TensorError::LabelShape { x: xs, y: ys }.in_file(&st.origin));
         }
         let x = Tensor::from_slice(engine, &xv, &xs, "input")?;
