@@ -57,28 +57,7 @@ fn max_batch_trains_and_the_next_batch_runs_out_of_memory() {
 /// that failed: none was tried.
 #[test]
 fn a_batch_capped_by_max_is_reported_as_capped() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args([
-            "max-batch",
-            "--model",
-            "mlp",
-            "--widths",
-            "4,4,2",
-            "--memory-limit",
-            "64MiB",
-            "--max",
-            "10",
-        ])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        text.contains("max batch 10 (capped by --max 10: larger batches were not tried)"),
-        "{text}"
-    );
-    assert!(!text.contains("batch 11 did not fit"), "{text}");
-    let v = common::vramlab_json([
+    let args = [
         "max-batch",
         "--model",
         "mlp",
@@ -88,8 +67,19 @@ fn a_batch_capped_by_max_is_reported_as_capped() {
         "64MiB",
         "--max",
         "10",
-        "--json",
-    ]);
+    ];
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("max batch 10 (capped by --max 10: larger batches were not tried)"),
+        "{text}"
+    );
+    assert!(!text.contains("batch 11 did not fit"), "{text}");
+    let v = common::vramlab_json(args.iter().chain(&["--json"]));
     assert_eq!(
         (v["max_batch"].as_u64(), v["max"].as_u64()),
         (Some(10), Some(10))
