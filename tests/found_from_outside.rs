@@ -620,3 +620,61 @@ fn flags_that_cannot_apply_are_refused() {
     let err = fails_cleanly(&["bench", "--models", "none,mlp"]);
     assert!(err.contains("--models none"), "{err}");
 }
+
+/// A snapshot whose recorded allocator settings PyTorch's own parser
+/// refuses is corrupt, and `replay` and `doctor` say which setting: a
+/// garbage_collection_threshold of 5 was replayed as `:5`, a max_split_size
+/// of 5 bytes shown as `max_split_size_mb:0`.
+#[test]
+fn recorded_settings_pytorch_refuses_are_errors() {
+    let dir = scratch("settings");
+    let s = PyValue::str;
+    let with = |key: &str, value: PyValue| {
+        let entry = PyValue::dict(vec![
+            (s("action"), s("alloc")),
+            (s("addr"), PyValue::Int(1 << 21)),
+            (s("size"), PyValue::Int(512)),
+        ]);
+        pickle(&PyValue::dict(vec![
+            (s("segments"), PyValue::list(vec![])),
+            (
+                s("device_traces"),
+                PyValue::list(vec![PyValue::list(vec![entry])]),
+            ),
+            (
+                s("allocator_settings"),
+                PyValue::dict(vec![(s(key), value)]),
+            ),
+        ]))
+    };
+    let p = dir.join("s.pickle");
+    for (bytes, want) in [
+        (
+            with("garbage_collection_threshold", PyValue::Float(5.0)),
+            "garbage_collection_threshold 5 is not 0 (off) or strictly between 0 and 1",
+        ),
+        (
+            with("max_split_size", PyValue::Int(5)),
+            "max_split_size 5 is not above 20 MiB",
+        ),
+    ] {
+        std::fs::write(&p, bytes).unwrap();
+        for cmd in ["replay", "doctor"] {
+            let err = fails_cleanly(&[cmd, p.to_str().unwrap()]);
+            assert!(err.contains(want), "{cmd}: want {want:?}:\n{err}");
+        }
+    }
+    // What PyTorch writes passes: off, a threshold inside (0, 1), unset
+    // (-1) and a size past 20 MiB.
+    for (key, value) in [
+        ("garbage_collection_threshold", PyValue::Float(0.0)),
+        ("garbage_collection_threshold", PyValue::Float(0.6)),
+        ("max_split_size", PyValue::Int(-1)),
+        ("max_split_size", PyValue::Int(128 << 20)),
+    ] {
+        std::fs::write(&p, with(key, value)).unwrap();
+        let o = vramlab(&["replay", p.to_str().unwrap()]);
+        assert!(o.status.success(), "{key}: {}", stderr(&o));
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

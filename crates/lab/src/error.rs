@@ -62,6 +62,13 @@ pub enum LabError {
     NoDeviceTraces { name: String },
     #[error("{name}: the snapshot has no allocation history; call torch.cuda.memory._record_memory_history() before the code you snapshot")]
     NoHistory { name: String },
+    /// A recorded allocator setting PyTorch would have refused.
+    #[error("allocator_settings: {key} {value} is not {expected}, which PyTorch refuses; the snapshot is corrupt")]
+    BadSetting {
+        key: &'static str,
+        value: String,
+        expected: &'static str,
+    },
     /// A size field (`key`) at `at` (e.g. `segments[3].blocks[2]`).
     #[error("{at}: {key} is not an integer")]
     SizeNotInteger { at: String, key: &'static str },

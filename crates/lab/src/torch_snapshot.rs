@@ -170,13 +170,24 @@ fn size_of(v: &PyValue, key: &'static str, at: impl Fn() -> String) -> Result<u6
     size_field(raw, key, at)
 }
 
-/// `allocator_settings` as a configuration (PyTorch's names and units).
-fn settings_of(root: &PyValue) -> (Option<AllocatorConfig>, bool) {
+/// `allocator_settings` as a configuration (PyTorch's names and units);
+/// a value PyTorch's own parser refuses is an error, not a setting.
+fn settings_of(root: &PyValue) -> Result<(Option<AllocatorConfig>, bool), LabError> {
     let Some(s) = root.get("allocator_settings") else {
-        return (None, false);
+        return Ok((None, false));
     };
     let mut c = AllocatorConfig::default();
+    // Unset is SIZE_MAX, which reads as -1 (or not at all); a set value is
+    // above 20 MiB (max_split_size_mb must be).
     if let Some(m) = s.get("max_split_size").and_then(PyValue::as_i64) {
+        let least = (crate::memory::constants::K_MIN_MAX_SPLIT_SIZE_MB << 20) as i64;
+        if m > 0 && m <= least {
+            return Err(LabError::BadSetting {
+                key: "max_split_size",
+                value: m.to_string(),
+                expected: "above 20 MiB (in bytes)",
+            });
+        }
         if m > 0 {
             c.max_split_size = m as u64;
         }
@@ -185,6 +196,14 @@ fn settings_of(root: &PyValue) -> (Option<AllocatorConfig>, bool) {
         .get("garbage_collection_threshold")
         .and_then(PyValue::as_f64)
     {
+        // 0 is off; a set threshold lies strictly between 0 and 1.
+        if !(t == 0.0 || (t > 0.0 && t < 1.0)) {
+            return Err(LabError::BadSetting {
+                key: "garbage_collection_threshold",
+                value: t.to_string(),
+                expected: "0 (off) or strictly between 0 and 1",
+            });
+        }
         c.garbage_collection_threshold = t;
     }
     c.expandable_segments = s
@@ -208,7 +227,7 @@ fn settings_of(root: &PyValue) -> (Option<AllocatorConfig>, bool) {
         .get("expandable_segments")
         .and_then(PyValue::as_bool)
         .unwrap_or(false);
-    (Some(c), expandable)
+    Ok((Some(c), expandable))
 }
 
 /// The recorded segments of `device`: (address, size, pool, blocks as
@@ -330,7 +349,7 @@ pub fn read_parsed(parsed: &mut Parsed, name: &str) -> Result<SnapshotFile, LabE
         .ok_or_else(|| LabError::NoDeviceTraces {
             name: name.to_string(),
         })?;
-    let (settings, expandable_setting) = settings_of(root);
+    let (settings, expandable_setting) = settings_of(root)?;
     let config = settings.clone().unwrap_or_default();
     let mut devices = Vec::new();
     for (device, trace) in traces.iter().enumerate() {
