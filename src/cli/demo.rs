@@ -206,10 +206,10 @@ fn print_header(args: &DemoArgs, d: &Demo) {
     }
     println!("vramlab demo: the articles' SimpleConvNet (conv 3→64 k3, ReLU, conv 64→128 k3, ReLU, flatten, fc 100,352→10)");
     println!(
-        "batch {}, Adam lr {}, {} steps, on {} ({})",
+        "batch {}, Adam lr {}, {}, on {} ({})",
         args.batch,
         args.lr,
-        args.steps,
+        super::steps(args.steps),
         d.engine.device_name(),
         d.engine.backend_name()
     );

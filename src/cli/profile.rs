@@ -64,11 +64,11 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
     let series = Series::of(events);
     let analysis = analyze(events, &profile.layer_outputs);
     let title = format!(
-        "vramlab profile: {}, batch {}, {:?}, {} steps on {}",
+        "vramlab profile: {}, batch {}, {:?}, {} on {}",
         spec.describe(),
         args.batch,
         plan.optimizer.kind,
-        args.steps,
+        super::steps(args.steps),
         profile.device
     );
     let write = |name: &str, contents: &str| -> anyhow::Result<PathBuf> {

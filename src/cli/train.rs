@@ -453,7 +453,7 @@ fn print_header(args: &TrainArgs, s: &Setup) {
         String::new()
     };
     println!(
-        "batch {}{micro}, {:?} lr {}{}, {} steps, on {} ({})",
+        "batch {}{micro}, {:?} lr {}{}, {}, on {} ({})",
         s.batch.size() * args.accumulate,
         s.opt.kind,
         s.opt.lr,
@@ -462,7 +462,7 @@ fn print_header(args: &TrainArgs, s: &Setup) {
         } else {
             String::new()
         },
-        args.steps,
+        super::steps(args.steps),
         s.engine.device_name(),
         s.engine.backend_name(),
     );
