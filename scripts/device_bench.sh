@@ -237,6 +237,12 @@ ks = m["device_time"]["kernels"]
 # The four longest, then the reductions' second stages and channel sums.
 for k in ks[:4] + [k for k in ks[4:] if k["name"].startswith(("sum_partials", "channel_sum"))]:
     print(f"    {k['seconds'] * 1e3:.3f} ms x{k['calls']} {k['name'][:110]}")
+# Under autocast: the casts' share, and the products on tensor cores.
+casts = [k for k in ks if k["name"].startswith("cast[")]
+if casts:
+    coop = [k for k in ks if k["name"].startswith("matmul_coop")]
+    print(f"    casts {sum(k['seconds'] for k in casts) * 1e3:.3f} ms x{sum(k['calls'] for k in casts)};"
+          f" tensor cores {sum(k['seconds'] for k in coop) * 1e3:.3f} ms x{sum(k['calls'] for k in coop)}")
 PY
     done
   done
