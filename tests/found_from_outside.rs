@@ -678,3 +678,58 @@ fn recorded_settings_pytorch_refuses_are_errors() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Trace entries whose action PyTorch's TraceEntry does not name are
+/// skipped and said (`replay`'s note, `doctor`'s text and
+/// `trace_counts.unknown_actions`); they were skipped without a word. The
+/// real snapshots in the fixtures have none.
+#[test]
+fn unknown_trace_actions_are_skipped_and_said() {
+    let dir = scratch("actions");
+    let s = PyValue::str;
+    let entry = |action: &str| {
+        PyValue::dict(vec![
+            (s("action"), s(action)),
+            (s("addr"), PyValue::Int(1 << 21)),
+            (s("size"), PyValue::Int(512)),
+        ])
+    };
+    let bytes = pickle(&PyValue::dict(vec![
+        (s("segments"), PyValue::list(vec![])),
+        (
+            s("device_traces"),
+            PyValue::list(vec![PyValue::list(vec![
+                entry("alloc"),
+                entry("bogus"),
+                entry("bogus"),
+                entry("free_completed"),
+            ])]),
+        ),
+    ]));
+    let p = dir.join("s.pickle");
+    std::fs::write(&p, bytes).unwrap();
+    let o = vramlab(&["replay", p.to_str().unwrap()]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success() && out.contains("\"bogus\" ×2"), "{out}");
+    let o = vramlab(&["doctor", p.to_str().unwrap(), "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        v["devices"][0]["trace_counts"]["unknown_actions"],
+        serde_json::json!([["bogus", 2]])
+    );
+    for real in ["ftcourse_memory_snapshot", "cs336_kkaitlyn_ctx128_fullstep"] {
+        let f = format!(
+            "{}/tests/fixtures/snapshots/{real}.pickle",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let o = vramlab(&["doctor", &f, "--no-planner", "--json"]);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert!(
+            v["devices"][0]["trace_counts"]
+                .get("unknown_actions")
+                .is_none(),
+            "{real}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -123,6 +123,10 @@ struct TraceCounts {
     /// `segment_alloc` (or `segment_map`) entries.
     segment_allocs: usize,
     segment_frees: usize,
+    /// Entries of actions PyTorch's TraceEntry does not name, skipped by
+    /// the replay: (action, count).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    unknown_actions: Vec<(String, usize)>,
 }
 
 #[derive(Debug, Serialize)]
@@ -520,6 +524,7 @@ fn diagnose(
             capacity_bytes: capacity,
             allocations: snap.workload.allocations(),
             trace_counts: TraceCounts {
+                unknown_actions: snap.unknown_actions.clone(),
                 entries: snap.entries,
                 allocations: snap.workload.allocations(),
                 frees: snap
@@ -712,6 +717,18 @@ fn print_text(name: &str, reports: &[DeviceReport]) {
                 "    {:<58} {:>14}",
                 "offline planner (foresight)",
                 Mib(f).to_string()
+            );
+        }
+        if !r.trace_counts.unknown_actions.is_empty() {
+            let listed: Vec<String> = r
+                .trace_counts
+                .unknown_actions
+                .iter()
+                .map(|(a, n)| format!("{a:?} ×{n}"))
+                .collect();
+            println!(
+                "  skipped: trace entries of actions PyTorch's TraceEntry does not name: {}",
+                listed.join(", ")
             );
         }
         if let Some(eq) = r.what_ifs[0].equals_recording {

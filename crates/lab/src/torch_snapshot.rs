@@ -73,6 +73,9 @@ pub struct TorchSnapshot {
     pub categories_from_metadata: usize,
     /// Trace entries of this device (every action).
     pub entries: usize,
+    /// Entries whose action PyTorch's TraceEntry does not name, skipped:
+    /// (action, count), by action.
+    pub unknown_actions: Vec<(String, usize)>,
     /// CUDA streams the trace's allocations were made on. PyTorch keeps
     /// each stream's free blocks apart; the replay keeps one pool, so with
     /// more than one its segments can differ from the recording.
@@ -433,6 +436,7 @@ fn read_device(
     // its own; with it on, the allocator's own rule decides.)
     let releases_mean_empty_cache = config.garbage_collection_threshold == 0.0;
     let mut releasing = false;
+    let mut unknown: BTreeMap<String, usize> = BTreeMap::new();
     for (i, item) in trace.iter().enumerate() {
         let e = &table.resolve(item);
         let act = table.action_name(e);
@@ -502,7 +506,10 @@ fn read_device(
                 }
             }
             "oom" => ooms.push((size, e.device_free(table))),
-            _ => {}
+            // The frees not chosen as the one that frees, and what changes
+            // no memory.
+            a if FREES.contains(&a) || a == "snapshot" || a == "user_defined" => {}
+            other => *unknown.entry(other.to_string()).or_insert(0) += 1,
         }
     }
     let (recorded, expandable) = recorded_segments(root, device)?;
@@ -579,6 +586,7 @@ fn read_device(
         categories_from_metadata: from_metadata,
         streams: streams.len(),
         entries: trace.len(),
+        unknown_actions: unknown.into_iter().collect(),
     })
 }
 
@@ -821,6 +829,17 @@ pub fn start_replay(
         differences.push(format!(
             "{} frees of blocks from before the recording lie in no recorded segment (replayed as no-ops)",
             snap.unplaced_frees
+        ));
+    }
+    if !snap.unknown_actions.is_empty() {
+        let listed: Vec<String> = snap
+            .unknown_actions
+            .iter()
+            .map(|(a, n)| format!("{a:?} ×{n}"))
+            .collect();
+        differences.push(format!(
+            "trace entries of actions PyTorch's TraceEntry does not name were skipped: {}",
+            listed.join(", ")
         ));
     }
     let mut dropped = 0;
