@@ -263,6 +263,14 @@ fn bench_refuses_bad_flags_before_measuring() {
         "{err}"
     );
     assert!(out.stdout.is_empty(), "nothing measured before the error");
+    // `none` beside models was ignored.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .args(["bench", "--models", "none,mlp"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success() && out.stdout.is_empty());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--models none times no model"), "{err}");
 }
 
 /// `bench --json` names the split settings a run used, so that runs timed

@@ -442,7 +442,8 @@ fn an_estimate_past_2_pow_32_rows_is_not_truncated() {
 }
 
 /// Flags that `replay --allocators` cannot honour are refused, not
-/// silently dropped (no snapshot was written, no timeline printed).
+/// silently dropped (no snapshot was written, no timeline printed), and so
+/// is `--device` on a trace of one device.
 #[test]
 fn replay_refuses_flags_it_would_ignore() {
     let dir = scratch("conflicts");
@@ -461,6 +462,12 @@ fn replay_refuses_flags_it_would_ignore() {
         assert!(stderr(&o).contains("cannot be used with"), "{}", stderr(&o));
     }
     assert!(!out.exists());
+    // --device picks a snapshot's device; a trace has one.
+    let err = fails_cleanly(&["replay", t, "--device", "3"]);
+    assert!(
+        err.contains("--device 3 picks a device of a PyTorch snapshot"),
+        "{err}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -604,23 +611,6 @@ fn train_outputs_are_checked_before_training() {
     }
 }
 
-/// Flags that cannot apply are refused, not ignored: `--device` on a trace
-/// of one device, `--models none` beside models.
-#[test]
-fn flags_that_cannot_apply_are_refused() {
-    let trace = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/traces/split_merge.jsonl"
-    );
-    let err = fails_cleanly(&["replay", trace, "--device", "3"]);
-    assert!(
-        err.contains("--device 3 picks a device of a PyTorch snapshot"),
-        "{err}"
-    );
-    let err = fails_cleanly(&["bench", "--models", "none,mlp"]);
-    assert!(err.contains("--models none"), "{err}");
-}
-
 /// A snapshot whose recorded allocator settings PyTorch's own parser
 /// refuses is corrupt, and `replay` and `doctor` say which setting: a
 /// garbage_collection_threshold of 5 was replayed as `:5`, a max_split_size
@@ -628,24 +618,14 @@ fn flags_that_cannot_apply_are_refused() {
 #[test]
 fn recorded_settings_pytorch_refuses_are_errors() {
     let dir = scratch("settings");
-    let s = PyValue::str;
     let with = |key: &str, value: PyValue| {
-        let entry = PyValue::dict(vec![
-            (s("action"), s("alloc")),
-            (s("addr"), PyValue::Int(1 << 21)),
-            (s("size"), PyValue::Int(512)),
-        ]);
-        pickle(&PyValue::dict(vec![
-            (s("segments"), PyValue::list(vec![])),
-            (
-                s("device_traces"),
-                PyValue::list(vec![PyValue::list(vec![entry])]),
-            ),
-            (
-                s("allocator_settings"),
-                PyValue::dict(vec![(s(key), value)]),
-            ),
-        ]))
+        trace_snapshot(
+            &["alloc"],
+            vec![(
+                PyValue::str("allocator_settings"),
+                PyValue::dict(vec![(PyValue::str(key), value)]),
+            )],
+        )
     };
     let p = dir.join("s.pickle");
     for (bytes, want) in [
@@ -686,26 +666,7 @@ fn recorded_settings_pytorch_refuses_are_errors() {
 #[test]
 fn unknown_trace_actions_are_skipped_and_said() {
     let dir = scratch("actions");
-    let s = PyValue::str;
-    let entry = |action: &str| {
-        PyValue::dict(vec![
-            (s("action"), s(action)),
-            (s("addr"), PyValue::Int(1 << 21)),
-            (s("size"), PyValue::Int(512)),
-        ])
-    };
-    let bytes = pickle(&PyValue::dict(vec![
-        (s("segments"), PyValue::list(vec![])),
-        (
-            s("device_traces"),
-            PyValue::list(vec![PyValue::list(vec![
-                entry("alloc"),
-                entry("bogus"),
-                entry("bogus"),
-                entry("free_completed"),
-            ])]),
-        ),
-    ]));
+    let bytes = trace_snapshot(&["alloc", "bogus", "bogus", "free_completed"], vec![]);
     let p = dir.join("s.pickle");
     std::fs::write(&p, bytes).unwrap();
     let o = vramlab(&["replay", p.to_str().unwrap()]);
@@ -732,4 +693,29 @@ fn unknown_trace_actions_are_skipped_and_said() {
         );
     }
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A snapshot of no segments whose device-0 trace is `actions`, each on
+/// one 512-byte block at 2 MiB, with `extra` top-level keys.
+fn trace_snapshot(actions: &[&str], extra: Vec<(PyValue, PyValue)>) -> Vec<u8> {
+    let s = PyValue::str;
+    let entries = actions
+        .iter()
+        .map(|a| {
+            PyValue::dict(vec![
+                (s("action"), s(a)),
+                (s("addr"), PyValue::Int(1 << 21)),
+                (s("size"), PyValue::Int(512)),
+            ])
+        })
+        .collect();
+    let mut root = vec![
+        (s("segments"), PyValue::list(vec![])),
+        (
+            s("device_traces"),
+            PyValue::list(vec![PyValue::list(entries)]),
+        ),
+    ];
+    root.extend(extra);
+    pickle(&PyValue::dict(root))
 }
