@@ -416,3 +416,32 @@ fn at_past_the_last_operation_is_refused() {
     );
     assert!(out.stdout.is_empty());
 }
+
+/// With several devices, `--at` is refused only past every device's last
+/// operation; a shorter device shows its own last one.
+#[test]
+fn at_on_several_devices_is_refused_only_past_all_of_them() {
+    let snap = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/snapshots/multi_device.pickle"
+    );
+    // Device 0 has 3 operations, device 1 has 2.
+    let v = doctor(snap, &["--no-planner", "--at", "2"]);
+    let after: Vec<u64> = v["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["at_chosen"]["after_op"].as_u64().unwrap())
+        .collect();
+    assert_eq!(after, [2, 1], "{v}");
+    let out = Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .args(["doctor", snap, "--no-planner", "--at", "3"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--at 3 is past the trace's last operation, 2"),
+        "{err}"
+    );
+}

@@ -635,7 +635,7 @@ fn recorded_settings_pytorch_refuses_are_errors() {
         ),
         (
             with("max_split_size", PyValue::Int(5)),
-            "max_split_size 5 is not above 20 MiB",
+            "max_split_size 5 is not at least 20 MiB",
         ),
     ] {
         std::fs::write(&p, bytes).unwrap();
@@ -651,6 +651,7 @@ fn recorded_settings_pytorch_refuses_are_errors() {
         ("garbage_collection_threshold", PyValue::Float(0.6)),
         ("max_split_size", PyValue::Int(-1)),
         ("max_split_size", PyValue::Int(128 << 20)),
+        ("max_split_size", PyValue::Int(20 << 20)),
     ] {
         std::fs::write(&p, with(key, value)).unwrap();
         let o = vramlab(&["replay", p.to_str().unwrap()]);

@@ -187,6 +187,29 @@ fn data_token_ids_are_whole_and_inside_the_vocabulary() {
             .unwrap_err()
     };
     assert!(err.to_string().contains("y must have shape"), "{err}");
+    // An f64 id is judged as stored: 7.00000001 is not 7.
+    let err = batch(&|st| {
+        let mut v: Vec<f64> = labels.iter().map(|&i| i as f64).collect();
+        v[0] = 7.000_000_01;
+        st.tensors.insert(
+            "x".into(),
+            vramlab::io::safetensors::StTensor {
+                dtype: vramlab::io::safetensors::StDtype::F64,
+                shape: vec![2, seq],
+                data: v.iter().flat_map(|f| f.to_le_bytes()).collect(),
+            },
+        );
+    })
+    .unwrap_err();
+    assert!(err.to_string().contains("not a whole number"), "{err}");
+    // A vocabulary past 2^24: an id f32 cannot hold is refused, not rounded.
+    let mut st = SafeTensors::new();
+    st.insert_i64("x", &[2, seq], &ids(16_777_217)).unwrap();
+    st.insert_i64("y", &[2, seq], &labels).unwrap();
+    let err = Batch::from_safetensors(&e, &st, spec.classes(), Some(20_000_000))
+        .map(|b| b.size())
+        .unwrap_err();
+    assert!(err.to_string().contains("past 2^24"), "{err}");
     for bad in [1.5, f32::NAN] {
         let err = batch(&|st| st.insert_f32("x", &[2, seq], &floats(bad)).unwrap()).unwrap_err();
         assert!(err.to_string().contains("not a whole number"), "{err}");

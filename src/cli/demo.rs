@@ -469,7 +469,7 @@ fn print_reading(at_peak: &BTreeMap<&'static str, u64>, last: Last, batch: usize
     );
     println!(
         "    between layers and their workspaces){}; its activations (the ReLU outputs",
-        if batch == ARTICLE_BATCH {
+        if batch == ARTICLE_BATCH && relation.ends_with("above") {
             ", which makes the gap"
         } else {
             ""

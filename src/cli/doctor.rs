@@ -168,15 +168,20 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<()> {
     }
     let mut reports = Vec::new();
     let mut failures: Vec<String> = Vec::new();
+    // --at past every chosen device's trace is an error; past a shorter
+    // device's only, that device shows its last operation.
+    let longest = devices
+        .iter()
+        .map(|s| s.workload.ops.len())
+        .max()
+        .unwrap_or(0);
+    if let Some(at) = args.at.filter(|&at| at >= longest) {
+        anyhow::bail!(
+            "{name}: --at {at} is past the trace's last operation, {} (operations count from 0)",
+            longest.saturating_sub(1)
+        );
+    }
     for snap in devices {
-        let ops = snap.workload.ops.len();
-        if let Some(at) = args.at.filter(|&at| at >= ops) {
-            anyhow::bail!(
-                "{name}: device {}: --at {at} is past the trace's last operation, {} (operations count from 0)",
-                snap.device,
-                ops.saturating_sub(1)
-            );
-        }
         let mut recorded = file.settings.clone().unwrap_or_default();
         if snap.expandable || file.expandable_setting {
             recorded.expandable_segments = true;

@@ -111,14 +111,14 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     dispatch(cli).map_err(|e| name_the_size_flag(e, batch))
 }
 
-/// A tensor too large for any device came from the sizes the user gave:
-/// the error names the batch flag (the usual cause) and where the model's
-/// own sizes are listed.
 /// "1 step", "2 steps": a count of steps as a header says it.
 pub(crate) fn steps(n: usize) -> String {
     format!("{n} step{}", if n == 1 { "" } else { "s" })
 }
 
+/// A tensor too large for any device came from the sizes the user gave:
+/// the error names the batch flag (the usual cause) and where the model's
+/// own sizes are listed.
 fn name_the_size_flag(e: anyhow::Error, batch: Option<(&str, usize)>) -> anyhow::Error {
     let too_large = e.chain().any(|c| {
         matches!(

@@ -456,7 +456,9 @@ impl<S: SegmentSource> CachingAllocator<S> {
                 let keep = SegmentId(self.next_segment_id);
                 // Fewer bytes than were just released: a source counting
                 // bytes cannot refuse them.
-                if self.source.allocate(keep, len).is_ok() {
+                let kept = self.source.allocate(keep, len).is_ok();
+                debug_assert!(kept, "the source refused pages it had just released");
+                if kept {
                     self.next_segment_id += 1;
                     self.pages.insert(start, (keep, len));
                 }

@@ -181,14 +181,14 @@ fn settings_of(root: &PyValue) -> Result<(Option<AllocatorConfig>, bool), LabErr
     };
     let mut c = AllocatorConfig::default();
     // Unset is SIZE_MAX, which reads as -1 (or not at all); a set value is
-    // above 20 MiB (max_split_size_mb must be).
+    // at least 20 MiB (older PyTorch wanted above 20, newer at least 20).
     if let Some(m) = s.get("max_split_size").and_then(PyValue::as_i64) {
         let least = (crate::memory::constants::K_MIN_MAX_SPLIT_SIZE_MB << 20) as i64;
-        if m > 0 && m <= least {
+        if m > 0 && m < least {
             return Err(LabError::BadSetting {
                 key: "max_split_size",
                 value: m.to_string(),
-                expected: "above 20 MiB (in bytes)",
+                expected: "at least 20 MiB (in bytes)",
             });
         }
         if m > 0 {

@@ -225,6 +225,9 @@ pub enum EngineError {
     /// A language model's input id that is not a whole number.
     #[error("batch: token id {value} in x is not a whole number (a language model's x holds token ids in 0..{vocab}: save them as integers, e.g. int64)")]
     TokenNotWhole { value: f64, vocab: usize },
+    /// A token id past 2^24, which f32 (vramlab's input type) cannot hold.
+    #[error("batch: token id {value} in x is past 2^24, the largest id f32 inputs hold exactly; use a vocabulary of at most 16,777,216 tokens")]
+    TokenNotExact { value: i64 },
     #[error("y must have shape [N] with N = x's first axis (or x's shape, for token labels); x is {x:?}, y is {y:?}")]
     LabelShape { x: Vec<usize>, y: Vec<usize> },
     #[error("cannot load {path} into this model:{}", Problems(.problems))]

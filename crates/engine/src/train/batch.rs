@@ -188,25 +188,32 @@ impl Batch {
         Self::with_labels(engine, x, yv, classes).map_err(|e| e.in_file(&st.origin))
     }
 
-    /// x's token ids as f32 (exact: a vocabulary is below 2^24), each a
-    /// whole number in 0..vocab.
+    /// x's token ids as f32, each a whole number in 0..vocab that f32
+    /// holds exactly (every id below 2^24; the input is f32).
     fn token_ids(st: &SafeTensors, vocab: usize) -> Result<(Vec<f32>, Vec<usize>), TensorError> {
-        let ids: (Vec<i64>, Vec<usize>) = if st.get("x")?.dtype.is_float() {
-            let (v, shape) = st.f32("x")?;
-            let ids = v
+        let t = st.get("x")?;
+        let ids: (Vec<i64>, Vec<usize>) = if t.dtype.is_float() {
+            // Judged in the file's own precision: an f64 of 7.00000001 is
+            // not a token id, though it rounds to 7 in f32.
+            let values: Vec<f64> = if t.dtype == crate::io::safetensors::StDtype::F64 {
+                t.data
+                    .chunks_exact(8)
+                    .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+                    .collect()
+            } else {
+                st.f32("x")?.0.iter().map(|&f| f as f64).collect()
+            };
+            let ids = values
                 .iter()
                 .map(|&f| {
                     if f.is_finite() && f.fract() == 0.0 {
                         Ok(f as i64)
                     } else {
-                        Err(TensorError::TokenNotWhole {
-                            value: f as f64,
-                            vocab,
-                        })
+                        Err(TensorError::TokenNotWhole { value: f, vocab })
                     }
                 })
                 .collect::<Result<_, _>>()?;
-            (ids, shape)
+            (ids, t.shape.clone())
         } else {
             st.i64("x")?
         };
@@ -216,6 +223,9 @@ impl Batch {
                 value: bad,
                 classes: vocab,
             });
+        }
+        if let Some(&big) = ids.0.iter().find(|&&v| (v as f32) as i64 != v) {
+            return Err(TensorError::TokenNotExact { value: big });
         }
         Ok((ids.0.iter().map(|&v| v as f32).collect(), ids.1))
     }
