@@ -720,3 +720,17 @@ fn trace_snapshot(actions: &[&str], extra: Vec<(PyValue, PyValue)>) -> Vec<u8> {
     root.extend(extra);
     pickle(&PyValue::dict(root))
 }
+
+/// `--backend` naming a backend this platform has no driver for says so,
+/// instead of sending the user to install a Vulkan driver.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_backend_this_platform_lacks_is_named() {
+    for (backend, want) in [
+        ("metal", "Metal exists on macOS (and iOS) only"),
+        ("dx12", "DX12 exists on Windows only"),
+    ] {
+        let err = fails_cleanly(&["info", "--backend", backend]);
+        assert!(err.contains(want) && !err.contains("apt-get"), "{err}");
+    }
+}

@@ -118,7 +118,10 @@ pub fn choose(
     if adapters.is_empty() {
         return Err(DeviceError::NoAdapter {
             searched: searched.to_string(),
-            hint: install_hint(),
+            hint: options
+                .backend
+                .and_then(super::error::backend_hint)
+                .unwrap_or_else(install_hint),
         });
     }
     let names: Vec<String> = adapters
