@@ -269,3 +269,17 @@ fn interval_files_replay_and_any_trace_is_written_as_one() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A refused request is said in its own unit: 1000 bytes, not 0.00 MiB.
+#[test]
+fn a_small_refused_request_is_said_in_bytes() {
+    let p = std::env::temp_dir().join(format!("vramlab-small-{}.jsonl", std::process::id()));
+    std::fs::write(&p, "{\"op\":\"alloc\",\"id\":1,\"size\":1000}\n").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .args(["replay", p.to_str().unwrap(), "--memory-limit", "512"])
+        .output()
+        .unwrap();
+    std::fs::remove_file(&p).unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("id 1 asked for 1000 bytes"), "{text}");
+}

@@ -658,7 +658,7 @@ fn advise(
             .map_or(String::new(), |d| format!(", {d}"));
         out.push(format!(
             "The first refused allocation asked for {} ({}){from}, with {} allocated and {} reserved.",
-            Mib(o.requested_bytes),
+            crate::memory::format_size(o.requested_bytes),
             o.category,
             Mib(o.allocated_bytes),
             Mib(o.reserved_bytes)

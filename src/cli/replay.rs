@@ -166,7 +166,13 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
         );
         println!("  out-of-memory events  {:>7}", outcome.ooms.len());
         for o in outcome.ooms.iter().take(10) {
-            println!("    line {}: id {} asked for {}", o.line, o.id, Mib(o.size));
+            // In the request's own unit: a 1000-byte request is not 0.00 MiB.
+            println!(
+                "    line {}: id {} asked for {}",
+                o.line,
+                o.id,
+                crate::memory::format_size(o.size)
+            );
         }
         if outcome.ooms.len() > 10 {
             println!("    ... and {} more", outcome.ooms.len() - 10);
@@ -475,7 +481,7 @@ fn replay_snapshot(args: &ReplayArgs) -> anyhow::Result<()> {
             println!(
                 "  out of memory in the replay: {} allocation(s) refused; the first asked for {} ({}{}) with {} allocated and {} reserved",
                 r.ooms,
-                Mib(first.requested_bytes),
+                crate::memory::format_size(first.requested_bytes),
                 first.category,
                 origin_text(&first.origin),
                 Mib(first.allocated_bytes),
