@@ -109,6 +109,21 @@ fn backend_rank(b: wgpu::Backend) -> u8 {
     }
 }
 
+/// Where `--backend` names a backend this platform has no driver for at
+/// all (Metal off macOS, DX12 off Windows), what to name instead: an
+/// install hint would send the user after a driver that cannot exist.
+fn backend_hint(backend: BackendChoice) -> Option<&'static str> {
+    match backend {
+        BackendChoice::Metal if !cfg!(target_os = "macos") => Some(
+            "Metal exists on macOS (and iOS) only: leave --backend out, and vramlab searches the backends this machine has.",
+        ),
+        BackendChoice::Dx12 if !cfg!(target_os = "windows") => Some(
+            "DX12 exists on Windows only: leave --backend out, and vramlab searches the backends this machine has.",
+        ),
+        _ => None,
+    }
+}
+
 /// Picks the best adapter among `adapters` and explains the choice.
 pub fn choose(
     adapters: Vec<wgpu::Adapter>,
@@ -120,7 +135,7 @@ pub fn choose(
             searched: searched.to_string(),
             hint: options
                 .backend
-                .and_then(super::error::backend_hint)
+                .and_then(backend_hint)
                 .unwrap_or_else(install_hint),
         });
     }

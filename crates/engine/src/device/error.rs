@@ -64,22 +64,6 @@ pub enum DeviceError {
     UnknownBackend(String),
 }
 
-/// Where `--backend` names a backend this platform has no driver for at
-/// all (Metal off macOS, DX12 off Windows), what to name instead: an
-/// install hint would send the user after a driver that cannot exist.
-pub fn backend_hint(backend: super::adapter::BackendChoice) -> Option<&'static str> {
-    use super::adapter::BackendChoice;
-    match backend {
-        BackendChoice::Metal if !cfg!(target_os = "macos") => Some(
-            "Metal exists on macOS (and iOS) only: leave --backend out, and vramlab searches the backends this machine has.",
-        ),
-        BackendChoice::Dx12 if !cfg!(target_os = "windows") => Some(
-            "DX12 exists on Windows only: leave --backend out, and vramlab searches the backends this machine has.",
-        ),
-        _ => None,
-    }
-}
-
 /// The install hint shown when no adapter exists, per platform.
 pub fn install_hint() -> &'static str {
     if cfg!(target_os = "linux") {
