@@ -14,8 +14,8 @@
 //   workgroup memory with zeros past the edges, so any size, stride,
 //   offset, batch and window layout runs.
 // The tiles go back through workgroup memory, one at a time, to be written
-// inside C (plus a bias per row or per column, added to C when the product accumulates,
-// converted for f16). B may be a convolution's im2col read in place
+// inside C (plus a bias per row or per column, added to C when the product
+// accumulates, converted for f16). B may be a convolution's im2col read in place
 // (matmul_common's loader, staged steps only), and REDUCE sums the batch's
 // products into one C (a weight gradient) in the same accumulators: a
 // group of p.group entries for each z into slot z of C.

@@ -67,9 +67,9 @@ fn kernel(elem: Elem, col_bias: bool, blocks: bool) -> Kernel {
 /// then `+ bias[i % bias.numel()]` where a bias is given (of the output's
 /// type): each output its sum plus its column's bias, in f32. For f32 the
 /// bits a pass adding the bias afterwards gives; a 16-bit output is rounded
-/// once, after the bias, where a pass would round the sum first. `spread` says how the sum is spread over threads
-/// ([`Spread::Auto`] but in tests, which compare the ways: the bits do not
-/// depend on it).
+/// once, after the bias, where a pass would round the sum first. `spread`
+/// says how the sum is spread over threads ([`Spread::Auto`] but in tests,
+/// which compare the ways: the bits do not depend on it).
 #[allow(clippy::too_many_arguments)]
 pub fn sum_partials(
     parts: &Tensor,

@@ -333,8 +333,8 @@ pub fn tensor_cores_for(
         .flatten()
 }
 
-/// [`gemm_bias`], with `col_bias` (f32 C, no row bias: see
-/// [`gemm_col_bias`]) added by the product where it can, else in a pass.
+/// [`gemm_bias`], with `col_bias` (C in the operands' type, no row bias:
+/// see [`gemm_col_bias`]) added by the product where it can, else in a pass.
 /// Unlogged: the public entries log the product, so the f32 product a
 /// 16-bit C's workspace takes ([`gemm_via_f32`]) is not counted again.
 fn gemm_biased(
@@ -376,8 +376,7 @@ fn gemm_biased(
         // takes the f32 workspace here too (its product still on
         // tensor cores), so what is allocated does not depend on them.
         if c.dtype().is_16bit() && !whole_words(g) {
-            gemm_via_f32(g, a, b, c, bias, kernel)?;
-            return col_bias_pass(g, c, col_bias);
+            return gemm_via_f32(g, a, b, c, bias, col_bias, kernel);
         }
         let epilogue = bias.map(Bias::Rows).or(col_bias.map(Bias::Cols));
         return coop::gemm(g, a, b, c, epilogue, lanes);
@@ -414,8 +413,7 @@ fn gemm_biased(
         // tile's columns come in fours).
         tile.strided_cols = tile.shared;
         if !(tile.tn.is_multiple_of(2) && whole_words(g)) {
-            gemm_via_f32(g, a, b, c, bias, kernel)?;
-            return col_bias_pass(g, c, col_bias);
+            return gemm_via_f32(g, a, b, c, bias, col_bias, kernel);
         }
     }
     if !tile.is_valid() {
@@ -597,13 +595,14 @@ fn whole_words(g: &Gemm) -> bool {
 
 /// A 16-bit product whose output words cannot each go to one thread (odd
 /// widths or offsets): computed in an f32 workspace shaped like C, then
-/// rounded into C.
+/// rounded into C; a column bias is added after, in a pass over C.
 fn gemm_via_f32(
     g: &Gemm,
     a: &Tensor,
     b: &Tensor,
     c: &Tensor,
     bias: Option<&Tensor>,
+    col_bias: Option<&Tensor>,
     kernel: MatmulKernel,
 ) -> Result<(), TensorError> {
     let wide = Tensor::empty_as(
@@ -617,7 +616,9 @@ fn gemm_via_f32(
         super::cast::cast_into(c, &wide)?;
     }
     gemm_biased(g, a, b, &wide, bias, None, kernel)?;
-    super::cast::cast_into(&wide, c)
+    super::cast::cast_into(&wide, c)?;
+    drop(wide);
+    col_bias_pass(g, c, col_bias)
 }
 
 /// Splits `[.., R, C]` into (batch, R, C).
