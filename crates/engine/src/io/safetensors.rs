@@ -328,21 +328,33 @@ impl SafeTensors {
 
     /// A floating-point tensor as f32 (F64, F16 and BF16 are converted).
     pub fn f32(&self, name: &str) -> Result<(Vec<f32>, Vec<usize>), SafetensorsError> {
+        let (t, values) = self.floats(name)?;
+        Ok((values.map(|v| v as f32).collect(), t.shape.clone()))
+    }
+
+    /// A floating-point tensor as f64: every stored value exactly.
+    pub fn f64(&self, name: &str) -> Result<(Vec<f64>, Vec<usize>), SafetensorsError> {
+        let (t, values) = self.floats(name)?;
+        Ok((values.collect(), t.shape.clone()))
+    }
+
+    /// A floating-point tensor and its values, each exactly as an f64
+    /// (so f32 of it is what a direct conversion gives).
+    fn floats(
+        &self,
+        name: &str,
+    ) -> Result<(&StTensor, impl Iterator<Item = f64> + '_), SafetensorsError> {
         let t = self.get(name)?;
         if !t.dtype.is_float() {
             return Err(self.wrong(name, t.dtype, "a float type (F32, F16, BF16, F64)"));
         }
-        let v = t
-            .data
-            .chunks_exact(t.dtype.size())
-            .map(|c| match t.dtype {
-                StDtype::F64 => f64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as f32,
-                StDtype::F16 => half::f16::from_le_bytes([c[0], c[1]]).to_f32(),
-                StDtype::BF16 => half::bf16::from_le_bytes([c[0], c[1]]).to_f32(),
-                _ => f32::from_le_bytes(c.try_into().unwrap_or([0; 4])),
-            })
-            .collect();
-        Ok((v, t.shape.clone()))
+        let values = t.data.chunks_exact(t.dtype.size()).map(|c| match t.dtype {
+            StDtype::F64 => f64::from_le_bytes(c.try_into().unwrap_or([0; 8])),
+            StDtype::F16 => half::f16::from_le_bytes([c[0], c[1]]).to_f64(),
+            StDtype::BF16 => half::bf16::from_le_bytes([c[0], c[1]]).to_f64(),
+            _ => f32::from_le_bytes(c.try_into().unwrap_or([0; 4])) as f64,
+        });
+        Ok((t, values))
     }
 
     /// An integer tensor as i64 (I32, I16, I8, U8 widen).

@@ -191,18 +191,10 @@ impl Batch {
     /// x's token ids as f32, each a whole number in 0..vocab that f32
     /// holds exactly (every id below 2^24; the input is f32).
     fn token_ids(st: &SafeTensors, vocab: usize) -> Result<(Vec<f32>, Vec<usize>), TensorError> {
-        let t = st.get("x")?;
-        let ids: (Vec<i64>, Vec<usize>) = if t.dtype.is_float() {
+        let ids: (Vec<i64>, Vec<usize>) = if st.get("x")?.dtype.is_float() {
             // Judged in the file's own precision: an f64 of 7.00000001 is
             // not a token id, though it rounds to 7 in f32.
-            let values: Vec<f64> = if t.dtype == crate::io::safetensors::StDtype::F64 {
-                t.data
-                    .chunks_exact(8)
-                    .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
-                    .collect()
-            } else {
-                st.f32("x")?.0.iter().map(|&f| f as f64).collect()
-            };
+            let (values, shape) = st.f64("x")?;
             let ids = values
                 .iter()
                 .map(|&f| {
@@ -213,7 +205,7 @@ impl Batch {
                     }
                 })
                 .collect::<Result<_, _>>()?;
-            (ids, t.shape.clone())
+            (ids, shape)
         } else {
             st.i64("x")?
         };
