@@ -725,15 +725,9 @@ fn print_text(name: &str, reports: &[DeviceReport]) {
             );
         }
         if !r.trace_counts.unknown_actions.is_empty() {
-            let listed: Vec<String> = r
-                .trace_counts
-                .unknown_actions
-                .iter()
-                .map(|(a, n)| format!("{a:?} ×{n}"))
-                .collect();
             println!(
                 "  skipped: trace entries of actions PyTorch's TraceEntry does not name: {}",
-                listed.join(", ")
+                torch_snapshot::list_actions(&r.trace_counts.unknown_actions)
             );
         }
         if let Some(eq) = r.what_ifs[0].equals_recording {

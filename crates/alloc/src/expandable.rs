@@ -296,9 +296,9 @@ impl<S: SegmentSource> CachingAllocator<S> {
         // many pages it holds.
         let run = (self.source.max_segment_size() / page).max(1) * page;
         let mut made = Vec::new();
-        let mut at = base + first * page;
-        while at < base + last * page {
-            let bytes = run.min(base + last * page - at);
+        let (mut at, end) = (base + first * page, base + last * page);
+        while at < end {
+            let bytes = run.min(end - at);
             let id = SegmentId(self.next_segment_id);
             if let Err(e) = self.source.allocate(id, bytes) {
                 for (_, (id, bytes)) in made {

@@ -590,6 +590,15 @@ fn read_device(
     })
 }
 
+/// Skipped actions as said to a person: `"bogus" ×2, "other" ×1`.
+pub fn list_actions(actions: &[(String, usize)]) -> String {
+    actions
+        .iter()
+        .map(|(a, n)| format!("{a:?} ×{n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// Adds [at, at + len) to a set of disjoint ranges (start → length),
 /// joining neighbours.
 fn add_range(set: &mut BTreeMap<u64, u64>, mut at: u64, mut len: u64) {
@@ -832,14 +841,9 @@ pub fn start_replay(
         ));
     }
     if !snap.unknown_actions.is_empty() {
-        let listed: Vec<String> = snap
-            .unknown_actions
-            .iter()
-            .map(|(a, n)| format!("{a:?} ×{n}"))
-            .collect();
         differences.push(format!(
             "trace entries of actions PyTorch's TraceEntry does not name were skipped: {}",
-            listed.join(", ")
+            list_actions(&snap.unknown_actions)
         ));
     }
     let mut dropped = 0;
