@@ -1,15 +1,42 @@
 //! The `vramlab` command. Errors end here: printed as one clear message, exit
-//! code 1 (2 for bad flags, from clap).
+//! code 1 (2 for bad flags, from clap); under `--json` also as JSON on stdout.
 
 use clap::Parser;
+use std::ffi::OsString;
 
 fn main() {
     restore_sigpipe();
-    let cli = vramlab::cli::Cli::parse();
+    let argv: Vec<OsString> = std::env::args_os().collect();
+    let cli = match vramlab::cli::Cli::try_parse_from(&argv) {
+        Ok(cli) => cli,
+        Err(e) => {
+            // Help and --version are not failures; a refused flag under
+            // --json also answers on stdout, as a failed command does.
+            if e.use_stderr() && asks_for_json(&argv) {
+                println!(
+                    "{}",
+                    vramlab::cli::flag_error_json(&e.render().to_string(), e.exit_code())
+                );
+            }
+            e.exit()
+        }
+    };
+    let json = cli.command.json();
     if let Err(e) = vramlab::cli::run(cli) {
         eprintln!("error: {e:#}");
+        if let Some(doc) = json.then(|| vramlab::cli::command_error_json(&e)).flatten() {
+            println!("{doc}");
+        }
         std::process::exit(1);
     }
+}
+
+/// `--json` among the arguments, before any `--` that ends the flags.
+fn asks_for_json(argv: &[OsString]) -> bool {
+    argv.iter()
+        .skip(1)
+        .take_while(|a| *a != "--")
+        .any(|a| a == "--json")
 }
 
 /// Rust ignores SIGPIPE, so printing to a closed pipe (`vramlab estimate … |

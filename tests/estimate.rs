@@ -193,3 +193,43 @@ fn checkpointed_forward_under_autocast_gives_the_plain_gradients() {
         }
     }
 }
+
+/// `model.half()` holds both copies of the weights for a moment before the
+/// first step: the phases say so with a "setup" row at the peak, which a
+/// model built in its own dtype does not get.
+#[test]
+fn a_half_model_peaks_in_setup_and_says_so() {
+    let phases = |dtype: &str| {
+        let v = vramlab_json([
+            "estimate",
+            "--model",
+            "mlp",
+            "--batch",
+            "2",
+            "--mode",
+            "inference",
+            "--dtype",
+            dtype,
+            "--json",
+        ]);
+        let e = &v["estimate"];
+        let rows: Vec<(String, u64)> = e["phases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| {
+                (
+                    p["phase"].as_str().unwrap().to_string(),
+                    p["peak_allocated"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        (rows, e["peak_allocated_bytes"].as_u64().unwrap())
+    };
+    let (half, peak) = phases("f16");
+    assert_eq!(half[0].0, "setup", "{half:?}");
+    assert_eq!(half[0].1, peak, "the conversion is the peak: {half:?}");
+    assert!(half[1..].iter().all(|(_, p)| *p < peak), "{half:?}");
+    let (f32_rows, _) = phases("f32");
+    assert_eq!(f32_rows[0].0, "forward", "{f32_rows:?}");
+}

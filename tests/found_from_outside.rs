@@ -734,3 +734,12 @@ fn a_backend_this_platform_lacks_is_named() {
         assert!(err.contains(want) && !err.contains("apt-get"), "{err}");
     }
 }
+
+#[test]
+fn a_one_class_loss_prints_as_zero() {
+    let o = vramlab(&["train", "--model", "mlp", "--widths", "8,1", "--steps", "1"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let line = out.lines().find(|l| l.starts_with("step   1")).unwrap();
+    assert!(line.contains("loss 0.000000"), "{line}");
+}

@@ -27,8 +27,12 @@ fn part_of(scope: &str) -> String {
         let i: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
         return format!("h.{i}");
     }
-    // (The one dropout outside the blocks is the embedding's.)
-    if scope.starts_with("embedding") || scope.starts_with("dropout") {
+    // (The one dropout outside the blocks is the embedding's; `wte` and
+    // `wpe` are the two tables' layers.)
+    if ["embedding", "dropout", "wte.", "wpe."]
+        .iter()
+        .any(|p| scope.starts_with(p))
+    {
         "embedding".into()
     } else if scope.starts_with("cross_entropy") {
         "loss".into()

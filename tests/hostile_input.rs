@@ -363,6 +363,12 @@ proptest! {
 /// Runs the binary under a 2 GiB address-space limit and a 60 s time limit (debug builds are slow);
 /// returns (exit code, stderr). A signal is reported as code -1.
 fn run_limited(args: &[String]) -> (i32, String) {
+    let (code, _, err) = run_limited_out(args);
+    (code, err)
+}
+
+/// `run_limited`, with stdout too: (exit code, stdout, stderr).
+fn run_limited_out(args: &[String]) -> (i32, String, String) {
     let bin = env!("CARGO_BIN_EXE_vramlab");
     let quoted: Vec<String> = args
         .iter()
@@ -375,6 +381,7 @@ fn run_limited(args: &[String]) -> (i32, String) {
     let out = Command::new("sh").arg("-c").arg(script).output().unwrap();
     (
         out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
@@ -495,6 +502,31 @@ proptest! {
         );
         if code != 0 {
             prop_assert!(err.contains("error"), "{args:?}: no error message\n{err}");
+        }
+    }
+
+    /// The same commands under `--json`: stdout is one JSON document
+    /// whatever happens; a failure is an object that carries stderr's
+    /// message and the exit code, so a program never parses an empty stdout.
+    #[test]
+    fn json_commands_answer_json_even_when_they_fail(mut args in hostile_command()) {
+        args.push("--json".into());
+        let (code, out, err) = run_limited_out(&args);
+        prop_assert!((0..=2).contains(&code), "{args:?}: exit {code}\n{err}");
+        let help = args.iter().any(|a| ["-h", "--help", "-V", "--version"].contains(&a.as_str()));
+        if help && code == 0 {
+            return Ok(());
+        }
+        let v: serde_json::Value = serde_json::from_str(&out)
+            .map_err(|e| TestCaseError::fail(format!("{args:?}: exit {code}, stdout is not JSON ({e}):\n{out}\nstderr:\n{err}")))?;
+        if code != 0 {
+            let message = v["error"].as_str().unwrap_or_default();
+            prop_assert!(!message.is_empty(), "{args:?}: no error in {v}");
+            prop_assert_eq!(v["exit_code"].as_i64(), Some(code as i64));
+            // stderr says the same thing for a person.
+            let first = message.lines().next().unwrap_or_default();
+            prop_assert!(err.contains(first), "{args:?}: stderr lacks {first:?}\n{err}");
+            prop_assert!(v["causes"].as_array().is_some_and(|c| !c.is_empty()));
         }
     }
 }

@@ -864,7 +864,7 @@ fn print_map(what: &str, m: &SegmentMap) {
         println!("    segments with the most free bytes:");
         for r in m.most_free.iter().filter(|r| r.free_bytes > 0) {
             println!(
-                "      0x{:x} {} {}{}: {} free of {} ({} blocks, largest free {})",
+                "      0x{:x} {} {}{}: {} free of {} ({} block{}, largest free {})",
                 r.address,
                 r.pool,
                 Mib(r.total_bytes),
@@ -872,6 +872,7 @@ fn print_map(what: &str, m: &SegmentMap) {
                 Mib(r.free_bytes),
                 Mib(r.total_bytes),
                 r.blocks,
+                if r.blocks == 1 { "" } else { "s" },
                 Mib(r.largest_free_block)
             );
         }

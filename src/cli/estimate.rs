@@ -330,12 +330,21 @@ fn print_text(
         "{:<22} {:<22} {:>10} {:>14} {:>14} {:>14}",
         "Layer", "Output shape", "Params", "Saved (MiB)", "Fwd + (MiB)", "Bwd − (MiB)"
     );
+    let tied = plan.model.tied_parameters();
     for l in &a.layers {
         let params: usize = shapes
             .iter()
             .filter(|(n, _)| n.rsplit_once('.').map(|x| x.0) == Some(l.layer.as_str()))
             .map(|(_, s)| s.iter().product::<usize>())
             .sum();
+        // A tied layer reads another's parameter: name it, counted once in
+        // the total under its owner.
+        let params = match tied.iter().find(|(layer, _)| *layer == l.layer.as_str()) {
+            Some((_, p)) if params == 0 => {
+                format!("tied {}", p.rsplit_once('.').map_or(*p, |x| x.0))
+            }
+            _ => params.to_string(),
+        };
         println!(
             "{:<22} {:<22} {:>10} {:>14.2} {:>14.2} {:>14.2}",
             l.layer,
@@ -360,7 +369,11 @@ fn print_text(
             p.phase,
             s(p.allocated_at_start),
             s(p.peak_allocated),
-            cats.join(", ")
+            if cats.is_empty() {
+                "nothing".into()
+            } else {
+                cats.join(", ")
+            }
         );
     }
     println!();

@@ -94,6 +94,80 @@ pub enum Command {
     Lesson(lessons::LessonArgs),
 }
 
+impl Command {
+    /// Whether the user asked for `--json`: then a failure is also written
+    /// to stdout as JSON, so a program reading stdout always gets a document.
+    pub fn json(&self) -> bool {
+        match self {
+            Command::Demo(a) => a.json,
+            Command::Info(a) => a.json,
+            Command::Train(a) => a.json,
+            Command::Estimate(a) => a.json,
+            Command::Plan(a) => a.json,
+            Command::Profile(a) => a.json,
+            Command::Sweep(a) => a.json,
+            Command::Bench(a) => a.json,
+            Command::BenchAlloc(a) => a.json,
+            Command::MaxBatch(a) => a.json,
+            Command::Models(a) => a.json,
+            Command::Replay(a) => a.json,
+            Command::Doctor(a) => a.json,
+            Command::Lessons(a) => a.json,
+            Command::Lesson(a) => a.json,
+        }
+    }
+}
+
+/// A failed command as `--json` reports it on stdout: `error` is the whole
+/// message stderr shows, `causes` its chain outermost first, `exit_code`
+/// the process's (1 for a failed command, 2 for bad flags).
+pub fn error_json(error: &str, causes: &[String], exit_code: i32) -> String {
+    let v = serde_json::json!({
+        "error": error,
+        "causes": causes,
+        "exit_code": exit_code,
+    });
+    serde_json::to_string_pretty(&v).unwrap_or_else(|_| String::from("{}"))
+}
+
+/// A failure whose command already wrote its `--json` document (replay's
+/// statistics up to a bad line, with `error` in them): `main` adds none.
+#[derive(Debug)]
+pub struct AnsweredInJson(pub anyhow::Error);
+
+impl std::fmt::Display for AnsweredInJson {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:#}", self.0)
+    }
+}
+
+impl std::error::Error for AnsweredInJson {}
+
+/// `error_json` for an error a command returned; `None` when the command
+/// already answered in JSON.
+pub fn command_error_json(e: &anyhow::Error) -> Option<String> {
+    if e.downcast_ref::<AnsweredInJson>().is_some() {
+        return None;
+    }
+    let causes: Vec<String> = e.chain().map(|c| c.to_string()).collect();
+    Some(error_json(&format!("{e:#}"), &causes, 1))
+}
+
+/// `error_json` for a flag clap refused: the message and its tips, without
+/// the "error: " prefix and the usage lines that stderr's copy has.
+pub fn flag_error_json(rendered: &str, exit_code: i32) -> String {
+    let parts: Vec<&str> = rendered
+        .split("\n\n")
+        .map(str::trim)
+        .filter(|p| {
+            !p.is_empty() && !p.starts_with("Usage:") && !p.starts_with("For more information")
+        })
+        .collect();
+    let message = parts.join("\n");
+    let message = message.strip_prefix("error: ").unwrap_or(&message);
+    error_json(message, &[message.to_string()], exit_code)
+}
+
 /// Runs the parsed command.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     // A bad tuning setting is the user's to fix, before any work.

@@ -125,6 +125,9 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
             "ooms": outcome.ooms,
             "error": outcome.error,
         });
+        if outcome.error.is_some() {
+            obj["exit_code"] = 1.into();
+        }
         if args.timeline {
             obj["timeline"] = serde_json::to_value(&outcome.timeline)?;
         }
@@ -204,11 +207,17 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
             Some(p) => format!("; {} was not written", p.display()),
             None => String::new(),
         };
-        anyhow::bail!(
+        let e = anyhow::anyhow!(
             "{}: {e} ({kind}the statistics above cover the {} events before it{kept})",
             args.trace.display(),
             outcome.events
         );
+        // Under --json the statistics and `error` are already on stdout.
+        return Err(if args.json {
+            super::AnsweredInJson(e).into()
+        } else {
+            e
+        });
     }
     Ok(())
 }

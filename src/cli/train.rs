@@ -655,7 +655,9 @@ fn print_step(
     println!(
         "step {:>3}  loss {:<10.6} memory_allocated {:>9.2} MiB  memory_reserved {:>9.2} MiB  max_memory_allocated {:>9.2} MiB",
         r.step,
-        r.loss,
+        // A one-class cross-entropy is exactly -0.0 (-(x - x)); + 0.0 prints
+        // it as the 0 it is. `--json` keeps the value as computed.
+        r.loss + 0.0,
         mib(r.allocated_bytes),
         mib(r.reserved_bytes),
         mib(r.peak_allocated_bytes)

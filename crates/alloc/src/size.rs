@@ -71,18 +71,34 @@ pub fn mib(bytes: u64) -> f64 {
 }
 
 /// Bytes shown in MiB with two decimals, the way the articles print
-/// `memory_allocated() / 1024**2`.
+/// `memory_allocated() / 1024**2`; a size those decimals would show as
+/// 0.00 but that is not zero keeps its own unit (`format_size`), so a small
+/// block never reads as nothing.
 pub struct Mib(pub u64);
 
 impl fmt::Display for Mib {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:.2} MiB", self.0 as f64 / 1048576.0)
+        let shown = format!("{:.2}", self.0 as f64 / 1048576.0);
+        if shown == "0.00" && self.0 > 0 {
+            f.write_str(&format_size(self.0))
+        } else {
+            write!(f, "{shown} MiB")
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mib_keeps_small_sizes_visible() {
+        assert_eq!(Mib(0).to_string(), "0.00 MiB");
+        assert_eq!(Mib(1000).to_string(), "1000 bytes");
+        assert_eq!(Mib(5242).to_string(), "5.12 KiB");
+        assert_eq!(Mib(5243).to_string(), "0.01 MiB");
+        assert_eq!(Mib(3 << 20).to_string(), "3.00 MiB");
+    }
 
     #[test]
     fn parses_binary_and_decimal_units() {

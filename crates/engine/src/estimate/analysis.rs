@@ -10,7 +10,10 @@ use std::sync::Arc;
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct PhaseRow {
-    /// "forward", "backward", "optimizer", or "end".
+    /// "setup", "forward", "backward", "optimizer", or "end". "setup" (the
+    /// model built, loaded or converted before the first step) is listed
+    /// only when it peaked above what the first step starts with, as
+    /// `model.half()` does while both copies of the weights are alive.
     pub phase: String,
     /// Allocated bytes when the phase begins (for "end": after the step).
     pub allocated_at_start: u64,
@@ -72,6 +75,14 @@ pub fn analyze(events: &[MemEvent], layer_outputs: &[(Arc<str>, Vec<usize>)]) ->
     let mut device_allocs = 0;
     let (mut last_alloc, mut last_res) = (0, 0);
     for e in events {
+        if phases.is_empty() && e.kind == EventKind::Alloc {
+            phases.push(PhaseRow {
+                phase: "setup".into(),
+                allocated_at_start: last_alloc,
+                peak_allocated: last_alloc,
+                by_category_at_start: named(&live.by_category),
+            });
+        }
         peak_reserved = peak_reserved.max(e.reserved);
         (last_alloc, last_res) = (e.allocated, e.reserved);
         let freed = live.apply(e);
@@ -128,6 +139,13 @@ pub fn analyze(events: &[MemEvent], layer_outputs: &[(Arc<str>, Vec<usize>)]) ->
             | EventKind::SegmentUnmap
             | EventKind::Oom
             | EventKind::Retag => {}
+        }
+    }
+    // A setup that only built what the step starts with says nothing the
+    // first phase's "at start" does not.
+    if let [setup, next, ..] = &phases[..] {
+        if setup.phase == "setup" && setup.peak_allocated <= next.allocated_at_start {
+            phases.remove(0);
         }
     }
     phases.push(PhaseRow {

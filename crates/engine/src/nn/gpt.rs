@@ -407,10 +407,13 @@ impl Gpt {
                 .set(self.seed.get().wrapping_add(0x9E37_79B9_7F4A_7C15));
         }
         let idx = x.tensor().reshape(&[n * s])?;
+        // Rows named as nanoGPT's modules (`wte`, `wpe`), which own the two
+        // tables, so per-layer tables and tags say whose memory it is.
         let wte = tape.param(store, self.wte);
-        let mut h = t::embedding(tape, &wte, &idx)?;
+        let mut h = in_layer(x, &Arc::from("wte"), || t::embedding(tape, &wte, &idx))?;
         h = f::reshape(tape, &h, &[n, s, d])?;
-        h = t::add_positions(tape, &h, &tape.param(store, self.wpe))?;
+        let wpe = tape.param(store, self.wpe);
+        h = in_layer(&h, &Arc::from("wpe"), || t::add_positions(tape, &h, &wpe))?;
         h = f::reshape(tape, &h, &[n * s, d])?;
         h = t::dropout(tape, &h, self.dropout, self.site(self.blocks.len(), 0))?;
         for (i, blk) in self.blocks.iter().enumerate() {
@@ -673,5 +676,9 @@ impl ModelConfig for GptSpec {
     /// The head is the embedding's transpose, tied.
     fn bias_free_head(&self) -> bool {
         true
+    }
+
+    fn tied_parameters(&self) -> &'static [(&'static str, &'static str)] {
+        &[("lm_head", "wte.weight")]
     }
 }

@@ -108,6 +108,12 @@ pub trait ModelConfig: ConfigValue + Debug + Send + Sync + 'static {
     fn bias_free_head(&self) -> bool {
         false
     }
+    /// Layers that use another layer's parameter, as (layer, parameter
+    /// name): a tied head owns no parameter of its own, and per-layer
+    /// tables say whose it reads instead of showing 0.
+    fn tied_parameters(&self) -> &'static [(&'static str, &'static str)] {
+        &[]
+    }
 }
 
 /// What a [`ModelSpec`] needs of any config to clone, compare and print it;
@@ -227,6 +233,10 @@ impl ModelSpec {
 
     pub fn supports_16bit_model(&self) -> bool {
         self.0.supports_16bit_model()
+    }
+
+    pub fn tied_parameters(&self) -> &'static [(&'static str, &'static str)] {
+        self.0.tied_parameters()
     }
 
     pub fn vocab(&self) -> Option<usize> {
