@@ -699,15 +699,27 @@ fn unknown_trace_actions_are_skipped_and_said() {
 /// A snapshot of no segments whose device-0 trace is `actions`, each on
 /// one 512-byte block at 2 MiB, with `extra` top-level keys.
 fn trace_snapshot(actions: &[&str], extra: Vec<(PyValue, PyValue)>) -> Vec<u8> {
+    let entries = actions
+        .iter()
+        .map(|a| (*a, Some(PyValue::Int(1 << 21))))
+        .collect::<Vec<_>>();
+    trace_snapshot_at(&entries, extra)
+}
+
+/// `trace_snapshot` with each entry's `addr` given (`None`: no key).
+fn trace_snapshot_at(
+    actions: &[(&str, Option<PyValue>)],
+    extra: Vec<(PyValue, PyValue)>,
+) -> Vec<u8> {
     let s = PyValue::str;
     let entries = actions
         .iter()
-        .map(|a| {
-            PyValue::dict(vec![
-                (s("action"), s(a)),
-                (s("addr"), PyValue::Int(1 << 21)),
-                (s("size"), PyValue::Int(512)),
-            ])
+        .map(|(a, addr)| {
+            let mut d = vec![(s("action"), s(a)), (s("size"), PyValue::Int(512))];
+            if let Some(addr) = addr {
+                d.push((s("addr"), addr.clone()));
+            }
+            PyValue::dict(d)
         })
         .collect();
     let mut root = vec![
@@ -742,4 +754,52 @@ fn a_one_class_loss_prints_as_zero() {
     assert!(o.status.success(), "{}", stderr(&o));
     let line = out.lines().find(|l| l.starts_with("step   1")).unwrap();
     assert!(line.contains("loss 0.000000"), "{line}");
+}
+
+/// A trace entry that allocates or frees without a usable address, or an
+/// alloc over a block the trace never freed, is a corrupt snapshot: named
+/// by its entry, not replayed as a block at address 0 or a lost block.
+#[test]
+fn trace_entries_without_a_usable_address_are_refused() {
+    let dir = scratch("addr");
+    let p = dir.join("s.pickle");
+    let at = |a: i64| Some(PyValue::Int(a));
+    type Trace<'a> = Vec<(&'a str, Option<PyValue>)>;
+    let cases: Vec<(Trace, &str)> = vec![
+        (
+            vec![("alloc", at(1 << 21)), ("alloc", None)],
+            "device_traces[0][1] (\"alloc\"): no addr",
+        ),
+        (
+            vec![("alloc", at(1 << 21)), ("free_completed", at(-5))],
+            "device_traces[0][1] (\"free_completed\"): no addr",
+        ),
+        (
+            vec![("segment_alloc", Some(PyValue::str("here")))],
+            "device_traces[0][0] (\"segment_alloc\"): no addr",
+        ),
+        (
+            vec![("alloc", at(1 << 21)), ("alloc", at(1 << 21))],
+            "device_traces[0][1] (\"alloc\"): alloc at 0x200000, where the trace's block allocated at entry 0 was never freed",
+        ),
+    ];
+    for (entries, want) in cases {
+        std::fs::write(&p, trace_snapshot_at(&entries, vec![])).unwrap();
+        for cmd in ["replay", "doctor"] {
+            let err = fails_cleanly(&[cmd, p.to_str().unwrap()]);
+            assert!(err.contains(want), "{cmd}: {err}");
+        }
+    }
+    // What changes no memory needs no address; a block freed and then
+    // allocated again at its address is the normal case.
+    let fine = vec![
+        ("alloc", at(1 << 21)),
+        ("snapshot", None),
+        ("free_completed", at(1 << 21)),
+        ("alloc", at(1 << 21)),
+    ];
+    std::fs::write(&p, trace_snapshot_at(&fine, vec![])).unwrap();
+    let o = vramlab(&["replay", p.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -84,6 +84,17 @@ pub enum LabError {
         key: &'static str,
         value: i64,
     },
+    /// A trace entry that acts on a block or segment without a usable
+    /// `addr` (absent, negative or not an integer).
+    #[error("{at}: no addr that is a non-negative integer; the trace names blocks by address, so the snapshot is corrupt")]
+    AddrMissing { at: String },
+    /// An `alloc` at an address whose block the trace has not freed.
+    #[error("{at}: alloc at 0x{addr:x}, where the trace's block allocated at entry {earlier} was never freed; the snapshot is corrupt (or entries are missing from its middle)")]
+    AddrStillLive {
+        at: String,
+        addr: u64,
+        earlier: usize,
+    },
     #[error("rebuilding the segment at 0x{address:x} ({size} bytes) recorded before the trace: {source}")]
     RebuildSegment {
         address: u64,

@@ -425,6 +425,8 @@ fn read_device(
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut live_bytes, mut peak, mut next) = (0u64, 0u64, 0u64);
     let mut sizes: IdMap<u64, u64> = IdMap::default();
+    // The trace entry of each live id's alloc, for an error that names it.
+    let mut alloc_entry: IdMap<u64, usize> = IdMap::default();
     let mut categories = BTreeMap::new();
     let mut origins: HashMap<u64, Origin> = HashMap::new();
     let mut from_metadata = 0;
@@ -440,10 +442,17 @@ fn read_device(
     for (i, item) in trace.iter().enumerate() {
         let e = &table.resolve(item);
         let act = table.action_name(e);
-        let addr = e.addr(table);
-        let size = size_field(e.size(), "size", || {
-            format!("device_traces[{device}][{i}] ({act:?})")
-        })?;
+        let at = || format!("device_traces[{device}][{i}] ({act:?})");
+        let size = size_field(e.size(), "size", at)?;
+        // Every action that changes memory names its block or segment by
+        // address; the rest (snapshot, user_defined, unknown) need none.
+        let addr = match e.addr(table) {
+            Some(a) => a,
+            None if act == "alloc" || FREES.contains(&act) || act.starts_with("segment_") => {
+                return Err(LabError::AddrMissing { at: at() })
+            }
+            None => 0,
+        };
         let release = act == "segment_free" || act == "segment_unmap";
         if release && !releasing && releases_mean_empty_cache {
             ops.push(Op::EmptyCache);
@@ -453,7 +462,15 @@ fn read_device(
             "alloc" => {
                 streams.insert(e.stream);
                 next += 1;
+                if let Some(&earlier) = live.get(&addr) {
+                    return Err(LabError::AddrStillLive {
+                        at: at(),
+                        addr,
+                        earlier: alloc_entry[&earlier],
+                    });
+                }
                 live.insert(addr, next);
+                alloc_entry.insert(next, i);
                 from_metadata += usize::from(e.named.is_some());
                 let category = e.named.unwrap_or(e.from_frames);
                 if category != Category::Untagged {
@@ -475,6 +492,7 @@ fn read_device(
             }
             a if a == free_action => match live.remove(&addr) {
                 Some(id) => {
+                    alloc_entry.remove(&id);
                     live_bytes = live_bytes.saturating_sub(sizes.remove(&id).unwrap_or(0));
                     ops.push(Op::Free { id });
                 }

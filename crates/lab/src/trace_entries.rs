@@ -46,6 +46,9 @@ pub struct Entry {
 
 const SIZE_ABSENT: i64 = i64::MIN;
 const SIZE_NOT_INT: i64 = i64::MIN + 1;
+/// `value` of an entry whose `addr` is absent, negative or not an integer
+/// (an address is a non-negative i64, so never this).
+const ADDR_MISSING: u64 = u64::MAX;
 
 impl Entry {
     pub fn size(&self) -> SizeField {
@@ -56,12 +59,13 @@ impl Entry {
         }
     }
 
-    /// `addr` (0 for an `oom`).
-    pub fn addr(&self, entries: &Entries) -> u64 {
+    /// `addr` (0 for an `oom`); `None` where the entry has none that is a
+    /// non-negative integer.
+    pub fn addr(&self, entries: &Entries) -> Option<u64> {
         if entries.action_name(self) == "oom" {
-            0
+            Some(0)
         } else {
-            self.value
+            (self.value != ADDR_MISSING).then_some(self.value)
         }
     }
 
@@ -195,7 +199,10 @@ impl Entries {
         let value = if name == "oom" {
             int("device_free")
         } else {
-            int("addr")
+            match get("addr").and_then(PyValue::as_i64) {
+                Some(a) if a >= 0 => a as u64,
+                _ => ADDR_MISSING,
+            }
         };
         let (named, module) = match get("user_metadata").and_then(PyValue::as_str) {
             Some(text) => self.metadata(text),

@@ -207,7 +207,7 @@ pub enum EngineError {
     DifferentEngines { op: &'static str },
 
     // ---- Data ----
-    #[error("text: the text has {chars} characters; sequences of {seq} need at least {} (use a longer text or a shorter --seq-len)", .seq + 2)]
+    #[error("text: the text has {chars} characters; sequences of {seq} need at least {} (use a longer text or a shorter --seq-len)", .seq + 1)]
     TextTooShort { chars: usize, seq: usize },
     #[error("batch: a window of {len} tokens at {start} runs past the {tokens} tokens")]
     WindowPastEnd {

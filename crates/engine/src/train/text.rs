@@ -63,14 +63,50 @@ impl CharText {
         batch: usize,
         seq: usize,
     ) -> Result<Batch, TensorError> {
-        if self.tokens.len() < seq + 2 {
-            return Err(TensorError::TextTooShort {
-                chars: self.tokens.len(),
-                seq,
-            });
-        }
-        let room = (self.tokens.len() - seq - 1) as u64;
-        let starts: Vec<usize> = (0..batch).map(|_| rng.below(room) as usize).collect();
+        let starts = self.starts(rng, batch, seq)?;
         Batch::token_windows(engine, &self.tokens, &starts, seq, VOCAB)
+    }
+
+    /// Where the windows begin: uniform in `0..len - seq`, as nanoGPT's
+    /// `torch.randint(len(data) - block_size, …)`, so the last window's
+    /// labels end on the text's last token.
+    pub fn starts(
+        &self,
+        rng: &mut Rng,
+        batch: usize,
+        seq: usize,
+    ) -> Result<Vec<usize>, TensorError> {
+        let len = self.tokens.len();
+        if len <= seq {
+            return Err(TensorError::TextTooShort { chars: len, seq });
+        }
+        let room = (len - seq) as u64;
+        Ok((0..batch).map(|_| rng.below(room) as usize).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(len: usize) -> CharText {
+        CharText::new(&vec![b'a'; len])
+    }
+
+    #[test]
+    fn windows_start_anywhere_nanogpt_would_and_nowhere_else() {
+        let mut rng = Rng::new(7);
+        let seq = 5;
+        // seq + 1 tokens: one window, at 0, whose labels end on the last.
+        assert_eq!(text(seq + 1).starts(&mut rng, 4, seq).unwrap(), [0; 4]);
+        // seq + 3 tokens: starts 0, 1 and 2, each drawn.
+        let starts = text(seq + 3).starts(&mut rng, 400, seq).unwrap();
+        for s in 0..3 {
+            assert!(starts.contains(&s), "start {s} never drawn");
+        }
+        assert!(starts.iter().all(|&s| s + seq < seq + 3));
+        // seq tokens leave no next token for the last label.
+        let e = text(seq).starts(&mut rng, 1, seq).unwrap_err().to_string();
+        assert!(e.contains("at least 6"), "{e}");
     }
 }
