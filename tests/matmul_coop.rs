@@ -9,7 +9,7 @@ use common::*;
 use half::f16;
 use vramlab::device::AdapterOptions;
 use vramlab::memory::AllocatorConfig;
-use vramlab::ops::matmul::{gemm_bias, plan_split, Gemm, MatView, MatmulKernel};
+use vramlab::ops::matmul::{gemm_bias, plan_split, tensor_cores_for, Gemm, MatView, MatmulKernel};
 use vramlab::tensor::{DType, Engine, Tensor};
 
 /// One product: sizes, batch, A and B read transposed, offsets, C's
@@ -30,10 +30,20 @@ struct Case {
     bias: bool,
 }
 
-/// Runs `case` with `kernel`; returns C and its f64 reference (of the f16
-/// operands as stored), the kernels that ran, and whether K is cut into
-/// splits (then the plain kernels run it).
-fn run(e: &Engine, case: Case, rng: &mut Rng) -> (Vec<f32>, Vec<f64>, Vec<String>, bool) {
+/// What one product did: C, its f64 reference (of the f16 operands as
+/// stored), the kernels that ran, whether K is cut into splits (then the
+/// plain kernels run it), and whether `tensor_cores_for` (what `bench`
+/// labels) said tensor cores would run it.
+struct Ran {
+    got: Vec<f32>,
+    want: Vec<f64>,
+    kernels: Vec<String>,
+    k_split: bool,
+    said_cores: bool,
+}
+
+/// Runs `case` on the tiled kernel.
+fn run(e: &Engine, case: Case, rng: &mut Rng) -> Ran {
     let Case {
         m,
         n,
@@ -143,12 +153,22 @@ fn run(e: &Engine, case: Case, rng: &mut Rng) -> (Vec<f32>, Vec<f64>, Vec<String
             }
         }
     }
-    (
-        tc.to_vec().unwrap(),
+    let said_cores = tensor_cores_for(
+        &g,
+        &ta_,
+        &tb_,
+        &tc,
+        bias.then_some(&tbias),
+        MatmulKernel::Tiled,
+    )
+    .is_some();
+    Ran {
+        got: tc.to_vec().unwrap(),
         want,
         kernels,
-        plan_split(&g).splits > 1,
-    )
+        k_split: plan_split(&g).splits > 1,
+        said_cores,
+    }
 }
 
 fn cases() -> Vec<Case> {
@@ -358,7 +378,13 @@ fn f16_products_on_tensor_cores_match_f64() {
             ("default", &e, lanes.is_some()),
             ("--no-tensor-cores", &off, false),
         ] {
-            let (got, want, kernels, k_split) = run(engine, case, &mut rng);
+            let Ran {
+                got,
+                want,
+                kernels,
+                k_split,
+                said_cores,
+            } = run(engine, case, &mut rng);
             let cores = cores && !k_split;
             // f16 operands multiply exactly in f32; only the sums round
             // (and an f16 C to 2⁻¹¹).
@@ -371,6 +397,9 @@ fn f16_products_on_tensor_cores_match_f64() {
                 .count();
             let on_cores = coop_runs > 0;
             assert_eq!(on_cores, cores, "{name} {case:?}: ran {kernels:?}");
+            // What `bench` labels a product: the route it takes, summed
+            // batches past a workspace included.
+            assert_eq!(said_cores, on_cores, "{name} {case:?}: ran {kernels:?}");
             // One product however many workspaces' worth the batch sums.
             assert!(coop_runs <= 1, "{name} {case:?}: ran {kernels:?}");
             // Aligned products read whole tiles from storage; others stage.

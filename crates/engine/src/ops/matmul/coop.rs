@@ -308,7 +308,7 @@ fn direct_ok(v: &MatView, t: &Tensor, batch: usize) -> bool {
 /// plain kernels must run it: no f16 cooperative matrices, operands not
 /// f16, a bf16 output, a bias that is not one f16 value per row, or a grid
 /// or loop past the device's limits.
-pub fn usable(g: &Gemm, a: &Tensor, b: &Tensor, c: &Tensor, bias: Option<&Tensor>) -> Option<u32> {
+pub fn usable(g: &Gemm, a: &Tensor, b: &Tensor, c: DType, bias: Option<&Tensor>) -> Option<u32> {
     let e = a.engine();
     let lanes = e.tensor_core_lanes()?;
     let side = e.tensor_core_size()? as usize;
@@ -320,7 +320,7 @@ pub fn usable(g: &Gemm, a: &Tensor, b: &Tensor, c: &Tensor, bias: Option<&Tensor
         .all(|&d| d <= max_dim);
     (a.dtype() == DType::F16
         && b.dtype() == DType::F16
-        && matches!(c.dtype(), DType::F32 | DType::F16)
+        && matches!(c, DType::F32 | DType::F16)
         && e.has_shader_f16()
         && bias.is_none_or(|t| t.numel() == g.m && t.dtype() == DType::F16)
         && (1..=64).contains(&lanes)

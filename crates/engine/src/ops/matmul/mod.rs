@@ -317,9 +317,10 @@ fn col_bias_pass(g: &Gemm, c: &Tensor, col_bias: Option<&Tensor>) -> Result<(), 
 }
 
 /// The subgroup size `g` runs on tensor cores with, or `None` where it
-/// runs on the plain kernels: f16 products where the device has them, not
-/// split ones (their partials are planned from shapes alone, so memory is
-/// the same either way), not with a fixed tile.
+/// runs on the plain kernels, by either route: an unsplit product
+/// ([`unsplit_cores`]) or the partial products of a summed batch whose K is
+/// not split ([`partial_cores`]). f16 operands where the device has them,
+/// never with a fixed tile.
 pub fn tensor_cores_for(
     g: &Gemm,
     a: &Tensor,
@@ -328,8 +329,49 @@ pub fn tensor_cores_for(
     bias: Option<&Tensor>,
     kernel: MatmulKernel,
 ) -> Option<u32> {
+    let split = plan_split(g);
+    if split.group == 0 {
+        unsplit_cores(g, a, b, c, bias, kernel)
+    } else {
+        partial_cores(&split, g, a, b, kernel)
+    }
+}
+
+/// [`tensor_cores_for`] a product that is not split: into C itself, with
+/// its bias in the epilogue.
+fn unsplit_cores(
+    g: &Gemm,
+    a: &Tensor,
+    b: &Tensor,
+    c: &Tensor,
+    bias: Option<&Tensor>,
+    kernel: MatmulKernel,
+) -> Option<u32> {
     (kernel == MatmulKernel::Tiled && plan_split(g).group == 0)
-        .then(|| coop::usable(g, a, b, c, bias))
+        .then(|| coop::usable(g, a, b, c.dtype(), bias))
+        .flatten()
+}
+
+/// [`tensor_cores_for`] the entries `part` of a split product, each into an
+/// f32 slot of the partials' workspace (no bias: the sum adds it). Only an
+/// unsplit K: tensor cores have no K-split form. The partials are planned
+/// from shapes alone, so memory is the same on either kernel.
+fn partial_cores(
+    split: &Split,
+    part: &Gemm,
+    a: &Tensor,
+    b: &Tensor,
+    kernel: MatmulKernel,
+) -> Option<u32> {
+    let entries = Gemm {
+        reduce_batch: false,
+        c_offset: 0,
+        c_batch_stride: part.m * part.n,
+        accumulate: false,
+        ..*part
+    };
+    (split.splits == 1 && kernel == MatmulKernel::Tiled)
+        .then(|| coop::usable(&entries, a, b, DType::F32, None))
         .flatten()
 }
 
@@ -371,7 +413,7 @@ fn gemm_biased(
     if g.m == 0 || g.n == 0 || g.batch == 0 {
         return Ok(());
     }
-    if let Some(lanes) = tensor_cores_for(g, a, b, c, bias, kernel) {
+    if let Some(lanes) = unsplit_cores(g, a, b, c, bias, kernel) {
         // A 16-bit C the plain kernels cannot write in whole words
         // takes the f32 workspace here too (its product still on
         // tensor cores), so what is allocated does not depend on them.
@@ -487,15 +529,7 @@ fn gemm_biased(
         accumulate: false,
         ..*part
     };
-    let cores_for = |part: &Gemm| {
-        let entries = Gemm {
-            reduce_batch: false,
-            ..slotted(part)
-        };
-        (split.splits == 1 && kernel == MatmulKernel::Tiled)
-            .then(|| coop::usable(&entries, a, b, &parts, None))
-            .flatten()
-    };
+    let cores_for = |part: &Gemm| partial_cores(&split, part, a, b, kernel);
     let product = |part: &Gemm, per: usize| match cores_for(part) {
         Some(lanes) => coop::gemm_grouped(&slotted(part), a, b, &parts, None, per, lanes),
         None => dispatch(
