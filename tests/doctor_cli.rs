@@ -89,7 +89,8 @@ fn what_ifs_equal_replays_and_the_recorded_settings_equal_the_recording() {
                     "{file} device {n} {setting}"
                 );
             }
-            // No allocator can reserve less than the planner's floor.
+            // On these snapshots no setting reserves less than the planner's
+            // packing (a heuristic, not a bound: measured here, not assumed).
             if let Some(floor) = dev["planner_floor_bytes"].as_u64() {
                 for row in rows {
                     assert!(

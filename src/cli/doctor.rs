@@ -16,7 +16,7 @@ use crate::lab::torch_snapshot::{self, TorchSnapshot};
 use crate::lab::LabError;
 use crate::memory::{AllocatorConfig, Mib};
 
-/// Past this many allocations the planner's floor is computed only when
+/// Past this many allocations the planner's packing is computed only when
 /// asked for (`--planner`): 200,000 took it 40 s on the CI machine.
 const PLANNER_AUTO_MAX: usize = 50_000;
 
@@ -219,7 +219,7 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<()> {
         }
         if !planner && !args.no_planner {
             r.advice.push(format!(
-                "The offline planner's floor was left out: {} allocations are too many for it by default (200,000 took 40 s); --planner computes it.",
+                "The offline planner's packing was left out: {} allocations are too many for it by default (200,000 took 40 s); --planner computes it.",
                 snap.workload.allocations()
             ));
         }

@@ -82,8 +82,8 @@ pub enum Command {
     Replay(replay::ReplayArgs),
     /// Read a PyTorch memory snapshot and say why it ran out of memory and
     /// what would have saved it: the recorded settings beside
-    /// expandable_segments, max_split_size_mb and the offline planner's
-    /// floor, each replayed; what is live at the peak by category, module
+    /// expandable_segments, max_split_size_mb and an offline planner's
+    /// packing (it knows every lifetime), each replayed; what is live at the peak by category, module
     /// and the user's code; plain advice.
     Doctor(doctor::DoctorArgs),
     /// The documents' claims, one lesson each: list them, or with --report
