@@ -31,12 +31,13 @@ fn main() {
     }
 }
 
-/// `--json` among the arguments, before any `--` that ends the flags.
+/// `--json` among the arguments (or `--json=…`, which clap refuses: the
+/// refusal still answers in JSON), before any `--` that ends the flags.
 fn asks_for_json(argv: &[OsString]) -> bool {
     argv.iter()
         .skip(1)
         .take_while(|a| *a != "--")
-        .any(|a| a == "--json")
+        .any(|a| a == "--json" || a.to_string_lossy().starts_with("--json="))
 }
 
 /// Rust ignores SIGPIPE, so printing to a closed pipe (`vramlab estimate … |

@@ -123,8 +123,16 @@ fn timeline_has_one_point_per_event() {
 fn malformed_line_is_named_and_earlier_stats_kept() {
     let (rc, v, stderr) = replay("bad_line.jsonl", &[]);
     assert_eq!(rc, 1);
-    assert_eq!(v["error"]["line"], 4);
+    assert_eq!(v["error_line"], 4);
     assert_eq!(v["events"], 3);
+    // The failure document's shape, the statistics beside it.
+    assert_eq!(v["exit_code"], 1);
+    let error = v["error"].as_str().unwrap();
+    assert!(
+        error.contains("line 4") && stderr.contains(error),
+        "{error}\n{stderr}"
+    );
+    assert!(v["causes"].as_array().is_some_and(|c| !c.is_empty()));
     assert_eq!(stat(&v, "allocation.all.current"), 1);
     assert!(stderr.contains("line 4"), "{stderr}");
 }
@@ -133,7 +141,7 @@ fn malformed_line_is_named_and_earlier_stats_kept() {
 fn double_free_is_named() {
     let (rc, v, stderr) = replay("double_free.jsonl", &[]);
     assert_eq!(rc, 1);
-    assert_eq!(v["error"]["line"], 4);
+    assert_eq!(v["error_line"], 4);
     assert!(stderr.contains("not live"), "{stderr}");
 }
 

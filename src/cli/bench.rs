@@ -617,11 +617,11 @@ impl<'a> Ctx<'a> {
 fn start_report(ctx: &Ctx) -> anyhow::Result<BenchReport> {
     let (e, args) = (&ctx.e, ctx.args);
     ctx.say(format!(
-        "vramlab bench on {} ({}), {} adapter; median of {} runs after a warm-up; products timed by {}",
+        "vramlab bench on {} ({}), {} adapter; median of {} after a warm-up; products timed by {}",
         e.device_name(),
         e.backend_name(),
         if ctx.cpu { "CPU" } else { "GPU" },
-        args.reps,
+        super::count(args.reps as u64, "run"),
         ctx.timed_by()
     ));
     let tensor_cores = e.tensor_core_lanes();

@@ -645,9 +645,9 @@ fn advise(
     if base.ooms > 0 {
         if let Some(cap) = capacity {
             out.push(format!(
-                "On {} the recorded settings run out of memory {} time(s) in the replay; the table says which settings would not.",
+                "On {} the recorded settings run out of memory {} in the replay; the table says which settings would not.",
                 Mib(cap),
-                base.ooms
+                super::count(base.ooms, "time")
             ));
         }
     }
@@ -684,8 +684,10 @@ fn print_text(name: &str, reports: &[DeviceReport]) {
     for r in reports {
         println!();
         println!(
-            "device {}: {} allocations; recorded settings: {}",
-            r.device, r.allocations, r.recorded_settings
+            "device {}: {}; recorded settings: {}",
+            r.device,
+            super::count(r.allocations as u64, "allocation"),
+            r.recorded_settings
         );
         let on = r
             .capacity_bytes
@@ -816,9 +818,9 @@ fn state_advice(m: &SegmentMap) -> Vec<String> {
     let mut out = Vec::new();
     let unused = m.reserved_bytes.saturating_sub(m.requested_bytes);
     out.push(format!(
-        "{} reserved in {} segments, {} requested by live tensors: {} held but unused.",
+        "{} reserved in {}, {} requested by live tensors: {} held but unused.",
         Mib(m.reserved_bytes),
-        m.segments,
+        super::count(m.segments as u64, "segment"),
         Mib(m.requested_bytes),
         Mib(unused)
     ));
@@ -845,8 +847,8 @@ fn state_advice(m: &SegmentMap) -> Vec<String> {
 
 fn print_map(what: &str, m: &SegmentMap) {
     println!(
-        "  {what}: {} segments ({} expandable), {} reserved",
-        m.segments,
+        "  {what}: {} ({} expandable), {} reserved",
+        super::count(m.segments as u64, "segment"),
         m.expandable_segments,
         Mib(m.reserved_bytes)
     );
@@ -864,15 +866,14 @@ fn print_map(what: &str, m: &SegmentMap) {
         println!("    segments with the most free bytes:");
         for r in m.most_free.iter().filter(|r| r.free_bytes > 0) {
             println!(
-                "      0x{:x} {} {}{}: {} free of {} ({} block{}, largest free {})",
+                "      0x{:x} {} {}{}: {} free of {} ({}, largest free {})",
                 r.address,
                 r.pool,
                 Mib(r.total_bytes),
                 if r.expandable { " expandable" } else { "" },
                 Mib(r.free_bytes),
                 Mib(r.total_bytes),
-                r.blocks,
-                if r.blocks == 1 { "" } else { "s" },
+                super::count(r.blocks as u64, "block"),
                 Mib(r.largest_free_block)
             );
         }

@@ -83,12 +83,12 @@ pub fn describe(model: &Transformer, l: &Layout) -> String {
         Schedule::Gpipe => "GPipe",
     };
     let mut s = format!(
-        "{:.2}B parameters, {} layers, hidden {}, {} heads; {} GPUs = dp {} × tp {}{} × pp {} ({sched}); {}",
-        model.params() as f64 / 1e9,
+        "{} parameters, {} layers, hidden {}, {} heads; {} = dp {} × tp {}{} × pp {} ({sched}); {}",
+        super::parameters(model.params()),
         model.layers,
         model.hidden,
         model.heads,
-        l.gpus(),
+        super::count(l.gpus(), "GPU"),
         l.dp,
         l.tp,
         if l.sp { " (+sp)" } else { "" },
@@ -102,10 +102,10 @@ pub fn describe(model: &Transformer, l: &Layout) -> String {
         );
     }
     s += &format!(
-        ";\nmicro-batch {} × {} tokens, {} micro-batch(es) a step (global batch {}); {prec}; {rec}",
+        ";\nmicro-batch {} × {} tokens, {} a step (global batch {}); {prec}; {rec}",
         l.micro_batch,
         l.seq,
-        l.microbatches,
+        super::count(l.microbatches, "micro-batch"),
         l.global_batch()
     );
     s

@@ -138,9 +138,9 @@ pub fn run(args: &InfoArgs) -> anyhow::Result<()> {
     println!();
     match &report.driver_allocator {
         Some(d) => println!(
-            "Driver allocator: {} allocated in {} blocks, {} reserved ({})",
+            "Driver allocator: {} allocated in {}, {} reserved ({})",
             format_size(d.total_allocated_bytes),
-            d.blocks,
+            super::count(d.blocks as u64, "block"),
             format_size(d.total_reserved_bytes),
             report.driver_allocator_note
         ),

@@ -171,27 +171,46 @@ pub fn run_list(args: &LessonsArgs) -> anyhow::Result<()> {
         &dir.join("lessons.json"),
         serde_json::to_string_pretty(&all)?.as_bytes(),
     )?;
+    let failure = list_failure(args, &runs, &results, &page);
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&all)?);
-    } else {
-        for (l, r) in &results {
-            match r {
-                Ok(o) => println!("  {:<8} {:<13} {}", l.id, o.verdict.word(), o.reason),
-                Err(e) => println!("  {:<8} {:<13} {e}", l.id, "error"),
-            }
-        }
-        println!(
-            "\nwrote {} and lessons.json ({} lessons, {:.1} s, {})",
-            page.display(),
-            results.len(),
-            t0.elapsed().as_secs_f64(),
-            c.source()
-        );
+        // Every outcome; on a failure, inside an object that says it.
+        let mut doc = serde_json::Value::Array(all);
+        let failure = failure.map(|e| {
+            doc = serde_json::json!({ "lessons": doc });
+            super::fail_in_json(&mut doc, e)
+        });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+        return failure.map_or(Ok(()), Err);
     }
+    for (l, r) in &results {
+        match r {
+            Ok(o) => println!("  {:<8} {:<13} {}", l.id, o.verdict.word(), o.reason),
+            Err(e) => println!("  {:<8} {:<13} {e}", l.id, "error"),
+        }
+    }
+    println!(
+        "\nwrote {} and lessons.json ({} lessons, {:.1} s, {})",
+        page.display(),
+        results.len(),
+        t0.elapsed().as_secs_f64(),
+        c.source()
+    );
+    failure.map_or(Ok(()), Err)
+}
+
+/// Why `lessons --report` fails, if it does: with --measure, lessons whose
+/// GPU verdict is not the simulation's (or that could not run); else the
+/// first lesson that failed.
+fn list_failure(
+    args: &LessonsArgs,
+    runs: &[Run],
+    results: &[(&Lesson, Result<Outcome, String>)],
+    page: &std::path::Path,
+) -> Option<anyhow::Error> {
     if args.measure {
         let differ: Vec<String> = runs
             .iter()
-            .zip(&results)
+            .zip(results)
             .filter(|((_, r, s), _)| !s.as_ref().is_some_and(|s| agrees(r, s)))
             .map(|(_, (l, r))| match r {
                 Err(e) => format!("{}: {e}", l.id),
@@ -202,20 +221,21 @@ pub fn run_list(args: &LessonsArgs) -> anyhow::Result<()> {
                 ),
             })
             .collect();
-        if !differ.is_empty() {
-            let (total, agreed) = (runs.len(), runs.len() - differ.len());
-            anyhow::bail!(
-                "{agreed} of {total} lessons ran on the GPU with the simulation's verdict; the others (also in {}):\n  {}",
-                page.display(),
-                differ.join("\n  ")
-            );
+        if differ.is_empty() {
+            return None;
         }
-        return Ok(());
+        let (total, agreed) = (runs.len(), runs.len() - differ.len());
+        return Some(anyhow::anyhow!(
+            "{agreed} of {total} lessons ran on the GPU with the simulation's verdict; the others (also in {}):\n  {}",
+            page.display(),
+            differ.join("\n  ")
+        ));
     }
-    if let Some((l, Err(e))) = results.iter().find(|(_, r)| r.is_err()) {
-        anyhow::bail!("lesson {} failed: {e}", l.id);
-    }
-    Ok(())
+    results.iter().find_map(|(l, r)| {
+        r.as_ref()
+            .err()
+            .map(|e| anyhow::anyhow!("lesson {} failed: {e}", l.id))
+    })
 }
 
 fn unknown_lesson(id: &str) -> anyhow::Error {
@@ -236,8 +256,12 @@ pub fn run_one(args: &LessonArgs) -> anyhow::Result<()> {
     let c = ctx(args.measure, &args.device);
     let r = (l.run)(&c).map_err(|e| format!("{e:#}"));
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&json_of(l, &r))?);
-        return r.map(|_| ()).map_err(anyhow::Error::msg);
+        let mut doc = json_of(l, &r);
+        let failed = r
+            .err()
+            .map(|e| super::fail_in_json(&mut doc, anyhow::Error::msg(e)));
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+        return failed.map_or(Ok(()), Err);
     }
     println!("{} (article {})", l.id, l.source);
     println!("  claim:      \"{}\"", l.claim);

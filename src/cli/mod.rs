@@ -131,9 +131,21 @@ pub fn error_json(error: &str, causes: &[String], exit_code: i32) -> String {
 }
 
 /// A failure whose command already wrote its `--json` document (replay's
-/// statistics up to a bad line, with `error` in them): `main` adds none.
+/// statistics up to a bad line, lessons that did not run): `main` adds none.
 #[derive(Debug)]
 pub struct AnsweredInJson(pub anyhow::Error);
+
+/// A command that fails after its work reports both in one `--json`
+/// document: `doc` (an object) gets the `error`, `causes` and `exit_code`
+/// every failure document has; print it, then return the error this gives,
+/// which `main` prints on stderr only.
+pub fn fail_in_json(doc: &mut serde_json::Value, e: anyhow::Error) -> anyhow::Error {
+    let causes: Vec<String> = e.chain().map(|c| c.to_string()).collect();
+    doc["error"] = format!("{e:#}").into();
+    doc["causes"] = causes.into();
+    doc["exit_code"] = 1.into();
+    AnsweredInJson(e).into()
+}
 
 impl std::fmt::Display for AnsweredInJson {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -187,7 +199,38 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
 
 /// "1 step", "2 steps": a count of steps as a header says it.
 pub(crate) fn steps(n: usize) -> String {
-    format!("{n} step{}", if n == 1 { "" } else { "s" })
+    count(n as u64, "step")
+}
+
+/// "1 block", "2 blocks", "3 micro-batches": a count and its noun.
+pub(crate) fn count(n: u64, noun: &str) -> String {
+    let plural = if n == 1 {
+        ""
+    } else if noun.ends_with("ch") || noun.ends_with('s') {
+        "es"
+    } else {
+        "s"
+    };
+    format!("{n} {noun}{plural}")
+}
+
+/// A parameter count as people say it: 110,336; 124.4M; 1.56B.
+pub(crate) fn parameters(n: u64) -> String {
+    match n {
+        0..1_000_000 => {
+            let s = n.to_string();
+            let mut out = String::new();
+            for (i, ch) in s.chars().enumerate() {
+                if i > 0 && (s.len() - i).is_multiple_of(3) {
+                    out.push(',');
+                }
+                out.push(ch);
+            }
+            out
+        }
+        1_000_000..1_000_000_000 => format!("{:.1}M", n as f64 / 1e6),
+        _ => format!("{:.2}B", n as f64 / 1e9),
+    }
 }
 
 /// A tensor too large for any device came from the sizes the user gave:
@@ -225,5 +268,43 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Doctor(a) => doctor::run(&a),
         Command::Lessons(a) => lessons::run_list(&a),
         Command::Lesson(a) => lessons::run_one(&a),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_and_parameters_read_as_people_write_them() {
+        assert_eq!(count(1, "block"), "1 block");
+        assert_eq!(count(0, "block"), "0 blocks");
+        assert_eq!(count(3, "micro-batch"), "3 micro-batches");
+        assert_eq!(parameters(110_336), "110,336");
+        assert_eq!(parameters(999), "999");
+        assert_eq!(parameters(124_439_808), "124.4M");
+        assert_eq!(parameters(1_557_611_200), "1.56B");
+    }
+
+    #[test]
+    fn a_failure_inside_a_document_is_shaped_as_every_failure_and_printed_once() {
+        let mut doc = serde_json::json!({"events": 3});
+        let e = anyhow::anyhow!("line 4: free of id 9").context("trace.jsonl");
+        let e = fail_in_json(&mut doc, e);
+        assert_eq!(doc["events"], 3);
+        assert_eq!(doc["error"], "trace.jsonl: line 4: free of id 9");
+        assert_eq!(
+            doc["causes"],
+            serde_json::json!(["trace.jsonl", "line 4: free of id 9"])
+        );
+        assert_eq!(doc["exit_code"], 1);
+        // main prints no second document for it, but stderr the same text.
+        assert!(command_error_json(&e).is_none());
+        assert_eq!(format!("{e:#}"), "trace.jsonl: line 4: free of id 9");
+        let plain = anyhow::anyhow!("unknown model");
+        let v: serde_json::Value =
+            serde_json::from_str(&command_error_json(&plain).unwrap()).unwrap();
+        assert_eq!(v["error"], "unknown model");
+        assert_eq!(v["exit_code"], 1);
     }
 }

@@ -202,8 +202,8 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
     let seconds = t0.elapsed().as_secs_f64();
     if found.is_empty() {
         anyhow::bail!(
-            "no layout of {} GPUs runs this model with global batch {}: the data-parallel ranks times the micro-batch must divide it, the tensor-parallel size the {} heads and the sequence, the pipeline stages the {} layers; try a --global-batch that is a multiple of --gpus",
-            args.gpus,
+            "no layout of {} runs this model with global batch {}: the data-parallel ranks times the micro-batch must divide it, the tensor-parallel size the {} heads and the sequence, the pipeline stages the {} layers; try a --global-batch that is a multiple of --gpus",
+            super::count(args.gpus, "GPU"),
             args.global_batch,
             model.heads,
             model.layers
@@ -229,15 +229,15 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "{:.2}B parameters ({} layers, hidden {}, {} heads), {} tokens a sequence, global batch {}, {} GPUs of {} GiB ({:.0}% headroom), {}",
-        model.params() as f64 / 1e9,
+        "{} parameters ({} layers, hidden {}, {} heads), {} tokens a sequence, global batch {}, {} of {} ({:.0}% headroom), {}",
+        super::parameters(model.params()),
         model.layers,
         model.hidden,
         model.heads,
         seq,
         args.global_batch,
-        args.gpus,
-        gib(memory as f64),
+        super::count(args.gpus, "GPU"),
+        crate::memory::format_size(memory),
         args.headroom * 100.0,
         if args.fp32 { "fp32" } else { "mixed precision" },
     );

@@ -52,7 +52,7 @@ pub struct ReplayArgs {
 }
 
 pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
-    use crate::lab::file_kind::{sniff, FileKind, READ_AS_JSON_LINES};
+    use crate::lab::file_kind::{sniff, FileKind};
     if let Some(dir) = &args.out {
         super::args::out_dir("--out", dir)?;
     }
@@ -123,13 +123,16 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
             "peak_live_requested_bytes": outcome.peak_live_requested_bytes,
             "stats": stats,
             "ooms": outcome.ooms,
-            "error": outcome.error,
         });
-        if outcome.error.is_some() {
-            obj["exit_code"] = 1.into();
-        }
         if args.timeline {
             obj["timeline"] = serde_json::to_value(&outcome.timeline)?;
+        }
+        if let Some(e) = &outcome.error {
+            obj["error_line"] = e.line.into();
+            let e = stopped_error(args, e, outcome.events);
+            let e = super::fail_in_json(&mut obj, e);
+            println!("{}", serde_json::to_string_pretty(&obj)?);
+            return Err(e);
         }
         println!("{}", serde_json::to_string_pretty(&obj)?);
     } else {
@@ -196,30 +199,33 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
         println!();
         print!("{}", memory_summary(alloc.stats(), &describe, false));
     }
-    if let Some(e) = outcome.error {
-        // Failing on the first line, the file may be of another kind.
-        let kind = if outcome.events == 0 {
-            format!("{READ_AS_JSON_LINES}; ")
-        } else {
-            String::new()
-        };
-        let kept = match &args.export_snapshot {
-            Some(p) => format!("; {} was not written", p.display()),
-            None => String::new(),
-        };
-        let e = anyhow::anyhow!(
-            "{}: {e} ({kind}the statistics above cover the {} events before it{kept})",
-            args.trace.display(),
-            outcome.events
-        );
-        // Under --json the statistics and `error` are already on stdout.
-        return Err(if args.json {
-            super::AnsweredInJson(e).into()
-        } else {
-            e
-        });
+    if let Some(e) = &outcome.error {
+        return Err(stopped_error(args, e, outcome.events));
     }
     Ok(())
+}
+
+/// A trace that stopped at a bad line: the line's error, and what the
+/// statistics printed cover.
+fn stopped_error(
+    args: &ReplayArgs,
+    e: &crate::lab::replay::ReplayError,
+    events: usize,
+) -> anyhow::Error {
+    // Failing on the first line, the file may be of another kind.
+    let kind = if events == 0 {
+        format!("{}; ", crate::lab::file_kind::READ_AS_JSON_LINES)
+    } else {
+        String::new()
+    };
+    let kept = match &args.export_snapshot {
+        Some(p) => format!("; {} was not written", p.display()),
+        None => String::new(),
+    };
+    anyhow::anyhow!(
+        "{}: {e} ({kind}the statistics above cover the {events} events before it{kept})",
+        args.trace.display(),
+    )
 }
 
 /// The comparison table `replay --allocators` and `bench-alloc` print.
@@ -454,10 +460,13 @@ fn replay_snapshot(args: &ReplayArgs) -> anyhow::Result<()> {
         }
         let n = |k: &str, f: &str| rep[k][f].as_u64().unwrap_or(0);
         println!(
-            "device {}: {} allocations in the trace; {} segments existed before the recording began",
+            "device {}: {} in the trace; {} existed before the recording began",
             snap.device,
-            snap.workload.allocations(),
-            rep["pre_existing_segments"]
+            super::count(snap.workload.allocations() as u64, "allocation"),
+            super::count(
+                rep["pre_existing_segments"].as_u64().unwrap_or(0),
+                "segment"
+            )
         );
         println!(
             "  {:<22} {:>18} {:>18}",
@@ -488,8 +497,8 @@ fn replay_snapshot(args: &ReplayArgs) -> anyhow::Result<()> {
         print_live("live at the peak", &r.at_peak);
         if let (Some(first), Some(live)) = (r.oom_at.first(), &r.at_first_oom) {
             println!(
-                "  out of memory in the replay: {} allocation(s) refused; the first asked for {} ({}{}) with {} allocated and {} reserved",
-                r.ooms,
+                "  out of memory in the replay: {} refused; the first asked for {} ({}{}) with {} allocated and {} reserved",
+                super::count(r.ooms, "allocation"),
                 crate::memory::format_size(first.requested_bytes),
                 first.category,
                 origin_text(&first.origin),

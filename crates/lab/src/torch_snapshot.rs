@@ -402,6 +402,12 @@ fn read_device(
     // Newer PyTorch records free_requested then free_completed (the block is
     // reusable at the second); older versions one of them, or "free".
     const FREES: [&str; 3] = ["free_completed", "free_requested", "free"];
+    const SEGMENT_ACTIONS: [&str; 4] = [
+        "segment_alloc",
+        "segment_free",
+        "segment_map",
+        "segment_unmap",
+    ];
     let mut seen = [false; FREES.len()];
     for item in trace {
         let e = table.resolve(item);
@@ -445,10 +451,10 @@ fn read_device(
         let at = || format!("device_traces[{device}][{i}] ({act:?})");
         let size = size_field(e.size(), "size", at)?;
         // Every action that changes memory names its block or segment by
-        // address; the rest (snapshot, user_defined, unknown) need none.
+        // address; the rest (oom, snapshot, user_defined, unknown) need none.
         let addr = match e.addr(table) {
             Some(a) => a,
-            None if act == "alloc" || FREES.contains(&act) || act.starts_with("segment_") => {
+            None if act == "alloc" || FREES.contains(&act) || SEGMENT_ACTIONS.contains(&act) => {
                 return Err(LabError::AddrMissing { at: at() })
             }
             None => 0,

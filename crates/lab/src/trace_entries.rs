@@ -199,8 +199,9 @@ impl Entries {
         let value = if name == "oom" {
             int("device_free")
         } else {
+            // Bounded as segment addresses are (2^62), so the two agree.
             match get("addr").and_then(PyValue::as_i64) {
-                Some(a) if a >= 0 => a as u64,
+                Some(a) if a >= 0 => (a as u64).min(crate::memory::constants::MAX_BYTES),
                 _ => ADDR_MISSING,
             }
         };

@@ -142,11 +142,14 @@ pub fn analyze(events: &[MemEvent], layer_outputs: &[(Arc<str>, Vec<usize>)]) ->
         }
     }
     // A setup that only built what the step starts with says nothing the
-    // first phase's "at start" does not.
-    if let [setup, next, ..] = &phases[..] {
-        if setup.phase == "setup" && setup.peak_allocated <= next.allocated_at_start {
-            phases.remove(0);
-        }
+    // first phase's "at start" does not; with no step after it, it is not
+    // a setup.
+    let keep_setup = match &phases[..] {
+        [setup, next, ..] => setup.peak_allocated > next.allocated_at_start,
+        _ => false,
+    };
+    if phases.first().is_some_and(|p| p.phase == "setup") && !keep_setup {
+        phases.remove(0);
     }
     phases.push(PhaseRow {
         phase: "end".into(),

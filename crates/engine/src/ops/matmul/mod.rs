@@ -331,10 +331,17 @@ pub fn tensor_cores_for(
 ) -> Option<u32> {
     let split = plan_split(g);
     if split.group == 0 {
-        unsplit_cores(g, a, b, c, bias, kernel)
-    } else {
-        partial_cores(&split, g, a, b, kernel)
+        return unsplit_cores(g, a, b, c, bias, kernel);
     }
+    // The partials run a workspace's worth of entries at a time (or, summed
+    // past one workspace, the whole batch: then on tensor cores wherever a
+    // workspace's worth is, but for batches past the loop or grid limit
+    // that a GPU tile sums whole).
+    let part = Gemm {
+        batch: split.group.min(g.batch),
+        ..*g
+    };
+    partial_cores(&split, &part, a, b, kernel)
 }
 
 /// [`tensor_cores_for`] a product that is not split: into C itself, with
@@ -353,7 +360,8 @@ fn unsplit_cores(
 }
 
 /// [`tensor_cores_for`] the entries `part` of a split product, each into an
-/// f32 slot of the partials' workspace (no bias: the sum adds it). Only an
+/// f32 slot of the partials' workspace (no bias: the sum adds a column
+/// bias, a pass after it a row bias). Only an
 /// unsplit K: tensor cores have no K-split form. The partials are planned
 /// from shapes alone, so memory is the same on either kernel.
 fn partial_cores(
