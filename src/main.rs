@@ -1,13 +1,12 @@
 //! The `vramlab` command. Errors end here: printed as one clear message, exit
 //! code 1 (2 for bad flags, from clap); under `--json` also as JSON on stdout.
 
-use clap::Parser;
 use std::ffi::OsString;
 
 fn main() {
     restore_sigpipe();
     let argv: Vec<OsString> = std::env::args_os().collect();
-    let cli = match vramlab::cli::Cli::try_parse_from(&argv) {
+    let cli = match vramlab::cli::Cli::try_parse_args(&argv) {
         Ok(cli) => cli,
         Err(e) => {
             // Help and --version are not failures; a refused flag under

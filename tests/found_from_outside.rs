@@ -803,3 +803,33 @@ fn trace_entries_without_a_usable_address_are_refused() {
     assert!(o.status.success(), "{}", stderr(&o));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A bad VRAMLAB_ALLOC_CONF is refused by every command before any work,
+/// as the docs say, including those that replay with their own settings
+/// (doctor, bench-alloc), which ignored it.
+#[test]
+fn a_bad_alloc_conf_in_the_environment_is_refused_everywhere() {
+    let snap = format!(
+        "{}/tests/fixtures/snapshots/multi_device.pickle",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    for args in [
+        vec!["bench-alloc"],
+        vec!["doctor", snap.as_str()],
+        vec!["models"],
+        vec!["estimate", "--model", "mlp"],
+    ] {
+        let o = Command::new(env!("CARGO_BIN_EXE_vramlab"))
+            .args(&args)
+            .env("VRAMLAB_ALLOC_CONF", "bogus")
+            .output()
+            .unwrap();
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert!(
+            err.contains("VRAMLAB_ALLOC_CONF") && err.contains("bogus"),
+            "{args:?}: {err}"
+        );
+        assert!(o.stdout.is_empty(), "{args:?} did work first");
+    }
+}

@@ -209,3 +209,47 @@ fn plans_first_layout_command_replays_its_figures() {
         .fold(0.0, f64::max);
     assert_eq!(most, worst, "{line}");
 }
+
+/// An allocator limit under --memory (--memory-limit) bounds what fits: a
+/// layout whose replay ran out of memory under it is not listed as fitting
+/// (it was, with the peak at the point where it stopped).
+#[test]
+fn plans_under_a_memory_limit_fit_only_what_replays_whole() {
+    let plan = |limit: &str| {
+        vramlab_json([
+            "plan",
+            "--model",
+            "gpt",
+            "--preset",
+            "gpt2",
+            "--gpus",
+            "8",
+            "--memory",
+            "80GiB",
+            "--memory-limit",
+            limit,
+            "--top",
+            "3",
+            "--json",
+        ])
+    };
+    // Under 256 MiB every layout's replay runs out of memory.
+    let v = plan("256MiB");
+    assert_eq!(v["layouts_fitting"], 0, "{v}");
+    for c in v["layouts"].as_array().unwrap() {
+        assert_eq!(c["fits"], false, "{c}");
+        assert!(c["worst"]["oom"].is_string(), "{c}");
+    }
+    // Under 1 GiB some do (micro-batch 1), and what is left is counted
+    // from that limit, not from --memory.
+    let v = plan("1GiB");
+    assert!(v["layouts_fitting"].as_u64().unwrap() > 0, "{v}");
+    for c in v["layouts"].as_array().unwrap() {
+        let (fits, left) = (
+            c["fits"].as_bool().unwrap(),
+            c["memory_left"].as_i64().unwrap(),
+        );
+        assert_eq!(fits, c["worst"]["oom"].is_null() && left >= 0, "{c}");
+        assert!(left < 1 << 30, "{c}");
+    }
+}

@@ -913,12 +913,21 @@ fn whole_step(
         )
     };
     if !device.is_empty() {
+        // An untimed step under its device time is run-to-run noise (a CPU
+        // adapter's timestamps and clock share its cores): nothing to add.
+        let host = if host_med >= 0.0 {
+            format!("the host adds {:.2} ms", host_med * 1e3)
+        } else {
+            format!(
+                "the host adds nothing measurable (the untimed step ran {:.2} ms under: noise)",
+                -host_med * 1e3
+            )
+        };
         ctx.say(format!(
-            "  untimed step {:.2} ms, device time {:.2} ms: the host adds {:.2} ms (medians of {} pairs)",
+            "  untimed step {:.2} ms, device time {:.2} ms: {host} (medians of {})",
             untimed_med * 1e3,
             device_med * 1e3,
-            host_med * 1e3,
-            device.len()
+            super::count(device.len() as u64, "pair")
         ));
     }
     if let Some(d) = &device_time {

@@ -133,25 +133,32 @@ pub fn run(args: &BenchAllocArgs) -> anyhow::Result<()> {
             results,
         });
     }
-    // Geometric mean of fragmentation per strategy.
-    let geo: Vec<(String, f64)> = names
+    // Geometric mean of fragmentation per strategy, over the workloads it
+    // ran without running out of memory (those it did are counted apart).
+    let geo: Vec<(String, f64, usize)> = names
         .iter()
         .map(|n| {
-            let logs: Vec<f64> = reports
+            let runs: Vec<_> = reports
                 .iter()
                 .filter_map(|r| r.results.iter().find(|x| x.allocator == *n))
-                .map(|x| x.fragmentation.ln())
+                .collect();
+            let logs: Vec<f64> = runs
+                .iter()
+                .filter_map(|x| x.fragmentation)
+                .map(f64::ln)
                 .collect();
             (
                 n.to_string(),
                 (logs.iter().sum::<f64>() / logs.len().max(1) as f64).exp(),
+                runs.len() - logs.len(),
             )
         })
         .collect();
     if args.json {
         let out = serde_json::json!({
             "workloads": reports,
-            "geomean_fragmentation": geo.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
+            "geomean_fragmentation": geo.iter().map(|(n, g, _)| (n.clone(), *g)).collect::<std::collections::BTreeMap<_, _>>(),
+            "out_of_memory_workloads": geo.iter().map(|(n, _, k)| (n.clone(), *k)).collect::<std::collections::BTreeMap<_, _>>(),
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
@@ -167,8 +174,16 @@ pub fn run(args: &BenchAllocArgs) -> anyhow::Result<()> {
         println!();
     }
     println!("Geometric-mean fragmentation (peak reserved / peak live requested):");
-    for (n, g) in &geo {
-        println!("  {n:<10} {g:.3}");
+    for (n, g, oom) in &geo {
+        let left_out = if *oom > 0 {
+            format!(
+                " (over the rest: out of memory on {})",
+                super::count(*oom as u64, "workload")
+            )
+        } else {
+            String::new()
+        };
+        println!("  {n:<10} {g:.3}{left_out}");
     }
     Ok(())
 }

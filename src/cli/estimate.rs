@@ -317,7 +317,7 @@ fn print_text(
 ) {
     let s = |b: u64| mib(b as f64);
     println!(
-        "vramlab estimate: {}, batch {}, {:?}, mode {:?}, {:?} — predicted on a simulated device (no GPU touched)",
+        "vramlab estimate: {}, batch {}, {}, mode {}, {} — predicted on a simulated device (no GPU touched)",
         plan.model.describe(),
         plan.batch,
         plan.optimizer.kind,

@@ -310,7 +310,7 @@ pub fn run(args: &MaxBatchArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "vramlab max-batch: {}, {:?}, {:?}, limit {:.2} MiB − {:.0}% margin = {:.2} MiB, allocator {} on {}",
+        "vramlab max-batch: {}, {}, mode {}, limit {:.2} MiB − {:.0}% margin = {:.2} MiB, allocator {} on {}",
         spec.describe(),
         base.optimizer.kind,
         args.step.mode,

@@ -94,6 +94,29 @@ pub enum Command {
     Lesson(lessons::LessonArgs),
 }
 
+impl Cli {
+    /// Parses `argv` as `Cli::try_parse_from` does, with negative numbers
+    /// taken as values (`--headroom -0.1` reaches the flag's own range
+    /// check, instead of clap's "unexpected argument '-0'").
+    pub fn try_parse_args<I, T>(argv: I) -> Result<Cli, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        use clap::{CommandFactory, FromArgMatches};
+        let mut cmd = Cli::command();
+        let names: Vec<String> = cmd
+            .get_subcommands()
+            .map(|s| s.get_name().to_string())
+            .collect();
+        for name in names {
+            cmd = cmd.mut_subcommand(name, |s| s.allow_negative_numbers(true));
+        }
+        let matches = cmd.try_get_matches_from(argv)?;
+        Cli::from_arg_matches(&matches)
+    }
+}
+
 impl Command {
     /// Whether the user asked for `--json`: then a failure is also written
     /// to stdout as JSON, so a program reading stdout always gets a document.
@@ -182,8 +205,11 @@ pub fn flag_error_json(rendered: &str, exit_code: i32) -> String {
 
 /// Runs the parsed command.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
-    // A bad tuning setting is the user's to fix, before any work.
+    // A bad tuning or allocator setting is the user's to fix, before any
+    // work, whether or not this command reads it.
     crate::ops::matmul::tune::check_env().map_err(anyhow::Error::msg)?;
+    crate::memory::AllocatorConfig::from_env()
+        .map_err(|e| anyhow::anyhow!("{}: {e}", crate::memory::ALLOC_CONF_ENV))?;
     let batch = match &cli.command {
         Command::Demo(a) => Some(("--batch", a.batch)),
         Command::Train(a) => Some(("--batch", a.batch)),

@@ -9,7 +9,11 @@ use crate::parallel::plan::{search, Candidate, Costs, Request};
 use crate::parallel::{Precision, Recompute, Sharding};
 use clap::Args;
 
+// Only transformers have parallel layouts here: gpt by default.
 #[derive(Debug, Args)]
+#[command(mut_arg("model", |a| a
+    .default_value("gpt")
+    .help("Zoo model: gpt (the one with parallel layouts; its --preset or sizes)")))]
 pub struct PlanArgs {
     #[command(flatten)]
     pub model: ModelArgs,
@@ -245,13 +249,19 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
         "{} layouts evaluated in {seconds:.1} s (each rank's two steps through the caching allocator: the first and\n\
          last stages, 1F1B's steady state shortened); {fitting} fit. Those listed were replayed whole, as `estimate`\n\
          does (every stage; the first, second and last past 16); the fullest stage is shown. left: under --memory\n\
-         less the headroom.\n",
-        found.len()
+         less the headroom{}.\n",
+        found.len(),
+        if req.config.memory_limit.is_some() {
+            " or --memory-limit, whichever is less"
+        } else {
+            ""
+        }
     );
     println!(
-        "{:>4} {:>6} {:>3} {:<7} {:>9} {:>8} {:>21} {:>9} {:>8} {:>9} {:>8}",
+        "{:>4} {:>3}{:3} {:>3} {:<7} {:>9} {:>8} {:>21} {:>9} {:>8} {:>9} {:>8}",
         "dp",
         "tp",
+        "",
         "pp",
         "states",
         "recompute",

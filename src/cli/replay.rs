@@ -236,11 +236,13 @@ pub fn print_results(results: &[crate::lab::workload::RunResult]) {
     );
     for r in results {
         println!(
-            "  {:<10} {:>9.2} MiB {:>8.2} MiB {:>8.3} {:>9} {:>8} {:>8} {:>5} {:>9.0}",
+            "  {:<10} {:>9.2} MiB {:>8.2} MiB {:>8} {:>9} {:>8} {:>8} {:>5} {:>9.0}",
             r.allocator,
             mib(r.peak_allocated_bytes),
             mib(r.peak_reserved_bytes),
-            r.fragmentation,
+            // Ratios of a run that ran out of memory compare nothing.
+            r.fragmentation
+                .map_or("-".to_string(), |f| format!("{f:.3}")),
             r.gap_to_planner
                 .map_or("-".to_string(), |g| format!("{:.1}%", 100.0 * g)),
             r.device_allocs,

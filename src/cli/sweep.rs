@@ -211,17 +211,33 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "vramlab sweep: {name}, {dim} over {values:?}, mode {:?}",
+        "vramlab sweep: {name}, {dim} over {values:?}, mode {}",
         args.step.mode
     );
+    // Without --measure, a memory limit is checked on a simulated device:
+    // the last column says whether each point fits it.
+    let limit = config.memory_limit.filter(|_| engine.is_none());
+    if let Some(l) = limit {
+        println!(
+            "  estimated: the step's demand; under the limit: whether it runs within {} (simulated)",
+            crate::memory::format_size(l)
+        );
+    }
     println!(
         "  {:>10} {:>18} {:>18} {:>18}",
-        dim, "estimated (MiB)", "growing part", "measured (MiB)"
+        dim,
+        "estimated (MiB)",
+        "growing part",
+        if limit.is_some() {
+            "under the limit"
+        } else {
+            "measured (MiB)"
+        }
     );
     for p in &points {
         let m = match (p.measured_peak_bytes, p.oom) {
-            (_, true) if engine.is_none() => "out of memory (simulated)".to_string(),
             (_, true) => "out of memory".to_string(),
+            (_, false) if limit.is_some() => "fits".to_string(),
             (Some(b), _) => format!("{:.2}", mib(b)),
             (None, _) => "-".to_string(),
         };

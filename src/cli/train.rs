@@ -453,7 +453,7 @@ fn print_header(args: &TrainArgs, s: &Setup) {
         String::new()
     };
     println!(
-        "batch {}{micro}, {:?} lr {}{}, {}, on {} ({})",
+        "batch {}{micro}, {} lr {}{}, {}, on {} ({})",
         s.batch.size() * args.accumulate,
         s.opt.kind,
         s.opt.lr,
@@ -708,7 +708,7 @@ fn dump(args: &TrainArgs, t: &Training, path: &Path, out: &StepOutputs) -> anyho
     st.metadata.insert("model".into(), t.spec.describe());
     st.metadata.insert(
         "optimizer".into(),
-        format!("{:?} lr {}", t.opt.kind, t.opt.lr),
+        format!("{} lr {}", t.opt.kind, t.opt.lr),
     );
     st.write(path)
         .map_err(|e| anyhow::anyhow!("--dump {}: {e}", path.display()))?;

@@ -1169,7 +1169,11 @@ fn frag(
             (control.name.clone(), line(&b[0])),
         ],
     };
-    Ok((a[0].fragmentation, b[0].fragmentation, series))
+    let frag = |r: &crate::lab::workload::RunResult| {
+        r.fragmentation
+            .ok_or_else(|| anyhow::anyhow!("{} ran out of memory on {}", r.allocator, w.name))
+    };
+    Ok((frag(&a[0])?, frag(&b[0])?, series))
 }
 
 const C31: Lesson = Lesson {

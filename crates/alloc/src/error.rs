@@ -28,12 +28,21 @@ pub struct OomReport {
 
 impl fmt::Display for OomReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // PyTorch's figure is the segment asked of the device; the request
+        // (and its rounding, where it changed it) says where it came from.
+        let request = if self.rounded == self.requested {
+            format!("a request of {}", format_size(self.requested))
+        } else {
+            format!(
+                "a request of {} rounded to {}",
+                format_size(self.requested),
+                format_size(self.rounded)
+            )
+        };
         write!(
             f,
-            "out of memory. Tried to allocate {} (a request of {} rounded to {}).",
+            "out of memory. Tried to allocate {} ({request}).",
             format_size(self.alloc_size),
-            format_size(self.requested),
-            format_size(self.rounded),
         )?;
         if let (Some(cap), Some(free)) = (self.capacity, self.device_free) {
             write!(

@@ -179,9 +179,11 @@ pub struct RunResult {
     pub allocator: String,
     pub peak_allocated_bytes: u64,
     pub peak_reserved_bytes: u64,
-    /// Peak reserved / lower bound.
-    pub fragmentation: f64,
-    /// Peak reserved / planner's arena − 1 (filled in by `compare`).
+    /// Peak reserved / lower bound; `None` where the strategy ran out of
+    /// memory (its peaks then cover a workload with allocations missing).
+    pub fragmentation: Option<f64>,
+    /// Peak reserved / planner's arena − 1 (filled in by `compare`; `None`
+    /// where either ran out of memory).
     pub gap_to_planner: Option<f64>,
     pub device_allocs: u64,
     pub device_frees: u64,
@@ -305,7 +307,7 @@ pub fn run(s: &mut dyn Strategy, w: &Workload) -> RunResult {
         allocator: s.name().to_string(),
         peak_allocated_bytes: peak_alloc,
         peak_reserved_bytes: peak_res,
-        fragmentation: peak_res as f64 / lb as f64,
+        fragmentation: (ooms == 0).then(|| peak_res as f64 / lb as f64),
         gap_to_planner: None,
         device_allocs: s.device_allocs(),
         device_frees: s.device_frees(),
@@ -328,8 +330,8 @@ pub fn run_planner(w: &Workload, capacity: Option<u64>) -> RunResult {
         allocator: "planner".into(),
         peak_allocated_bytes: p.arena,
         peak_reserved_bytes: p.arena,
-        fragmentation: p.arena as f64 / lb as f64,
-        gap_to_planner: Some(0.0),
+        fragmentation: (!oom).then(|| p.arena as f64 / lb as f64),
+        gap_to_planner: (!oom).then_some(0.0),
         device_allocs: 1,
         device_frees: 0,
         oom,
@@ -411,6 +413,7 @@ pub fn compare_with(
         };
         r.gap_to_planner = planner
             .as_ref()
+            .filter(|p| !p.oom && !r.oom)
             .map(|p| r.peak_reserved_bytes as f64 / p.peak_reserved_bytes.max(1) as f64 - 1.0);
         out.push(r);
     }

@@ -208,7 +208,12 @@ pub fn search(r: &Request, confirm: usize) -> Vec<Candidate> {
         .into_iter()
         .filter(|l| l.check(&r.model).is_ok())
         .collect();
-    let limit = (r.memory as f64 * (1.0 - r.headroom)) as u64;
+    // A layout fits under --memory less the headroom, and under the
+    // allocator's own limit where one is set (--memory-limit).
+    let mut limit = (r.memory as f64 * (1.0 - r.headroom)) as u64;
+    if let Some(cap) = r.config.memory_limit {
+        limit = limit.min(cap);
+    }
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(all.len().max(1));
@@ -261,7 +266,8 @@ fn sort(out: &mut [Candidate]) {
 
 fn evaluate(r: &Request, l: &Layout, limit: u64, whole: bool) -> Candidate {
     let worst = worst_stage(&r.model, l, &r.config, None, whole);
-    let fits = worst.peak_reserved <= limit;
+    // A replay stopped by out-of-memory peaked where it stopped: no fit.
+    let fits = worst.oom.is_none() && worst.peak_reserved <= limit;
     let comm = comm_bytes(&r.model, l);
     let (p, m) = (l.pp as f64, l.microbatches as f64);
     let bubble = (p - 1.0) / (m + p - 1.0);

@@ -14,6 +14,17 @@ pub enum OptimizerKind {
     Adamw,
 }
 
+/// torch.optim's class names: SGD, Adam, AdamW.
+impl std::fmt::Display for OptimizerKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            OptimizerKind::Sgd => "SGD",
+            OptimizerKind::Adam => "Adam",
+            OptimizerKind::Adamw => "AdamW",
+        })
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct OptimizerConfig {
     pub kind: OptimizerKind,

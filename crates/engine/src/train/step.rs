@@ -24,6 +24,17 @@ pub enum Mode {
     Inference,
 }
 
+/// The flag's own word: train, checkpoint, inference.
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Mode::Train => "train",
+            Mode::Checkpoint => "checkpoint",
+            Mode::Inference => "inference",
+        })
+    }
+}
+
 /// What one step measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct StepRecord {
