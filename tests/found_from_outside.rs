@@ -833,3 +833,60 @@ fn a_bad_alloc_conf_in_the_environment_is_refused_everywhere() {
         assert!(o.stdout.is_empty(), "{args:?} did work first");
     }
 }
+
+/// From the second audit: a negative number reaches its flag's own check,
+/// `plan` runs on its default model (gpt, the one with layouts), and a
+/// strategy that ran out of memory shows no ratio that would compare a
+/// workload with allocations missing.
+#[test]
+fn second_audit_flags_defaults_and_ratios() {
+    let err = fails_cleanly(&[
+        "plan",
+        "--gpus",
+        "8",
+        "--memory",
+        "80GiB",
+        "--headroom",
+        "-0.1",
+    ]);
+    assert!(err.contains("--headroom is a fraction"), "{err}");
+    let v = json_of(&[
+        "plan", "--gpus", "8", "--memory", "80GiB", "--top", "1", "--json",
+    ]);
+    assert!(v["layouts_fitting"].as_u64().unwrap() > 0, "{v}");
+    let v = json_of(&["bench-alloc", "--capacity", "64MiB", "--json"]);
+    let (mut ooms, mut ran) = (0, 0);
+    for w in v["workloads"].as_array().unwrap() {
+        for r in w["results"].as_array().unwrap() {
+            if r["oom"] == true {
+                ooms += 1;
+                assert!(
+                    r["fragmentation"].is_null() && r["gap_to_planner"].is_null(),
+                    "{r}"
+                );
+            } else {
+                ran += 1;
+                assert!(r["fragmentation"].as_f64().unwrap() >= 1.0, "{r}");
+            }
+        }
+    }
+    assert!(
+        ooms > 0 && ran > 0,
+        "{ooms} ran out of memory, {ran} did not"
+    );
+    let o = vramlab(&[
+        "sweep",
+        "--model",
+        "mlp",
+        "--batch",
+        "1,2",
+        "--memory-limit",
+        "5300KiB",
+    ]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        out.contains("under the limit") && out.contains("out of memory"),
+        "{out}"
+    );
+}
