@@ -890,3 +890,76 @@ fn second_audit_flags_defaults_and_ratios() {
         "{out}"
     );
 }
+
+/// `models --json` lists parameter shapes only with --params, as the text
+/// does, and in the state_dict's order; lesson ids take X1 as they take c7;
+/// --only runs a lesson named twice once; --measure needs --report.
+#[test]
+fn models_params_and_lesson_ids_as_the_audit_found_them() {
+    let plain = json_of(&["models", "--json"]);
+    assert!(plain[0].get("parameter_shapes").is_none(), "{}", plain[0]);
+    let full = json_of(&["models", "--params", "--json"]);
+    let gpt = full
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "gpt")
+        .unwrap();
+    let names: Vec<&str> = gpt["parameter_shapes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(&names[..3], ["wte.weight", "wpe.weight", "h.0.ln_1.weight"]);
+    assert_eq!(json_of(&["lesson", "x1", "--json"])["id"], "X01");
+    let dir = scratch("only-twice");
+    let v = json_of(&[
+        "lessons",
+        "--report",
+        dir.to_str().unwrap(),
+        "--only",
+        "C02,c2",
+        "--json",
+    ]);
+    assert_eq!(v.as_array().unwrap().len(), 1, "{v}");
+    let err = fails_cleanly(&["lessons", "--measure"]);
+    assert!(err.contains("--report"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `doctor --at` past a shorter device's trace says it shows that device's
+/// last operation (it did so silently); on a snapshot with no history it
+/// is refused (it was ignored).
+#[test]
+fn doctor_at_says_where_it_stopped() {
+    let f = |n: &str| {
+        format!(
+            "{}/tests/fixtures/snapshots/{n}.pickle",
+            env!("CARGO_MANIFEST_DIR")
+        )
+    };
+    let v = json_of(&[
+        "doctor",
+        &f("multi_device"),
+        "--at",
+        "2",
+        "--no-planner",
+        "--json",
+    ]);
+    let said: Vec<bool> = v["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| {
+            d["advice"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|a| a.as_str().unwrap().contains("past this device's trace"))
+        })
+        .collect();
+    assert!(said.contains(&true) && said.contains(&false), "{said:?}");
+    let err = fails_cleanly(&["doctor", &f("state_only"), "--at", "0"]);
+    assert!(err.contains("has none"), "{err}");
+}

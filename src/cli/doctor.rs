@@ -146,6 +146,11 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<()> {
         // No trace (recorded with enabled="state", or without history):
         // the segments still say what was held when it was taken.
         Err(LabError::NoDeviceTraces { .. } | LabError::NoHistory { .. }) => {
+            if let Some(at) = args.at {
+                anyhow::bail!(
+                    "{name}: --at {at} names an operation of the allocation history, and this snapshot has none (its segments are shown without --at)"
+                );
+            }
             return state_only(&name, args, &maps, None);
         }
         // A trace this reader cannot replay: its segments still report.
@@ -221,6 +226,12 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<()> {
             r.advice.push(format!(
                 "The offline planner's packing was left out: {} allocations are too many for it by default (200,000 took 40 s); --planner computes it.",
                 snap.workload.allocations()
+            ));
+        }
+        let last = snap.workload.ops.len().saturating_sub(1);
+        if let Some(at) = args.at.filter(|&at| at > last) {
+            r.advice.push(format!(
+                "--at {at} is past this device's trace: what is live is shown after its last operation, {last}."
             ));
         }
         r.segments_at_snapshot = maps.iter().find(|m| m.device == snap.device).cloned();

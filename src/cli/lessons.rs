@@ -14,9 +14,10 @@ pub struct LessonsArgs {
     /// inline SVG, no external files) and DIR/lessons.json.
     #[arg(long, value_name = "DIR")]
     pub report: Option<PathBuf>,
-    /// Run the experiments on the GPU instead of a simulated device (the
-    /// figures are the same to the byte; slower; large models need a large GPU).
-    #[arg(long)]
+    /// With --report: run the experiments on the GPU instead of a simulated
+    /// device (the figures are the same to the byte; slower; large models
+    /// need a large GPU).
+    #[arg(long, requires = "report")]
     pub measure: bool,
     /// With --report: run only these lessons (e.g. C05,C34), for a slow
     /// adapter or a second look.
@@ -103,10 +104,17 @@ pub fn run_list(args: &LessonsArgs) -> anyhow::Result<()> {
     let sim = Ctx::simulated();
     let chosen: Vec<&Lesson> = match &args.only {
         None => LESSONS.iter().collect(),
-        Some(ids) => ids
-            .iter()
-            .map(|id| lessons::find(id).ok_or_else(|| unknown_lesson(id)))
-            .collect::<anyhow::Result<_>>()?,
+        Some(ids) => {
+            let mut chosen: Vec<&Lesson> = Vec::new();
+            for id in ids {
+                let l = lessons::find(id).ok_or_else(|| unknown_lesson(id))?;
+                // C02,c2 names one lesson: it runs once.
+                if !chosen.iter().any(|c| c.id == l.id) {
+                    chosen.push(l);
+                }
+            }
+            chosen
+        }
     };
     // A line per lesson on stderr as it ends: a measured run takes minutes
     // per large model on a software adapter.

@@ -29,15 +29,24 @@ pub fn run(args: &ModelsArgs) -> anyhow::Result<()> {
         let v: Vec<_> = out
             .iter()
             .map(|(name, about, spec, params, count)| {
-                serde_json::json!({
+                let mut v = serde_json::json!({
                     "name": name,
                     "about": about,
                     "default": spec,
                     "input_shape": spec.input_shape(),
                     "classes": spec.classes(),
                     "parameters": count,
-                    "parameter_shapes": params.iter().map(|(n, s)| (n.clone(), s.clone())).collect::<std::collections::BTreeMap<_, _>>(),
-                })
+                });
+                // With --params, as the text: every state_dict name and
+                // shape, in the state_dict's order.
+                if args.params {
+                    v["parameter_shapes"] = params
+                        .iter()
+                        .map(|(n, s)| serde_json::json!({"name": n, "shape": s}))
+                        .collect::<Vec<_>>()
+                        .into();
+                }
+                v
             })
             .collect();
         println!("{}", serde_json::to_string_pretty(&v)?);

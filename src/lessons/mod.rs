@@ -213,9 +213,14 @@ pub fn fig(name: impl Into<String>, value: f64, unit: &'static str) -> Figure {
 /// it).
 pub fn find(id: &str) -> Option<&'static Lesson> {
     let want = id.trim().to_ascii_uppercase();
+    // C7, c07 and 7 are C07; X1 is X01 (the lessons beyond the claims).
     let norm = |s: &str| -> String {
-        match s.strip_prefix('C').unwrap_or(s).parse::<u32>() {
-            Ok(n) => format!("C{n:02}"),
+        let (prefix, rest) = match s.strip_prefix('X') {
+            Some(rest) => ('X', rest),
+            None => ('C', s.strip_prefix('C').unwrap_or(s)),
+        };
+        match rest.parse::<u32>() {
+            Ok(n) => format!("{prefix}{n:02}"),
             Err(_) => s.to_string(),
         }
     };
