@@ -253,3 +253,60 @@ fn plans_under_a_memory_limit_fit_only_what_replays_whole() {
         assert!(left < 1 << 30, "{c}");
     }
 }
+
+/// Flags a layout's estimate would ignore, or that contradict each other,
+/// are refused with what to do (they ran with the default figures).
+#[test]
+fn layout_flags_it_would_ignore_are_refused() {
+    let bad = |extra: &[&str], want: &str| {
+        let mut args = vec!["estimate", "--model", "gpt"];
+        args.extend_from_slice(extra);
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
+            .args(&args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    };
+    bad(&["--dp", "2", "--loss", "chunked"], "--loss is for one GPU");
+    bad(
+        &["--dp", "2", "--optimizer-impl", "fused"],
+        "--optimizer-impl is for one GPU",
+    );
+    bad(
+        &[
+            "--dp",
+            "2",
+            "--mode",
+            "checkpoint",
+            "--recompute",
+            "selective",
+        ],
+        "give one of them",
+    );
+    bad(
+        &["--dp", "2", "--zero", "3", "--find-unused"],
+        "which ZeRO-3 does not use",
+    );
+    bad(
+        &["--tp", "2", "--bucket-view"],
+        "a single data-parallel rank",
+    );
+    // What agrees is accepted: checkpoint with full, DDP's options on DDP.
+    for ok in [
+        vec!["--dp", "2", "--mode", "checkpoint", "--recompute", "full"],
+        vec![
+            "--dp",
+            "2",
+            "--find-unused",
+            "--bucket-view",
+            "--bucket-cap-mb",
+            "10",
+        ],
+    ] {
+        let mut args = vec!["estimate", "--model", "gpt", "--json"];
+        args.extend(ok);
+        vramlab_json(args);
+    }
+}

@@ -71,6 +71,16 @@ fn run_layout(args: &EstimateArgs) -> anyhow::Result<()> {
     if args.steps != 1 {
         anyhow::bail!("a parallel layout's estimate always runs two steps (the first allocates Adam's state, the second is the steady state); leave out --steps");
     }
+    // The rank's program models PyTorch's default loss and foreach Adam;
+    // other choices would be ignored, so they are refused.
+    if args.step.loss != crate::train::LossMode::CrossEntropy {
+        anyhow::bail!(
+            "a parallel layout's ranks run F.cross_entropy; --loss is for one GPU (leave it out)"
+        );
+    }
+    if args.step.optimizer_impl != crate::optim::OptimizerImpl::Foreach {
+        anyhow::bail!("a parallel layout's ranks run foreach Adam (PyTorch's default); --optimizer-impl is for one GPU (leave it out)");
+    }
     let precision = if args.step.amp.is_some() || args.dtype != DType::F32 {
         Precision::Mixed
     } else {

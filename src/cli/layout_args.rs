@@ -135,9 +135,31 @@ impl LayoutArgs {
                 sharding.name()
             );
         }
+        // DDP's own options mean nothing without DDP over 2 ranks or more.
+        let ddp_flags = [
+            ("--find-unused", self.find_unused),
+            ("--bucket-view", self.bucket_view),
+            ("--bucket-cap-mb", self.bucket_cap_mb != 25.0),
+        ];
+        if let Some((flag, _)) = ddp_flags.iter().find(|(_, on)| *on) {
+            if sharding != Sharding::Ddp || dp == 1 {
+                anyhow::bail!(
+                    "{flag} is an option of DDP's gradient buckets, which {} does not use: leave it out, or give DDP (no --zero or --fsdp) with --dp of 2 or more",
+                    if dp == 1 {
+                        "a single data-parallel rank".to_string()
+                    } else {
+                        sharding.name().to_string()
+                    }
+                );
+            }
+        }
         let recompute = match (self.recompute, checkpoint) {
-            (Some(r), _) => r.into(),
-            (None, true) => Recompute::Full,
+            (Some(RecomputeArg::Full) | None, true) => Recompute::Full,
+            (Some(r), true) => anyhow::bail!(
+                "--mode checkpoint is full recomputation, and --recompute {} asks for another: give one of them",
+                Recompute::from(r).name()
+            ),
+            (Some(r), false) => r.into(),
             (None, false) => Recompute::None,
         };
         Ok(Layout {
