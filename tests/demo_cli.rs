@@ -113,4 +113,20 @@ fn the_demo_compares_its_peak_with_the_article_as_the_figures_say() {
         "{text}"
     );
     assert!(!text.contains("well above"), "{text}");
+    // At batch 2 the peak is the optimizer step's: no activations are
+    // live, and the reading says so instead of calling them right.
+    let v = common::vramlab_json(["demo", "--batch", "2", "--steps", "1", "--json"]);
+    let acts = v["at_peak_by_category_bytes"]["activation"]
+        .as_u64()
+        .unwrap_or(0);
+    assert_eq!(
+        acts == 0,
+        text.contains("No activations are alive at this peak"),
+        "{text}"
+    );
+    assert_eq!(
+        acts > 0,
+        text.contains("its activations (the ReLU outputs"),
+        "{text}"
+    );
 }

@@ -438,3 +438,11 @@ impl StepArgs {
         })
     }
 }
+
+/// The first of `counts` that is 0, named: "--steps must be at least 1".
+pub fn at_least_one(counts: &[(&str, u64)]) -> anyhow::Result<()> {
+    match counts.iter().find(|(_, n)| *n == 0) {
+        Some((flag, _)) => anyhow::bail!("{flag} must be at least 1"),
+        None => Ok(()),
+    }
+}

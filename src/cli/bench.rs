@@ -536,9 +536,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
 /// Refuses bad flags before the first (possibly long) measurement;
 /// returns the models to time, by name.
 fn check_flags(args: &BenchArgs) -> anyhow::Result<Vec<(String, ModelSpec)>> {
-    if args.reps == 0 || args.batch == 0 {
-        anyhow::bail!("--reps and --batch must be at least 1");
-    }
+    super::args::at_least_one(&[("--reps", args.reps as u64), ("--batch", args.batch as u64)])?;
     if args.sizes.contains(&0) {
         anyhow::bail!("--sizes: 0 is not a matrix size");
     }

@@ -95,9 +95,10 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
 /// Refuses a bad learning rate, batch or step count.
 fn check_flags(args: &DemoArgs) -> anyhow::Result<()> {
     super::args::check_number("--lr", args.lr, true)?;
-    if args.batch == 0 || args.steps == 0 {
-        anyhow::bail!("--batch and --steps must be at least 1");
-    }
+    super::args::at_least_one(&[
+        ("--batch", args.batch as u64),
+        ("--steps", args.steps as u64),
+    ])?;
     Ok(())
 }
 
@@ -463,21 +464,32 @@ fn print_reading(at_peak: &BTreeMap<&'static str, u64>, last: Last, batch: usize
     );
     println!("    {}.", listed.join(", "));
     let temporary = at_peak.get("temporary").copied().unwrap_or(0);
-    println!(
-        "    The article's count has no line for backward's temporaries ({:.2} MiB: the gradients passed",
-        mib(temporary)
-    );
-    println!(
-        "    between layers and their workspaces){}; its activations (the ReLU outputs",
-        if batch == ARTICLE_BATCH && relation.ends_with("above") {
-            ", which makes the gap"
-        } else {
-            ""
-        }
-    );
-    println!(
-        "    saved for backward) are right. From step 2 on, Adam's state is alive at the peak too."
-    );
+    let gap = if batch == ARTICLE_BATCH && relation.ends_with("above") {
+        ", which makes the gap"
+    } else {
+        ""
+    };
+    // Said from what is live at this peak: in backward the activations
+    // are there; at a small batch the peak can be the optimizer step's,
+    // after backward freed them, when Adam makes its state.
+    if at_peak.get("activation").copied().unwrap_or(0) > 0 {
+        println!(
+            "    The article's count has no line for backward's temporaries ({:.2} MiB: the gradients passed",
+            mib(temporary)
+        );
+        println!(
+            "    between layers and their workspaces){gap}; its activations (the ReLU outputs"
+        );
+        println!(
+            "    saved for backward) are right. From step 2 on, Adam's state is alive at the peak too."
+        );
+    } else {
+        println!("    No activations are alive at this peak: it comes in the optimizer step, after backward");
+        println!(
+            "    freed them, as Adam makes its state; the temporaries ({:.2} MiB) are the step's own.",
+            mib(temporary)
+        );
+    }
     println!(
         "  - Reserved ({:.2} MiB, {:.2}x the peak allocated) is what the cache holds: segments of 2 MiB /",
         mib(last.1),

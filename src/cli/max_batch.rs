@@ -191,9 +191,7 @@ pub fn run(args: &MaxBatchArgs) -> anyhow::Result<()> {
         return run_recorded(args, command, &base_config, limit, effective);
     }
     super::args::check_recorded_steps(args.steps)?;
-    if args.steps == 0 || args.max == 0 {
-        anyhow::bail!("--steps and --max must be at least 1");
-    }
+    super::args::at_least_one(&[("--steps", args.steps as u64), ("--max", args.max as u64)])?;
     let spec = args.model.spec()?;
     let config = config_for(&args.allocator, &base_config, effective)?;
     let base = args.step.plan(spec.clone(), 1, config.clone())?;

@@ -160,17 +160,20 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
     let spec = args.model.spec()?;
     let (model, seq) = transformer(&spec)?;
     let memory = super::args::parse_memory("--memory", &args.memory)?;
-    if args.gpus == 0 || args.global_batch == 0 {
-        anyhow::bail!("--gpus and --global-batch must be at least 1");
-    }
-    if args.max_tp == 0 || args.top == 0 {
-        anyhow::bail!("--max-tp and --top must be at least 1");
-    }
-    if [args.tflops, args.nvlink_gbs, args.network_gbs]
-        .iter()
-        .any(|x| !(x.is_finite() && *x > 0.0))
-    {
-        anyhow::bail!("--tflops, --nvlink-gbs and --network-gbs are rates: numbers above 0");
+    super::args::at_least_one(&[
+        ("--gpus", args.gpus),
+        ("--global-batch", args.global_batch),
+        ("--max-tp", args.max_tp),
+        ("--top", args.top as u64),
+    ])?;
+    for (flag, x) in [
+        ("--tflops", args.tflops),
+        ("--nvlink-gbs", args.nvlink_gbs),
+        ("--network-gbs", args.network_gbs),
+    ] {
+        if !(x.is_finite() && x > 0.0) {
+            anyhow::bail!("{flag} {x} is a rate: give a number above 0");
+        }
     }
     if !(0.0..1.0).contains(&args.headroom) {
         anyhow::bail!("--headroom is a fraction of --memory, from 0 up to (not including) 1");

@@ -43,9 +43,10 @@ pub struct ProfileArgs {
 
 pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
     super::args::check_recorded_steps(args.steps)?;
-    if args.batch == 0 || args.steps == 0 {
-        anyhow::bail!("--batch and --steps must be at least 1");
-    }
+    super::args::at_least_one(&[
+        ("--batch", args.batch as u64),
+        ("--steps", args.steps as u64),
+    ])?;
     let spec = args.model.spec()?;
     let plan = args
         .step
