@@ -963,3 +963,22 @@ fn doctor_at_says_where_it_stopped() {
     let err = fails_cleanly(&["doctor", &f("state_only"), "--at", "0"]);
     assert!(err.contains("has none"), "{err}");
 }
+
+/// `doctor` given a JSON Lines trace says what it is and which command
+/// reads it; `bench` refuses a size or model listed twice, as `sweep` does.
+#[test]
+fn doctor_names_a_trace_and_bench_refuses_repeats() {
+    let f = format!(
+        "{}/tests/fixtures/traces/double_free.jsonl",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let err = fails_cleanly(&["doctor", &f]);
+    assert!(
+        err.contains("JSON Lines trace, which `vramlab replay` reads"),
+        "{err}"
+    );
+    let err = fails_cleanly(&["bench", "--sizes", "16,16"]);
+    assert!(err.contains("--sizes lists 16 twice"), "{err}");
+    let err = fails_cleanly(&["bench", "--models", "mlp,mlp"]);
+    assert!(err.contains("--models lists mlp twice"), "{err}");
+}

@@ -135,10 +135,30 @@ struct RecordedOom {
     device_free_bytes: u64,
 }
 
+/// For a file that is not a snapshot pickle: what it looks like instead,
+/// where that is one of the traces `replay` reads.
+fn trace_hint(path: &std::path::Path) -> &'static str {
+    use crate::lab::file_kind::{sniff, FileKind};
+    let opens_with_brace = std::fs::read(path)
+        .ok()
+        .and_then(|b| b.iter().find(|c| !c.is_ascii_whitespace()).copied())
+        == Some(b'{');
+    match sniff(path) {
+        Ok(FileKind::Intervals) => {
+            "; it is an interval file (id,lower,upper,size), which `vramlab replay` reads"
+        }
+        Ok(FileKind::JsonLines) if opens_with_brace => {
+            "; it looks like a JSON Lines trace, which `vramlab replay` reads (doctor reads PyTorch memory snapshots)"
+        }
+        _ => "",
+    }
+}
+
 pub fn run(args: &DoctorArgs) -> anyhow::Result<()> {
     let name = args.snapshot.display().to_string();
     // One streaming parse for both the trace and the segments.
-    let mut parsed = torch_snapshot::parse_file(&args.snapshot).map_err(anyhow::Error::msg)?;
+    let mut parsed = torch_snapshot::parse_file(&args.snapshot)
+        .map_err(|e| anyhow::anyhow!("{e}{}", trace_hint(&args.snapshot)))?;
     let maps = segment_map::maps_of(&parsed.root);
     let capacity = parse_capacity(&args.capacity)?;
     let file = match torch_snapshot::read_parsed(&mut parsed, &name) {

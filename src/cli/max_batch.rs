@@ -308,13 +308,13 @@ pub fn run(args: &MaxBatchArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "vramlab max-batch: {}, {}, mode {}, limit {:.2} MiB − {:.0}% margin = {:.2} MiB, allocator {} on {}",
+        "vramlab max-batch: {}, {}, mode {}, limit {} − {:.0}% margin = {}, allocator {} on {}",
         spec.describe(),
         base.optimizer.kind,
         args.step.mode,
-        mib(limit),
+        crate::memory::Mib(limit),
         args.margin * 100.0,
-        mib(effective),
+        crate::memory::Mib(effective),
         args.allocator,
         engine.device_name()
     );

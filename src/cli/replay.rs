@@ -582,7 +582,9 @@ pub(super) fn print_live(what: &str, live: &crate::lab::peak::LiveAt) {
     if live.before_recording_bytes > 0 {
         categories.push(("before the recording".into(), live.before_recording_bytes));
     }
-    println!("    by category: {}", list(&categories));
+    if !categories.is_empty() {
+        println!("    by category: {}", list(&categories));
+    }
     if !live.by_module.is_empty() {
         println!("    by module:   {}", list(&live.by_module));
     }

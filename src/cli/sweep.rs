@@ -262,7 +262,11 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
         );
     }
     if let Some(dir) = &args.out {
-        println!("wrote {}", dir.join("sweep.svg").display());
+        println!(
+            "wrote {} and {}",
+            dir.join("sweep.svg").display(),
+            dir.join("sweep.json").display()
+        );
     }
     Ok(())
 }
