@@ -450,9 +450,19 @@ fn print_text(
     let cat =
         |r: &ModeRow, c: Category| mib(r.by_category.get(c.name()).copied().unwrap_or(0) as f64);
     println!(
-        "  {:<17} {:>9} {:>9} {:>9} {:>10} {:>9} {:>9} {:>10} {:>9}",
-        "mode", "params", "grads", "optim", "activ.", "temp", "cast $", "peak", "vs f32"
+        "  {:<17} {:>9} {:>9} {:>9} {:>10} {:>9} {:>9} {:>9} {:>10} {:>9}",
+        "mode", "params", "grads", "optim", "activ.", "temp", "cast $", "other", "peak", "vs f32"
     );
+    // The columns add up to the peak: `other` is the rest (input, output,
+    // op workspace).
+    let shown = [
+        Category::Parameter,
+        Category::Gradient,
+        Category::OptimizerState,
+        Category::Activation,
+        Category::Temporary,
+        Category::CastCache,
+    ];
     let f32_peak = modes[0].peak_allocated_bytes as f64;
     for r in modes {
         let measured = match (r.measured_peak_allocated_bytes, r.measured_skipped_steps) {
@@ -465,8 +475,12 @@ fn print_text(
             (Some(m), _) => format!("  measured: {:.2} MiB (differs!)", mib(m as f64)),
             (None, _) => String::new(),
         };
+        let listed: u64 = shown
+            .iter()
+            .map(|c| r.by_category.get(c.name()).copied().unwrap_or(0))
+            .sum();
         println!(
-            "  {:<17} {:>9.2} {:>9.2} {:>9.2} {:>10.2} {:>9.2} {:>9.2} {:>10.2} {:>8.1}%{}",
+            "  {:<17} {:>9.2} {:>9.2} {:>9.2} {:>10.2} {:>9.2} {:>9.2} {:>9.2} {:>10.2} {:>8.1}%{}",
             r.mode,
             cat(r, Category::Parameter),
             cat(r, Category::Gradient),
@@ -474,6 +488,7 @@ fn print_text(
             cat(r, Category::Activation),
             cat(r, Category::Temporary),
             cat(r, Category::CastCache),
+            mib(r.peak_allocated_bytes.saturating_sub(listed) as f64),
             mib(r.peak_allocated_bytes as f64),
             100.0 * (r.peak_allocated_bytes as f64 / f32_peak - 1.0),
             measured
@@ -500,6 +515,19 @@ fn print_text(
         100.0 * (hand.total as f64 - truth) / truth
     );
     let cat = |c: Category| s(a.by_category.get(c.name()).copied().unwrap_or(0));
+    if args.step.mode == Mode::Inference {
+        // No backward, no gradients, no optimizer: what a forward holds.
+        println!(
+            "  It leaves out, at the peak: the forward's temporaries ({:.2} MiB), op workspace ({:.2} MiB),",
+            cat(Category::Temporary),
+            cat(Category::Workspace)
+        );
+        println!(
+            "  block rounding, and that a no_grad forward frees each layer's input once it is used;\n  reserved ({:.2} MiB) is what the GPU holds.",
+            s(a.peak_reserved_bytes)
+        );
+        return;
+    }
     println!(
         "  It leaves out, at the peak: outputs of ops between layers saved for backward (ReLU),"
     );
