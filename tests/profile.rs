@@ -142,3 +142,43 @@ fn the_exported_pytorch_snapshot_is_the_allocators_state() {
     assert!(r.segments_match, "{:?}", r.differences);
     assert_eq!(r.replayed.reserved_bytes, e.allocator().memory_reserved());
 }
+
+/// A step that runs out of memory still leaves its timeline: the events up
+/// to the refusal are written (the moment a profile is for), and the error
+/// names the files; the snapshot pickle replays.
+#[test]
+fn a_profile_that_runs_out_of_memory_writes_what_led_to_it() {
+    let dir = std::env::temp_dir().join(format!("vramlab-profile-oom-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .args(["profile", "--model", "mlp", "--batch", "4", "--steps", "1"])
+        .args(["--memory-limit", "2MiB", "--out"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("the step ran out of memory; the") && err.contains("out of memory. Tried"),
+        "{err}"
+    );
+    for f in [
+        "timeline.svg",
+        "timeline.html",
+        "trace.json",
+        "snapshot.json",
+        "snapshot.pickle",
+    ] {
+        let p = dir.join(f);
+        assert!(
+            std::fs::metadata(&p).is_ok_and(|m| m.len() > 0),
+            "{f} missing"
+        );
+    }
+    vramlab_json([
+        "replay".as_ref(),
+        dir.join("snapshot.pickle").as_os_str(),
+        "--json".as_ref(),
+    ]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -56,7 +56,9 @@ pub enum Command {
     /// ranked by a stated step-time cost.
     Plan(Box<plan::PlanArgs>),
     /// Record every allocator event of training steps and write a timeline
-    /// (SVG and interactive HTML), a Chrome trace and the snapshot at the peak.
+    /// (SVG and interactive HTML), a Chrome trace, the snapshot at the peak
+    /// and a PyTorch snapshot pickle; a step that runs out of memory still
+    /// writes them, up to the refusal.
     Profile(Box<profile::ProfileArgs>),
     /// How peak memory grows with batch size, resolution or sequence length:
     /// estimated (and measured) points, a fitted line and power law, a plot.

@@ -1,7 +1,9 @@
 //! `vramlab profile`: runs training steps on the GPU with every allocator
 //! event recorded (alloc, free, segment alloc/free, OOM, category changes,
 //! phases) and writes timeline.svg, timeline.html, trace.json (Chrome trace
-//! format) and snapshot.json (segments and blocks at the peak).
+//! format), snapshot.json (segments and blocks at the peak) and
+//! snapshot.pickle (PyTorch's format) — up to the refusal when a step runs
+//! out of memory.
 
 use super::args::{AllocArgs, DeviceArgs, ModelArgs, StepArgs};
 use crate::estimate::analyze;
@@ -55,7 +57,32 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
         .with_context(|| format!("cannot create --out directory {}", args.out.display()))?;
     let engine = Engine::new(&args.device.options(), plan.config.clone())?;
     engine.start_timing();
-    let profile = run_steps(engine.clone(), &plan, 0, args.steps)?;
+    let title = |device: &str| {
+        format!(
+            "vramlab profile: {}, batch {}, {}, {} on {}",
+            spec.describe(),
+            args.batch,
+            plan.optimizer.kind,
+            super::steps(args.steps),
+            device
+        )
+    };
+    let profile = match run_steps(engine.clone(), &plan, 0, args.steps) {
+        Ok(p) => p,
+        // Out of memory is what a timeline is for: the events up to the
+        // refusal are written, then the error says where.
+        Err(e) if e.is_oom() => {
+            let events = engine.allocator().take_events();
+            let files = write_files(args, &events, &title(&engine.device_name()), &plan.config)?;
+            let names: Vec<String> = files.iter().map(|p| p.display().to_string()).collect();
+            return Err(anyhow::Error::new(e).context(format!(
+                "the step ran out of memory; the {} events up to it are in {}",
+                events.len(),
+                names.join(", ")
+            )));
+        }
+        Err(e) => return Err(e.into()),
+    };
     // Device time of every kernel of every recorded step, by op and phase.
     let op_times = engine
         .take_dispatch_times()?
@@ -64,36 +91,9 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
     let events = &profile.events;
     let series = Series::of(events);
     let analysis = analyze(events, &profile.layer_outputs);
-    let title = format!(
-        "vramlab profile: {}, batch {}, {:?}, {} on {}",
-        spec.describe(),
-        args.batch,
-        plan.optimizer.kind,
-        super::steps(args.steps),
-        profile.device
-    );
-    let write = |name: &str, contents: &str| -> anyhow::Result<PathBuf> {
-        let p = args.out.join(name);
-        crate::io::write_atomic(&p, contents.as_bytes())
-            .with_context(|| format!("cannot write {}", p.display()))?;
-        Ok(p)
-    };
-    let svg_path = write("timeline.svg", &svg::render(&series, &title))?;
-    let html_path = write("timeline.html", &html::render(events, &title))?;
-    let trace = chrome::render(events, &series);
-    let trace_path = write("trace.json", &serde_json::to_string(&trace)?)?;
-    let snapshot = serde_json::json!({
-        "event": series.peak_index,
-        "allocated_bytes": series.allocated.get(series.peak_index),
-        "reserved_bytes": series.reserved.get(series.peak_index),
-        "segments": live_at(events, series.peak_index),
-    });
-    let snap_path = write("snapshot.json", &serde_json::to_string_pretty(&snapshot)?)?;
-    // The same run as a PyTorch memory snapshot, for pytorch.org/memory_viz.
-    let pickle_path = args.out.join("snapshot.pickle");
-    let torch = crate::lab::snapshot_export::torch_snapshot(events, &plan.config);
-    crate::io::write_atomic(&pickle_path, &crate::lab::pickle::pickle(&torch))
-        .with_context(|| format!("cannot write {}", pickle_path.display()))?;
+    let title = title(&profile.device);
+    let [svg_path, html_path, trace_path, snap_path, pickle_path] =
+        write_files(args, events, &title, &plan.config)?;
     if args.json {
         let out = serde_json::json!({
             "plan": plan,
@@ -149,4 +149,40 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
         println!("wrote {}", p.display());
     }
     Ok(())
+}
+
+/// Writes the timeline (SVG, HTML), the Chrome trace, the snapshot at the
+/// peak (JSON) and the PyTorch snapshot pickle of `events` into --out.
+fn write_files(
+    args: &ProfileArgs,
+    events: &[crate::memory::MemEvent],
+    title: &str,
+    config: &crate::memory::AllocatorConfig,
+) -> anyhow::Result<[PathBuf; 5]> {
+    let series = Series::of(events);
+    let write = |name: &str, contents: &[u8]| -> anyhow::Result<PathBuf> {
+        let p = args.out.join(name);
+        crate::io::write_atomic(&p, contents)
+            .with_context(|| format!("cannot write {}", p.display()))?;
+        Ok(p)
+    };
+    let trace = chrome::render(events, &series);
+    let snapshot = serde_json::json!({
+        "event": series.peak_index,
+        "allocated_bytes": series.allocated.get(series.peak_index),
+        "reserved_bytes": series.reserved.get(series.peak_index),
+        "segments": live_at(events, series.peak_index),
+    });
+    // The same run as a PyTorch memory snapshot, for pytorch.org/memory_viz.
+    let torch = crate::lab::snapshot_export::torch_snapshot(events, config);
+    Ok([
+        write("timeline.svg", svg::render(&series, title).as_bytes())?,
+        write("timeline.html", html::render(events, title).as_bytes())?,
+        write("trace.json", serde_json::to_string(&trace)?.as_bytes())?,
+        write(
+            "snapshot.json",
+            serde_json::to_string_pretty(&snapshot)?.as_bytes(),
+        )?,
+        write("snapshot.pickle", &crate::lab::pickle::pickle(&torch))?,
+    ])
 }

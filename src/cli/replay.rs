@@ -34,7 +34,8 @@ pub struct ReplayArgs {
     pub out: Option<PathBuf>,
     /// Also write the replay as a PyTorch memory snapshot (the pickle
     /// `torch.cuda.memory._dump_snapshot()` writes), for pytorch.org/memory_viz
-    /// or `torch.cuda._memory_viz`. JSON Lines traces only.
+    /// or `torch.cuda._memory_viz`. JSON Lines and interval traces (a
+    /// snapshot is one already).
     #[arg(long, value_name = "FILE", conflicts_with = "allocators")]
     pub export_snapshot: Option<PathBuf>,
     /// Also write the trace as an interval file (id,lower,upper,size; time
