@@ -832,6 +832,13 @@ fn a_bad_alloc_conf_in_the_environment_is_refused_everywhere() {
         );
         assert!(o.stdout.is_empty(), "{args:?} did work first");
     }
+    // vramlab's own options are settings too, not errors.
+    let o = Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .args(["models"])
+        .env("VRAMLAB_ALLOC_CONF", "lookahead:True,small_from_large:True")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
 }
 
 /// From the second audit: a negative number reaches its flag's own check,

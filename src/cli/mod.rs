@@ -210,7 +210,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     // A bad tuning or allocator setting is the user's to fix, before any
     // work, whether or not this command reads it.
     crate::ops::matmul::tune::check_env().map_err(anyhow::Error::msg)?;
-    crate::memory::AllocatorConfig::from_env()
+    // (The lab's parser: PyTorch's options and vramlab's own, as --alloc-conf.)
+    crate::lab::strategies::vramlab::alloc_conf_from_env()
         .map_err(|e| anyhow::anyhow!("{}: {e}", crate::memory::ALLOC_CONF_ENV))?;
     let batch = match &cli.command {
         Command::Demo(a) => Some(("--batch", a.batch)),
