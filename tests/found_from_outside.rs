@@ -881,6 +881,11 @@ fn second_audit_flags_defaults_and_ratios() {
         ooms > 0 && ran > 0,
         "{ooms} ran out of memory, {ran} did not"
     );
+    // No workload run to its end: no mean of nothing.
+    let v = json_of(&["bench-alloc", "--capacity", "1MiB", "--json"]);
+    for (name, g) in v["geomean_fragmentation"].as_object().unwrap() {
+        assert!(g.is_null(), "{name}: {g}");
+    }
     let o = vramlab(&[
         "sweep",
         "--model",
@@ -984,6 +989,14 @@ fn doctor_names_a_trace_and_bench_refuses_repeats() {
         err.contains("JSON Lines trace, which `vramlab replay` reads"),
         "{err}"
     );
+    // A JSON file that is not a trace (profile's snapshot.json) gets no
+    // such hint.
+    let dir = scratch("not-a-trace");
+    let json = dir.join("snapshot.json");
+    std::fs::write(&json, r#"{"event": 3, "segments": []}"#).unwrap();
+    let err = fails_cleanly(&["doctor", json.to_str().unwrap()]);
+    assert!(!err.contains("replay"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
     let err = fails_cleanly(&["bench", "--sizes", "16,16"]);
     assert!(err.contains("--sizes lists 16 twice"), "{err}");
     let err = fails_cleanly(&["bench", "--models", "mlp,mlp"]);

@@ -310,3 +310,69 @@ fn layout_flags_it_would_ignore_are_refused() {
         vramlab_json(args);
     }
 }
+
+/// A layout one of whose stages runs out of memory does not fit, even when
+/// another stage peaked higher before it (a stage that stopped early has
+/// the lower peak): pp 2 × micro-batch 2 below, whose stage 1 is refused
+/// its logits' gradient under 200 MiB, as `estimate` of it says.
+#[test]
+fn a_layout_with_any_stage_out_of_memory_does_not_fit() {
+    let v = vramlab_json([
+        "plan",
+        "--vocab",
+        "16000",
+        "--layers",
+        "24",
+        "--seq-len",
+        "256",
+        "--gpus",
+        "2",
+        "--global-batch",
+        "8",
+        "--memory",
+        "1GiB",
+        "--memory-limit",
+        "200MiB",
+        "--fp32",
+        "--recompute",
+        "none",
+        "--top",
+        "100",
+        "--json",
+    ]);
+    let layouts = v["layouts"].as_array().unwrap();
+    let pp2 = layouts
+        .iter()
+        .find(|c| {
+            let l = &c["layout"];
+            l["pp"] == 2
+                && l["micro_batch"] == 2
+                && l["microbatches"] == 4
+                && l["sharding"] == "Ddp"
+        })
+        .expect("the layout is listed");
+    assert_eq!(pp2["fits"], false, "{pp2}");
+    assert!(pp2["worst"]["oom"].is_string(), "{pp2}");
+    // Every layout that fits replayed every stage whole.
+    for c in layouts.iter().filter(|c| c["fits"] == true) {
+        assert!(c["worst"]["oom"].is_null() && c["whole"] == true, "{c}");
+    }
+    let e = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .args([
+            "estimate", "--model", "gpt", "--vocab", "16000", "--layers", "24",
+        ])
+        .args([
+            "--seq-len",
+            "256",
+            "--batch",
+            "2",
+            "--pp",
+            "2",
+            "--microbatches",
+            "4",
+        ])
+        .args(["--recompute", "none", "--memory-limit", "200MiB"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&e.stdout).contains("OUT OF MEMORY on stage 1"));
+}

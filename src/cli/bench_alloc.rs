@@ -135,7 +135,7 @@ pub fn run(args: &BenchAllocArgs) -> anyhow::Result<()> {
     }
     // Geometric mean of fragmentation per strategy, over the workloads it
     // ran without running out of memory (those it did are counted apart).
-    let geo: Vec<(String, f64, usize)> = names
+    let geo: Vec<(String, Option<f64>, usize)> = names
         .iter()
         .map(|n| {
             let runs: Vec<_> = reports
@@ -147,11 +147,10 @@ pub fn run(args: &BenchAllocArgs) -> anyhow::Result<()> {
                 .filter_map(|x| x.fragmentation)
                 .map(f64::ln)
                 .collect();
-            (
-                n.to_string(),
-                (logs.iter().sum::<f64>() / logs.len().max(1) as f64).exp(),
-                runs.len() - logs.len(),
-            )
+            // None where no workload ran to its end: no mean of nothing.
+            let mean =
+                (!logs.is_empty()).then(|| (logs.iter().sum::<f64>() / logs.len() as f64).exp());
+            (n.to_string(), mean, runs.len() - logs.len())
         })
         .collect();
     if args.json {
@@ -183,7 +182,8 @@ pub fn run(args: &BenchAllocArgs) -> anyhow::Result<()> {
         } else {
             String::new()
         };
-        println!("  {n:<10} {g:.3}{left_out}");
+        let g = g.map_or("-".to_string(), |g| format!("{g:.3}"));
+        println!("  {n:<10} {g}{left_out}");
     }
     Ok(())
 }

@@ -139,15 +139,24 @@ struct RecordedOom {
 /// where that is one of the traces `replay` reads.
 fn trace_hint(path: &std::path::Path) -> &'static str {
     use crate::lab::file_kind::{sniff, FileKind};
-    let opens_with_brace = std::fs::read(path)
-        .ok()
-        .and_then(|b| b.iter().find(|c| !c.is_ascii_whitespace()).copied())
-        == Some(b'{');
+    // The first line only (the file may be huge): a trace's opens with an
+    // object that has an "op".
+    let first_line = std::fs::File::open(path).ok().and_then(|f| {
+        use std::io::{BufRead, Read};
+        let mut line = String::new();
+        std::io::BufReader::new(f.take(4096))
+            .read_line(&mut line)
+            .ok()?;
+        Some(line)
+    });
+    let is_trace = first_line
+        .and_then(|l| serde_json::from_str::<serde_json::Value>(l.trim()).ok())
+        .is_some_and(|v| v.get("op").is_some());
     match sniff(path) {
         Ok(FileKind::Intervals) => {
             "; it is an interval file (id,lower,upper,size), which `vramlab replay` reads"
         }
-        Ok(FileKind::JsonLines) if opens_with_brace => {
+        Ok(FileKind::JsonLines) if is_trace => {
             "; it looks like a JSON Lines trace, which `vramlab replay` reads (doctor reads PyTorch memory snapshots)"
         }
         _ => "",
@@ -173,8 +182,16 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<()> {
             }
             return state_only(&name, args, &maps, None);
         }
-        // A trace this reader cannot replay: its segments still report.
-        Err(e) if !maps.is_empty() => return state_only(&name, args, &maps, Some(e.to_string())),
+        // A trace this reader cannot replay: its segments still report
+        // (but not at an operation of that trace).
+        Err(e) if !maps.is_empty() => {
+            if let Some(at) = args.at {
+                anyhow::bail!(
+                    "{name}: --at {at} needs the allocation history, which cannot be replayed: {e}"
+                );
+            }
+            return state_only(&name, args, &maps, Some(e.to_string()));
+        }
         Err(e) => return Err(anyhow::Error::msg(e)),
     };
     drop(parsed);

@@ -81,6 +81,15 @@ fn run_layout(args: &EstimateArgs) -> anyhow::Result<()> {
     if args.step.optimizer_impl != crate::optim::OptimizerImpl::Foreach {
         anyhow::bail!("a parallel layout's ranks run foreach Adam (PyTorch's default); --optimizer-impl is for one GPU (leave it out)");
     }
+    args.step.optimizer()?;
+    for (flag, given) in [
+        ("--weight-decay", args.step.weight_decay.is_some()),
+        ("--momentum", args.step.momentum.is_some()),
+    ] {
+        if given {
+            anyhow::bail!("a parallel layout's ranks model Adam's two moments without {flag}; it is for one GPU (leave it out)");
+        }
+    }
     let precision = if args.step.amp.is_some() || args.dtype != DType::F32 {
         Precision::Mixed
     } else {

@@ -243,21 +243,25 @@ pub(crate) fn count(n: u64, noun: &str) -> String {
     format!("{n} {noun}{plural}")
 }
 
+/// A count with thousands separators: 1,079,178.
+pub(crate) fn grouped(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, ch) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(ch);
+    }
+    out
+}
+
 /// A parameter count as people say it: 110,336; 124.4M; 1.56B.
 pub(crate) fn parameters(n: u64) -> String {
     match n {
-        0..1_000_000 => {
-            let s = n.to_string();
-            let mut out = String::new();
-            for (i, ch) in s.chars().enumerate() {
-                if i > 0 && (s.len() - i).is_multiple_of(3) {
-                    out.push(',');
-                }
-                out.push(ch);
-            }
-            out
-        }
-        1_000_000..1_000_000_000 => format!("{:.1}M", n as f64 / 1e6),
+        0..1_000_000 => grouped(n),
+        // Below 999.95M, as "{:.1}M" would round that to 1000.0M.
+        1_000_000..999_950_000 => format!("{:.1}M", n as f64 / 1e6),
         _ => format!("{:.2}B", n as f64 / 1e9),
     }
 }
@@ -313,6 +317,8 @@ mod tests {
         assert_eq!(parameters(999), "999");
         assert_eq!(parameters(124_439_808), "124.4M");
         assert_eq!(parameters(1_557_611_200), "1.56B");
+        assert_eq!(parameters(999_960_000), "1.00B");
+        assert_eq!(grouped(1_079_178), "1,079,178");
     }
 
     #[test]

@@ -59,7 +59,7 @@ pub fn run(args: &ModelsArgs) -> anyhow::Result<()> {
             "",
             spec.describe(),
             spec.input_shape(),
-            count,
+            super::grouped(*count as u64),
             mib(*count as u64 * 4)
         );
         if args.params {

@@ -147,9 +147,18 @@ fn row(c: &Candidate) -> String {
         rec,
         l.micro_batch,
         l.microbatches,
-        gib(c.worst.peak_reserved as f64),
+        // A replay stopped by out-of-memory has no peak to speak of.
+        if c.worst.oom.is_some() {
+            "OOM".to_string()
+        } else {
+            gib(c.worst.peak_reserved as f64)
+        },
         stage,
-        gib(c.memory_left as f64),
+        if c.worst.oom.is_some() {
+            "-".to_string()
+        } else {
+            gib(c.memory_left as f64)
+        },
         c.bubble * 100.0,
         c.comm_bytes.iter().sum::<f64>() / 1e9,
         c.step_seconds,

@@ -160,7 +160,9 @@ pub fn worst_stage(
             let most = (!whole).then(|| steady_microbatches(l, s));
             run(&program_with(model, l, s, most), capacity, config)
         })
-        .max_by_key(|r| r.peak_reserved)
+        // A stage that ran out of memory is the worst whatever its peak
+        // (it stopped early, so its peak is lower than a whole one's).
+        .max_by_key(|r| (r.oom.is_some(), r.peak_reserved))
         .expect("at least one stage")
 }
 
@@ -260,6 +262,9 @@ fn sort(out: &mut [Candidate]) {
             } else {
                 std::cmp::Ordering::Equal
             })
+            // Of those that do not fit, the ones that ran out of memory
+            // come last: their peak is where they stopped, not a need.
+            .then(a.worst.oom.is_some().cmp(&b.worst.oom.is_some()))
             .then(b.memory_left.cmp(&a.memory_left))
     });
 }

@@ -333,10 +333,10 @@ pub fn tensor_cores_for(
     if split.group == 0 {
         return unsplit_cores(g, a, b, c, bias, kernel);
     }
-    // The partials run a workspace's worth of entries at a time (or, summed
-    // past one workspace, the whole batch: then on tensor cores wherever a
-    // workspace's worth is, but for batches past the loop or grid limit
-    // that a GPU tile sums whole).
+    // Judged on a workspace's worth of entries, as the partials run them:
+    // the one-dispatch route for a batch summed past one workspace uses
+    // the whole batch, which fits the tensor cores' limits wherever a
+    // workspace's worth does, but past 16,384 entries (then a GPU tile).
     let part = Gemm {
         batch: split.group.min(g.batch),
         ..*g
