@@ -293,6 +293,11 @@ fn layout_flags_it_would_ignore_are_refused() {
         &["--tp", "2", "--bucket-view"],
         "a single data-parallel rank",
     );
+    bad(
+        &["--dp", "2", "--weight-decay", "0.1"],
+        "without --weight-decay",
+    );
+    bad(&["--dp", "2", "--weight-decay", "-1"], "--weight-decay");
     // What agrees is accepted: checkpoint with full, DDP's options on DDP.
     for ok in [
         vec!["--dp", "2", "--mode", "checkpoint", "--recompute", "full"],
