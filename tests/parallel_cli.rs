@@ -54,7 +54,7 @@ fn a_rank_of_each_zero_stage_equals_the_papers_model_states() {
             s["zero_paper_model_states"].as_f64().unwrap(),
             "stage {stage}: {s}"
         );
-        assert_eq!(v["layout"]["precision"], "Mixed");
+        assert_eq!(v["layout"]["precision"], "mixed");
     }
 }
 
@@ -87,9 +87,9 @@ fn plans_fit_and_their_figures_are_estimates_per_rank() {
         assert!(worst <= limit);
         // The same layout through `estimate`: every stage's whole program.
         let sharding = match &l["sharding"] {
-            serde_json::Value::String(s) if s == "Ddp" => vec![],
-            serde_json::Value::String(s) if s == "Fsdp" => vec!["--fsdp".to_string()],
-            other => vec!["--zero".to_string(), other["Zero"].to_string()],
+            serde_json::Value::String(s) if s == "ddp" => vec![],
+            serde_json::Value::String(s) if s == "fsdp" => vec!["--fsdp".to_string()],
+            other => vec!["--zero".to_string(), other["zero"].to_string()],
         };
         let recompute = l["recompute"].as_str().unwrap().to_lowercase();
         let mut args: Vec<String> = [
@@ -353,7 +353,7 @@ fn a_layout_with_any_stage_out_of_memory_does_not_fit() {
             l["pp"] == 2
                 && l["micro_batch"] == 2
                 && l["microbatches"] == 4
-                && l["sharding"] == "Ddp"
+                && l["sharding"] == "ddp"
         })
         .expect("the layout is listed");
     assert_eq!(pp2["fits"], false, "{pp2}");

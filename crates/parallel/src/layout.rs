@@ -6,7 +6,9 @@ use crate::model::Transformer;
 use serde::Serialize;
 
 /// How data-parallel ranks hold the model states.
+// JSON names as the flags say them: "ddp", {"zero": 2}, "fsdp".
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Sharding {
     /// PyTorch DDP: every rank holds everything, gradients go through
     /// flat buckets.
@@ -67,14 +69,17 @@ impl Default for Ddp {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum Schedule {
     /// All forwards, then all backwards: a stage holds every micro-batch.
+    #[serde(rename = "gpipe")]
     Gpipe,
     /// One forward, one backward (PipeDream-flush): stage i holds at most
     /// p − i micro-batches.
+    #[serde(rename = "1f1b")]
     OneFOneB,
 }
 
 /// What the forward saves for backward (Korthikanti et al. 2022, §4–5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Recompute {
     None,
     /// The attention core (softmax, its dropout, attention over V) is
@@ -97,6 +102,7 @@ impl Recompute {
 
 /// Bytes per parameter of each model state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Precision {
     /// Mixed precision as the ZeRO paper and DeepSpeed/Megatron run it:
     /// 16-bit parameters and gradients, fp32 master weights and Adam's two

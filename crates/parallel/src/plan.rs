@@ -64,7 +64,9 @@ pub struct Candidate {
     /// `memory` less the headroom, minus the worst stage's peak reserved
     /// (negative: short by that much).
     pub memory_left: i64,
-    /// Bytes a GPU sends per step: data parallel, tensor parallel, pipeline.
+    /// Bytes a GPU sends per step: data parallel, tensor parallel, pipeline
+    /// (in JSON an object naming each).
+    #[serde(serialize_with = "comm_named")]
     pub comm_bytes: [f64; 3],
     /// Idle fraction of a pipeline step: (p − 1)/(m + p − 1).
     pub bubble: f64,
@@ -175,6 +177,16 @@ pub fn whole_stages(pp: u64) -> Vec<u64> {
     } else {
         vec![0, 1, pp - 1]
     }
+}
+
+/// `comm_bytes` in JSON: each figure named.
+fn comm_named<S: serde::Serializer>(c: &[f64; 3], s: S) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeMap;
+    let mut m = s.serialize_map(Some(3))?;
+    m.serialize_entry("data_parallel", &c[0])?;
+    m.serialize_entry("tensor_parallel", &c[1])?;
+    m.serialize_entry("pipeline", &c[2])?;
+    m.end()
 }
 
 /// Communication bytes a GPU sends per step, by kind: data parallel

@@ -9,6 +9,7 @@ use serde::Serialize;
 
 /// What a block of memory holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Kind {
     /// Parameters as the model holds them (16-bit under mixed precision),
     /// whole or this rank's shard.
