@@ -28,12 +28,21 @@ impl std::fmt::Display for OptimizerKind {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct OptimizerConfig {
     pub kind: OptimizerKind,
+    #[serde(serialize_with = "as_typed")]
     pub lr: f32,
+    #[serde(serialize_with = "as_typed")]
     pub momentum: f32,
+    #[serde(serialize_with = "as_typed")]
     pub weight_decay: f32,
     /// foreach (PyTorch's default on CUDA), for-loop or fused: the same
     /// update, different temporaries.
     pub implementation: OptimizerImpl,
+}
+
+/// An f32 in JSON as it was typed (0.001, not 0.0010000000474974513): its
+/// shortest decimal, which reads back to the same f32.
+fn as_typed<S: serde::Serializer>(x: &f32, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(x.to_string().parse::<f64>().unwrap_or(*x as f64))
 }
 
 impl OptimizerConfig {
@@ -102,5 +111,19 @@ impl OptimizerConfig {
                 Box::new(a)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_read_in_json_as_typed() {
+        let o = OptimizerConfig::new(OptimizerKind::Adamw, None, None, None);
+        let v = serde_json::to_value(o).unwrap();
+        assert_eq!(v["lr"].to_string(), "0.001");
+        assert_eq!(v["weight_decay"].to_string(), "0.01");
+        assert_eq!(v["lr"].as_f64().unwrap() as f32, o.lr);
     }
 }
