@@ -998,7 +998,10 @@ fn doctor_names_a_trace_and_bench_refuses_repeats() {
     assert!(!err.contains("replay"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
     let err = fails_cleanly(&["bench", "--sizes", "16,16"]);
-    assert!(err.contains("--sizes lists 16 twice"), "{err}");
+    assert!(err.contains("--sizes 16 is given more than once"), "{err}");
     let err = fails_cleanly(&["bench", "--models", "mlp,mlp"]);
-    assert!(err.contains("--models lists mlp twice"), "{err}");
+    assert!(
+        err.contains("--models mlp is given more than once"),
+        "{err}"
+    );
 }

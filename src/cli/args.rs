@@ -446,3 +446,19 @@ pub fn at_least_one(counts: &[(&str, u64)]) -> anyhow::Result<()> {
         None => Ok(()),
     }
 }
+
+/// Refuses a value `flag` lists twice (a sweep's point or a bench's size
+/// would be run twice for nothing).
+pub fn listed_once<T: PartialEq + std::fmt::Display>(
+    flag: &str,
+    values: &[T],
+) -> anyhow::Result<()> {
+    match values
+        .iter()
+        .enumerate()
+        .find(|(i, v)| values[..*i].contains(v))
+    {
+        Some((_, v)) => anyhow::bail!("{flag} {v} is given more than once; list each value once"),
+        None => Ok(()),
+    }
+}

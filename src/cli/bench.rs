@@ -549,23 +549,9 @@ fn check_flags(args: &BenchArgs) -> anyhow::Result<Vec<(String, ModelSpec)>> {
             "--sizes {n}: an {n}×{n} f32 matrix is more than 2^62 bytes, more than any device holds; give sizes such as 1024,2048"
         );
     }
-    // A size or model listed twice would be timed twice (sweep refuses
-    // the same).
-    for (flag, list) in [
-        (
-            "--sizes",
-            args.sizes.iter().map(|n| n.to_string()).collect::<Vec<_>>(),
-        ),
-        ("--models", args.models.clone()),
-    ] {
-        let twice = list
-            .iter()
-            .enumerate()
-            .find(|(i, v)| list[..*i].contains(v));
-        if let Some((_, v)) = twice {
-            anyhow::bail!("{flag} lists {v} twice: give each once");
-        }
-    }
+    // A size or model listed twice would be timed twice.
+    super::args::listed_once("--sizes", &args.sizes)?;
+    super::args::listed_once("--models", &args.models)?;
     if args.models.len() > 1 && args.models.iter().any(|m| m == "none") {
         anyhow::bail!("--models none times no model: give it alone, or list the models to time");
     }

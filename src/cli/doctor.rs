@@ -141,22 +141,21 @@ fn trace_hint(path: &std::path::Path) -> &'static str {
     use crate::lab::file_kind::{sniff, FileKind};
     // The first line only (the file may be huge): a trace's opens with an
     // object that has an "op".
-    let first_line = std::fs::File::open(path).ok().and_then(|f| {
+    let opens_as_trace = || {
         use std::io::{BufRead, Read};
         let mut line = String::new();
+        let f = std::fs::File::open(path).ok()?;
         std::io::BufReader::new(f.take(4096))
             .read_line(&mut line)
             .ok()?;
-        Some(line)
-    });
-    let is_trace = first_line
-        .and_then(|l| serde_json::from_str::<serde_json::Value>(l.trim()).ok())
-        .is_some_and(|v| v.get("op").is_some());
+        let v: serde_json::Value = serde_json::from_str(line.trim()).ok()?;
+        Some(v.get("op").is_some())
+    };
     match sniff(path) {
         Ok(FileKind::Intervals) => {
             "; it is an interval file (id,lower,upper,size), which `vramlab replay` reads"
         }
-        Ok(FileKind::JsonLines) if is_trace => {
+        Ok(FileKind::JsonLines) if opens_as_trace() == Some(true) => {
             "; it looks like a JSON Lines trace, which `vramlab replay` reads (doctor reads PyTorch memory snapshots)"
         }
         _ => "",

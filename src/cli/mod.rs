@@ -85,8 +85,8 @@ pub enum Command {
     /// Read a PyTorch memory snapshot and say why it ran out of memory and
     /// what would have saved it: the recorded settings beside
     /// expandable_segments, max_split_size_mb and an offline planner's
-    /// packing (it knows every lifetime), each replayed; what is live at the peak by category, module
-    /// and the user's code; plain advice.
+    /// packing (it knows every lifetime), each replayed; what is live at
+    /// the peak by category, module and the user's code; plain advice.
     Doctor(doctor::DoctorArgs),
     /// The documents' claims, one lesson each: list them, or with --report
     /// DIR run them all into one HTML page with plots.
@@ -147,12 +147,27 @@ impl Command {
 /// message stderr shows, `causes` its chain outermost first, `exit_code`
 /// the process's (1 for a failed command, 2 for bad flags).
 pub fn error_json(error: &str, causes: &[String], exit_code: i32) -> String {
-    let v = serde_json::json!({
-        "error": error,
-        "causes": causes,
-        "exit_code": exit_code,
-    });
+    let v = serde_json::Value::Object(failure(error, causes, exit_code));
     serde_json::to_string_pretty(&v).unwrap_or_else(|_| String::from("{}"))
+}
+
+/// The fields every failure document has, for `error_json` and
+/// `fail_in_json` alike.
+fn failure(
+    error: &str,
+    causes: &[String],
+    exit_code: i32,
+) -> serde_json::Map<String, serde_json::Value> {
+    let mut m = serde_json::Map::new();
+    m.insert("error".into(), error.into());
+    m.insert("causes".into(), causes.into());
+    m.insert("exit_code".into(), exit_code.into());
+    m
+}
+
+/// An error's chain, outermost first.
+fn causes(e: &anyhow::Error) -> Vec<String> {
+    e.chain().map(|c| c.to_string()).collect()
 }
 
 /// A failure whose command already wrote its `--json` document (replay's
@@ -165,10 +180,9 @@ pub struct AnsweredInJson(pub anyhow::Error);
 /// every failure document has; print it, then return the error this gives,
 /// which `main` prints on stderr only.
 pub fn fail_in_json(doc: &mut serde_json::Value, e: anyhow::Error) -> anyhow::Error {
-    let causes: Vec<String> = e.chain().map(|c| c.to_string()).collect();
-    doc["error"] = format!("{e:#}").into();
-    doc["causes"] = causes.into();
-    doc["exit_code"] = 1.into();
+    for (k, v) in failure(&format!("{e:#}"), &causes(&e), 1) {
+        doc[k] = v;
+    }
     AnsweredInJson(e).into()
 }
 
@@ -186,8 +200,7 @@ pub fn command_error_json(e: &anyhow::Error) -> Option<String> {
     if e.downcast_ref::<AnsweredInJson>().is_some() {
         return None;
     }
-    let causes: Vec<String> = e.chain().map(|c| c.to_string()).collect();
-    Some(error_json(&format!("{e:#}"), &causes, 1))
+    Some(error_json(&format!("{e:#}"), &causes(e), 1))
 }
 
 /// `error_json` for a flag clap refused: the message and its tips, without

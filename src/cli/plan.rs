@@ -137,6 +137,12 @@ fn row(c: &Candidate) -> String {
     } else {
         String::new()
     };
+    // A replay stopped by out-of-memory has no peak to speak of, nor room left.
+    let (peak, left) = if c.worst.oom.is_some() {
+        ("OOM".to_string(), "-".to_string())
+    } else {
+        (gib(c.worst.peak_reserved as f64), gib(c.memory_left as f64))
+    };
     format!(
         "{:>4} {:>3}{:<3} {:>3} {:<7} {:>9} {:>3}×{:<4} {:>10}{:<11} {:>9} {:>7.1}% {:>9.1} {:>8.2}",
         l.dp,
@@ -147,18 +153,9 @@ fn row(c: &Candidate) -> String {
         rec,
         l.micro_batch,
         l.microbatches,
-        // A replay stopped by out-of-memory has no peak to speak of.
-        if c.worst.oom.is_some() {
-            "OOM".to_string()
-        } else {
-            gib(c.worst.peak_reserved as f64)
-        },
+        peak,
         stage,
-        if c.worst.oom.is_some() {
-            "-".to_string()
-        } else {
-            gib(c.memory_left as f64)
-        },
+        left,
         c.bubble * 100.0,
         c.comm_bytes.iter().sum::<f64>() / 1e9,
         c.step_seconds,

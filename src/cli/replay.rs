@@ -161,18 +161,25 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
             "  peak live requested   {:>14}   (the least any allocator could need)",
             Mib(outcome.peak_live_requested_bytes).to_string()
         );
-        // With refused allocations the reserved peak is of a different
-        // workload than the requested one: no ratio, as --allocators shows.
-        if outcome.peak_live_requested_bytes > 0 && outcome.ooms.is_empty() {
-            println!(
-                "  fragmentation         {:>14.3}   (peak reserved / peak live requested)",
-                alloc.max_memory_reserved() as f64 / outcome.peak_live_requested_bytes as f64
-            );
-        } else if outcome.peak_live_requested_bytes > 0 {
-            println!(
-                "  fragmentation         {:>14}   (none: refused allocations are missing from the reserved peak)",
-                "-"
-            );
+        if outcome.peak_live_requested_bytes > 0 {
+            // With refused allocations the reserved peak is of a different
+            // workload than the requested one: no ratio, as --allocators shows.
+            let (ratio, what) = if outcome.ooms.is_empty() {
+                (
+                    format!(
+                        "{:.3}",
+                        alloc.max_memory_reserved() as f64
+                            / outcome.peak_live_requested_bytes as f64
+                    ),
+                    "peak reserved / peak live requested",
+                )
+            } else {
+                (
+                    "-".to_string(),
+                    "none: refused allocations are missing from the reserved peak",
+                )
+            };
+            println!("  fragmentation         {ratio:>14}   ({what})");
         }
         println!(
             "  device allocs/frees   {:>7} / {:<7}",

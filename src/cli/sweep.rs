@@ -95,12 +95,7 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
         anyhow::bail!("--{dim} values must be at least 1");
     }
     // A fit needs distinct points: a repeated value adds nothing to it.
-    if let Some(v) = values
-        .iter()
-        .find(|v| values.iter().filter(|w| w == v).count() > 1)
-    {
-        anyhow::bail!("--{dim} {v} is given more than once; list each value once");
-    }
+    super::args::listed_once(&format!("--{dim}"), &values)?;
     if let Some(command) = &args.record {
         return run_recorded(args, command, dim, &values);
     }

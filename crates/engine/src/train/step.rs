@@ -24,14 +24,13 @@ pub enum Mode {
     Inference,
 }
 
-/// The flag's own word: train, checkpoint, inference.
+/// The flag's own word (train, checkpoint, inference), as `--mode` takes it.
 impl std::fmt::Display for Mode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Mode::Train => "train",
-            Mode::Checkpoint => "checkpoint",
-            Mode::Inference => "inference",
-        })
+        match clap::ValueEnum::to_possible_value(self) {
+            Some(v) => f.write_str(v.get_name()),
+            None => write!(f, "{self:?}"),
+        }
     }
 }
 

@@ -359,11 +359,22 @@ fn unsplit_cores(
         .flatten()
 }
 
+/// `part` writing into the partials' workspace: each entry (or each slot
+/// of a summed batch) its own dense m×n, overwritten.
+fn slotted(part: &Gemm) -> Gemm {
+    Gemm {
+        c_offset: 0,
+        c_batch_stride: part.m * part.n,
+        accumulate: false,
+        ..*part
+    }
+}
+
 /// [`tensor_cores_for`] the entries `part` of a split product, each into an
 /// f32 slot of the partials' workspace (no bias: the sum adds a column
-/// bias, a pass after it a row bias). Only an
-/// unsplit K: tensor cores have no K-split form. The partials are planned
-/// from shapes alone, so memory is the same on either kernel.
+/// bias, a pass after it a row bias). Only an unsplit K: tensor cores have
+/// no K-split form. The partials are planned from shapes alone, so memory
+/// is the same on either kernel.
 fn partial_cores(
     split: &Split,
     part: &Gemm,
@@ -373,10 +384,7 @@ fn partial_cores(
 ) -> Option<u32> {
     let entries = Gemm {
         reduce_batch: false,
-        c_offset: 0,
-        c_batch_stride: part.m * part.n,
-        accumulate: false,
-        ..*part
+        ..slotted(part)
     };
     (split.splits == 1 && kernel == MatmulKernel::Tiled)
         .then(|| coop::usable(&entries, a, b, DType::F32, None))
@@ -529,14 +537,8 @@ fn gemm_biased(
         part
     };
     // Each entry's partial products into its slot of the workspace, or
-    // with `per` > 1 (a summed batch) each slot summing `per` entries; on
-    // tensor cores where they run an unsplit K.
-    let slotted = |part: &Gemm| Gemm {
-        c_offset: 0,
-        c_batch_stride: mn,
-        accumulate: false,
-        ..*part
-    };
+    // with `per` > 1 (a summed batch) each slot summing `per` entries
+    // ([`slotted`]); on tensor cores where they run an unsplit K.
     let cores_for = |part: &Gemm| partial_cores(&split, part, a, b, kernel);
     let product = |part: &Gemm, per: usize| match cores_for(part) {
         Some(lanes) => coop::gemm_grouped(&slotted(part), a, b, &parts, None, per, lanes),
