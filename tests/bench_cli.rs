@@ -250,6 +250,64 @@ fn info_names_the_cooperative_matrices() {
     );
 }
 
+/// A `--binding-window` or `--buffer-limit` the adapter cannot take as
+/// given is said to be capped or rounded, with what was used; one it takes
+/// gets no note.
+#[test]
+fn size_flags_the_adapter_rounds_or_caps_are_noted() {
+    let r = vramlab_json([
+        "info",
+        "--binding-window",
+        "1000",
+        "--buffer-limit",
+        "4096GiB",
+        "--json",
+    ]);
+    let window = r["limits"]["binding_window"].as_u64().unwrap();
+    assert!(window < 1000 && window % 16 == 0, "{r}");
+    let notes: Vec<&str> = r["option_notes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap())
+        .collect();
+    assert_eq!(notes.len(), 2, "{r}");
+    assert!(
+        notes[0].starts_with("--binding-window 1000 bytes: used ")
+            && notes[0].contains(&format!("used {window} bytes")),
+        "{notes:?}"
+    );
+    assert!(
+        notes[1].starts_with("--buffer-limit 4096.00 GiB") && notes[1].contains("max_buffer_size"),
+        "{notes:?}"
+    );
+    let r = vramlab_json(["info", "--binding-window", "64KiB", "--json"]);
+    assert_eq!(r["limits"]["binding_window"], 65536, "{r}");
+    assert_eq!(r["option_notes"].as_array().map(Vec::len), Some(0), "{r}");
+    // Commands that run on the device say it on stderr.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .args([
+            "bench",
+            "--sizes",
+            "16",
+            "--models",
+            "none",
+            "--no-precision",
+            "--reps",
+            "1",
+            "--binding-window",
+            "1000",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("note: --binding-window 1000 bytes: used "),
+        "{err}"
+    );
+}
+
 #[test]
 fn bench_refuses_bad_flags_before_measuring() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))

@@ -42,6 +42,10 @@ fn max_batch_trains_and_the_next_batch_runs_out_of_memory() {
         "recovered after OOM"
     );
     // Within the effective limit.
+    // The estimate is exact, so the device confirms it in two trials.
+    if v["estimated_max_batch"] == v["max_batch"] {
+        assert_eq!(device.len(), 2, "{v}");
+    }
     let eff = v["effective_limit_bytes"].as_u64().unwrap();
     let fit = device.iter().find(|t| t["batch"] == max).unwrap();
     assert!(fit["peak_reserved_bytes"].as_u64().unwrap() <= eff);
@@ -83,5 +87,17 @@ fn a_batch_capped_by_max_is_reported_as_capped() {
     assert_eq!(
         (v["max_batch"].as_u64(), v["max"].as_u64()),
         (Some(10), Some(10))
+    );
+    // The estimate said 10 fits: one trial on the device confirms it.
+    let device: Vec<_> = v["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["on"] == "device")
+        .collect();
+    assert_eq!(device.len(), 1, "{v}");
+    assert_eq!(
+        (device[0]["batch"].as_u64(), device[0]["fits"].as_bool()),
+        (Some(10), Some(true))
     );
 }

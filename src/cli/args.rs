@@ -2,6 +2,7 @@
 
 use crate::device::{AdapterOptions, BackendChoice};
 use crate::memory::{parse_size, AllocatorConfig, ALLOC_CONF_ENV};
+use crate::tensor::Engine;
 use clap::Args;
 
 /// Choosing the GPU.
@@ -52,6 +53,16 @@ fn parse_window(s: &str) -> Result<u64, String> {
 }
 
 impl DeviceArgs {
+    /// The engine on the adapter these flags choose; where a size flag was
+    /// capped or rounded, a note on stderr says what was used instead.
+    pub fn engine(&self, config: AllocatorConfig) -> anyhow::Result<Engine> {
+        let engine = Engine::new(&self.options(), config)?;
+        for note in engine.gpu().map(|g| g.option_notes()).unwrap_or_default() {
+            eprintln!("note: {note}");
+        }
+        Ok(engine)
+    }
+
     pub fn options(&self) -> AdapterOptions {
         AdapterOptions {
             backend: self.backend,

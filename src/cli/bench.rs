@@ -577,7 +577,7 @@ struct Ctx<'a> {
 impl<'a> Ctx<'a> {
     /// Opens the engine and turns its kernel timer on.
     fn new(args: &'a BenchArgs) -> anyhow::Result<Ctx<'a>> {
-        let e = Engine::new(&args.device.options(), AllocatorConfig::default())?;
+        let e = args.device.engine(AllocatorConfig::default())?;
         let cpu = e.is_cpu_adapter();
         let target = Target::of(&e);
         let timing = e.start_timing();
@@ -746,9 +746,17 @@ fn model_step(
         reference.n,
         ctx.step_dtype()
     ));
+    let step = step_shapes(spec, ctx.args.batch, ctx.args.amp)?;
+    // The op column fits the longest op name, so every row lines up.
+    let width = step
+        .iter()
+        .map(|(s, _)| s.op.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(16);
     let mut shapes = Vec::new();
-    for (shape, count) in step_shapes(spec, ctx.args.batch, ctx.args.amp)? {
-        shapes.push(shape_row(ctx, reference, shape, count)?);
+    for (shape, count) in step {
+        shapes.push(shape_row(ctx, reference, shape, count, width)?);
     }
     whole_step(ctx, name, spec, shapes)
 }
@@ -760,6 +768,7 @@ fn shape_row(
     reference: &Reference,
     shape: GemmShape,
     count: usize,
+    width: usize,
 ) -> anyhow::Result<ShapeRow> {
     let (e, dtype) = (&ctx.e, ctx.step_dtype());
     let choice = choose_for(e, &shape.gemm(), (dtype, dtype), false);
@@ -812,7 +821,7 @@ fn shape_row(
         of_square: share(&times),
         shape,
     };
-    ctx.say(shape_line(&row));
+    ctx.say(shape_line(&row, width));
     Ok(row)
 }
 
@@ -820,11 +829,12 @@ fn shape_row(
 const TENSOR_CORES: &str = "tensor cores";
 
 /// A product's line: its shape, rate, share of the square's, the bound
-/// writing its output sets, its class and split.
-fn shape_line(row: &ShapeRow) -> String {
+/// writing its output sets, its class and split; the op name padded to
+/// `width`.
+fn shape_line(row: &ShapeRow, width: usize) -> String {
     let s = &row.shape;
     format!(
-        "  {:<16} ×{:<2} {:>5}×{:<6}·K {:<6} batch {:<3}{}{} {:>8.2} GFLOP/s ({:>3.0}% of square{}) {:?}{}, split {}",
+        "  {:<width$} ×{:<2} {:>5}×{:<6}·K {:<6} batch {:<3}{}{} {:>8.2} GFLOP/s ({:>3.0}% of square{}) {:?}{}, split {}",
         s.op,
         row.count,
         s.m,

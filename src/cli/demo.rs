@@ -168,7 +168,7 @@ struct Demo {
 /// (tagged as input).
 fn setup(args: &DemoArgs, config: AllocatorConfig) -> anyhow::Result<Demo> {
     let scaler = (args.amp == Some(DType::F16)).then(crate::optim::GradScaler::default);
-    let engine = Engine::new(&args.device.options(), config)?;
+    let engine = args.device.engine(config)?;
     let mut rng = Rng::new(args.seed);
     let mut store = ParamStore::new();
     let model = SimpleConvNet::new(&engine, &mut store, &mut rng)?;

@@ -286,7 +286,7 @@ pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
         args.dtype.size_in_bytes() as u64,
     );
     let measured = if args.measure {
-        let engine = Engine::new(&args.device.options(), plan.config.clone())?;
+        let engine = args.device.engine(plan.config.clone())?;
         let m = steps_on(engine, &plan, args.steps)?;
         Some((analyze(&m.events, &m.layer_outputs), m))
     } else {

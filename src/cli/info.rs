@@ -92,6 +92,9 @@ pub fn run(args: &InfoArgs) -> anyhow::Result<()> {
         "  max_compute_workgroups_per_dimension {:>14}",
         l.max_compute_workgroups_per_dimension
     );
+    for note in &report.option_notes {
+        println!("  note: {note}");
+    }
     println!();
     let has = |f: &str| {
         if report.features.iter().any(|x| x == f) {

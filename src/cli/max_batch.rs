@@ -212,7 +212,7 @@ pub fn run(args: &MaxBatchArgs) -> anyhow::Result<()> {
     })?;
     // 2. Bisection on the GPU inside a bracket around it, widened until its
     // lower end trains and its upper end does not.
-    let engine = Engine::new(&args.device.options(), config.clone())?;
+    let engine = args.device.engine(config.clone())?;
     let device = |b: usize, trials: &mut Vec<Trial>| -> anyhow::Result<bool> {
         if let Some(t) = trials.iter().find(|t| t.batch == b && t.on == "device") {
             return Ok(t.fits);
@@ -223,11 +223,19 @@ pub fn run(args: &MaxBatchArgs) -> anyhow::Result<()> {
         trials.push(t.clone());
         Ok(t.fits)
     };
+    // The estimate is exact for vramlab's step, so two trials usually
+    // settle it: the next batch runs out of memory, then the estimated one
+    // trains (the process recovering from that OOM). At --max, one trial.
+    let confirmed = estimated >= 1
+        && (estimated >= args.max || !device(estimated + 1, &mut trials)?)
+        && device(estimated, &mut trials)?;
     let mut lo = (estimated / 2).max(1);
-    while lo > 1 && !device(lo, &mut trials)? {
+    while !confirmed && lo > 1 && !device(lo, &mut trials)? {
         lo /= 2;
     }
-    let max_batch = if !device(lo, &mut trials)? {
+    let max_batch = if confirmed {
+        estimated
+    } else if !device(lo, &mut trials)? {
         0
     } else {
         let mut hi = (estimated + 1).max(lo + 1).min(args.max + 1);
@@ -371,9 +379,10 @@ pub fn run(args: &MaxBatchArgs) -> anyhow::Result<()> {
         );
     }
     println!("what each allocator allows at this limit (simulated replay of the step):");
+    let width = NAMES.iter().map(|n| n.len()).max().unwrap_or(0);
     for r in &by_allocator {
         println!(
-            "  {:<9} {}",
+            "  {:<width$} {}",
             r["allocator"].as_str().unwrap_or(""),
             r["max_batch"]
         );

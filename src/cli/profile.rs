@@ -10,7 +10,6 @@ use crate::estimate::analyze;
 use crate::estimate::run::run_steps;
 use crate::memory::mib;
 use crate::profile::{chrome, html, live_at, svg, OpTimes, Series};
-use crate::tensor::Engine;
 use anyhow::Context;
 use clap::Args;
 use std::path::PathBuf;
@@ -55,7 +54,7 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
         .plan(spec.clone(), args.batch, args.alloc.config(None)?)?;
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("cannot create --out directory {}", args.out.display()))?;
-    let engine = Engine::new(&args.device.options(), plan.config.clone())?;
+    let engine = args.device.engine(plan.config.clone())?;
     engine.start_timing();
     let title = |device: &str| {
         format!(

@@ -8,7 +8,6 @@ use crate::estimate::fit::{fit, Fit};
 use crate::estimate::run::estimate;
 use crate::estimate::{analyze, run_step};
 use crate::memory::mib;
-use crate::tensor::Engine;
 use anyhow::Context;
 use clap::Args;
 use serde::Serialize;
@@ -103,7 +102,7 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
     args.step.optimizer()?;
     let config = args.alloc.config(None)?;
     let engine = if args.measure {
-        Some(Engine::new(&args.device.options(), config.clone())?)
+        Some(args.device.engine(config.clone())?)
     } else {
         None
     };

@@ -315,7 +315,7 @@ fn setup(args: &TrainArgs, checked: Checked) -> anyhow::Result<Setup> {
         opt,
     } = checked;
     let alloc_config = args.alloc.config(None)?;
-    let engine = Engine::new(&args.device.options(), alloc_config.clone())?;
+    let engine = args.device.engine(alloc_config.clone())?;
     if args.record_trace.is_some() {
         engine.allocator().start_recording();
     }

@@ -846,6 +846,46 @@ impl Gpu {
         super::windows::window_size(1, self.limits.min_storage_buffer_offset_alignment as u64)
     }
 
+    /// Where `--binding-window` or `--buffer-limit` was not taken as
+    /// given (capped at the adapter's limit, rounded down to whole units of
+    /// the offset alignment and 16 bytes), one line each saying so.
+    pub fn option_notes(&self) -> Vec<String> {
+        let unit = self.offset_unit();
+        let note = |flag: &str, asked: Option<u64>, limit_name: &str, limit: u64, got: u64| {
+            let asked = asked.filter(|&a| a != got)?;
+            let size = crate::memory::format_size;
+            let why = if asked > limit {
+                format!("the adapter's {limit_name} is {}", size(limit))
+            } else {
+                format!("a window is a whole multiple of {unit} bytes: the adapter's offset alignment and 16")
+            };
+            Some(format!(
+                "{flag} {}: used {} ({why})",
+                size(asked),
+                size(got)
+            ))
+        };
+        [
+            note(
+                "--binding-window",
+                self.options.binding_limit,
+                "max_storage_buffer_binding_size",
+                self.limits.max_storage_buffer_binding_size,
+                self.binding_window,
+            ),
+            note(
+                "--buffer-limit",
+                self.options.buffer_limit,
+                "max_buffer_size",
+                self.limits.max_buffer_size,
+                self.buffer_piece,
+            ),
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
+    }
+
     /// Whether `b` binds as one window (a kernel may then name its array).
     pub fn binds_whole(&self, b: &BufferSlice) -> bool {
         self.windows_of(b).len() == 1

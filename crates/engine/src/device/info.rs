@@ -65,6 +65,9 @@ pub struct InfoReport {
     pub adapter: AdapterSummary,
     pub choice_reason: String,
     pub limits: LimitsSummary,
+    /// Where `--binding-window` or `--buffer-limit` was capped or rounded:
+    /// what was used, and why (empty where they were taken as given).
+    pub option_notes: Vec<String>,
     /// Every feature the adapter offers, in wgpu's names (lowercase).
     pub features: Vec<String>,
     /// The features vramlab enabled on its device.
@@ -119,6 +122,7 @@ impl InfoReport {
                 max_compute_workgroup_storage_size: l.max_compute_workgroup_storage_size,
                 max_compute_workgroups_per_dimension: l.max_compute_workgroups_per_dimension,
             },
+            option_notes: gpu.option_notes(),
             features: feature_names(gpu.adapter_features),
             enabled_features: feature_names(gpu.features),
             cooperative_matrices: gpu.cooperative_matrices.clone(),

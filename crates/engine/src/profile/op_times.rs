@@ -96,13 +96,22 @@ impl OpTimes {
             .collect();
         s.push_str(&phases.join(", "));
         s.push('\n');
+        // The name column fits the longest name shown, so no row shifts.
+        let width = self
+            .ops
+            .iter()
+            .take(rows)
+            .map(|r| r.name.chars().count())
+            .max()
+            .unwrap_or(0)
+            .max(28);
         s.push_str(&format!(
-            "  {:<28} {:>6} {:>11} {:>7}\n",
+            "  {:<width$} {:>6} {:>11} {:>7}\n",
             "op", "calls", "device ms", "share"
         ));
         for r in self.ops.iter().take(rows) {
             s.push_str(&format!(
-                "  {:<28} {:>6} {:>11.2} {:>6.1}%\n",
+                "  {:<width$} {:>6} {:>11.2} {:>6.1}%\n",
                 r.name,
                 r.calls,
                 r.seconds * 1e3,
