@@ -1,9 +1,10 @@
 //! `vramlab max-batch`: the largest batch that trains within a memory limit
 //! — the documents' find_max_batch done properly. The estimator (a step on a
-//! simulated device under the same limit) brackets the answer without
-//! touching the GPU; a binary search on the GPU then runs real steps, each
-//! out-of-memory recovered from (the step's tensors drop, the allocator
-//! frees its cache, the search goes on). A safety margin keeps the answer
+//! simulated device under the same limit) finds the answer without
+//! touching the GPU; real steps on the GPU then confirm it (the next batch
+//! out of memory, the batch itself trains), or bisect around it where they
+//! disagree, each out-of-memory recovered from (the step's tensors drop,
+//! the allocator frees its cache, the search goes on). A safety margin keeps the answer
 //! below the limit; every strategy's own answer is reported from its
 //! simulated replay of the step's trace.
 
