@@ -2,6 +2,7 @@
 // rejects a read-only and a read-write binding of one buffer in one dispatch.
 // Cross-entropy over integer labels (stored as f32), numerically stable: each
 // row's loss = logsumexp(x) - x[label]. The mean is a separate reduction.
+// One workgroup a row (row_reduce).
 struct Params { rows: u32, classes: u32, _p0: u32, _p1: u32 }
 
 @group(0) @binding(0) var<storage, read_write> x: array<f32>;
@@ -9,17 +10,20 @@ struct Params { rows: u32, classes: u32, _p0: u32, _p1: u32 }
 @group(0) @binding(2) var<storage, read_write> losses: array<f32>;
 @group(0) @binding(3) var<uniform> p: Params;
 #include prelude
+#include row_reduce
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>,
         @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lidx: u32) {
-    let r = flat_index(wid, nwg, lidx);
+        @builtin(local_invocation_index) t: u32) {
+    let r = row_of(wid, nwg);
     if (r >= p.rows) { return; }
     let base = r * p.classes;
-    var m = rd_x(base);
-    for (var c = 1u; c < p.classes; c++) { m = max(m, rd_x(base + c)); }
+    var m = bitcast<f32>(0xff800000u);
+    for (var c = t; c < p.classes; c += 256u) { m = max(m, rd_x(base + c)); }
+    m = row_max(t, m);
     var s = 0.0;
-    for (var c = 0u; c < p.classes; c++) { s += exp(rd_x(base + c) - m); }
-    wr_losses(r, m + log(s) - rd_x(base + u32(rd_labels(r))));
+    for (var c = t; c < p.classes; c += 256u) { s += exp(rd_x(base + c) - m); }
+    s = row_sum(t, s);
+    if (t == 0u) { wr_losses(r, m + log(s) - rd_x(base + u32(rd_labels(r)))); }
 }

@@ -233,3 +233,47 @@ fn a_half_model_peaks_in_setup_and_says_so() {
     let (f32_rows, _) = phases("f32");
     assert_eq!(f32_rows[0].0, "forward", "{f32_rows:?}");
 }
+
+/// Under `--memory-limit`, a precision mode that runs out of memory is a
+/// row saying so; the estimate of the step asked for still answers (mlp
+/// batch 16 reserves 6 MiB in f32 and 8 MiB under amp f16, so a 7.6 MiB
+/// limit failed the whole command on the amp row).
+#[test]
+fn a_precision_mode_past_the_limit_is_a_row_not_a_failure() {
+    let args = [
+        "estimate",
+        "--model",
+        "mlp",
+        "--batch",
+        "16",
+        "--memory-limit",
+        "7.6MiB",
+    ];
+    let v = vramlab_json(args.iter().chain(&["--json"]));
+    let modes = v["precision_modes"].as_array().unwrap();
+    assert!(modes[0]["peak_allocated_bytes"].as_u64().is_some(), "{v}");
+    assert_eq!(modes[0]["out_of_memory"], false, "{v}");
+    let oom: Vec<_> = modes
+        .iter()
+        .filter(|m| m["out_of_memory"] == true)
+        .collect();
+    assert!(!oom.is_empty(), "{v}");
+    assert!(
+        oom.iter().all(|m| m["peak_allocated_bytes"].is_null()),
+        "{v}"
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("amp f16           out of memory under the limit"),
+        "{text}"
+    );
+}

@@ -151,7 +151,11 @@ struct ModeRow {
     amp: Option<DType>,
     dtype: DType,
     step: Mode,
-    peak_allocated_bytes: u64,
+    /// `None` where this mode's step runs out of memory under the limit
+    /// (`--memory-limit`): the row then says so instead of failing the
+    /// estimate of the step that was asked for.
+    peak_allocated_bytes: Option<u64>,
+    out_of_memory: bool,
     by_category: std::collections::BTreeMap<&'static str, u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     measured_peak_allocated_bytes: Option<u64>,
@@ -182,7 +186,24 @@ fn mode_rows(
             mode,
             ..plan.clone()
         };
-        let e = steps_on(Engine::simulated(p.config.clone(), None), &p, steps)?;
+        let e = match run_steps(Engine::simulated(p.config.clone(), None), &p, 0, steps) {
+            Ok(e) => e,
+            Err(err) if err.is_oom() => {
+                rows.push(ModeRow {
+                    mode: name,
+                    amp,
+                    dtype,
+                    step: mode,
+                    peak_allocated_bytes: None,
+                    out_of_memory: true,
+                    by_category: Default::default(),
+                    measured_peak_allocated_bytes: None,
+                    measured_skipped_steps: None,
+                });
+                continue;
+            }
+            Err(err) => return Err(err.into()),
+        };
         let a = analyze(&e.events, &e.layer_outputs);
         let measured = match measure {
             Some(d) => {
@@ -198,7 +219,8 @@ fn mode_rows(
             amp,
             dtype,
             step: mode,
-            peak_allocated_bytes: a.peak_allocated_bytes,
+            peak_allocated_bytes: Some(a.peak_allocated_bytes),
+            out_of_memory: false,
             by_category: a.by_category,
             measured_peak_allocated_bytes: measured.map(|m| m.0),
             measured_skipped_steps: measured.map(|m| m.1),
@@ -472,10 +494,17 @@ fn print_text(
         Category::Temporary,
         Category::CastCache,
     ];
-    let f32_peak = modes[0].peak_allocated_bytes as f64;
+    let f32_peak = modes[0].peak_allocated_bytes;
     for r in modes {
+        let Some(peak) = r.peak_allocated_bytes else {
+            println!(
+                "  {:<17} out of memory under the limit (--memory-limit)",
+                r.mode
+            );
+            continue;
+        };
         let measured = match (r.measured_peak_allocated_bytes, r.measured_skipped_steps) {
-            (Some(m), _) if m == r.peak_allocated_bytes => "  measured: exact".to_string(),
+            (Some(m), _) if m == peak => "  measured: exact".to_string(),
             (Some(m), Some(k)) if k > 0 => format!(
                 "  measured: {:.2} MiB (the GradScaler skipped {k} of {} steps)",
                 mib(m as f64),
@@ -488,8 +517,12 @@ fn print_text(
             .iter()
             .map(|c| r.by_category.get(c.name()).copied().unwrap_or(0))
             .sum();
+        let vs_f32 = match f32_peak {
+            Some(f) => format!("{:>8.1}%", 100.0 * (peak as f64 / f as f64 - 1.0)),
+            None => format!("{:>9}", "-"),
+        };
         println!(
-            "  {:<17} {:>9.2} {:>9.2} {:>9.2} {:>10.2} {:>9.2} {:>9.2} {:>9.2} {:>10.2} {:>8.1}%{}",
+            "  {:<17} {:>9.2} {:>9.2} {:>9.2} {:>10.2} {:>9.2} {:>9.2} {:>9.2} {:>10.2} {}{}",
             r.mode,
             cat(r, Category::Parameter),
             cat(r, Category::Gradient),
@@ -497,9 +530,9 @@ fn print_text(
             cat(r, Category::Activation),
             cat(r, Category::Temporary),
             cat(r, Category::CastCache),
-            mib(r.peak_allocated_bytes.saturating_sub(listed) as f64),
-            mib(r.peak_allocated_bytes as f64),
-            100.0 * (r.peak_allocated_bytes as f64 / f32_peak - 1.0),
+            mib(peak.saturating_sub(listed) as f64),
+            mib(peak as f64),
+            vs_f32,
             measured
         );
     }

@@ -16,7 +16,8 @@
 //!   expressions, compared as integers).
 //! - `#for VAR in A..B` … `#endfor`: the lines repeated for VAR = A..B-1 (A, B
 //!   expressions), VAR usable in `{{ }}` inside; nests.
-//! - `#include NAME`: a shared snippet ([`PRELUDE`] as `prelude`;
+//! - `#include NAME`: a shared snippet ([`PRELUDE`] as `prelude`,
+//!   the row kernels' reductions as `row_reduce`;
 //!   `matmul_common` and `list_main`, expanded with the includer's
 //!   definitions).
 //! - `#accessors a b c`: `ld_a(i) -> f32` and `st_a(i, v: f32)` for storage
@@ -40,6 +41,10 @@ fn flat_index(wid: vec3<u32>, nwg: vec3<u32>, lidx: u32) -> u32 {
 /// What the matmul kernels share (`#include matmul_common`): parameters,
 /// convolution constants, bindings and B's element loader.
 const MATMUL_COMMON: &str = include_str!("../../../../shaders/matmul_common.wgsl");
+
+/// The row kernels' workgroup reductions (`#include row_reduce`): a
+/// workgroup per row, its max and sum.
+const ROW_REDUCE: &str = include_str!("../../../../shaders/row_reduce.wgsl");
 
 /// What the list kernels' mains share (`#include list_main`): which item a
 /// workgroup runs.
@@ -322,6 +327,7 @@ fn expand(
             Some(("include", name)) => {
                 match name {
                     "prelude" => out.push_str(PRELUDE),
+                    "row_reduce" => out.push_str(ROW_REDUCE),
                     "matmul_common" | "list_main" => {
                         // Expanded with the includer's definitions.
                         let text = if name == "list_main" {

@@ -72,7 +72,7 @@ pub fn cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<Tensor, TensorE
         ],
         bytemuck::bytes_of(&p),
         p.rows as usize,
-        256,
+        1,
         1,
     )?;
     mean(&losses, "loss")
@@ -100,7 +100,7 @@ pub fn cross_entropy_backward(
             &dx.slice(),
         ],
         bytemuck::bytes_of(&p),
-        Workgroups::Linear((p.rows as u64).div_ceil(256)),
+        Workgroups::Linear(p.rows as u64),
     )?;
     Ok(dx)
 }

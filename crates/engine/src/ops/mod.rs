@@ -190,8 +190,8 @@ pub(crate) fn launch_flat(
     Ok(())
 }
 
-/// Dispatches a row kernel: one invocation per row of `rows`, `workgroup`
-/// to a group, each touching only its own row of every `Part::Elements`
+/// Dispatches a row kernel: `workgroup` rows to a group of invocations (1:
+/// a whole workgroup a row, `#include row_reduce`), each touching only its own row of every `Part::Elements`
 /// binding (a part's bytes are then a row's), with `params` beginning
 /// with the row count. Past the binding budget it runs in ranges of rows
 /// (`device::flat`), each starting on a multiple of `align` rows.

@@ -78,7 +78,7 @@ pub fn log_softmax(x: &Tensor) -> Result<Tensor, TensorError> {
         &[(&x.slice(), row), (&y.slice(), row)],
         bytemuck::bytes_of(&p),
         p.rows as usize,
-        256,
+        1,
         1,
     )?;
     Ok(y)
@@ -97,7 +97,7 @@ pub fn log_softmax_backward(g: &Tensor, y: &Tensor) -> Result<Tensor, TensorErro
         &[(&g.slice(), row), (&y.slice(), row), (&dx.slice(), row)],
         bytemuck::bytes_of(&p),
         p.rows as usize,
-        256,
+        1,
         1,
     )?;
     Ok(dx)
@@ -145,7 +145,7 @@ pub fn nll_loss_backward(
             &dx.slice(),
         ],
         bytemuck::bytes_of(&p),
-        Workgroups::Linear((p.rows as u64).div_ceil(256)),
+        Workgroups::Linear(p.rows as u64),
     )?;
     Ok(dx)
 }
