@@ -48,19 +48,16 @@ struct WorkloadReport {
 pub fn recorded_suite() -> anyhow::Result<Vec<Workload>> {
     let cases = [
         (
-            "simple-cnn",
             ModelSpec::from(crate::nn::SimpleCnnSpec),
             64,
             OptimizerKind::Adam,
         ),
         (
-            "resnet-mini",
             ModelSpec::default_for("resnet-mini").map_err(anyhow::Error::msg)?,
             32,
             OptimizerKind::Sgd,
         ),
         (
-            "attention",
             ModelSpec::from(crate::nn::AttentionSpec {
                 seq_len: 256,
                 dim: 64,
@@ -71,7 +68,6 @@ pub fn recorded_suite() -> anyhow::Result<Vec<Workload>> {
             OptimizerKind::Adamw,
         ),
         (
-            "mlp",
             ModelSpec::from(crate::nn::MlpSpec {
                 widths: vec![784, 1024, 1024, 1024, 10],
                 checkpoint_every: 0,
@@ -81,7 +77,8 @@ pub fn recorded_suite() -> anyhow::Result<Vec<Workload>> {
         ),
     ];
     let mut out = Vec::new();
-    for (name, model, batch, opt) in cases {
+    for (model, batch, opt) in cases {
+        let opt_name = opt.to_string();
         // vramlab's own step (fused loss, fused optimizer), the traces the
         // lab's tables were measured on; PyTorch's default step (foreach
         // lists) is a different workload, and on mlp vramlab's strategy
@@ -103,8 +100,13 @@ pub fn recorded_suite() -> anyhow::Result<Vec<Workload>> {
             0,
             2,
         )?;
+        // The name says what `estimate` needs to give the same trace:
+        // the model as built, the optimizer, and the fused step.
         out.push(Workload::from_events(
-            &format!("train {name} (batch {batch}, 2 steps)"),
+            &format!(
+                "train {} (batch {batch}, {opt_name}, fused loss and optimizer, 2 steps)",
+                plan.model.describe()
+            ),
             &p.events,
         ));
     }

@@ -78,7 +78,6 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
     let start = Instant::now();
     let config = args.alloc.config(None)?;
     let f32_peaks = f32_peaks(args, &config)?;
-    let at_peak = at_peak(args, &config)?;
     let mut demo = setup(args, config)?;
     print_header(args, &demo);
     let mut steps = Vec::new();
@@ -89,6 +88,10 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
         }
         steps.push(r);
     }
+    // What was live at the run's peak, by category, from the run's own
+    // allocator events: the same step as the figures above, to the byte.
+    let events = demo.engine.allocator().take_events();
+    let at_peak = crate::estimate::analyze(&events, &[]).by_category;
     report(args, &demo, steps, &at_peak, start)
 }
 
@@ -135,23 +138,6 @@ fn f32_peaks(args: &DemoArgs, config: &AllocatorConfig) -> anyhow::Result<Option
     }
 }
 
-/// What is live at the peak, by category: the same steps on a simulated
-/// device (exact, see `estimate`), to say where the article's count
-/// falls short.
-fn at_peak(
-    args: &DemoArgs,
-    config: &AllocatorConfig,
-) -> anyhow::Result<BTreeMap<&'static str, u64>> {
-    let p = plan(args, config, args.amp)?;
-    let run = crate::estimate::run::run_steps(
-        Engine::simulated(p.config.clone(), None),
-        &p,
-        args.seed,
-        args.steps,
-    )?;
-    Ok(crate::estimate::analyze(&run.events, &run.layer_outputs).by_category)
-}
-
 /// The model on the device, its parameters, Adam, the loss scaler (f16)
 /// and the one random batch every step trains on.
 struct Demo {
@@ -169,6 +155,8 @@ struct Demo {
 fn setup(args: &DemoArgs, config: AllocatorConfig) -> anyhow::Result<Demo> {
     let scaler = (args.amp == Some(DType::F16)).then(crate::optim::GradScaler::default);
     let engine = args.device.engine(config)?;
+    // Every allocation from the first, for what is live at the peak.
+    engine.allocator().start_recording();
     let mut rng = Rng::new(args.seed);
     let mut store = ParamStore::new();
     let model = SimpleConvNet::new(&engine, &mut store, &mut rng)?;
@@ -239,21 +227,33 @@ fn train_step(
         let logits = d
             .model
             .forward(&tape, &d.store, &Value::constant(d.x.clone()))?;
-        Ok(f::cross_entropy(&tape, &logits, &d.y)?)
+        let loss = f::cross_entropy(&tape, &logits, &d.y)?;
+        Ok((logits, loss))
     };
-    let loss = match args.amp {
+    // Tagged as the trainer tags them (`train::step`): what the forward
+    // makes is output, what the backward makes is temporary.
+    let scope = d.engine.scope(Category::Output, "forward");
+    // `logits` stays alive to the end of the step, as a training loop's
+    // `outputs = model(x)` does.
+    let (logits, loss) = match args.amp {
         Some(dtype) => tape.autocast(dtype, forward)?,
         None => forward()?,
     };
+    drop(scope);
     // scaler.scale(loss).backward(); scaler.step(opt); scaler.update()
     let mut skipped = false;
+    let scope = d.engine.scope(Category::Temporary, "backward");
     match d.scaler.as_mut() {
         Some(s) => {
             tape.backward_scaled(&loss, &mut d.store, s.scale)?;
+            drop(scope);
             skipped = s.unscale(&mut d.store)?;
             s.update(skipped);
         }
-        None => tape.backward(&loss, &mut d.store)?,
+        None => {
+            tape.backward(&loss, &mut d.store)?;
+            drop(scope);
+        }
     }
     if !skipped {
         let _scope = d.engine.scope(Category::OptimizerState, "adam.step");
@@ -263,7 +263,7 @@ fn train_step(
     if !loss_value.is_finite() {
         return Err(super::args::non_finite_loss(step, loss_value).into());
     }
-    drop(loss);
+    drop((logits, loss));
     d.engine.synchronize()?;
     let a = d.engine.allocator();
     let r = StepReport {

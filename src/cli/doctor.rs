@@ -800,7 +800,7 @@ fn print_text(name: &str, reports: &[DeviceReport]) {
             print_map("the replay's segments at the first refusal", m);
         }
         if let Some(live) = &r.at_chosen {
-            print_live(&format!("live after operation {}", live.after_op), live);
+            print_live("live at the moment --at names", live);
         }
         if let Some(m) = &r.segments_at_chosen {
             print_map("the replay's segments then", m);

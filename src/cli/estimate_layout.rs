@@ -153,13 +153,20 @@ pub fn print(model: &Transformer, l: &Layout, rows: &[StageRow], capacity: Optio
         );
     }
     for r in rows {
-        let parts: Vec<String> = r
+        let mut parts: Vec<String> = r
             .report
             .at_peak
             .iter()
             .filter(|(_, b)| *b > 0)
             .map(|(k, b)| format!("{} {}", k.name(), gib(*b as f64)))
             .collect();
+        // So the parts add up to the peak allocated.
+        if r.report.block_rounding_at_peak > 0 {
+            parts.push(format!(
+                "block rounding {}",
+                gib(r.report.block_rounding_at_peak as f64)
+            ));
+        }
         println!("At stage {}'s peak: {}", r.report.stage, parts.join(", "));
         if let Some(o) = &r.report.oom {
             println!(

@@ -380,6 +380,12 @@ pub fn run(args: &MaxBatchArgs) -> anyhow::Result<()> {
         );
     }
     println!("what each allocator allows at this limit (simulated replay of the step):");
+    if args.allocator == "vramlab" {
+        // Two things share the name: say which the search above ran.
+        println!(
+            "  (the search above ran --allocator vramlab: PyTorch's allocator with vramlab's options lookahead and small_from_large; the row `vramlab` below is the lab's strategy of that name, segments over 2 MiB granules remapped as blocks come and go, which needs page mapping that wgpu lacks)"
+        );
+    }
     let width = NAMES.iter().map(|n| n.len()).max().unwrap_or(0);
     for r in &by_allocator {
         println!(

@@ -580,12 +580,14 @@ fn origin_text(o: &crate::lab::peak::Origin) -> String {
 }
 
 /// A breakdown of live bytes: by category, module and code, and the largest
-/// blocks (lines for what the recording does not say are left out).
+/// blocks (lines for what the recording does not say are left out). The
+/// moment is an operation of the replay (its allocs and frees, 0-based), as
+/// JSON's `after_op` and `doctor --at` count them.
 pub(super) fn print_live(what: &str, live: &crate::lab::peak::LiveAt) {
     println!(
-        "  {what} ({} allocated, after trace entry {}):",
+        "  {what} ({} allocated, after operation {}):",
         Mib(live.allocated_bytes),
-        live.after_op + 1
+        live.after_op
     );
     let list = |v: &[(String, u64)]| {
         v.iter()

@@ -17,6 +17,11 @@ pub struct RankReport {
     /// Requested bytes of each kind (in [`KINDS`] order) when allocated
     /// bytes peaked.
     pub at_peak: Vec<(Kind, u64)>,
+    /// What the blocks held beyond those requests at the peak: the 512 B
+    /// rounding, and the tail of a large block too small to split off
+    /// (under 1 MiB), which PyTorch counts as allocated. With `at_peak` it
+    /// sums to `peak_allocated`.
+    pub block_rounding_at_peak: u64,
     /// The highest requested bytes each kind reached on its own.
     pub kind_peaks: Vec<(Kind, u64)>,
     /// Parameters, gradients and optimizer states right before the last
@@ -51,6 +56,7 @@ pub fn run(program: &Program, capacity: Option<u64>, config: &AllocatorConfig) -
     let mut by_kind = [0u64; KINDS.len()];
     let mut kind_peaks = [0u64; KINDS.len()];
     let mut at_peak = by_kind;
+    let mut rounding_at_peak = 0u64;
     let mut peak = 0i64;
     let mut model_states = 0;
     let mut oom = None;
@@ -82,6 +88,7 @@ pub fn run(program: &Program, capacity: Option<u64>, config: &AllocatorConfig) -
                 if now > peak {
                     peak = now;
                     at_peak = by_kind;
+                    rounding_at_peak = (now as u64).saturating_sub(by_kind.iter().sum());
                 }
             }
             Op::Free { id } => {
@@ -110,6 +117,7 @@ pub fn run(program: &Program, capacity: Option<u64>, config: &AllocatorConfig) -
         peak_allocated: s.allocated_bytes.0[0].peak.max(0) as u64,
         peak_reserved: s.reserved_bytes.0[0].peak.max(0) as u64,
         at_peak: KINDS.iter().map(|&k| (k, at_peak[k.index()])).collect(),
+        block_rounding_at_peak: rounding_at_peak,
         kind_peaks: KINDS.iter().map(|&k| (k, kind_peaks[k.index()])).collect(),
         model_states,
         oom,

@@ -140,6 +140,10 @@ proptest! {
         let full = run(&program(&m, &l, stage), None, &cfg);
         let short = run(&program_with(&m, &l, stage, Some(steady_microbatches(&l, stage))), None, &cfg);
         prop_assert_eq!(full.peak_allocated, short.peak_allocated, "{:?}", l);
+        // What is live at the peak, by kind, and the blocks' rounding add
+        // up to the peak allocated.
+        let parts: u64 = full.at_peak.iter().map(|p| p.1).sum::<u64>() + full.block_rounding_at_peak;
+        prop_assert_eq!(parts, full.peak_allocated, "{:?}", l);
         prop_assert!(full.peak_reserved >= short.peak_reserved, "{:?}", l);
         prop_assert_eq!(full.model_states, short.model_states);
     }
