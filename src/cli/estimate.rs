@@ -358,12 +358,16 @@ fn print_text(
 ) {
     let s = |b: u64| mib(b as f64);
     println!(
-        "vramlab estimate: {}, batch {}, {}, mode {}, {} — predicted on a simulated device (no GPU touched)",
+        "vramlab estimate: {}, batch {}, {}, mode {}, {} — predicted on a simulated device{}",
         plan.model.describe(),
         plan.batch,
         plan.optimizer.kind,
         plan.mode,
-        args.dtype
+        args.dtype,
+        match measured {
+            Some((_, device, _)) => format!(", then measured on {device}"),
+            None => " (no GPU touched)".to_string(),
+        }
     );
     println!();
     let shapes = plan.model.parameter_shapes();
