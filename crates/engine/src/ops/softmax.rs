@@ -56,7 +56,7 @@ fn run(
         &[(&a.slice(), row), (&b.slice(), row), (&out.slice(), row)],
         bytemuck::bytes_of(&p),
         p.rows as usize,
-        64,
+        1,
         if p.causal != 0 { p.cols as usize } else { 1 },
     )
 }
