@@ -130,9 +130,17 @@ fn references_match_finite_differences() {
 fn layernorm_matches_f64() {
     let e = engine();
     let mut rng = Rng::new(11);
-    // (rows, cols): one row, one column, odd sizes, a row longer than 64
-    // (the blocked sums), many rows for the parameter gradients.
-    for (rows, cols) in [(1, 1), (1, 7), (5, 3), (7, 129), (37, 64), (301, 13)] {
+    // (rows, cols): one row, one column, odd sizes, rows longer than a
+    // workgroup's 256 invocations, many rows for the parameter gradients.
+    for (rows, cols) in [
+        (1, 1),
+        (1, 7),
+        (5, 3),
+        (7, 129),
+        (3, 769),
+        (37, 64),
+        (301, 13),
+    ] {
         let x: Vec<f32> = rng.vec(rows * cols).iter().map(|v| 3.0 * v + 0.5).collect();
         let w = rng.vec(cols);
         let b = rng.vec(cols);
@@ -305,7 +313,13 @@ fn swap_axes_matches_transpose() {
 fn causal_softmax_matches_f64() {
     let e = engine();
     let mut rng = Rng::new(15);
-    for (batch, s, scale) in [(1, 1, 1.0), (3, 5, 0.5), (2, 33, 0.125), (1, 130, 1.0)] {
+    for (batch, s, scale) in [
+        (1, 1, 1.0),
+        (3, 5, 0.5),
+        (2, 33, 0.125),
+        (1, 130, 1.0),
+        (1, 300, 0.25),
+    ] {
         let x: Vec<f32> = rng.vec(batch * s * s).iter().map(|v| 4.0 * v).collect();
         let tx = Tensor::from_slice(&e, &x, &[batch, s, s], "x").unwrap();
         let y = softmax_causal(&tx, scale).unwrap();

@@ -602,7 +602,7 @@ impl ModelConfig for GptSpec {
                 positions: c.seq_len,
             });
         }
-        // One thread walks each softmax and LayerNorm row.
+        // The softmax and LayerNorm rows' longest (ops::MAX_LOOP_ITERATIONS).
         let rows = |flag, value, kernel| SpecError::RowTooLong {
             flag,
             value,

@@ -4,7 +4,7 @@
 //! needs them — PyTorch saves the input, these two `[rows]` tensors and the
 //! affine parameters, and so does the tape.
 
-use super::{check_u32, launch, launch_rows, ELEMENTWISE_WORKGROUP, MAX_LOOP_ITERATIONS};
+use super::{check_u32, launch, launch_rows, MAX_LOOP_ITERATIONS};
 use crate::device::{Kernel, Part};
 use crate::tensor::{DType, Tensor, TensorError};
 
@@ -96,7 +96,7 @@ pub fn layernorm(
         ],
         bytemuck::bytes_of(&p),
         rows,
-        ELEMENTWISE_WORKGROUP,
+        1,
         1,
     )?;
     Ok(LayerNormOut { y, mean, rstd })
@@ -132,7 +132,7 @@ pub fn layernorm_backward(
         ],
         bytemuck::bytes_of(&p),
         rows,
-        ELEMENTWISE_WORKGROUP,
+        1,
         1,
     )?;
     // Rows in chunks under llvmpipe's loop limit; later chunks accumulate.

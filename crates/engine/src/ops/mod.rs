@@ -29,11 +29,13 @@ use crate::device::{BufferSlice, Flat, Kernel, Part, Workgroups};
 use crate::tensor::{Tensor, TensorError};
 
 /// Most loop iterations one shader invocation may run in one dispatch.
-/// llvmpipe (Mesa's software rasterizer, CI's GPU) silently ends any shader
-/// loop after 65,535 iterations (gallivm's LP_MAX_TGSI_LOOP_ITERATIONS), which
-/// truncated a 100,352-long matmul reduction to garbage. Long reductions are
-/// therefore split across dispatches that accumulate; the cost elsewhere is a
-/// few extra dispatches.
+/// llvmpipe (Mesa's software rasterizer, CI's GPU) silently ends an
+/// invocation's loops after 65,535 iterations counted over all of them
+/// (gallivm's LP_MAX_TGSI_LOOP_ITERATIONS), which truncated a 100,352-long
+/// matmul reduction and a 50,257-class loss row to garbage. Long reductions
+/// are split across dispatches that accumulate, or walked by a whole
+/// workgroup (`#include row_reduce`); softmax and LayerNorm rows are held to
+/// this length too.
 pub const MAX_LOOP_ITERATIONS: usize = 16_384;
 
 /// 256 threads per workgroup for elementwise kernels (WGSL `@workgroup_size(256)`).

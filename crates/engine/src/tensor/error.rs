@@ -62,9 +62,10 @@ pub enum EngineError {
         mid: usize,
         inner: usize,
     },
-    /// A row kernel (softmax, layernorm) walks the last axis in one thread.
+    /// A row kernel (softmax, layernorm) takes rows up to a fixed length
+    /// (`ops::MAX_LOOP_ITERATIONS`).
     #[error(
-        "{op}: the last axis of {shape:?} must have 1..={max} elements (one thread walks each row)"
+        "{op}: the last axis of {shape:?} must have 1..={max} elements (the longest row vramlab's row kernels take)"
     )]
     LastAxis {
         op: &'static str,
@@ -468,7 +469,7 @@ pub enum SpecError {
     ResolutionForDepth { need: usize },
     #[error("needs --depth 50, 101 or 152 (got {depth}), --width and --classes ≥ 1, and --resolution ≥ 32 (five stride-2 steps; got {resolution})")]
     ResnetSizes { depth: usize, resolution: usize },
-    /// One thread walks each row of `kernel`.
+    /// `kernel` takes rows up to a fixed length (`ops::MAX_LOOP_ITERATIONS`).
     #[error("--{flag} {value}: {kernel} takes rows of at most {max}")]
     RowTooLong {
         flag: &'static str,
