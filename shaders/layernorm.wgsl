@@ -19,7 +19,8 @@ struct Params { rows: u32, cols: u32, eps: f32, r0: u32, nr: u32, accumulate: u3
 #include prelude
 #include row_reduce
 
-// Sums in blocks of 64 so rounding grows with cols/64 + 64, not with cols.
+// Each invocation sums its columns (256 apart), then the workgroup adds the
+// 256 partials in a tree: rounding grows with cols/256 + 8, not with cols.
 @compute @workgroup_size(256)
 fn forward(@builtin(workgroup_id) wid: vec3<u32>,
            @builtin(num_workgroups) nwg: vec3<u32>,
@@ -45,6 +46,8 @@ fn forward(@builtin(workgroup_id) wid: vec3<u32>,
     }
 }
 
+// Bindings: x, w, g (upstream gradient, in b), dx (in y), mean, rstd.
+// dx = rstd * (g·w - mean(g·w) - x̂ · mean(g·w·x̂)), x̂ = (x - mean) * rstd.
 @compute @workgroup_size(256)
 fn backward_input(@builtin(workgroup_id) wid: vec3<u32>,
                   @builtin(num_workgroups) nwg: vec3<u32>,
@@ -69,6 +72,8 @@ fn backward_input(@builtin(workgroup_id) wid: vec3<u32>,
     }
 }
 
+// Bindings: x, dw (in w), db (in b), g (in y), mean, rstd.
+// dw[j] = Σ_r g[r, j] x̂[r, j], db[j] = Σ_r g[r, j].
 @compute @workgroup_size(256)
 fn backward_params(@builtin(workgroup_id) wid: vec3<u32>,
                    @builtin(num_workgroups) nwg: vec3<u32>,

@@ -273,7 +273,7 @@ fn a_precision_mode_past_the_limit_is_a_row_not_a_failure() {
     );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
-        text.contains("amp f16           out of memory under the limit"),
+        text.contains("amp f16           out of memory under the memory limit"),
         "{text}"
     );
 }

@@ -43,9 +43,8 @@ fn max_batch_trains_and_the_next_batch_runs_out_of_memory() {
     );
     // Within the effective limit.
     // The estimate is exact, so the device confirms it in two trials.
-    if v["estimated_max_batch"] == v["max_batch"] {
-        assert_eq!(device.len(), 2, "{v}");
-    }
+    assert_eq!(v["estimated_max_batch"], v["max_batch"], "{v}");
+    assert_eq!(device.len(), 2, "{v}");
     let eff = v["effective_limit_bytes"].as_u64().unwrap();
     let fit = device.iter().find(|t| t["batch"] == max).unwrap();
     assert!(fit["peak_reserved_bytes"].as_u64().unwrap() <= eff);

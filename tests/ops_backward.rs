@@ -243,4 +243,15 @@ fn loss_rows_match_f64_at_any_width() {
         let err = max_rel_err(&dx, &want_ce_dx);
         assert!(err < TOL, "cross_entropy backward {what}: {err}");
     }
+    // Past the longest row a workgroup walks within llvmpipe's loop budget,
+    // the loss kernels refuse, naming it, rather than return a cut row.
+    let c = vramlab::ops::LONGEST_REDUCED_ROW + 1;
+    let tx = Tensor::empty(&e, &[1, c], vramlab::tensor::DType::F32, "logits").unwrap();
+    let tl = Tensor::from_slice(&e, &[0.0], &[1], "labels").unwrap();
+    for err in [
+        log_softmax(&tx).unwrap_err().to_string(),
+        cross_entropy(&tx, &tl).unwrap_err().to_string(),
+    ] {
+        assert!(err.contains(&format!("1..={}", c - 1)), "{err}");
+    }
 }

@@ -94,8 +94,11 @@ struct DeviceReport {
     recorded_settings: String,
     what_ifs: Vec<WhatIf>,
     /// The offline planner's arena for this trace (every lifetime known in
-    /// advance): about the least an allocator could reserve. The planner is
-    /// a heuristic, so an online allocator can occasionally reserve less.
+    /// advance) plus what predates the recording, and no less than the
+    /// replay's peak allocated: the planner packs requested bytes, while
+    /// PyTorch's blocks also hold their rounding and unsplit tails, which
+    /// no setting removes. About the least an allocator could reserve; the
+    /// planner is a heuristic, so an online one can occasionally reserve less.
     planner_floor_bytes: Option<u64>,
     at_peak: LiveAt,
     recorded_ooms: Vec<RecordedOom>,
@@ -678,12 +681,12 @@ fn advise(
             Mib(floor)
         )),
         (Some(floor), _) if base.ooms == 0 && floor < base.peak_reserved_bytes => out.push(format!(
-            "An offline planner that knew every lifetime in advance packs this step into {}: {} under the recorded peak reserved, about the most any allocator setting could save (the planner is a heuristic, not a proven bound).",
+            "An offline planner that knew every lifetime in advance needs about {} for this step (its packing, and no less than the blocks PyTorch's allocator holds at the peak): {} under the recorded peak reserved, about the most any allocator setting could save (the planner is a heuristic, not a proven bound).",
             Mib(floor),
             Mib(base.peak_reserved_bytes - floor)
         )),
         (Some(floor), _) if base.ooms == 0 => out.push(format!(
-            "An offline planner that knew every lifetime in advance packs this step into {}, no less than the recorded settings reserved ({}): little is left to gain from allocator settings.",
+            "An offline planner that knew every lifetime in advance needs about {} for this step, no less than the recorded settings reserved ({}): little is left to gain from allocator settings.",
             Mib(floor),
             Mib(base.peak_reserved_bytes)
         )),

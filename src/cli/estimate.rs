@@ -501,10 +501,7 @@ fn print_text(
     let f32_peak = modes[0].peak_allocated_bytes;
     for r in modes {
         let Some(peak) = r.peak_allocated_bytes else {
-            println!(
-                "  {:<17} out of memory under the limit (--memory-limit)",
-                r.mode
-            );
+            println!("  {:<17} out of memory under the memory limit", r.mode);
             continue;
         };
         let measured = match (r.measured_peak_allocated_bytes, r.measured_skipped_steps) {

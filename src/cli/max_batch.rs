@@ -211,8 +211,8 @@ pub fn run(args: &MaxBatchArgs) -> anyhow::Result<()> {
         trials.push(t.clone());
         Ok(t.fits)
     })?;
-    // 2. Bisection on the GPU inside a bracket around it, widened until its
-    // lower end trains and its upper end does not.
+    // 2. The GPU confirms it, or else bisects inside a bracket around it,
+    // widened until its lower end trains and its upper end does not.
     let engine = args.device.engine(config.clone())?;
     let device = |b: usize, trials: &mut Vec<Trial>| -> anyhow::Result<bool> {
         if let Some(t) = trials.iter().find(|t| t.batch == b && t.on == "device") {
@@ -230,7 +230,13 @@ pub fn run(args: &MaxBatchArgs) -> anyhow::Result<()> {
     let confirmed = estimated >= 1
         && (estimated >= args.max || !device(estimated + 1, &mut trials)?)
         && device(estimated, &mut trials)?;
-    let mut lo = (estimated / 2).max(1);
+    // Where the device trained past the estimate, the bracket starts there.
+    let above = trials
+        .iter()
+        .filter(|t| t.on == "device" && t.fits)
+        .map(|t| t.batch)
+        .max();
+    let mut lo = above.unwrap_or((estimated / 2).max(1));
     while !confirmed && lo > 1 && !device(lo, &mut trials)? {
         lo /= 2;
     }

@@ -847,8 +847,9 @@ impl Gpu {
     }
 
     /// Where `--binding-window` or `--buffer-limit` was not taken as
-    /// given (capped at the adapter's limit, rounded down to whole units of
-    /// the offset alignment and 16 bytes), one line each saying so.
+    /// given (capped at the adapter's limit, rounded to a whole number of
+    /// units of the offset alignment and 16 bytes, at least one), one line
+    /// each saying so.
     pub fn option_notes(&self) -> Vec<String> {
         let unit = self.offset_unit();
         let note = |flag: &str, asked: Option<u64>, limit_name: &str, limit: u64, got: u64| {
@@ -857,7 +858,7 @@ impl Gpu {
             let why = if asked > limit {
                 format!("the adapter's {limit_name} is {}", size(limit))
             } else {
-                format!("a window is a whole multiple of {unit} bytes: the adapter's offset alignment and 16")
+                format!("a whole multiple of {unit} bytes, the adapter's offset alignment and 16, at least one")
             };
             Some(format!(
                 "{flag} {}: used {} ({why})",

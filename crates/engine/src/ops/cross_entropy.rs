@@ -49,6 +49,7 @@ fn check(logits: &Tensor, labels: &Tensor) -> Result<Params, TensorError> {
     }
     // The kernel indexes in u32; a simulated device (estimates) runs none.
     super::check_u32("cross_entropy", logits)?;
+    super::check_row_length("cross_entropy", logits, super::LONGEST_REDUCED_ROW)?;
     Ok(Params::of(s))
 }
 

@@ -38,6 +38,29 @@ use crate::tensor::{Tensor, TensorError};
 /// this length too.
 pub const MAX_LOOP_ITERATIONS: usize = 16_384;
 
+/// The longest row a workgroup-per-row kernel (`#include row_reduce`)
+/// takes: each of its 256 invocations then walks at most
+/// [`MAX_LOOP_ITERATIONS`] entries a pass, three passes under llvmpipe's
+/// 65,535 iterations.
+pub const LONGEST_REDUCED_ROW: usize = 256 * MAX_LOOP_ITERATIONS;
+
+/// Refuses a tensor whose last axis is longer than `max` (or empty).
+pub(crate) fn check_row_length(
+    op: &'static str,
+    x: &Tensor,
+    max: usize,
+) -> Result<(), TensorError> {
+    let cols = *x.shape().last().unwrap_or(&0);
+    if cols == 0 || cols > max {
+        return Err(TensorError::LastAxis {
+            op,
+            shape: x.shape().to_vec(),
+            max,
+        });
+    }
+    Ok(())
+}
+
 /// 256 threads per workgroup for elementwise kernels (WGSL `@workgroup_size(256)`).
 pub(crate) const ELEMENTWISE_WORKGROUP: u64 = 256;
 

@@ -52,6 +52,7 @@ fn rows_of(op: &'static str, x: &Tensor) -> Result<Params, TensorError> {
         });
     }
     super::check_u32(op, x)?;
+    super::check_row_length(op, x, super::LONGEST_REDUCED_ROW)?;
     Ok(Params::of(s))
 }
 
@@ -145,7 +146,7 @@ pub fn nll_loss_backward(
             &dx.slice(),
         ],
         bytemuck::bytes_of(&p),
-        Workgroups::Linear(p.rows as u64),
+        Workgroups::Linear((p.rows as u64).div_ceil(256)),
     )?;
     Ok(dx)
 }

@@ -62,10 +62,11 @@ pub enum EngineError {
         mid: usize,
         inner: usize,
     },
-    /// A row kernel (softmax, layernorm) takes rows up to a fixed length
-    /// (`ops::MAX_LOOP_ITERATIONS`).
+    /// A row kernel takes rows up to a fixed length (softmax and
+    /// layernorm `ops::MAX_LOOP_ITERATIONS`, the losses
+    /// `ops::LONGEST_REDUCED_ROW`).
     #[error(
-        "{op}: the last axis of {shape:?} must have 1..={max} elements (the longest row vramlab's row kernels take)"
+        "{op}: the last axis of {shape:?} must have 1..={max} elements (the longest row {op} takes)"
     )]
     LastAxis {
         op: &'static str,
