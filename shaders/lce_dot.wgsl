@@ -11,17 +11,12 @@ struct Params { rows: u32, start: u32, sign: f32, _p: u32 }
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
 @group(0) @binding(3) var<uniform> p: Params;
 
-var<workgroup> part: array<f32, 256>;
+#include row_reduce
 
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) t: u32) {
     var s = 0.0;
     for (var r = t; r < p.rows; r += 256u) { s += rd_weight(p.start + r) * rd_v(r); }
-    part[t] = s;
-    workgroupBarrier();
-    for (var k = 128u; k > 0u; k >>= 1u) {
-        if (t < k) { part[t] += part[t + k]; }
-        workgroupBarrier();
-    }
-    if (t == 0u) { wr_out(0u, rd_out(0u) + p.sign * part[0]); }
+    let total = row_sum(t, s);
+    if (t == 0u) { wr_out(0u, rd_out(0u) + p.sign * total); }
 }

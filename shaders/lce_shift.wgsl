@@ -13,25 +13,19 @@ struct Params { rows: u32, classes: u32, start: u32, _p: u32 }
 @group(0) @binding(3) var<storage, read_write> picked: array<f32>;
 @group(0) @binding(4) var<uniform> p: Params;
 
-var<workgroup> part: array<f32, 256>;
+#include row_reduce
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>,
         @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) t: u32) {
-    let r = wid.x + wid.y * nwg.x + wid.z * nwg.x * nwg.y;
+    let r = row_of(wid, nwg);
     if (r >= p.rows) { return; }
     let base = r * p.classes;
     let y = min(u32(max(rd_labels(p.start + r), 0.0)), p.classes - 1u);
     var m = bitcast<f32>(0xff800000u);
     for (var c = t; c < p.classes; c += 256u) { m = max(m, rd_logits(base + c)); }
-    part[t] = m;
-    workgroupBarrier();
-    for (var k = 128u; k > 0u; k >>= 1u) {
-        if (t < k) { part[t] = max(part[t], part[t + k]); }
-        workgroupBarrier();
-    }
-    let mx = part[0];
+    let mx = row_max(t, m);
     // The invocation that shifts the target entry records it: reading it
     // elsewhere would race with that write (barriers order workgroup
     // memory, not storage).

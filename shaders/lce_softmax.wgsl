@@ -16,13 +16,13 @@ struct Params { rows: u32, classes: u32, start: u32, _p: u32 }
 @group(0) @binding(3) var<storage, read_write> denom: array<f32>;
 @group(0) @binding(4) var<uniform> p: Params;
 
-var<workgroup> part: array<f32, 256>;
+#include row_reduce
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>,
         @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) t: u32) {
-    let r = wid.x + wid.y * nwg.x + wid.z * nwg.x * nwg.y;
+    let r = row_of(wid, nwg);
     if (r >= p.rows) { return; }
     let base = r * p.classes;
     var s = 0.0;
@@ -31,13 +31,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         wr_logits(base + c, e);
         s += e;
     }
-    part[t] = s;
-    workgroupBarrier();
-    for (var k = 128u; k > 0u; k >>= 1u) {
-        if (t < k) { part[t] += part[t + k]; }
-        workgroupBarrier();
-    }
-    let total = part[0];
+    let total = row_sum(t, s);
     let f = -rd_weight(p.start + r) / total;
     // Each invocation rescales the entries it exponentiated itself.
     for (var c = t; c < p.classes; c += 256u) { wr_logits(base + c, rd_logits(base + c) * f); }
