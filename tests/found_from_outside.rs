@@ -473,7 +473,7 @@ fn replay_refuses_flags_it_would_ignore() {
 
 /// Each model rule broken is named by its flag and value (gpt had one
 /// message for all of them, "(got 64 and 4)" whatever was wrong), and a
-/// sequence past the kernels' 16,384-long rows is refused up front.
+/// sequence past the row kernels' longest row is refused up front.
 #[test]
 fn model_size_errors_name_the_flag() {
     for (args, want) in [
@@ -483,15 +483,31 @@ fn model_size_errors_name_the_flag() {
         ),
         (&["--dropout", "NaN"], "--dropout NaN"),
         (&["--vocab", "0"], "--vocab must be at least 1"),
-        (&["--seq-len", "16385"], "--seq-len 16385"),
+        (&["--seq-len", "4194305"], "--seq-len 4194305"),
     ] {
         let mut a = vec!["estimate", "--model", "gpt"];
         a.extend_from_slice(args);
         let err = fails_cleanly(&a);
         assert!(err.contains(want), "{a:?}: {err}");
     }
-    let err = fails_cleanly(&["estimate", "--model", "attention", "--seq-len", "20000"]);
-    assert!(err.contains("--seq-len 20000"), "{err}");
+    let err = fails_cleanly(&["estimate", "--model", "attention", "--seq-len", "5000000"]);
+    assert!(err.contains("--seq-len 5000000"), "{err}");
+    // Rows are walked by a whole workgroup, so sequences past 16,384 (the
+    // old limit, one invocation a row) are estimated.
+    let v = common::vramlab_json([
+        "estimate",
+        "--model",
+        "gpt",
+        "--seq-len",
+        "20000",
+        "--batch",
+        "1",
+        "--json",
+    ]);
+    assert!(
+        v["estimate"]["peak_allocated_bytes"].as_u64().unwrap() > 0,
+        "{v}"
+    );
 }
 
 /// Output directories are made (or refused, naming the flag) before any

@@ -53,6 +53,27 @@ fn softmax_forward_and_backward_match_f64() {
         let err = max_rel_err(&dx.to_vec().unwrap(), &num);
         assert!(err < TOL, "softmax backward {rows}x{cols}: {err}");
     }
+    // A long row (past 21,845 columns, where one invocation a row ran out
+    // of llvmpipe's loop budget), backward against its closed form.
+    let (rows, cols, scale) = (2, 70_001, 0.25);
+    let x: Vec<f32> = rng.vec(rows * cols).iter().map(|v| 6.0 * v).collect();
+    let want = softmax_ref(&to_f64(&x), cols, scale);
+    let tx = Tensor::from_slice(&e, &x, &[rows, cols], "x").unwrap();
+    let y = softmax(&tx, scale as f32).unwrap();
+    assert!(
+        max_rel_err(&y.to_vec().unwrap(), &want) < TOL,
+        "{rows}x{cols}"
+    );
+    let r = rng.vec(rows * cols);
+    let g = Tensor::from_slice(&e, &r, &[rows, cols], "g").unwrap();
+    let dx = softmax_backward(&y, &g, scale as f32).unwrap();
+    let mut closed = Vec::with_capacity(rows * cols);
+    for (yr, gr) in want.chunks(cols).zip(r.chunks(cols)) {
+        let s: f64 = yr.iter().zip(gr).map(|(y, g)| y * *g as f64).sum();
+        closed.extend(yr.iter().zip(gr).map(|(y, g)| scale * y * (*g as f64 - s)));
+    }
+    let err = max_rel_err(&dx.to_vec().unwrap(), &closed);
+    assert!(err < TOL, "softmax backward {rows}x{cols}: {err}");
     // Large logits do not overflow: the row maximum is subtracted.
     let tx = Tensor::from_slice(&e, &[1000.0, 999.0, -1000.0], &[1, 3], "x").unwrap();
     let y = softmax(&tx, 1.0).unwrap().to_vec().unwrap();

@@ -230,12 +230,12 @@ impl ModelConfig for AttentionSpec {
                 flags: "--seq-len, --dim, --hidden and --classes",
             });
         }
-        if seq_len > crate::ops::MAX_LOOP_ITERATIONS {
+        if seq_len > crate::ops::LONGEST_REDUCED_ROW {
             return Err(SpecError::RowTooLong {
                 flag: "seq-len",
                 value: seq_len,
                 kernel: "the attention softmax",
-                max: crate::ops::MAX_LOOP_ITERATIONS,
+                max: crate::ops::LONGEST_REDUCED_ROW,
             });
         }
         Ok(())

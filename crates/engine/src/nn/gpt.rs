@@ -570,7 +570,7 @@ impl ModelConfig for GptSpec {
         let (c, seq, dropout) = (&self.config, self.seq, self.dropout);
         check_sizes(&[c.layers, c.heads, c.dim, c.seq_len, c.vocab, seq, 4 * c.dim])?;
         // The first rule broken, named by its flag and value.
-        let max = crate::ops::MAX_LOOP_ITERATIONS;
+        let max = crate::ops::LONGEST_REDUCED_ROW;
         let zero = |flags| Err(SpecError::Zero { flags });
         if c.layers == 0 {
             return zero("--layers");
@@ -602,7 +602,7 @@ impl ModelConfig for GptSpec {
                 positions: c.seq_len,
             });
         }
-        // The softmax and LayerNorm rows' longest (ops::MAX_LOOP_ITERATIONS).
+        // The softmax and LayerNorm rows' longest (ops::LONGEST_REDUCED_ROW).
         let rows = |flag, value, kernel| SpecError::RowTooLong {
             flag,
             value,

@@ -4,7 +4,7 @@
 //! needs them — PyTorch saves the input, these two `[rows]` tensors and the
 //! affine parameters, and so does the tape.
 
-use super::{check_u32, launch, launch_rows, MAX_LOOP_ITERATIONS};
+use super::{check_u32, launch, launch_rows, LONGEST_REDUCED_ROW, MAX_LOOP_ITERATIONS};
 use crate::device::{Kernel, Part};
 use crate::tensor::{DType, Tensor, TensorError};
 
@@ -40,11 +40,11 @@ fn check(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<(usize, usize), TensorErr
     }
     check_u32("layernorm", x)?;
     let cols = *x.shape().last().unwrap_or(&0);
-    if x.shape().is_empty() || cols == 0 || cols > MAX_LOOP_ITERATIONS {
+    if x.shape().is_empty() || cols == 0 || cols > LONGEST_REDUCED_ROW {
         return Err(TensorError::LastAxis {
             op: "layernorm",
             shape: x.shape().to_vec(),
-            max: MAX_LOOP_ITERATIONS,
+            max: LONGEST_REDUCED_ROW,
         });
     }
     if w.shape() != [cols] || b.shape() != [cols] {

@@ -34,8 +34,7 @@ use crate::tensor::{Tensor, TensorError};
 /// (gallivm's LP_MAX_TGSI_LOOP_ITERATIONS), which truncated a 100,352-long
 /// matmul reduction and a 50,257-class loss row to garbage. Long reductions
 /// are split across dispatches that accumulate, or walked by a whole
-/// workgroup (`#include row_reduce`); softmax and LayerNorm rows are held to
-/// this length too.
+/// workgroup (`#include row_reduce`, up to [`LONGEST_REDUCED_ROW`]).
 pub const MAX_LOOP_ITERATIONS: usize = 16_384;
 
 /// The longest row a workgroup-per-row kernel (`#include row_reduce`)

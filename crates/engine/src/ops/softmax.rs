@@ -3,7 +3,7 @@
 //! backward from the saved output: dx = scale · y ⊙ (g − Σ g ⊙ y); and the
 //! causal variant of GPT's attention.
 
-use super::{check_u32, MAX_LOOP_ITERATIONS};
+use super::{check_u32, LONGEST_REDUCED_ROW};
 use crate::device::{Kernel, Part};
 use crate::tensor::{DType, Tensor, TensorError};
 
@@ -24,11 +24,11 @@ fn params(op: &'static str, x: &Tensor, scale: f32) -> Result<Params, TensorErro
     x.require_f32(op)?;
     check_u32(op, x)?;
     let cols = *x.shape().last().unwrap_or(&0);
-    if cols == 0 || cols > MAX_LOOP_ITERATIONS {
+    if cols == 0 || cols > LONGEST_REDUCED_ROW {
         return Err(TensorError::LastAxis {
             op,
             shape: x.shape().to_vec(),
-            max: MAX_LOOP_ITERATIONS,
+            max: LONGEST_REDUCED_ROW,
         });
     }
     Ok(Params {

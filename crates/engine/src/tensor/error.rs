@@ -62,9 +62,8 @@ pub enum EngineError {
         mid: usize,
         inner: usize,
     },
-    /// A row kernel takes rows up to a fixed length (softmax and
-    /// layernorm `ops::MAX_LOOP_ITERATIONS`, the losses
-    /// `ops::LONGEST_REDUCED_ROW`).
+    /// A row kernel takes rows up to a fixed length
+    /// (`ops::LONGEST_REDUCED_ROW`).
     #[error(
         "{op}: the last axis of {shape:?} must have 1..={max} elements (the longest row {op} takes)"
     )]
@@ -470,7 +469,7 @@ pub enum SpecError {
     ResolutionForDepth { need: usize },
     #[error("needs --depth 50, 101 or 152 (got {depth}), --width and --classes ≥ 1, and --resolution ≥ 32 (five stride-2 steps; got {resolution})")]
     ResnetSizes { depth: usize, resolution: usize },
-    /// `kernel` takes rows up to a fixed length (`ops::MAX_LOOP_ITERATIONS`).
+    /// `kernel` takes rows up to a fixed length (`ops::LONGEST_REDUCED_ROW`).
     #[error("--{flag} {value}: {kernel} takes rows of at most {max}")]
     RowTooLong {
         flag: &'static str,
