@@ -186,42 +186,29 @@ fn mode_rows(
             mode,
             ..plan.clone()
         };
-        let e = match run_steps(Engine::simulated(p.config.clone(), None), &p, 0, steps) {
-            Ok(e) => e,
-            Err(err) if err.is_oom() => {
-                rows.push(ModeRow {
-                    mode: name,
-                    amp,
-                    dtype,
-                    step: mode,
-                    peak_allocated_bytes: None,
-                    out_of_memory: true,
-                    by_category: Default::default(),
-                    measured_peak_allocated_bytes: None,
-                    measured_skipped_steps: None,
-                });
-                continue;
-            }
+        // A mode that runs out of memory under the limit is a row saying so.
+        let a = match run_steps(Engine::simulated(p.config.clone(), None), &p, 0, steps) {
+            Ok(e) => Some(analyze(&e.events, &e.layer_outputs)),
+            Err(err) if err.is_oom() => None,
             Err(err) => return Err(err.into()),
         };
-        let a = analyze(&e.events, &e.layer_outputs);
-        let measured = match measure {
-            Some(d) => {
+        let measured = match (measure, &a) {
+            (Some(d), Some(_)) => {
                 let engine = Engine::new(&d.options(), p.config.clone())?;
                 let m = steps_on(engine, &p, steps)?;
                 let peak = analyze(&m.events, &m.layer_outputs).peak_allocated_bytes;
                 Some((peak, m.skipped_steps))
             }
-            None => None,
+            _ => None,
         };
         rows.push(ModeRow {
             mode: name,
             amp,
             dtype,
             step: mode,
-            peak_allocated_bytes: Some(a.peak_allocated_bytes),
-            out_of_memory: false,
-            by_category: a.by_category,
+            peak_allocated_bytes: a.as_ref().map(|a| a.peak_allocated_bytes),
+            out_of_memory: a.is_none(),
+            by_category: a.map(|a| a.by_category).unwrap_or_default(),
             measured_peak_allocated_bytes: measured.map(|m| m.0),
             measured_skipped_steps: measured.map(|m| m.1),
         });

@@ -4,7 +4,9 @@
 //! needs them — PyTorch saves the input, these two `[rows]` tensors and the
 //! affine parameters, and so does the tape.
 
-use super::{check_u32, launch, launch_rows, LONGEST_REDUCED_ROW, MAX_LOOP_ITERATIONS};
+use super::{
+    check_row_length, check_u32, launch, launch_rows, LONGEST_REDUCED_ROW, MAX_LOOP_ITERATIONS,
+};
 use crate::device::{Kernel, Part};
 use crate::tensor::{DType, Tensor, TensorError};
 
@@ -39,14 +41,8 @@ fn check(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<(usize, usize), TensorErr
         t.require_f32("layernorm")?;
     }
     check_u32("layernorm", x)?;
+    check_row_length("layernorm", x, LONGEST_REDUCED_ROW)?;
     let cols = *x.shape().last().unwrap_or(&0);
-    if x.shape().is_empty() || cols == 0 || cols > LONGEST_REDUCED_ROW {
-        return Err(TensorError::LastAxis {
-            op: "layernorm",
-            shape: x.shape().to_vec(),
-            max: LONGEST_REDUCED_ROW,
-        });
-    }
     if w.shape() != [cols] || b.shape() != [cols] {
         return Err(TensorError::ShapeMismatch {
             op: "layernorm (weight and bias are [last axis])",

@@ -3,7 +3,7 @@
 //! backward from the saved output: dx = scale · y ⊙ (g − Σ g ⊙ y); and the
 //! causal variant of GPT's attention.
 
-use super::{check_u32, LONGEST_REDUCED_ROW};
+use super::{check_row_length, check_u32, LONGEST_REDUCED_ROW};
 use crate::device::{Kernel, Part};
 use crate::tensor::{DType, Tensor, TensorError};
 
@@ -23,14 +23,8 @@ struct Params {
 fn params(op: &'static str, x: &Tensor, scale: f32) -> Result<Params, TensorError> {
     x.require_f32(op)?;
     check_u32(op, x)?;
+    check_row_length(op, x, LONGEST_REDUCED_ROW)?;
     let cols = *x.shape().last().unwrap_or(&0);
-    if cols == 0 || cols > LONGEST_REDUCED_ROW {
-        return Err(TensorError::LastAxis {
-            op,
-            shape: x.shape().to_vec(),
-            max: LONGEST_REDUCED_ROW,
-        });
-    }
     Ok(Params {
         rows: (x.numel() / cols) as u32,
         cols: cols as u32,
