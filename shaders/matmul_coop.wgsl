@@ -99,22 +99,22 @@ fn fetch_a(i: u32, k0: u32, row0: u32, a_base: u32) -> Item {
     return item_a((a_base + min(row0 + r, p.m - 1u) * p.a_rs + min(k0 + q, k8)) / 8u);
 #endif
 }
-fn put_a(v: Item, i: u32, k0: u32, row0: u32, full: bool, at: u32) {
+fn put_a(v: Item, i: u32, k0: u32, ke: u32, row0: u32, full: bool, at: u32) {
 #if A_COL
     let r = (i % (BM / 8u)) * 8u;
     let q = i / (BM / 8u);
 #for t in 0..4
     let h{{t}} = pair_{{t}}(v);
-    sa[at + (r + {{2*t}}u) * LA + q] = select(f16(0.0), h{{t}}.x, full || (row0 + r + {{2*t}}u < p.m && k0 + q < p.k));
-    sa[at + (r + {{2*t+1}}u) * LA + q] = select(f16(0.0), h{{t}}.y, full || (row0 + r + {{2*t+1}}u < p.m && k0 + q < p.k));
+    sa[at + (r + {{2*t}}u) * LA + q] = select(f16(0.0), h{{t}}.x, full || (row0 + r + {{2*t}}u < p.m && k0 + q < ke));
+    sa[at + (r + {{2*t+1}}u) * LA + q] = select(f16(0.0), h{{t}}.y, full || (row0 + r + {{2*t+1}}u < p.m && k0 + q < ke));
 #endfor
 #else
     let r = i / (KD / 8u);
     let q = (i % (KD / 8u)) * 8u;
 #for t in 0..4
     let h{{t}} = pair_{{t}}(v);
-    sa[at + r * LA + q + {{2*t}}u] = select(f16(0.0), h{{t}}.x, full || (row0 + r < p.m && k0 + q + {{2*t}}u < p.k));
-    sa[at + r * LA + q + {{2*t+1}}u] = select(f16(0.0), h{{t}}.y, full || (row0 + r < p.m && k0 + q + {{2*t+1}}u < p.k));
+    sa[at + r * LA + q + {{2*t}}u] = select(f16(0.0), h{{t}}.x, full || (row0 + r < p.m && k0 + q + {{2*t}}u < ke));
+    sa[at + r * LA + q + {{2*t+1}}u] = select(f16(0.0), h{{t}}.y, full || (row0 + r < p.m && k0 + q + {{2*t+1}}u < ke));
 #endfor
 #endif
 }
@@ -131,22 +131,22 @@ fn fetch_b(i: u32, k0: u32, col0: u32, b_base: u32) -> Item {
     return item_b((b_base + min(k0 + r, p.k - 1u) * p.b_rs + min(col0 + q, n8)) / 8u);
 #endif
 }
-fn put_b(v: Item, i: u32, k0: u32, col0: u32, full: bool, at: u32) {
+fn put_b(v: Item, i: u32, k0: u32, ke: u32, col0: u32, full: bool, at: u32) {
 #if B_COL
     let r = (i % (KD / 8u)) * 8u;
     let q = i / (KD / 8u);
 #for t in 0..4
     let h{{t}} = pair_{{t}}(v);
-    sb[at + (r + {{2*t}}u) * LB + q] = select(f16(0.0), h{{t}}.x, full || (k0 + r + {{2*t}}u < p.k && col0 + q < p.n));
-    sb[at + (r + {{2*t+1}}u) * LB + q] = select(f16(0.0), h{{t}}.y, full || (k0 + r + {{2*t+1}}u < p.k && col0 + q < p.n));
+    sb[at + (r + {{2*t}}u) * LB + q] = select(f16(0.0), h{{t}}.x, full || (k0 + r + {{2*t}}u < ke && col0 + q < p.n));
+    sb[at + (r + {{2*t+1}}u) * LB + q] = select(f16(0.0), h{{t}}.y, full || (k0 + r + {{2*t+1}}u < ke && col0 + q < p.n));
 #endfor
 #else
     let r = i / (BN / 8u);
     let q = (i % (BN / 8u)) * 8u;
 #for t in 0..4
     let h{{t}} = pair_{{t}}(v);
-    sb[at + r * LB + q + {{2*t}}u] = select(f16(0.0), h{{t}}.x, full || (k0 + r < p.k && col0 + q + {{2*t}}u < p.n));
-    sb[at + r * LB + q + {{2*t+1}}u] = select(f16(0.0), h{{t}}.y, full || (k0 + r < p.k && col0 + q + {{2*t+1}}u < p.n));
+    sb[at + r * LB + q + {{2*t}}u] = select(f16(0.0), h{{t}}.x, full || (k0 + r < ke && col0 + q + {{2*t}}u < p.n));
+    sb[at + r * LB + q + {{2*t+1}}u] = select(f16(0.0), h{{t}}.y, full || (k0 + r < ke && col0 + q + {{2*t+1}}u < p.n));
 #endfor
 #endif
 }
@@ -173,20 +173,26 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     // block lies inside C); the rest (edges, a K tail) are staged. Loop
     // bounds rather than branches choose, as naga wants cooperative
     // operations in control flow it can prove uniform.
+    // Workgroup z is K split z % splits of entry (or summed slot) z / splits:
+    // K range [kb, ke), empty for a split past K (it writes zeros). One
+    // split (k_chunk = K) is the whole product.
+    let zs = wid.z / p.splits;
+    let kb = min((wid.z % p.splits) * p.k_chunk, p.k);
+    let ke = min(kb + p.k_chunk, p.k);
 #if REDUCE
-    let first = wid.z * p.group;
+    let first = zs * p.group;
     for (var bz = first; bz < min(first + p.group, p.batch); bz += 1u) {
     let a_base = p.a_off + bz * p.a_bs;
     let b_base = p.b_off + bz * p.b_bs;
 #else
     {
-    let a_base = p.a_off + wid.z * p.a_bs;
-    let b_base = p.b_off + wid.z * p.b_bs;
+    let a_base = p.a_off + zs * p.a_bs;
+    let b_base = p.b_off + zs * p.b_bs;
 #endif
 #if DIRECT
     let inside = row0 + BM <= p.m && col0 + BN <= p.n;
-    let k_direct = select(0u, (p.k / {{S}}u) * {{S}}u, inside);
-    for (var k0 = 0u; k0 < k_direct; k0 += {{S}}u) {
+    let k_direct = select(kb, kb + ((ke - kb) / {{S}}u) * {{S}}u, inside);
+    for (var k0 = kb; k0 < k_direct; k0 += {{S}}u) {
 #for i in 0..TM
 #if A_COL
         let fa_{{i}} = coopLoad<coop_mat{{S}}x{{S}}<f16, A>>(&a[a_base + row0 + sr + {{i*S}}u + k0 * p.a_cs], p.a_cs);
@@ -208,7 +214,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 #endfor
     }
 #else
-    let k_direct = 0u;
+    let k_direct = kb;
 #endif
 #if WIDE
 #if !DIRECT
@@ -222,18 +228,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 #endfor
 #if BUF == 2
     {
-        let full = inside && k_direct + KD <= p.k;
+        let full = inside && k_direct + KD <= ke;
 #for t in 0..PA
-        if (lidx + {{t*WM*WN*SG}}u < CA) { put_a(va{{t}}, lidx + {{t*WM*WN*SG}}u, k_direct, row0, full, 0u); }
+        if (lidx + {{t*WM*WN*SG}}u < CA) { put_a(va{{t}}, lidx + {{t*WM*WN*SG}}u, k_direct, ke, row0, full, 0u); }
 #endfor
 #for t in 0..PB
-        if (lidx + {{t*WM*WN*SG}}u < CB) { put_b(vb{{t}}, lidx + {{t*WM*WN*SG}}u, k_direct, col0, full, 0u); }
+        if (lidx + {{t*WM*WN*SG}}u < CB) { put_b(vb{{t}}, lidx + {{t*WM*WN*SG}}u, k_direct, ke, col0, full, 0u); }
 #endfor
     }
     workgroupBarrier();
 #endif
 #endif
-    for (var k0 = k_direct; k0 < p.k; k0 += KD) {
+    for (var k0 = k_direct; k0 < ke; k0 += KD) {
 #if BUF == 2
         // This step's slices are in copy `cur`, filled by the last step.
         let cur = ((k0 - k_direct) / KD) % 2u;
@@ -253,12 +259,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         vb{{t}} = fetch_b(min(lidx + {{t*WM*WN*SG}}u, CB - 1u), k0, col0, b_base);
 #endfor
 #endif
-        let full = inside && k0 + KD <= p.k;
+        let full = inside && k0 + KD <= ke;
 #for t in 0..PA
-        if (lidx + {{t*WM*WN*SG}}u < CA) { put_a(va{{t}}, lidx + {{t*WM*WN*SG}}u, k0, row0, full, 0u); }
+        if (lidx + {{t*WM*WN*SG}}u < CA) { put_a(va{{t}}, lidx + {{t*WM*WN*SG}}u, k0, ke, row0, full, 0u); }
 #endfor
 #for t in 0..PB
-        if (lidx + {{t*WM*WN*SG}}u < CB) { put_b(vb{{t}}, lidx + {{t*WM*WN*SG}}u, k0, col0, full, 0u); }
+        if (lidx + {{t*WM*WN*SG}}u < CB) { put_b(vb{{t}}, lidx + {{t*WM*WN*SG}}u, k0, ke, col0, full, 0u); }
 #endfor
 #else
         for (var i = lidx; i < BM * KD; i += NT) {
@@ -269,7 +275,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
             let r = i / KD;
             let q = i % KD;
 #endif
-            let ok = row0 + r < p.m && k0 + q < p.k;
+            let ok = row0 + r < p.m && k0 + q < ke;
             let v = ld_a(a_base + min(row0 + r, p.m - 1u) * p.a_rs + min(k0 + q, p.k - 1u) * p.a_cs);
             sa[r * LA + q] = f16(select(0.0, v, ok));
         }
@@ -281,7 +287,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
             let r = i / BN;
             let q = i % BN;
 #endif
-            let ok = k0 + r < p.k && col0 + q < p.n;
+            let ok = k0 + r < ke && col0 + q < p.n;
 #if IMPLICIT_B
             // The im2col in place: past the edge reads nothing (im_load).
 #if IMPLICIT_BT
@@ -325,22 +331,19 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         // The next step's slices go to the other copy, read last step:
         // every invocation passed the barrier that ended it.
         let kn = k0 + KD;
-        let full = inside && kn + KD <= p.k;
+        let full = inside && kn + KD <= ke;
 #for t in 0..PA
-        if (lidx + {{t*WM*WN*SG}}u < CA) { put_a(va{{t}}, lidx + {{t*WM*WN*SG}}u, kn, row0, full, SA_N - at_a); }
+        if (lidx + {{t*WM*WN*SG}}u < CA) { put_a(va{{t}}, lidx + {{t*WM*WN*SG}}u, kn, ke, row0, full, SA_N - at_a); }
 #endfor
 #for t in 0..PB
-        if (lidx + {{t*WM*WN*SG}}u < CB) { put_b(vb{{t}}, lidx + {{t*WM*WN*SG}}u, kn, col0, full, SB_N - at_b); }
+        if (lidx + {{t*WM*WN*SG}}u < CB) { put_b(vb{{t}}, lidx + {{t*WM*WN*SG}}u, kn, ke, col0, full, SB_N - at_b); }
 #endfor
 #endif
         workgroupBarrier();
     }
     }
-#if REDUCE
+    // Each split writes its own slot of partials (c_bs apart).
     let c_base = p.c_off + wid.z * p.c_bs;
-#else
-    let c_base = p.c_off + wid.z * p.c_bs;
-#endif
     let stride = {{S}}u;
 #for i in 0..TM
 #for j in 0..TN

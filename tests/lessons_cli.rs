@@ -57,7 +57,14 @@ fn every_claim_has_a_lesson_with_a_measured_verdict() {
         );
     }
     let dir = std::env::temp_dir().join(format!("vramlab-lessons-{}", std::process::id()));
-    let all = vramlab_json(["lessons", "--report", dir.to_str().unwrap(), "--json"]);
+    let doc = vramlab_json(["lessons", "--report", dir.to_str().unwrap(), "--json"]);
+    // One object whether or not every lesson ran: the page and the outcomes.
+    assert!(
+        doc["report"].as_str().unwrap().ends_with("index.html"),
+        "{doc}"
+    );
+    assert!(doc.get("error").is_none(), "{doc}");
+    let all = doc["lessons"].clone();
     for l in all.as_array().unwrap() {
         let id = l["id"].as_str().unwrap();
         assert!(l.get("error").is_none(), "{id}: {l}");
@@ -144,6 +151,7 @@ fn measured_lessons_report_what_could_not_run_and_agree_otherwise() {
             "--measure",
             "--only",
             "C12,C34",
+            "--json",
         ])
         .output()
         .unwrap();
@@ -167,8 +175,16 @@ fn measured_lessons_report_what_could_not_run_and_agree_otherwise() {
     // C34 (two models, small) runs anywhere, with the simulation's verdict.
     assert_eq!(lessons[1]["agrees_with_simulation"], true, "{}", lessons[1]);
     assert_eq!(out.status.success(), all_agree, "{stderr}");
+    // stdout's JSON has the same shape whether or not every verdict agreed:
+    // the outcomes, and on a failure what failed beside them.
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(&doc["lessons"], &json, "{doc}");
     if !all_agree {
         assert!(stderr.contains("1 of 2 lessons ran on the GPU"), "{stderr}");
+        let error = doc["error"].as_str().unwrap_or("");
+        assert!(error.contains("1 of 2 lessons ran on the GPU"), "{doc}");
+    } else {
+        assert!(doc.get("error").is_none(), "{doc}");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

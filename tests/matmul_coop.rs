@@ -31,8 +31,7 @@ struct Case {
 }
 
 /// What one product did: C, its f64 reference (of the f16 operands as
-/// stored), the kernels that ran, whether K is cut into splits (then the
-/// plain kernels run it), and whether `tensor_cores_for` (what `bench`
+/// stored), the kernels that ran, whether K is cut into splits, and whether `tensor_cores_for` (what `bench`
 /// labels) said tensor cores would run it.
 struct Ran {
     got: Vec<f32>,
@@ -324,6 +323,52 @@ fn cases() -> Vec<Case> {
             out: DType::F16,
             ..base
         },
+        // K cut into splits, each slice's partial product from the tensor
+        // cores: a narrow output over a long K (the fc's forward), K not a
+        // whole number of slices (the last ones run empty), a summed batch
+        // split too (a weight gradient), a 16-bit C, a bias, aligned rows.
+        Case {
+            m: 16,
+            n: 10,
+            k: 6007,
+            tb: true,
+            ..base
+        },
+        Case {
+            m: 9,
+            n: 5,
+            k: 2501,
+            batch: 2,
+            ta: true,
+            off: 3,
+            accumulate: true,
+            ..base
+        },
+        Case {
+            m: 24,
+            n: 27,
+            k: 900,
+            batch: 5,
+            tb: true,
+            reduce: true,
+            ..base
+        },
+        Case {
+            m: 8,
+            n: 12,
+            k: 3000,
+            out: DType::F16,
+            bias: true,
+            ..base
+        },
+        Case {
+            m: 32,
+            n: 16,
+            k: 4096,
+            batch: 2,
+            off: 8,
+            ..base
+        },
     ]
 }
 
@@ -385,7 +430,10 @@ fn f16_products_on_tensor_cores_match_f64() {
                 k_split,
                 said_cores,
             } = run(engine, case, &mut rng);
-            let cores = cores && !k_split;
+            // Every f16 product, split K or not.
+            if cores && case.k >= 2000 {
+                assert!(k_split, "{case:?} was meant to split K");
+            }
             // f16 operands multiply exactly in f32; only the sums round
             // (and an f16 C to 2⁻¹¹).
             let tol = if case.out == DType::F16 { 2e-3 } else { 1e-5 };

@@ -243,6 +243,46 @@ fn the_split_depends_on_shapes_only() {
     assert_eq!(plan_split(&plain(1024, 1024, 1024, false, false)).group, 0);
 }
 
+/// A weight gradient summed past one workspace runs as one product whose
+/// slots each sum several entries, while an invocation's loops stay inside
+/// llvmpipe's budget (the audit found GPU tiles wrong there past a batch of
+/// 17,977 for conv2); past it, rounds of one entry a slot. Decided from
+/// shapes alone.
+#[test]
+fn summed_batches_keep_each_invocation_in_the_loop_budget() {
+    use vramlab::ops::matmul::summed_per_slot;
+    // SimpleConvNet's conv2 weight gradient: 128×576 over K = 784 a sample.
+    let conv2 = |batch| Gemm {
+        batch,
+        reduce_batch: true,
+        ..plain(128, 576, 784, false, true)
+    };
+    let at = |batch| summed_per_slot(&conv2(batch), &plan_split(&conv2(batch)));
+    let per = at(64).expect("batch 64 is one product");
+    assert!(per > 1, "{per}");
+    let mut last = None;
+    for batch in [1_000, 5_000, 8_000, 17_977, 18_000, 100_000] {
+        let split = plan_split(&conv2(batch));
+        match at(batch) {
+            Some(per) => {
+                let steps = per * (split.k_chunk.div_ceil(8) + 2);
+                assert!(
+                    steps <= 3 * vramlab::ops::MAX_LOOP_ITERATIONS,
+                    "{batch}: {steps}"
+                );
+                assert!(last.is_none(), "{batch}: one product again after rounds");
+            }
+            None => last = Some(batch),
+        }
+    }
+    assert!(at(17_977).is_none() && at(100_000).is_none());
+    // A product that is not a summed batch, or fits one workspace, has no slots.
+    assert_eq!(
+        summed_per_slot(&plain(128, 576, 784, false, true), &plan_split(&conv2(1))),
+        None
+    );
+}
+
 #[test]
 fn dispatches_are_timed_per_op() {
     let e = engine();

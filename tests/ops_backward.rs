@@ -255,3 +255,32 @@ fn loss_rows_match_f64_at_any_width() {
         assert!(err.contains(&format!("1..={}", c - 1)), "{err}");
     }
 }
+
+/// `nll_loss` sums every row however many there are: one workgroup walks at
+/// most 256 × 16,384 rows a dispatch (llvmpipe cut the sum short past about
+/// 16.77M rows in one), so longer batches take several, each adding to the
+/// loss. Values are quarters, so each invocation's sum is exact and only the
+/// last few additions round.
+#[test]
+fn nll_loss_sums_rows_past_one_dispatch() {
+    use vramlab::ops::nll::nll_loss;
+    let e = engine();
+    let step = 256 * vramlab::ops::MAX_LOOP_ITERATIONS;
+    for (rows, classes) in [(5, 3), (step + 7, 2), (4 * step + 1_234_567, 1)] {
+        let logp: Vec<f32> = (0..rows * classes)
+            .map(|i| -(((i * 7 + i / 5) % 13) as f32) / 4.0 - 0.25)
+            .collect();
+        let labels: Vec<f32> = (0..rows).map(|r| (r * 3 % classes) as f32).collect();
+        let want = -(0..rows)
+            .map(|r| logp[r * classes + labels[r] as usize] as f64)
+            .sum::<f64>()
+            / rows as f64;
+        let tx = Tensor::from_slice(&e, &logp, &[rows, classes], "logp").unwrap();
+        let tl = Tensor::from_slice(&e, &labels, &[rows], "labels").unwrap();
+        let (loss, total) = nll_loss(&tx, &tl).unwrap();
+        let got = loss.to_vec().unwrap()[0];
+        let err = max_rel_err(&[got], &[want]);
+        assert!(err < 1e-6, "nll_loss {rows}×{classes}: {got} vs {want}");
+        assert_eq!(total.to_vec().unwrap(), vec![rows as f32], "{rows}");
+    }
+}

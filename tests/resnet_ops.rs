@@ -302,6 +302,53 @@ fn max_pool_matches_the_reference() {
         max_pool2d(&x, bad).is_err(),
         "padding above half the kernel"
     );
+    // The widest window one invocation walks (128×128 taps, and as many
+    // windows holding a position in backward) pools right; a wider one is
+    // refused, naming the bound, rather than cut short on llvmpipe.
+    let (h, k) = (140, 128);
+    let xs: Vec<f32> = (0..h * h).map(|i| ((i * 37) % 1009) as f32).collect();
+    let x = Tensor::from_slice(&e, &xs, &[1, 1, h, h], "x").unwrap();
+    let cfg = PoolConfig {
+        kernel: k,
+        stride: 1,
+        padding: 0,
+    };
+    let (y, idx) = max_pool2d(&x, cfg).unwrap();
+    let ho = h - k + 1;
+    let (y, idx) = (y.to_vec().unwrap(), idx.to_vec().unwrap());
+    for (o, (&got, &at)) in y.iter().zip(&idx).enumerate() {
+        let (oy, ox) = (o / ho, o % ho);
+        let want = (0..k)
+            .flat_map(|dy| (0..k).map(move |dx| (oy + dy) * h + ox + dx))
+            .map(|i| xs[i])
+            .fold(f32::MIN, f32::max);
+        assert_eq!(got, want, "{k}×{k} window at {o}");
+        assert_eq!(xs[at as usize], want, "index at {o}");
+    }
+    let ones = Tensor::from_slice(&e, &vec![1.0; y.len()], &[1, 1, ho, ho], "g").unwrap();
+    let tidx = Tensor::from_slice(&e, &idx, &[1, 1, ho, ho], "idx").unwrap();
+    let dx = max_pool2d_backward(&x, &tidx, &ones, cfg)
+        .unwrap()
+        .to_vec()
+        .unwrap();
+    let mut want = vec![0.0f32; h * h];
+    for &at in &idx {
+        want[at as usize] += 1.0;
+    }
+    assert_eq!(dx, want, "{k}×{k} window backward");
+    let err = max_pool2d(
+        &x,
+        PoolConfig {
+            kernel: k + 1,
+            ..cfg
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("129×129") && err.contains("up to 128×128"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -632,7 +632,7 @@ fn start_report(ctx: &Ctx) -> anyhow::Result<BenchReport> {
             Some(lanes) => {
                 let side = e.tensor_core_size().unwrap_or(8);
                 format!(
-                    "on tensor cores (cooperative matrices, {side}×{side}×{side} f16→f32, subgroups of {lanes} lanes; split products on the plain kernels)"
+                    "on tensor cores (cooperative matrices, {side}×{side}×{side} f16→f32, subgroups of {lanes} lanes; a K split's slices each on them)"
                 )
             }
             None => "plain tiled kernels (no f16 cooperative matrices in use; see `vramlab info`)".into(),

@@ -181,12 +181,13 @@ pub fn run_list(args: &LessonsArgs) -> anyhow::Result<()> {
     )?;
     let failure = list_failure(args, &runs, &results, &page);
     if args.json {
-        // Every outcome; on a failure, inside an object that says it.
-        let mut doc = serde_json::Value::Array(all);
-        let failure = failure.map(|e| {
-            doc = serde_json::json!({ "lessons": doc });
-            super::fail_in_json(&mut doc, e)
+        // One shape either way: the page and every outcome; a failure adds
+        // what failed to the same object.
+        let mut doc = serde_json::json!({
+            "report": page.display().to_string(),
+            "lessons": all,
         });
+        let failure = failure.map(|e| super::fail_in_json(&mut doc, e));
         println!("{}", serde_json::to_string_pretty(&doc)?);
         return failure.map_or(Ok(()), Err);
     }

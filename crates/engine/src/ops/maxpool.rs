@@ -60,6 +60,15 @@ fn params(x: &Tensor, cfg: PoolConfig) -> Result<(Params, Vec<usize>), TensorErr
             input: (h, w),
         });
     }
+    // A forward invocation walks the window's k² taps, a backward one the
+    // at most ⌈k/s⌉² windows that hold its position.
+    if k * k > super::MAX_LOOP_ITERATIONS {
+        return Err(TensorError::PoolWindowTooLarge {
+            op: "max_pool2d",
+            kernel: k,
+            max: super::MAX_LOOP_ITERATIONS,
+        });
+    }
     if h * w > 1 << 24 {
         return Err(TensorError::PlaneTooLarge {
             op: "max_pool2d",

@@ -32,6 +32,16 @@ const NLL_BACKWARD: Kernel = Kernel::fixed(
     "main",
 );
 
+/// `nll_loss`'s uniform: the shape and the rows this dispatch sums.
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct NllRange {
+    rows: u32,
+    classes: u32,
+    begin: u32,
+    end: u32,
+}
+
 /// `[rows, classes]`, f32, indexable in u32.
 fn rows_of(op: &'static str, x: &Tensor) -> Result<Params, TensorError> {
     let s = x.shape();
@@ -112,17 +122,29 @@ pub fn nll_loss(logp: &Tensor, labels: &Tensor) -> Result<(Tensor, Tensor), Tens
     let e = logp.engine();
     let out = Tensor::empty(e, &[1], DType::F32, "loss")?;
     let total_weight = Tensor::empty(e, &[1], DType::F32, "nll_loss.total_weight")?;
-    e.dispatch(
-        &NLL,
-        &[
-            &logp.slice(),
-            &labels.slice(),
-            &out.slice(),
-            &total_weight.slice(),
-        ],
-        bytemuck::bytes_of(&p),
-        Workgroups::Linear(1),
-    )?;
+    // Rows [begin, end) a dispatch: one workgroup's 256 invocations walk
+    // at most MAX_LOOP_ITERATIONS rows each; later ones add to `out`.
+    let rows = p.rows as usize;
+    let step = 256 * super::MAX_LOOP_ITERATIONS;
+    for begin in (0..rows.max(1)).step_by(step) {
+        let range = NllRange {
+            rows: p.rows,
+            classes: p.classes,
+            begin: begin as u32,
+            end: (begin + step).min(rows) as u32,
+        };
+        e.dispatch(
+            &NLL,
+            &[
+                &logp.slice(),
+                &labels.slice(),
+                &out.slice(),
+                &total_weight.slice(),
+            ],
+            bytemuck::bytes_of(&range),
+            Workgroups::Linear(1),
+        )?;
+    }
     Ok((out, total_weight))
 }
 

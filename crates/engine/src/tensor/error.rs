@@ -95,6 +95,14 @@ pub enum EngineError {
         padding: usize,
         input: (usize, usize),
     },
+    /// A pooling window past the taps one invocation walks
+    /// (`ops::MAX_LOOP_ITERATIONS`).
+    #[error("{op}: a {kernel}×{kernel} window has {} taps; one invocation walks at most {max} (a window up to {}×{}): llvmpipe ends an invocation's loops after 65,535 iterations, and vramlab keeps every adapter to one bound", kernel * kernel, .max.isqrt(), .max.isqrt())]
+    PoolWindowTooLarge {
+        op: &'static str,
+        kernel: usize,
+        max: usize,
+    },
     #[error("{op}: a {}×{} plane has more positions than f32 indices hold exactly (2^24)", .plane.0, .plane.1)]
     PlaneTooLarge {
         op: &'static str,

@@ -6,9 +6,10 @@
 //! workgroup memory with zeros past the edges, so any sizes, strides,
 //! offsets and batches run. Convolutions read B as the im2col in place, a
 //! bias per row is added in the epilogue, and summed batches (weight
-//! gradients) accumulate in the same tiles. Used where the device enabled
-//! f16 cooperative matrices (`Engine::tensor_core_lanes`); products that
-//! need a K split keep the plain kernels.
+//! gradients) accumulate in the same tiles. A product cut into K splits
+//! writes each split's f32 partial product into its own slot, as the plain
+//! kernels do. Used where the device enabled f16 cooperative matrices
+//! (`Engine::tensor_core_lanes`).
 
 use super::dispatch::Bias;
 use super::tile::conv_defs;
@@ -309,25 +310,63 @@ fn direct_ok(v: &MatView, t: &Tensor, batch: usize) -> bool {
 /// f16, a bf16 output, a bias that is not one f16 value per row, or a grid
 /// or loop past the device's limits.
 pub fn usable(g: &Gemm, a: &Tensor, b: &Tensor, c: DType, bias: Option<&Tensor>) -> Option<u32> {
+    usable_split(g, a, b, c, bias, 1, g.k)
+}
+
+/// [`usable`] for `g` cut into `splits` slices of K `k_chunk` deep (one
+/// workgroup layer a slice and entry, each slice's loop bounded by its
+/// depth, rounded up to whole staged steps as [`gemm_grouped`] runs it).
+pub fn usable_split(
+    g: &Gemm,
+    a: &Tensor,
+    b: &Tensor,
+    c: DType,
+    bias: Option<&Tensor>,
+    splits: usize,
+    k_chunk: usize,
+) -> Option<u32> {
     let e = a.engine();
     let lanes = e.tensor_core_lanes()?;
     let side = e.tensor_core_size()? as usize;
     let max_dim =
         e.gpu()
             .map_or(65_535, |g| g.limits.max_compute_workgroups_per_dimension) as usize;
-    let fits = [g.m.div_ceil(side), g.n.div_ceil(side), g.batch]
-        .iter()
-        .all(|&d| d <= max_dim);
+    let fits = [
+        g.m.div_ceil(side),
+        g.n.div_ceil(side),
+        g.batch * splits.max(1),
+    ]
+    .iter()
+    .all(|&d| d <= max_dim);
+    let slice = chunk_depth(splits, k_chunk, g.k, step_of(e));
     (a.dtype() == DType::F16
         && b.dtype() == DType::F16
         && matches!(c, DType::F32 | DType::F16)
         && e.has_shader_f16()
         && bias.is_none_or(|t| t.numel() == g.m && t.dtype() == DType::F16)
         && (1..=64).contains(&lanes)
-        && g.k.div_ceil(side) <= MAX_LOOP_ITERATIONS
+        && slice.div_ceil(side) <= MAX_LOOP_ITERATIONS
         && g.batch <= MAX_LOOP_ITERATIONS
         && fits)
         .then_some(lanes)
+}
+
+/// K a staged step takes on `e` (`KD` in the shader): the matrix side times
+/// the staged depth.
+fn step_of(e: &crate::tensor::Engine) -> usize {
+    (e.tensor_core_size().unwrap_or(8) * settings().0.depth) as usize
+}
+
+/// The K slice each split runs: the whole K unsplit, else `k_chunk`
+/// rounded up to whole staged steps, so every slice starts on whole
+/// 16-byte items (wide and direct loads) and only the last has a tail.
+/// Splits past K then run empty and write zeros into their slots.
+fn chunk_depth(splits: usize, k_chunk: usize, k: usize, step: usize) -> usize {
+    if splits <= 1 {
+        k
+    } else {
+        k_chunk.max(1).next_multiple_of(step.max(1))
+    }
 }
 
 /// Runs `g` on tensor cores with subgroups of `lanes` invocations, adding
@@ -341,12 +380,16 @@ pub(crate) fn gemm(
     bias: Option<Bias>,
     lanes: u32,
 ) -> Result<(), TensorError> {
-    gemm_grouped(g, a, b, c, bias, g.batch.max(1), lanes)
+    gemm_grouped(g, a, b, c, bias, g.batch.max(1), (1, g.k), lanes)
 }
 
 /// [`gemm`] where a summed batch is summed `group` entries at a time, each
 /// group into its own C (`c_batch_stride` apart): the partial products of
-/// a weight gradient past one workspace, in one dispatch.
+/// a weight gradient past one workspace, in one dispatch. With `(splits,
+/// k_chunk)` past one split, each group's (or entry's) K is cut into that
+/// many slices, slice s of slot z writing C's entry z·splits + s (the
+/// partials' layout); the caller has checked [`usable_split`].
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm_grouped(
     g: &Gemm,
     a: &Tensor,
@@ -354,6 +397,7 @@ pub(crate) fn gemm_grouped(
     c: &Tensor,
     bias: Option<Bias>,
     group: usize,
+    (splits, k_chunk): (usize, usize),
     lanes: u32,
 ) -> Result<(), TensorError> {
     let u = |x: usize| x as u32;
@@ -375,7 +419,17 @@ pub(crate) fn gemm_grouped(
         ..
     } = st;
     let o = Oriented::of(g, false);
-    let mut params = MatmulParams::new(g, &o, 1, g.k, g.c_offset, g.c_batch_stride, g.accumulate);
+    let splits = splits.max(1);
+    let chunk = chunk_depth(splits, k_chunk, g.k, step_of(e));
+    let mut params = MatmulParams::new(
+        g,
+        &o,
+        splits,
+        chunk,
+        g.c_offset,
+        g.c_batch_stride,
+        g.accumulate,
+    );
     let group = group.clamp(1, g.batch.max(1));
     params.group = group as u32;
     let conv = g.implicit_b.as_ref();
@@ -424,7 +478,7 @@ pub(crate) fn gemm_grouped(
     let flag = |on: bool, name: &'static str| if on { name } else { "" };
     let kernel = Kernel::variant(
         format!(
-            "matmul_coop[f16→{}, {side}×{side}, {}×{} subgroups of {}×{} tiles, staged {depth} deep, {lanes} lanes{}{}{}{}{}{}{}{}{}{conv_name}]",
+            "matmul_coop[f16→{}, {side}×{side}, {}×{} subgroups of {}×{} tiles, staged {depth} deep, {lanes} lanes{}{}{}{}{}{}{}{}{}{}{conv_name}]",
             out.name(),
             tile.wm,
             tile.wn,
@@ -438,6 +492,7 @@ pub(crate) fn gemm_grouped(
             flag(a_col, ", Aᵀ"),
             flag(b_col, ", Bᵀ"),
             flag(g.reduce_batch, ", summed batch"),
+            flag(splits > 1, ", K split"),
             match bias {
                 Some(Bias::Rows(_)) => ", +bias",
                 Some(Bias::Cols(_)) => ", +col bias",
@@ -452,11 +507,12 @@ pub(crate) fn gemm_grouped(
     // stores guarded by C's sizes, workgroup indices from constants and
     // local ids (docs/tensor_cores.md).
     .trusted();
-    let z = if g.reduce_batch {
-        g.batch.div_ceil(group)
-    } else {
-        g.batch
-    };
+    let z = splits
+        * if g.reduce_batch {
+            g.batch.div_ceil(group)
+        } else {
+            g.batch
+        };
     let mut bindings = vec![a.slice(), b.slice(), c.slice()];
     bindings.extend(bias.map(|b| b.tensor().slice()));
     let refs: Vec<_> = bindings.iter().collect();

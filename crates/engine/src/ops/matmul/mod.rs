@@ -318,9 +318,9 @@ fn col_bias_pass(g: &Gemm, c: &Tensor, col_bias: Option<&Tensor>) -> Result<(), 
 
 /// The subgroup size `g` runs on tensor cores with, or `None` where it
 /// runs on the plain kernels, by either route: an unsplit product
-/// ([`unsplit_cores`]) or the partial products of a summed batch whose K is
-/// not split ([`partial_cores`]). f16 operands where the device has them,
-/// never with a fixed tile.
+/// ([`unsplit_cores`]) or the partial products of a split one, K split or
+/// summed batch ([`partial_cores`]). f16 operands where the device has
+/// them, never with a fixed tile.
 pub fn tensor_cores_for(
     g: &Gemm,
     a: &Tensor,
@@ -372,9 +372,9 @@ fn slotted(part: &Gemm) -> Gemm {
 
 /// [`tensor_cores_for`] the entries `part` of a split product, each into an
 /// f32 slot of the partials' workspace (no bias: the sum adds a column
-/// bias, a pass after it a row bias). Only an unsplit K: tensor cores have
-/// no K-split form. The partials are planned from shapes alone, so memory
-/// is the same on either kernel.
+/// bias, a pass after it a row bias), each K split into its own slot. The
+/// partials are planned from shapes alone, so memory is the same on either
+/// kernel.
 fn partial_cores(
     split: &Split,
     part: &Gemm,
@@ -386,8 +386,18 @@ fn partial_cores(
         reduce_batch: false,
         ..slotted(part)
     };
-    (split.splits == 1 && kernel == MatmulKernel::Tiled)
-        .then(|| coop::usable(&entries, a, b, DType::F32, None))
+    (kernel == MatmulKernel::Tiled)
+        .then(|| {
+            coop::usable_split(
+                &entries,
+                a,
+                b,
+                DType::F32,
+                None,
+                split.splits,
+                split.k_chunk,
+            )
+        })
         .flatten()
 }
 
@@ -538,10 +548,19 @@ fn gemm_biased(
     };
     // Each entry's partial products into its slot of the workspace, or
     // with `per` > 1 (a summed batch) each slot summing `per` entries
-    // ([`slotted`]); on tensor cores where they run an unsplit K.
+    // ([`slotted`]); on tensor cores where they run.
     let cores_for = |part: &Gemm| partial_cores(&split, part, a, b, kernel);
     let product = |part: &Gemm, per: usize| match cores_for(part) {
-        Some(lanes) => coop::gemm_grouped(&slotted(part), a, b, &parts, None, per, lanes),
+        Some(lanes) => coop::gemm_grouped(
+            &slotted(part),
+            a,
+            b,
+            &parts,
+            None,
+            per,
+            (split.splits, split.k_chunk),
+            lanes,
+        ),
         None => dispatch(
             part,
             [a, b, &parts],
@@ -556,15 +575,12 @@ fn gemm_biased(
             per,
         ),
     };
-    if g.reduce_batch
-        && (tile.shared || cores_for(g).is_some())
-        && split.group < g.batch
-        && budget::fits_whole(&[a, b, &parts])
+    if let Some(per) = summed_per_slot(g, &split)
+        .filter(|_| (tile.shared || cores_for(g).is_some()) && budget::fits_whole(&[a, b, &parts]))
     {
         // A summed batch past one workspace: GPU tiles and tensor cores sum
         // several entries a slot, so one product and one sum instead of a
         // round of each per workspace's worth of entries.
-        let per = g.batch.div_ceil(split.group);
         let slots = g.batch.div_ceil(per);
         product(g, per)?;
         sum_partials(
@@ -626,6 +642,21 @@ fn gemm_biased(
         super::bias::add_bias(c, bias, g.m, g.n)?;
     }
     Ok(())
+}
+
+/// For a batch summed past one workspace, the entries each slot sums when
+/// one product sums them all (GPU tiles and tensor cores), or `None` where
+/// rounds of one entry a slot run instead (the same workspace): an
+/// invocation then loops `per` × its K steps (at least 8 deep: a GPU
+/// tile's BK, the tensor cores' staged step; plus two a slot for loading
+/// and storing), kept within three passes of llvmpipe's budget. On a GPU
+/// that falls back only at batches of thousands.
+pub fn summed_per_slot(g: &Gemm, split: &Split) -> Option<usize> {
+    let per = g.batch.div_ceil(split.group.max(1));
+    (g.reduce_batch
+        && split.group < g.batch
+        && per * (split.k_chunk.div_ceil(8) + 2) <= 3 * crate::ops::MAX_LOOP_ITERATIONS)
+        .then_some(per)
 }
 
 /// Whether C's rows start and end on whole 16-bit words: the plain
