@@ -369,6 +369,22 @@ fn cases() -> Vec<Case> {
             off: 8,
             ..base
         },
+        // 128 slices of 257 rounded up to whole steps (264): the last ones
+        // start past K, run empty and must write zeros into their slots.
+        // The case before fills the same size of workspace with 128 full
+        // slices, so a slot left unwritten keeps a stale partial.
+        Case {
+            m: 8,
+            n: 8,
+            k: 33_792,
+            ..base
+        },
+        Case {
+            m: 8,
+            n: 8,
+            k: 32_896,
+            ..base
+        },
     ]
 }
 

@@ -245,9 +245,10 @@ fn the_split_depends_on_shapes_only() {
 
 /// A weight gradient summed past one workspace runs as one product whose
 /// slots each sum several entries, while an invocation's loops stay inside
-/// llvmpipe's budget (the audit found GPU tiles wrong there past a batch of
-/// 17,977 for conv2); past it, rounds of one entry a slot. Decided from
-/// shapes alone.
+/// llvmpipe's budget; past it, rounds of one entry a slot. The audit
+/// measured GPU tiles (BK 16) running 2 + K/16 iterations an entry and
+/// going wrong for conv2 past a batch of 17,977 (65,535 / 51 entries a
+/// slot): the route there must be rounds, with room to spare.
 #[test]
 fn summed_batches_keep_each_invocation_in_the_loop_budget() {
     use vramlab::ops::matmul::summed_per_slot;
@@ -257,30 +258,31 @@ fn summed_batches_keep_each_invocation_in_the_loop_budget() {
         reduce_batch: true,
         ..plain(128, 576, 784, false, true)
     };
-    let at = |batch| summed_per_slot(&conv2(batch), &plan_split(&conv2(batch)));
-    let per = at(64).expect("batch 64 is one product");
+    let gpu_tile = 2 + 784 / 16;
+    let at =
+        |batch, per_entry| summed_per_slot(&conv2(batch), &plan_split(&conv2(batch)), per_entry);
+    let per = at(64, gpu_tile).expect("batch 64 is one product");
     assert!(per > 1, "{per}");
-    let mut last = None;
-    for batch in [1_000, 5_000, 8_000, 17_977, 18_000, 100_000] {
-        let split = plan_split(&conv2(batch));
-        match at(batch) {
-            Some(per) => {
-                let steps = per * (split.k_chunk.div_ceil(8) + 2);
-                assert!(
-                    steps <= 3 * vramlab::ops::MAX_LOOP_ITERATIONS,
-                    "{batch}: {steps}"
-                );
-                assert!(last.is_none(), "{batch}: one product again after rounds");
-            }
-            None => last = Some(batch),
+    let group = plan_split(&conv2(64)).group;
+    // The measured failure and anything near it: rounds.
+    let bad = 65_535 / gpu_tile * group;
+    for batch in [bad * 4 / 5, bad, 17_977, 100_000] {
+        assert_eq!(at(batch, gpu_tile), None, "batch {batch}");
+    }
+    // Costlier entries (the tensor cores' staged copies) fall back sooner,
+    // and the route never returns to one product as the batch grows.
+    assert!(at(2_000, gpu_tile).is_some() && at(2_000, 20 * gpu_tile).is_none());
+    let mut rounds = false;
+    for batch in (64..20_000).step_by(97) {
+        match at(batch, gpu_tile) {
+            Some(_) => assert!(!rounds, "batch {batch}: one product again after rounds"),
+            None => rounds = true,
         }
     }
-    assert!(at(17_977).is_none() && at(100_000).is_none());
     // A product that is not a summed batch, or fits one workspace, has no slots.
-    assert_eq!(
-        summed_per_slot(&plain(128, 576, 784, false, true), &plan_split(&conv2(1))),
-        None
-    );
+    let single = plain(128, 576, 784, false, true);
+    assert_eq!(summed_per_slot(&single, &plan_split(&single), 1), None);
+    assert_eq!(at(group, gpu_tile), None);
 }
 
 #[test]

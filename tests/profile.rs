@@ -182,3 +182,63 @@ fn a_profile_that_runs_out_of_memory_writes_what_led_to_it() {
     ]);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// vramlab's categories survive its own snapshot: each alloc carries its
+/// category in `user_metadata` (as `vramlab_torch` writes it), so replaying
+/// the exported pickle finds, live at its peak, the bytes per category the
+/// run itself had there, for every small zoo model, with and without
+/// autocast, over generated batches.
+#[test]
+fn exported_snapshots_keep_the_categories_at_the_peak() {
+    use vramlab::lab::{pickle, snapshot_export, torch_snapshot};
+    use vramlab::memory::events::LiveBlocks;
+    use vramlab::tensor::{DType, Engine};
+    let mut rng = Rng::new(41);
+    for name in ["mlp", "resnet-mini", "attention", "simple-cnn", "gpt"] {
+        for amp in [None, Some(DType::F16)] {
+            let batch = 1 + rng.below(4) as usize;
+            let plan = Plan {
+                model: small(name),
+                batch,
+                amp,
+                ..plan()
+            };
+            let engine = Engine::simulated(AllocatorConfig::default(), None);
+            let events = run_steps(engine, &plan, 0, 2).unwrap().events;
+            let (mut live, mut most, mut want) = (LiveBlocks::default(), 0, Vec::new());
+            for e in &events {
+                live.apply(e);
+                if e.allocated > most {
+                    most = e.allocated;
+                    want = live.by_category.to_vec();
+                }
+            }
+            let bytes = pickle::pickle(&snapshot_export::torch_snapshot(
+                &events,
+                &AllocatorConfig::default(),
+            ));
+            let file = torch_snapshot::read_all(&bytes, "export").unwrap();
+            let r = torch_snapshot::replay_from_state(
+                &file.devices[0],
+                AllocatorConfig::default(),
+                None,
+            )
+            .unwrap();
+            let what = format!("{name} batch {batch} amp {amp:?}");
+            assert_eq!(r.at_peak.allocated_bytes, most, "{what}");
+            let mut want: Vec<(String, u64)> = vramlab::memory::tag::CATEGORIES
+                .iter()
+                .zip(want)
+                .filter(|(_, b)| *b > 0)
+                .map(|(c, b)| (c.name().to_string(), b))
+                .collect();
+            let mut got = r.at_peak.by_category.clone();
+            want.sort();
+            got.sort();
+            assert_eq!(got, want, "{what}");
+            // At least the parameters and what the step saved are named.
+            assert!(got.iter().any(|(c, _)| c == "parameter"), "{what}: {got:?}");
+            assert!(!got.iter().any(|(c, _)| c == "untagged"), "{what}: {got:?}");
+        }
+    }
+}

@@ -303,9 +303,10 @@ fn max_pool_matches_the_reference() {
         "padding above half the kernel"
     );
     // The widest window one invocation walks (128×128 taps, and as many
-    // windows holding a position in backward) pools right; a wider one is
-    // refused, naming the bound, rather than cut short on llvmpipe.
-    let (h, k) = (140, 128);
+    // windows holding a middle position in backward: 255 = 2·128 − 1 at
+    // stride 1) pools right; a wider one is refused, naming the bound,
+    // rather than cut short on llvmpipe.
+    let (h, k) = (255, 128);
     let xs: Vec<f32> = (0..h * h).map(|i| ((i * 37) % 1009) as f32).collect();
     let x = Tensor::from_slice(&e, &xs, &[1, 1, h, h], "x").unwrap();
     let cfg = PoolConfig {
@@ -316,14 +317,28 @@ fn max_pool_matches_the_reference() {
     let (y, idx) = max_pool2d(&x, cfg).unwrap();
     let ho = h - k + 1;
     let (y, idx) = (y.to_vec().unwrap(), idx.to_vec().unwrap());
+    // The window maxima separably: along rows, then down columns.
+    let rows: Vec<f32> = (0..h * ho)
+        .map(|i| {
+            let (r, c) = (i / ho, i % ho);
+            xs[r * h + c..r * h + c + k]
+                .iter()
+                .copied()
+                .fold(f32::MIN, f32::max)
+        })
+        .collect();
     for (o, (&got, &at)) in y.iter().zip(&idx).enumerate() {
         let (oy, ox) = (o / ho, o % ho);
-        let want = (0..k)
-            .flat_map(|dy| (0..k).map(move |dx| (oy + dy) * h + ox + dx))
-            .map(|i| xs[i])
+        let want = (oy..oy + k)
+            .map(|r| rows[r * ho + ox])
             .fold(f32::MIN, f32::max);
         assert_eq!(got, want, "{k}×{k} window at {o}");
         assert_eq!(xs[at as usize], want, "index at {o}");
+        let (iy, ix) = (at as usize / h, at as usize % h);
+        assert!(
+            (oy..oy + k).contains(&iy) && (ox..ox + k).contains(&ix),
+            "index at {o}"
+        );
     }
     let ones = Tensor::from_slice(&e, &vec![1.0; y.len()], &[1, 1, ho, ho], "g").unwrap();
     let tidx = Tensor::from_slice(&e, &idx, &[1, 1, ho, ho], "idx").unwrap();

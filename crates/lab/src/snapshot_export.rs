@@ -7,11 +7,15 @@
 //! end state, each segment tiled in address order by its blocks (free gaps
 //! as one `inactive` block each, as the allocator merges them). Frames
 //! carry vramlab's op (`conv2.forward`) and tensor label, one shared frame
-//! object per distinct name, as PyTorch shares its frames.
+//! object per distinct name, as PyTorch shares its frames. Each alloc's
+//! `user_metadata` says its category, module and phase as `vramlab_torch`
+//! writes them, so `replay` and `doctor` read vramlab's categories back
+//! ([`categories_of`] says which one a retagged block keeps).
 
 use super::pickle::PyValue;
 use crate::memory::caching::PoolKind;
 use crate::memory::events::{EventKind, LiveSegments, MemEvent};
+use crate::memory::tag::Category;
 use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 
@@ -57,6 +61,75 @@ impl Frames {
     }
 }
 
+/// The category each alloc event (by index) is written with. A block's
+/// category changes while it lives (an output saved for backward becomes an
+/// activation; a gradient that reaches `.grad` a gradient), and a snapshot
+/// entry has one: blocks live at the run's peak (the first event with the
+/// most allocated) keep the category they held there, so what a replay
+/// finds live at its peak is vramlab's own breakdown; the others keep the
+/// last one they held.
+pub fn categories_of(events: &[MemEvent]) -> HashMap<usize, Category> {
+    let peak = events
+        .iter()
+        .enumerate()
+        .fold((0, 0u64), |(at, most), (i, e)| {
+            if e.allocated > most {
+                (i, e.allocated)
+            } else {
+                (at, most)
+            }
+        })
+        .0;
+    let mut open: HashMap<u64, usize> = HashMap::new();
+    let mut kept: HashMap<usize, Category> = HashMap::new();
+    let mut frozen: std::collections::HashSet<usize> = Default::default();
+    for (i, e) in events.iter().enumerate() {
+        match e.kind {
+            EventKind::Alloc => {
+                open.insert(e.address, i);
+                kept.insert(i, e.category);
+            }
+            EventKind::Retag => {
+                if let Some(&at) = open.get(&e.address) {
+                    if !frozen.contains(&at) {
+                        kept.insert(at, e.category);
+                    }
+                }
+            }
+            EventKind::Free => {
+                open.remove(&e.address);
+            }
+            _ => {}
+        }
+        if i == peak {
+            frozen.extend(open.values().copied());
+        }
+    }
+    kept
+}
+
+/// An alloc's `user_metadata` as `vramlab_torch` writes it: the category,
+/// the module (the op without its `.forward` / `.backward`), the phase
+/// and the tensor's label as `op`.
+fn metadata(category: Category, op: &str, phase: &str, label: &str) -> String {
+    let (module, _) = op
+        .rsplit_once('.')
+        .filter(|(_, p)| matches!(*p, "forward" | "backward"))
+        .unwrap_or((op, ""));
+    let mut m = serde_json::Map::new();
+    // As serde names it, which is what `frames::metadata_of_text` reads.
+    m.insert(
+        "category".into(),
+        serde_json::to_value(category).unwrap_or(serde_json::Value::Null),
+    );
+    for (k, v) in [("module", module), ("phase", phase), ("op", label)] {
+        if !v.is_empty() {
+            m.insert(k.into(), v.into());
+        }
+    }
+    serde_json::Value::Object(m).to_string()
+}
+
 struct LiveBlock {
     size: u64,
     requested: u64,
@@ -75,6 +148,8 @@ pub fn torch_snapshot(events: &[MemEvent], settings: &crate::memory::AllocatorCo
     let mut segments = LiveSegments::default();
     let mut pools: HashMap<u64, (PoolKind, bool)> = HashMap::new();
     let mut blocks: BTreeMap<u64, LiveBlock> = BTreeMap::new();
+    let categories = categories_of(events);
+    let mut phase = String::new();
     let entry = |f: &mut Frames, action: &str, e: &MemEvent, size: u64| {
         PyValue::dict(vec![
             (f.s("action"), f.s(action)),
@@ -85,10 +160,17 @@ pub fn torch_snapshot(events: &[MemEvent], settings: &crate::memory::AllocatorCo
             (f.s("frames"), f.of(&e.op, &e.label)),
         ])
     };
-    for e in events {
+    for (i, e) in events.iter().enumerate() {
         match e.kind {
             EventKind::Alloc => {
-                trace.push(entry(&mut f, "alloc", e, e.requested.max(1)));
+                let mut d = match entry(&mut f, "alloc", e, e.requested.max(1)) {
+                    PyValue::Dict(d) => d.to_vec(),
+                    _ => Vec::new(),
+                };
+                let category = categories.get(&i).copied().unwrap_or(e.category);
+                let text = metadata(category, &e.op, &phase, &e.label);
+                d.push((f.s("user_metadata"), PyValue::Str(Rc::from(text.as_str()))));
+                trace.push(PyValue::dict(d));
                 blocks.insert(
                     e.address,
                     LiveBlock {
@@ -142,7 +224,8 @@ pub fn torch_snapshot(events: &[MemEvent], settings: &crate::memory::AllocatorCo
                 d.push((f.s("device_free"), PyValue::Int(0)));
                 trace.push(PyValue::dict(d));
             }
-            EventKind::Retag | EventKind::Phase => {}
+            EventKind::Phase => phase = e.op.to_string(),
+            EventKind::Retag => {}
         }
     }
     let mut segs = Vec::new();

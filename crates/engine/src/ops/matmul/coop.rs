@@ -369,6 +369,37 @@ fn chunk_depth(splits: usize, k_chunk: usize, k: usize, step: usize) -> usize {
     }
 }
 
+/// Loop iterations one invocation of [`gemm_grouped`] runs for each entry
+/// of `g` (its K in `splits` slices `k_chunk` deep), as llvmpipe counts
+/// them against its budget: a K loop iteration a staged step, and where
+/// steps are staged a half a load, two copy loops that start at the
+/// invocation's index (not unrolled) of BM·KD/NT and BN·KD/NT iterations;
+/// one more a loop for its exit. An upper bound for wide and direct steps,
+/// whose copies are unrolled.
+pub(crate) fn entry_iterations(
+    g: &Gemm,
+    e: &crate::tensor::Engine,
+    lanes: u32,
+    splits: usize,
+    k_chunk: usize,
+) -> usize {
+    let side = e.tensor_core_size().unwrap_or(8);
+    let &(st, chosen) = settings();
+    let default_limits;
+    let limits = match e.gpu() {
+        Some(gpu) => &gpu.limits,
+        None => {
+            default_limits = wgpu::Limits::default();
+            &default_limits
+        }
+    };
+    let tile = layout(g, side, lanes, st.depth, 1, chosen, limits);
+    let (bm, bn) = tile.block(side);
+    let (kd, nt) = ((st.depth * side) as usize, tile.invocations(lanes) as usize);
+    let steps = chunk_depth(splits, k_chunk, g.k, kd).div_ceil(kd);
+    steps * (2 + (bm * kd).div_ceil(nt) + 1 + (bn * kd).div_ceil(nt) + 1) + 2
+}
+
 /// Runs `g` on tensor cores with subgroups of `lanes` invocations, adding
 /// `bias` per row or per column (of C's type) in the epilogue; the caller
 /// has checked [`usable`]. A summed batch goes into one C.

@@ -575,8 +575,17 @@ fn gemm_biased(
             per,
         ),
     };
-    if let Some(per) = summed_per_slot(g, &split)
-        .filter(|_| (tile.shared || cores_for(g).is_some()) && budget::fits_whole(&[a, b, &parts]))
+    // Loop iterations an invocation runs an entry: a GPU tile's K steps (at
+    // least 8 deep) plus loading and storing; the tensor cores' own count.
+    let cores = cores_for(g);
+    let per_entry = match cores {
+        Some(lanes) => {
+            coop::entry_iterations(&slotted(g), a.engine(), lanes, split.splits, split.k_chunk)
+        }
+        None => split.k_chunk.div_ceil(8) + 2,
+    };
+    if let Some(per) = summed_per_slot(g, &split, per_entry)
+        .filter(|_| (tile.shared || cores.is_some()) && budget::fits_whole(&[a, b, &parts]))
     {
         // A summed batch past one workspace: GPU tiles and tensor cores sum
         // several entries a slot, so one product and one sum instead of a
@@ -647,15 +656,15 @@ fn gemm_biased(
 /// For a batch summed past one workspace, the entries each slot sums when
 /// one product sums them all (GPU tiles and tensor cores), or `None` where
 /// rounds of one entry a slot run instead (the same workspace): an
-/// invocation then loops `per` × its K steps (at least 8 deep: a GPU
-/// tile's BK, the tensor cores' staged step; plus two a slot for loading
-/// and storing), kept within three passes of llvmpipe's budget. On a GPU
-/// that falls back only at batches of thousands.
-pub fn summed_per_slot(g: &Gemm, split: &Split) -> Option<usize> {
+/// invocation then runs `per` × `entry_iterations` loop iterations, kept
+/// within three passes of llvmpipe's budget (which ends an invocation's
+/// loops after 65,535). On a GPU that falls back only at batches of
+/// hundreds to thousands, where the product's own work dominates.
+pub fn summed_per_slot(g: &Gemm, split: &Split, entry_iterations: usize) -> Option<usize> {
     let per = g.batch.div_ceil(split.group.max(1));
     (g.reduce_batch
         && split.group < g.batch
-        && per * (split.k_chunk.div_ceil(8) + 2) <= 3 * crate::ops::MAX_LOOP_ITERATIONS)
+        && per * entry_iterations <= 3 * crate::ops::MAX_LOOP_ITERATIONS)
         .then_some(per)
 }
 
