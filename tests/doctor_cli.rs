@@ -177,6 +177,47 @@ fn bad_input_is_an_error_that_says_what_to_do() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("panicked"), "{err}");
+    // What the bytes are, not how the unpickler tripped over them.
+    assert!(err.contains("not a PyTorch memory snapshot"), "{err}");
+    assert!(err.contains("byte 0x80"), "{err}");
+    // An empty file and a directory: doctor and replay say the same, and
+    // replay prints no statistics of nothing.
+    let dir = std::env::temp_dir().join(format!("vramlab-doctor-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let empty = dir.join("empty.pickle");
+    std::fs::write(&empty, b"").unwrap();
+    let text = dir.join("notes.txt");
+    std::fs::write(&text, b"hello\n").unwrap();
+    for cmd in ["doctor", "replay"] {
+        let run = |path: &std::path::Path| {
+            Command::new(env!("CARGO_BIN_EXE_vramlab"))
+                .args([cmd, path.to_str().unwrap()])
+                .output()
+                .unwrap()
+        };
+        let out = run(&empty);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{cmd} of an empty file");
+        assert!(err.contains("the file is empty (0 bytes)"), "{cmd}: {err}");
+        let out = run(&dir);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains("directory"),
+            "{cmd}: {err}"
+        );
+        let out = run(&text);
+        assert!(!out.status.success(), "{cmd} of a text file");
+        if cmd == "replay" {
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(err.contains("nothing was replayed"), "{err}");
+            assert!(
+                out.stdout.is_empty(),
+                "{}",
+                String::from_utf8_lossy(&out.stdout)
+            );
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_vramlab"))
         .args([
             "doctor",

@@ -1021,3 +1021,26 @@ fn doctor_names_a_trace_and_bench_refuses_repeats() {
         "{err}"
     );
 }
+
+/// A ResNet-50 spec out of range names only what is wrong (it listed
+/// `--depth … (got 50)` beside the resolution that failed).
+#[test]
+fn resnet50_sizes_name_only_what_is_wrong() {
+    let err = fails_cleanly(&["estimate", "--model", "resnet50", "--resolution", "8"]);
+    assert!(err.contains("--resolution must be at least 32"), "{err}");
+    assert!(!err.contains("--depth"), "{err}");
+    let err = fails_cleanly(&[
+        "estimate",
+        "--model",
+        "resnet50",
+        "--depth",
+        "34",
+        "--resolution",
+        "16",
+    ]);
+    assert!(
+        err.contains("--depth must be 50, 101 or 152 (got 34)"),
+        "{err}"
+    );
+    assert!(err.contains("(got 16)"), "{err}");
+}

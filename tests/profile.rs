@@ -206,11 +206,13 @@ fn exported_snapshots_keep_the_categories_at_the_peak() {
             let engine = Engine::simulated(AllocatorConfig::default(), None);
             let events = run_steps(engine, &plan, 0, 2).unwrap().events;
             let (mut live, mut most, mut want) = (LiveBlocks::default(), 0, Vec::new());
-            for e in &events {
+            let mut peak_event = 0;
+            for (i, e) in events.iter().enumerate() {
                 live.apply(e);
                 if e.allocated > most {
                     most = e.allocated;
                     want = live.by_category.to_vec();
+                    peak_event = i;
                 }
             }
             let bytes = pickle::pickle(&snapshot_export::torch_snapshot(
@@ -226,6 +228,13 @@ fn exported_snapshots_keep_the_categories_at_the_peak() {
             .unwrap();
             let what = format!("{name} batch {batch} amp {amp:?}");
             assert_eq!(r.at_peak.allocated_bytes, most, "{what}");
+            // The peak's event is the operation the replay names (what
+            // `profile` prints for `doctor --at`).
+            assert_eq!(
+                snapshot_export::operation_of(&events, peak_event, &AllocatorConfig::default()),
+                Some(r.at_peak.after_op),
+                "{what}"
+            );
             let mut want: Vec<(String, u64)> = vramlab::memory::tag::CATEGORIES
                 .iter()
                 .zip(want)
@@ -236,6 +245,10 @@ fn exported_snapshots_keep_the_categories_at_the_peak() {
             want.sort();
             got.sort();
             assert_eq!(got, want, "{what}");
+            // Every block names its module (vramlab's op), and JSON lists
+            // them all: they sum to the peak.
+            let modules: u64 = r.at_peak.by_module.iter().map(|(_, b)| b).sum();
+            assert_eq!(modules, most, "{what}: {:?}", r.at_peak.by_module);
             // At least the parameters and what the step saved are named.
             assert!(got.iter().any(|(c, _)| c == "parameter"), "{what}: {got:?}");
             assert!(!got.iter().any(|(c, _)| c == "untagged"), "{what}: {got:?}");

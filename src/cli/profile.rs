@@ -101,6 +101,13 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
             "events": events.len(),
             "peak_allocated_bytes": analysis.peak_allocated_bytes,
             "peak_reserved_bytes": analysis.peak_reserved_bytes,
+            "peak_event": series.peak_index,
+            // The peak as `doctor --at` counts snapshot.pickle's operations.
+            "peak_snapshot_operation": crate::lab::snapshot_export::operation_of(
+                events,
+                series.peak_index,
+                &plan.config,
+            ),
             "by_category": analysis.by_category,
             "layers": analysis.layers,
             "three_levels": levels,
@@ -111,8 +118,13 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     println!("{title}");
+    // The peak as `doctor --at` / `replay` count snapshot.pickle's operations.
+    let op = crate::lab::snapshot_export::operation_of(events, series.peak_index, &plan.config)
+        .map_or(String::new(), |op| {
+            format!("; operation {op} of snapshot.pickle, as `doctor --at` counts")
+        });
     println!(
-        "{} events; peak allocated {:.2} MiB (event {}), peak reserved {:.2} MiB",
+        "{} events; peak allocated {:.2} MiB (event {}{op}), peak reserved {:.2} MiB",
         events.len(),
         mib(analysis.peak_allocated_bytes),
         series.peak_index,

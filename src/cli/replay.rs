@@ -136,7 +136,8 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
             return Err(e);
         }
         println!("{}", serde_json::to_string_pretty(&obj)?);
-    } else {
+    } else if outcome.events > 0 || outcome.error.is_none() {
+        // (A trace refused at its first line has no statistics to show.)
         println!(
             "Replayed {} events of {} on a {describe}",
             outcome.events,
@@ -228,19 +229,22 @@ fn stopped_error(
     events: usize,
 ) -> anyhow::Error {
     // Failing on the first line, the file may be of another kind.
-    let kind = if events == 0 {
-        format!("{}; ", crate::lab::file_kind::READ_AS_JSON_LINES)
+    let (kind, covered) = if events == 0 {
+        (
+            format!("{}; ", crate::lab::file_kind::READ_AS_JSON_LINES),
+            "nothing was replayed".to_string(),
+        )
     } else {
-        String::new()
+        (
+            String::new(),
+            format!("the statistics above cover the {events} events before it"),
+        )
     };
     let kept = match &args.export_snapshot {
         Some(p) => format!("; {} was not written", p.display()),
         None => String::new(),
     };
-    anyhow::anyhow!(
-        "{}: {e} ({kind}the statistics above cover the {events} events before it{kept})",
-        args.trace.display(),
-    )
+    anyhow::anyhow!("{}: {e} ({kind}{covered}{kept})", args.trace.display(),)
 }
 
 /// The comparison table `replay --allocators` and `bench-alloc` print.
@@ -602,11 +606,21 @@ pub(super) fn print_live(what: &str, live: &crate::lab::peak::LiveAt) {
     if !categories.is_empty() {
         println!("    by category: {}", list(&categories));
     }
+    // The first few modules and frames; the rest as one total (JSON has all).
+    let top = |v: &[(String, u64)]| {
+        let shown = v.len().min(crate::lab::peak::TOP);
+        let rest: u64 = v[shown..].iter().map(|(_, b)| b).sum();
+        let more = match v.len() - shown {
+            0 => String::new(),
+            n => format!(", and {n} more {}", Mib(rest)),
+        };
+        format!("{}{more}", list(&v[..shown]))
+    };
     if !live.by_module.is_empty() {
-        println!("    by module:   {}", list(&live.by_module));
+        println!("    by module:   {}", top(&live.by_module));
     }
     if !live.by_frame.is_empty() {
-        println!("    by code:     {}", list(&live.by_frame));
+        println!("    by code:     {}", top(&live.by_frame));
     }
     let largest: Vec<String> = live
         .largest

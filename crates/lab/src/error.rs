@@ -147,6 +147,10 @@ pub enum LabError {
         #[source]
         source: std::io::Error,
     },
+    #[error("{}: the file is empty (0 bytes): a trace has at least one event, and a snapshot is what torch.cuda.memory._dump_snapshot() writes", .path.display())]
+    EmptyFile { path: PathBuf },
+    #[error("{name}: not a PyTorch memory snapshot: it does not open with byte 0x80 as a pickle of protocol 2 or later (what torch.cuda.memory._dump_snapshot() writes) does, nor as an older pickle")]
+    NotSnapshotBytes { name: String },
     #[error("cannot read trace {}: {source}", .path.display())]
     ReadTrace {
         path: PathBuf,

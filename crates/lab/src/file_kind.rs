@@ -41,7 +41,9 @@ pub fn sniff(path: &Path) -> Result<FileKind, LabError> {
         source,
     })?;
     if n == 0 {
-        return Ok(FileKind::JsonLines);
+        return Err(LabError::EmptyFile {
+            path: path.to_path_buf(),
+        });
     }
     if first[0] == 0x80 {
         return Ok(FileKind::Snapshot);

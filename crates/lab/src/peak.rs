@@ -43,10 +43,11 @@ pub struct LiveAt {
     pub before_recording_bytes: u64,
     /// Bytes per category, largest first.
     pub by_category: Vec<(String, u64)>,
-    /// Bytes per module (the recorder's module path), largest first; at most
-    /// [`TOP`].
+    /// Bytes per module (the recorder's module path), largest first: all of
+    /// them, so they sum to what the recording names a module for (text
+    /// shows the first [`TOP`]).
     pub by_module: Vec<(String, u64)>,
-    /// Bytes per user frame (`file:line function`), largest first.
+    /// Bytes per user frame (`file:line function`), largest first: all.
     pub by_frame: Vec<(String, u64)>,
     /// The largest live blocks.
     pub largest: Vec<Block>,
@@ -134,8 +135,8 @@ pub fn live_at(
         allocated_bytes: allocated,
         before_recording_bytes: before,
         by_category: ranked(by_category, usize::MAX),
-        by_module: ranked(by_module, TOP),
-        by_frame: ranked(by_frame, TOP),
+        by_module: ranked(by_module, usize::MAX),
+        by_frame: ranked(by_frame, usize::MAX),
         largest: blocks,
     }
 }

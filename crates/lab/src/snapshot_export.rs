@@ -108,6 +108,38 @@ pub fn categories_of(events: &[MemEvent]) -> HashMap<usize, Category> {
     kept
 }
 
+/// The operation (0-based, as `doctor --at` and a replay's `after_op` count
+/// them) that the event at `index` ends in when [`torch_snapshot`]'s trace
+/// is read back: each alloc and free is one, and each run of segment
+/// releases one more (the `empty_cache` it is read back as, where garbage
+/// collection is off); `None` before the first.
+pub fn operation_of(
+    events: &[MemEvent],
+    index: usize,
+    settings: &crate::memory::AllocatorConfig,
+) -> Option<usize> {
+    let mut ops = 0usize;
+    let mut releasing = false;
+    for e in events.iter().take(index.saturating_add(1)) {
+        match e.kind {
+            EventKind::Alloc | EventKind::Free => {
+                ops += 1;
+                releasing = false;
+            }
+            EventKind::SegmentFree | EventKind::SegmentUnmap => {
+                if !releasing && settings.garbage_collection_threshold == 0.0 {
+                    ops += 1;
+                }
+                releasing = true;
+            }
+            EventKind::SegmentAlloc | EventKind::SegmentMap | EventKind::Oom => releasing = false,
+            // No trace entry.
+            EventKind::Retag | EventKind::Phase => {}
+        }
+    }
+    ops.checked_sub(1)
+}
+
 /// An alloc's `user_metadata` as `vramlab_torch` writes it: the category,
 /// the module (the op without its `.forward` / `.backward`), the phase
 /// and the tensor's label as `op`.
@@ -149,7 +181,9 @@ pub fn torch_snapshot(events: &[MemEvent], settings: &crate::memory::AllocatorCo
     let mut pools: HashMap<u64, (PoolKind, bool)> = HashMap::new();
     let mut blocks: BTreeMap<u64, LiveBlock> = BTreeMap::new();
     let categories = categories_of(events);
-    let mut phase = String::new();
+    // Allocations before the first phase (parameters, the batch): setup,
+    // as the recorder names them.
+    let mut phase = String::from("setup");
     let entry = |f: &mut Frames, action: &str, e: &MemEvent, size: u64| {
         PyValue::dict(vec![
             (f.s("action"), f.s(action)),

@@ -330,6 +330,13 @@ pub fn parse_file(path: &std::path::Path) -> Result<Parsed, LabError> {
         path: path.to_path_buf(),
         source,
     };
+    // What the bytes are first: an empty file, a directory or a text file
+    // would otherwise fail deep inside the unpickler ("memo entry 101").
+    if crate::file_kind::sniff(path)? != crate::file_kind::FileKind::Snapshot {
+        return Err(LabError::NotSnapshotBytes {
+            name: path.display().to_string(),
+        });
+    }
     let file = std::fs::File::open(path).map_err(open)?;
     let len = file.metadata().map_err(open)?.len() as usize;
     let reader = std::io::BufReader::with_capacity(1 << 20, file);

@@ -358,8 +358,26 @@ impl ModelConfig for Resnet50Spec {
         } = *self;
         // The widest stage has 32·width channels (8·width planes × 4).
         check_sizes(&[width.saturating_mul(32), resolution, classes])?;
-        if stage_blocks(depth).is_none() || width == 0 || classes == 0 || resolution < 32 {
-            return Err(SpecError::ResnetSizes { depth, resolution });
+        // Name only what is wrong.
+        let mut wrong = Vec::new();
+        if stage_blocks(depth).is_none() {
+            wrong.push(format!("--depth must be 50, 101 or 152 (got {depth})"));
+        }
+        if width == 0 {
+            wrong.push("--width must be at least 1".to_string());
+        }
+        if classes == 0 {
+            wrong.push("--classes must be at least 1".to_string());
+        }
+        if resolution < 32 {
+            wrong.push(format!(
+                "--resolution must be at least 32, for five stride-2 steps (got {resolution})"
+            ));
+        }
+        if !wrong.is_empty() {
+            return Err(SpecError::ResnetSizes {
+                what: wrong.join("; "),
+            });
         }
         Ok(())
     }

@@ -475,8 +475,9 @@ pub enum SpecError {
     },
     #[error("needs width, depth and classes ≥ 1 and a resolution of at least 2^depth = {need}")]
     ResolutionForDepth { need: usize },
-    #[error("needs --depth 50, 101 or 152 (got {depth}), --width and --classes ≥ 1, and --resolution ≥ 32 (five stride-2 steps; got {resolution})")]
-    ResnetSizes { depth: usize, resolution: usize },
+    /// What of a ResNet-50-family spec is out of range, only what is.
+    #[error("{what}")]
+    ResnetSizes { what: String },
     /// `kernel` takes rows up to a fixed length (`ops::LONGEST_REDUCED_ROW`).
     #[error("--{flag} {value}: {kernel} takes rows of at most {max}")]
     RowTooLong {
