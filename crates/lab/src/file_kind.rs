@@ -100,7 +100,8 @@ mod tests {
     #[test]
     fn decides_by_the_first_and_last_bytes() {
         assert_eq!(kind_of(b"\x80\x04N.").unwrap(), FileKind::Snapshot);
-        assert_eq!(kind_of(b"").ok(), Some(FileKind::JsonLines));
+        // Empty: nothing to read as either, said as such.
+        assert!(matches!(kind_of(b""), Err(LabError::EmptyFile { .. })));
         assert_eq!(
             kind_of(b"id,lower,upper,size\n0,0,10,4096\n").ok(),
             Some(FileKind::Intervals)

@@ -34,6 +34,18 @@ pub fn metadata_of_text(text: &str) -> (Option<Category>, Option<String>) {
     (category, module)
 }
 
+/// The op a `user_metadata` text names (`"op"`: the aten op, or vramlab's
+/// tensor label), if it is one of vramlab_torch's JSON objects.
+pub fn op_of_text(text: &str) -> Option<String> {
+    let Ok(serde_json::Value::Object(m)) = serde_json::from_str::<serde_json::Value>(text) else {
+        return None;
+    };
+    m.get("op")
+        .and_then(|v| v.as_str())
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+}
+
 /// The innermost frame outside PyTorch and Python's own libraries, as
 /// `dir/file.py:line function`.
 pub fn user_frame(frames: Option<&PyValue>) -> Option<String> {

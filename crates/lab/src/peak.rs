@@ -9,24 +9,36 @@ use serde::Serialize;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
-/// Where an allocation came from: the module that ran it and the first
-/// frame of the user's own code (not PyTorch's), as `file:line function`.
+/// Where an allocation came from: the module that ran it, the op whose
+/// output it is (as the recording's `user_metadata` names it: an aten op,
+/// or vramlab's tensor label) and the first frame of the user's own code
+/// (not PyTorch's), as `file:line function`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, serde::Serialize)]
 pub struct Origin {
     pub module: Option<Arc<str>>,
     pub frame: Option<Arc<str>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub op: Option<Arc<str>>,
 }
 
 impl Origin {
-    /// `MODULE at FILE:LINE FUNCTION`, `MODULE`, `at FILE:LINE FUNCTION`, or
-    /// `None` where the recording says neither.
+    /// `MODULE (OP) at FILE:LINE FUNCTION`, any part left out that the
+    /// recording does not say (the op bare without a module), or `None`
+    /// where it says none.
     pub fn describe(&self) -> Option<String> {
-        match (&self.module, &self.frame) {
-            (Some(m), Some(f)) => Some(format!("{m} at {f}")),
-            (Some(m), None) => Some(m.to_string()),
-            (None, Some(f)) => Some(format!("at {f}")),
-            (None, None) => None,
-        }
+        let op = |o: &Arc<str>| match self.module {
+            Some(_) => format!("({o})"),
+            None => o.to_string(),
+        };
+        let parts: Vec<String> = [
+            self.module.as_deref().map(str::to_string),
+            self.op.as_ref().map(op),
+            self.frame.as_ref().map(|f| format!("at {f}")),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        (!parts.is_empty()).then(|| parts.join(" "))
     }
 }
 

@@ -79,8 +79,8 @@ impl Entry {
     }
 }
 
-/// What a `user_metadata` text says: a category and a module.
-type Said = (Option<Category>, Option<Arc<str>>);
+/// What a `user_metadata` text says: a category, a module and an op.
+type Said = (Option<Category>, Option<Arc<str>>, Option<Arc<str>>);
 
 /// Items of a trace list that are records carry this offset (a value no
 /// real trace list holds), so a stray integer is never taken for one.
@@ -205,12 +205,12 @@ impl Entries {
                 _ => ADDR_MISSING,
             }
         };
-        let (named, module) = match get("user_metadata").and_then(PyValue::as_str) {
+        let (named, module, op) = match get("user_metadata").and_then(PyValue::as_str) {
             Some(text) => self.metadata(text),
-            None => (None, None),
+            None => (None, None, None),
         };
         let (from_frames, frame) = self.frames(get("frames"));
-        let origin = Origin { module, frame };
+        let origin = Origin { module, frame, op };
         let origin = if origin == Origin::default() {
             0
         } else if let Some(&i) = self.origin_ids.get(&origin) {
@@ -249,9 +249,11 @@ impl Entries {
         }
         let (category, module) = super::frames::metadata_of_text(text);
         let module = module.map(|m| self.intern(&m));
+        let op = super::frames::op_of_text(text).map(|o| self.intern(&o));
         let key = self.intern(text);
-        self.metadata.insert(key, (category, module.clone()));
-        (category, module)
+        self.metadata
+            .insert(key, (category, module.clone(), op.clone()));
+        (category, module, op)
     }
 
     fn frames(&mut self, frames: Option<&PyValue>) -> (Category, Option<Arc<str>>) {

@@ -351,6 +351,14 @@ pub fn usable_split(
         .then_some(lanes)
 }
 
+/// The adapter's limits, or wgpu's defaults where the engine has no GPU.
+fn limits_of(e: &crate::tensor::Engine) -> std::borrow::Cow<'_, wgpu::Limits> {
+    match e.gpu() {
+        Some(gpu) => std::borrow::Cow::Borrowed(&gpu.limits),
+        None => std::borrow::Cow::Owned(wgpu::Limits::default()),
+    }
+}
+
 /// K a staged step takes on `e` (`KD` in the shader): the matrix side times
 /// the staged depth.
 fn step_of(e: &crate::tensor::Engine) -> usize {
@@ -385,14 +393,7 @@ pub(crate) fn entry_iterations(
 ) -> usize {
     let side = e.tensor_core_size().unwrap_or(8);
     let &(st, chosen) = settings();
-    let default_limits;
-    let limits = match e.gpu() {
-        Some(gpu) => &gpu.limits,
-        None => {
-            default_limits = wgpu::Limits::default();
-            &default_limits
-        }
-    };
+    let limits = &*limits_of(e);
     let tile = layout(g, side, lanes, st.depth, 1, chosen, limits);
     let (bm, bn) = tile.block(side);
     let (kd, nt) = ((st.depth * side) as usize, tile.invocations(lanes) as usize);
@@ -434,14 +435,7 @@ pub(crate) fn gemm_grouped(
     let u = |x: usize| x as u32;
     let e = a.engine();
     let side = e.tensor_core_size().unwrap_or(8);
-    let default_limits;
-    let limits = match e.gpu() {
-        Some(gpu) => &gpu.limits,
-        None => {
-            default_limits = wgpu::Limits::default();
-            &default_limits
-        }
-    };
+    let limits = &*limits_of(e);
     let &(st, chosen) = settings();
     let Staging {
         depth,

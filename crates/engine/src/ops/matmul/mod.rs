@@ -579,6 +579,9 @@ fn gemm_biased(
     // least 8 deep) plus loading and storing; the tensor cores' own count.
     let cores = cores_for(g);
     let per_entry = match cores {
+        // A simulated device runs no kernel, so no loop budget: one
+        // product, as before (rounds of a batch of 10⁸ took minutes).
+        _ if a.engine().gpu().is_none() => 0,
         Some(lanes) => {
             coop::entry_iterations(&slotted(g), a.engine(), lanes, split.splits, split.k_chunk)
         }
