@@ -8,42 +8,44 @@
 use crate::memory::tag::Category;
 use crate::pickle::PyValue;
 
-/// The category and module `vramlab_torch` (or
-/// `torch.cuda.memory._set_memory_metadata`) wrote as JSON into a trace
-/// entry's `user_metadata`; `None` for any other text.
-pub fn metadata_of(entry: &PyValue) -> (Option<Category>, Option<String>) {
-    match entry.get("user_metadata").and_then(PyValue::as_str) {
-        Some(text) => metadata_of_text(text),
-        None => (None, None),
+/// What `vramlab_torch` (or `torch.cuda.memory._set_memory_metadata`)
+/// wrote as JSON into a trace entry's `user_metadata`: a category, the
+/// module, and the op (the aten op, or vramlab's tensor label); each `None`
+/// where the text does not say it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Metadata {
+    pub category: Option<Category>,
+    pub module: Option<String>,
+    pub op: Option<String>,
+}
+
+/// The [`Metadata`] of a trace entry.
+pub fn metadata_of(entry: &PyValue) -> Metadata {
+    entry
+        .get("user_metadata")
+        .and_then(PyValue::as_str)
+        .map(metadata_of_text)
+        .unwrap_or_default()
+}
+
+/// [`metadata_of`] for the `user_metadata` text itself, parsed once.
+pub fn metadata_of_text(text: &str) -> Metadata {
+    let Ok(serde_json::Value::Object(m)) = serde_json::from_str::<serde_json::Value>(text) else {
+        return Metadata::default();
+    };
+    let text_of = |key: &str| {
+        m.get(key)
+            .and_then(|v| v.as_str())
+            .filter(|s| !s.is_empty())
+            .map(String::from)
+    };
+    Metadata {
+        category: m
+            .get("category")
+            .and_then(|c| serde_json::from_value::<Category>(c.clone()).ok()),
+        module: text_of("module"),
+        op: text_of("op"),
     }
-}
-
-/// [`metadata_of`] for the `user_metadata` text itself.
-pub fn metadata_of_text(text: &str) -> (Option<Category>, Option<String>) {
-    let Ok(serde_json::Value::Object(m)) = serde_json::from_str::<serde_json::Value>(text) else {
-        return (None, None);
-    };
-    let category = m
-        .get("category")
-        .and_then(|c| serde_json::from_value::<Category>(c.clone()).ok());
-    let module = m
-        .get("module")
-        .and_then(|v| v.as_str())
-        .filter(|s| !s.is_empty())
-        .map(String::from);
-    (category, module)
-}
-
-/// The op a `user_metadata` text names (`"op"`: the aten op, or vramlab's
-/// tensor label), if it is one of vramlab_torch's JSON objects.
-pub fn op_of_text(text: &str) -> Option<String> {
-    let Ok(serde_json::Value::Object(m)) = serde_json::from_str::<serde_json::Value>(text) else {
-        return None;
-    };
-    m.get("op")
-        .and_then(|v| v.as_str())
-        .filter(|s| !s.is_empty())
-        .map(String::from)
 }
 
 /// The innermost frame outside PyTorch and Python's own libraries, as

@@ -184,27 +184,26 @@ pub fn torch_snapshot(events: &[MemEvent], settings: &crate::memory::AllocatorCo
     // Allocations before the first phase (parameters, the batch): setup,
     // as the recorder names them.
     let mut phase = String::from("setup");
-    let entry = |f: &mut Frames, action: &str, e: &MemEvent, size: u64| {
-        PyValue::dict(vec![
+    // A trace entry, with `extra` fields after the ones every entry has.
+    let entry = |f: &mut Frames, action: &str, e: &MemEvent, size: u64, extra: Vec<_>| {
+        let mut d = vec![
             (f.s("action"), f.s(action)),
             (f.s("addr"), PyValue::Int(e.address as i64)),
             (f.s("size"), PyValue::Int(size as i64)),
             (f.s("stream"), PyValue::Int(0)),
             (f.s("time_us"), PyValue::Int(e.t_us as i64)),
             (f.s("frames"), f.of(&e.op, &e.label)),
-        ])
+        ];
+        d.extend(extra);
+        PyValue::dict(d)
     };
     for (i, e) in events.iter().enumerate() {
         match e.kind {
             EventKind::Alloc => {
-                let mut d = match entry(&mut f, "alloc", e, e.requested.max(1)) {
-                    PyValue::Dict(d) => d.to_vec(),
-                    _ => Vec::new(),
-                };
                 let category = categories.get(&i).copied().unwrap_or(e.category);
                 let text = metadata(category, &e.op, &phase, &e.label);
-                d.push((f.s("user_metadata"), PyValue::Str(Rc::from(text.as_str()))));
-                trace.push(PyValue::dict(d));
+                let meta = vec![(f.s("user_metadata"), PyValue::Str(Rc::from(text.as_str())))];
+                trace.push(entry(&mut f, "alloc", e, e.requested.max(1), meta));
                 blocks.insert(
                     e.address,
                     LiveBlock {
@@ -216,8 +215,20 @@ pub fn torch_snapshot(events: &[MemEvent], settings: &crate::memory::AllocatorCo
                 );
             }
             EventKind::Free => {
-                trace.push(entry(&mut f, "free_requested", e, e.requested.max(1)));
-                trace.push(entry(&mut f, "free_completed", e, e.requested.max(1)));
+                trace.push(entry(
+                    &mut f,
+                    "free_requested",
+                    e,
+                    e.requested.max(1),
+                    Vec::new(),
+                ));
+                trace.push(entry(
+                    &mut f,
+                    "free_completed",
+                    e,
+                    e.requested.max(1),
+                    Vec::new(),
+                ));
                 blocks.remove(&e.address);
             }
             EventKind::SegmentAlloc | EventKind::SegmentMap => {
@@ -227,7 +238,7 @@ pub fn torch_snapshot(events: &[MemEvent], settings: &crate::memory::AllocatorCo
                 } else {
                     "segment_alloc"
                 };
-                trace.push(entry(&mut f, action, e, e.size));
+                trace.push(entry(&mut f, action, e, e.size, Vec::new()));
                 // A small segment (or an expandable one's first page) is
                 // 2 MiB; anything else is the large pool.
                 let small = e.size == 2 << 20;
@@ -247,16 +258,12 @@ pub fn torch_snapshot(events: &[MemEvent], settings: &crate::memory::AllocatorCo
                 } else {
                     "segment_free"
                 };
-                trace.push(entry(&mut f, action, e, e.size));
+                trace.push(entry(&mut f, action, e, e.size, Vec::new()));
                 segments.apply(e);
             }
             EventKind::Oom => {
-                let mut d = match entry(&mut f, "oom", e, e.size) {
-                    PyValue::Dict(d) => d.to_vec(),
-                    _ => Vec::new(),
-                };
-                d.push((f.s("device_free"), PyValue::Int(0)));
-                trace.push(PyValue::dict(d));
+                let free = vec![(f.s("device_free"), PyValue::Int(0))];
+                trace.push(entry(&mut f, "oom", e, e.size, free));
             }
             EventKind::Phase => phase = e.op.to_string(),
             EventKind::Retag => {}

@@ -22,7 +22,9 @@
 //! places by; every other block stays untagged.
 
 use super::error::LabError;
-pub use super::frames::{category_from_frames, metadata_of, metadata_of_text, user_frame};
+pub use super::frames::{
+    category_from_frames, metadata_of, metadata_of_text, user_frame, Metadata,
+};
 pub use super::peak::Origin;
 use super::peak::{live_at, LiveAt, OomAt};
 use super::pickle::{unpickle_from, PyValue};

@@ -247,9 +247,9 @@ impl Entries {
         if let Some(m) = self.metadata.get(text) {
             return m.clone();
         }
-        let (category, module) = super::frames::metadata_of_text(text);
-        let module = module.map(|m| self.intern(&m));
-        let op = super::frames::op_of_text(text).map(|o| self.intern(&o));
+        let m = super::frames::metadata_of_text(text);
+        let (category, module) = (m.category, m.module.map(|s| self.intern(&s)));
+        let op = m.op.map(|o| self.intern(&o));
         let key = self.intern(text);
         self.metadata
             .insert(key, (category, module.clone(), op.clone()));

@@ -393,10 +393,9 @@ pub(crate) fn entry_iterations(
 ) -> usize {
     let side = e.tensor_core_size().unwrap_or(8);
     let &(st, chosen) = settings();
-    let limits = &*limits_of(e);
-    let tile = layout(g, side, lanes, st.depth, 1, chosen, limits);
+    let tile = layout(g, side, lanes, st.depth, 1, chosen, &limits_of(e));
     let (bm, bn) = tile.block(side);
-    let (kd, nt) = ((st.depth * side) as usize, tile.invocations(lanes) as usize);
+    let (kd, nt) = (step_of(e), tile.invocations(lanes) as usize);
     let steps = chunk_depth(splits, k_chunk, g.k, kd).div_ceil(kd);
     steps * (2 + (bm * kd).div_ceil(nt) + 1 + (bn * kd).div_ceil(nt) + 1) + 2
 }
