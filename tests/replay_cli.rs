@@ -186,7 +186,16 @@ fn bad_flags_say_what_is_wrong() {
     assert!(err.contains("parsecs"), "{err}");
     let (rc, err) = run(&["replay", "no/such/trace.jsonl"]);
     assert_eq!(rc, 1);
-    assert!(err.contains("cannot open trace"), "{err}");
+    assert!(err.contains("cannot open no/such/trace.jsonl"), "{err}");
+    // A directory is named as one, by replay and doctor alike.
+    for command in ["replay", "doctor"] {
+        let (rc, err) = run(&[command, "tests/fixtures"]);
+        assert_eq!(rc, 1, "{command}");
+        assert!(
+            err.contains("tests/fixtures: is a directory"),
+            "{command}: {err}"
+        );
+    }
 }
 
 /// `vramlab replay` run on a file outside the fixtures.

@@ -380,7 +380,7 @@ def test_gpt2_block_and_model_with_amp_and_fused_attention():
     check_snapshot(rec.snapshot()[0])
     assert rec.meta["sdpa_choices"] == {HALF_SDPA: 4}
     cats = {e["category"] for e in rec.events if e["op"] == "alloc"}
-    assert "cast_cache" in cats
+    assert "autocast_cache" in cats
     labels = [e["label"] for e in rec.events if e["op"] == "alloc"]
     assert f"aten._scaled_dot_product_{HALF_SDPA}_attention.default" in labels
     ampere = record_step(build, capability=(8, 0), **kw)
@@ -532,7 +532,7 @@ def test_user_loop_api(tmp_path):
         trace, live = check_snapshot(pickle.load(f))
     assert summary["segments"] > 0
     cats = {e["category"] for e in rec.events if e["op"] == "alloc"}
-    assert {"parameter", "input", "activation", "gradient", "optimizer_state", "cast_cache"} <= cats
+    assert {"parameter", "input", "activation", "gradient", "optimizer_state", "autocast_cache"} <= cats
     phases = {e["phase"] for e in rec.events if e["op"] == "alloc"}
     assert {"setup", "forward", "backward", "optimizer"} <= phases
     assert max(e["step"] for e in rec.events if e["op"] == "alloc") == 2

@@ -172,7 +172,7 @@ class CudaEmulation(TorchFunctionMode):
         if cache:
             self.cast_cache[id(t)] = (t, c)
             if self.recorder is not None:
-                self.recorder.mark("cast_cache", [c])
+                self.recorder.mark("autocast_cache", [c])
         return c
 
     def _cast(self, args, kwargs, dtype, only=None):

@@ -18,7 +18,7 @@ from .recorder import (META, CublasWorkspaces, Recorder, allow_fused_on_meta, gc
                        self_test)
 
 CATEGORIES = ("parameter", "gradient", "optimizer_state", "activation", "temporary", "input",
-              "output", "workspace", "cast_cache")
+              "output", "workspace", "autocast_cache")
 
 
 class Recording:
@@ -76,7 +76,9 @@ class Recording:
 
     def mark(self, category, tensors):
         """Set the category of the storages of `tensors` (one of
-        CATEGORIES)."""
+        CATEGORIES; "cast_cache", the name before "autocast_cache", still
+        reads as that)."""
+        category = "autocast_cache" if category == "cast_cache" else category
         if category not in CATEGORIES:
             raise ValueError(f"category {category!r}: one of {CATEGORIES}")
         if isinstance(tensors, torch.Tensor):

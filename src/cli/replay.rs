@@ -641,7 +641,7 @@ fn trace_reader(
     kind: crate::lab::file_kind::FileKind,
 ) -> anyhow::Result<Box<dyn std::io::BufRead>> {
     let file = std::fs::File::open(path)
-        .map_err(|e| anyhow::anyhow!("cannot open trace {}: {e}", path.display()))?;
+        .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", path.display()))?;
     if kind != crate::lab::file_kind::FileKind::Intervals {
         return Ok(Box::new(BufReader::new(file)));
     }

@@ -24,7 +24,9 @@ pub enum Category {
     /// Scratch inside one op (conv2d's im2col columns).
     Workspace,
     /// Autocast's 16-bit copies of f32 weights, cast once per autocast
-    /// region and kept while an op saved them for backward.
+    /// region and kept while an op saved them for backward. Written
+    /// `autocast_cache` everywhere; recordings before it said `cast_cache`.
+    #[serde(rename = "autocast_cache", alias = "cast_cache")]
     CastCache,
     /// Allocated outside any labelled scope.
     #[default]

@@ -141,7 +141,7 @@ pub enum LabError {
     },
 
     // ----- files -----
-    #[error("cannot open trace {}: {source}", .path.display())]
+    #[error("cannot open {}: {source}", .path.display())]
     OpenTrace {
         path: PathBuf,
         #[source]
@@ -151,7 +151,9 @@ pub enum LabError {
     EmptyFile { path: PathBuf },
     #[error("{name}: not a PyTorch memory snapshot: it does not open with byte 0x80 as a pickle of protocol 2 or later (what torch.cuda.memory._dump_snapshot() writes) does, nor as an older pickle")]
     NotSnapshotBytes { name: String },
-    #[error("cannot read trace {}: {source}", .path.display())]
+    #[error("{}: is a directory; give a file in it: a trace (JSON Lines), an interval file or a PyTorch memory snapshot pickle", .path.display())]
+    IsDirectory { path: PathBuf },
+    #[error("cannot read {}: {source}", .path.display())]
     ReadTrace {
         path: PathBuf,
         #[source]

@@ -31,6 +31,12 @@ const OLD_PICKLE_OPENERS: &[u8] = b"(}])cNILFSVdlKJMUTXGP";
 
 /// The kind of the file at `path`.
 pub fn sniff(path: &Path) -> Result<FileKind, LabError> {
+    // A directory opens on Unix and fails only at the read, as "os error 21".
+    if path.is_dir() {
+        return Err(LabError::IsDirectory {
+            path: path.to_path_buf(),
+        });
+    }
     let mut f = std::fs::File::open(path).map_err(|source| LabError::OpenTrace {
         path: path.to_path_buf(),
         source,
@@ -102,6 +108,10 @@ mod tests {
         assert_eq!(kind_of(b"\x80\x04N.").unwrap(), FileKind::Snapshot);
         // Empty: nothing to read as either, said as such.
         assert!(matches!(kind_of(b""), Err(LabError::EmptyFile { .. })));
+        assert!(matches!(
+            sniff(&std::env::temp_dir()),
+            Err(LabError::IsDirectory { .. })
+        ));
         assert_eq!(
             kind_of(b"id,lower,upper,size\n0,0,10,4096\n").ok(),
             Some(FileKind::Intervals)

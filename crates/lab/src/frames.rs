@@ -99,3 +99,22 @@ pub fn category_from_frames(frames: Option<&PyValue>) -> Category {
     }
     Category::Untagged
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::tag::CATEGORIES;
+
+    #[test]
+    fn a_category_reads_and_writes_by_the_name_reports_print() {
+        for c in CATEGORIES {
+            let written = serde_json::to_value(c).unwrap();
+            assert_eq!(written, c.name(), "{c:?}");
+            let text = format!(r#"{{"category": {written}}}"#);
+            assert_eq!(metadata_of_text(&text).category, Some(c));
+        }
+        // Recordings made before the rename still read.
+        let old = metadata_of_text(r#"{"category": "cast_cache"}"#);
+        assert_eq!(old.category, Some(Category::CastCache));
+    }
+}
