@@ -463,11 +463,10 @@ fn at_past_the_last_operation_is_refused() {
 /// operation; a shorter device shows its own last one.
 #[test]
 fn at_on_several_devices_is_refused_only_past_all_of_them() {
-    let snap = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/snapshots/multi_device.pickle"
-    );
-    // Device 0 has 3 operations, device 1 has 2.
+    let dir = std::env::temp_dir().join(format!("vramlab-doctor-at-{}", std::process::id()));
+    let path = crate::common::files::uneven_devices(&dir);
+    let snap = path.to_str().unwrap();
+    // Device 0 has 2 operations, device 1 has 3.
     let v = doctor(snap, &["--no-planner", "--at", "2"]);
     let after: Vec<u64> = v["devices"]
         .as_array()
@@ -475,7 +474,7 @@ fn at_on_several_devices_is_refused_only_past_all_of_them() {
         .iter()
         .map(|d| d["at_chosen"]["after_op"].as_u64().unwrap())
         .collect();
-    assert_eq!(after, [2, 1], "{v}");
+    assert_eq!(after, [1, 2], "{v}");
     let out = Command::new(env!("CARGO_BIN_EXE_vramlab"))
         .args(["doctor", snap, "--no-planner", "--at", "3"])
         .output()
@@ -486,4 +485,72 @@ fn at_on_several_devices_is_refused_only_past_all_of_them() {
         err.contains("--at 3 is past the trace's last operation, 2"),
         "{err}"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The request a recording ran out of memory on is replayed (a probe, freed
+/// at once if granted) wherever a device size applies, so the recorded
+/// settings run out where the recording did and a setting that would have
+/// fitted it shows as such: here 50 MiB lie free in pieces of 25 MiB when
+/// 40 MiB are asked for, which expandable segments serve. Without a device
+/// size the probe asks nothing and the replay still equals the recording.
+#[test]
+fn the_request_that_ran_out_of_memory_is_replayed_against_the_device() {
+    let dir = std::env::temp_dir().join(format!("vramlab-doctor-probe-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("frag.jsonl");
+    let mib = 1u64 << 20;
+    let lines = [
+        format!(r#"{{"op":"alloc","id":1,"size":{}}}"#, 60 * mib),
+        r#"{"op":"free","id":1}"#.into(),
+        format!(r#"{{"op":"alloc","id":2,"size":{}}}"#, 25 * mib),
+        format!(r#"{{"op":"alloc","id":3,"size":{}}}"#, 10 * mib),
+        format!(r#"{{"op":"alloc","id":4,"size":{}}}"#, 25 * mib),
+        r#"{"op":"free","id":2}"#.into(),
+        r#"{"op":"free","id":4}"#.into(),
+        format!(r#"{{"op":"alloc","id":5,"size":{}}}"#, 40 * mib),
+    ];
+    std::fs::write(&trace, lines.join("\n")).unwrap();
+    let snap = dir.join("frag.pickle");
+    let replayed = vramlab_json([
+        "replay".as_ref(),
+        trace.as_os_str(),
+        "--capacity".as_ref(),
+        "64MiB".as_ref(),
+        "--export-snapshot".as_ref(),
+        snap.as_os_str(),
+        "--json".as_ref(),
+    ]);
+    assert_eq!(
+        replayed["ooms"].as_array().map(Vec::len),
+        Some(1),
+        "{replayed}"
+    );
+    let snap = snap.to_str().unwrap();
+    let v = doctor(snap, &["--capacity", "64MiB", "--no-planner"]);
+    let d = &v["devices"][0];
+    let row = |setting: &str| {
+        d["what_ifs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|w| w["setting"].as_str().unwrap().starts_with(setting))
+            .unwrap_or_else(|| panic!("no row {setting}: {v}"))
+            .clone()
+    };
+    assert_eq!(row("recorded")["ooms"], 1, "{v}");
+    assert_eq!(row("recorded")["equals_recording"], true, "{v}");
+    assert_eq!(row("expandable_segments:True")["ooms"], 0, "{v}");
+    // The device's free bytes when it gave up: 64 MiB less the 60 reserved.
+    assert_eq!(d["recorded_ooms"][0]["device_free_bytes"], 4 * mib, "{v}");
+    let advice = d["advice"].to_string();
+    assert!(
+        advice.contains("expandable_segments:True would not have run out of memory"),
+        "{advice}"
+    );
+    let v = doctor(snap, &["--no-planner"]);
+    let recorded = &v["devices"][0]["what_ifs"][0];
+    assert_eq!(recorded["ooms"], 0, "{v}");
+    assert_eq!(recorded["equals_recording"], true, "{v}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

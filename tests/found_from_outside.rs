@@ -967,14 +967,17 @@ fn doctor_at_says_where_it_stopped() {
             env!("CARGO_MANIFEST_DIR")
         )
     };
+    let dir = std::env::temp_dir().join(format!("vramlab-outside-at-{}", std::process::id()));
+    let uneven = crate::common::files::uneven_devices(&dir);
     let v = json_of(&[
         "doctor",
-        &f("multi_device"),
+        uneven.to_str().unwrap(),
         "--at",
         "2",
         "--no-planner",
         "--json",
     ]);
+    let _ = std::fs::remove_dir_all(&dir);
     let said: Vec<bool> = v["devices"]
         .as_array()
         .unwrap()

@@ -657,7 +657,24 @@ fn advise(
         .min_by_key(|w| (w.ooms, w.peak_reserved_bytes));
     if let Some(best) = best {
         let saved = base.peak_reserved_bytes as i128 - best.peak_reserved_bytes as i128;
-        if saved > 0 && (best.ooms < base.ooms || base.ooms == 0) {
+        if best.ooms < base.ooms && saved <= 0 {
+            // Fitting matters more than the peak: say so even where the
+            // peak does not fall.
+            let ooms = if best.ooms == 0 {
+                "would not have run out of memory".to_string()
+            } else {
+                format!(
+                    "would have run out of memory {}",
+                    super::count(best.ooms, "time")
+                )
+            };
+            out.push(format!(
+                "{} {ooms} ({} reserved at its peak): set PYTORCH_CUDA_ALLOC_CONF={}.",
+                best.setting,
+                Mib(best.peak_reserved_bytes),
+                best.setting
+            ));
+        } else if saved > 0 && (best.ooms < base.ooms || base.ooms == 0) {
             let oom = if base.ooms > 0 && best.ooms == 0 {
                 " and would not have run out of memory".to_string()
             } else {

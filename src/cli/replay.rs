@@ -393,7 +393,8 @@ fn replay_snapshot(args: &ReplayArgs) -> anyhow::Result<()> {
     let settings_source = match (&file.settings, user_conf) {
         (_, true) => "--alloc-conf",
         (Some(s), false) => {
-            let limit = config.memory_limit;
+            // --memory-limit wins over the limit a vramlab run recorded.
+            let limit = config.memory_limit.or(s.memory_limit);
             config = s.clone();
             config.memory_limit = limit;
             "the snapshot's allocator_settings"

@@ -116,3 +116,35 @@ pub fn writer_caught_mid_write(args: &[&str], dir: &Path) -> std::process::Child
     }
     child
 }
+
+/// `tests/fixtures/snapshots/multi_device.pickle` with device 0's last trace
+/// entry (a free) dropped, written to `dir`: device 0 then has 2 operations
+/// and device 1 (alloc, free, and its out-of-memory entry's probe) 3, so
+/// the devices' histories differ in length.
+pub fn uneven_devices(dir: &Path) -> PathBuf {
+    use vramlab::lab::pickle::{pickle, unpickle, PyValue};
+    let fixture = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/snapshots/multi_device.pickle"
+    );
+    let root = unpickle(&std::fs::read(fixture).unwrap()).unwrap();
+    let items: Vec<(PyValue, PyValue)> = root
+        .as_dict()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| {
+            if k.as_str() != Some("device_traces") {
+                return (k.clone(), v.clone());
+            }
+            let mut traces = v.as_list().unwrap().to_vec();
+            let mut first = traces[0].as_list().unwrap().to_vec();
+            first.pop();
+            traces[0] = PyValue::list(first);
+            (k.clone(), PyValue::list(traces))
+        })
+        .collect();
+    std::fs::create_dir_all(dir).unwrap();
+    let path = dir.join("uneven_devices.pickle");
+    std::fs::write(&path, pickle(&PyValue::dict(items))).unwrap();
+    path
+}

@@ -598,6 +598,13 @@ impl<S: SegmentSource> CachingAllocator<S> {
         label: Option<&Arc<str>>,
     ) {
         let (allocated, reserved) = (self.memory_allocated(), self.memory_reserved());
+        let device_free = (kind == EventKind::Oom)
+            .then(|| {
+                self.source
+                    .free_capacity()
+                    .or_else(|| self.config.memory_limit.map(|l| l.saturating_sub(reserved)))
+            })
+            .flatten();
         if let Some(r) = &mut self.recorder {
             r.events.push(MemEvent {
                 seq: r.events.len() as u64,
@@ -613,6 +620,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
                 label: label.cloned().unwrap_or_else(|| Arc::from("")),
                 allocated,
                 reserved,
+                device_free,
             });
         }
     }

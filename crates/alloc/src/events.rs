@@ -48,6 +48,11 @@ pub struct MemEvent {
     /// Totals right after the event.
     pub allocated: u64,
     pub reserved: u64,
+    /// For `Oom`: the bytes free to the allocator when it gave up, the
+    /// device's where it is known, else what the memory limit left (a
+    /// snapshot's `device_free`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_free: Option<u64>,
 }
 
 /// The blocks alive along an event log, and their bytes per category: the

@@ -108,11 +108,17 @@ pub fn categories_of(events: &[MemEvent]) -> HashMap<usize, Category> {
     kept
 }
 
+/// `allocator_settings`' key for the memory limit a run had (`--memory-limit`,
+/// PyTorch's `set_per_process_memory_fraction`), which PyTorch's snapshots
+/// do not carry.
+pub const MEMORY_LIMIT_KEY: &str = "vramlab_memory_limit";
+
 /// The operation (0-based, as `doctor --at` and a replay's `after_op` count
 /// them) that the event at `index` ends in when [`torch_snapshot`]'s trace
-/// is read back: each alloc and free is one, and each run of segment
+/// is read back: each alloc, free and oom is one, and each run of segment
 /// releases one more (the `empty_cache` it is read back as, where garbage
-/// collection is off); `None` before the first.
+/// collection does not act: [`crate::torch_snapshot::releases_mean_empty_cache`]);
+/// `None` before the first.
 pub fn operation_of(
     events: &[MemEvent],
     index: usize,
@@ -122,17 +128,18 @@ pub fn operation_of(
     let mut releasing = false;
     for e in events.iter().take(index.saturating_add(1)) {
         match e.kind {
-            EventKind::Alloc | EventKind::Free => {
+            // An oom entry is read back as a probe of the request.
+            EventKind::Alloc | EventKind::Free | EventKind::Oom => {
                 ops += 1;
                 releasing = false;
             }
             EventKind::SegmentFree | EventKind::SegmentUnmap => {
-                if !releasing && settings.garbage_collection_threshold == 0.0 {
+                if !releasing && crate::torch_snapshot::releases_mean_empty_cache(settings) {
                     ops += 1;
                 }
                 releasing = true;
             }
-            EventKind::SegmentAlloc | EventKind::SegmentMap | EventKind::Oom => releasing = false,
+            EventKind::SegmentAlloc | EventKind::SegmentMap => releasing = false,
             // No trace entry.
             EventKind::Retag | EventKind::Phase => {}
         }
@@ -262,7 +269,8 @@ pub fn torch_snapshot(events: &[MemEvent], settings: &crate::memory::AllocatorCo
                 segments.apply(e);
             }
             EventKind::Oom => {
-                let free = vec![(f.s("device_free"), PyValue::Int(0))];
+                let free = e.device_free.unwrap_or(0).min(i64::MAX as u64) as i64;
+                let free = vec![(f.s("device_free"), PyValue::Int(free))];
                 trace.push(entry(&mut f, "oom", e, e.size, free));
             }
             EventKind::Phase => phase = e.op.to_string(),
@@ -332,9 +340,23 @@ pub fn torch_snapshot(events: &[MemEvent], settings: &crate::memory::AllocatorCo
     } else {
         settings.max_split_size as i64
     };
-    let expandable_setting = settings.expandable_segments;
-    let settings = PyValue::dict(vec![
-        (f.s("PYTORCH_CUDA_ALLOC_CONF"), f.s("")),
+    // As PyTorch writes them, so a replay of the file runs under the same
+    // rules: every interval's divisions keyed by its start in MiB, the
+    // options as a string (vramlab's own among them, which the reader takes
+    // from there), and a memory limit under a key of vramlab's own, since
+    // garbage collection acts only against one.
+    let conf = settings.describe();
+    let divisions = settings
+        .roundup_power2_divisions
+        .iter()
+        .enumerate()
+        .map(|(i, &d)| (f.s(&(1u64 << i).to_string()), PyValue::Int(d as i64)))
+        .collect();
+    let mut entries = vec![
+        (
+            f.s("PYTORCH_CUDA_ALLOC_CONF"),
+            f.s(if conf == "(defaults)" { "" } else { &conf }),
+        ),
         (f.s("max_split_size"), PyValue::Int(max_split)),
         (
             f.s("garbage_collection_threshold"),
@@ -342,9 +364,17 @@ pub fn torch_snapshot(events: &[MemEvent], settings: &crate::memory::AllocatorCo
         ),
         (
             f.s("expandable_segments"),
-            PyValue::Bool(expandable_setting),
+            PyValue::Bool(settings.expandable_segments),
         ),
-    ]);
+        (f.s("roundup_power2_divisions"), PyValue::dict(divisions)),
+    ];
+    if let Some(limit) = settings.memory_limit {
+        entries.push((
+            f.s(MEMORY_LIMIT_KEY),
+            PyValue::Int(limit.min(i64::MAX as u64) as i64),
+        ));
+    }
+    let settings = PyValue::dict(entries);
     PyValue::dict(vec![
         (f.s("segments"), PyValue::list(segs)),
         (

@@ -153,6 +153,9 @@ pub fn timeline(
                 }
             }
             Op::EmptyCache => a.empty_cache(),
+            Op::Probe { size } => {
+                crate::torch_snapshot::probe(&mut a, size);
+            }
         }
         let (alloc, reserved) = (a.memory_allocated(), a.memory_reserved());
         if alloc > peak {

@@ -228,6 +228,28 @@ fn settings_of(root: &PyValue) -> Result<(Option<AllocatorConfig>, bool), LabErr
             }
         }
     }
+    // vramlab's own options ride in the conf string (PyTorch's are read
+    // from their fields above), and its memory limit under its own key.
+    if let Some(conf) = s.get("PYTORCH_CUDA_ALLOC_CONF").and_then(PyValue::as_str) {
+        let ours: Vec<&str> = crate::memory::config::split_options(conf)
+            .into_iter()
+            .filter(|o| {
+                o.split_once(':')
+                    .is_some_and(|(k, _)| crate::strategies::vramlab::KEYS.contains(&k.trim()))
+            })
+            .collect();
+        if !ours.is_empty() {
+            let options = crate::strategies::vramlab::parse_alloc_conf(&ours.join(","))?;
+            c.placement = options.placement;
+        }
+    }
+    if let Some(limit) = s
+        .get(crate::snapshot_export::MEMORY_LIMIT_KEY)
+        .and_then(PyValue::as_i64)
+        .filter(|&l| l > 0)
+    {
+        c.memory_limit = Some(limit as u64);
+    }
     let expandable = s
         .get("expandable_segments")
         .and_then(PyValue::as_bool)
@@ -446,12 +468,7 @@ fn read_device(
     let mut origins: HashMap<u64, Origin> = HashMap::new();
     let mut from_metadata = 0;
     let mut streams = std::collections::BTreeSet::new();
-    // A trace has no entry for `empty_cache` (or the out-of-memory retry):
-    // it shows as a run of segment_free / segment_unmap entries. The first
-    // of each run becomes an EmptyCache op, so the replay releases what
-    // PyTorch released. (Garbage collection frees segments one by one on
-    // its own; with it on, the allocator's own rule decides.)
-    let releases_mean_empty_cache = config.garbage_collection_threshold == 0.0;
+    let releases_mean_empty_cache = releases_mean_empty_cache(config);
     let mut releasing = false;
     let mut unknown: BTreeMap<String, usize> = BTreeMap::new();
     for (i, item) in trace.iter().enumerate() {
@@ -538,7 +555,10 @@ fn read_device(
                     seg_f.push(size);
                 }
             }
-            "oom" => ooms.push((size, e.device_free(table))),
+            "oom" => {
+                ooms.push((size, e.device_free(table)));
+                ops.push(Op::Probe { size });
+            }
             // The frees not chosen as the one that frees, and what changes
             // no memory.
             a if FREES.contains(&a) || a == "snapshot" || a == "user_defined" => {}
@@ -676,7 +696,11 @@ fn remove_range(set: &mut BTreeMap<u64, u64>, at: u64, len: u64) {
 /// `segment_map` / `segment_unmap` entries (undoing each, last first) to
 /// what was mapped before the first entry, one segment per pool. A map of
 /// exactly 2 MiB is the small pool (a small request never maps more than
-/// one page); an unmap belongs to the pool whose addresses it lies among.
+/// one page), any other the large; an unmap belongs to the pool that mapped
+/// it in the trace, or else to the pool whose addresses it lies among. A
+/// pool's segment may be released whole and a new one reserved elsewhere
+/// (after `empty_cache`), so the one before the first entry is placed by
+/// its own ranges.
 fn rewind_expandable(
     recorded: &[Recorded],
     mapping: &[(bool, u64, u64)],
@@ -686,6 +710,13 @@ fn rewind_expandable(
     if mapping.is_empty() && !recorded.iter().any(|r| r.4) {
         return out;
     }
+    let by_size = |len: u64| {
+        if len == 2 << 20 {
+            PoolKind::Small
+        } else {
+            PoolKind::Large
+        }
+    };
     // Each pool's address span, from the end state and the maps.
     let mut span: HashMap<PoolKind, (u64, u64)> = HashMap::new();
     let mut widen = |pool: PoolKind, at: u64, len: u64| {
@@ -698,15 +729,10 @@ fn rewind_expandable(
     }
     for &(map, at, len) in mapping {
         if map {
-            let pool = if len == 2 << 20 {
-                PoolKind::Small
-            } else {
-                PoolKind::Large
-            };
-            widen(pool, at, len);
+            widen(by_size(len), at, len);
         }
     }
-    let pool_of = |at: u64, len: u64| {
+    let by_span = |at: u64, len: u64| {
         for pool in [PoolKind::Small, PoolKind::Large] {
             if let Some(&(lo, hi)) = span.get(&pool) {
                 if lo <= at && at < hi {
@@ -720,6 +746,34 @@ fn rewind_expandable(
             PoolKind::Small
         }
     };
+    // Each entry's pool, forward: what the trace itself mapped first.
+    let mut mapped_in_trace: HashMap<PoolKind, BTreeMap<u64, u64>> = HashMap::new();
+    let pools: Vec<PoolKind> = mapping
+        .iter()
+        .map(|&(map, at, len)| {
+            let pool = if map {
+                by_size(len)
+            } else {
+                [PoolKind::Small, PoolKind::Large]
+                    .into_iter()
+                    .find(|p| {
+                        mapped_in_trace.get(p).is_some_and(|set| {
+                            set.range(..=at).next_back().is_some_and(|(&a, &l)| {
+                                at.saturating_add(len) <= a.saturating_add(l)
+                            })
+                        })
+                    })
+                    .unwrap_or_else(|| by_span(at, len))
+            };
+            let set = mapped_in_trace.entry(pool).or_default();
+            if map {
+                add_range(set, at, len);
+            } else {
+                remove_range(set, at, len);
+            }
+            pool
+        })
+        .collect();
     for pool in [PoolKind::Small, PoolKind::Large] {
         let mut set = BTreeMap::new();
         let mut blocks = Vec::new();
@@ -731,21 +785,24 @@ fn rewind_expandable(
                 }
             }
         }
-        let mut base = set.keys().next().copied().unwrap_or(u64::MAX);
-        for &(map, at, len) in mapping.iter().rev() {
-            if pool_of(at, len) != pool {
+        let mut touched = !set.is_empty();
+        for (&(map, at, len), &p) in mapping.iter().zip(&pools).rev() {
+            if p != pool {
                 continue;
             }
-            base = base.min(at);
+            touched = true;
             if map {
                 remove_range(&mut set, at, len);
             } else {
                 add_range(&mut set, at, len);
             }
         }
-        if base == u64::MAX {
+        if !touched {
             continue;
         }
+        // The segment before the first entry starts at its lowest mapped
+        // range (where nothing was mapped, it holds nothing either).
+        let base = set.keys().next().copied().unwrap_or(0);
         out.push(InitialExpandable {
             pool,
             base,
@@ -760,6 +817,22 @@ fn rewind_expandable(
         });
     }
     out
+}
+
+/// Whether a run of segment releases in a trace is read as `empty_cache`.
+/// A trace has no entry for `empty_cache`: it shows as a run of
+/// segment_free / segment_unmap entries, and the first of each run becomes
+/// an EmptyCache op, so the replay releases what PyTorch released. But the
+/// allocator also releases on its own rules, which the replay follows
+/// itself: against a memory limit (garbage collection, and the retries of a
+/// request that does not fit: oversize blocks first, then everything), and
+/// under vramlab's `release_before_grow`. Where a limit was recorded (vramlab
+/// writes its own; PyTorch's snapshots carry none) or that option was on,
+/// releases are left to those rules, and a program's own `empty_cache` is
+/// not told apart.
+pub fn releases_mean_empty_cache(config: &AllocatorConfig) -> bool {
+    config.memory_limit.is_none()
+        && !crate::strategies::vramlab::VramlabOptions::of(config).release_before_grow
 }
 
 /// A replay from the recorded start state.
@@ -807,8 +880,31 @@ pub enum Applied {
     /// A free failed. Handles come from this allocator, so that is a bug,
     /// but a report beats a crash on someone's file.
     FreeFailed(String),
-    /// A free or `empty_cache` done.
+    /// A free or `empty_cache` done, or a probe that asked nothing.
     Done,
+    /// A probe under a limit that got its block (and gave it back).
+    Granted,
+}
+
+/// Whether the replay under `a` has a limit a request can run into: the
+/// device's capacity or the allocator's memory limit.
+fn limited<S: crate::memory::SegmentSource>(a: &CachingAllocator<S>) -> bool {
+    a.source().total_capacity().is_some() || a.config().memory_limit.is_some()
+}
+
+/// [`Op::Probe`] on `a`: under a limit, asks for `size` and frees it at
+/// once. `Some(granted)` where it asked, `None` where there is no limit.
+pub fn probe<S: crate::memory::SegmentSource>(
+    a: &mut CachingAllocator<S>,
+    size: u64,
+) -> Option<bool> {
+    if !limited(a) {
+        return None;
+    }
+    Some(match a.malloc(size.max(1), "oom probe") {
+        Ok(x) => a.free(x.handle).is_ok(),
+        Err(_) => false,
+    })
 }
 
 /// Runs trace entry `op` on `a` (allocations labelled `label`), keeping the
@@ -837,6 +933,11 @@ pub fn apply_op(
             a.empty_cache();
             Applied::Done
         }
+        Op::Probe { size } => match probe(a, size) {
+            Some(true) => Applied::Granted,
+            Some(false) => Applied::Refused,
+            None => Applied::Done,
+        },
     }
 }
 
@@ -986,6 +1087,22 @@ pub fn replay_from_state_at(
                     });
                 }
             }
+            (Applied::Refused, Op::Probe { size }) => {
+                ooms += 1;
+                if oom_at.len() < MAX_OOMS {
+                    oom_at.push(OomAt {
+                        op: i,
+                        requested_bytes: size,
+                        category: Category::Untagged,
+                        origin: Origin::default(),
+                        allocated_bytes: a.memory_allocated(),
+                        reserved_bytes: a.memory_reserved(),
+                    });
+                }
+            }
+            (Applied::Granted, Op::Probe { size }) => differences.push(format!(
+                "the recording ran out of memory asking for {size} bytes at operation {i}; this replay got them"
+            )),
             (Applied::FreeFailed(e), _) => differences.push(format!("a free failed: {e}")),
             _ => {}
         }

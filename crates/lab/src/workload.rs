@@ -28,6 +28,13 @@ pub enum Op {
         id: u64,
     },
     EmptyCache,
+    /// A request the recording ran out of memory on (a snapshot's `oom`
+    /// entry). A replay under a limit asks for it too and gives it back at
+    /// once if granted, so whether another setting would have fitted it
+    /// shows; without a limit it does nothing.
+    Probe {
+        size: u64,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -106,7 +113,7 @@ impl Workload {
                     peak = peak.max(now);
                 }
                 Op::Free { id } => now -= live.remove(&id).unwrap_or(0),
-                Op::EmptyCache => {}
+                Op::EmptyCache | Op::Probe { .. } => {}
             }
         }
         peak
@@ -131,7 +138,7 @@ impl Workload {
                         out[k].last = i;
                     }
                 }
-                Op::EmptyCache => {}
+                Op::EmptyCache | Op::Probe { .. } => {}
             }
         }
         out
@@ -222,7 +229,7 @@ impl Live {
         let ids = || {
             ops.iter().filter_map(|op| match *op {
                 Op::Alloc { id, .. } | Op::Free { id } => Some(id),
-                Op::EmptyCache => None,
+                Op::EmptyCache | Op::Probe { .. } => None,
             })
         };
         let low = ids().filter(|&id| id < span).max().map_or(0, |m| m + 1);
@@ -291,6 +298,9 @@ pub fn run(s: &mut dyn Strategy, w: &Workload) -> RunResult {
                 }
             }
             Op::EmptyCache => s.empty_cache(),
+            // Strategies run without a device limit here, where a probe
+            // asks nothing.
+            Op::Probe { .. } => {}
         }
         peak_alloc = peak_alloc.max(s.allocated());
         peak_res = peak_res.max(s.reserved());

@@ -2,6 +2,7 @@
 
 mod exact_planner;
 mod expandable;
+mod export_settings;
 mod granules;
 mod segment_map;
 mod streaming;
