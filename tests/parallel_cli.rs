@@ -270,9 +270,19 @@ fn layout_flags_it_would_ignore_are_refused() {
         assert!(err.contains(want), "{args:?}: {err}");
     };
     bad(&["--dp", "2", "--loss", "chunked"], "--loss is for one GPU");
+    // The optimizer step follows the precision: foreach in fp32, fused
+    // with mixed precision (docs/parallel.md); the other is refused.
     bad(
         &["--dp", "2", "--optimizer-impl", "fused"],
-        "--optimizer-impl is for one GPU",
+        "in fp32 a parallel layout's ranks run PyTorch's foreach Adam",
+    );
+    bad(
+        &["--dp", "2", "--amp", "bf16", "--optimizer-impl", "foreach"],
+        "with mixed precision a parallel layout's ranks run a fused Adam",
+    );
+    bad(
+        &["--dp", "2", "--optimizer-impl", "for-loop"],
+        "or give foreach",
     );
     bad(
         &[
@@ -298,9 +308,12 @@ fn layout_flags_it_would_ignore_are_refused() {
         "without --weight-decay",
     );
     bad(&["--dp", "2", "--weight-decay", "-1"], "--weight-decay");
-    // What agrees is accepted: checkpoint with full, DDP's options on DDP.
+    // What agrees is accepted: checkpoint with full, DDP's options on DDP,
+    // the optimizer each precision runs.
     for ok in [
         vec!["--dp", "2", "--mode", "checkpoint", "--recompute", "full"],
+        vec!["--dp", "2", "--optimizer-impl", "foreach"],
+        vec!["--dp", "2", "--amp", "bf16", "--optimizer-impl", "fused"],
         vec![
             "--dp",
             "2",
@@ -380,4 +393,296 @@ fn a_layout_with_any_stage_out_of_memory_does_not_fit() {
         .output()
         .unwrap();
     assert!(String::from_utf8_lossy(&e.stdout).contains("OUT OF MEMORY on stage 1"));
+}
+
+/// A stage out of memory fails `estimate` of a layout as it fails one
+/// GPU's (exit 1, the error in the JSON beside the figures), and the JSON
+/// carries the verdict the text prints.
+#[test]
+fn a_layout_out_of_memory_fails_its_estimate() {
+    let args = [
+        "estimate",
+        "--model",
+        "gpt",
+        "--preset",
+        "gpt2",
+        "--batch",
+        "8",
+        "--dp",
+        "2",
+        "--memory-limit",
+        "1GiB",
+    ];
+    let o = Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .args(args)
+        .output()
+        .unwrap();
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(out.contains("runs out of memory"), "{out}");
+    assert!(
+        err.contains("stage 0 of the layout runs out of memory"),
+        "{err}"
+    );
+    let o = Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .args(args)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(
+        v["error"].as_str().unwrap().contains("out of memory"),
+        "{v}"
+    );
+    assert_eq!(v["exit_code"], 1);
+    assert_eq!(v["fits"], false);
+    assert!(v["memory_left"].is_null() && v["stages"][0]["oom"].is_string());
+}
+
+/// `estimate`'s fit verdict says the headroom it takes (none unless
+/// --headroom), and with plan's it agrees with plan: dp1/tp2/pp4 DDP
+/// selective 1×64 fits 1 GiB whole, not 90% of it.
+#[test]
+fn estimates_verdict_takes_plans_headroom_when_asked() {
+    let est = |extra: &[&'static str]| {
+        let mut a = vec![
+            "estimate",
+            "--model",
+            "gpt",
+            "--preset",
+            "gpt2",
+            "--batch",
+            "1",
+            "--microbatches",
+            "64",
+            "--tp",
+            "2",
+            "--sp",
+            "--pp",
+            "4",
+            "--recompute",
+            "selective",
+            "--amp",
+            "bf16",
+            "--capacity",
+            "1GiB",
+        ];
+        a.extend_from_slice(extra);
+        a
+    };
+    let text = Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .args(est(&[]))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("On 1.00 GiB a GPU, no headroom") && text.contains(": fits, "),
+        "{text}"
+    );
+    let whole = vramlab_json(est(&["--json"]));
+    assert_eq!(whole["fits"], true, "{whole}");
+    assert_eq!(whole["headroom"], 0.0);
+    let worst = whole["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["peak_reserved"].as_i64().unwrap())
+        .max()
+        .unwrap();
+    assert_eq!(whole["memory_left"].as_i64().unwrap(), (1 << 30) - worst);
+    let tenth = vramlab_json(est(&["--headroom", "0.1", "--json"]));
+    assert_eq!(tenth["fits"], false, "{tenth}");
+    let left = tenth["memory_left"].as_i64().unwrap();
+    assert!(left < 0, "{tenth}");
+    // plan's figure for the same layout is the same.
+    let plan = vramlab_json([
+        "plan",
+        "--preset",
+        "gpt2",
+        "--gpus",
+        "8",
+        "--memory",
+        "1GiB",
+        "--global-batch",
+        "64",
+        "--top",
+        "400",
+        "--json",
+    ]);
+    let c = plan["layouts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| {
+            let l = &c["layout"];
+            l["dp"] == 1
+                && l["tp"] == 2
+                && l["pp"] == 4
+                && l["recompute"] == "selective"
+                && l["micro_batch"] == 1
+        })
+        .expect("listed");
+    assert_eq!(c["fits"], false);
+    assert_eq!(c["memory_left"].as_i64().unwrap(), left);
+    // --headroom is a fraction of --capacity, and a layout's.
+    let e = stderr_of(&[
+        "estimate",
+        "--model",
+        "gpt",
+        "--dp",
+        "2",
+        "--headroom",
+        "0.1",
+    ]);
+    assert!(e.contains("add --capacity"), "{e}");
+    let e = stderr_of(&["estimate", "--model", "gpt", "--headroom", "0.1"]);
+    assert!(e.contains("--memory-limit"), "{e}");
+}
+
+/// plan names the cap on micro-batches (layer passes) when it leaves no
+/// layout, instead of a divisibility rule the batch met, and counts the
+/// layouts it skipped when it leaves some.
+#[test]
+fn plan_names_the_layer_pass_cap_and_counts_what_it_skipped() {
+    // The tiny preset: 2 layers, so at most 100,000 micro-batches a rank.
+    let e = stderr_of(&[
+        "plan",
+        "--gpus",
+        "1",
+        "--memory",
+        "1GiB",
+        "--global-batch",
+        "1600000",
+        "--recompute",
+        "none",
+    ]);
+    assert!(
+        e.contains("200,000") && e.contains("at most 800,000") && !e.contains("multiple"),
+        "{e}"
+    );
+    let args = [
+        "plan",
+        "--gpus",
+        "1",
+        "--memory",
+        "1GiB",
+        "--global-batch",
+        "800000",
+        "--recompute",
+        "none",
+    ];
+    let mut json = args.to_vec();
+    json.push("--json");
+    let v = vramlab_json(json);
+    assert_eq!(v["layouts_skipped_past_layer_passes"], 3, "{v}");
+    assert_eq!(v["layouts_evaluated"], 1, "{v}");
+    let o = Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .args(args)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("3 layouts skipped, not evaluated"), "{text}");
+}
+
+/// The layouts listed past those that fit are marked as not fitting, and
+/// the memory limit that decided the fits is in the header and the JSON.
+#[test]
+fn plan_marks_what_does_not_fit_and_the_limit_it_fit_under() {
+    let o = Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .args([
+            "plan",
+            "--preset",
+            "gpt2",
+            "--gpus",
+            "1",
+            "--memory",
+            "16GiB",
+            "--global-batch",
+            "64",
+            "--top",
+            "20",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    let mark = lines
+        .iter()
+        .position(|l| *l == "(these do not fit; the closest:)")
+        .expect(&text);
+    // Every row after the mark is short of memory, none before it (one
+    // GPU: no "(stage N)" after the peak).
+    let left = |l: &str| -> f64 { l.split_whitespace().nth(7).unwrap().parse().unwrap() };
+    let header = lines.iter().position(|l| l.contains("left GiB")).unwrap();
+    assert!(
+        lines[header + 1..mark].iter().all(|l| left(l) >= 0.0),
+        "{text}"
+    );
+    assert!(left(lines[mark + 1]) < 0.0, "{text}");
+    let plan = |limit: Option<&'static str>| {
+        let mut a = vec![
+            "plan",
+            "--preset",
+            "gpt2",
+            "--gpus",
+            "8",
+            "--memory",
+            "80GiB",
+            "--global-batch",
+            "64",
+            "--top",
+            "1",
+        ];
+        if let Some(l) = limit {
+            a.extend(["--memory-limit", l]);
+        }
+        a
+    };
+    let mut json = plan(Some("1GiB"));
+    json.push("--json");
+    assert_eq!(vramlab_json(json)["memory_limit"], 1u64 << 30);
+    let mut json = plan(None);
+    json.push("--json");
+    assert!(vramlab_json(json)["memory_limit"].is_null());
+    let o = Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .args(plan(Some("1GiB")))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.lines()
+            .next()
+            .unwrap()
+            .contains("(10% headroom, --memory-limit 1.00 GiB)"),
+        "{text}"
+    );
+}
+
+/// --capacity is the simulated device's size wherever a command runs on
+/// one; plan, whose GPU size is --memory, refuses it instead of ignoring it.
+#[test]
+fn capacity_is_the_device_size_or_refused() {
+    let e = stderr_of(&[
+        "plan",
+        "--preset",
+        "gpt2",
+        "--gpus",
+        "8",
+        "--memory",
+        "16GiB",
+        "--capacity",
+        "1GiB",
+    ]);
+    assert!(e.contains("--memory"), "{e}");
+    // simple-cnn at batch 64 reserves 118 MiB: not on a 10 MiB device.
+    let e = stderr_of(&["estimate", "--batch", "64", "--capacity", "10MiB"]);
+    assert!(
+        e.contains("out of memory") && e.contains("10.00 MiB"),
+        "{e}"
+    );
+    vramlab_json(["estimate", "--batch", "64", "--capacity", "1GiB", "--json"]);
 }

@@ -105,3 +105,35 @@ fn a_repeated_value_is_refused() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--batch 2 is given more than once"), "{err}");
 }
+
+/// Each point shows the peak reserved its out-of-memory verdict is about
+/// beside the peak allocated (simple-cnn at batch 3 allocates less than at
+/// 7 but reserves more than 38 MiB), and --capacity is the simulated
+/// device's size as in `estimate`.
+#[test]
+fn a_point_shows_the_reserved_memory_its_verdict_is_about() {
+    for flag in ["--memory-limit", "--capacity"] {
+        let v = sweep(&["--batch", "3,7", flag, "38MiB"]);
+        let p = v["points"].as_array().unwrap();
+        let reserved = |i: usize| p[i]["estimated_reserved_bytes"].as_u64().unwrap();
+        assert!(reserved(0) > 38 << 20 && p[0]["oom"] == true, "{flag}: {v}");
+        assert!(
+            reserved(1) <= 38 << 20 && p[1].get("oom").is_none(),
+            "{flag}: {v}"
+        );
+        assert!(reserved(0) >= p[0]["estimated_peak_bytes"].as_u64().unwrap());
+    }
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .args(["sweep", "--batch", "3,7", "--memory-limit", "38MiB"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("reserved (MiB)"), "{text}");
+    // A measured point runs on the GPU, whose size --capacity is not.
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .args(["sweep", "--batch", "3,7", "--measure", "--capacity", "1GiB"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--memory-limit"));
+}

@@ -374,9 +374,10 @@ pub struct StepArgs {
     /// Which torch.optim implementation the step follows: foreach
     /// (PyTorch's default on CUDA; its temporaries are parameter-sized
     /// lists), for-loop (`foreach=False`; one parameter's temporaries at a
-    /// time) or fused (`fused=True`; none).
-    #[arg(long, value_enum, default_value = "foreach")]
-    pub optimizer_impl: crate::optim::OptimizerImpl,
+    /// time) or fused (`fused=True`; none). Default: foreach (a parallel
+    /// layout's: foreach in fp32, fused with mixed precision).
+    #[arg(long, value_enum)]
+    pub optimizer_impl: Option<crate::optim::OptimizerImpl>,
     /// The loss: cross-entropy (PyTorch's F.cross_entropy: log_softmax,
     /// then nll_loss; with the logits, four vocabulary-sized buffers at its
     /// peak), fused (vramlab's one kernel; two) or chunked[:ROWS] (PyTorch
@@ -424,7 +425,7 @@ impl StepArgs {
             self.momentum,
             self.weight_decay,
         )
-        .with_impl(self.optimizer_impl);
+        .with_impl(self.optimizer_impl.unwrap_or_default());
         o.validate().map_err(|e| ArgError(e.to_string()))?;
         Ok(o)
     }

@@ -71,15 +71,33 @@ fn run_layout(args: &EstimateArgs) -> anyhow::Result<()> {
     if args.steps != 1 {
         anyhow::bail!("a parallel layout's estimate always runs two steps (the first allocates Adam's state, the second is the steady state); leave out --steps");
     }
-    // The rank's program models PyTorch's default loss and foreach Adam;
-    // other choices would be ignored, so they are refused.
+    // The rank's program models PyTorch's default loss; other choices
+    // would be ignored, so they are refused.
     if args.step.loss != crate::train::LossMode::CrossEntropy {
         anyhow::bail!(
             "a parallel layout's ranks run F.cross_entropy; --loss is for one GPU (leave it out)"
         );
     }
-    if args.step.optimizer_impl != crate::optim::OptimizerImpl::Foreach {
-        anyhow::bail!("a parallel layout's ranks run foreach Adam (PyTorch's default); --optimizer-impl is for one GPU (leave it out)");
+    let precision = if args.step.amp.is_some() || args.dtype != DType::F32 {
+        Precision::Mixed
+    } else {
+        Precision::Fp32
+    };
+    // The rank's optimizer step follows the precision (rank.rs): fp32 runs
+    // PyTorch's foreach Adam, mixed precision a fused Adam (DeepSpeed's,
+    // Megatron's). Any other --optimizer-impl would be ignored: refused.
+    let modelled = match precision {
+        Precision::Fp32 => crate::optim::OptimizerImpl::Foreach,
+        Precision::Mixed => crate::optim::OptimizerImpl::Fused,
+    };
+    if let Some(given) = args.step.optimizer_impl.filter(|i| *i != modelled) {
+        let runs = match precision {
+            Precision::Fp32 => "in fp32 a parallel layout's ranks run PyTorch's foreach Adam (with mixed precision, --amp bf16, a fused one)",
+            Precision::Mixed => "with mixed precision a parallel layout's ranks run a fused Adam, DeepSpeed's and Megatron's (in fp32, without --amp or a 16-bit --dtype, PyTorch's foreach one)",
+        };
+        anyhow::bail!(
+            "--optimizer-impl {given}: {runs}; leave --optimizer-impl out, or give {modelled}"
+        );
     }
     args.step.optimizer()?;
     for (flag, given) in [
@@ -90,11 +108,6 @@ fn run_layout(args: &EstimateArgs) -> anyhow::Result<()> {
             anyhow::bail!("a parallel layout's ranks model Adam's two moments without {flag}; it is for one GPU (leave it out)");
         }
     }
-    let precision = if args.step.amp.is_some() || args.dtype != DType::F32 {
-        Precision::Mixed
-    } else {
-        Precision::Fp32
-    };
     let layout = args.layout.layout(
         args.batch as u64,
         seq,
@@ -104,19 +117,58 @@ fn run_layout(args: &EstimateArgs) -> anyhow::Result<()> {
     layout.check(&model)?;
     let capacity = args.alloc.capacity()?;
     let config = args.alloc.config(None)?;
+    let headroom = args.layout.headroom.unwrap_or(0.0);
+    if !(0.0..1.0).contains(&headroom) {
+        anyhow::bail!("--headroom is a fraction of --capacity, from 0 up to (not including) 1");
+    }
+    if args.layout.headroom.is_some() && capacity.is_none() {
+        anyhow::bail!(
+            "--headroom is a fraction of the GPU's size: add --capacity SIZE (e.g. --capacity 80GiB)"
+        );
+    }
     let rows = super::estimate_layout::stages(&model, &layout, capacity, &config);
+    let fit = super::estimate_layout::fit(&rows, capacity, headroom, config.memory_limit);
+    // A stage that ran out of memory fails the command, as one GPU's
+    // estimate does: the figures are printed, then the error.
+    let oom = rows.iter().find_map(|r| {
+        r.report.oom.as_ref().map(|o| {
+            anyhow::anyhow!(
+                "stage {} of the layout runs out of memory: {o} A layout can also hold less a rank: --zero or --fsdp over more --dp, --tp, --pp or --recompute.",
+                r.report.stage
+            )
+        })
+    });
     if args.json {
-        let out = serde_json::json!({
+        let mut out = serde_json::json!({
             "model": model,
             "parameters": model.params(),
             "layout": layout,
             "gpus": layout.gpus(),
             "capacity": capacity,
+            "headroom": headroom,
+            "memory_limit": config.memory_limit,
+            "fit_limit": fit.as_ref().map(|f| f.limit),
+            "fits": fit.as_ref().map(|f| f.fits),
+            "memory_left": fit.as_ref().and_then(|f| f.memory_left),
             "stages": rows,
         });
+        if let Some(e) = oom {
+            let e = super::fail_in_json(&mut out, e);
+            println!("{}", serde_json::to_string_pretty(&out)?);
+            return Err(e);
+        }
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
-        super::estimate_layout::print(&model, &layout, &rows, capacity);
+        super::estimate_layout::print(&model, &layout, &rows);
+        if let Some(f) = &fit {
+            println!(
+                "{}",
+                super::estimate_layout::verdict(f, capacity, headroom, config.memory_limit)
+            );
+        }
+        if let Some(e) = oom {
+            return Err(e);
+        }
     }
     Ok(())
 }
@@ -176,6 +228,7 @@ fn steps_on(
 fn mode_rows(
     plan: &Plan,
     steps: usize,
+    capacity: Option<u64>,
     measure: Option<&DeviceArgs>,
 ) -> anyhow::Result<Vec<ModeRow>> {
     let mut rows = Vec::new();
@@ -186,8 +239,9 @@ fn mode_rows(
             mode,
             ..plan.clone()
         };
-        // A mode that runs out of memory under the limit is a row saying so.
-        let a = match run_steps(Engine::simulated(p.config.clone(), None), &p, 0, steps) {
+        // A mode that runs out of memory under the limit (or on a device of
+        // --capacity) is a row saying so.
+        let a = match run_steps(Engine::simulated(p.config.clone(), capacity), &p, 0, steps) {
             Ok(e) => Some(analyze(&e.events, &e.layer_outputs)),
             Err(err) if err.is_oom() => None,
             Err(err) => return Err(err.into()),
@@ -261,6 +315,14 @@ pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
     if args.layout.given() {
         return run_layout(args);
     }
+    if args.layout.headroom.is_some() {
+        anyhow::bail!(
+            "--headroom is the part of --capacity a parallel layout's fit verdict leaves free (with --dp, --tp or --pp); one GPU's estimate runs out of memory at --capacity or --memory-limit: give the size to fit in as one of them"
+        );
+    }
+    // --capacity is the simulated device's size, as everywhere: a step that
+    // needs more runs out of memory on it (the figures are the same).
+    let capacity = args.alloc.capacity()?;
     let spec = args.model.spec()?;
     let mut plan = args
         .step
@@ -274,7 +336,7 @@ pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
     }
     super::args::check_recorded_steps(args.steps)?;
     let est = steps_on(
-        Engine::simulated(plan.config.clone(), None),
+        Engine::simulated(plan.config.clone(), capacity),
         &plan,
         args.steps,
     )?;
@@ -301,7 +363,12 @@ pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
     } else {
         None
     };
-    let modes = mode_rows(&plan, args.steps, args.measure.then_some(&args.device))?;
+    let modes = mode_rows(
+        &plan,
+        args.steps,
+        capacity,
+        args.measure.then_some(&args.device),
+    )?;
     if args.json {
         let mut est_side = serde_json::to_value(side(&a, est.seconds, None))?;
         est_side["layers"] = serde_json::to_value(&a.layers)?;

@@ -115,7 +115,7 @@ fn gib(b: f64) -> String {
     format!("{:.2} GiB", b / (1u64 << 30) as f64)
 }
 
-pub fn print(model: &Transformer, l: &Layout, rows: &[StageRow], capacity: Option<u64>) {
+pub fn print(model: &Transformer, l: &Layout, rows: &[StageRow]) {
     println!("{}\n", describe(model, l));
     println!("Per rank, two steps through the caching allocator (the second is the steady state):");
     println!(
@@ -183,23 +183,81 @@ pub fn print(model: &Transformer, l: &Layout, rows: &[StageRow], capacity: Optio
          The peaks also hold DDP's buckets, gathered parameters, activation gradients and communication buffers;\n\
          CUDA's context, NCCL's buffers and cuBLAS workspaces are not in them."
     );
-    if let Some(c) = capacity {
-        let worst = rows
-            .iter()
-            .map(|r| r.report.peak_reserved)
-            .max()
-            .unwrap_or(0);
-        println!(
-            "On {} a GPU: {}",
+}
+
+/// Whether the fullest stage fits, and under what.
+#[derive(Debug)]
+pub struct Fit {
+    /// What the fullest stage's peak reserved must stay under: --capacity
+    /// less --headroom, or --memory-limit, whichever is less.
+    pub limit: u64,
+    /// No stage ran out of memory and the fullest peaked under `limit`.
+    pub fits: bool,
+    /// `limit` less the fullest stage's peak reserved (negative: short by
+    /// that much); `None` when a stage ran out of memory (its peak is where
+    /// it stopped, not what it needs).
+    pub memory_left: Option<i64>,
+}
+
+/// The verdict on `rows` under `capacity` less `headroom` and the allocator's
+/// `memory_limit`, as `plan` decides it; `None` without either size.
+pub fn fit(
+    rows: &[StageRow],
+    capacity: Option<u64>,
+    headroom: f64,
+    memory_limit: Option<u64>,
+) -> Option<Fit> {
+    let usable = capacity.map(|c| (c as f64 * (1.0 - headroom)) as u64);
+    let limit = match (usable, memory_limit) {
+        (Some(u), Some(m)) => u.min(m),
+        (u, m) => u.or(m)?,
+    };
+    let oom = rows.iter().any(|r| r.report.oom.is_some());
+    let worst = rows
+        .iter()
+        .map(|r| r.report.peak_reserved)
+        .max()
+        .unwrap_or(0);
+    let left = limit as i64 - worst as i64;
+    Some(Fit {
+        limit,
+        fits: !oom && left >= 0,
+        memory_left: (!oom).then_some(left),
+    })
+}
+
+/// The verdict's line: the size, the headroom taken from it (plan's 10%
+/// is not applied unless --headroom asks), the limit, and the answer.
+pub fn verdict(f: &Fit, capacity: Option<u64>, headroom: f64, memory_limit: Option<u64>) -> String {
+    let mut under = match capacity {
+        Some(c) if headroom > 0.0 => format!(
+            "On {} a GPU less {:.0}% headroom ({})",
             gib(c as f64),
-            if rows.iter().any(|r| r.report.oom.is_some()) {
-                "runs out of memory".to_string()
-            } else {
-                format!(
-                    "fits, {} left on the fullest stage",
-                    gib(c.saturating_sub(worst) as f64)
-                )
-            }
+            headroom * 100.0,
+            gib((c as f64 * (1.0 - headroom)).floor())
+        ),
+        Some(c) => format!(
+            "On {} a GPU, no headroom (plan leaves 10%: --headroom 0.1)",
+            gib(c as f64)
+        ),
+        None => String::new(),
+    };
+    if let Some(m) = memory_limit {
+        under += &format!(
+            "{} --memory-limit {}",
+            if under.is_empty() { "Under" } else { ", under" },
+            gib(m as f64)
         );
     }
+    let answer = match f.memory_left {
+        None => "runs out of memory".to_string(),
+        Some(left) if left >= 0 => {
+            format!("fits, {} left on the fullest stage", gib(left as f64))
+        }
+        Some(left) => format!(
+            "does not fit, {} short on the fullest stage",
+            gib(-left as f64)
+        ),
+    };
+    format!("{under}: {answer}")
 }

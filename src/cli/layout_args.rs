@@ -87,6 +87,10 @@ pub struct LayoutArgs {
     /// attention scores are never stored; a log-sum-exp per row is.
     #[arg(long)]
     pub flash_attention: bool,
+    /// Fraction of --capacity the fit verdict leaves free, as `plan`'s
+    /// --headroom (default 0: the whole capacity; `plan` leaves 0.1).
+    #[arg(long, value_name = "FRACTION")]
+    pub headroom: Option<f64>,
 }
 
 impl LayoutArgs {

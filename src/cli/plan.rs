@@ -5,6 +5,7 @@
 
 use super::args::{AllocArgs, ModelArgs};
 use super::layout_args::{transformer, RecomputeArg};
+use crate::parallel::layout::MAX_LAYER_PASSES;
 use crate::parallel::plan::{search, Candidate, Costs, Request};
 use crate::parallel::{Precision, Recompute, Sharding};
 use clap::Args;
@@ -74,7 +75,7 @@ pub fn estimate_command(args: &PlanArgs, l: &crate::parallel::Layout, seq: u64) 
         Sharding::Fsdp => (None, true),
     };
     let s = |x: u64| Some(x.to_string());
-    let valued: [(&str, Option<String>); 18] = [
+    let valued: [(&str, Option<String>); 19] = [
         ("model", Some(m.model.clone())),
         ("preset", m.preset.clone()),
         ("layers", m.layers.map(|x| x.to_string())),
@@ -92,7 +93,9 @@ pub fn estimate_command(args: &PlanArgs, l: &crate::parallel::Layout, seq: u64) 
         ("recompute", rec),
         ("amp", (!args.fp32).then(|| "bf16".to_string())),
         ("alloc-conf", args.alloc.alloc_conf.clone()),
-        ("capacity", args.alloc.capacity.clone()),
+        // plan's GPU size and headroom, so estimate's verdict is plan's.
+        ("capacity", Some(args.memory.clone())),
+        ("headroom", Some(args.headroom.to_string())),
     ];
     let mut v = vec![];
     for (name, value) in valued {
@@ -166,6 +169,12 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
     let spec = args.model.spec()?;
     let (model, seq) = transformer(&spec)?;
     let memory = super::args::parse_memory("--memory", &args.memory)?;
+    // The GPU's size is --memory here; a second size would be ignored.
+    if args.alloc.capacity.is_some() {
+        anyhow::bail!(
+            "plan takes the GPU's size as --memory; leave --capacity out (--memory-fraction is a fraction of --memory, --memory-limit caps the allocator under it)"
+        );
+    }
     super::args::at_least_one(&[
         ("--gpus", args.gpus),
         ("--global-batch", args.global_batch),
@@ -208,12 +217,38 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
             intra_bw: args.nvlink_gbs * 1e9,
             inter_bw: args.network_gbs * 1e9,
         },
-        config: args.alloc.config(None)?,
+        config: args.alloc.config(Some(memory))?,
     };
     let t0 = std::time::Instant::now();
-    let found = search(&req, args.top);
+    let searched = search(&req, args.top);
     let seconds = t0.elapsed().as_secs_f64();
+    let found = &searched.candidates;
+    // Layouts with more micro-batches than a program holds are not
+    // replayed: say how many, and name that cap when nothing is left.
+    let capped: Vec<&crate::parallel::Layout> = searched.past_layer_passes(&model).collect();
+    if found.is_empty() && !capped.is_empty() {
+        let most = capped
+            .iter()
+            .map(|l| l.dp * l.micro_batch * (MAX_LAYER_PASSES / (model.layers / l.pp)))
+            .max()
+            .unwrap_or(0);
+        anyhow::bail!(
+            "no layout of {} with global batch {} can be replayed: each of its {} takes more layer passes (micro-batches × layers a stage, with micro-batches of at most 8 sequences a data-parallel rank) than the {} a rank's program holds; give a --global-batch of at most {}, or more --gpus",
+            super::count(args.gpus, "GPU"),
+            args.global_batch,
+            super::count(capped.len() as u64, "layout"),
+            super::grouped(MAX_LAYER_PASSES),
+            super::grouped(most),
+        );
+    }
     if found.is_empty() {
+        if let Some((_, e)) = searched.skipped.first() {
+            anyhow::bail!(
+                "no layout of {} with global batch {} can be modelled: {e}",
+                super::count(args.gpus, "GPU"),
+                args.global_batch
+            );
+        }
         anyhow::bail!(
             "no layout of {} runs this model with global batch {}: the data-parallel ranks times the micro-batch must divide it, the tensor-parallel size the {} heads and the sequence, the pipeline stages the {} layers; try a --global-batch that is a multiple of --gpus",
             super::count(args.gpus, "GPU"),
@@ -233,8 +268,11 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
             "sequence": seq,
             "global_batch": args.global_batch,
             "costs": req.costs,
+            "memory_limit": req.config.memory_limit,
             "layouts_evaluated": found.len(),
             "layouts_fitting": fitting,
+            "layouts_skipped_past_layer_passes": capped.len(),
+            "max_layer_passes": MAX_LAYER_PASSES,
             "seconds": seconds,
             "layouts": found.iter().take(args.top).collect::<Vec<_>>(),
         });
@@ -242,7 +280,7 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "{} parameters ({} layers, hidden {}, {} heads), {} tokens a sequence, global batch {}, {} of {} ({:.0}% headroom), {}",
+        "{} parameters ({} layers, hidden {}, {} heads), {} tokens a sequence, global batch {}, {} of {} ({:.0}% headroom{}), {}",
         super::parameters(model.params()),
         model.layers,
         model.hidden,
@@ -252,18 +290,32 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
         super::count(args.gpus, "GPU"),
         crate::memory::format_size(memory),
         args.headroom * 100.0,
+        match req.config.memory_limit {
+            Some(m) => format!(", --memory-limit {:.2} GiB", m as f64 / (1u64 << 30) as f64),
+            None => String::new(),
+        },
         if args.fp32 { "fp32" } else { "mixed precision" },
     );
     println!(
         "{} layouts evaluated in {seconds:.1} s (each rank's two steps through the caching allocator: the first and\n\
          last stages, 1F1B's steady state shortened); {fitting} fit. Those listed were replayed whole, as `estimate`\n\
          does (every stage; the first, second and last past 16); the fullest stage is shown. left: under --memory\n\
-         less the headroom{}.\n",
+         less the headroom{}.{}\n",
         found.len(),
         if req.config.memory_limit.is_some() {
             " or --memory-limit, whichever is less"
         } else {
             ""
+        },
+        if capped.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "\n{} skipped, not evaluated: more layer passes (micro-batches × layers a stage) than the {}\n\
+                 a rank's program holds (a smaller --global-batch or more --gpus brings them in).",
+                super::count(capped.len() as u64, "layout"),
+                super::grouped(MAX_LAYER_PASSES)
+            )
         }
     );
     println!(
@@ -285,7 +337,11 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
     if fitting == 0 {
         println!("(none fits; the closest:)");
     }
-    for c in &shown {
+    for (i, c) in shown.iter().enumerate() {
+        // Those that fit come first; a line marks where the rest begin.
+        if i > 0 && i == fitting {
+            println!("(these do not fit; the closest:)");
+        }
         println!("{}", row(c));
     }
     println!(

@@ -47,7 +47,11 @@ pub struct SweepArgs {
 #[derive(Debug, Serialize)]
 struct Point {
     value: usize,
+    /// Peak allocated of the step (its demand).
     estimated_peak_bytes: u64,
+    /// Peak reserved: what the caching allocator holds, and what a memory
+    /// limit or --capacity decides `oom` against.
+    estimated_reserved_bytes: u64,
     /// The part of the peak that scales with the swept value: input,
     /// activations, outputs and temporaries live at the peak.
     estimated_growing_bytes: u64,
@@ -101,6 +105,14 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
     // A bad optimizer setting is an error before any GPU work.
     args.step.optimizer()?;
     let config = args.alloc.config(None)?;
+    // --capacity is the simulated device's size, as in `estimate` and
+    // `replay`; a measured point runs on the GPU, whose size is its own.
+    let capacity = args.alloc.capacity()?;
+    if args.measure && capacity.is_some() && args.alloc.memory_fraction.is_none() {
+        anyhow::bail!(
+            "--capacity is the size of the simulated device a point runs on; with --measure each point runs on the GPU, whose size is its own: leave --capacity out, or cap the GPU with --memory-limit SIZE"
+        );
+    }
     let engine = if args.measure {
         Some(args.device.engine(config.clone())?)
     } else {
@@ -138,9 +150,13 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
             .map(|c| a.by_category.get(c).copied().unwrap_or(0))
             .sum();
         let (measured, oom) = match &engine {
-            // Under a memory limit, whether the step fits it: run on a
-            // simulated device with the limit.
-            None if plan.config.memory_limit.is_some() => match estimate(&plan) {
+            // Under a memory limit or on a device of --capacity, whether
+            // the step fits: run on a simulated device with both.
+            None if plan.config.memory_limit.is_some() || capacity.is_some() => match run_step(
+                crate::tensor::Engine::simulated(plan.config.clone(), capacity),
+                &plan,
+                0,
+            ) {
                 Ok(_) => (None, false),
                 Err(err) if err.is_oom() => (None, true),
                 Err(err) => return Err(err).context(format!("{dim} {value}")),
@@ -162,6 +178,7 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
         points.push(Point {
             value,
             estimated_peak_bytes: a.peak_allocated_bytes,
+            estimated_reserved_bytes: a.peak_reserved_bytes,
             estimated_growing_bytes: growing,
             measured_peak_bytes: measured,
             oom,
@@ -210,17 +227,22 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
     );
     // Without --measure, a memory limit is checked on a simulated device:
     // the last column says whether each point fits it.
-    let limit = config.memory_limit.filter(|_| engine.is_none());
+    let limit = match (config.memory_limit, capacity) {
+        (Some(m), Some(c)) => Some(m.min(c)),
+        (m, c) => m.or(c),
+    }
+    .filter(|_| engine.is_none());
     if let Some(l) = limit {
         println!(
-            "  estimated: the step's demand; under the limit: whether it runs within {} (simulated)",
+            "  estimated: the step's demand, peak allocated and peak reserved (the cache the allocator holds\n  with no limit; under one it frees cached blocks before it runs out); under the limit: whether it\n  runs within {} (simulated)",
             crate::memory::format_size(l)
         );
     }
     println!(
-        "  {:>10} {:>18} {:>18} {:>18}",
+        "  {:>10} {:>18} {:>15} {:>18} {:>18}",
         dim,
         "estimated (MiB)",
+        "reserved (MiB)",
         "growing part",
         if limit.is_some() {
             "under the limit"
@@ -236,9 +258,10 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
             (None, _) => "-".to_string(),
         };
         println!(
-            "  {:>10} {:>18.2} {:>18.2} {:>18}",
+            "  {:>10} {:>18.2} {:>15.2} {:>18.2} {:>18}",
             p.value,
             mib(p.estimated_peak_bytes),
+            mib(p.estimated_reserved_bytes),
             mib(p.estimated_growing_bytes),
             m
         );

@@ -11,9 +11,10 @@ pub struct SizeParseError {
     pub reason: String,
 }
 
-/// Parses a byte size. Binary suffixes (KiB, MiB, GiB, TiB) are powers of 1024;
-/// decimal ones (KB, MB, GB, TB) powers of 1000, as their names say. A bare
-/// number is bytes; `B` may follow it.
+/// Parses a byte size. Binary suffixes (KiB, MiB, GiB, TiB, PiB, EiB) are
+/// powers of 1024; decimal ones (KB, MB, GB, TB, PB, EB) powers of 1000, as
+/// their names say. A bare number is bytes; `B` may follow it. Past 2^62
+/// bytes (4 EiB, [`MAX_BYTES`](super::constants::MAX_BYTES)) is an error.
 pub fn parse_size(input: &str) -> Result<u64, SizeParseError> {
     let err = |reason: &str| SizeParseError {
         input: input.to_string(),
@@ -34,10 +35,16 @@ pub fn parse_size(input: &str) -> Result<u64, SizeParseError> {
         "mib" | "m" => 1024.0 * 1024.0,
         "gib" | "g" => 1024.0 * 1024.0 * 1024.0,
         "tib" | "t" => 1024.0f64.powi(4),
+        // Messages print sizes up to "4 EiB", so those units read back. No
+        // bare "e": it reads as an exponent (1e9), not as an exbibyte.
+        "pib" | "p" => 1024.0f64.powi(5),
+        "eib" => 1024.0f64.powi(6),
         "kb" => 1e3,
         "mb" => 1e6,
         "gb" => 1e9,
         "tb" => 1e12,
+        "pb" => 1e15,
+        "eb" => 1e18,
         other => return Err(err(&format!("unknown unit {other:?}"))),
     };
     let bytes = value * mult;
@@ -112,6 +119,20 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("parsecs"));
+    }
+
+    #[test]
+    fn reads_the_units_messages_print_up_to_the_most_modelled() {
+        assert_eq!(parse_size("2PiB").unwrap(), 2 << 50);
+        assert_eq!(parse_size("1p").unwrap(), 1 << 50);
+        assert_eq!(parse_size("4 EiB").unwrap(), 1 << 62);
+        assert_eq!(parse_size("3PB").unwrap(), 3_000_000_000_000_000);
+        assert_eq!(parse_size("2EB").unwrap(), 2_000_000_000_000_000_000);
+        for big in ["5EiB", "5EB", "99999PiB"] {
+            let e = parse_size(big).unwrap_err().to_string();
+            assert!(e.contains("more than 2^62 bytes (4 EiB)"), "{big}: {e}");
+        }
+        assert!(parse_size("1e").is_err() && parse_size("1e9").is_err());
     }
 
     #[test]

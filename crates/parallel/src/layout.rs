@@ -193,6 +193,14 @@ impl Layout {
         self.dp * self.micro_batch * self.microbatches
     }
 
+    /// Whether a stage's program would be past [`MAX_LAYER_PASSES`]
+    /// (micro-batches × the stage's layers), too many to hold and replay.
+    pub fn past_layer_passes(&self, model: &Transformer) -> bool {
+        self.microbatches
+            .saturating_mul(model.layers / self.pp.max(1))
+            > MAX_LAYER_PASSES
+    }
+
     /// Whether `model` can run this layout, or what is wrong and what would
     /// fix it.
     pub fn check(&self, model: &Transformer) -> Result<(), LayoutError> {
@@ -267,7 +275,7 @@ impl Layout {
         if scores.is_none() || logits.is_none() || params.is_none() {
             return big("a tensor of this model and micro-batch");
         }
-        if self.microbatches.saturating_mul(model.layers / self.pp) > MAX_LAYER_PASSES {
+        if self.past_layer_passes(model) {
             return Err(LayoutError(format!(
                 "--microbatches {} over {} layers a stage is past the {MAX_LAYER_PASSES} layer passes a program holds; use fewer micro-batches (a larger --batch) or more --pp",
                 self.microbatches,

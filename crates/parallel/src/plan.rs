@@ -213,15 +213,44 @@ pub fn comm_bytes(model: &Transformer, l: &Layout) -> [f64; 3] {
     [dp, tp, pp]
 }
 
+/// What [`search`] evaluated, and the layouts it enumerated but could not
+/// model (so a search that finds nothing can say why).
+#[derive(Debug, Clone)]
+pub struct Searched {
+    /// Fitting ones first by estimated step time, then the others by how
+    /// far they are from fitting.
+    pub candidates: Vec<Candidate>,
+    /// Enumerated layouts [`Layout::check`] refused, with its reason: past
+    /// [`crate::layout::MAX_LAYER_PASSES`], or sizes too large to model.
+    pub skipped: Vec<(Layout, crate::layout::LayoutError)>,
+}
+
+impl Searched {
+    /// The skipped layouts whose micro-batches were too many to replay
+    /// ([`Layout::past_layer_passes`]).
+    pub fn past_layer_passes<'a>(
+        &'a self,
+        model: &'a Transformer,
+    ) -> impl Iterator<Item = &'a Layout> + 'a {
+        self.skipped
+            .iter()
+            .map(|(l, _)| l)
+            .filter(move |l| l.past_layer_passes(model))
+    }
+}
+
 /// Evaluates every layout with the screening replays, then replays whole
 /// the `confirm` best that fit, in order, until that many still fit (each
 /// one's figures are then `estimate`'s); fitting ones first by estimated
 /// step time, then the others by how far they are from fitting.
-pub fn search(r: &Request, confirm: usize) -> Vec<Candidate> {
-    let all: Vec<Layout> = layouts(r)
-        .into_iter()
-        .filter(|l| l.check(&r.model).is_ok())
-        .collect();
+pub fn search(r: &Request, confirm: usize) -> Searched {
+    let (mut all, mut skipped) = (vec![], vec![]);
+    for l in layouts(r) {
+        match l.check(&r.model) {
+            Ok(()) => all.push(l),
+            Err(e) => skipped.push((l, e)),
+        }
+    }
     // A layout fits under --memory less the headroom, and under the
     // allocator's own limit where one is set (--memory-limit).
     let mut limit = (r.memory as f64 * (1.0 - r.headroom)) as u64;
@@ -261,7 +290,10 @@ pub fn search(r: &Request, confirm: usize) -> Vec<Candidate> {
         confirmed += usize::from(c.fits);
     }
     sort(&mut out);
-    out
+    Searched {
+        candidates: out,
+        skipped,
+    }
 }
 
 fn sort(out: &mut [Candidate]) {

@@ -168,7 +168,7 @@ fn plans_list_whole_replays() {
         costs: Costs::default(),
         config: AllocatorConfig::default(),
     };
-    let out = search(&req, 5);
+    let out = search(&req, 5).candidates;
     // The five listed first were replayed whole, and whole replays never
     // reserve less than the screening ones.
     assert!(
@@ -183,6 +183,38 @@ fn plans_list_whole_replays() {
     // Fitting layouts come first, and none after a layout that does not.
     let first_short = out.iter().position(|c| !c.fits).unwrap_or(out.len());
     assert!(out[first_short..].iter().all(|c| !c.fits));
+}
+
+/// Layouts whose micro-batches are past the layer passes a program holds
+/// are not replayed, and `search` returns them (`plan` names that cap when
+/// nothing is left, instead of a divisibility rule every layout met).
+#[test]
+fn layouts_past_the_layer_pass_cap_are_returned_as_skipped() {
+    use vramlab_parallel::plan::{layouts, search, Costs, Request};
+    let mut req = Request {
+        model: model(8, 8, 256, 256, 2000),
+        gpus: 8,
+        memory: 96 << 20,
+        headroom: 0.1,
+        seq: 128,
+        // 2^24 sequences over at most 8 ranks × 8 a micro-batch: 262,144
+        // micro-batches, past 200,000 layer passes on any stage.
+        global_batch: 1 << 24,
+        precision: Precision::Mixed,
+        recompute: vec![Recompute::None],
+        max_tp: 8,
+        flash_attention: false,
+        costs: Costs::default(),
+        config: AllocatorConfig::default(),
+    };
+    let out = search(&req, 1);
+    assert!(out.candidates.is_empty());
+    assert_eq!(out.skipped.len(), layouts(&req).len());
+    assert_eq!(out.past_layer_passes(&req.model).count(), out.skipped.len());
+    // Under the cap nothing is skipped.
+    req.global_batch = 64;
+    let out = search(&req, 1);
+    assert!(out.skipped.is_empty() && !out.candidates.is_empty());
 }
 
 #[derive(serde::Deserialize)]
