@@ -300,3 +300,188 @@ fn a_small_refused_request_is_said_in_bytes() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("id 1 asked for 1000 bytes"), "{text}");
 }
+
+/// A scratch directory of its own for one test.
+fn scratch(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("vramlab-replay-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// 30 MiB allocated and freed, the cache emptied, then `reset_peak` and one
+/// 1000-byte allocation: the peak live requested bytes restarted with the
+/// allocator's peaks (it stayed 30 MiB, so "fragmentation" came out 0.067),
+/// and `--allocators` measures from the reset too (its rows said 30 MiB).
+#[test]
+fn reset_peak_resets_every_peak_plain_and_compared() {
+    let dir = scratch("reset-peak");
+    let p = dir.join("rp.jsonl");
+    std::fs::write(
+        &p,
+        concat!(
+            "{\"op\":\"alloc\",\"id\":1,\"size\":31457280}\n",
+            "{\"op\":\"free\",\"id\":1}\n",
+            "{\"op\":\"empty_cache\"}\n",
+            "{\"op\":\"reset_peak\"}\n",
+            "{\"op\":\"alloc\",\"id\":2,\"size\":1000}\n",
+        ),
+    )
+    .unwrap();
+    let (rc, v, err) = replay_path(&p, &[]);
+    assert_eq!(rc, 0, "{err}");
+    assert_eq!(v["peak_live_requested_bytes"], 1000);
+    assert_eq!(stat(&v, "allocated_bytes.all.peak"), 1024);
+    assert_eq!(stat(&v, "reserved_bytes.all.peak"), 2 * MIB);
+    let (rc, v, err) = replay_path(&p, &["--allocators", "pytorch,expandable,planner"]);
+    assert_eq!(rc, 0, "{err}");
+    assert_eq!(v["lower_bound_bytes"], 1000);
+    assert_eq!(v["measured_from_operation"], 3);
+    let results = v["results"].as_array().unwrap();
+    // The pytorch row agrees with the plain replay.
+    assert_eq!(results[0]["allocator"], "pytorch");
+    assert_eq!(results[0]["peak_allocated_bytes"], 1024);
+    assert_eq!(results[0]["peak_reserved_bytes"], 2 * MIB);
+    for r in results {
+        assert!(r["fragmentation"].as_f64().unwrap() >= 1.0, "{r}");
+    }
+    assert!(
+        v["notes"][0].as_str().unwrap().contains("reset_peak"),
+        "{v}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A trace of blank lines replayed 0 events with exit 0, while an empty
+/// file is an error: both are now, and so is an interval header alone.
+#[test]
+fn a_trace_without_events_is_refused() {
+    let dir = scratch("no-events");
+    for (name, text, want) in [
+        ("ws.jsonl", " \n\n\t\n", "no events: every line is blank"),
+        ("h.csv", "id,lower,upper,size\n\n", "header and no buffers"),
+    ] {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        for extra in [&[][..], &["--allocators", "pytorch"]] {
+            let (rc, _, err) = replay_path(&p, extra);
+            assert_eq!(rc, 1, "{name} {extra:?}: {err}");
+            assert!(err.contains(want), "{name} {extra:?}: {err}");
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A JSON Lines error quoted serde's position within the one line ("line
+/// 2: ... at line 1 column 14"): only the column is said now.
+#[test]
+fn a_json_error_names_the_column_only() {
+    let dir = scratch("column");
+    let p = dir.join("bad.jsonl");
+    std::fs::write(
+        &p,
+        "{\"op\":\"alloc\",\"id\":1,\"size\":3}\n{\"op\":\"free\" \"id\":1}\n",
+    )
+    .unwrap();
+    let (rc, _, err) = replay_path(&p, &[]);
+    assert_eq!(rc, 1);
+    assert!(
+        err.contains("line 2: expected `,` or `}` at column 14;"),
+        "{err}"
+    );
+    assert!(!err.contains("line 1"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// An interval file: an integer too large for its column is said to be
+/// one (it was "not an integer"), and a header with an extra column is an
+/// interval file whose extra column is ignored (it was read as JSON Lines:
+/// "expected value at line 1 column 1").
+#[test]
+fn interval_files_out_of_range_and_with_extra_columns() {
+    let dir = scratch("interval-columns");
+    let big = dir.join("big.csv");
+    std::fs::write(&big, "id,lower,upper,size\n0,0,18446744073709551615,5\n").unwrap();
+    let (rc, _, err) = replay_path(&big, &[]);
+    assert_eq!(rc, 1);
+    assert!(
+        err.contains("`upper` is `18446744073709551615`, an integer out of range; the largest accepted is 9223372036854775807"),
+        "{err}"
+    );
+    let extra = dir.join("extra.csv");
+    std::fs::write(
+        &extra,
+        "id,lower,upper,size,extra\n0,0,2,4096,x\n1,1,3,8192,y\n",
+    )
+    .unwrap();
+    let (rc, v, err) = replay_path(&extra, &[]);
+    assert_eq!(rc, 0, "{err}");
+    assert_eq!(v["events"], 4);
+    assert_eq!(v["peak_live_requested_bytes"], 4096 + 8192);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// garbage_collection_threshold without a memory limit does nothing (as in
+/// PyTorch, which collects only under a memory fraction): the replay says
+/// so instead of silently differing from --memory-limit.
+#[test]
+fn an_inert_garbage_collection_threshold_is_noted() {
+    let gc = ["--alloc-conf", "garbage_collection_threshold:0.8"];
+    let (rc, v, err) = replay(
+        "oom_retry.jsonl",
+        &[&gc[..], &["--capacity", "64MiB"]].concat(),
+    );
+    assert_eq!(rc, 0, "{err}");
+    let note = v["notes"][0].as_str().unwrap_or_default();
+    assert!(
+        note.contains("only under a memory limit") && note.contains("--memory-limit"),
+        "{v}"
+    );
+    let (_, v, _) = replay(
+        "oom_retry.jsonl",
+        &[&gc[..], &["--memory-limit", "64MiB"]].concat(),
+    );
+    assert_eq!(v["notes"], serde_json::json!([]));
+    let (_, v, _) = replay(
+        "oom_retry.jsonl",
+        &[&gc[..], &["--allocators", "pytorch"]].concat(),
+    );
+    assert!(
+        v["notes"][0]
+            .as_str()
+            .unwrap_or_default()
+            .contains("only under a memory limit"),
+        "{v}"
+    );
+    // The text says it too.
+    let out = Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .args(["replay", "tests/fixtures/traces/oom_retry.jsonl"])
+        .args(gc)
+        .env_remove("VRAMLAB_ALLOC_CONF")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("note: garbage_collection_threshold:0.8 acts only under a memory limit"),
+        "{text}"
+    );
+}
+
+/// PyTorch keys that concern locking or pinned host memory replay (a real
+/// PYTORCH_CUDA_ALLOC_CONF pasted as it is); cudaMallocAsync is refused.
+#[test]
+fn a_pasted_pytorch_alloc_conf_replays() {
+    let conf = "backend:native,release_lock_on_cudamalloc:True,pinned_use_cuda_host_register:True,pinned_num_register_threads:8,expandable_segments:True";
+    let (rc, v, err) = replay("oom_retry.jsonl", &["--alloc-conf", conf]);
+    assert_eq!(rc, 0, "{err}");
+    assert_eq!(v["alloc_conf"], "expandable_segments:True");
+    let out = Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .args(["replay", "tests/fixtures/traces/oom_retry.jsonl"])
+        .args(["--alloc-conf", "backend:cudaMallocAsync"])
+        .env_remove("VRAMLAB_ALLOC_CONF")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("native caching allocator only"), "{err}");
+}

@@ -140,3 +140,48 @@ fn a_pickle_without_history_says_how_to_record_one() {
     assert!(err.contains("_record_memory_history"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--timeline` on a snapshot printed no timeline and no `timeline` key,
+/// silently; it is refused with where to find one instead.
+#[test]
+fn timeline_of_a_snapshot_says_where_to_look() {
+    let (ok, v, err) = replay(&fixture("scenario.pickle"), &["--timeline"]);
+    assert!(!ok, "{v}");
+    assert!(
+        err.contains("--timeline") && err.contains("vramlab doctor") && err.contains("--out DIR"),
+        "{err}"
+    );
+}
+
+/// An entry error named where in the file but not the file
+/// ("device_traces[0][0] (\"alloc\"): size is not an integer"): the name
+/// goes in front, as in the snapshot's other errors.
+#[test]
+fn entry_errors_name_the_file() {
+    use vramlab::lab::pickle::{pickle, PyValue};
+    let s = PyValue::str;
+    let entry = PyValue::dict(vec![
+        (s("action"), s("alloc")),
+        (s("addr"), PyValue::Int(1 << 21)),
+        (s("size"), s("big")),
+    ]);
+    let snapshot = PyValue::dict(vec![
+        (s("segments"), PyValue::list(vec![])),
+        (
+            s("device_traces"),
+            PyValue::list(vec![PyValue::list(vec![entry])]),
+        ),
+    ]);
+    let dir = std::env::temp_dir().join(format!("vramlab-snap-name-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join("bad.pickle");
+    std::fs::write(&p, pickle(&snapshot)).unwrap();
+    let (ok, _, err) = replay(&p, &[]);
+    assert!(!ok);
+    let want = format!(
+        "{}: device_traces[0][0] (\"alloc\"): size is not an integer",
+        p.display()
+    );
+    assert!(err.contains(&want), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

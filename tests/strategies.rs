@@ -54,6 +54,7 @@ fn random_workload(seed: u64, ops: usize) -> Workload {
     Workload {
         name: format!("random {seed}"),
         ops: out,
+        measure_from: 0,
     }
 }
 

@@ -14,12 +14,13 @@ pub struct ReplayArgs {
     /// JSON Lines trace: {"op":"alloc","id":7,"size":1200}, {"op":"free","id":7},
     /// {"op":"empty_cache"}, {"op":"reset_peak"}; "label" and "category" (parameter, optimizer_state, activation, ...; what `vramlab` places by) are optional.
     /// Or a PyTorch memory snapshot pickle, or an interval file (CSV with the
-    /// header id,lower,upper,size: half-open lifetimes, as MiniMalloc's
+    /// header id,lower,upper,size, other columns ignored: half-open lifetimes, as MiniMalloc's
     /// benchmarks), replayed as a trace with frees first at each time.
     pub trace: PathBuf,
     #[command(flatten)]
     pub alloc: AllocArgs,
-    /// Also print allocated/reserved bytes after every event.
+    /// Also print allocated/reserved bytes after every event (JSON Lines and
+    /// interval files; for a snapshot, `vramlab doctor FILE --out DIR`).
     #[arg(long, conflicts_with = "allocators")]
     pub timeline: bool,
     /// Compare allocator strategies on this trace instead:
@@ -68,7 +69,29 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
         if args.export_snapshot.is_some() || args.export_intervals.is_some() {
             anyhow::bail!("--export-snapshot and --export-intervals write out a JSON Lines trace or an interval file; this file is a PyTorch snapshot (replay it as it is)");
         }
+        // A snapshot's replay starts from the rebuilt state before its
+        // trace; its per-event curve is doctor's page, not this flag's list.
+        if args.timeline {
+            anyhow::bail!(
+                "--timeline lists allocated and reserved bytes after each event of a JSON Lines trace or an interval file; {} is a PyTorch snapshot: `vramlab doctor {} --out DIR` draws its replay over the trace (DIR/timeline-deviceN.html), and `doctor --at OP` breaks down any moment",
+                args.trace.display(),
+                args.trace.display()
+            );
+        }
         return replay_snapshot(args);
+    }
+    // No events (blank lines only, or an interval header alone) is refused
+    // as an empty file is: statistics of nothing would pass for a replay.
+    if no_events(&args.trace, kind)? {
+        let what = if kind == FileKind::Intervals {
+            "the interval file has its header and no buffers; add one line per buffer below the header"
+        } else {
+            "every line is blank; a trace has at least one event, one JSON object a line, e.g. {\"op\":\"alloc\",\"id\":7,\"size\":1200}"
+        };
+        return Err(anyhow::Error::msg(crate::lab::LabError::NoEvents {
+            path: args.trace.clone(),
+            what,
+        }));
     }
     if let Some(d) = args.device {
         anyhow::bail!("--device {d} picks a device of a PyTorch snapshot; this file is a trace of one device (leave --device out)");
@@ -87,6 +110,7 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
         None => SimulatedSource::unlimited(),
     };
     let describe = source.describe();
+    let notes = config_notes(&config);
     let mut alloc = CachingAllocator::new(source, config);
     if args.export_snapshot.is_some() {
         alloc.start_recording();
@@ -120,6 +144,7 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
             "device": describe,
             "alloc_conf": alloc.config().describe(),
             "memory_limit": alloc.config().memory_limit,
+            "notes": notes,
             "events": outcome.events,
             "peak_live_requested_bytes": outcome.peak_live_requested_bytes,
             "stats": stats,
@@ -146,6 +171,9 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
         println!("  allocator: {}", alloc.config().describe());
         if let Some(limit) = alloc.config().memory_limit {
             println!("  memory limit: {}", Mib(limit));
+        }
+        for n in &notes {
+            println!("  note: {n}");
         }
         println!();
         println!(
@@ -291,6 +319,14 @@ fn compare_strategies(args: &ReplayArgs, names: &[String]) -> anyhow::Result<()>
     })?;
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
     let results = compare_with(&w, &names, capacity, &config).map_err(anyhow::Error::msg)?;
+    let mut notes = config_notes(&config);
+    if w.measure_from > 0 {
+        notes.push(format!(
+            "peaks and the lower bound are measured from the trace's last reset_peak (before operation {} of {}), as a plain replay and PyTorch's max_memory_allocated() after reset_peak_memory_stats() count them; OOMs and device calls cover the whole trace",
+            w.measure_from,
+            w.ops.len()
+        ));
+    }
     if let Some(dir) = &args.out {
         let svg = reserved_plot(&results, w.ops.len(), &name);
         crate::io::write_atomic(&dir.join("reserved.svg"), svg.as_bytes())?;
@@ -299,6 +335,8 @@ fn compare_strategies(args: &ReplayArgs, names: &[String]) -> anyhow::Result<()>
         let out = serde_json::json!({
             "trace": name,
             "operations": w.ops.len(),
+            "measured_from_operation": w.measure_from,
+            "notes": notes,
             "lower_bound_bytes": w.lower_bound(),
             "capacity": capacity,
             "results": results,
@@ -316,6 +354,9 @@ fn compare_strategies(args: &ReplayArgs, names: &[String]) -> anyhow::Result<()>
     );
     print_results(&results);
     println!("frag: peak reserved / lower bound; vs plan: peak reserved over the offline planner's arena.");
+    for n in &notes {
+        println!("note: {n}");
+    }
     if let Some(dir) = &args.out {
         println!("wrote {}", dir.join("reserved.svg").display());
     }
@@ -383,7 +424,10 @@ fn replay_snapshot(args: &ReplayArgs) -> anyhow::Result<()> {
     use crate::lab::torch_snapshot;
     let name = args.trace.display().to_string();
     let mut parsed = torch_snapshot::parse_file(&args.trace).map_err(anyhow::Error::msg)?;
-    let file = torch_snapshot::read_parsed(&mut parsed, &name).map_err(anyhow::Error::msg)?;
+    // Entry errors say where in the file ("device_traces[0][0]"): the
+    // file's name goes in front, as the other snapshot errors have it.
+    let file = torch_snapshot::read_parsed(&mut parsed, &name)
+        .map_err(|e| anyhow::Error::msg(e.in_file(&name)))?;
     drop(parsed);
     let capacity = args.alloc.capacity()?;
     // The snapshot's own allocator settings, unless --alloc-conf (or
@@ -401,6 +445,7 @@ fn replay_snapshot(args: &ReplayArgs) -> anyhow::Result<()> {
         }
         (None, false) => "PyTorch's defaults (the snapshot records no allocator_settings)",
     };
+    let notes = config_notes(&config);
     let devices: Vec<&torch_snapshot::TorchSnapshot> = match args.device {
         Some(d) => {
             let found: Vec<_> = file.devices.iter().filter(|s| s.device == d).collect();
@@ -467,12 +512,16 @@ fn replay_snapshot(args: &ReplayArgs) -> anyhow::Result<()> {
             "trace": name,
             "format": "pytorch memory snapshot",
             "settings_from": settings_source,
+            "notes": notes,
             "devices": reports,
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
     println!("{name}: PyTorch memory snapshot; allocator settings: {settings_source}");
+    for n in &notes {
+        println!("note: {n}");
+    }
     for (((snap, rep), results), r) in devices.iter().zip(&reports).zip(&all_results).zip(&replays)
     {
         println!();
@@ -683,4 +732,29 @@ fn export_intervals(
         );
     }
     Ok(())
+}
+
+/// What a replay's settings do not do that a user would expect:
+/// `garbage_collection_threshold` collects only against a memory limit
+/// (PyTorch: only once `set_per_process_memory_fraction` is set), so
+/// without `--memory-limit` it is inert, and the replay should say so.
+fn config_notes(config: &crate::memory::AllocatorConfig) -> Vec<String> {
+    let mut notes = Vec::new();
+    if config.garbage_collection_threshold > 0.0 && config.memory_limit.is_none() {
+        notes.push(format!(
+            "garbage_collection_threshold:{} acts only under a memory limit (PyTorch collects only once torch.cuda.set_per_process_memory_fraction is set), so it changes nothing in this replay; pass --memory-limit SIZE (or --memory-fraction F with --capacity) for it to act",
+            config.garbage_collection_threshold
+        ));
+    }
+    notes
+}
+
+/// Whether the trace at `path` has no event: no line but blank ones (an
+/// interval file: no buffer under its header). Reads up to the first event.
+fn no_events(
+    path: &std::path::Path,
+    kind: crate::lab::file_kind::FileKind,
+) -> anyhow::Result<bool> {
+    let reader = trace_reader(path, kind)?;
+    Ok(crate::lab::trace::lines(reader).next().is_none())
 }

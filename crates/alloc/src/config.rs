@@ -27,7 +27,15 @@ pub const KNOWN_KEYS: &[&str] = &[
     "roundup_power2_divisions",
     "garbage_collection_threshold",
     "expandable_segments",
+    "backend",
+    "release_lock_on_cudamalloc",
+    "pinned_use_cuda_host_register",
+    "pinned_num_register_threads",
 ];
+
+/// PyTorch's `pinned_max_register_threads()`: the most
+/// `pinned_num_register_threads` it accepts.
+pub const MAX_PINNED_REGISTER_THREADS: u64 = 128;
 
 /// The caching allocator's tunables. `Default` is PyTorch's default.
 #[derive(Debug, Clone, PartialEq)]
@@ -133,6 +141,37 @@ impl AllocatorConfig {
                     self.expandable_segments = parse_bool(value)
                         .ok_or_else(|| bad("expandable_segments", value, "True or False"))?;
                 }
+                // Checked as PyTorch checks them, then without effect: they
+                // concern locking and pinned host memory, not device memory,
+                // so a pasted PYTORCH_CUDA_ALLOC_CONF replays as it ran.
+                "release_lock_on_cudamalloc" | "pinned_use_cuda_host_register" => {
+                    let key = if key == "release_lock_on_cudamalloc" {
+                        "release_lock_on_cudamalloc"
+                    } else {
+                        "pinned_use_cuda_host_register"
+                    };
+                    parse_bool(value).ok_or_else(|| bad(key, value, "True or False"))?;
+                }
+                "pinned_num_register_threads" => {
+                    const EXPECTED: &str = "a power of 2 from 1 to 128";
+                    let key = "pinned_num_register_threads";
+                    let n: u64 = value.parse().map_err(|_| bad(key, value, EXPECTED))?;
+                    if !n.is_power_of_two() || n > MAX_PINNED_REGISTER_THREADS {
+                        return Err(bad(key, value, EXPECTED));
+                    }
+                }
+                // The allocator is PyTorch's native one; cudaMallocAsync
+                // (CUDA's stream-ordered pool) is a different allocator
+                // whose placement vramlab does not model, so it is refused.
+                "backend" => match value {
+                    "native" => {}
+                    "cudaMallocAsync" => {
+                        return Err(AllocError::AsyncBackend {
+                            input: input.to_string(),
+                        })
+                    }
+                    _ => return Err(bad("backend", value, "native or cudaMallocAsync")),
+                },
                 other => {
                     return Err(AllocError::UnknownKey {
                         input: input.to_string(),
@@ -297,6 +336,31 @@ mod tests {
         );
     }
 
+    /// Keys PyTorch accepts that do not concern device memory (locking,
+    /// pinned host memory) were refused as unknown, so a real
+    /// PYTORCH_CUDA_ALLOC_CONF could not be pasted; they parse and change
+    /// nothing.
+    #[test]
+    fn accepts_pytorch_keys_without_a_device_memory_effect() {
+        let pasted = "backend:native,expandable_segments:True,release_lock_on_cudamalloc:True,\
+                      pinned_use_cuda_host_register:True,pinned_num_register_threads:8";
+        let c = AllocatorConfig::parse(pasted).unwrap();
+        assert_eq!(
+            c,
+            AllocatorConfig {
+                expandable_segments: true,
+                ..AllocatorConfig::default()
+            }
+        );
+        for n in [1, 2, 64, 128] {
+            let c = format!("pinned_num_register_threads:{n}");
+            assert!(AllocatorConfig::parse(&c).is_ok(), "{c}");
+        }
+        let e = AllocatorConfig::parse("backend:cudaMallocAsync").unwrap_err();
+        assert!(matches!(e, AllocError::AsyncBackend { .. }), "{e}");
+        assert!(e.to_string().contains("native caching allocator"), "{e}");
+    }
+
     #[test]
     fn parses_interval_array_like_pytorch() {
         let c =
@@ -338,6 +402,18 @@ mod tests {
                 matches!(&e, AllocError::UnknownKey { key: k, .. } if k == key),
                 "{e}"
             );
+        }
+        for bad in [
+            "backend:Native",
+            "backend:",
+            "release_lock_on_cudamalloc:yes",
+            "pinned_use_cuda_host_register:1",
+            "pinned_num_register_threads:0",
+            "pinned_num_register_threads:3",
+            "pinned_num_register_threads:256",
+            "pinned_num_register_threads:-2",
+        ] {
+            assert!(AllocatorConfig::parse(bad).is_err(), "{bad} should fail");
         }
         let e = AllocatorConfig::parse("roundup_power2_divisions:[1:2,4:3]").unwrap_err();
         assert_eq!(

@@ -113,6 +113,10 @@ pub enum AllocError {
         key: String,
         known: &'static [&'static str],
     },
+    /// `backend:cudaMallocAsync`: CUDA's stream-ordered allocator, which
+    /// vramlab does not model.
+    #[error("allocator config {input:?}: backend:cudaMallocAsync selects CUDA's stream-ordered allocator, which vramlab does not model: it replays PyTorch's native caching allocator only (drop the option or write backend:native)")]
+    AsyncBackend { input: String },
     /// An alloc-conf value PyTorch would refuse (`value` is the offending
     /// part of it).
     #[error("allocator config {input:?}: {key} wants {expected}, got {value:?}")]

@@ -9,6 +9,17 @@ use std::path::PathBuf;
 /// An example of each trace event, for parse errors.
 const TRACE_EXAMPLES: &str = r#"{"op":"alloc","id":7,"size":1200}, {"op":"free","id":7}, {"op":"empty_cache"} or {"op":"reset_peak"}"#;
 
+/// serde_json's message without its "at line 1": a trace line is one JSON
+/// document, and the line in the file is said beside the error.
+fn column_only(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    let suffix = format!(" at line {} column {}", e.line(), e.column());
+    match text.strip_suffix(&suffix) {
+        Some(message) => format!("{message} at column {}", e.column()),
+        None => text,
+    }
+}
+
 /// Everything the lab refuses: malformed pickles, snapshots, traces and
 /// interval files, invalid plans, unknown strategies and alloc-conf options.
 #[derive(Debug, thiserror::Error)]
@@ -117,7 +128,7 @@ pub enum LabError {
     LineTooLong { max: usize },
     #[error("not UTF-8 text ({0}); is this a trace?")]
     LineNotUtf8(#[source] std::str::Utf8Error),
-    #[error("{0}; expected e.g. {TRACE_EXAMPLES}")]
+    #[error("{}; expected e.g. {TRACE_EXAMPLES}", column_only(.0))]
     BadEvent(#[source] serde_json::Error),
     #[error("size {size} is more than 2^62 bytes (4 EiB), the most vramlab models; the trace is probably corrupt")]
     EventSizeTooLarge { size: u64 },
@@ -151,6 +162,10 @@ pub enum LabError {
     EmptyFile { path: PathBuf },
     #[error("{name}: not a PyTorch memory snapshot: it does not open with byte 0x80 as a pickle of protocol 2 or later (what torch.cuda.memory._dump_snapshot() writes) does, nor as an older pickle")]
     NotSnapshotBytes { name: String },
+    /// A trace whose lines are all blank (or an interval file with a
+    /// header and no buffers): nothing to replay, as an empty file.
+    #[error("{}: no events: {what}", .path.display())]
+    NoEvents { path: PathBuf, what: &'static str },
     #[error("{}: is a directory; give a file in it: a trace (JSON Lines), an interval file or a PyTorch memory snapshot pickle", .path.display())]
     IsDirectory { path: PathBuf },
     #[error("cannot read {}: {source}", .path.display())]
@@ -188,6 +203,15 @@ pub enum LabError {
         line: usize,
         column: String,
         value: String,
+    },
+    /// An integer column past what an interval file holds (`i64`).
+    #[error("line {line}: `{column}` is `{value}`, an integer out of range; the {bound} accepted is {limit}")]
+    IntegerOutOfRange {
+        line: usize,
+        column: String,
+        value: String,
+        bound: &'static str,
+        limit: i128,
     },
     #[error("line {line}: `size` is `{value}`, not a non-negative integer; write the size in bytes as a whole number")]
     BadSize { line: usize, value: String },
@@ -257,4 +281,58 @@ pub enum LabError {
         key: String,
         known: Vec<String>,
     },
+}
+
+impl LabError {
+    /// The message with the file's `name` in front, unless the error names
+    /// the file already (a snapshot's entry errors say only where in it).
+    pub fn in_file(&self, name: &str) -> String {
+        match self {
+            LabError::NotAPickle { .. }
+            | LabError::NoDeviceTraces { .. }
+            | LabError::NoHistory { .. }
+            | LabError::OpenTrace { .. }
+            | LabError::EmptyFile { .. }
+            | LabError::NoEvents { .. }
+            | LabError::NotSnapshotBytes { .. }
+            | LabError::IsDirectory { .. }
+            | LabError::ReadTrace { .. } => self.to_string(),
+            _ => format!("{name}: {self}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A trace line is one JSON document: serde's "at line 1" was its own
+    /// line 1, beside the file's line number ("line 4: ... at line 1
+    /// column 22").
+    #[test]
+    fn a_bad_event_names_only_the_column() {
+        let e = crate::trace::TraceEvent::parse_line(r#"{"op":"free" "id":1}"#).unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.starts_with("expected `,` or `}` at column 14;"),
+            "{text}"
+        );
+        assert!(!text.contains("line"), "{text}");
+    }
+
+    #[test]
+    fn in_file_names_the_file_once() {
+        let e = LabError::SizeNotInteger {
+            at: "device_traces[0][0] (\"alloc\")".into(),
+            key: "size",
+        };
+        assert_eq!(
+            e.in_file("s.pickle"),
+            "s.pickle: device_traces[0][0] (\"alloc\"): size is not an integer"
+        );
+        let e = LabError::NoHistory {
+            name: "s.pickle".into(),
+        };
+        assert!(e.in_file("s.pickle").starts_with("s.pickle: the snapshot"));
+    }
 }

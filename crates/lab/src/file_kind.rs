@@ -2,8 +2,8 @@
 //! its name: a pickle of protocol 2 or later opens with byte 0x80 (PyTorch's
 //! `_dump_snapshot` writes protocol 2+); a protocol 0 or 1 pickle (a known
 //! opening opcode and a final STOP) is read as a snapshot too, as `doctor`
-//! reads it; a first line naming the columns `id,lower,upper,size` is an
-//! interval file; anything else is read as JSON Lines, and its errors say so.
+//! reads it; a first line naming the columns `id,lower,upper,size` (among
+//! others, if any) is an interval file; anything else is read as JSON Lines, and its errors say so.
 
 use crate::error::LabError;
 use std::io::{Read, Seek, SeekFrom};
@@ -69,7 +69,9 @@ pub fn sniff(path: &Path) -> Result<FileKind, LabError> {
 }
 
 /// Whether the file's first line is an interval header: the four columns
-/// `id`, `lower`, `upper`, `size` in any order.
+/// `id`, `lower`, `upper`, `size` in any order, among any others (which the
+/// interval reader ignores: a header with an extra column was read as JSON
+/// Lines and failed with a JSON error).
 fn is_interval_header(f: &mut std::fs::File) -> bool {
     let mut head = [0u8; 256];
     let n = f
@@ -81,12 +83,13 @@ fn is_interval_header(f: &mut std::fs::File) -> bool {
     let Some(line) = text.lines().next() else {
         return false;
     };
-    let mut cols: Vec<String> = line
+    let cols: Vec<String> = line
         .split(',')
         .map(|c| c.trim().to_ascii_lowercase())
         .collect();
-    cols.sort();
-    cols == ["id", "lower", "size", "upper"]
+    ["id", "lower", "upper", "size"]
+        .iter()
+        .all(|name| cols.iter().any(|c| c == name))
 }
 
 #[cfg(test)]
@@ -118,6 +121,10 @@ mod tests {
         );
         assert_eq!(
             kind_of(b"\xef\xbb\xbfsize, upper,lower,ID\n").ok(),
+            Some(FileKind::Intervals)
+        );
+        assert_eq!(
+            kind_of(b"id,lower,upper,size,extra\n0,0,10,4096,x\n").ok(),
             Some(FileKind::Intervals)
         );
         assert_eq!(

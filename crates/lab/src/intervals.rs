@@ -10,7 +10,9 @@
 //! Lifetimes are half open, `[lower, upper)`: a buffer freed at time `t` and
 //! one allocated at `t` do not overlap and may share memory. Sizes are in
 //! bytes and positive; ids are arbitrary integers, unique within a file.
-//! The columns may come in any order; the header names them.
+//! The columns may come in any order; the header names them. Other columns
+//! (a name, a time of day) are ignored, so a file written for another tool
+//! reads as it is.
 
 use crate::error::LabError;
 use crate::trace::{LiveIds, TraceEvent};
@@ -68,21 +70,53 @@ pub fn parse_csv(text: &str) -> Result<Vec<Interval>, LabError> {
             });
         }
         let int = |col: usize| -> Result<i64, LabError> {
-            fields[col]
-                .parse::<i64>()
-                .map_err(|_| LabError::NotInteger {
+            fields[col].parse::<i64>().map_err(|e| {
+                // A number too large for i64 is an integer all the same:
+                // say it is out of range and what fits.
+                let (bound, limit) = match e.kind() {
+                    std::num::IntErrorKind::PosOverflow => ("largest", i64::MAX.into()),
+                    std::num::IntErrorKind::NegOverflow => ("smallest", i64::MIN.into()),
+                    _ => {
+                        return LabError::NotInteger {
+                            line: n,
+                            column: names[col].clone(),
+                            value: fields[col].to_string(),
+                        }
+                    }
+                };
+                LabError::IntegerOutOfRange {
                     line: n,
                     column: names[col].clone(),
                     value: fields[col].to_string(),
-                })
+                    bound,
+                    limit,
+                }
+            })
         };
         let id = int(ci)?;
         let lower = int(cl)?;
         let upper = int(cu)?;
-        let size = fields[cs].parse::<u64>().map_err(|_| LabError::BadSize {
-            line: n,
-            value: fields[cs].to_string(),
-        })?;
+        // Sizes past 2^62 (the most vramlab models) are refused here, by
+        // this file's line, not by a line of the trace made from it.
+        let max = crate::memory::constants::MAX_BYTES;
+        let size = match fields[cs].parse::<u64>() {
+            Ok(s) if s <= max => s,
+            Err(e) if *e.kind() != std::num::IntErrorKind::PosOverflow => {
+                return Err(LabError::BadSize {
+                    line: n,
+                    value: fields[cs].to_string(),
+                })
+            }
+            _ => {
+                return Err(LabError::IntegerOutOfRange {
+                    line: n,
+                    column: "size".into(),
+                    value: fields[cs].to_string(),
+                    bound: "largest",
+                    limit: max.into(),
+                })
+            }
+        };
         if upper <= lower {
             return Err(LabError::EmptyLifetime {
                 line: n,
@@ -234,6 +268,8 @@ mod tests {
         assert_eq!(parse_csv(&to_csv(&v)).unwrap(), v);
         let other = "size,upper,lower,id\r\n5,2,0,-3\r\n\r\n1,4,2,9\r\n";
         assert_eq!(parse_csv(other).unwrap(), v);
+        let extra = "id,name,lower,upper,size,t\n-3,a,0,2,5,x\n9,b,2,4,1,y\n";
+        assert_eq!(parse_csv(extra).unwrap(), v);
         assert_eq!(peak_live(&v), 5);
     }
 
@@ -256,6 +292,24 @@ mod tests {
                 "line 2: buffer 0 has size 0",
             ),
             ("id,lower,upper,size\n0,0,1\n", "line 2: 3 fields"),
+            // Integers too large for the column are out of range, not "not
+            // an integer", and the error says what fits.
+            (
+                "id,lower,upper,size\n0,0,18446744073709551615,5\n",
+                "line 2: `upper` is `18446744073709551615`, an integer out of range; the largest accepted is 9223372036854775807",
+            ),
+            (
+                "id,lower,upper,size\n0,-99999999999999999999,1,5\n",
+                "the smallest accepted is -9223372036854775808",
+            ),
+            (
+                "id,lower,upper,size\n0,0,1,18446744073709551616\n",
+                "`size` is `18446744073709551616`, an integer out of range; the largest accepted is 4611686018427387904",
+            ),
+            (
+                "id,lower,upper,size\n0,0,1,4611686018427387905\n",
+                "the largest accepted is 4611686018427387904",
+            ),
         ] {
             let e = parse_csv(text).unwrap_err().to_string();
             assert!(e.contains(want), "{text:?}: {e}");

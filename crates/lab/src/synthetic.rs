@@ -52,6 +52,7 @@ impl Gen {
         Workload {
             name: name.into(),
             ops: self.ops,
+            measure_from: 0,
         }
     }
 }

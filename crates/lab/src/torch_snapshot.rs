@@ -623,6 +623,7 @@ fn read_device(
         workload: Workload {
             name: format!("{name} (device {device})"),
             ops,
+            measure_from: 0,
         },
         segment_allocs: seg_a,
         segment_addresses: seg_addresses,

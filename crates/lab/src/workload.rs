@@ -41,15 +41,21 @@ pub enum Op {
 pub struct Workload {
     pub name: String,
     pub ops: Vec<Op>,
+    /// The index of the first op after the trace's last `reset_peak` (0
+    /// without one): peaks and the lower bound are measured from there, as
+    /// PyTorch's `max_memory_allocated()` after `reset_peak_memory_stats()`.
+    pub measure_from: usize,
 }
 
 impl Workload {
-    /// Reads a JSON Lines trace (`replay`'s format); `reset_peak` is ignored.
-    /// The error says which line ([`LabError::AtLine`]).
+    /// Reads a JSON Lines trace (`replay`'s format); the last `reset_peak`
+    /// sets [`Workload::measure_from`]. The error says which line
+    /// ([`LabError::AtLine`]).
     pub fn from_trace<R: BufRead>(name: &str, reader: R) -> Result<Workload, LabError> {
         // The same checks as `replay` (lab/replay.rs): bounded lines, sizes
         // in range, ids allocated and freed in order.
         let mut ops = Vec::new();
+        let mut measure_from = 0;
         let mut ids = super::trace::LiveIds::default();
         for item in super::trace::lines(reader) {
             let at = |line: usize, e: LabError| LabError::AtLine {
@@ -69,12 +75,13 @@ impl Workload {
                 }),
                 TraceEvent::Free { id } => ops.push(Op::Free { id }),
                 TraceEvent::EmptyCache => ops.push(Op::EmptyCache),
-                TraceEvent::ResetPeak => {}
+                TraceEvent::ResetPeak => measure_from = ops.len(),
             }
         }
         Ok(Workload {
             name: name.to_string(),
             ops,
+            measure_from,
         })
     }
 
@@ -96,14 +103,19 @@ impl Workload {
                     _ => None,
                 })
                 .collect(),
+            measure_from: 0,
         }
     }
 
-    /// The peak of live requested bytes: no allocator can do better.
+    /// The peak of live requested bytes from [`Workload::measure_from`]
+    /// (what was live then counts): no allocator can do better.
     pub fn lower_bound(&self) -> u64 {
         let mut live: IdMap<u64, u64> = IdMap::default();
         let (mut now, mut peak) = (0u64, 0u64);
-        for op in &self.ops {
+        for (i, op) in self.ops.iter().enumerate() {
+            if i == self.measure_from {
+                peak = now;
+            }
             match *op {
                 Op::Alloc { id, size, .. } => {
                     if let Some(old) = live.insert(id, size) {
@@ -116,11 +128,33 @@ impl Workload {
                 Op::EmptyCache | Op::Probe { .. } => {}
             }
         }
+        if self.measure_from >= self.ops.len() {
+            // A reset after the last op: only what is live at the end.
+            peak = now;
+        }
         peak
     }
 
-    /// Each allocation's lifetime in operation indices (to the end if never freed).
+    /// Each allocation's lifetime in operation indices (to the end if never
+    /// freed), of the allocations live from [`Workload::measure_from`] on:
+    /// one live at the reset starts just before it, so an offline plan
+    /// covers the same span as the other strategies' peaks.
     pub fn lifetimes(&self) -> Vec<Lifetime> {
+        let all = self.all_lifetimes();
+        if self.measure_from == 0 {
+            return all;
+        }
+        let start = self.measure_from - 1;
+        all.into_iter()
+            .filter(|l| l.last > start)
+            .map(|l| Lifetime {
+                first: l.first.max(start),
+                ..l
+            })
+            .collect()
+    }
+
+    fn all_lifetimes(&self) -> Vec<Lifetime> {
         let mut open: IdMap<u64, usize> = IdMap::default();
         let mut out: Vec<Lifetime> = Vec::new();
         for (i, op) in self.ops.iter().enumerate() {
@@ -285,6 +319,10 @@ pub fn run(s: &mut dyn Strategy, w: &Workload) -> RunResult {
     let t0 = Instant::now();
     let mut handles = Live::for_ops(&w.ops);
     for (i, op) in w.ops.iter().enumerate() {
+        // `reset_peak` before op i: the peaks restart from what is held now.
+        if i == w.measure_from {
+            (peak_alloc, peak_res) = (s.allocated(), s.reserved());
+        }
         match *op {
             Op::Alloc { id, size, category } => match s.malloc(size.max(1), category) {
                 Ok(h) => {
@@ -310,6 +348,9 @@ pub fn run(s: &mut dyn Strategy, w: &Workload) -> RunResult {
             next_sample = every;
         }
         next_sample -= 1;
+    }
+    if w.measure_from >= w.ops.len() {
+        (peak_alloc, peak_res) = (s.allocated(), s.reserved());
     }
     let ns = t0.elapsed().as_nanos() as f64 / w.ops.len().max(1) as f64;
     let lb = w.lower_bound().max(1);
@@ -428,4 +469,55 @@ pub fn compare_with(
         out.push(r);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--allocators` ignored `reset_peak`: its rows kept the 30 MiB before
+    /// the reset while a plain replay reported the peaks after it.
+    #[test]
+    fn peaks_are_measured_from_the_last_reset_peak() {
+        let trace = [
+            r#"{"op":"alloc","id":1,"size":31457280}"#,
+            r#"{"op":"alloc","id":3,"size":4096}"#,
+            r#"{"op":"free","id":1}"#,
+            r#"{"op":"empty_cache"}"#,
+            r#"{"op":"reset_peak"}"#,
+            r#"{"op":"alloc","id":2,"size":1000}"#,
+        ]
+        .join("\n");
+        let w = Workload::from_trace("rp", trace.as_bytes()).unwrap();
+        assert_eq!(w.measure_from, 4);
+        assert_eq!(w.lower_bound(), 4096 + 1000);
+        let names = ["pytorch", "expandable", "nocache", "planner", "vramlab"];
+        for r in compare(&w, &names, None).unwrap() {
+            let name = &r.allocator;
+            assert!(r.peak_allocated_bytes < 1 << 20, "{name}: {r:?}");
+            assert!(r.peak_reserved_bytes < 30 << 20, "{name}: {r:?}");
+            let f = r.fragmentation.unwrap();
+            assert!(f >= 1.0, "{name}: fragmentation {f} below the lower bound");
+        }
+        let pytorch = &compare(&w, &["pytorch"], None).unwrap()[0];
+        // Two 512-byte blocks in one 2 MiB segment, as a plain replay says.
+        assert_eq!(pytorch.peak_allocated_bytes, 4096 + 1024);
+        assert_eq!(pytorch.peak_reserved_bytes, 2 << 20);
+        // Without the reset, the 30 MiB counts.
+        let whole = Workload {
+            measure_from: 0,
+            ..w.clone()
+        };
+        assert_eq!(whole.lower_bound(), 31457280 + 4096);
+        // A reset after the last op: what is held at the end.
+        let end = Workload {
+            measure_from: w.ops.len(),
+            ..w
+        };
+        assert_eq!(end.lower_bound(), 4096 + 1000);
+        let r = &compare(&end, &["pytorch", "planner"], None).unwrap();
+        assert_eq!(r[0].peak_allocated_bytes, 4096 + 1024);
+        // The planner's arena: the two blocks live at the end (512-byte aligned).
+        assert_eq!(r[1].peak_reserved_bytes, 4096 + 1024);
+    }
 }
