@@ -194,7 +194,7 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<()> {
             }
             return state_only(&name, args, &maps, Some(e.to_string()));
         }
-        Err(e) => return Err(anyhow::Error::msg(e)),
+        Err(e) => return Err(anyhow::Error::msg(e.in_file(&name))),
     };
     drop(parsed);
     let devices: Vec<&TorchSnapshot> = file

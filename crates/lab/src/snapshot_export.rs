@@ -108,11 +108,6 @@ pub fn categories_of(events: &[MemEvent]) -> HashMap<usize, Category> {
     kept
 }
 
-/// `allocator_settings`' key for the memory limit a run had (`--memory-limit`,
-/// PyTorch's `set_per_process_memory_fraction`), which PyTorch's snapshots
-/// do not carry.
-pub const MEMORY_LIMIT_KEY: &str = "vramlab_memory_limit";
-
 /// The operation (0-based, as `doctor --at` and a replay's `after_op` count
 /// them) that the event at `index` ends in when [`torch_snapshot`]'s trace
 /// is read back: each alloc, free and oom is one, and each run of segment
@@ -370,7 +365,7 @@ pub fn torch_snapshot(events: &[MemEvent], settings: &crate::memory::AllocatorCo
     ];
     if let Some(limit) = settings.memory_limit {
         entries.push((
-            f.s(MEMORY_LIMIT_KEY),
+            f.s(crate::torch_snapshot::MEMORY_LIMIT_KEY),
             PyValue::Int(limit.min(i64::MAX as u64) as i64),
         ));
     }

@@ -175,6 +175,11 @@ fn size_of(v: &PyValue, key: &'static str, at: impl Fn() -> String) -> Result<u6
     size_field(raw, key, at)
 }
 
+/// `allocator_settings`' key for the memory limit a run had (`--memory-limit`,
+/// PyTorch's `set_per_process_memory_fraction`), which PyTorch's snapshots
+/// do not carry.
+pub const MEMORY_LIMIT_KEY: &str = "vramlab_memory_limit";
+
 /// `allocator_settings` as a configuration (PyTorch's names and units);
 /// a value PyTorch's own parser refuses is an error, not a setting.
 fn settings_of(root: &PyValue) -> Result<(Option<AllocatorConfig>, bool), LabError> {
@@ -244,7 +249,7 @@ fn settings_of(root: &PyValue) -> Result<(Option<AllocatorConfig>, bool), LabErr
         }
     }
     if let Some(limit) = s
-        .get(crate::snapshot_export::MEMORY_LIMIT_KEY)
+        .get(MEMORY_LIMIT_KEY)
         .and_then(PyValue::as_i64)
         .filter(|&l| l > 0)
     {

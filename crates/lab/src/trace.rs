@@ -179,6 +179,20 @@ impl TraceEvent {
 mod tests {
     use super::*;
 
+    /// A trace line is one JSON document: serde's "at line 1" was its own
+    /// line 1, beside the file's line number ("line 4: ... at line 1
+    /// column 22").
+    #[test]
+    fn a_bad_event_names_only_the_column() {
+        let e = TraceEvent::parse_line(r#"{"op":"free" "id":1}"#).unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.starts_with("expected `,` or `}` at column 14;"),
+            "{text}"
+        );
+        assert!(!text.contains("line"), "{text}");
+    }
+
     #[test]
     fn round_trips() {
         for e in [
