@@ -1209,3 +1209,28 @@ fn a_linear_bias_is_added_by_the_product_where_it_can() {
         "{times:?}"
     );
 }
+
+/// A product whose grid of workgroups passes the device's 65,535 a
+/// dimension (millions of rows, or of columns) runs in parts, as one past
+/// the binding limit does; it failed with "needs a grid of 156250
+/// workgroups ... split the work" (`train --model mlp --widths 4,3 --batch
+/// 5000000`).
+#[test]
+fn products_past_the_workgroup_grid_run_in_parts() {
+    let e = engine();
+    let mut rng = Rng::new(61);
+    for (m, n, k, ta, tb) in [
+        (4_500_001, 3, 4, false, true),
+        (4_500_001, 3, 4, true, false),
+        (2, 4_200_007, 5, false, false),
+    ] {
+        let g = plain(m, n, k, ta, tb);
+        check(
+            &e,
+            &mut rng,
+            &g,
+            MatmulKernel::Tiled,
+            &format!("{m}x{n}x{k}"),
+        );
+    }
+}

@@ -46,10 +46,32 @@ impl Product<'_> {
             .chain(&self.bias)
             .map(|t| t.slice())
             .collect();
-        if fits(engine, &whole) {
+        if fits(engine, &whole) && self.grid_fits(engine, &p) {
             return self.record(engine, &self.kernel, &whole, &p);
         }
         self.part(engine, &self.kernel, p)
+    }
+
+    /// The workgroup grid of `p` (blocks of columns, of rows, and batch
+    /// entries times K slices).
+    fn grid(&self, p: &MatmulParams) -> [u32; 3] {
+        let (bm, bn) = self.block;
+        [
+            (p.n as usize).div_ceil(bn) as u32,
+            (p.m as usize).div_ceil(bm) as u32,
+            p.batch.div_ceil(p.group.max(1)) * p.splits,
+        ]
+    }
+
+    /// Whether the device launches `p`'s grid in one dispatch: each of its
+    /// dimensions at most `max_compute_workgroups_per_dimension` (65,535
+    /// on most). Past it, the product runs in parts as past the bindings
+    /// (millions of rows: a batch of 5,000,000 through a linear layer).
+    fn grid_fits(&self, engine: &Engine, p: &MatmulParams) -> bool {
+        let max = engine
+            .gpu()
+            .map_or(u32::MAX, |g| g.limits.max_compute_workgroups_per_dimension);
+        self.grid(p).iter().all(|&d| d <= max)
     }
 
     fn record(
@@ -60,12 +82,7 @@ impl Product<'_> {
         p: &MatmulParams,
     ) -> Result<(), TensorError> {
         let refs: Vec<&BufferSlice> = slices.iter().collect();
-        let (bm, bn) = self.block;
-        let grid = [
-            (p.n as usize).div_ceil(bn) as u32,
-            (p.m as usize).div_ceil(bm) as u32,
-            p.batch.div_ceil(p.group.max(1)) * p.splits,
-        ];
+        let grid = self.grid(p);
         engine.dispatch(kernel, &refs, bytemuck::bytes_of(p), Workgroups::Grid(grid))?;
         Ok(())
     }
@@ -82,7 +99,7 @@ impl Product<'_> {
             });
         }
         let (slices, rebased) = self.narrowed(engine, &p);
-        if fits(engine, &slices) {
+        if fits(engine, &slices) && self.grid_fits(engine, &p) {
             return self.record(engine, kernel, &slices, &rebased);
         }
         let (bm, bn) = self.block;
