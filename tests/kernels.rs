@@ -9,6 +9,30 @@ use vramlab::tensor::{Tensor, TensorError};
 const TOL: f64 = 1e-4;
 const SIZES: &[usize] = &[1, 7, 33, 257, 1000, 65_537];
 
+/// A tensor made in chunks (`Tensor::generated`, so that a large one never
+/// has all its values on the host twice over) holds the same values, in
+/// order, as one made whole, across chunk boundaries and in 16 bits.
+#[test]
+fn generated_tensors_are_the_values_made_whole() {
+    use vramlab::tensor::{DType, GENERATE_CHUNK};
+    let e = engine();
+    for (n, dtype) in [
+        (2 * GENERATE_CHUNK + 3, DType::F32),
+        (GENERATE_CHUNK + 5, DType::F16),
+    ] {
+        let mut rng = vramlab::nn::init::Rng::new(5);
+        let t = Tensor::generated(&e, &[n], dtype, "g", |m| rng.uniform(m, 1.0)).unwrap();
+        let want = vramlab::nn::init::Rng::new(5).uniform(n, 1.0);
+        let got = t.to_vec().unwrap();
+        let round = |v: f32| match dtype {
+            DType::F16 => half::f16::from_f32(v).to_f32(),
+            _ => v,
+        };
+        let first_wrong = (0..n).find(|&i| got[i].to_bits() != round(want[i]).to_bits());
+        assert_eq!(first_wrong, None, "{dtype:?} n = {n}");
+    }
+}
+
 #[test]
 fn upload_download_round_trip() {
     let e = engine();

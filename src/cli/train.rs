@@ -369,8 +369,8 @@ fn load_text(
     }
     let text = match (&args.text, is_gpt && !has_data) {
         (Some(p), _) => {
-            let bytes =
-                std::fs::read(p).with_context(|| format!("reading --text {}", p.display()))?;
+            let bytes = crate::io::bounded::read_whole(p, crate::io::bounded::STREAM_LIMIT)
+                .with_context(|| format!("reading --text {}", p.display()))?;
             Some(CharText::new(&bytes))
         }
         (None, true) => Some(CharText::new(crate::train::text::DEFAULT_TEXT.as_bytes())),

@@ -2,6 +2,7 @@
 //! dumps of results). No wgpu here; tensors cross as host vectors.
 
 pub mod atomic;
+pub mod bounded;
 pub mod interrupt;
 pub mod safetensors;
 

@@ -257,12 +257,20 @@ impl SafeTensors {
         }
     }
 
-    /// Reads and parses a file.
+    /// Reads and parses a file: a regular one whole (where the memory
+    /// available holds it), a stream (a pipe, a device) as far as its own
+    /// header says it goes, so `/dev/zero` is refused at once.
     pub fn read(path: &Path) -> Result<SafeTensors, SafetensorsError> {
-        let bytes = std::fs::read(path).map_err(|source| SafetensorsError::Read {
+        let read = |source| SafetensorsError::Read {
             path: path.to_path_buf(),
             source,
-        })?;
+        };
+        let (file, regular) = super::bounded::open(path).map_err(read)?;
+        let bytes = if regular {
+            super::bounded::read_regular(file).map_err(read)?
+        } else {
+            read_framed(file).map_err(read)?
+        };
         Self::parse(&bytes, &path.display().to_string())
     }
 
@@ -480,6 +488,36 @@ impl SafeTensors {
 
 /// The header's bytes and the length of the data after it, or why the
 /// 8-byte length does not fit the file.
+/// A stream's safetensors bytes: the length, the header it claims (at most
+/// [`MAX_HEADER`]) and the data its entries reach, no further; what does
+/// not parse is left for [`SafeTensors::parse`] to name.
+fn read_framed(file: std::fs::File) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut reader = std::io::BufReader::new(file);
+    let mut out = Vec::new();
+    (&mut reader).take(8).read_to_end(&mut out)?;
+    let Some(len) = out.first_chunk::<8>().map(|b| u64::from_le_bytes(*b)) else {
+        return Ok(out);
+    };
+    if len > MAX_HEADER {
+        return Ok(out);
+    }
+    (&mut reader).take(len).read_to_end(&mut out)?;
+    let data = entries(&out[8..])
+        .iter()
+        .map(|(_, i)| i.data_offsets.1 as u64)
+        .max()
+        .unwrap_or(0);
+    if let Some(available) = crate::device::host_memory::available().filter(|&a| data > a) {
+        return Err(std::io::Error::other(format!(
+            "its header places data up to byte {data} of a stream, more than the {} of memory available",
+            crate::memory::format_size(available)
+        )));
+    }
+    reader.take(data).read_to_end(&mut out)?;
+    Ok(out)
+}
+
 fn frame(bytes: &[u8]) -> Result<(&[u8], usize), FormatProblem> {
     let Some(len_bytes) = bytes.first_chunk::<8>() else {
         return Err(FormatProblem::TooShort { len: bytes.len() });
@@ -608,6 +646,42 @@ mod tests {
         assert_eq!(back.i64("y").unwrap().0, vec![0, 9, -1]);
         assert_eq!(back.metadata["format"], "pt");
         assert_eq!((bytes.len() - 8) % 8, 0);
+    }
+
+    /// A stream is read as far as its header says: a file written through
+    /// a pipe loads, and /dev/zero (a header of length 0) is refused at
+    /// once instead of read until the host runs out of memory.
+    #[cfg(unix)]
+    #[test]
+    fn a_stream_is_read_as_far_as_its_header_says() {
+        let mut s = SafeTensors::new();
+        s.insert_f32("x", &[2, 2], &[1.0, 2.0, 3.0, 4.0]).unwrap();
+        let bytes = s.to_bytes().unwrap();
+        let dir = std::env::temp_dir().join(format!("vramlab-st-fifo-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("batch.safetensors");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        // More bytes than the file after it: the reader stops at the data.
+        let writer = {
+            let (fifo, mut more) = (fifo.clone(), bytes.clone());
+            more.extend([9u8; 4096]);
+            std::thread::spawn(move || {
+                use std::io::Write;
+                let _ = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&fifo)
+                    .and_then(|mut f| f.write_all(&more));
+            })
+        };
+        let back = SafeTensors::read(&fifo).unwrap();
+        assert_eq!(back.f32("x").unwrap().0, vec![1.0, 2.0, 3.0, 4.0]);
+        drop(writer);
+        let e = SafeTensors::read(Path::new("/dev/zero"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("invalid JSON in header"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -184,7 +184,7 @@ fn init(
     store: &mut ParamStore,
     name: String,
     shape: &[usize],
-    values: impl FnOnce(usize) -> Vec<f32>,
+    values: impl FnMut(usize) -> Vec<f32>,
 ) -> Result<ParamId, TensorError> {
     let _scope = engine.scope(Category::Parameter, "init");
     let t = Tensor::generated(engine, shape, DType::F32, &name, values)?;

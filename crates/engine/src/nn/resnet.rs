@@ -75,7 +75,7 @@ fn tensor(
     engine: &Engine,
     name: &str,
     shape: &[usize],
-    values: impl FnOnce(usize) -> Vec<f32>,
+    values: impl FnMut(usize) -> Vec<f32>,
 ) -> Result<Tensor, TensorError> {
     let _scope = engine.scope(Category::Parameter, "init");
     Tensor::generated(engine, shape, DType::F32, name, values)

@@ -12,4 +12,4 @@ pub use dtype::DType;
 pub use engine::{Engine, SavedTensor, ScopeGuard, Storage, ThreeLevels};
 pub use error::{ConfigError, EngineError, LoadProblem, SpecError, TensorError};
 pub use instruments::Instruments;
-pub use tensor::Tensor;
+pub use tensor::{Tensor, GENERATE_CHUNK};

@@ -51,6 +51,12 @@ fn numel_of(op: &'static str, shape: &[usize]) -> Result<usize, TensorError> {
     Ok(n)
 }
 
+/// Elements [`Tensor::generated`] makes and uploads at a time: a tensor
+/// larger than this never has more than a chunk of its values, their bytes
+/// and their staging copy on the host at once (on a CPU adapter the tensor
+/// itself already lives in the host's memory). 64 MiB of f32.
+pub const GENERATE_CHUNK: usize = 1 << 24;
+
 impl Tensor {
     /// An uninitialised tensor (its block may hold an earlier tensor's bytes),
     /// tagged with the engine's current scope.
@@ -111,34 +117,53 @@ impl Tensor {
         Self::from_pod(engine, data, shape, DType::Bf16, label)
     }
 
-    /// A tensor of `dtype` holding what `values(n)` makes, rounded to
-    /// `dtype`. The memory is allocated first, so a size the device cannot
-    /// hold is an error before any host memory is spent on it; on a
-    /// simulated device `values` is never called (no bytes exist there).
+    /// A tensor of `dtype` holding what `values` makes, rounded to
+    /// `dtype`: `values(n)` gives the next `n` elements, asked for in
+    /// chunks of [`GENERATE_CHUNK`] in order. The memory is allocated
+    /// first, so a size the device cannot hold is an error before any host
+    /// memory is spent on it; on a simulated device `values` is never
+    /// called (no bytes exist there).
     pub fn generated(
         engine: &Engine,
         shape: &[usize],
         dtype: DType,
         label: &str,
-        values: impl FnOnce(usize) -> Vec<f32>,
+        mut values: impl FnMut(usize) -> Vec<f32>,
     ) -> Result<Tensor, TensorError> {
         let t = Tensor::empty(engine, shape, dtype, label)?;
         if engine.is_simulated() {
             return Ok(t);
         }
-        let data = values(t.numel());
-        let bytes: Vec<u8> = match dtype {
-            DType::F32 => bytemuck::cast_slice(&data).to_vec(),
-            DType::F16 => {
-                let h: Vec<half::f16> = data.iter().map(|&v| half::f16::from_f32(v)).collect();
-                bytemuck::cast_slice(&h).to_vec()
+        let (n, whole, width) = (t.numel(), t.slice(), dtype.size_in_bytes());
+        let mut done = 0;
+        while done < n {
+            let m = GENERATE_CHUNK.min(n - done);
+            let data = values(m);
+            let bytes: std::borrow::Cow<[u8]> = match dtype {
+                DType::F32 => std::borrow::Cow::Borrowed(bytemuck::cast_slice(&data)),
+                DType::F16 => {
+                    let h: Vec<half::f16> = data.iter().map(|&v| half::f16::from_f32(v)).collect();
+                    std::borrow::Cow::Owned(bytemuck::cast_slice(&h).to_vec())
+                }
+                DType::Bf16 => {
+                    let h: Vec<half::bf16> =
+                        data.iter().map(|&v| half::bf16::from_f32(v)).collect();
+                    std::borrow::Cow::Owned(bytemuck::cast_slice(&h).to_vec())
+                }
+            };
+            let part = crate::device::BufferSlice {
+                buffer: whole.buffer.clone(),
+                offset: whole.offset + (done * width) as u64,
+                size: (m * width) as u64,
+            };
+            engine.upload(&part, &bytes)?;
+            done += m;
+            // The staging copies go once the GPU has taken them, so at
+            // most a chunk's worth waits on the host at a time.
+            if done < n {
+                engine.synchronize()?;
             }
-            DType::Bf16 => {
-                let h: Vec<half::bf16> = data.iter().map(|&v| half::bf16::from_f32(v)).collect();
-                bytemuck::cast_slice(&h).to_vec()
-            }
-        };
-        engine.upload(&t.slice(), &bytes)?;
+        }
         Ok(t)
     }
 
