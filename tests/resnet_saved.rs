@@ -69,3 +69,59 @@ fn saved_bytes_per_stage_match_pytorch() {
         assert_eq!(ours.len(), 7, "{ours:?}");
     }
 }
+
+/// A ResNet's full `model.state_dict()` loads: its BatchNorm running
+/// statistics go into the model's buffers (checked for shape), and each
+/// `num_batches_tracked` is accepted; a name that is neither is still
+/// refused, and the parameters alone still load. (It was refused as
+/// "unexpected tensors (not parameters of this model): bn1.running_mean".)
+#[test]
+fn a_full_state_dict_loads_its_running_statistics() {
+    use vramlab::autograd::param::ParamStore;
+    use vramlab::io::SafeTensors;
+    let e = crate::common::engine();
+    let spec = ModelSpec::from(vramlab::nn::Resnet50Spec {
+        depth: 50,
+        width: 2,
+        resolution: 32,
+        classes: 4,
+    });
+    let mut store = ParamStore::new();
+    let model = spec
+        .build(&e, &mut store, &mut vramlab::nn::init::Rng::new(1))
+        .unwrap();
+    let buffers = model.buffers();
+    assert!(buffers.iter().any(|(n, _)| n == "bn1.running_var"));
+    let mut full = SafeTensors::new();
+    for (name, shape) in spec.parameter_shapes() {
+        let n = shape.iter().product();
+        full.insert_f32(&name, &shape, &vec![0.5; n]).unwrap();
+    }
+    let params_only = full.clone();
+    for (i, (name, t)) in buffers.iter().enumerate() {
+        let values: Vec<f32> = (0..t.numel()).map(|j| (i * 7 + j) as f32 + 0.25).collect();
+        full.insert_f32(name, t.shape(), &values).unwrap();
+        let tracked = name.replace(".running_mean", ".num_batches_tracked");
+        if tracked != *name {
+            full.insert_i64(&tracked, &[], &[3]).unwrap();
+        }
+    }
+    store.load_with_buffers(&full, &buffers).unwrap();
+    for (i, (name, t)) in buffers.iter().enumerate() {
+        let want: Vec<f32> = (0..t.numel()).map(|j| (i * 7 + j) as f32 + 0.25).collect();
+        assert_eq!(t.to_vec().unwrap(), want, "{name}");
+    }
+    store.load_with_buffers(&params_only, &buffers).unwrap();
+    let mut stray = full.clone();
+    stray
+        .insert_f32("bn1.running_median", &[1], &[0.0])
+        .unwrap();
+    let err = store
+        .load_with_buffers(&stray, &buffers)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("bn1.running_median"), "{err}");
+    // The same file on a store that knows no buffers names them.
+    let err = store.load(&full).unwrap_err().to_string();
+    assert!(err.contains("running_mean"), "{err}");
+}

@@ -323,7 +323,9 @@ fn setup(args: &TrainArgs, checked: Checked) -> anyhow::Result<Setup> {
     let mut store = ParamStore::new();
     let model = spec.build(&engine, &mut store, &mut rng)?;
     if let Some(w) = &weights {
-        store.load(w).map_err(anyhow::Error::msg)?;
+        store
+            .load_with_buffers(w, &model.buffers())
+            .map_err(anyhow::Error::msg)?;
     }
     check_precision(args, &spec)?;
     store.to_dtype(args.dtype)?;

@@ -107,6 +107,21 @@ impl ParamStore {
     /// `load_state_dict(strict=True)`: every parameter must be in `st` with
     /// its exact shape, and `st` may hold nothing else.
     pub fn load(&mut self, st: &crate::io::SafeTensors) -> Result<(), TensorError> {
+        self.load_with_buffers(st, &[])
+    }
+
+    /// [`ParamStore::load`] for a model with `buffers` (BatchNorm's running
+    /// statistics, by state_dict name): those `st` holds are checked and
+    /// written into the model's tensors in place, and each one's
+    /// `num_batches_tracked` is accepted and left out (with PyTorch's
+    /// default momentum it changes nothing). A file of the parameters alone
+    /// (`named_parameters()`) still loads, the buffers keeping their
+    /// initial values.
+    pub fn load_with_buffers(
+        &mut self,
+        st: &crate::io::SafeTensors,
+        buffers: &[(String, Tensor)],
+    ) -> Result<(), TensorError> {
         let mut problems = Vec::new();
         for p in &self.params {
             match st.f32(&p.name) {
@@ -119,12 +134,31 @@ impl ParamStore {
                 Ok(_) => {}
             }
         }
-        let unexpected: Vec<String> = st
-            .tensors
-            .keys()
-            .filter(|k| !self.params.iter().any(|p| &p.name == *k))
-            .cloned()
+        let present: Vec<&(String, Tensor)> = buffers
+            .iter()
+            .filter(|(name, _)| st.tensors.contains_key(name))
             .collect();
+        for (name, t) in &present {
+            match st.f32(name) {
+                Err(e) => problems.push(LoadProblem::Read(e)),
+                Ok((_, shape)) if shape != t.shape() => problems.push(LoadProblem::Shape {
+                    name: name.clone(),
+                    file: shape,
+                    model: t.shape().to_vec(),
+                }),
+                Ok(_) => {}
+            }
+        }
+        let known = |k: &str| {
+            self.params.iter().any(|p| p.name == k)
+                || buffers.iter().any(|(b, _)| b == k)
+                || k.strip_suffix(".num_batches_tracked").is_some_and(|m| {
+                    buffers
+                        .iter()
+                        .any(|(b, _)| b.strip_suffix(".running_mean") == Some(m))
+                })
+        };
+        let unexpected: Vec<String> = st.tensors.keys().filter(|k| !known(k)).cloned().collect();
         if !unexpected.is_empty() {
             problems.push(LoadProblem::Unexpected(unexpected));
         }
@@ -141,6 +175,10 @@ impl ParamStore {
                 .scope(crate::memory::Category::Parameter, "load");
             let (values, shape) = st.f32(&p.name)?;
             p.value = Tensor::from_slice(p.value.engine(), &values, &shape, &p.name)?;
+        }
+        for (name, t) in present {
+            let (values, _) = st.f32(name)?;
+            t.write_f32(&values)?;
         }
         Ok(())
     }

@@ -3,12 +3,18 @@
 
 use crate::autograd::param::ParamStore;
 use crate::autograd::{Tape, Value};
-use crate::tensor::TensorError;
+use crate::tensor::{Tensor, TensorError};
 
 /// A model: parameters live in a [`ParamStore`], the model holds their ids.
 pub trait Model {
     /// Shape of one sample (the batch axis is prepended).
     fn input_shape(&self) -> Vec<usize>;
+    /// The model's buffers by state_dict name (BatchNorm's running
+    /// statistics): state a state_dict holds beside the parameters, which
+    /// the optimizer never sees.
+    fn buffers(&self) -> Vec<(String, Tensor)> {
+        Vec::new()
+    }
     /// Logits `[N, classes]` for `x` `[N, ..input_shape]`.
     fn forward(&self, tape: &Tape, store: &ParamStore, x: &Value) -> Result<Value, TensorError>;
     /// The same logits with the model's natural segments checkpointed

@@ -272,6 +272,24 @@ impl Model for Resnet {
         vec![3, self.resolution, self.resolution]
     }
 
+    fn buffers(&self) -> Vec<(String, Tensor)> {
+        let blocks = self.stages.iter().flatten();
+        std::iter::once(&self.stem.1)
+            .chain(blocks.flat_map(|b| {
+                b.convs
+                    .iter()
+                    .map(|(_, n)| n)
+                    .chain(b.downsample.as_ref().map(|(_, n)| n))
+            }))
+            .flat_map(|n| {
+                [
+                    (format!("{}.running_mean", n.name), n.running_mean.clone()),
+                    (format!("{}.running_var", n.name), n.running_var.clone()),
+                ]
+            })
+            .collect()
+    }
+
     fn forward(&self, tape: &Tape, store: &ParamStore, x: &Value) -> Result<Value, TensorError> {
         self.run(tape, store, x, false)
     }

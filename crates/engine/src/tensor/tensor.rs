@@ -167,6 +167,32 @@ impl Tensor {
         Ok(t)
     }
 
+    /// Overwrites this tensor's values in place with `values`, rounded to
+    /// its dtype (`tensor.copy_(values)`): every tensor sharing its storage
+    /// sees them.
+    pub fn write_f32(&self, values: &[f32]) -> Result<(), TensorError> {
+        if values.len() != self.numel() {
+            return Err(TensorError::DataLength {
+                got: values.len(),
+                want: self.numel(),
+                shape: self.shape().to_vec(),
+            });
+        }
+        let bytes: Vec<u8> = match self.dtype() {
+            DType::F32 => bytemuck::cast_slice(values).to_vec(),
+            DType::F16 => values
+                .iter()
+                .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+                .collect(),
+            DType::Bf16 => values
+                .iter()
+                .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
+                .collect(),
+        };
+        self.engine().upload(&self.slice(), &bytes)?;
+        Ok(())
+    }
+
     /// A tensor holding `data` rounded to `dtype` (round to nearest even, as
     /// PyTorch's `.to(dtype)`).
     pub fn from_f32_as(
