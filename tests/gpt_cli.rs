@@ -223,3 +223,80 @@ fn models_lists_every_preset() {
     let listed = format!("--preset {};", names.join("|"));
     assert!(vramlab::nn::gpt::ENTRY.about.contains(&listed), "{listed}");
 }
+
+/// A gpt whose head count no shape holds loads with --heads beside --load:
+/// the file's shapes decide dim, vocab, positions and layers, the flag adds
+/// the heads (it failed on the default dim 64 before the file was read),
+/// and a flag that contradicts the file is refused naming it. Without
+/// --heads or `heads` metadata the head count is assumed, and said.
+#[test]
+fn heads_come_from_the_flag_beside_load() {
+    use vramlab::io::SafeTensors;
+    let dir = std::env::temp_dir().join(format!("vramlab-gpt-heads-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let dump = dir.join("dump.safetensors");
+    let sizes = [
+        "--heads",
+        "3",
+        "--dim",
+        "12",
+        "--vocab",
+        "100",
+        "--seq-len",
+        "7",
+        "--layers",
+        "2",
+    ];
+    let mut args = vec!["train", "--model", "gpt", "--steps", "1", "--batch", "2"];
+    args.extend(sizes);
+    let out = Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .args(&args)
+        .arg("--dump")
+        .arg(&dump)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dumped = SafeTensors::read(&dump).unwrap();
+    let mut weights = SafeTensors::new();
+    for (name, t) in &dumped.tensors {
+        if let Some(param) = name.strip_prefix("param.") {
+            weights.tensors.insert(param.to_string(), t.clone());
+        }
+    }
+    let w = dir.join("w.safetensors");
+    weights.write(&w).unwrap();
+    let train = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_vramlab"))
+            .args([
+                "train", "--model", "gpt", "--steps", "1", "--batch", "2", "--load",
+            ])
+            .arg(&w)
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let ok = train(&["--heads", "3"]);
+    let text = String::from_utf8_lossy(&ok.stdout);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert!(text.contains("3 heads, dim 12"), "{text}");
+    let assumed = train(&[]);
+    assert!(assumed.status.success());
+    let err = String::from_utf8_lossy(&assumed.stderr);
+    assert!(err.contains("--heads"), "{err}");
+    let wrong = train(&["--heads", "3", "--dim", "24"]);
+    assert!(!wrong.status.success());
+    let err = String::from_utf8_lossy(&wrong.stderr);
+    assert!(
+        err.contains("the flags (--dim, --heads)") || err.contains("--dim"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

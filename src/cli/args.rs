@@ -329,6 +329,12 @@ impl ModelArgs {
         }
     }
 
+    /// The size flags as given (a list's first value).
+    pub fn sizes_given(&self) -> crate::nn::Sizes {
+        let first = |v: &Option<Vec<usize>>| v.as_ref().and_then(|v| v.first().copied());
+        self.sizes(first(&self.resolution), first(&self.seq_len))
+    }
+
     /// The size flags given (`--widths`, `--resolution`, …), by name;
     /// `--checkpoint-every` and `--dropout` are not sizes.
     pub fn size_flags_given(&self) -> Vec<&'static str> {

@@ -202,10 +202,6 @@ fn check_flags(args: &TrainArgs) -> anyhow::Result<Checked> {
 fn model_and_files(
     args: &TrainArgs,
 ) -> anyhow::Result<(ModelSpec, Option<SafeTensors>, Option<SafeTensors>)> {
-    let mut spec = args.model.spec()?;
-    // Sizes from flags and sizes from files must agree: a file that
-    // changes a size the user gave is an error, not a silent override.
-    let from_flags = spec.clone();
     let flags = args.model.size_flags_given();
     let weights = match &args.load {
         Some(p) => Some(SafeTensors::read(p)?),
@@ -215,18 +211,13 @@ fn model_and_files(
         Some(p) => Some(SafeTensors::read(p)?),
         None => None,
     };
-    if let Some(w) = &weights {
-        spec.adapt_to_weights(w)
-            .map_err(anyhow::Error::msg)
-            .with_context(|| {
-                format!(
-                    "reading the model's sizes from {} (is it a {} state_dict? pick the --model it was saved from)",
-                    w.origin,
-                    spec.name()
-                )
-            })?;
-        agree(&spec, &from_flags, &flags, &w.origin, "--load")?;
-    }
+    let mut spec = match &weights {
+        None => args.model.spec()?,
+        Some(w) => sizes_from_weights(args, w, &flags)?,
+    };
+    // Sizes from flags and sizes from files must agree: a file that
+    // changes a size the user gave is an error, not a silent override.
+    let from_flags = spec.clone();
     if let Some(d) = &data {
         let (_, xs) = d.f32("x")?;
         spec.adapt_to_input(&xs)
@@ -235,6 +226,63 @@ fn model_and_files(
         agree(&spec, &from_flags, &flags, &d.origin, "--data")?;
     }
     Ok((spec, weights, data))
+}
+
+/// The model `--load`'s state_dict `w` describes, with the size flags on
+/// top: the file's shapes decide every size they hold, so a flag may add
+/// only what no shape holds (gpt's --heads, a resnet's --resolution) or
+/// repeat what the file says; one that contradicts it is refused. (Flags
+/// were checked first, against the defaults, so `--heads 3` for a file of
+/// dim 12 failed on the default dim 64.)
+fn sizes_from_weights(
+    args: &TrainArgs,
+    w: &SafeTensors,
+    flags: &[&str],
+) -> anyhow::Result<ModelSpec> {
+    let adapt = |spec: &mut ModelSpec| {
+        let name = spec.name();
+        spec.adapt_to_weights(w)
+            .map_err(anyhow::Error::msg)
+            .with_context(|| {
+                format!(
+                    "reading the model's sizes from {} (is it a {name} state_dict? pick the --model it was saved from)",
+                    w.origin
+                )
+            })
+    };
+    let mut spec = ModelSpec::default_for(&args.model.model).map_err(anyhow::Error::msg)?;
+    adapt(&mut spec)?;
+    let from_file = spec.clone();
+    spec.apply(&args.model.sizes_given()).map_err(|e| {
+        anyhow::anyhow!(
+            "{e} (with the sizes --load {} holds: {})",
+            w.origin,
+            from_file.describe()
+        )
+    })?;
+    // The flags agree with the file where reading the file again changes
+    // nothing they set.
+    let mut again = spec.clone();
+    adapt(&mut again)?;
+    if again != spec {
+        anyhow::bail!(
+            "--load {} holds {}, but the flags (--{}) give {}; leave those flags out (the file decides) or use a file of those sizes",
+            w.origin,
+            again.describe(),
+            flags.join(", --"),
+            spec.describe()
+        );
+    }
+    // gpt's head count is in no shape: from the file's metadata where
+    // PyTorch-side scripts write it, else --heads, else assumed.
+    if spec.vocab().is_some() && !flags.contains(&"heads") && !w.metadata.contains_key("heads") {
+        eprintln!(
+            "note: {} says nothing of the head count (no shape holds it, and it has no `heads` metadata): training as {}; give --heads as the model was built",
+            w.origin,
+            spec.describe()
+        );
+    }
+    Ok(spec)
 }
 
 /// Refuses a file (`flag` names it) whose sizes differ from those the size

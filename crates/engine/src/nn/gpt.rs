@@ -657,9 +657,12 @@ impl ModelConfig for GptSpec {
         Ok(())
     }
 
+    /// Sequences of the batch's length, with as many positions as they
+    /// need (a loaded table of fewer is then refused by its shape).
     fn adapt_to_input(&mut self, x_shape: &[usize]) {
         if let [_, s] = x_shape {
             self.seq = *s;
+            self.config.seq_len = self.config.seq_len.max(*s);
         }
     }
 
