@@ -74,6 +74,64 @@ struct SweepFit {
     exponent_total: f64,
 }
 
+/// The most bytes of what scales with the swept value (the batch and what
+/// is computed from it: input, activations, outputs, temporaries) live at
+/// once in the forward and backward passes. Parameters, gradients and
+/// optimizer state do not scale, and the conv workspace is capped (8 MiB
+/// per op) by design. The step's own peak can fall in the optimizer step
+/// at small values, where Adam's parameter-sized temporaries are live and
+/// nothing scales: counted there, attention's sweep over batches 1–16 fit
+/// an exponent of 1.31 to memory that is linear in the batch (1.00 from
+/// batch 2).
+fn growing_bytes(events: &[crate::memory::MemEvent]) -> u64 {
+    use crate::memory::tag::Category;
+    use crate::memory::EventKind;
+    // Each block counted as what it ends up as: a weight's gradient is
+    // made as a temporary and retagged `gradient` at once, and counted as
+    // made it would grow with nothing.
+    let mut last: Vec<Category> = events.iter().map(|e| e.category).collect();
+    let mut open: std::collections::HashMap<u64, usize> = Default::default();
+    for (i, e) in events.iter().enumerate() {
+        match e.kind {
+            EventKind::Alloc => {
+                open.insert(e.address, i);
+            }
+            EventKind::Retag => {
+                if let Some(&j) = open.get(&e.address) {
+                    last[j] = e.category;
+                }
+            }
+            EventKind::Free => {
+                open.remove(&e.address);
+            }
+            _ => {}
+        }
+    }
+    let grows = |c: Category| {
+        matches!(
+            c,
+            Category::Input | Category::Activation | Category::Output | Category::Temporary
+        )
+    };
+    let mut live: std::collections::HashMap<u64, u64> = Default::default();
+    let (mut in_pass, mut now, mut most) = (false, 0u64, 0u64);
+    for (i, e) in events.iter().enumerate() {
+        match e.kind {
+            EventKind::Phase => in_pass = matches!(&*e.op, "forward" | "backward"),
+            EventKind::Alloc if grows(last[i]) => {
+                live.insert(e.address, e.size);
+                now += e.size;
+            }
+            EventKind::Free => now -= live.remove(&e.address).unwrap_or(0),
+            _ => {}
+        }
+        if in_pass {
+            most = most.max(now);
+        }
+    }
+    most
+}
+
 pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
     if let Some(dir) = &args.out {
         super::args::out_dir("--out", dir)?;
@@ -142,13 +200,7 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
         unlimited.config.memory_limit = None;
         let est = estimate(&unlimited)?;
         let a = analyze(&est.events, &est.layer_outputs);
-        // What scales with the swept value: the batch and everything computed
-        // from it. Parameters, gradients and optimizer state do not, and the
-        // conv workspace is capped (8 MiB per op) by design.
-        let growing: u64 = ["input", "activation", "output", "temporary"]
-            .iter()
-            .map(|c| a.by_category.get(c).copied().unwrap_or(0))
-            .sum();
+        let growing = growing_bytes(&est.events);
         let (measured, oom) = match &engine {
             // Under a memory limit or on a device of --capacity, whether
             // the step fits: run on a simulated device with both.
