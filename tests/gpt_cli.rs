@@ -300,3 +300,31 @@ fn heads_come_from_the_flag_beside_load() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `train --data` with int64 token ids, as PyTorch saves them and as the
+/// token-id error advises: the command read x as floats to learn its shape
+/// and refused int64 ("is I64, but a float type … was expected").
+#[test]
+fn train_takes_int64_token_ids() {
+    use vramlab::io::SafeTensors;
+    let dir = std::env::temp_dir().join(format!("vramlab-gpt-ids-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (n, seq) = (2usize, 16usize);
+    let ids: Vec<i64> = (0..n * seq).map(|i| (i * 7 % 96) as i64).collect();
+    let mut st = SafeTensors::new();
+    st.insert_i64("x", &[n, seq], &ids).unwrap();
+    st.insert_i64("y", &[n, seq], &ids).unwrap();
+    let path = dir.join("ids.safetensors");
+    st.write(&path).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .args(["train", "--model", "gpt", "--steps", "1", "--data"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -219,7 +219,10 @@ fn model_and_files(
     // changes a size the user gave is an error, not a silent override.
     let from_flags = spec.clone();
     if let Some(d) = &data {
-        let (_, xs) = d.f32("x")?;
+        // The shape only: a language model's x holds integer token ids,
+        // which the batch reads (f32 here refused int64, the dtype its own
+        // error advised).
+        let xs = d.get("x")?.shape.clone();
         spec.adapt_to_input(&xs)
             .map_err(anyhow::Error::msg)
             .with_context(|| format!("reading the input size from {}", d.origin))?;
