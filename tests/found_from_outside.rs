@@ -1047,3 +1047,46 @@ fn resnet50_sizes_name_only_what_is_wrong() {
     );
     assert!(err.contains("(got 16)"), "{err}");
 }
+
+/// From an outside user's pass over `train`: a `--dump` file loads with
+/// `--load` (its `param.` tensors), and going on from it is the next step
+/// of one longer run; a `--dump` path that is a directory is refused
+/// before training (it failed after, saying only "cannot write"); `--text`
+/// beside `--data` is refused (it was ignored); a NaN loss names only the
+/// files the run was given.
+#[test]
+fn train_dumps_reload_and_its_file_flags_say_what_is_wrong() {
+    let dir = std::env::temp_dir().join(format!("vramlab-outside-dump-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let dump = dir.join("d.safetensors");
+    let d = dump.to_str().unwrap();
+    let run = ["train", "--model", "mlp", "--optimizer", "sgd", "--json"];
+    let loss = |v: &serde_json::Value, step: usize| v["steps"][step]["loss"].as_f64().unwrap();
+    let two = json_of(&[&run[..], &["--steps", "2"]].concat());
+    json_of(&[&run[..], &["--steps", "1", "--dump", d]].concat());
+    let resumed = json_of(&[&run[..], &["--steps", "1", "--load", d]].concat());
+    assert_eq!(loss(&resumed, 0), loss(&two, 1));
+    let err = fails_cleanly(&[
+        "train",
+        "--model",
+        "mlp",
+        "--steps",
+        "1",
+        "--dump",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(err.contains("is a directory"), "{err}");
+    let err = fails_cleanly(&[
+        "train",
+        "--model",
+        "gpt",
+        "--steps",
+        "1",
+        "--text",
+        "README.md",
+        "--data",
+        d,
+    ]);
+    assert!(err.contains("give one of them"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

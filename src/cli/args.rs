@@ -186,9 +186,16 @@ pub fn check_recorded_steps(steps: usize) -> Result<(), ArgError> {
 /// The error for a step whose loss is NaN or infinite: training stops
 /// there, as `torch.autograd.set_detect_anomaly(True)` would, instead of
 /// updating every weight with NaN.
-pub fn non_finite_loss(step: usize, loss: f32) -> ArgError {
+pub fn non_finite_loss(step: usize, loss: f32, files: &[&str]) -> ArgError {
+    let inputs = match files {
+        [] => String::new(),
+        files => format!(
+            " or a file holds NaN/Inf values (check {})",
+            files.join(" and ")
+        ),
+    };
     ArgError(format!(
-        "step {step}: the loss is {loss}; a NaN or infinity reached it. The run diverged (lower --lr) or the input holds NaN/Inf values (check --data); stopping here"
+        "step {step}: the loss is {loss}; a NaN or infinity reached it. The run diverged (lower --lr){inputs}; stopping here"
     ))
 }
 
@@ -207,6 +214,13 @@ pub fn out_dir(flag: &str, dir: &std::path::Path) -> Result<(), ArgError> {
 /// Makes the directory an output file's flag names lives in, before any
 /// work, as `out_dir` does.
 pub fn out_file_dir(flag: &str, file: &std::path::Path) -> Result<(), ArgError> {
+    if file.is_dir() {
+        return Err(ArgError(format!(
+            "{flag} {}: is a directory; name a file (e.g. {})",
+            file.display(),
+            file.join("out.safetensors").display()
+        )));
+    }
     match file.parent() {
         Some(d) if !d.as_os_str().is_empty() => out_dir(flag, d),
         _ => Ok(()),

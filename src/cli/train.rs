@@ -70,6 +70,7 @@ pub struct TrainArgs {
     /// Gradient accumulation: each step runs K micro-batches of batch/K
     /// (forward and backward each, losses scaled by 1/K, gradients summed
     /// in .grad), then one optimizer step. The peak is a micro-batch's.
+    /// Micro-batches are generated (not --data), each drawn on its own.
     #[arg(long, value_name = "K", default_value_t = 1)]
     pub accumulate: usize,
     /// gpt: train on this text file, character level (printable ASCII and
@@ -202,9 +203,14 @@ fn check_flags(args: &TrainArgs) -> anyhow::Result<Checked> {
 fn model_and_files(
     args: &TrainArgs,
 ) -> anyhow::Result<(ModelSpec, Option<SafeTensors>, Option<SafeTensors>)> {
+    if args.text.is_some() && args.data.is_some() {
+        anyhow::bail!(
+            "--text and --data both give the batch (windows of the text, or the file's x and y); give one of them"
+        );
+    }
     let flags = args.model.size_flags_given();
     let weights = match &args.load {
-        Some(p) => Some(SafeTensors::read(p)?),
+        Some(p) => Some(weights_of(SafeTensors::read(p)?)),
         None => None,
     };
     let data = match &args.data {
@@ -229,6 +235,24 @@ fn model_and_files(
         agree(&spec, &from_flags, &flags, &d.origin, "--data")?;
     }
     Ok((spec, weights, data))
+}
+
+/// `--load`'s weights: a state_dict as it is, or a `--dump` file's
+/// `param.<name>` tensors under their names (its gradients, logits and loss
+/// left out), so a run continues from where a dumped one stopped.
+fn weights_of(st: SafeTensors) -> SafeTensors {
+    let dumped =
+        |k: &str| k.starts_with("param.") || k.starts_with("grad.") || k == "logits" || k == "loss";
+    if !st.tensors.keys().any(|k| k.starts_with("param.")) || !st.tensors.keys().all(|k| dumped(k))
+    {
+        return st;
+    }
+    let tensors = st
+        .tensors
+        .into_iter()
+        .filter_map(|(k, t)| Some((k.strip_prefix("param.")?.to_string(), t)))
+        .collect();
+    SafeTensors { tensors, ..st }
 }
 
 /// The model `--load`'s state_dict `w` describes, with the size flags on
@@ -328,8 +352,8 @@ fn check_accumulate(args: &TrainArgs, has_data: bool) -> anyhow::Result<()> {
     let k = args.accumulate;
     if k == 0 || (k > 1 && (has_data || !args.batch.is_multiple_of(k))) {
         anyhow::bail!(
-            "--accumulate {k}: needs K ≥ 1 dividing --batch {} into micro-batches, and generated batches (not --data)",
-            args.batch
+            "--accumulate {k}: needs K ≥ 1 dividing the batch ({}) into micro-batches, and generated batches (not --data: its one batch is not cut)",
+            if has_data { "--data's".to_string() } else { format!("--batch {}", args.batch) }
         );
     }
     if k > 1 && (args.retain_graph || args.amp == Some(DType::F16)) {
@@ -420,6 +444,7 @@ fn load_text(
     if args.text.is_some() && !is_gpt {
         anyhow::bail!("--text trains a language model; use it with --model gpt");
     }
+
     let text = match (&args.text, is_gpt && !has_data) {
         (Some(p), _) => {
             let bytes = crate::io::bounded::read_whole(p, crate::io::bounded::STREAM_LIMIT)
@@ -681,7 +706,12 @@ fn check_loss(args: &TrainArgs, opt: &OptimizerConfig, r: &StepRecord) -> anyhow
     if r.loss.is_finite() {
         return Ok(());
     }
-    let mut e = super::args::non_finite_loss(r.step, r.loss);
+    let files: Vec<&str> = [("--load", &args.load), ("--data", &args.data)]
+        .into_iter()
+        .filter(|(_, p)| p.is_some())
+        .map(|(flag, _)| flag)
+        .collect();
+    let mut e = super::args::non_finite_loss(r.step, r.loss, &files);
     // PyTorch's foreach and for-loop Adam store sqrt(v) + eps in
     // the parameters' dtype: in f16, eps 1e-8 rounds to 0 and a
     // zero second moment divides by zero, as it does in PyTorch.
