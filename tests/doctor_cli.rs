@@ -548,6 +548,23 @@ fn the_request_that_ran_out_of_memory_is_replayed_against_the_device() {
         advice.contains("expandable_segments:True would not have run out of memory"),
         "{advice}"
     );
+    // replay --allocators probes it the same way under a device size.
+    let compared = vramlab_json([
+        "replay",
+        snap,
+        "--allocators",
+        "pytorch,expandable",
+        "--capacity",
+        "64MiB",
+        "--json",
+    ]);
+    let ooms: Vec<u64> = compared["devices"][0]["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["ooms"].as_u64().unwrap())
+        .collect();
+    assert_eq!(ooms, [1, 0], "{compared}");
     let v = doctor(snap, &["--no-planner"]);
     let recorded = &v["devices"][0]["what_ifs"][0];
     assert_eq!(recorded["ooms"], 0, "{v}");

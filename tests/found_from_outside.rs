@@ -653,6 +653,22 @@ fn recorded_settings_pytorch_refuses_are_errors() {
             with("max_split_size", PyValue::Int(5)),
             "max_split_size 5 is not at least 20 MiB",
         ),
+        // A division count PyTorch refuses (3), and one whose 512 ×
+        // divisions would overflow the rounding (it was read as given).
+        (
+            with(
+                "roundup_power2_divisions",
+                PyValue::dict(vec![(PyValue::str("1"), PyValue::Int(3))]),
+            ),
+            "roundup_power2_divisions Int(3) is not 0 or a power of 2",
+        ),
+        (
+            with(
+                "roundup_power2_divisions",
+                PyValue::dict(vec![(PyValue::str("2"), PyValue::Int(1 << 62))]),
+            ),
+            "roundup_power2_divisions Int(4611686018427387904) is not 0 or a power of 2",
+        ),
     ] {
         std::fs::write(&p, bytes).unwrap();
         for cmd in ["replay", "doctor"] {
@@ -668,6 +684,13 @@ fn recorded_settings_pytorch_refuses_are_errors() {
         ("max_split_size", PyValue::Int(-1)),
         ("max_split_size", PyValue::Int(128 << 20)),
         ("max_split_size", PyValue::Int(20 << 20)),
+        (
+            "roundup_power2_divisions",
+            PyValue::dict(vec![
+                (PyValue::str("1"), PyValue::Int(0)),
+                (PyValue::str("2"), PyValue::Int(4)),
+            ]),
+        ),
     ] {
         std::fs::write(&p, with(key, value)).unwrap();
         let o = vramlab(&["replay", p.to_str().unwrap()]);

@@ -291,6 +291,28 @@ fn heads_come_from_the_flag_beside_load() {
     assert!(assumed.status.success());
     let err = String::from_utf8_lossy(&assumed.stderr);
     assert!(err.contains("--heads"), "{err}");
+    // A batch of shorter sequences: its length is the file's to set, the
+    // flags only add the heads (it was refused as contradicting --heads).
+    let ids: Vec<i64> = (0..10).map(|i| i * 9 % 100).collect();
+    let mut batch = SafeTensors::new();
+    batch.insert_i64("x", &[2, 5], &ids).unwrap();
+    batch.insert_i64("y", &[2, 5], &ids).unwrap();
+    let data = dir.join("ids.safetensors");
+    batch.write(&data).unwrap();
+    let data = data.to_str().unwrap();
+    let with_data = train(&["--heads", "3", "--data", data]);
+    assert!(
+        with_data.status.success(),
+        "{}",
+        String::from_utf8_lossy(&with_data.stderr)
+    );
+    let clash = train(&["--heads", "3", "--seq-len", "7", "--data", data]);
+    assert!(!clash.status.success());
+    let err = String::from_utf8_lossy(&clash.stderr);
+    assert!(
+        err.contains("the flags (--seq-len, --heads)") || err.contains("--seq-len"),
+        "{err}"
+    );
     let wrong = train(&["--heads", "3", "--dim", "24"]);
     assert!(!wrong.status.success());
     let err = String::from_utf8_lossy(&wrong.stderr);

@@ -447,7 +447,9 @@ fn run_recorded(
     });
     let progress = super::progress::spinner("max-batch", args.json);
     let mut probes: Vec<Probe> = Vec::new();
-    let max_batch = search(args.max, |b| {
+    // Bisection only: each probe runs the user's script, so the batches
+    // past its answer are not tried here (docs/recorder.md says so).
+    let max_batch = bisect(args.max, |b| {
         progress.set_message(format!("recording batch {b}"));
         progress.inc(1);
         let p = recorder.probe(b, config.as_ref(), Some(effective))?;

@@ -221,9 +221,6 @@ fn model_and_files(
         None => args.model.spec()?,
         Some(w) => sizes_from_weights(args, w, &flags)?,
     };
-    // Sizes from flags and sizes from files must agree: a file that
-    // changes a size the user gave is an error, not a silent override.
-    let from_flags = spec.clone();
     if let Some(d) = &data {
         // The shape only: a language model's x holds integer token ids,
         // which the batch reads (f32 here refused int64, the dtype its own
@@ -232,7 +229,7 @@ fn model_and_files(
         spec.adapt_to_input(&xs)
             .map_err(anyhow::Error::msg)
             .with_context(|| format!("reading the input size from {}", d.origin))?;
-        agree(&spec, &from_flags, &flags, &d.origin, "--data")?;
+        agree(args, &spec, &flags, &d.origin, "--data")?;
     }
     Ok((spec, weights, data))
 }
@@ -314,14 +311,25 @@ fn sizes_from_weights(
 
 /// Refuses a file (`flag` names it) whose sizes differ from those the size
 /// flags gave, when any were given.
+/// Sizes from flags and sizes from files must agree: a file that changes a
+/// size the user gave is an error, not a silent override. Only the sizes
+/// the flags set are compared (applied again on top of what the file
+/// decided, they change nothing); a size no flag gave is the file's to set,
+/// as `--data`'s sequence length is (it was refused once any flag, say
+/// `--heads`, was given).
 fn agree(
+    args: &TrainArgs,
     spec: &ModelSpec,
-    from_flags: &ModelSpec,
     flags: &[&str],
     file: &str,
     flag: &str,
 ) -> anyhow::Result<()> {
-    if *spec != *from_flags && !flags.is_empty() {
+    if flags.is_empty() {
+        return Ok(());
+    }
+    let mut from_flags = spec.clone();
+    let applied = from_flags.apply(&args.model.sizes_given());
+    if applied.is_err() || from_flags != *spec {
         anyhow::bail!(
             "{flag} {file} holds {}, but the flags (--{}) give {}; leave those flags out (the file decides) or use a file of those sizes",
             spec.describe(),

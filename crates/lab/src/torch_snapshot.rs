@@ -227,9 +227,19 @@ fn settings_of(root: &PyValue) -> Result<(Option<AllocatorConfig>, bool), LabErr
             if mib == 0 || !mib.is_power_of_two() {
                 continue;
             }
+            // 0 (off) or a power of 2, as PyTorch's parser takes them; a
+            // bound keeps 512 × divisions far from overflowing.
+            let divisions = v
+                .as_i64()
+                .filter(|&d| d == 0 || (d > 0 && (d as u64).is_power_of_two() && d <= 1 << 20))
+                .ok_or_else(|| LabError::BadSetting {
+                    key: "roundup_power2_divisions",
+                    value: format!("{v:?}"),
+                    expected: "0 or a power of 2 (at most 2^20) for each interval",
+                })?;
             let i = mib.trailing_zeros() as usize;
             if i < c.roundup_power2_divisions.len() {
-                c.roundup_power2_divisions[i] = v.as_i64().unwrap_or(0).max(0) as u64;
+                c.roundup_power2_divisions[i] = divisions as u64;
             }
         }
     }
@@ -1074,6 +1084,8 @@ pub fn replay_from_state_at(
     let (mut peak_alloc, mut peak_res, mut ooms) = (a.memory_allocated(), a.memory_reserved(), 0);
     let (mut peak_op, mut sizes, mut failed) = (0, HashMap::new(), HashSet::new());
     let mut oom_at = Vec::new();
+    // Requests the recording ran out of memory on that this replay served.
+    let mut granted: Vec<(usize, u64)> = Vec::new();
     for (i, op) in snap.workload.ops.iter().enumerate() {
         match (apply_op(&mut a, &mut handles, op, ""), *op) {
             (Applied::Allocated(block), Op::Alloc { id, .. }) => {
@@ -1106,9 +1118,7 @@ pub fn replay_from_state_at(
                     });
                 }
             }
-            (Applied::Granted, Op::Probe { size }) => differences.push(format!(
-                "the recording ran out of memory asking for {size} bytes at operation {i}; this replay got them"
-            )),
+            (Applied::Granted, Op::Probe { size }) => granted.push((i, size)),
             (Applied::FreeFailed(e), _) => differences.push(format!("a free failed: {e}")),
             _ => {}
         }
@@ -1143,8 +1153,17 @@ pub fn replay_from_state_at(
         allocated_bytes: a.memory_allocated(),
     };
     let rec = &snap.recorded_end;
-    // Notes so far are about the input; what follows compares end states.
+    // Notes so far are about the input; what follows compares the replay.
     let notes = differences.len();
+    if let Some(&(op, size)) = granted.first() {
+        let more = match granted.len() {
+            1 => String::new(),
+            n => format!(" (and {} more such requests)", n - 1),
+        };
+        differences.push(format!(
+            "the recording ran out of memory asking for {size} bytes at operation {op}; this replay got them{more}"
+        ));
+    }
     if replayed.segments != rec.segments {
         differences.push(format!(
             "{} segments replayed, {} recorded",

@@ -310,8 +310,16 @@ impl Live {
 }
 
 /// Runs `w` through `s`. An allocation that fails is counted and skipped
-/// (its later free is a no-op), as `replay` does.
+/// (its later free is a no-op), as `replay` does. No device limit applies,
+/// so a probe (a request the recording ran out of memory on) asks nothing.
 pub fn run(s: &mut dyn Strategy, w: &Workload) -> RunResult {
+    run_with(s, w, false)
+}
+
+/// [`run`]; with `limited` (the strategy's device has a size or a memory
+/// limit) each probe asks for its request and frees it at once if granted,
+/// a refusal counted as an out-of-memory, as a snapshot's replay does.
+pub fn run_with(s: &mut dyn Strategy, w: &Workload, limited: bool) -> RunResult {
     let (mut peak_alloc, mut peak_res, mut ooms) = (0, 0, 0);
     let every = (w.ops.len() / 2000).max(1);
     let mut timeline = Vec::new();
@@ -336,8 +344,10 @@ pub fn run(s: &mut dyn Strategy, w: &Workload) -> RunResult {
                 }
             }
             Op::EmptyCache => s.empty_cache(),
-            // Strategies run without a device limit here, where a probe
-            // asks nothing.
+            Op::Probe { size } if limited => match s.malloc(size.max(1), Category::Untagged) {
+                Ok(h) => s.free(h),
+                Err(_) => ooms += 1,
+            },
             Op::Probe { .. } => {}
         }
         peak_alloc = peak_alloc.max(s.allocated());
@@ -446,7 +456,8 @@ pub fn compare_with(
                     super::strategies::online_configured(name, capacity, config)
                         .ok_or_else(|| unknown(name))
                 };
-                let mut r = run(fresh()?.as_mut(), w);
+                let limited = capacity.is_some();
+                let mut r = run_with(fresh()?.as_mut(), w, limited);
                 // A replay is deterministic: the repeats only time it again.
                 let ops = w.ops.len().max(1) as f64;
                 let mut spent = r.ns_per_op * ops;
@@ -454,7 +465,7 @@ pub fn compare_with(
                     if spent >= TIMING_BUDGET_NS {
                         break;
                     }
-                    let again = run(fresh()?.as_mut(), w);
+                    let again = run_with(fresh()?.as_mut(), w, limited);
                     debug_assert_eq!(again.peak_reserved_bytes, r.peak_reserved_bytes);
                     r.ns_per_op = r.ns_per_op.min(again.ns_per_op);
                     spent += again.ns_per_op * ops;

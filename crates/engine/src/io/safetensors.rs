@@ -486,8 +486,6 @@ impl SafeTensors {
     }
 }
 
-/// The header's bytes and the length of the data after it, or why the
-/// 8-byte length does not fit the file.
 /// A stream's safetensors bytes: the length, the header it claims (at most
 /// [`MAX_HEADER`]) and the data its entries reach, no further; what does
 /// not parse is left for [`SafeTensors::parse`] to name.
@@ -518,6 +516,8 @@ fn read_framed(file: std::fs::File) -> std::io::Result<Vec<u8>> {
     Ok(out)
 }
 
+/// The header's bytes and the length of the data after it, or why the
+/// 8-byte length does not fit the file.
 fn frame(bytes: &[u8]) -> Result<(&[u8], usize), FormatProblem> {
     let Some(len_bytes) = bytes.first_chunk::<8>() else {
         return Err(FormatProblem::TooShort { len: bytes.len() });

@@ -264,6 +264,17 @@ fn cut(len: u32, block: usize, step: u32) -> u32 {
     at.clamp(1, len - 1)
 }
 
+/// Whether a product of `m` rows and `n` columns over `layers` workgroup
+/// layers launches in one grid whatever its tile (a tile's block is at
+/// least one element): the routes that cannot run in parts (a column bias
+/// in the epilogue, several summed entries a slot) are taken only then.
+pub(super) fn grid_fits_any_tile(engine: &Engine, m: usize, n: usize, layers: usize) -> bool {
+    let max = engine
+        .gpu()
+        .map_or(u32::MAX, |g| g.limits.max_compute_workgroups_per_dimension) as usize;
+    m <= max && n <= max && layers <= max
+}
+
 /// Whether one dispatch binds `tensors` whole (no parts needed).
 pub(super) fn fits_whole(tensors: &[&Tensor]) -> bool {
     let slices: Vec<BufferSlice> = tensors.iter().map(|t| t.slice()).collect();

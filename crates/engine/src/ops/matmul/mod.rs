@@ -503,10 +503,15 @@ fn gemm_biased(
     }
     let split = plan_split(g);
     if split.group == 0 {
-        // A column bias in the epilogue of a GPU tile bound whole (cutting
-        // the product into parts would move its columns).
-        let fused =
-            col_bias.filter(|cb| tile.shared && !transposed && budget::fits_whole(&[a, b, c, cb]));
+        // A column bias in the epilogue of a GPU tile bound whole and
+        // launched whole (cutting the product into parts would move its
+        // columns, and the bias has no offset to move with them).
+        let fused = col_bias.filter(|cb| {
+            tile.shared
+                && !transposed
+                && budget::fits_whole(&[a, b, c, cb])
+                && budget::grid_fits_any_tile(a.engine(), g.m, g.n, g.batch)
+        });
         dispatch(
             g,
             [a, b, c],
@@ -587,9 +592,11 @@ fn gemm_biased(
         }
         None => split.k_chunk.div_ceil(8) + 2,
     };
-    if let Some(per) = summed_per_slot(g, &split, per_entry)
-        .filter(|_| (tile.shared || cores.is_some()) && budget::fits_whole(&[a, b, &parts]))
-    {
+    if let Some(per) = summed_per_slot(g, &split, per_entry).filter(|_| {
+        (tile.shared || cores.is_some())
+            && budget::fits_whole(&[a, b, &parts])
+            && budget::grid_fits_any_tile(a.engine(), g.m, g.n, g.batch)
+    }) {
         // A summed batch past one workspace: GPU tiles and tensor cores sum
         // several entries a slot, so one product and one sum instead of a
         // round of each per workspace's worth of entries.
