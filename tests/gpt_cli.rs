@@ -186,7 +186,20 @@ fn data_token_ids_are_whole_and_inside_the_vocabulary() {
             .map(|b| b.size())
             .unwrap_err()
     };
-    assert!(err.to_string().contains("y must have shape"), "{err}");
+    // Said as a language model's rule (the class-label rule, "y must have
+    // shape [N]", read as if [2] should pass).
+    assert!(err.to_string().contains("its shape must be x's"), "{err}");
+    // A batch of no samples is said as such (it was "from_slice: a tensor
+    // of shape [0, 16] has no elements").
+    let err = {
+        let mut st = SafeTensors::new();
+        st.insert_i64("x", &[0, seq], &[]).unwrap();
+        st.insert_i64("y", &[0, seq], &[]).unwrap();
+        Batch::from_safetensors(&e, &st, spec.classes(), spec.vocab())
+            .map(|b| b.size())
+            .unwrap_err()
+    };
+    assert!(err.to_string().contains("holds no samples"), "{err}");
     // An f64 id is judged as stored: 7.00000001 is not 7.
     let err = batch(&|st| {
         let mut v: Vec<f64> = labels.iter().map(|&i| i as f64).collect();

@@ -237,8 +237,15 @@ pub enum EngineError {
     /// A token id past 2^24, which f32 (vramlab's input type) cannot hold.
     #[error("batch: token id {value} in x is past 2^24, the largest id f32 inputs hold exactly; use a vocabulary of at most 16,777,216 tokens")]
     TokenNotExact { value: i64 },
-    #[error("y must have shape [N] with N = x's first axis (or x's shape, for token labels); x is {x:?}, y is {y:?}")]
-    LabelShape { x: Vec<usize>, y: Vec<usize> },
+    #[error("{}; x is {x:?}, y is {y:?}", if *.tokens { "a language model's y holds the next token of every position: its shape must be x's" } else { "y must have shape [N] with N = x's first axis (one class label a sample)" })]
+    LabelShape {
+        x: Vec<usize>,
+        y: Vec<usize>,
+        tokens: bool,
+    },
+    /// A batch file whose x has no samples or no elements.
+    #[error("x has shape {shape:?}, which holds no samples; a batch needs at least one sample of at least one element")]
+    EmptyBatch { shape: Vec<usize> },
     #[error("cannot load {path} into this model:{}", Problems(.problems))]
     Load {
         path: String,

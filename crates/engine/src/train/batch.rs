@@ -181,8 +181,16 @@ impl Batch {
         // model (x [N, S] token ids), flattened as its logits are.
         // A language model's labels are next tokens: x's shape.
         let token_labels = vocab.is_some();
+        if !xs.is_empty() && xs.contains(&0) {
+            return Err(TensorError::EmptyBatch { shape: xs }.in_file(&st.origin));
+        }
         if xs.is_empty() || (ys != xs && (token_labels || ys != [xs[0]])) {
-            return Err(TensorError::LabelShape { x: xs, y: ys }.in_file(&st.origin));
+            return Err(TensorError::LabelShape {
+                x: xs,
+                y: ys,
+                tokens: token_labels,
+            }
+            .in_file(&st.origin));
         }
         let x = Tensor::from_slice(engine, &xv, &xs, "input")?;
         Self::with_labels(engine, x, yv, classes).map_err(|e| e.in_file(&st.origin))
