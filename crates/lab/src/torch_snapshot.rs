@@ -1091,28 +1091,24 @@ pub fn replay_from_state_at(
             (Applied::Allocated(block), Op::Alloc { id, .. }) => {
                 sizes.insert(id, block);
             }
-            (Applied::Refused, Op::Alloc { id, size, category }) => {
+            (Applied::Refused, op) => {
+                // An allocation (its later free a no-op), or a recorded
+                // out-of-memory request refused again.
+                let (size, category, origin) = match op {
+                    Op::Alloc { id, size, category } => {
+                        failed.insert(id);
+                        (size, category, snap.origins.get(&id).cloned())
+                    }
+                    Op::Probe { size } => (size, Category::Untagged, None),
+                    Op::Free { .. } | Op::EmptyCache => continue,
+                };
                 ooms += 1;
-                failed.insert(id);
                 if oom_at.len() < MAX_OOMS {
                     oom_at.push(OomAt {
                         op: i,
                         requested_bytes: size,
                         category,
-                        origin: snap.origins.get(&id).cloned().unwrap_or_default(),
-                        allocated_bytes: a.memory_allocated(),
-                        reserved_bytes: a.memory_reserved(),
-                    });
-                }
-            }
-            (Applied::Refused, Op::Probe { size }) => {
-                ooms += 1;
-                if oom_at.len() < MAX_OOMS {
-                    oom_at.push(OomAt {
-                        op: i,
-                        requested_bytes: size,
-                        category: Category::Untagged,
-                        origin: Origin::default(),
+                        origin: origin.unwrap_or_default(),
                         allocated_bytes: a.memory_allocated(),
                         reserved_bytes: a.memory_reserved(),
                     });

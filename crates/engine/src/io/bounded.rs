@@ -48,18 +48,25 @@ pub fn open(path: &Path) -> std::io::Result<(std::fs::File, bool)> {
 /// available.
 pub fn read_regular(mut file: std::fs::File) -> std::io::Result<Vec<u8>> {
     let len = file.metadata()?.len();
-    if let Some(available) = crate::device::host_memory::available() {
-        if len > available {
-            return Err(other(format!(
-                "the file is {} and the host has {} of memory available; it is read whole, so it cannot be read here",
-                crate::memory::format_size(len),
-                crate::memory::format_size(available)
-            )));
-        }
-    }
+    fits_memory(len, || {
+        format!("the file is {}", crate::memory::format_size(len))
+    })?;
     let mut out = Vec::with_capacity(len as usize);
     file.read_to_end(&mut out)?;
     Ok(out)
+}
+
+/// Refuses to read `len` bytes whole where the host's available memory
+/// holds fewer; `what` says what they are.
+pub fn fits_memory(len: u64, what: impl FnOnce() -> String) -> std::io::Result<()> {
+    match crate::device::host_memory::available() {
+        Some(available) if len > available => Err(other(format!(
+            "{} and the host has {} of memory available; it is read whole, so it cannot be read here",
+            what(),
+            crate::memory::format_size(available)
+        ))),
+        _ => Ok(()),
+    }
 }
 
 #[cfg(test)]

@@ -506,12 +506,9 @@ fn read_framed(file: std::fs::File) -> std::io::Result<Vec<u8>> {
         .map(|(_, i)| i.data_offsets.1 as u64)
         .max()
         .unwrap_or(0);
-    if let Some(available) = crate::device::host_memory::available().filter(|&a| data > a) {
-        return Err(std::io::Error::other(format!(
-            "its header places data up to byte {data} of a stream, more than the {} of memory available",
-            crate::memory::format_size(available)
-        )));
-    }
+    super::bounded::fits_memory(data, || {
+        format!("its header places data up to byte {data} of a stream")
+    })?;
     reader.take(data).read_to_end(&mut out)?;
     Ok(out)
 }

@@ -57,6 +57,22 @@ fn numel_of(op: &'static str, shape: &[usize]) -> Result<usize, TensorError> {
 /// itself already lives in the host's memory). 64 MiB of f32.
 pub const GENERATE_CHUNK: usize = 1 << 24;
 
+/// `values` as a tensor of `dtype` stores them: f32 as they are, 16-bit
+/// types rounded to nearest even (PyTorch's `.to(dtype)`).
+fn stored_bytes(values: &[f32], dtype: DType) -> std::borrow::Cow<'_, [u8]> {
+    match dtype {
+        DType::F32 => std::borrow::Cow::Borrowed(bytemuck::cast_slice(values)),
+        DType::F16 => values
+            .iter()
+            .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+            .collect(),
+        DType::Bf16 => values
+            .iter()
+            .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
+            .collect(),
+    }
+}
+
 impl Tensor {
     /// An uninitialised tensor (its block may hold an earlier tensor's bytes),
     /// tagged with the engine's current scope.
@@ -139,18 +155,7 @@ impl Tensor {
         while done < n {
             let m = GENERATE_CHUNK.min(n - done);
             let data = values(m);
-            let bytes: std::borrow::Cow<[u8]> = match dtype {
-                DType::F32 => std::borrow::Cow::Borrowed(bytemuck::cast_slice(&data)),
-                DType::F16 => {
-                    let h: Vec<half::f16> = data.iter().map(|&v| half::f16::from_f32(v)).collect();
-                    std::borrow::Cow::Owned(bytemuck::cast_slice(&h).to_vec())
-                }
-                DType::Bf16 => {
-                    let h: Vec<half::bf16> =
-                        data.iter().map(|&v| half::bf16::from_f32(v)).collect();
-                    std::borrow::Cow::Owned(bytemuck::cast_slice(&h).to_vec())
-                }
-            };
+            let bytes = stored_bytes(&data, dtype);
             let part = crate::device::BufferSlice {
                 buffer: whole.buffer.clone(),
                 offset: whole.offset + (done * width) as u64,
@@ -178,18 +183,8 @@ impl Tensor {
                 shape: self.shape().to_vec(),
             });
         }
-        let bytes: Vec<u8> = match self.dtype() {
-            DType::F32 => bytemuck::cast_slice(values).to_vec(),
-            DType::F16 => values
-                .iter()
-                .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
-                .collect(),
-            DType::Bf16 => values
-                .iter()
-                .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
-                .collect(),
-        };
-        self.engine().upload(&self.slice(), &bytes)?;
+        self.engine()
+            .upload(&self.slice(), &stored_bytes(values, self.dtype()))?;
         Ok(())
     }
 

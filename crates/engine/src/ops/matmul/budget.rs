@@ -68,10 +68,8 @@ impl Product<'_> {
     /// on most). Past it, the product runs in parts as past the bindings
     /// (millions of rows: a batch of 5,000,000 through a linear layer).
     fn grid_fits(&self, engine: &Engine, p: &MatmulParams) -> bool {
-        let max = engine
-            .gpu()
-            .map_or(u32::MAX, |g| g.limits.max_compute_workgroups_per_dimension);
-        self.grid(p).iter().all(|&d| d <= max)
+        let max = max_grid_dimension(engine);
+        self.grid(p).iter().all(|&d| d as usize <= max)
     }
 
     fn record(
@@ -269,10 +267,16 @@ fn cut(len: u32, block: usize, step: u32) -> u32 {
 /// least one element): the routes that cannot run in parts (a column bias
 /// in the epilogue, several summed entries a slot) are taken only then.
 pub(super) fn grid_fits_any_tile(engine: &Engine, m: usize, n: usize, layers: usize) -> bool {
-    let max = engine
-        .gpu()
-        .map_or(u32::MAX, |g| g.limits.max_compute_workgroups_per_dimension) as usize;
+    let max = max_grid_dimension(engine);
     m <= max && n <= max && layers <= max
+}
+
+/// The most workgroups a dispatch's grid may have along one dimension
+/// (none on a simulated device, which runs no kernel).
+fn max_grid_dimension(engine: &Engine) -> usize {
+    engine.gpu().map_or(usize::MAX, |g| {
+        g.limits.max_compute_workgroups_per_dimension as usize
+    })
 }
 
 /// Whether one dispatch binds `tensors` whole (no parts needed).
