@@ -30,10 +30,10 @@ pub fn stages(
     capacity: Option<u64>,
     config: &AllocatorConfig,
 ) -> Vec<StageRow> {
-    crate::parallel::plan::whole_stages(l.pp)
+    let stages = crate::parallel::plan::whole_stages(l.pp);
+    crate::parallel::pool::map(&stages, |&s| run(&program(model, l, s), capacity, config))
         .into_iter()
-        .map(|s| {
-            let report = run(&program(model, l, s), capacity, config);
+        .map(|report| {
             let form = if l.flash_attention {
                 flash_layer
             } else {

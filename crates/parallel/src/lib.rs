@@ -13,6 +13,7 @@ pub mod formulas;
 pub mod layout;
 pub mod model;
 pub mod plan;
+pub mod pool;
 pub mod rank;
 pub mod replay;
 

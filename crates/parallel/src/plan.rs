@@ -3,6 +3,7 @@
 
 use crate::layout::{Ddp, Layout, Precision, Recompute, Schedule, Sharding};
 use crate::model::Transformer;
+use crate::pool;
 use crate::rank::{program_with, steady_microbatches};
 use crate::replay::{run, RankReport};
 use serde::Serialize;
@@ -151,17 +152,38 @@ pub fn worst_stage(
     capacity: Option<u64>,
     whole: bool,
 ) -> RankReport {
-    let stages: Vec<u64> = match (whole, l.pp) {
+    worst_of(
+        replayed_stages(l, whole)
+            .into_iter()
+            .map(|s| replay_stage(model, l, s, config, capacity, whole)),
+    )
+}
+
+/// The stages [`worst_stage`] replays.
+fn replayed_stages(l: &Layout, whole: bool) -> Vec<u64> {
+    match (whole, l.pp) {
         (true, p) => whole_stages(p),
         (false, 1) => vec![0],
         (false, p) => vec![0, p - 1],
-    };
-    stages
-        .into_iter()
-        .map(|s| {
-            let most = (!whole).then(|| steady_microbatches(l, s));
-            run(&program_with(model, l, s, most), capacity, config)
-        })
+    }
+}
+
+/// One stage's replay as [`worst_stage`] runs it.
+fn replay_stage(
+    model: &Transformer,
+    l: &Layout,
+    stage: u64,
+    config: &AllocatorConfig,
+    capacity: Option<u64>,
+    whole: bool,
+) -> RankReport {
+    let most = (!whole).then(|| steady_microbatches(l, stage));
+    run(&program_with(model, l, stage, most), capacity, config)
+}
+
+/// The worst of a layout's stage replays, given in stage order.
+fn worst_of(reports: impl Iterator<Item = RankReport>) -> RankReport {
+    reports
         // A stage that ran out of memory is the worst whatever its peak
         // (it stopped early, so its peak is lower than a whole one's).
         .max_by_key(|r| (r.oom.is_some(), r.peak_reserved))
@@ -257,37 +279,51 @@ pub fn search(r: &Request, confirm: usize) -> Searched {
     if let Some(cap) = r.config.memory_limit {
         limit = limit.min(cap);
     }
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(all.len().max(1));
-    let chunk = all.len().div_ceil(threads.max(1)).max(1);
-    let mut out: Vec<Candidate> = std::thread::scope(|s| {
-        let jobs: Vec<_> = all
-            .chunks(chunk)
-            .map(|part| {
-                s.spawn(move || {
-                    part.iter()
-                        .map(|l| evaluate(r, l, limit, false))
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        jobs.into_iter()
-            .flat_map(|j| j.join().unwrap_or_default())
-            .collect()
+    let mut out = pool::map(&all, |l| {
+        candidate(
+            r,
+            l,
+            limit,
+            false,
+            worst_stage(&r.model, l, &r.config, None, false),
+        )
     });
     sort(&mut out);
     // Whole replays never reserve less: a layout that fitted may not, one
     // that did not still does not. The first `confirm` are replayed whole
     // whatever they are (what is listed), then fitting ones until
     // `confirm` of them still fit.
-    let mut confirmed = 0;
-    for (i, c) in out.iter_mut().enumerate() {
-        if confirmed == confirm || (i >= confirm && !c.fits) {
+    // They go in rounds, each on every core: a round takes the candidates
+    // that rule reaches next whatever the replays say (up to `confirm` −
+    // confirmed, and past the first `confirm` none from one the screening
+    // did not fit), so the answer is the one-at-a-time answer.
+    let (mut confirmed, mut i) = (0, 0);
+    while confirmed < confirm && i < out.len() {
+        let mut end = i;
+        while end < out.len() && end - i < confirm - confirmed && (end < confirm || out[end].fits) {
+            end += 1;
+        }
+        if end == i {
             break;
         }
-        *c = evaluate(r, &c.layout, limit, true);
-        confirmed += usize::from(c.fits);
+        let jobs: Vec<(usize, u64)> = (i..end)
+            .flat_map(|c| {
+                replayed_stages(&out[c].layout, true)
+                    .into_iter()
+                    .map(move |s| (c, s))
+            })
+            .collect();
+        let mut reports = pool::map(&jobs, |&(c, s)| {
+            replay_stage(&r.model, &out[c].layout, s, &r.config, None, true)
+        })
+        .into_iter();
+        for c in &mut out[i..end] {
+            let n = replayed_stages(&c.layout, true).len();
+            let worst = worst_of(reports.by_ref().take(n));
+            *c = candidate(r, &c.layout, limit, true, worst);
+            confirmed += usize::from(c.fits);
+        }
+        i = end;
     }
     sort(&mut out);
     Searched {
@@ -313,8 +349,8 @@ fn sort(out: &mut [Candidate]) {
     });
 }
 
-fn evaluate(r: &Request, l: &Layout, limit: u64, whole: bool) -> Candidate {
-    let worst = worst_stage(&r.model, l, &r.config, None, whole);
+/// A layout's figures from its worst stage's replay.
+fn candidate(r: &Request, l: &Layout, limit: u64, whole: bool, worst: RankReport) -> Candidate {
     // A replay stopped by out-of-memory peaked where it stopped: no fit.
     let fits = worst.oom.is_none() && worst.peak_reserved <= limit;
     let comm = comm_bytes(&r.model, l);

@@ -185,6 +185,82 @@ fn plans_list_whole_replays() {
     assert!(out[first_short..].iter().all(|c| !c.fits));
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(12))]
+
+    /// `search` replays its candidates whole in rounds on every core; the
+    /// answer is the one a replay at a time gives: the first `confirm`
+    /// whole, then fitting ones in order until `confirm` of them still fit,
+    /// stopping at one past the first `confirm` that the screening did not
+    /// fit.
+    #[test]
+    fn whole_replays_in_rounds_answer_as_one_at_a_time(
+        layers in prop::sample::select(vec![2u64, 4, 8]), gpus in prop::sample::select(vec![2u64, 4, 8]),
+        mib in 24u64..160, batch in prop::sample::select(vec![8u64, 16, 32]), confirm in 1usize..9,
+    ) {
+        use vramlab_parallel::plan::{layouts, search, worst_stage, Costs, Request};
+        let req = Request {
+            model: model(layers, 8, 256, 256, 2000),
+            gpus,
+            memory: mib << 20,
+            headroom: 0.1,
+            seq: 128,
+            global_batch: batch,
+            precision: Precision::Mixed,
+            recompute: vec![Recompute::None, Recompute::Full],
+            max_tp: 8,
+            flash_attention: false,
+            costs: Costs::default(),
+            config: AllocatorConfig::default(),
+        };
+        let got = search(&req, confirm).candidates;
+        // The screening's order, rebuilt: every layout screened, sorted
+        // as `search` sorts (a stable sort from the enumeration's order).
+        let limit = ((mib << 20) as f64 * 0.9) as u64;
+        let screened: Vec<(Layout, f64, RankReport)> = layouts(&req)
+            .into_iter()
+            .filter(|l| l.check(&req.model).is_ok())
+            .map(|l| {
+                let step = got.iter().find(|c| c.layout == l).map(|c| c.step_seconds);
+                (l, step.expect("every checked layout is a candidate"), worst_stage(&req.model, &l, &req.config, None, false))
+            })
+            .collect();
+        prop_assert_eq!(screened.len(), got.len());
+        let fits = |r: &RankReport| r.oom.is_none() && r.peak_reserved <= limit;
+        let mut order: Vec<&(Layout, f64, RankReport)> = screened.iter().collect();
+        order.sort_by(|(_, a, ra), (_, b, rb)| {
+            fits(rb)
+                .cmp(&fits(ra))
+                .then(if fits(ra) {
+                    a.total_cmp(b)
+                } else {
+                    std::cmp::Ordering::Equal
+                })
+                .then(ra.oom.is_some().cmp(&rb.oom.is_some()))
+                .then((limit as i64 - rb.peak_reserved as i64).cmp(&(limit as i64 - ra.peak_reserved as i64)))
+        });
+        let mut expect_whole = vec![];
+        let mut confirmed = 0;
+        for (i, (l, _, r)) in order.iter().enumerate() {
+            if confirmed == confirm || (i >= confirm && !fits(r)) {
+                break;
+            }
+            let w = worst_stage(&req.model, l, &req.config, None, true);
+            confirmed += usize::from(fits(&w));
+            expect_whole.push((*l, w.peak_reserved, w.peak_allocated));
+        }
+        let mut got_whole: Vec<_> = got
+            .iter()
+            .filter(|c| c.whole)
+            .map(|c| (c.layout, c.worst.peak_reserved, c.worst.peak_allocated))
+            .collect();
+        let key = |x: &(Layout, u64, u64)| format!("{:?}", x);
+        got_whole.sort_by_key(key);
+        expect_whole.sort_by_key(key);
+        prop_assert_eq!(got_whole, expect_whole);
+    }
+}
+
 /// Layouts whose micro-batches are past the layer passes a program holds
 /// are not replayed, and `search` returns them (`plan` names that cap when
 /// nothing is left, instead of a divisibility rule every layout met).
