@@ -98,8 +98,43 @@ fn every_claim_has_a_lesson_with_a_measured_verdict() {
     assert_eq!(get("C04")["verdict"], "wrong");
     assert!((get("C04")["figures"][0]["value"].as_f64().unwrap() - 12.25).abs() < 1e-9);
     assert_eq!(get("C07")["verdict"], "wrong", "checkpointing is O(√n)");
-    assert_eq!(get("C18")["verdict"], "wrong", "bf16 is 2 bytes");
+    // bf16 is 2 bytes (wrong), autocast saves about half (right).
+    let c18 = get("C18");
+    assert_eq!(c18["verdict"], "partly", "{c18}");
+    assert_eq!(c18["figures"][1]["value"].as_f64(), Some(2000.0), "{c18}");
     assert_eq!(get("C15")["verdict"], "holds");
+    // A ReLU between two linears adds nothing held for backward; a GELU
+    // adds its input (64 × 1024 f32).
+    let c09 = get("C09");
+    assert_eq!(c09["verdict"], "holds", "{c09}");
+    assert_eq!(c09["figures"][1]["value"].as_f64(), Some(0.0), "{c09}");
+    assert_eq!(c09["figures"][2]["value"].as_f64(), Some(256.0), "{c09}");
+    // The fallback after an out-of-memory error, on the same device: the
+    // refused batch's cache sends the smaller batch out of memory too,
+    // until empty_cache() returns it.
+    let c24 = get("C24/C36");
+    let value = |l: &serde_json::Value, name: &str| {
+        l["figures"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["name"].as_str().unwrap().starts_with(name))
+            .map(|f| f["value"].as_f64().unwrap())
+    };
+    assert_eq!(c24["verdict"], "partly", "{c24}");
+    assert_eq!(value(&c24, "that batch again"), Some(0.0), "{c24}");
+    assert_eq!(value(&c24, "after empty_cache()"), Some(1.0), "{c24}");
+    assert!(value(&c24, "first batch refused").unwrap() > value(&c24, "largest batch").unwrap());
+    // reset_peak_memory_stats brings the peak down to what is allocated.
+    let c37 = get("C37");
+    assert_eq!(c37["verdict"], "holds", "{c37}");
+    assert_eq!(
+        value(&c37, "max_memory_allocated after"),
+        value(&c37, "memory_allocated")
+    );
+    // BatchNorm's eval is a value claim: simulated, it waits for a device.
+    assert_eq!(get("C33")["verdict"], "out_of_scope");
+    assert_eq!(get("C33")["needs_device"], true);
     // find_unused_parameters' map is bytes; DDP's buckets are what cost.
     let c21 = get("C21");
     assert_eq!(c21["verdict"], "wrong", "{c21}");
@@ -121,6 +156,45 @@ fn one_lesson_on_the_gpu_gives_the_simulated_figures() {
     let gpu = vramlab_json(["lesson", "c34", "--measure", "--json"]);
     assert_eq!(sim["figures"], gpu["figures"]);
     assert_eq!(gpu["verdict"], "holds");
+}
+
+/// BatchNorm's eval output on the GPU is the running statistics'
+/// normalisation, not the batch's: C33's verdict, which a simulated device
+/// leaves to a measured run.
+#[test]
+fn batchnorm_in_eval_is_checked_on_the_gpu() {
+    let gpu = vramlab_json(["lesson", "C33", "--measure", "--json"]);
+    assert_eq!(gpu["verdict"], "holds", "{gpu}");
+    assert!(gpu.get("needs_device").is_none(), "{gpu}");
+    let figures = gpu["figures"].as_array().unwrap();
+    assert!(figures[2]["value"].as_f64().unwrap() < 1e-5, "{gpu}");
+    assert!(figures[3]["value"].as_f64().unwrap() > 1e-2, "{gpu}");
+}
+
+/// Device flags choose the GPU of --measure: without it they are refused,
+/// and a bad --only id leaves no report directory behind.
+#[test]
+fn device_flags_without_measure_and_bad_ids_are_refused_before_anything_runs() {
+    let out = Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .args(["lesson", "C04", "--adapter", "nvidia"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(e.contains("--adapter") && e.contains("--measure"), "{e}");
+    let dir = std::env::temp_dir().join(format!("vramlab-lessons-bad-{}", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .args([
+            "lessons",
+            "--report",
+            dir.to_str().unwrap(),
+            "--only",
+            "C99",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(!dir.exists(), "a refused run made {}", dir.display());
 }
 
 #[test]

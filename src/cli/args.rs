@@ -63,6 +63,33 @@ impl DeviceArgs {
         Ok(engine)
     }
 
+    /// A command that runs on a simulated device unless `--measure` is
+    /// given refuses device flags without it: they would choose nothing.
+    pub fn only_with_measure(&self, measure: bool) -> anyhow::Result<()> {
+        let given: Vec<&str> = [
+            ("--backend", self.backend.is_some()),
+            ("--adapter", self.adapter.is_some()),
+            ("--no-shader-f16", self.no_shader_f16),
+            ("--no-tensor-cores", self.no_tensor_cores),
+            ("--binding-window", self.binding_window.is_some()),
+            ("--buffer-limit", self.buffer_limit.is_some()),
+            ("--bounds-checks", self.bounds_checks),
+        ]
+        .into_iter()
+        .filter_map(|(flag, set)| set.then_some(flag))
+        .collect();
+        if measure || given.is_empty() {
+            return Ok(());
+        }
+        anyhow::bail!(
+            "{} choose{} the GPU that --measure runs on; without --measure this runs on a simulated device, where {} nothing: add --measure, or leave {} out",
+            given.join(", "),
+            if given.len() == 1 { "s" } else { "" },
+            if given.len() == 1 { "it changes" } else { "they change" },
+            if given.len() == 1 { "it" } else { "them" }
+        )
+    }
+
     pub fn options(&self) -> AdapterOptions {
         AdapterOptions {
             backend: self.backend,

@@ -309,6 +309,7 @@ fn side(a: &Analysis, seconds: f64, skipped_steps: Option<usize>) -> Side<'_> {
 }
 
 pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
+    args.device.only_with_measure(args.measure)?;
     if args.batch == 0 {
         anyhow::bail!("--batch must be at least 1");
     }

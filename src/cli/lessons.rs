@@ -78,6 +78,7 @@ fn json_of(l: &Lesson, r: &Result<Outcome, String>) -> serde_json::Value {
 }
 
 pub fn run_list(args: &LessonsArgs) -> anyhow::Result<()> {
+    args.device.only_with_measure(args.measure)?;
     let Some(dir) = &args.report else {
         if args.json {
             let list: Vec<_> = LESSONS
@@ -94,14 +95,7 @@ pub fn run_list(args: &LessonsArgs) -> anyhow::Result<()> {
         println!("\n`vramlab lessons --report DIR` runs them all into DIR/index.html.");
         return Ok(());
     };
-    super::args::out_dir("--report", dir)?;
-    let c = ctx(args.measure, &args.device);
-    let t0 = std::time::Instant::now();
-    // With --measure each lesson also runs on the simulated device, whose
-    // verdict the GPU's must repeat; a lesson the adapter cannot run (too
-    // little memory, a tensor past its binding limit) is reported with its
-    // reason and the simulated verdict, and the others still run.
-    let sim = Ctx::simulated();
+    // The ids first: a bad one leaves no directory behind.
     let chosen: Vec<&Lesson> = match &args.only {
         None => LESSONS.iter().collect(),
         Some(ids) => {
@@ -116,6 +110,14 @@ pub fn run_list(args: &LessonsArgs) -> anyhow::Result<()> {
             chosen
         }
     };
+    super::args::out_dir("--report", dir)?;
+    let c = ctx(args.measure, &args.device);
+    let t0 = std::time::Instant::now();
+    // With --measure each lesson also runs on the simulated device, whose
+    // verdict the GPU's must repeat; a lesson the adapter cannot run (too
+    // little memory, a tensor past its binding limit) is reported with its
+    // reason and the simulated verdict, and the others still run.
+    let sim = Ctx::simulated();
     // A line per lesson on stderr as it ends: a measured run takes minutes
     // per large model on a software adapter.
     let total = chosen.len();
@@ -255,12 +257,14 @@ fn unknown_lesson(id: &str) -> anyhow::Error {
     )
 }
 
-/// Whether a measured lesson ran and reached the simulated verdict.
+/// Whether a measured lesson ran and reached the simulated verdict (or the
+/// simulation left the verdict to values only a device computes).
 fn agrees(measured: &Result<Outcome, String>, simulated: &Result<Outcome, String>) -> bool {
-    matches!((measured, simulated), (Ok(m), Ok(s)) if m.verdict.word() == s.verdict.word())
+    matches!((measured, simulated), (Ok(m), Ok(s)) if s.needs_device || m.verdict.word() == s.verdict.word())
 }
 
 pub fn run_one(args: &LessonArgs) -> anyhow::Result<()> {
+    args.device.only_with_measure(args.measure)?;
     let l = lessons::find(&args.id).ok_or_else(|| unknown_lesson(&args.id))?;
     let c = ctx(args.measure, &args.device);
     let r = (l.run)(&c).map_err(|e| format!("{e:#}"));

@@ -133,6 +133,7 @@ fn growing_bytes(events: &[crate::memory::MemEvent]) -> u64 {
 }
 
 pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
+    args.device.only_with_measure(args.measure)?;
     if let Some(dir) = &args.out {
         super::args::out_dir("--out", dir)?;
     }

@@ -70,6 +70,10 @@ pub struct Outcome {
     /// More plots, after the first.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub extra_series: Vec<Series>,
+    /// The verdict waits for values a simulated device does not compute:
+    /// a measured run's verdict stands in for it.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub needs_device: bool,
 }
 
 /// A lesson: the claim quoted in English, the experiment, and its run.
