@@ -402,3 +402,26 @@ fn bad_settings_are_refused_with_what_they_take() {
         );
     }
 }
+
+/// A square size the device cannot hold names the size and the flag to
+/// change, not the allocator's advice about batches.
+#[test]
+fn a_square_size_past_the_device_names_the_flag() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .args([
+            "bench",
+            "--sizes",
+            "1000000",
+            "--models",
+            "none",
+            "--no-precision",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        e.contains("--sizes 1000000") && e.contains("give smaller --sizes"),
+        "{e}"
+    );
+}

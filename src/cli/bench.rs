@@ -668,7 +668,8 @@ fn squares(ctx: &mut Ctx, report: &mut BenchReport) -> anyhow::Result<()> {
     ctx.say("\nsquare matmul (n×n · n×n):".into());
     for &n in &args.sizes {
         let s = square(n);
-        let secs = time_gemm(&ctx.e, &s, MatmulKernel::Tiled, args.reps, &mut ctx.rng)?;
+        let secs = time_gemm(&ctx.e, &s, MatmulKernel::Tiled, args.reps, &mut ctx.rng)
+            .map_err(|e| square_too_large(e, n))?;
         let naive = if args.naive {
             Some(
                 s.flops()
@@ -703,6 +704,24 @@ fn squares(ctx: &mut Ctx, report: &mut BenchReport) -> anyhow::Result<()> {
         report.square.push(row);
     }
     Ok(())
+}
+
+/// An out-of-memory error of an `--sizes` product says which size and what
+/// to change (the allocator's own advice is about batches).
+fn square_too_large(e: anyhow::Error, n: usize) -> anyhow::Error {
+    let oom = e
+        .downcast_ref::<crate::tensor::TensorError>()
+        .is_some_and(|t| t.is_oom());
+    if !oom {
+        return e;
+    }
+    let bytes = 3u64
+        .saturating_mul((n as u64).saturating_pow(2))
+        .saturating_mul(4);
+    anyhow::anyhow!(
+        "--sizes {n}: the {n}³ product's three f32 matrices ({}) do not fit this device; give smaller --sizes. The allocator said: {e:#}",
+        crate::memory::format_size(bytes)
+    )
 }
 
 /// The square product each shape's share is taken against, timed again
@@ -850,8 +869,10 @@ fn shape_line(row: &ShapeRow, width: usize) -> String {
         },
         row.gflops,
         row.of_square * 100.0,
-        // Said only where writing the output bounds the rate.
-        if row.ceiling_of_square < 2.0 {
+        // Said only where writing the output bounds the rate below the
+        // square's, and the product did not outrun that bound (then the
+        // floor's timing was noise).
+        if row.ceiling_of_square < 1.0 && row.ceiling_of_square >= row.of_square {
             format!(
                 "; writing C alone {:.1} ms: at most {:.0}%",
                 row.write_floor_seconds * 1e3,

@@ -602,15 +602,25 @@ fn print_text(
         "The documents' hand method (parameters + gradients + optimizer + layer outputs + input):"
     );
     println!(
-        "  {:.2} + {:.2} + {:.2} + {:.2} + {:.2} = {:.2} MiB, vs the true peak {:.2} MiB ({:+.1}%)",
+        "  {:.2} + {:.2} + {:.2} + {:.2} + {:.2} = {:.2} MiB, vs the true peak of {}, {:.2} MiB ({:+.1}%{})",
         mib(hand.parameters as f64),
         mib(hand.gradients as f64),
         mib(hand.optimizer_state as f64),
         mib(hand.layer_outputs as f64),
         mib(hand.input as f64),
         mib(hand.total as f64),
+        if args.steps == 1 {
+            "step 1".to_string()
+        } else {
+            format!("steps 1–{}", args.steps)
+        },
         mib(truth),
-        100.0 * (hand.total as f64 - truth) / truth
+        100.0 * (hand.total as f64 - truth) / truth,
+        if args.steps == 1 {
+            "; --steps 2 adds step 2's, with Adam's state live, as `demo` runs"
+        } else {
+            ""
+        }
     );
     let cat = |c: Category| s(a.by_category.get(c.name()).copied().unwrap_or(0));
     if args.step.mode == Mode::Inference {

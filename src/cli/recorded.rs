@@ -142,4 +142,4 @@ fn shell(cmd: &str) -> std::process::Command {
 }
 
 /// What a recording on fake tensors leaves out, for the commands to say.
-pub const UNSEEN: &str = "on fake tensors: the CUDA context, cuDNN workspaces and NCCL buffers are not in it (python/README.md)";
+pub const UNSEEN: &str = "on fake tensors: the CUDA context, kernels' internal scratch, cuDNN BatchNorm's reserve space and NCCL's own buffers are not in it; cuBLAS and cuDNN convolution workspaces are added by rule (python/README.md)";

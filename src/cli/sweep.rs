@@ -481,7 +481,15 @@ fn run_recorded(
             p.record_seconds,
             mib(p.peak_allocated_bytes),
             mib(p.peak_reserved_bytes),
-            if p.fits { "yes" } else { "OOM" }
+            match (
+                p.fits,
+                capacity.is_some() || config.as_ref().is_some_and(|c| c.memory_limit.is_some())
+            ) {
+                (false, _) => "OOM",
+                (true, true) => "yes",
+                // Without a device size or a limit nothing can be refused.
+                (true, false) => "-",
+            }
         );
     }
     if let Some(l) = line {
