@@ -156,6 +156,9 @@ fn one_lesson_on_the_gpu_gives_the_simulated_figures() {
     let gpu = vramlab_json(["lesson", "c34", "--measure", "--json"]);
     assert_eq!(sim["figures"], gpu["figures"]);
     assert_eq!(gpu["verdict"], "holds");
+    // Each says where it ran.
+    assert_eq!(gpu["ran_on"], "measured on the GPU");
+    assert!(sim["ran_on"].as_str().unwrap().starts_with("simulated"), "{sim}");
 }
 
 /// BatchNorm's eval output on the GPU is the running statistics'

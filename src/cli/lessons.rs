@@ -15,7 +15,7 @@ pub struct LessonsArgs {
     #[arg(long, value_name = "DIR")]
     pub report: Option<PathBuf>,
     /// With --report: run the experiments on the GPU instead of a simulated
-    /// device (the figures are the same to the byte; slower; large models
+    /// device (the memory figures are the same to the byte, timings aside; slower; large models
     /// need a large GPU).
     #[arg(long, requires = "report")]
     pub measure: bool,
@@ -57,12 +57,13 @@ fn ctx(measure: bool, device: &DeviceArgs) -> Ctx {
     }
 }
 
-fn json_of(l: &Lesson, r: &Result<Outcome, String>) -> serde_json::Value {
+fn json_of(l: &Lesson, r: &Result<Outcome, String>, ran_on: &str) -> serde_json::Value {
     let mut v = serde_json::json!({
         "id": l.id,
         "source": l.source,
         "claim": l.claim,
         "experiment": l.experiment,
+        "ran_on": ran_on,
     });
     match r {
         Ok(o) => {
@@ -88,7 +89,11 @@ pub fn run_list(args: &LessonsArgs) -> anyhow::Result<()> {
             println!("{}", serde_json::to_string_pretty(&list)?);
             return Ok(());
         }
-        println!("{} lessons, one per claim of the documents (docs/claims.md in vramlab's repository); run one with `vramlab lesson ID`:\n", LESSONS.len());
+        let beyond = LESSONS.iter().filter(|l| l.id.starts_with('X')).count();
+        println!(
+            "{} lessons: one per claim of the documents (C25 is a number they never used), and {beyond} beyond them (X); docs/claims.md in vramlab's repository lists the claims. Run one with `vramlab lesson ID`:\n",
+            LESSONS.len()
+        );
         for l in LESSONS.iter() {
             println!("  {:<8} {}", l.id, l.claim);
         }
@@ -169,7 +174,7 @@ pub fn run_list(args: &LessonsArgs) -> anyhow::Result<()> {
         .iter()
         .zip(&results)
         .map(|((_, _, simulated), (l, r))| {
-            let mut v = json_of(l, r);
+            let mut v = json_of(l, r, c.source());
             if let Some(s) = simulated {
                 v["simulated_verdict"] = s.as_ref().map_or("error", |o| o.verdict.word()).into();
                 v["agrees_with_simulation"] = agrees(r, s).into();
@@ -269,19 +274,30 @@ pub fn run_one(args: &LessonArgs) -> anyhow::Result<()> {
     let c = ctx(args.measure, &args.device);
     let r = (l.run)(&c).map_err(|e| format!("{e:#}"));
     if args.json {
-        let mut doc = json_of(l, &r);
+        let mut doc = json_of(l, &r, c.source());
         let failed = r
             .err()
             .map(|e| super::fail_in_json(&mut doc, anyhow::Error::msg(e)));
         println!("{}", serde_json::to_string_pretty(&doc)?);
         return failed.map_or(Ok(()), Err);
     }
-    println!("{} (article {})", l.id, l.source);
+    println!("{} ({})", l.id, l.origin());
     println!("  claim:      \"{}\"", l.claim);
     println!("  experiment: {} ({})", l.experiment, c.source());
     let o = r.map_err(anyhow::Error::msg)?;
     for f in &o.figures {
-        println!("    {:<58} {:>12.2} {}", f.name, f.value, f.unit);
+        // Counts are whole numbers: grouped, without decimals.
+        let value = if f.unit.is_empty() && f.value.fract() == 0.0 && f.value.abs() < 1e15 {
+            let g = super::grouped(f.value.abs() as u64);
+            if f.value < 0.0 {
+                format!("-{g}")
+            } else {
+                g
+            }
+        } else {
+            format!("{:.2}", f.value)
+        };
+        println!("    {:<58} {:>15} {}", f.name, value, f.unit);
     }
     let detail = match &o.verdict {
         lessons::Verdict::Holds => String::new(),

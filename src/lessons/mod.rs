@@ -86,6 +86,17 @@ pub struct Lesson {
     pub run: fn(&Ctx) -> anyhow::Result<Outcome>,
 }
 
+impl Lesson {
+    /// Where the claim comes from, as a heading says it.
+    pub fn origin(&self) -> String {
+        if self.source == "beyond" {
+            "beyond the articles".to_string()
+        } else {
+            format!("article {}", self.source)
+        }
+    }
+}
+
 /// Where experiments run.
 pub struct Ctx {
     /// A real device (`--measure`); else every engine is simulated.
@@ -157,7 +168,7 @@ impl Ctx {
         // Host copies of inputs and the process itself need room too.
         if need > free / 10 * 8 {
             anyhow::bail!(
-                "{} batch {} needs {} of device memory (simulated, exact), more than 80% of the {} this CPU adapter's host has free",
+                "{} batch {} needs {} of device memory (simulated, exact), more than 80% of the {} this CPU adapter's host has free; without --measure the lesson runs on the simulated device, whose figures are the same to the byte",
                 label(&plan.model),
                 plan.batch,
                 format_size(need),

@@ -128,13 +128,19 @@ blockquote{margin:.4em 0;padding:.2em .8em;border-left:3px solid #bbb;color:#444
 </style></head><body><h1>vramlab: the documents' claims, measured</h1>",
     );
     o += &format!("<p>Each claim of the five articles (docs/claims.md in vramlab's repository) as an experiment; figures from a {}. Verdicts follow from the figures.</p>", esc(source));
-    o += "<table id=\"verdicts\"><tr><th>claim</th><th>verdict</th><th>why</th></tr>";
+    o += "<table id=\"verdicts\"><tr><th>claim</th><th>verdict</th><th>what the figures say</th></tr>";
     for (l, r) in results {
         let (class, word, why) = match r {
+            // The verdict's own detail where it has one, else why it holds.
             Ok(out) => (
                 class_of(out),
                 out.verdict.word().to_string(),
-                out.reason.clone(),
+                match &out.verdict {
+                    super::Verdict::Holds => out.reason.clone(),
+                    super::Verdict::Wrong(d)
+                    | super::Verdict::Partly(d)
+                    | super::Verdict::OutOfScope(d) => d.clone(),
+                },
             ),
             Err(e) => ("wrong", "error".to_string(), e.clone()),
         };
@@ -148,8 +154,10 @@ blockquote{margin:.4em 0;padding:.2em .8em;border-left:3px solid #bbb;color:#444
     o += "</table>";
     for (l, r) in results {
         o += &format!(
-            "<section id=\"{}\"><h2>{} <small>(article {})</small></h2>",
-            l.id, l.id, l.source
+            "<section id=\"{}\"><h2>{} <small>({})</small></h2>",
+            l.id,
+            l.id,
+            l.origin()
         );
         o += &format!(
             "<blockquote>{}</blockquote><p><b>Experiment:</b> {}</p>",
