@@ -158,7 +158,10 @@ fn one_lesson_on_the_gpu_gives_the_simulated_figures() {
     assert_eq!(gpu["verdict"], "holds");
     // Each says where it ran.
     assert_eq!(gpu["ran_on"], "measured on the GPU");
-    assert!(sim["ran_on"].as_str().unwrap().starts_with("simulated"), "{sim}");
+    assert!(
+        sim["ran_on"].as_str().unwrap().starts_with("simulated"),
+        "{sim}"
+    );
 }
 
 /// BatchNorm's eval output on the GPU is the running statistics'

@@ -297,7 +297,7 @@ pub fn run_one(args: &LessonArgs) -> anyhow::Result<()> {
         } else {
             format!("{:.2}", f.value)
         };
-        println!("    {:<58} {:>15} {}", f.name, value, f.unit);
+        println!("    {:<58} {:>12} {}", f.name, value, f.unit);
     }
     let detail = match &o.verdict {
         lessons::Verdict::Holds => String::new(),

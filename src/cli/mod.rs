@@ -256,6 +256,22 @@ pub(crate) fn count(n: u64, noun: &str) -> String {
     format!("{n} {noun}{plural}")
 }
 
+/// An out-of-memory error at batch 1 says the way out is not a smaller
+/// batch (the allocator's own advice, which knows no batch).
+pub(crate) fn at_batch_one(e: anyhow::Error, batch: usize) -> anyhow::Error {
+    let oom = e.chain().any(|c| {
+        c.downcast_ref::<crate::tensor::TensorError>()
+            .is_some_and(|t| t.is_oom())
+            || c.downcast_ref::<crate::memory::AllocError>()
+                .is_some_and(|a| a.is_oom())
+    });
+    if batch == 1 && oom {
+        e.context("batch 1 does not fit, so a smaller batch is no way out: raise --memory-limit (or leave it out), or use a smaller model")
+    } else {
+        e
+    }
+}
+
 /// A count with thousands separators: 1,079,178.
 pub(crate) fn grouped(n: u64) -> String {
     let s = n.to_string();
