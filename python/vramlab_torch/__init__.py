@@ -18,15 +18,22 @@ pytorch.org/memory_viz read.
 See the package README for what a recording on fake tensors cannot see.
 """
 
+import warnings as _warnings
+
 try:
-    import torch  # noqa: F401
+    with _warnings.catch_warnings():
+        # PyTorch without NumPy says so at import: nothing here needs NumPy.
+        _warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+        import torch  # noqa: F401
 except ImportError as e:  # pragma: no cover
     raise ImportError(
         "vramlab_torch records PyTorch programs and needs PyTorch: pip install torch "
         "(the CPU wheel is enough: nothing runs on a GPU)") from e
 
-from .session import CATEGORIES, Recording, record  # noqa: E402
+from .session import (CATEGORIES, Recording, RecordingError, RecordingWarning,  # noqa: E402
+                      UsageError, record)
 from .step import load_builder, record_step  # noqa: E402
 
-__all__ = ["record", "Recording", "record_step", "load_builder", "CATEGORIES"]
+__all__ = ["record", "Recording", "record_step", "load_builder", "CATEGORIES", "RecordingError",
+           "RecordingWarning", "UsageError"]
 __version__ = "0.1.0"

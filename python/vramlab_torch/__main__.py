@@ -30,16 +30,58 @@ convolution workspaces, one per convolution call, freed after it; their
 real sizes depend on the algorithm cuDNN picks on the GPU: the rule was
 fitted on an H200 (PyTorch 2.11, cuDNN 9.19, fp32).
 Emulated: CUDA's SDPA backend choice (--sdpa) and CUDA's autocast policy
-(--amp, and torch.autocast("cuda") inside record())."""
+(--amp, and torch.autocast("cuda") inside record()); "cuda" in your code
+(device="cuda", .cuda(), .to("cuda")) goes to the recording's meta device.
+Recorded as meta runs them, not as CUDA does (the run warns):
+nn.MultiheadAttention and the nn.Transformer* layers (their attention
+matrix, where CUDA's fused SDPA keeps none), nn.RNN / LSTM / GRU (not
+cuDNN's fused RNN)."""
+
+
+PROG = "python -m vramlab_torch"
+# --amp's spellings (step.AMP_DTYPES, without importing PyTorch for --help).
+AMP_CHOICES = ("bf16", "bfloat16", "fp16", "f16", "float16", "half")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors on one line (the usage is in --help)."""
+
+    def error(self, message):
+        sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        sys.exit(2)
+
+
+def fail(message, code=2):
+    """A usage (2) or runtime (1) error of the command, on one line."""
+    sys.stderr.write(f"{PROG} record: error: {message}\n")
+    sys.exit(code)
+
+
+def _positive_int(text):
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: a whole number, 1 or more")
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n}: record at least 1 step (default 2)")
+    return n
+
+
+def parse_capability(text):
+    """"9.0" -> (9, 0) ("9" -> (9, 0)); None where it is not MAJOR.MINOR."""
+    parts = text.strip().split(".")
+    if len(parts) > 2 or not all(x.isdigit() for x in parts):
+        return None
+    return (int(parts[0]), int(parts[1]) if len(parts) > 1 else 0)
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(
-        prog="python -m vramlab_torch",
+    p = _Parser(
+        prog=PROG,
         description="Record the GPU memory a PyTorch training step would use, without a GPU, "
                     "as a PyTorch memory snapshot for `vramlab replay` and pytorch.org/memory_viz.",
-        epilog=NOT_SEEN, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", required=True)
+        epilog=f"{PROG} record --help: the options, and what a recording on meta tensors cannot see.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     r = sub.add_parser(
         "record", help="record training steps of a model built by FILE.py:FUNCTION",
         description="Builds the model with BUILD (FILE.py:FUNCTION or MODULE:FUNCTION; it returns an "
@@ -53,8 +95,8 @@ def parse_args(argv):
     r.add_argument("--input", action="append", required=True, metavar="SHAPE",
                    help="an input's shape, e.g. 32,3,224,224; repeat for several positional inputs")
     r.add_argument("--input-dtype", action="append", default=[], metavar="DTYPE",
-                   help="float32 (default), float16, bfloat16, int64 (token ids), ...; one per --input "
-                        "or one for all")
+                   help="float32 (default), float16 (fp16), bfloat16 (bf16), int64 (token ids), int32, "
+                        "bool; one per --input or one for all")
     r.add_argument("--vocab", type=int, help="token inputs: the vocabulary size (recorded in the "
                    "metadata; values are never read on meta)")
     r.add_argument("--target", default="classes",
@@ -71,9 +113,10 @@ def parse_args(argv):
     impl.add_argument("--for-loop", dest="impl", action="store_const", const="for-loop")
     impl.add_argument("--fused", dest="impl", action="store_const", const="fused")
     r.set_defaults(impl="foreach")
-    r.add_argument("--steps", type=int, default=2)
-    r.add_argument("--amp", choices=["bf16", "f16", "bfloat16", "float16"],
-                   help="autocast the forward and loss to this dtype with CUDA's policy")
+    r.add_argument("--steps", type=_positive_int, default=2, help="training steps to record (default 2)")
+    r.add_argument("--amp", choices=AMP_CHOICES, metavar="bf16|fp16",
+                   help="autocast the forward and loss to this dtype with CUDA's policy (also "
+                        "bfloat16, f16, float16, half)")
     r.add_argument("--checkpoint", action="store_true",
                    help="activation checkpointing (torch.utils.checkpoint, non-reentrant) on the model's "
                         "repeated blocks (the largest nn.ModuleList / nn.Sequential of one class)")
@@ -136,30 +179,83 @@ def _value(text):
         return text
 
 
-def mib(n):
-    return f"{n / 2**20:,.1f} MiB"
+def human(n):
+    from .session import human_bytes
+    return human_bytes(n)
 
 
 def main(argv=None):
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     a = parse_args(sys.argv[1:] if argv is None else argv)
-    from . import step as step_mod
-
-    build = step_mod.load_builder(a.build)
+    cap = parse_capability(a.capability)
+    if cap is None:
+        fail(f"--capability {a.capability!r}: the GPU's compute capability as MAJOR.MINOR, e.g. 9.0 "
+             f"(H100, H200), 8.0 (A100), 8.6 (RTX 30xx), 8.9 (L4, RTX 40xx), 10.0 (B200)")
     kwargs = {}
     for kv in a.arg:
         if "=" not in kv:
-            raise SystemExit(f"--arg {kv!r}: KEY=VALUE")
+            fail(f"--arg {kv!r}: KEY=VALUE, e.g. --arg width=64")
         k, v = kv.split("=", 1)
         kwargs[k] = _value(v)
-    inputs = [step_mod.parse_shape(s) for s in a.input]
-    dts = []
-    for d in a.input_dtype:
-        for x in d.split(","):
-            if x not in step_mod.DTYPES:
-                raise SystemExit(f"--input-dtype {x!r}: one of {', '.join(step_mod.DTYPES)}")
-            dts.append(step_mod.DTYPES[x])
-    cap = tuple(int(x) for x in a.capability.split("."))
+    if (a.bucket_cap_mb is not None or a.bucket_view or a.find_unused) and a.dist != "ddp":
+        fail("--bucket-cap-mb, --bucket-view, --find-unused: with --dist ddp")
+
+    from . import step as step_mod
+    from .session import RecordingWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RecordingWarning)  # said in the summary, from the metadata
+        return _main(a, step_mod, kwargs, cap)
+
+
+def _main(a, step_mod, kwargs, cap):
+    from .session import RecordingError, UsageError, explain_error
+    try:
+        inputs = [step_mod.parse_shape(s) for s in a.input]
+        dts = []
+        for d in a.input_dtype:
+            for x in d.split(","):
+                if x not in step_mod.DTYPES:
+                    fail(f"--input-dtype {x!r}: one of {', '.join(step_mod.DTYPES)}")
+                dts.append(step_mod.DTYPES[x])
+        if len(dts) not in (0, 1, len(inputs)):
+            fail(f"--input-dtype: {len(dts)} dtypes for {len(inputs)} --input(s); give one per --input, "
+                 f"in order, or one for all")
+        build = step_mod.load_builder(a.build)
+        _check_kwargs(build, a.build, kwargs)
+        return _record(a, step_mod, build, kwargs, inputs, dts, cap)
+    except UsageError as e:
+        fail(str(e), e.exit_code)
+    except RecordingError as e:
+        fail(str(e), 1)
+    except (RuntimeError, AssertionError, NotImplementedError) as e:
+        why = explain_error(e)  # outside the recording: the builder
+        if why is None:
+            if "'indices'" in str(e) and "Long, Int" in str(e):
+                # The model's own error, kept whole, and what it most likely means.
+                import traceback
+                traceback.print_exc()
+                fail("an index op (nn.Embedding) got float inputs: token ids are --input-dtype int64", 1)
+            raise
+        fail(why, 1)
+
+
+def _check_kwargs(build, spec, kwargs):
+    """--arg's keys against BUILD's parameters (before it runs)."""
+    import inspect
+    try:
+        sig = inspect.signature(build)
+    except (TypeError, ValueError):
+        return
+    try:
+        sig.bind(**kwargs)
+    except TypeError as e:
+        from .session import UsageError
+        given = " ".join(f"--arg {k}=..." for k in kwargs) or "no --arg"
+        raise UsageError(f"BUILD {spec}: {e} (given {given}; it takes {sig})")
+
+
+def _record(a, step_mod, build, kwargs, inputs, dts, cap):
     ddp_kwargs = {}
     if a.bucket_cap_mb is not None:
         ddp_kwargs["bucket_cap_mb"] = a.bucket_cap_mb
@@ -167,8 +263,6 @@ def main(argv=None):
         ddp_kwargs["gradient_as_bucket_view"] = True
     if a.find_unused:
         ddp_kwargs["find_unused_parameters"] = True
-    if ddp_kwargs and a.dist != "ddp":
-        raise SystemExit("--bucket-cap-mb, --bucket-view, --find-unused: with --dist ddp")
     t0 = time.perf_counter()
     rec = step_mod.record_step(
         build, inputs=inputs, input_dtypes=dts, target=a.target, optimizer=a.optimizer, lr=a.lr,
@@ -189,19 +283,25 @@ def main(argv=None):
            "peak_rss_bytes": rss, **s, "meta": rec.meta}
     if model_summary:
         out["allocator_model"] = model_summary
+    notes = rec.warning_lines()
     if a.json:
+        out["warnings"] = notes
         print(json.dumps(out, indent=1))
+        for line in notes:
+            print(f"warning: {line}", file=sys.stderr)
         return 0
     print(f"{a.out}: {s['allocations']} allocations over {a.steps} step(s) of {rec.meta['model']} "
           f"({rec.meta['parameters']:,} parameters): the steps recorded in {rec.seconds:.2f} s, "
           f"{recorded:.2f} s with building and the self-test, written after {total:.2f} s; "
-          f"peak RSS {mib(rss)}")
-    print(f"  peak of live tensor bytes: {mib(s['peak_live_bytes'])}; at that moment: "
-          + ", ".join(f"{k} {mib(v)}" for k, v in sorted(s["at_peak"].items(), key=lambda kv: -kv[1])))
-    print("  alive at the end: " + ", ".join(f"{k} {mib(v)}" for k, v in sorted(s["end_by_category"].items())))
+          f"peak RSS {human(rss)}")
+    if rec.meta.get("loss_on"):
+        print(f"  loss ({a.target}) of the model's {rec.meta['loss_on']}")
+    print(f"  peak of live tensor bytes: {human(s['peak_live_bytes'])}; at that moment: "
+          + ", ".join(f"{k} {human(v)}" for k, v in sorted(s["at_peak"].items(), key=lambda kv: -kv[1])))
+    print("  alive at the end: " + ", ".join(f"{k} {human(v)}" for k, v in sorted(s["end_by_category"].items())))
     if model_summary:
-        print(f"  caching allocator model (PyTorch defaults): peak allocated {mib(model_summary['peak_allocated'])}, "
-              f"peak reserved {mib(model_summary['peak_reserved'])}, {model_summary['segments']} segments")
+        print(f"  caching allocator model (PyTorch defaults): peak allocated {human(model_summary['peak_allocated'])}, "
+              f"peak reserved {human(model_summary['peak_reserved'])}, {model_summary['segments']} segments")
     print(f"  {rec.meta['cublas_workspace']}"
           + (f"; {rec.meta['cublas_workspaces_per_op']} per-GEMM workspaces added"
              if rec.meta.get("cublas_workspaces_per_op") else ""))
@@ -209,8 +309,13 @@ def main(argv=None):
         print(f"  {rec.meta['cudnn_workspace']}: {rec.meta['cudnn_conv_workspaces']} added")
     if rec.meta.get("sdpa_choices"):
         print(f"  scaled_dot_product_attention backends: {rec.meta['sdpa_choices']}")
+    if rec.meta.get("cuda_device_mapped"):
+        print(f"  'cuda' in your code: {rec.meta['cuda_device_mapped']} call(s) (device='cuda', .cuda(), "
+              f".to('cuda')) put on the recording's meta device")
     if rec.meta.get("warning"):
         print(f"  warning: {rec.meta['warning']}")
+    for line in notes:
+        print(f"  warning: {line}")
     print("  not included: the CUDA context, kernel-internal scratch, NCCL buffers "
           "(python -m vramlab_torch record --help)")
     return 0

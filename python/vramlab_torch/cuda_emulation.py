@@ -44,6 +44,14 @@ list: its input is cast to float32 (also saved). Measured on CUDA (2.11):
 bf16 logits, bf16 log-probabilities and their fp32 copy all alive at the
 end of the forward.
 
+"cuda" in the user's code. There is no GPU: torch.arange(n, device="cuda"),
+t.cuda(), t.to("cuda"), t.to(0), model.cuda() / model.to("cuda") (their
+tensors' .to / .cuda), torch.device("cuda") as a device= argument or as a
+default device would initialise CUDA and fail. The mode puts them on the
+recording's device (meta) instead, where a CUDA run would have them on the
+GPU, and counts them (map_cuda_device, CudaToMeta for the model's builder).
+pin_memory (page-locked host memory: no GPU memory) is left out.
+
 cuDNN convolution workspaces: CudnnConvWorkspaces, at the end of this file
 (used by the recorder's dispatch mode, not by this function mode).
 """
@@ -101,6 +109,67 @@ def cudnn_attention_first(capability, version=None):
     return version >= (2, 11) and capability[0] in (9, 10)
 
 
+_META = torch.device("meta")
+
+
+def is_cuda_device(d):
+    """A device= value that names a CUDA device: "cuda", "cuda:N",
+    torch.device("cuda"), or an index (PyTorch reads an int as cuda:N)."""
+    if isinstance(d, bool):
+        return False
+    if isinstance(d, int):
+        return True
+    if isinstance(d, str):
+        return d == "cuda" or d.startswith("cuda:")
+    return isinstance(d, torch.device) and d.type == "cuda"
+
+
+def map_cuda_device(func, args, kwargs):
+    """(func, args, kwargs, mapped): a call that names a CUDA device with
+    the device replaced by meta (the recording's device); mapped says
+    whether it did. Tensor.cuda(...) becomes Tensor.to(meta, ...);
+    pin_memory (host memory) becomes the tensor itself (func None)."""
+    mapped = False
+    if func is torch.Tensor.pin_memory:
+        return None, args, kwargs, True
+    if kwargs.get("pin_memory"):
+        kwargs = dict(kwargs, pin_memory=False)
+        mapped = True
+    d = kwargs.get("device")
+    if d is not None and is_cuda_device(d):
+        kwargs = dict(kwargs, device=_META)
+        mapped = True
+    if func is torch.Tensor.cuda:
+        names = ("device", "non_blocking", "memory_format")
+        a = dict(zip(names, args[1:]))
+        a.update(kwargs)
+        kw = {"non_blocking": a.get("non_blocking", False)}
+        if a.get("memory_format") is not None:
+            kw["memory_format"] = a["memory_format"]
+        return torch.Tensor.to, (args[0], _META), kw, True
+    if func is torch.Tensor.to and len(args) > 1 and is_cuda_device(args[1]):
+        args = (args[0], _META) + tuple(args[2:])
+        mapped = True
+    return func, args, kwargs, mapped
+
+
+class CudaToMeta(TorchFunctionMode):
+    """Only the "cuda" -> meta mapping (map_cuda_device): around the
+    model's builder, which runs before the recording (CudaEmulation does
+    the same inside it). `mapped` counts the calls it changed."""
+
+    def __init__(self):
+        super().__init__()
+        self.mapped = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        func, args, kwargs, mapped = map_cuda_device(func, args, kwargs or {})
+        self.mapped += mapped
+        if func is None:
+            return args[0]
+        return func(*args, **kwargs)
+
+
 def _eligible(t):
     return isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
 
@@ -127,6 +196,7 @@ class CudaEmulation(TorchFunctionMode):
         self.cast_cache = {}  # id(leaf) -> (leaf, cast)
         self.cache_enabled = True
         self.sdpa_choices = {}
+        self.cuda_mapped = 0  # calls naming a CUDA device, put on meta
 
     # -- autocast ----------------------------------------------------------
     def autocast(self, dtype=torch.float16, enabled=True, cache_enabled=True):
@@ -270,6 +340,11 @@ class CudaEmulation(TorchFunctionMode):
     # -- the mode ------------------------------------------------------------
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        func, args, kwargs, mapped = map_cuda_device(func, args, kwargs)
+        if mapped:
+            self.cuda_mapped += 1
+            if func is None:
+                return args[0]
         if self.recorder is not None and self.recorder.in_optimizer and func in _host_factories() \
                 and kwargs.get("device") is None and _default_device_is_meta() \
                 and not (args and isinstance(args[0], torch.Tensor)):

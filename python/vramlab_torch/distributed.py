@@ -214,16 +214,23 @@ def fake_world(world_size, rank=0):
             dist.destroy_process_group()
 
 
+def model_classes(model):
+    from .step import model_classes as classes
+    return classes(model)
+
+
 def find_blocks(model, which="auto"):
     """The blocks `shard` wraps (`step.find_blocks`), or an error that says
     how to name them."""
     from .step import find_blocks as found
     blocks = found(model, which)
+    from .session import UsageError
     if not blocks and which == "auto":
-        raise ValueError("no nn.ModuleList / nn.Sequential of two or more blocks of one "
-                         "class found; name the class")
+        raise UsageError("--dist fsdp: no nn.ModuleList / nn.Sequential of two or more blocks of one "
+                         "class found; name the class to shard with --fsdp-blocks CLASS")
     if not blocks:
-        raise ValueError(f"no module of class {which}")
+        raise UsageError(f"--fsdp-blocks {which}: no module of that class in the model "
+                         f"(its classes: {model_classes(model)})")
     return blocks
 
 

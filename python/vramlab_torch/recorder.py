@@ -15,7 +15,11 @@ reference counting is the moment its last tensor goes. Cyclic gc is off
 while recording. Zero-byte storages are left out (the allocator is never
 asked for them). Host (CPU) tensors that PyTorch deliberately keeps on the
 CPU (Adam's state['step'] without fused=True, and such) stay real CPU
-tensors and are not recorded.
+tensors and are not recorded. Any other storage an op makes on a device
+that is not meta (the user's code said device="cpu", or chose the CPU
+because torch.cuda.is_available() is False) is not recorded either, but
+counted in `off_device` and reported (Recording.finish): a recording must
+not lose tensors without saying so.
 
 CUDA-vs-meta corrections, in both: autograd's
 gradient accumulation (CUDA adds in place where PyTorch refuses to under a
@@ -299,6 +303,9 @@ class Recorder(TorchDispatchMode):
         # distributed.py, around DDP's bucket rebuild: a copy from meta to
         # the host keeps the host tensor's values (what rank 0 broadcast).
         self.host_copies_keep = False
+        # Storages made off the recording's device (not meta), outside
+        # optimizer.step(): device type -> [count, bytes, first op, where].
+        self.off_device = {}
 
     # -- storages --------------------------------------------------------
     def known(self, st):
@@ -329,11 +336,23 @@ class Recorder(TorchDispatchMode):
 
     def add(self, st, label, category=None):
         if st.nbytes() == 0 or st.device.type != "meta":
+            if st.nbytes() and not self.in_optimizer and not self.host_copies_keep:
+                self._off_device(st, label)
             self.add_quiet(st)
             return
         ev = self._event(st.nbytes(), label, category)
         key = id(st)
         self.live[key] = [ev, weakref.ref(st, lambda r, k=key: self._freed(k, r))]
+
+    def _off_device(self, st, label):
+        entry = self.off_device.get(st.device.type)
+        if entry is None:
+            frames = python_frames(short=True)
+            user = next((f for f in frames if not f[0].startswith("torch/")), None)
+            where = f"{user[0]}:{user[1]} ({user[2]})" if user else None
+            entry = self.off_device[st.device.type] = [0, 0, label, where]
+        entry[0] += 1
+        entry[1] += st.nbytes()
 
     def add_quiet(self, st):
         key = id(st)

@@ -17,6 +17,124 @@ from .cuda_emulation import CudaEmulation, CudnnConvWorkspaces
 from .recorder import (META, CublasWorkspaces, Recorder, allow_fused_on_meta, gc_paused,
                        self_test)
 
+class RecordingWarning(UserWarning):
+    """What a recording says about itself: tensors it could not record,
+    layers it records as meta runs them and not as CUDA does."""
+
+
+class RecordingError(RuntimeError):
+    """An error of the user's code that a recording on meta tensors
+    explains (explain_error): its message is one line that says what to
+    change; the original is its __cause__."""
+
+
+class UsageError(ValueError):
+    """A mistake in how the recorder was asked (an option, BUILD, the
+    model's output against --target): the message is one line that names
+    the option and the fix. exit_code: 2 for the command line's usage, 1
+    for what shows only once the model runs."""
+
+    def __init__(self, message, exit_code=2):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+# Layers whose CUDA kernels the recording does not follow (see
+# fallback_layers): (class, what the note says).
+FALLBACK_NOTES = {
+    "MultiheadAttention": (
+        "recorded as meta runs F.multi_head_attention_forward, not as CUDA does: with "
+        "need_weights=False (nn.Transformer* layers pass it) CUDA runs scaled_dot_product_attention's "
+        "flash / memory-efficient / cuDNN kernel, which keeps no [batch, heads, seq, seq] attention "
+        "matrix, while the recording holds the math path's (need_weights=True materialises it on "
+        "CUDA too); the emulated autocast and SDPA backend do not reach inside it. Their figures "
+        "follow the CPU/meta decomposition, not CUDA's kernels; call F.scaled_dot_product_attention "
+        "in your own attention to record CUDA's choice"),
+    "RNN": (
+        "recorded as meta runs them (the CPU kernels' per-timestep matmuls and saved gates), not as "
+        "CUDA does (cuDNN's fused RNN, with its own workspace and reserve space, which the recorder "
+        "does not emulate): their figures follow the CPU/meta decomposition and can differ from a "
+        "CUDA run's either way"),
+}
+
+
+def fallback_layers(model, names=None):
+    """{"nn.MultiheadAttention": [module names], "nn.LSTM": [...], ...}:
+    the layers of `model` (nn.MultiheadAttention, also inside
+    nn.Transformer* layers; nn.RNN / nn.LSTM / nn.GRU) that meta runs
+    through its fallback kernels where CUDA runs fused ones."""
+    out = {}
+    rnns = (torch.nn.RNN, torch.nn.LSTM, torch.nn.GRU)
+    for n, m in model.named_modules():
+        if isinstance(m, torch.nn.MultiheadAttention):
+            kind = "nn.MultiheadAttention"
+        elif isinstance(m, torch.nn.RNNBase):
+            kind = next((f"nn.{c.__name__}" for c in rnns if isinstance(m, c)), "nn.RNNBase")
+        else:
+            continue
+        out.setdefault(kind, []).append((names or {}).get(m) or n or type(m).__name__)
+    return out
+
+
+def fallback_note(kind):
+    return FALLBACK_NOTES["MultiheadAttention" if kind == "nn.MultiheadAttention" else "RNN"]
+
+
+def fallback_warnings(found):
+    """One line per kind of layer in fallback_layers' answer."""
+    lines = []
+    for kind, mods in sorted(found.items()):
+        note = fallback_note(kind)
+        shown = ", ".join(mods[:3]) + (f" and {len(mods) - 3} more" if len(mods) > 3 else "")
+        lines.append(f"{len(mods)} {kind} layer{'s' if len(mods) > 1 else ''} ({shown}): {note}")
+    return lines
+
+
+def _user_frame(tb):
+    """'file.py:LINE (function)' of the innermost frame of a traceback that
+    is neither PyTorch's nor this package's machinery (the user's code)."""
+    import traceback
+    own = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    machinery = {own + f for f in ("recorder.py", "session.py", "cuda_emulation.py", "snapshot.py",
+                                   "step.py", "__main__.py", "__init__.py", "distributed.py")}
+    for fr in reversed(traceback.extract_tb(tb)):
+        fn = os.path.abspath(fr.filename)
+        p = fn.replace("\\", "/")
+        if fn in machinery or "/torch/" in p or "/site-packages/" in p or p.startswith("<"):
+            continue
+        rel = os.path.relpath(fn) if fn.startswith(os.getcwd() + os.sep) else fn
+        return f"{rel}:{fr.lineno} ({fr.name})"
+    return None
+
+
+def explain_error(exc):
+    """A one-line explanation of an error that comes from running on meta
+    tensors without a GPU, or None: the CUDA driver asked for (code that
+    needs a GPU), a value read from a meta tensor (.item(), float(t),
+    .tolist(), .cpu(), .numpy(), `if t > 0:`)."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    at = _user_frame(exc.__traceback__)
+    where = f"your code at {at}" if at else "your code"
+    if isinstance(exc, (RuntimeError, AssertionError)) and (
+            "NVIDIA driver" in text or "not compiled with CUDA" in text
+            or "No CUDA GPUs are available" in text or "CUDA driver initialization failed" in text):
+        return (f"{where} asked the CUDA driver for something ({text[:80]}); a recording runs "
+                f"without a GPU: device='cuda', .cuda() and .to('cuda') go to its meta device, but "
+                f"torch.cuda.* calls that need the device do not: leave them out of the recorded code "
+                f"or guard them with `if torch.cuda.is_available():`")
+    if isinstance(exc, NotImplementedError) and "Cannot copy out of meta tensor" in text:
+        return (f"{where} copies a meta tensor to the CPU (.cpu(), .to('cpu'), .numpy(); {text[:40]}), "
+                f"and meta tensors have shapes, no values: put what is GPU memory in your run on "
+                f"'cuda' (the recording puts it on meta; a device picked by torch.cuda.is_available() "
+                f"is the CPU here) and leave copies of values to the host out of the recorded code")
+    if isinstance(exc, (RuntimeError, NotImplementedError)) and (
+            "cannot be called on meta tensors" in text or ("meta" in text and "Scalar" in text)):
+        return (f"{where} reads a tensor's value ({text[:80]}), and meta tensors have shapes, no "
+                f"values: leave .item(), float(t), .tolist() and branches on values out of the "
+                f"recorded code (print(t) and t.shape work)")
+    return None
+
+
 CATEGORIES = ("parameter", "gradient", "optimizer_state", "activation", "temporary", "input",
               "output", "workspace", "autocast_cache")
 
@@ -57,6 +175,7 @@ class Recording:
         self.auto_phase = auto_phase
         self.default_device_meta = default_device_meta
         self.names = {}  # module -> qualified name
+        self.fallback = {}  # layers meta runs where CUDA runs fused kernels (fallback_layers)
         self.meta = {"torch": str(torch.__version__), "cublas_workspace": self.workspaces.describe(),
                      "cudnn_workspace": self.conv_workspaces.describe(),
                      "sdpa": sdpa + (" (cuDNN attention first: compute capability "
@@ -72,6 +191,9 @@ class Recording:
         the first forward of a root module)."""
         for n, m in model.named_modules(prefix=prefix):
             self.names.setdefault(m, n or type(m).__name__)
+        for kind, mods in fallback_layers(model, self.names).items():
+            known = self.fallback.setdefault(kind, [])
+            known.extend(m for m in mods if m not in known)
         return model
 
     def mark(self, category, tensors):
@@ -235,12 +357,33 @@ class Recording:
         self._t0 = time.perf_counter()
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type, exc, tb):
         self.seconds = time.perf_counter() - self._t0
-        self._stack.__exit__(*exc)
+        self._stack.__exit__(exc_type, exc, tb)
         self._stack = None
         self.finish()
+        if exc is None:
+            for line in self.warning_lines():
+                warnings.warn(line, RecordingWarning, stacklevel=2)
+        elif not isinstance(exc, RecordingError):
+            why = explain_error(exc)
+            if why is not None:
+                raise RecordingError(why) from exc
         return False
+
+    def warning_lines(self):
+        """What the recording says about itself, one line each: tensors
+        made off its device (not recorded), layers recorded as meta runs
+        them and not as CUDA does."""
+        out = []
+        for dev, d in sorted(self.meta.get("not_recorded", {}).items()):
+            out.append(
+                f"{d['tensors']} tensor(s) ({human_bytes(d['bytes'])}) were made on {dev}, not on the "
+                f"recording's device (meta), and are not in the recording (the first: {d['first_op']}"
+                + (f", at {d['at']}" if d.get("at") else "") + "): make them without a device or with "
+                "device='cuda' (the recording puts 'cuda' on meta) if they are GPU memory in your run")
+        out.extend(fallback_warnings(self.fallback))
+        return out
 
     def finish(self):
         """After the block: check that nothing waited on a cycle, stop
@@ -262,6 +405,16 @@ class Recording:
             if ev["op"] == "alloc" and "category" not in ev:
                 ev["category"] = "input" if ev["phase"] in ("setup",) else "temporary"
         self.meta["sdpa_choices"] = dict(self.emulation.sdpa_choices)
+        if self.emulation.cuda_mapped:
+            self.meta["cuda_device_mapped"] = self.meta.get("cuda_device_mapped", 0) + self.emulation.cuda_mapped
+        if rec.off_device:
+            self.meta["not_recorded"] = {
+                dev: {"tensors": n, "bytes": b, "first_op": op, "at": at}
+                for dev, (n, b, op, at) in rec.off_device.items()}
+        if self.fallback:
+            self.meta["fallback_kernels"] = {
+                kind: {"modules": mods, "note": fallback_note(kind)}
+                for kind, mods in sorted(self.fallback.items())}
         self.meta["cublas_workspaces_per_op"] = self.workspaces.per_op
         self.meta["cudnn_conv_workspaces"] = self.conv_workspaces.added
         self.meta["accumulations_in_place"] = (
@@ -322,6 +475,16 @@ class Recording:
         with open(path, "wb") as f:
             pickle.dump(snap, f)
         return summary
+
+
+def human_bytes(n):
+    """Bytes in an adaptive unit: 512 B, 3.5 KiB, 12.0 MiB, 1.25 GiB."""
+    if abs(n) < 1024:
+        return f"{n} B"
+    for unit, scale in (("KiB", 2**10), ("MiB", 2**20)):
+        if abs(n) < 1024 * scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{n / 2**30:,.2f} GiB"
 
 
 def record(**options):

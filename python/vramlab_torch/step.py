@@ -29,23 +29,33 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .cuda_emulation import CudaToMeta
 from .recorder import META
-from .session import Recording
+from .session import Recording, UsageError
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "int64": torch.int64, "int32": torch.int32, "bool": torch.bool,
-          "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+          "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16,
+          "fp32": torch.float32, "fp16": torch.float16, "half": torch.float16}
+# --amp's spellings: every DTYPES name of float16 and bfloat16.
+AMP_DTYPES = tuple(k for k, v in DTYPES.items() if v in (torch.float16, torch.bfloat16))
 
 
 def load_builder(spec):
-    """"path/to/file.py:fn" or "package.module:fn" -> the callable."""
+    """"path/to/file.py:fn" or "package.module:fn" -> the callable. A spec
+    that names no file, module or function raises UsageError (one line);
+    errors of the file's own code (raised while it is imported) are the
+    user's and propagate as they are."""
     if ":" not in spec:
-        raise ValueError(f"{spec!r}: expected FILE.py:FUNCTION or MODULE:FUNCTION")
+        example = f"{spec}:build" if spec.endswith(".py") else f"{spec}.py:build or {spec}:build"
+        raise UsageError(f"BUILD {spec!r}: expected FILE.py:FUNCTION or MODULE:FUNCTION, the function "
+                         f"that returns your nn.Module (e.g. {example})")
     where, fn = spec.rsplit(":", 1)
     if where.endswith(".py") or os.path.sep in where or os.path.exists(where):
         path = os.path.abspath(where)
-        if not os.path.exists(path):
-            raise FileNotFoundError(path)
+        if not os.path.isfile(path):
+            raise UsageError(f"BUILD {spec!r}: no file {where} (from {os.getcwd()}): give the path "
+                             f"of the .py file that defines {fn}")
         name = "vramlab_user_" + os.path.splitext(os.path.basename(path))[0]
         s = importlib.util.spec_from_file_location(name, path)
         mod = importlib.util.module_from_spec(s)
@@ -56,28 +66,100 @@ def load_builder(spec):
         finally:
             sys.path.pop(0)
     else:
-        mod = importlib.import_module(where)
-    if not hasattr(mod, fn):
-        raise AttributeError(f"{where} has no {fn!r}")
+        try:
+            mod = importlib.import_module(where)
+        except ModuleNotFoundError as e:
+            if e.name is None or not (where == e.name or where.startswith(e.name + ".")):
+                raise  # an import inside the module: the user's code
+            raise UsageError(f"BUILD {spec!r}: no module {where!r} to import (a file is named with "
+                             f"its .py: {where}.py:{fn})") from None
+    if not callable(getattr(mod, fn, None)):
+        defined = [k for k, v in vars(mod).items() if callable(v) and not k.startswith("_")
+                   and getattr(v, "__module__", None) == mod.__name__]
+        what = "has no" if not hasattr(mod, fn) else "has a non-callable"
+        raise UsageError(f"BUILD {spec!r}: {where} {what} {fn!r}"
+                         + (f"; it defines {', '.join(defined[:10])}" if defined else ""))
     return getattr(mod, fn)
 
 
-def first_tensor(out):
-    """The model's output tensor: itself, .logits, or the first tensor in a
-    tuple / list / dict."""
+def _describe(out, depth=0):
+    """A short description of a model's output: Tensor[2, 16, 100],
+    dict{'aux': Tensor[], 'logits': Tensor[2, 16, 100]}, tuple(...)."""
     if isinstance(out, torch.Tensor):
-        return out
+        return f"Tensor{list(out.shape)}"
+    if depth > 2:
+        return type(out).__name__
+    if isinstance(out, dict):
+        items = list(out.items())
+        inner = ", ".join(f"{k!r}: {_describe(v, depth + 1)}" for k, v in items[:6])
+        return f"{type(out).__name__}{{{inner}{', ...' if len(items) > 6 else ''}}}"
+    if isinstance(out, (list, tuple)):
+        inner = ", ".join(_describe(v, depth + 1) for v in out[:6])
+        return f"{type(out).__name__}({inner}{', ...' if len(out) > 6 else ''})"
+    return type(out).__name__
+
+
+def pick_output(out):
+    """(tensor, path): the output the loss is taken of, and where it was in
+    the model's output ("output", "output['logits']", "output[0]",
+    "output.logits"). A tensor is itself; an object with a .logits tensor
+    (Hugging Face's ModelOutput) its logits; a dict its "logits" key, else
+    its one tensor with a last dimension; a tuple or list its first tensor
+    with a last dimension (nested ones searched the same way). Raises
+    UsageError naming the output's structure where there is none."""
+    if isinstance(out, torch.Tensor):
+        return out, "output"
     logits = getattr(out, "logits", None)
     if isinstance(logits, torch.Tensor):
-        return logits
+        return logits, "output.logits"
     if isinstance(out, dict):
-        out = list(out.values())
-    if isinstance(out, (list, tuple)):
-        for o in out:
-            t = first_tensor(o) if not isinstance(o, torch.Tensor) else o
-            if isinstance(t, torch.Tensor):
-                return t
-    raise TypeError(f"the model returned {type(out).__name__}: no tensor to take a loss of")
+        if isinstance(out.get("logits"), torch.Tensor):
+            return out["logits"], "output['logits']"
+        found = [(t, f"output[{k!r}]{p[len('output'):]}") for k, v in out.items()
+                 for t, p in _with_last_dim(v)]
+        if len(found) == 1:
+            return found[0]
+        why = (f"no 'logits' key and {len(found)} tensors with a last dimension" if found
+               else "no tensor with a last dimension")
+    elif isinstance(out, (list, tuple)):
+        for i, v in enumerate(out):
+            for t, p in _with_last_dim(v):
+                return t, f"output[{i}]{p[len('output'):]}"
+        why = "no tensor with a last dimension"
+    else:
+        why = "not a tensor, a tuple, a list or a dict"
+    raise UsageError(
+        f"the model returned {_describe(out)}: {why} to take the loss of; return the logits "
+        f"(a tensor, a tuple's first tensor, or a dict's 'logits'), or compute the loss in your own "
+        f"loop with vramlab_torch.record()", exit_code=1)
+
+
+def _with_last_dim(v):
+    """[(tensor, path)]: what pick_output takes from v (a tensor itself, a
+    container's pick), if it has a last dimension; else []."""
+    if isinstance(v, torch.Tensor):
+        return [(v, "output")] if v.dim() >= 1 else []
+    try:
+        t, p = pick_output(v) if isinstance(v, (list, tuple, dict)) or hasattr(v, "logits") else (None, None)
+    except UsageError:
+        return []
+    return [(t, p)] if t is not None and t.dim() >= 1 else []
+
+
+def first_tensor(out):
+    """The model's output tensor (pick_output's, without its path)."""
+    return pick_output(out)[0]
+
+
+def model_classes(model, limit=12):
+    """The class names of a model's modules, most parameters first (for
+    messages that ask for a class name)."""
+    sizes = {}
+    for m in model.modules():
+        n = type(m).__name__
+        sizes[n] = sizes.get(n, 0) + sum(p.numel() for p in m.parameters(recurse=False))
+    names = sorted(sizes, key=lambda k: -sizes[k])
+    return ", ".join(names[:limit]) + (", ..." if len(names) > limit else "")
 
 
 def build_optimizer(name, params, lr, impl, weight_decay=None, momentum=0.9, betas=(0.9, 0.999)):
@@ -119,10 +201,12 @@ def checkpoint_blocks(model, which="auto"):
 
     blocks = find_blocks(model, which)
     if not blocks and which == "auto":
-        raise ValueError("--checkpoint: no nn.ModuleList / nn.Sequential of two or more blocks "
-                         "of one class found; name the class with --checkpoint-class")
+        raise UsageError("--checkpoint: the model has no nn.ModuleList / nn.Sequential of two or more "
+                         "blocks of one class; name the modules to checkpoint with --checkpoint-class "
+                         f"CLASS (the model's classes: {model_classes(model)})")
     if not blocks:
-        raise ValueError(f"--checkpoint-class {which}: no module of that class")
+        raise UsageError(f"--checkpoint-class {which}: no module of that class in the model "
+                         f"(its classes: {model_classes(model)})")
     for b in blocks:
         fwd = b.forward
 
@@ -133,7 +217,15 @@ def checkpoint_blocks(model, which="auto"):
 
 
 def parse_shape(text):
-    return tuple(int(x) for x in text.replace("x", ",").split(",") if x.strip())
+    """"32,3,224,224" (or 32x3x224x224) -> (32, 3, 224, 224); UsageError
+    naming --input otherwise."""
+    try:
+        shape = tuple(int(x) for x in text.replace("x", ",").split(",") if x.strip())
+    except ValueError:
+        shape = None
+    if not shape or any(d < 0 for d in shape):
+        raise UsageError(f"--input {text!r}: a shape is sizes separated by commas, e.g. 32,3,224,224")
+    return shape
 
 
 def make_target(target, inputs, probe):
@@ -144,10 +236,33 @@ def make_target(target, inputs, probe):
     (the output's sum)."""
     if target.startswith("classes"):
         y = torch.empty(inputs[0].shape[0], dtype=torch.int64)
-        return y, lambda o, y: F.cross_entropy(o.reshape(-1, o.shape[-1]) if o.dim() > 2 else o, y)
+
+        def classes(o, y):
+            _has_classes(o, target)
+            rows = o.numel() // o.shape[-1] if o.shape[-1] else 0
+            if rows != y.shape[0]:
+                hint = (" (a language model's per-token logits: say --target tokens, labels shaped like "
+                        "the first input)" if o.dim() > 2 else "")
+                raise UsageError(
+                    f"--target {target}: the output used is [{', '.join(map(str, o.shape))}], "
+                    f"{rows} rows of {o.shape[-1]} classes, but the target is one class per sample "
+                    f"({y.shape[0]}, the first input's batch){hint}", exit_code=1)
+            return F.cross_entropy(o.reshape(-1, o.shape[-1]) if o.dim() > 2 else o, y)
+        return y, classes
     if target == "tokens":
         y = torch.empty(inputs[0].shape, dtype=torch.int64)
-        return y, lambda o, y: F.cross_entropy(o.reshape(-1, o.shape[-1]), y.reshape(-1))
+
+        def tokens(o, y):
+            _has_classes(o, target)
+            rows = o.numel() // o.shape[-1] if o.shape[-1] else 0
+            if rows != y.numel():
+                raise UsageError(
+                    f"--target tokens: the output used is [{', '.join(map(str, o.shape))}], {rows} rows "
+                    f"of {o.shape[-1]} classes, but the labels are shaped like the first input "
+                    f"[{', '.join(map(str, y.shape))}] ({y.numel()} labels); one class per sample is "
+                    f"--target classes", exit_code=1)
+            return F.cross_entropy(o.reshape(-1, o.shape[-1]), y.reshape(-1))
+        return y, tokens
     if target == "same":
         shape, dtype = probe()
         y = torch.empty(shape, dtype=dtype)
@@ -155,6 +270,13 @@ def make_target(target, inputs, probe):
     if target == "none":
         return None, lambda o, y: o.sum()
     raise ValueError(f"--target {target!r}: classes[:N], tokens, same or none")
+
+
+def _has_classes(o, target):
+    if o.dim() == 0:
+        raise UsageError(f"--target {target}: the output used is a scalar (a loss?), with no class "
+                         f"dimension to take cross entropy over; --target none takes its sum",
+                         exit_code=1)
 
 
 def record_step(build, *, inputs, input_dtypes=None, target="classes", optimizer="adamw", lr=1e-3,
@@ -174,7 +296,7 @@ def record_step(build, *, inputs, input_dtypes=None, target="classes", optimizer
             raise ValueError(f"dist {dist!r}: fsdp or ddp")
         ok, why = distributed.available()
         if not ok:
-            raise RuntimeError(f"--dist {dist}: {why}")
+            raise UsageError(f"--dist {dist}: {why}", exit_code=1)
         with distributed.fake_world(world_size):
             return _record_step(build, inputs, input_dtypes, target, optimizer, lr, impl, weight_decay,
                                 momentum, steps, amp, checkpoint, zero_grad, build_kwargs, dist,
@@ -187,14 +309,25 @@ def _record_step(build, inputs, input_dtypes, target, optimizer, lr, impl, weigh
                  amp, checkpoint, zero_grad, build_kwargs, dist, world_size, ddp_kwargs, fsdp_blocks,
                  options):
     build_kwargs = build_kwargs or {}
+    if not isinstance(steps, int) or steps < 1:
+        raise UsageError(f"--steps {steps}: record at least 1 step (default 2)")
     input_dtypes = list(input_dtypes or [])
+    if len(input_dtypes) > len(inputs):
+        raise UsageError(f"--input-dtype: {len(input_dtypes)} dtypes for {len(inputs)} input(s); "
+                         f"give one per --input, or one for all")
     while len(input_dtypes) < len(inputs):
         input_dtypes.append(input_dtypes[-1] if input_dtypes else torch.float32)
+    if isinstance(amp, str) and amp not in AMP_DTYPES:
+        raise UsageError(f"--amp {amp}: one of {', '.join(AMP_DTYPES)}")
     amp_dtype = DTYPES[amp] if isinstance(amp, str) else amp
-    with META:
+    # "cuda" in the builder (model.cuda(), torch.arange(..., device="cuda"))
+    # goes to meta, as inside the recording.
+    with META, CudaToMeta() as to_meta:
         model = build(**build_kwargs)
     if not isinstance(model, nn.Module):
-        raise TypeError(f"the builder returned {type(model).__name__}, not an nn.Module")
+        name = getattr(build, "__name__", "BUILD")
+        raise UsageError(f"BUILD: {name}() returned {type(model).__name__}, not an nn.Module: BUILD "
+                         f"names the function that builds the model and returns it")
     model.train()
     rec = Recording(auto_phase=False, **options)
     r = rec.recorder
@@ -205,6 +338,8 @@ def _record_step(build, inputs, input_dtypes, target, optimizer, lr, impl, weigh
                 optimizer=optimizer, optimizer_impl=impl, lr=lr, steps=steps,
                 amp=str(amp_dtype).replace("torch.", "") if amp_dtype else None,
                 zero_grad=zero_grad)
+    if to_meta.mapped:
+        meta["cuda_device_mapped"] = to_meta.mapped
     if checkpoint:
         cls, n = checkpoint_blocks(model, checkpoint)
         meta["checkpoint"] = f"{n} x {cls}"
@@ -240,7 +375,7 @@ def _record_step(build, inputs, input_dtypes, target, optimizer, lr, impl, weigh
             with rec.recorder.paused(), torch.no_grad():
                 ctx = emu.autocast(amp_dtype) if amp_dtype else contextlib.nullcontext()
                 with ctx:
-                    o = first_tensor(model(*xs))
+                    o = pick_output(model(*xs))[0]
                 return o.shape, o.dtype
 
         emu = rec.emulation
@@ -254,7 +389,9 @@ def _record_step(build, inputs, input_dtypes, target, optimizer, lr, impl, weigh
             with ctx:
                 out = runner(*xs)
                 r.set_phase("loss")
-                logits = first_tensor(out)
+                logits, path = pick_output(out)
+                if "loss_on" not in meta:
+                    meta["loss_on"] = f"{path} [{', '.join(map(str, logits.shape))}] {str(logits.dtype)[6:]}"
                 loss = loss_fn(logits, y)
             return out, logits, loss
 
