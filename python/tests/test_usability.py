@@ -197,6 +197,18 @@ def test_dict_and_tuple_outputs():
         assert shown in str(e.value) and "\n" not in str(e.value)
 
 
+def test_target_none_takes_a_models_own_loss():
+    """--target none sums the output; a model that returns its own loss
+    first (loss, logits), or as "loss", has that scalar summed, not its
+    logits."""
+    from vramlab_torch.step import pick_loss
+    t3, t0 = torch.empty(2, 8, 5, device="meta"), torch.empty((), device="meta")
+    assert pick_loss((t0, t3))[1] == "output[0]"
+    assert pick_loss({"logits": t3, "loss": t0})[1] == "output['loss']"
+    assert pick_loss({"logits": t3})[1] == "output['logits']"
+    assert pick_loss(t3)[1] == "output"
+
+
 def test_dict_output_uses_logits_and_says_so(user_file, tmp_path, capsys):
     """The MHA model of the pass returned {"aux": scalar, "logits": ...}:
     IndexError from a lambda in step.py."""

@@ -134,6 +134,23 @@ def pick_output(out):
         f"loop with vramlab_torch.record()", exit_code=1)
 
 
+def pick_loss(out):
+    """(tensor, path) for --target none: a model that computes its own loss
+    returns it first or as "loss" (Hugging Face's ModelOutput, a dict, a
+    tuple whose first element is a scalar); that scalar is summed, not the
+    logits beside it. Else pick_output's choice."""
+    if isinstance(out, torch.Tensor):
+        return out, "output"
+    loss = getattr(out, "loss", None)
+    if isinstance(loss, torch.Tensor) and loss.dim() == 0:
+        return loss, "output.loss"
+    if isinstance(out, dict) and isinstance(out.get("loss"), torch.Tensor) and out["loss"].dim() == 0:
+        return out["loss"], "output['loss']"
+    if isinstance(out, (list, tuple)) and out and isinstance(out[0], torch.Tensor) and out[0].dim() == 0:
+        return out[0], "output[0]"
+    return pick_output(out)
+
+
 def _with_last_dim(v):
     """[(tensor, path)]: what pick_output takes from v (a tensor itself, a
     container's pick), if it has a last dimension; else []."""
@@ -389,7 +406,7 @@ def _record_step(build, inputs, input_dtypes, target, optimizer, lr, impl, weigh
             with ctx:
                 out = runner(*xs)
                 r.set_phase("loss")
-                logits, path = pick_output(out)
+                logits, path = pick_loss(out) if target == "none" else pick_output(out)
                 if "loss_on" not in meta:
                     meta["loss_on"] = f"{path} [{', '.join(map(str, logits.shape))}] {str(logits.dtype)[6:]}"
                 loss = loss_fn(logits, y)
