@@ -200,32 +200,37 @@ fn c05(ctx: &Ctx) -> anyhow::Result<Outcome> {
             .iter()
             .any(|v| (v / claimed - 1.0).abs() < 0.02)
     };
-    let mut wrong = vec![];
-    let mut right = vec![];
-    let weights = format!(
-        "the weights are {params:.1} MiB ({:.1} MB)",
-        param_bytes as f64 / 1e6
-    );
-    if near(param_bytes, 98.0) {
-        right.push(weights)
-    } else {
-        wrong.push(weights)
-    }
-    let out = format!(
-        "conv1's output is {conv1:.0} MiB ({:.0} MB; 802 is neither)",
-        first as f64 / 1e6
-    );
-    if near(first, 802.0) {
-        right.push(out)
-    } else {
-        wrong.push(out)
-    }
-    let inter = format!("saved activations are {ratio:.0}× the weights at batch 32");
-    if (5.0..=8.0).contains(&ratio) {
-        right.push(inter)
-    } else {
-        wrong.push(format!("{inter}, not 5–8×"))
-    }
+    let mb = |bytes: u64| bytes as f64 / 1e6;
+    let conv1_ok = near(first, 802.0);
+    let parts = [
+        (
+            near(param_bytes, 98.0),
+            format!(
+                "the weights are {params:.1} MiB ({:.1} MB)",
+                mb(param_bytes)
+            ),
+        ),
+        (
+            conv1_ok,
+            format!(
+                "conv1's output is {conv1:.0} MiB ({:.0} MB{})",
+                mb(first),
+                if conv1_ok { "" } else { "; 802 is neither" }
+            ),
+        ),
+        (
+            (5.0..=8.0).contains(&ratio),
+            format!("saved activations are {ratio:.0}× the weights at batch 32 (the claim: 5–8×)"),
+        ),
+    ];
+    let said = |ok: bool| -> Vec<String> {
+        parts
+            .iter()
+            .filter(|p| p.0 == ok)
+            .map(|p| p.1.clone())
+            .collect()
+    };
+    let (right, wrong) = (said(true), said(false));
     let verdict = match (right.is_empty(), wrong.is_empty()) {
         (_, true) => Verdict::Holds,
         (true, false) => Verdict::Wrong(wrong.join("; ")),

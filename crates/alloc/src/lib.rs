@@ -57,6 +57,7 @@ pub mod events;
 pub mod expandable;
 pub mod handle;
 pub mod id_hash;
+pub mod layout_key;
 pub mod placement;
 pub mod size;
 pub mod snapshot;

@@ -12,6 +12,7 @@
 pub mod formulas;
 pub mod layout;
 pub mod model;
+mod periods;
 pub mod plan;
 pub mod pool;
 pub mod rank;

@@ -91,6 +91,12 @@ pub enum Op {
     },
     /// Right before the last step's `zero_grad`: every model state is live.
     StatesLive,
+    /// The start of a forward that a backward follows (1F1B's steady
+    /// pairs): where a replay looks for a period it has seen
+    /// ([`crate::replay`]). `next` is the id the next allocation takes.
+    Pair {
+        next: u32,
+    },
 }
 
 /// One rank's program.
@@ -417,7 +423,11 @@ pub fn program_with(
         let mut grads: Vec<Vec<Option<u32>>> = vec![vec![]; units.len()];
         // Saved activations of each micro-batch in flight, per unit.
         let mut saved: Vec<(u64, Vec<Vec<Option<u32>>>)> = vec![];
-        for (forward, mb) in schedule(stage, p, l.microbatches, l.schedule) {
+        let order = schedule(stage, p, l.microbatches, l.schedule);
+        for (at, &(forward, mb)) in order.iter().enumerate() {
+            if forward && order.get(at + 1).is_some_and(|next| !next.0) {
+                b.ops.push(Op::Pair { next: b.next });
+            }
             if forward {
                 let mut per_unit = vec![];
                 let mut prefetched: Option<Vec<Option<u32>>> = None;

@@ -2,9 +2,10 @@
 //! peak allocated and reserved, what each kind holds at the peak, and the
 //! model states when they are all live.
 
+use crate::periods::{Live, Periods};
 use crate::rank::{Kind, Op, Program, KINDS};
 use serde::Serialize;
-use vramlab_alloc::{AllocatorConfig, BlockHandle, CachingAllocator, Category, SimulatedSource};
+use vramlab_alloc::{AllocatorConfig, CachingAllocator, Category, SimulatedSource};
 
 /// What a rank's two steps need.
 #[derive(Debug, Clone, Serialize)]
@@ -31,6 +32,9 @@ pub struct RankReport {
     pub model_states: u64,
     /// The allocation that did not fit the capacity, if one did not.
     pub oom: Option<String>,
+    /// Steady pairs not replayed because they repeat the ones before
+    /// (the figures are the same as with every op replayed).
+    pub pairs_skipped: u64,
 }
 
 fn category(k: Kind) -> Category {
@@ -45,14 +49,35 @@ fn category(k: Kind) -> Category {
 }
 
 /// Replays `program` on a device of `capacity` bytes (unlimited if
-/// `None`) under `config`.
+/// `None`) under `config`. A run of 1F1B's steady pairs whose allocator
+/// state repeats is replayed once and skipped after ([`Periods`]): the
+/// figures are the every-op replay's ([`run_every_op`]), to the byte.
 pub fn run(program: &Program, capacity: Option<u64>, config: &AllocatorConfig) -> RankReport {
+    replay(program, capacity, config, true)
+}
+
+/// [`run`] without skipping repeated periods: every op through the
+/// allocator (what a property test holds `run` to).
+pub fn run_every_op(
+    program: &Program,
+    capacity: Option<u64>,
+    config: &AllocatorConfig,
+) -> RankReport {
+    replay(program, capacity, config, false)
+}
+
+fn replay(
+    program: &Program,
+    capacity: Option<u64>,
+    config: &AllocatorConfig,
+    skip: bool,
+) -> RankReport {
     let source = match capacity {
         Some(c) => SimulatedSource::new(c),
         None => SimulatedSource::unlimited(),
     };
     let mut alloc = CachingAllocator::new(source, config.clone());
-    let mut live: Vec<Option<(BlockHandle, u64, Kind)>> = vec![];
+    let mut live: Vec<Live> = vec![];
     let mut by_kind = [0u64; KINDS.len()];
     let mut kind_peaks = [0u64; KINDS.len()];
     let mut at_peak = by_kind;
@@ -60,8 +85,11 @@ pub fn run(program: &Program, capacity: Option<u64>, config: &AllocatorConfig) -
     let mut peak = 0i64;
     let mut model_states = 0;
     let mut oom = None;
-    for op in &program.ops {
-        match *op {
+    let mut periods = Periods::new(program.in_flight + 2);
+    let ops = &program.ops;
+    let mut i = 0;
+    while i < ops.len() {
+        match ops[i] {
             Op::Alloc {
                 id,
                 bytes,
@@ -74,7 +102,8 @@ pub fn run(program: &Program, capacity: Option<u64>, config: &AllocatorConfig) -
                         if live.len() <= id {
                             live.resize(id + 1, None);
                         }
-                        live[id] = Some((a.handle, bytes, kind));
+                        live[id] = Some((a.handle, bytes, kind, a.address));
+                        periods.born(id as u32);
                         let k = kind.index();
                         by_kind[k] += bytes;
                         kind_peaks[k] = kind_peaks[k].max(by_kind[k]);
@@ -92,7 +121,9 @@ pub fn run(program: &Program, capacity: Option<u64>, config: &AllocatorConfig) -
                 }
             }
             Op::Free { id } => {
-                if let Some((h, bytes, kind)) = live.get_mut(id as usize).and_then(Option::take) {
+                periods.died(id);
+                if let Some((h, bytes, kind, _)) = live.get_mut(id as usize).and_then(Option::take)
+                {
                     by_kind[kind.index()] -= bytes;
                     // A handle from this allocator, freed once: cannot fail.
                     let _ = alloc.free(h);
@@ -107,7 +138,16 @@ pub fn run(program: &Program, capacity: Option<u64>, config: &AllocatorConfig) -
                     .map(|k| by_kind[k.index()])
                     .sum();
             }
+            Op::Pair { next } => {
+                if skip {
+                    if let Some(to) = periods.at_pair(ops, i, next, &alloc, &mut live) {
+                        i = to;
+                        continue;
+                    }
+                }
+            }
         }
+        i += 1;
     }
     let s = alloc.stats();
     RankReport {
@@ -121,5 +161,6 @@ pub fn run(program: &Program, capacity: Option<u64>, config: &AllocatorConfig) -
         kind_peaks: KINDS.iter().map(|&k| (k, kind_peaks[k.index()])).collect(),
         model_states,
         oom,
+        pairs_skipped: periods.skipped(),
     }
 }

@@ -20,6 +20,31 @@ fn model(layers: u64, heads: u64, hidden: u64, positions: u64, vocab: u64) -> Tr
     }
 }
 
+/// A plan request for a small model under a 10% headroom, 128 tokens, mixed
+/// precision, up to 8-way tensor parallelism and PyTorch's allocator.
+fn request(
+    model: Transformer,
+    gpus: u64,
+    memory: u64,
+    global_batch: u64,
+    recompute: Vec<Recompute>,
+) -> vramlab_parallel::plan::Request {
+    vramlab_parallel::plan::Request {
+        model,
+        gpus,
+        memory,
+        headroom: 0.1,
+        seq: 128,
+        global_batch,
+        precision: Precision::Mixed,
+        recompute,
+        max_tp: 8,
+        flash_attention: false,
+        costs: vramlab_parallel::plan::Costs::default(),
+        config: AllocatorConfig::default(),
+    }
+}
+
 fn replay(m: &Transformer, l: &Layout, stage: u64) -> RankReport {
     run(&program(m, l, stage), None, &AllocatorConfig::default())
 }
@@ -149,25 +174,84 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// A replay that skips the steady pairs repeating the one before gives
+    /// the every-op replay's figures, to the byte: peaks, what is live at
+    /// them, model states, the out-of-memory under a device size; and it
+    /// does skip where the steady state is long.
+    #[test]
+    fn skipping_repeated_pairs_gives_the_every_op_replay(
+        pp in prop::sample::select(vec![1u64, 2, 4]), per in 1u64..3, mbs in 1u64..48,
+        b in 1u64..3, stage_pick in 0u64..4, zero in 0u8..5, tp in prop::sample::select(vec![1u64, 2]),
+        r in prop::sample::select(vec![Recompute::None, Recompute::Selective, Recompute::Full]),
+        dp in prop::sample::select(vec![1u64, 4]), view in any::<bool>(), unused in any::<bool>(),
+        flash in any::<bool>(), gpipe in any::<bool>(), conf in 0usize..4, cap_mib in prop::option::of(4u64..96),
+    ) {
+        let m = model(pp * per, 4, 128, 128, 1000);
+        let (dp, sharding) = match zero {
+            0 => (dp, Sharding::Ddp),
+            4 => (4, Sharding::Fsdp),
+            z => (4, Sharding::Zero(z)),
+        };
+        let ddp = Ddp { bucket_view: view, find_unused: unused, ..Ddp::default() };
+        let schedule = if gpipe { Schedule::Gpipe } else { Schedule::OneFOneB };
+        let l = Layout { pp, dp, tp, sp: tp > 1, microbatches: mbs, recompute: r, sharding, ddp, flash_attention: flash, schedule, ..Layout::single(b, 64) };
+        l.check(&m).unwrap();
+        // PyTorch's defaults; the smallest max_split_size it takes (its
+        // release of oversize blocks under a device size); rounding to
+        // quarters of a power of two; a limit with the garbage collector
+        // (no skipping: its block ages are state the layout key leaves out).
+        let cfg = AllocatorConfig::parse(["", "max_split_size_mb:21", "roundup_power2_divisions:4", "garbage_collection_threshold:0.6"][conf]).unwrap();
+        let cfg = AllocatorConfig { memory_limit: (conf == 3).then_some(48 << 20), ..cfg };
+        let capacity = cap_mib.map(|c| c << 20);
+        let p = program(&m, &l, stage_pick % pp);
+        let every = vramlab_parallel::replay::run_every_op(&p, capacity, &cfg);
+        let fast = run(&p, capacity, &cfg);
+        prop_assert_eq!(every.pairs_skipped, 0);
+        let fast = RankReport { pairs_skipped: 0, ..fast };
+        prop_assert_eq!(serde_json::to_value(&fast).unwrap(), serde_json::to_value(&every).unwrap(), "{:?}", l);
+    }
+}
+
+/// A long 1F1B steady state is replayed once and skipped after: 64
+/// micro-batches on one stage replay a handful of pairs.
+#[test]
+fn a_long_steady_state_is_skipped() {
+    let m = model(2, 4, 128, 128, 1000);
+    let l = Layout {
+        microbatches: 64,
+        ..Layout::single(1, 64)
+    };
+    let p = program(&m, &l, 0);
+    let cfg = AllocatorConfig::default();
+    let fast = run(&p, None, &cfg);
+    let every = vramlab_parallel::replay::run_every_op(&p, None, &cfg);
+    // Two steps of 64 pairs: all but a few of each step's skipped.
+    assert!(fast.pairs_skipped >= 100, "{}", fast.pairs_skipped);
+    let fast = RankReport {
+        pairs_skipped: 0,
+        ..fast
+    };
+    assert_eq!(
+        serde_json::to_value(&fast).unwrap(),
+        serde_json::to_value(&every).unwrap()
+    );
+}
+
 /// `plan`'s answers are replayed whole: each listed layout that fits has
 /// the figures `estimate` would print, and still fits.
 #[test]
 fn plans_list_whole_replays() {
-    use vramlab_parallel::plan::{search, worst_stage, Costs, Request};
-    let req = Request {
-        model: model(8, 8, 256, 256, 2000),
-        gpus: 8,
-        memory: 96 << 20,
-        headroom: 0.1,
-        seq: 128,
-        global_batch: 32,
-        precision: Precision::Mixed,
-        recompute: vec![Recompute::None, Recompute::Full],
-        max_tp: 8,
-        flash_attention: false,
-        costs: Costs::default(),
-        config: AllocatorConfig::default(),
-    };
+    use vramlab_parallel::plan::{search, worst_stage};
+    let req = request(
+        model(8, 8, 256, 256, 2000),
+        8,
+        96 << 20,
+        32,
+        vec![Recompute::None, Recompute::Full],
+    );
     let out = search(&req, 5).candidates;
     // The five listed first were replayed whole, and whole replays never
     // reserve less than the screening ones.
@@ -198,21 +282,8 @@ proptest! {
         layers in prop::sample::select(vec![2u64, 4, 8]), gpus in prop::sample::select(vec![2u64, 4, 8]),
         mib in 24u64..160, batch in prop::sample::select(vec![8u64, 16, 32]), confirm in 1usize..9,
     ) {
-        use vramlab_parallel::plan::{layouts, search, worst_stage, Costs, Request};
-        let req = Request {
-            model: model(layers, 8, 256, 256, 2000),
-            gpus,
-            memory: mib << 20,
-            headroom: 0.1,
-            seq: 128,
-            global_batch: batch,
-            precision: Precision::Mixed,
-            recompute: vec![Recompute::None, Recompute::Full],
-            max_tp: 8,
-            flash_attention: false,
-            costs: Costs::default(),
-            config: AllocatorConfig::default(),
-        };
+        use vramlab_parallel::plan::{layouts, search, worst_stage};
+        let req = request(model(layers, 8, 256, 256, 2000), gpus, mib << 20, batch, vec![Recompute::None, Recompute::Full]);
         let got = search(&req, confirm).candidates;
         // The screening's order, rebuilt: every layout screened, sorted
         // as `search` sorts (a stable sort from the enumeration's order).
@@ -266,23 +337,16 @@ proptest! {
 /// nothing is left, instead of a divisibility rule every layout met).
 #[test]
 fn layouts_past_the_layer_pass_cap_are_returned_as_skipped() {
-    use vramlab_parallel::plan::{layouts, search, Costs, Request};
-    let mut req = Request {
-        model: model(8, 8, 256, 256, 2000),
-        gpus: 8,
-        memory: 96 << 20,
-        headroom: 0.1,
-        seq: 128,
-        // 2^24 sequences over at most 8 ranks × 8 a micro-batch: 262,144
-        // micro-batches, past 200,000 layer passes on any stage.
-        global_batch: 1 << 24,
-        precision: Precision::Mixed,
-        recompute: vec![Recompute::None],
-        max_tp: 8,
-        flash_attention: false,
-        costs: Costs::default(),
-        config: AllocatorConfig::default(),
-    };
+    use vramlab_parallel::plan::{layouts, search};
+    // 2^24 sequences over at most 8 ranks × 8 a micro-batch: 262,144
+    // micro-batches, past 200,000 layer passes on any stage.
+    let mut req = request(
+        model(8, 8, 256, 256, 2000),
+        8,
+        96 << 20,
+        1 << 24,
+        vec![Recompute::None],
+    );
     let out = search(&req, 1);
     assert!(out.candidates.is_empty());
     assert_eq!(out.skipped.len(), layouts(&req).len());
