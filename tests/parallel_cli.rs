@@ -600,7 +600,7 @@ fn plan_marks_what_does_not_fit_and_the_limit_it_fit_under() {
             "--gpus",
             "1",
             "--memory",
-            "16GiB",
+            "8GiB",
             "--global-batch",
             "64",
             "--top",

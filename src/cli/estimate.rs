@@ -108,12 +108,13 @@ fn run_layout(args: &EstimateArgs) -> anyhow::Result<()> {
             anyhow::bail!("a parallel layout's ranks model Adam's two moments without {flag}; it is for one GPU (leave it out)");
         }
     }
-    let layout = args.layout.layout(
+    let mut layout = args.layout.layout(
         args.batch as u64,
         seq,
         precision,
         args.step.mode == Mode::Checkpoint,
     )?;
+    layout.dropout = super::layout_args::dropout(&spec);
     layout.check(&model)?;
     let capacity = args.alloc.capacity()?;
     let config = args.alloc.config(None)?;

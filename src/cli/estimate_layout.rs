@@ -4,7 +4,7 @@
 //! et al.'s activations.
 
 use crate::memory::AllocatorConfig;
-use crate::parallel::formulas::{flash_layer, korthikanti_layer, zero_model_states};
+use crate::parallel::formulas::{dropout_layer, flash_layer, korthikanti_layer, zero_model_states};
 use crate::parallel::rank::{program, Kind};
 use crate::parallel::replay::{run, RankReport};
 use crate::parallel::{Layout, Precision, Recompute, Schedule, Transformer};
@@ -47,7 +47,11 @@ pub fn stages(
                 l.tp,
                 l.sp,
                 l.recompute,
-            );
+            ) - if l.dropout {
+                0.0
+            } else {
+                dropout_layer(l, model.hidden, model.heads)
+            };
             StageRow {
                 zero_paper_model_states: zero_model_states(
                     report.stage_params,
@@ -77,6 +81,11 @@ pub fn describe(model: &Transformer, l: &Layout) -> String {
         format!("{rec}, fused attention (no scores stored)")
     } else {
         rec.to_string()
+    };
+    let rec = if l.dropout {
+        format!("{rec}; dropout (its masks saved)")
+    } else {
+        format!("{rec}; no dropout (--dropout 0)")
     };
     let sched = match l.schedule {
         Schedule::OneFOneB => "1F1B",
@@ -116,6 +125,11 @@ fn gib(b: f64) -> String {
 }
 
 pub fn print(model: &Transformer, l: &Layout, rows: &[StageRow]) {
+    let korthikanti = if l.dropout {
+        "sbh(34 + 5as/h) a layer with dropout"
+    } else {
+        "sbh(34 + 5as/h) a layer with dropout, sbh(32 + 2as/h) without (as here)"
+    };
     println!("{}\n", describe(model, l));
     println!("Per rank, two steps through the caching allocator (the second is the steady state):");
     println!(
@@ -179,7 +193,7 @@ pub fn print(model: &Transformer, l: &Layout, rows: &[StageRow]) {
         "\nmodel states: parameters, gradients and optimizer states (master weights, Adam's moments) of one rank,\n\
          all live before zero_grad; ZeRO paper: (2+2+K)Ψ, (2+2)Ψ+KΨ/N, 2Ψ+(2+K)Ψ/N, (2+2+K)Ψ/N for stages 0-3.\n\
          activations: what the stage's layers save for its micro-batches in flight; Korthikanti et al. 2022,\n\
-         table 2: sbh(34 + 5as/h) a layer, over t as tensor and sequence parallelism split it.\n\
+         table 2: {korthikanti}, over t as tensor and sequence parallelism split it.\n\
          The peaks also hold DDP's buckets, gathered parameters, activation gradients and communication buffers;\n\
          CUDA's context, NCCL's buffers and cuBLAS workspaces are not in them."
     );

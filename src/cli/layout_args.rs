@@ -188,8 +188,16 @@ impl LayoutArgs {
             precision,
             fp32_grad_partition: self.fp32_grad_partition,
             flash_attention: self.flash_attention,
+            // The caller sets it from the model ([`dropout`]).
+            dropout: false,
         })
     }
+}
+
+/// Whether a gpt spec has dropout (`--dropout` above 0, the default 0 as
+/// nanoGPT): a parallel layout saves dropout's masks only then.
+pub fn dropout(spec: &ModelSpec) -> bool {
+    spec.get::<GptSpec>().is_some_and(|g| g.dropout > 0.0)
 }
 
 /// The transformer a gpt spec describes, and the sequence length it runs.

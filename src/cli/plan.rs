@@ -212,6 +212,7 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
         recompute,
         max_tp: args.max_tp,
         flash_attention: args.flash_attention,
+        dropout: super::layout_args::dropout(&spec),
         costs: Costs {
             flops: args.tflops * 1e12,
             intra_bw: args.nvlink_gbs * 1e9,

@@ -74,3 +74,28 @@ pub fn in_flight(stage: u64, p: u64, m: u64, gpipe: bool) -> u64 {
         (p - stage).min(m)
     }
 }
+
+/// Bytes of one layer's dropout-only terms among [`korthikanti_layer`]'s
+/// (or [`flash_layer`]'s) for layout `l` of a model of `hidden` features
+/// and `heads` heads: the two s·b·h one-byte masks, and with the scores
+/// stored the a·s²·b mask and 16-bit dropout output. A model without
+/// dropout saves the formula less these.
+pub fn dropout_layer(l: &crate::layout::Layout, hidden: u64, heads: u64) -> f64 {
+    let (s, b, h, a, t) = (
+        l.seq as f64,
+        l.micro_batch as f64,
+        hidden as f64,
+        heads as f64,
+        l.tp as f64,
+    );
+    if l.recompute == Recompute::Full {
+        return 0.0;
+    }
+    let masks = 2.0 * s * b * h / if l.sp { t } else { 1.0 };
+    let core = if l.recompute == Recompute::None && !l.flash_attention {
+        3.0 * a * s * s * b / t
+    } else {
+        0.0
+    };
+    masks + core
+}

@@ -161,10 +161,16 @@ pub struct Layout {
     /// a·s² scores are never stored, in forward or backward; the kernel
     /// saves its output and a log-sum-exp per row (fp32).
     pub flash_attention: bool,
+    /// Dropout in the model (p > 0): its masks, the attention's dropout
+    /// output and the embedding's mask are saved. With p = 0 PyTorch's
+    /// dropout returns its input and saves nothing (nanoGPT's default, and
+    /// `--dropout`'s).
+    pub dropout: bool,
 }
 
 impl Layout {
-    /// A single-GPU step of `micro_batch` sequences of `seq` tokens.
+    /// A single-GPU step of `micro_batch` sequences of `seq` tokens, with
+    /// dropout (Korthikanti et al.'s, Megatron's default).
     pub fn single(micro_batch: u64, seq: u64) -> Layout {
         Layout {
             dp: 1,
@@ -181,6 +187,7 @@ impl Layout {
             precision: Precision::Mixed,
             fp32_grad_partition: false,
             flash_attention: false,
+            dropout: true,
         }
     }
 

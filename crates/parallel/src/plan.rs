@@ -27,6 +27,8 @@ pub struct Request {
     pub max_tp: u64,
     /// Fused attention in every layout ([`Layout::flash_attention`]).
     pub flash_attention: bool,
+    /// Dropout in the model ([`Layout::dropout`]).
+    pub dropout: bool,
     pub costs: Costs,
     pub config: AllocatorConfig,
 }
@@ -129,6 +131,7 @@ pub fn layouts(r: &Request) -> Vec<Layout> {
                             precision: r.precision,
                             fp32_grad_partition: false,
                             flash_attention: r.flash_attention,
+                            dropout: r.dropout,
                         });
                     }
                 }

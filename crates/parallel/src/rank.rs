@@ -127,6 +127,15 @@ struct Term {
     tensor_split: bool,
 }
 
+impl Term {
+    /// Saved only where the model has dropout: the masks, and the
+    /// attention's dropout output (without dropout the product with v
+    /// takes the softmax output itself).
+    fn only_with_dropout(&self) -> bool {
+        self.mask || self.label == "attention dropout output"
+    }
+}
+
 const fn term(label: &'static str, count: u64, core: bool, mask: bool, tensor_split: bool) -> Term {
     Term {
         label,
@@ -607,13 +616,16 @@ fn forward_unit(b: &mut Builder, u: &Unit, _mb: u64) -> Vec<Option<u32>> {
             Kind::OuterActivations,
             "token ids",
         ));
-        let mask = b.stream_bytes() / l.precision.activation_bytes();
-        kept.push(b.alloc(mask, Kind::OuterActivations, "embedding dropout mask"));
+        if l.dropout {
+            let mask = b.stream_bytes() / l.precision.activation_bytes();
+            kept.push(b.alloc(mask, Kind::OuterActivations, "embedding dropout mask"));
+        }
     }
     if u.block {
         for (i, term) in TERMS.iter().enumerate() {
-            // A fused attention never stores the scores.
-            if term.core && l.flash_attention {
+            // A fused attention never stores the scores; without dropout
+            // nothing of dropout's is saved.
+            if (term.core && l.flash_attention) || (!l.dropout && term.only_with_dropout()) {
                 continue;
             }
             let keep = match l.recompute {
@@ -692,7 +704,8 @@ fn backward_unit(b: &mut Builder, u: &Unit, saved: &mut Vec<Option<u32>>) {
                 Recompute::None => false,
                 Recompute::Selective => term.core,
                 Recompute::Full => i > 0,
-            } && !(term.core && l.flash_attention);
+            } && !(term.core && l.flash_attention)
+                && (l.dropout || !term.only_with_dropout());
             if redo {
                 let bytes = b.term_bytes(term);
                 again.push(b.alloc(bytes, Kind::Temporaries, "recomputed activation"));

@@ -5,7 +5,9 @@
 
 use proptest::prelude::*;
 use vramlab_alloc::AllocatorConfig;
-use vramlab_parallel::formulas::{flash_layer, in_flight, korthikanti_layer, zero_model_states};
+use vramlab_parallel::formulas::{
+    dropout_layer, flash_layer, in_flight, korthikanti_layer, zero_model_states,
+};
 use vramlab_parallel::rank::{program, program_with, steady_microbatches, Kind};
 use vramlab_parallel::replay::{run, RankReport};
 use vramlab_parallel::{Ddp, Layout, Precision, Recompute, Schedule, Sharding, Transformer};
@@ -40,6 +42,7 @@ fn request(
         recompute,
         max_tp: 8,
         flash_attention: false,
+        dropout: true,
         costs: vramlab_parallel::plan::Costs::default(),
         config: AllocatorConfig::default(),
     }
@@ -100,20 +103,33 @@ proptest! {
         layers in 1u64..4, heads in prop::sample::select(vec![4u64, 8, 16]), k in 1u64..3,
         seq8 in 1u64..12, b in 1u64..4, tp in prop::sample::select(vec![1u64, 2, 4]),
         sp in any::<bool>(), r in prop::sample::select(vec![Recompute::None, Recompute::Selective, Recompute::Full]),
+        dropout in any::<bool>(),
     ) {
         let m = model(layers, heads, 64 * k, 128, 512);
         let sp = sp && tp > 1;
-        let l = Layout { tp, sp, recompute: r, ..Layout::single(b, 8 * seq8) };
+        let l = Layout { tp, sp, recompute: r, dropout, ..Layout::single(b, 8 * seq8) };
         l.check(&m).unwrap();
+        // Without dropout, the table less its dropout terms.
+        let less = |flash| {
+            if dropout {
+                0.0
+            } else {
+                dropout_layer(&Layout { flash_attention: flash, ..l }, m.hidden, m.heads)
+            }
+        };
         let rep = replay(&m, &l, 0);
-        let per_layer = korthikanti_layer(l.seq, b, m.hidden, m.heads, tp, sp, r);
+        let per_layer = korthikanti_layer(l.seq, b, m.hidden, m.heads, tp, sp, r) - less(false);
         prop_assert_eq!(kind(&rep, Kind::Activations) as f64, layers as f64 * per_layer, "{:?}", l);
         // Fused attention: the scores' terms gone, a log-sum-exp per row.
         let fused = Layout { flash_attention: true, ..l };
         let rep = replay(&m, &fused, 0);
-        let per_layer = flash_layer(l.seq, b, m.hidden, m.heads, tp, sp, r);
+        let per_layer = flash_layer(l.seq, b, m.hidden, m.heads, tp, sp, r) - less(true);
         prop_assert_eq!(kind(&rep, Kind::Activations) as f64, layers as f64 * per_layer, "{:?}", fused);
         prop_assert!(kind(&rep, Kind::Temporaries) <= kind(&replay(&m, &l, 0), Kind::Temporaries));
+        // The embedding's mask only with dropout: one byte a token and feature.
+        let outer = kind(&replay(&m, &l, 0), Kind::OuterActivations);
+        let with = kind(&replay(&m, &Layout { dropout: true, ..l }, 0), Kind::OuterActivations);
+        if dropout { prop_assert_eq!(with, outer); } else { prop_assert!(with > outer, "{} {}", with, outer); }
     }
 
     /// Pipeline stage i holds the activations of min(p − i, m) micro-batches
