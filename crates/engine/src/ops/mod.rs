@@ -143,8 +143,8 @@ pub(crate) fn typed_kernel(
 /// elements of `t`'s dtype (see [`launch_flat`]): its `VEC4` variant (f32,
 /// one invocation per vec4) where `t` is f32 and `n` a multiple of 4, else
 /// its pairwise variant in `t`'s dtype. llvmpipe pays per access, not per
-/// byte (`examples/store_width.rs`), so four floats per load and store
-/// cost less than two.
+/// byte (docs/kernels.md, measured with an example since removed), so
+/// four floats per load and store cost less than two.
 pub(crate) fn launch_vec4_or_pairs(
     t: &Tensor,
     name: &'static str,
