@@ -68,8 +68,8 @@ fn run_layout(args: &EstimateArgs) -> anyhow::Result<()> {
             "a parallel layout's estimate is a training step; --mode inference is for one GPU"
         );
     }
-    if args.steps != 1 {
-        anyhow::bail!("a parallel layout's estimate always runs two steps (the first allocates Adam's state, the second is the steady state); leave out --steps");
+    if args.steps != 1 && args.steps != 2 {
+        anyhow::bail!("a parallel layout's estimate always runs two steps (the first allocates Adam's state, the second is the steady state); leave out --steps (or say 2)");
     }
     // The rank's program models PyTorch's default loss; other choices
     // would be ignored, so they are refused.

@@ -151,9 +151,9 @@ pub fn print(model: &Transformer, l: &Layout, rows: &[StageRow]) {
             .find(|(k, _)| *k == Kind::Activations)
             .map_or(0, |x| x.1);
         println!(
-            "{:>5}  {:>9.2}B  {:>13}  {:>13}  {:>13}  {:>13}  {:>14}  {:>13}",
+            "{:>5}  {:>10}  {:>13}  {:>13}  {:>13}  {:>13}  {:>14}  {:>13}",
             r.report.stage,
-            r.report.stage_params as f64 / 1e9,
+            super::parameters(r.report.stage_params),
             if r.report.oom.is_some() {
                 "— (out of memory)".to_string()
             } else {
