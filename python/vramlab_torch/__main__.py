@@ -126,8 +126,8 @@ def parse_args(argv):
                         "communication): fsdp = FSDP2's fully_shard on each repeated block (the largest "
                         "nn.ModuleList / nn.Sequential of one class, or --fsdp-blocks) and the root; ddp = "
                         "DistributedDataParallel. The inputs are one rank's (its batch)")
-    r.add_argument("--world-size", type=int, default=8, help="--dist: the number of ranks (default 8)")
-    r.add_argument("--fsdp-blocks", default="auto", metavar="CLASS",
+    r.add_argument("--world-size", type=int, help="--dist: the number of ranks (default 8)")
+    r.add_argument("--fsdp-blocks", metavar="CLASS",
                    help="--dist fsdp: fully_shard every module of this class (default: the repeated blocks)")
     r.add_argument("--bucket-cap-mb", type=float, help="--dist ddp: DDP's bucket_cap_mb (default 25)")
     r.add_argument("--bucket-view", action="store_true",
@@ -172,6 +172,29 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
+def _check_dist(a):
+    """--dist's options against --dist: one line, exit 2."""
+    if a.world_size is not None:
+        if a.world_size < 1:
+            fail(f"--world-size {a.world_size}: the number of ranks, 1 or more (default 8)")
+        if a.dist is None:
+            fail(f"--world-size {a.world_size}: with --dist fsdp or --dist ddp (a run without --dist "
+                 f"is one GPU)")
+    if a.fsdp_blocks is not None and a.dist != "fsdp":
+        fail(f"--fsdp-blocks {a.fsdp_blocks}: with --dist fsdp"
+             + (" (DDP wraps the whole model)" if a.dist == "ddp" else ""))
+    given = [f for f, on in (("--bucket-cap-mb", a.bucket_cap_mb is not None),
+                             ("--bucket-view", a.bucket_view), ("--find-unused", a.find_unused)) if on]
+    if given and a.dist != "ddp":
+        fail(f"{', '.join(given)}: DDP's options, with --dist ddp"
+             + (" (FSDP2 has no buckets)" if a.dist == "fsdp" else ""))
+    if a.bucket_cap_mb is not None and not a.bucket_cap_mb > 0:
+        fail(f"--bucket-cap-mb {a.bucket_cap_mb:g}: DDP's bucket size cap in MiB, more than 0 (default 25)")
+    if a.dist is not None:
+        a.world_size = 8 if a.world_size is None else a.world_size
+        a.fsdp_blocks = "auto" if a.fsdp_blocks is None else a.fsdp_blocks
+
+
 def _value(text):
     try:
         return json.loads(text)
@@ -197,8 +220,7 @@ def main(argv=None):
             fail(f"--arg {kv!r}: KEY=VALUE, e.g. --arg width=64")
         k, v = kv.split("=", 1)
         kwargs[k] = _value(v)
-    if (a.bucket_cap_mb is not None or a.bucket_view or a.find_unused) and a.dist != "ddp":
-        fail("--bucket-cap-mb, --bucket-view, --find-unused: with --dist ddp")
+    _check_dist(a)
 
     from . import step as step_mod
     from .session import RecordingWarning
@@ -294,6 +316,8 @@ def _record(a, step_mod, build, kwargs, inputs, dts, cap):
           f"({rec.meta['parameters']:,} parameters): the steps recorded in {rec.seconds:.2f} s, "
           f"{recorded:.2f} s with building and the self-test, written after {total:.2f} s; "
           f"peak RSS {human(rss)}")
+    if rec.meta.get("dist"):
+        print("  " + dist_line(rec.meta["dist"]))
     if rec.meta.get("loss_on"):
         print(f"  loss ({a.target}) of the model's {rec.meta['loss_on']}")
     print(f"  peak of live tensor bytes: {human(s['peak_live_bytes'])}; at that moment: "
@@ -319,6 +343,21 @@ def _record(a, step_mod, build, kwargs, inputs, dts, cap):
     print("  not included: the CUDA context, kernel-internal scratch, NCCL buffers "
           "(python -m vramlab_torch record --help)")
     return 0
+
+
+def dist_line(d):
+    """The summary's line for a --dist run (meta["dist"])."""
+    ranks = f"rank 0 of {d['world_size']} on a fake process group (no communication)"
+    if d["kind"] == "ddp":
+        sizes = d.get("bucket_sizes", [])
+        shown = ", ".join(human(n) for n in sizes[:6]) + (f", ... ({len(sizes) - 6} more)" if len(sizes) > 6 else "")
+        line = (f"distributed: DDP, {ranks}; {d.get('buckets', 0)} gradient bucket(s) at the end, "
+                f"{human(d.get('bucket_bytes', 0))} ({shown}; role 'ddp bucket', category workspace)")
+        if d.get("used_map_bytes"):
+            line += f"; find_unused_parameters' used map {human(d['used_map_bytes'])}"
+        return line
+    return (f"distributed: FSDP2, {ranks}; {d.get('units', '')} sharded: this rank's parameters "
+            f"{human(d.get('sharded_parameter_bytes', 0))} of {human(d.get('parameter_bytes', 0))}")
 
 
 if __name__ == "__main__":

@@ -49,6 +49,17 @@ DDP (torch.nn.parallel.DistributedDataParallel)
     host, a copy out of meta, which fails; while it runs the recorder keeps
     the host tensor as it is (rank 0's own indices, what the broadcast
     gives rank 0).
+  * with find_unused_parameters the reducer keeps a used-parameter map on
+    the host (made in the constructor; PyTorch's own, so not reported as a
+    tensor the user made on the CPU) and one on the device (in the
+    recording, 4 bytes per parameter); in the backward, when a parameter
+    was unused, it copies the device map back to the host after its
+    allreduce, a copy out of meta: the recorder keeps the host map as it is
+    (rank 0's own, which the allreduce sums to the same zeros);
+  * DDP's logger times iterations on CPU and CUDA only and warns on stderr
+    ("Time stats are currently only collected for CPU and CUDA devices")
+    at the first forward on meta: its `set_runtime_stats_and_log` is
+    skipped.
   The buckets (alive after the constructor, and the rebuilt ones) carry the
   role "ddp bucket", category "workspace"; what the constructor allocates
   and frees (the broadcast of the parameters from rank 0, flattened) "ddp
@@ -294,6 +305,32 @@ class _Reducer:
         return getattr(self._reducer, name)
 
 
+class _Logger:
+    """DDP's C++ logger, whose `set_runtime_stats_and_log` (called at each
+    forward) times the iterations on CPU and CUDA only: on meta it warns
+    "Time stats are currently only collected for CPU and CUDA devices" on
+    stderr (C++'s warning, outside Python's warnings) and records nothing.
+    Skipped; the rest (`_get_ddp_logging_data`, ...) is the logger's."""
+
+    def __init__(self, logger):
+        object.__setattr__(self, "_logger", logger)
+
+    def set_runtime_stats_and_log(self):
+        return None
+
+    def __getattr__(self, name):
+        return getattr(self._logger, name)
+
+
+def bucket_sizes(ddp):
+    """The bytes of each of DDP's gradient buckets now (after the rebuild
+    before the second forward: the rebuilt ones), in the reducer's order.
+    Call it outside a recording (it makes meta tensors shaped like the
+    buckets)."""
+    return [b.buffer().numel() * b.buffer().element_size()
+            for b in ddp.reducer._get_zeros_like_grad_buckets()]
+
+
 def wrap_ddp(model, recording=None, **ddp_kwargs):
     """DistributedDataParallel(model, **ddp_kwargs) on meta, inside
     `fake_world`, its buckets labelled when `recording` (a Recording)
@@ -302,9 +339,16 @@ def wrap_ddp(model, recording=None, **ddp_kwargs):
     from torch.nn.parallel import DistributedDataParallel as DDP
     rec = recording.recorder if recording is not None else None
     first = rec.next_id if rec is not None else 0
-    ddp = DDP(model, **ddp_kwargs)
+    if rec is not None:
+        rec.library_host += 1
+    try:
+        ddp = DDP(model, **ddp_kwargs)
+    finally:
+        if rec is not None:
+            rec.library_host -= 1
     ddp.register_comm_hook(None, allreduce_hook)
     ddp.reducer = _Reducer(ddp.reducer)
+    ddp.logger = _Logger(ddp.logger)
     if rec is not None:
         alive = {ev["id"] for ev, _ in rec.live.values()}
         for ev in rec.events:

@@ -303,6 +303,15 @@ class Recorder(TorchDispatchMode):
         # distributed.py, around DDP's bucket rebuild: a copy from meta to
         # the host keeps the host tensor's values (what rank 0 broadcast).
         self.host_copies_keep = False
+        # distributed.py, around DDP's constructor: host tensors made then
+        # are PyTorch's own (the reducer's used-parameter map with
+        # find_unused_parameters), kept on the host by design: not reported
+        # as the user's, and a copy from meta into one of them (the map
+        # copied back after its allreduce, in the backward) keeps its values
+        # (rank 0's own map, which is what the allreduce gives rank 0 in
+        # substance: a parameter unused on every rank is 0 in both).
+        self.library_host = 0
+        self.host_kept = {}  # id(storage object) -> weakref
         # Storages made off the recording's device (not meta), outside
         # optimizer.step(): device type -> [count, bytes, first op, where].
         self.off_device = {}
@@ -336,7 +345,10 @@ class Recorder(TorchDispatchMode):
 
     def add(self, st, label, category=None):
         if st.nbytes() == 0 or st.device.type != "meta":
-            if st.nbytes() and not self.in_optimizer and not self.host_copies_keep:
+            if st.nbytes() and self.library_host and st.device.type == "cpu":
+                key = id(st)
+                self.host_kept[key] = weakref.ref(st, lambda r, k=key: self.host_kept.pop(k, None))
+            elif st.nbytes() and not self.in_optimizer and not self.host_copies_keep:
                 self._off_device(st, label)
             self.add_quiet(st)
             return
@@ -509,8 +521,9 @@ class Recorder(TorchDispatchMode):
         kwargs = kwargs or {}
         if self.paused_depth:
             return func(*args, **kwargs)
-        if self.host_copies_keep and func is torch.ops.aten.copy_.default \
-                and args[0].device.type == "cpu" and args[1].device.type == "meta":
+        if func is torch.ops.aten.copy_.default and args[0].device.type == "cpu" \
+                and args[1].device.type == "meta" and (
+                    self.host_copies_keep or id(args[0].untyped_storage()) in self.host_kept):
             return args[0]
         if self.auto_phase:
             self._auto()

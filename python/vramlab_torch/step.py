@@ -311,6 +311,8 @@ def record_step(build, *, inputs, input_dtypes=None, target="classes", optimizer
         from . import distributed
         if dist not in ("fsdp", "ddp"):
             raise ValueError(f"dist {dist!r}: fsdp or ddp")
+        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+            raise UsageError(f"--world-size {world_size}: the number of ranks, 1 or more (default 8)")
         ok, why = distributed.available()
         if not ok:
             raise UsageError(f"--dist {dist}: {why}", exit_code=1)
@@ -441,12 +443,32 @@ def _record_step(build, inputs, input_dtypes, target, optimizer, lr, impl, weigh
             r.set_phase("between")
         rec._keep = (model, opt, xs, y)  # alive after the block, as the user's are
         rec._runner = runner  # the DDP wrapper with --dist ddp (else the model)
+    if dist is not None:
+        meta["dist"].update(_dist_totals(dist, runner, params))
     # state['step']: on the CPU unless fused (then a 4-byte device allocation).
     for p in params:
         st = opt.state.get(p, {}).get("step")
         if st is not None and (st.device.type == "meta") != (impl == "fused"):
             meta["warning"] = f"state['step'] is on {st.device} with --{impl}"
     return rec
+
+
+def _dist_totals(dist, runner, params):
+    """What the summary says of a --dist run (after the recording, so the
+    meta tensors made here are not in it): DDP's buckets as they are at the
+    end (the rebuilt ones from step 2), FSDP2's shards on this rank."""
+    if dist == "ddp":
+        from . import distributed
+        sizes = distributed.bucket_sizes(runner)
+        out = {"buckets": len(sizes), "bucket_bytes": sum(sizes), "bucket_sizes": sizes}
+        if getattr(runner, "find_unused_parameters", False):
+            # The reducer's used-parameter map on the device: an int32 per
+            # parameter that gets a gradient.
+            out["used_map_bytes"] = 4 * sum(1 for p in params if p.requires_grad)
+        return out
+    local = [p.to_local() if hasattr(p, "to_local") else p for p in params]
+    return {"sharded_parameter_bytes": sum(t.numel() * t.element_size() for t in local),
+            "parameter_bytes": sum(p.numel() * p.element_size() for p in params)}
 
 
 def live_by_category(r):
