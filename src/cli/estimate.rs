@@ -598,8 +598,16 @@ fn print_text(
     );
     println!("  so it saves activations only; half() halves everything but the f32 loss. bf16 is 2 bytes.");
     // Said where the figures show it: autocast's activations above f32's.
-    let activations = |r: &ModeRow| r.by_category.get(Category::Activation.name()).copied().unwrap_or(0);
-    if modes.iter().any(|r| r.amp.is_some() && activations(r) > activations(&modes[0])) {
+    let activations = |r: &ModeRow| {
+        r.by_category
+            .get(Category::Activation.name())
+            .copied()
+            .unwrap_or(0)
+    };
+    if modes
+        .iter()
+        .any(|r| r.amp.is_some() && activations(r) > activations(&modes[0]))
+    {
         let why = match args.model.model.as_str() {
             "resnet50" | "resnet-mini" => "vramlab's BatchNorm is f32: it widens each 16-bit convolution output and saves the f32 copy (PyTorch's cuDNN BatchNorm takes the 16-bit one)",
             _ => "ops on CUDA's autocast fp32 list (softmax, the loss) save their f32 output and the 16-bit product after them a 16-bit copy: vramlab's attention is the explicit one (nanoGPT's without flash); PyTorch's fused SDPA keeps one 16-bit copy (`vramlab_torch record --sdpa math` shows it)",

@@ -24,9 +24,21 @@ pub fn run(args: &InfoArgs) -> anyhow::Result<()> {
     println!("Adapters found:");
     for a in &report.adapters {
         let mark = if a == &report.adapter { "*" } else { " " };
+        // GL names no driver, only its version string.
+        let driver = [a.driver.as_str(), a.driver_info.as_str()]
+            .iter()
+            .filter(|s| !s.trim().is_empty())
+            .map(|s| s.trim())
+            .collect::<Vec<_>>()
+            .join(" ");
+        let driver = if driver.is_empty() {
+            "not named"
+        } else {
+            &driver
+        };
         println!(
-            "  {mark} {} ({}, {}, driver: {} {})",
-            a.name, a.backend, a.device_type, a.driver, a.driver_info
+            "  {mark} {} ({}, {}, driver: {driver})",
+            a.name, a.backend, a.device_type
         );
     }
     println!();
