@@ -66,6 +66,12 @@ impl DeviceArgs {
     /// A command that runs on a simulated device unless `--measure` is
     /// given refuses device flags without it: they would choose nothing.
     pub fn only_with_measure(&self, measure: bool) -> anyhow::Result<()> {
+        self.only_with("--measure", measure)
+    }
+
+    /// As [`DeviceArgs::only_with_measure`], where what turns the GPU on
+    /// is `flags` (`--report DIR --measure` for `lessons`).
+    pub fn only_with(&self, flags: &str, measure: bool) -> anyhow::Result<()> {
         let given: Vec<&str> = [
             ("--backend", self.backend.is_some()),
             ("--adapter", self.adapter.is_some()),
@@ -82,7 +88,7 @@ impl DeviceArgs {
             return Ok(());
         }
         anyhow::bail!(
-            "{} choose{} the GPU that --measure runs on; without --measure this runs on a simulated device, where {} nothing: add --measure, or leave {} out",
+            "{} choose{} the GPU that --measure runs on; without --measure this runs on a simulated device, where {} nothing: add {flags}, or leave {} out",
             given.join(", "),
             if given.len() == 1 { "s" } else { "" },
             if given.len() == 1 { "it changes" } else { "they change" },

@@ -126,9 +126,9 @@ fn gib(b: f64) -> String {
 
 pub fn print(model: &Transformer, l: &Layout, rows: &[StageRow]) {
     let korthikanti = if l.dropout {
-        "sbh(34 + 5as/h) a layer with dropout"
+        "sbh(34 + 5as/h) a layer with dropout (this model's)"
     } else {
-        "sbh(34 + 5as/h) a layer with dropout, sbh(32 + 2as/h) without (as here)"
+        "sbh(34 + 5as/h) a layer with dropout, sbh(32 + 2as/h) without (this model has none)"
     };
     println!("{}\n", describe(model, l));
     println!("Per rank, two steps through the caching allocator (the second is the steady state):");

@@ -79,7 +79,8 @@ fn json_of(l: &Lesson, r: &Result<Outcome, String>, ran_on: &str) -> serde_json:
 }
 
 pub fn run_list(args: &LessonsArgs) -> anyhow::Result<()> {
-    args.device.only_with_measure(args.measure)?;
+    args.device
+        .only_with("--report DIR --measure", args.measure)?;
     let Some(dir) = &args.report else {
         if args.json {
             let list: Vec<_> = LESSONS

@@ -266,7 +266,7 @@ pub(crate) fn at_batch_one(e: anyhow::Error, batch: usize) -> anyhow::Error {
                 .is_some_and(|a| a.is_oom())
     });
     if batch == 1 && oom {
-        e.context("batch 1 does not fit, so a smaller batch is no way out: raise --memory-limit (or leave it out), or use a smaller model")
+        e.context("batch 1 does not fit, so a smaller batch is no way out, whatever the allocator's advice below says: raise the memory limit (--memory-limit or --memory-fraction, or leave it out), or use a smaller model")
     } else {
         e
     }

@@ -599,7 +599,7 @@ fn c11(ctx: &Ctx) -> anyhow::Result<Outcome> {
         peaks.push((p.batch, a.peak_allocated_bytes));
     }
     let ((b0, p0), (b1, p1)) = (peaks[0], peaks[peaks.len() - 1]);
-    let per_sample = (p1 - p0) as f64 / (b1 - b0) as f64 / (1u64 << 30) as f64;
+    let per_sample = (p1 as f64 - p0 as f64) / (b1 - b0) as f64 / (1u64 << 30) as f64;
     Ok(outcome(
         vec![
             fig(
@@ -797,9 +797,9 @@ fn c16(ctx: &Ctx) -> anyhow::Result<Outcome> {
     }
     let (a, m, b) = (peaks[0], peaks[1], peaks[2]);
     // Linear: the second 16 samples cost what the first 16 did.
-    let (first, second) = ((m - a) as f64, (b - m) as f64);
+    let (first, second) = (m as f64 - a as f64, b as f64 - m as f64);
     let linear = (second / first - 1.0).abs() < 0.05;
-    let per_sample = gib(b - a) / 32.0;
+    let per_sample = (gib(b) - gib(a)) / 32.0;
     let fixed = gib(a) - 32.0 * per_sample;
     Ok(outcome(
         vec![

@@ -182,6 +182,8 @@ impl Periods {
             }
         }
         self.skipped += pairs as u64;
+        // Misses count towards giving up only until a run repeats.
+        self.misses = 0;
         // The landing `Op::Pair` (if one) starts pair k + n·q.
         self.period += pairs - 1;
         self.marks.clear();
@@ -266,13 +268,9 @@ impl Periods {
                         label: v,
                     },
                 ) => moved(*a, *b) && x == y && p == q && u == v,
-                (Op::Free { id: a }, Op::Free { id: b }) => {
-                    if self.young(*a, before) {
-                        moved(*a, *b)
-                    } else {
-                        a == b
-                    }
-                }
+                // A free of a tensor that does not move with the pairs
+                // would free the same id twice: never a repeat.
+                (Op::Free { id: a }, Op::Free { id: b }) => self.young(*a, before) && moved(*a, *b),
                 (Op::StatesLive, Op::StatesLive) => true,
                 _ => false,
             });

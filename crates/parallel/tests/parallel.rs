@@ -191,7 +191,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
+    #![proptest_config(ProptestConfig::with_cases(96))]
 
     /// A replay that skips the steady pairs repeating the one before gives
     /// the every-op replay's figures, to the byte: peaks, what is live at
@@ -203,9 +203,11 @@ proptest! {
         b in 1u64..3, stage_pick in 0u64..4, zero in 0u8..5, tp in prop::sample::select(vec![1u64, 2]),
         r in prop::sample::select(vec![Recompute::None, Recompute::Selective, Recompute::Full]),
         dp in prop::sample::select(vec![1u64, 4]), view in any::<bool>(), unused in any::<bool>(),
-        flash in any::<bool>(), gpipe in any::<bool>(), conf in 0usize..4, cap_mib in prop::option::of(4u64..96),
+        flash in any::<bool>(), gpipe in any::<bool>(), conf in 0usize..5, cap_mib in prop::option::of(4u64..96),
+        fp32 in any::<bool>(), dropout in any::<bool>(), wide in any::<bool>(),
     ) {
-        let m = model(pp * per, 4, 128, 128, 1000);
+        // Wide: blocks past 1 MiB (max_split_size, large-pool rounding).
+        let m = model(pp * per, 4, if wide { 512 } else { 128 }, 128, 1000);
         let (dp, sharding) = match zero {
             0 => (dp, Sharding::Ddp),
             4 => (4, Sharding::Fsdp),
@@ -213,14 +215,16 @@ proptest! {
         };
         let ddp = Ddp { bucket_view: view, find_unused: unused, ..Ddp::default() };
         let schedule = if gpipe { Schedule::Gpipe } else { Schedule::OneFOneB };
-        let l = Layout { pp, dp, tp, sp: tp > 1, microbatches: mbs, recompute: r, sharding, ddp, flash_attention: flash, schedule, ..Layout::single(b, 64) };
+        let precision = if fp32 { Precision::Fp32 } else { Precision::Mixed };
+        let l = Layout { pp, dp, tp, sp: tp > 1, microbatches: mbs, recompute: r, sharding, ddp, flash_attention: flash, schedule, precision, dropout, ..Layout::single(b, 64) };
         l.check(&m).unwrap();
         // PyTorch's defaults; the smallest max_split_size it takes (its
         // release of oversize blocks under a device size); rounding to
         // quarters of a power of two; a limit with the garbage collector
         // (no skipping: its block ages are state the layout key leaves out).
-        let cfg = AllocatorConfig::parse(["", "max_split_size_mb:21", "roundup_power2_divisions:4", "garbage_collection_threshold:0.6"][conf]).unwrap();
-        let cfg = AllocatorConfig { memory_limit: (conf == 3).then_some(48 << 20), ..cfg };
+        let cfg = AllocatorConfig::parse(["", "max_split_size_mb:21", "roundup_power2_divisions:4", "garbage_collection_threshold:0.6", ""][conf]).unwrap();
+        // A limit with the garbage collector, and one alone (skipping).
+        let cfg = AllocatorConfig { memory_limit: (conf >= 3).then_some(48 << 20), ..cfg };
         let capacity = cap_mib.map(|c| c << 20);
         let p = program(&m, &l, stage_pick % pp);
         let every = vramlab_parallel::replay::run_every_op(&p, capacity, &cfg);
@@ -229,6 +233,87 @@ proptest! {
         let fast = RankReport { pairs_skipped: 0, ..fast };
         prop_assert_eq!(serde_json::to_value(&fast).unwrap(), serde_json::to_value(&every).unwrap(), "{:?}", l);
     }
+}
+
+/// GPT-2 small's sizes, where the cache of the first stages keeps
+/// changing for dozens of pairs (several micro-batches in flight, blocks
+/// alternating and fragmenting): skipping waits for a state that repeats,
+/// and gives the every-op replay's figures.
+#[test]
+fn skipping_waits_for_a_state_that_repeats() {
+    let m = model(12, 12, 768, 1024, 50257);
+    let mut skipped = 0;
+    for (pp, mbs, flash) in [(2, 48, false), (4, 40, false), (4, 40, true)] {
+        let l = Layout {
+            pp,
+            microbatches: mbs,
+            flash_attention: flash,
+            dropout: false,
+            ..Layout::single(1, 1024)
+        };
+        let cfg = AllocatorConfig::default();
+        for stage in 0..pp {
+            let p = program(&m, &l, stage);
+            let fast = run(&p, None, &cfg);
+            let every = vramlab_parallel::replay::run_every_op(&p, None, &cfg);
+            skipped += fast.pairs_skipped;
+            let fast = RankReport {
+                pairs_skipped: 0,
+                ..fast
+            };
+            assert_eq!(
+                serde_json::to_value(&fast).unwrap(),
+                serde_json::to_value(&every).unwrap(),
+                "stage {stage} of {l:?}"
+            );
+        }
+    }
+    assert!(skipped > 0);
+}
+
+/// Pairs whose ops repeat but whose state does not (each keeps a tensor
+/// for good: the live set grows) are never skipped: only a state that
+/// repeats is.
+#[test]
+fn pairs_whose_state_grows_are_not_skipped() {
+    use vramlab_parallel::rank::{Op, Program};
+    let mut ops = vec![];
+    let mut id = 0;
+    for _ in 0..100 {
+        ops.push(Op::Pair { next: id });
+        ops.push(Op::Alloc {
+            id,
+            bytes: 1 << 20,
+            kind: Kind::Activations,
+            label: "kept",
+        });
+        ops.push(Op::Alloc {
+            id: id + 1,
+            bytes: 3 << 20,
+            kind: Kind::Temporaries,
+            label: "scratch",
+        });
+        ops.push(Op::Free { id: id + 1 });
+        id += 2;
+    }
+    let p = Program {
+        stage: 0,
+        ops,
+        stage_params: 0,
+        in_flight: 1,
+        buckets_are_gradients: false,
+    };
+    let cfg = AllocatorConfig::default();
+    let fast = run(&p, None, &cfg);
+    assert_eq!(fast.pairs_skipped, 0);
+    assert_eq!(
+        serde_json::to_value(&fast).unwrap(),
+        serde_json::to_value(vramlab_parallel::replay::run_every_op(&p, None, &cfg)).unwrap()
+    );
+    assert_eq!(
+        fast.peak_allocated,
+        (100 << 20) + (3 << 20) - (1 << 20) + (1 << 20)
+    );
 }
 
 /// A long 1F1B steady state is replayed once and skipped after: 64
