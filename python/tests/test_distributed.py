@@ -208,6 +208,25 @@ def test_dist_summary_says_the_mode_world_size_and_buckets(tmp_path, capsys):
     assert d["kind"] == "ddp" and d["world_size"] == 2 and d["bucket_bytes"] == n * 4
 
 
+def test_doctor_says_which_rank_of_which_layout_a_recording_is(tmp_path, capsys):
+    """doctor reads meta.dist: a DDP rank is told what sharding and
+    gradient_as_bucket_view would change, an FSDP2 rank that its states
+    are sharded already."""
+    import subprocess
+    from test_recorder import vramlab_binary
+    binary = vramlab_binary()
+    assert binary is not None, "no vramlab binary: set VRAMLAB_BIN (scripts/test.sh does)"
+    for dist, said in [("ddp", "rank 0 of DDP over 2 ranks"), ("fsdp", "rank 0 of FSDP2 over 2 ranks")]:
+        out = tmp_path / f"{dist}.pickle"
+        code, _, err = _cli(["record", *GPT_ARGS, "--dist", dist, "--world-size", "2",
+                             "--out", str(out)], capsys)
+        assert code == 0, err
+        r = subprocess.run([binary, "doctor", str(out)], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        assert said in r.stdout, r.stdout
+        assert ("gradient_as_bucket_view=True" in r.stdout) == (dist == "ddp"), r.stdout
+
+
 DIST_MISTAKES = {
     "world size 0": (["--dist", "ddp", "--world-size", "0"], "--world-size 0"),
     "world size -2": (["--dist", "fsdp", "--world-size", "-2"], "--world-size -2"),

@@ -196,6 +196,7 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<()> {
         }
         Err(e) => return Err(anyhow::Error::msg(e.in_file(&name))),
     };
+    let distributed = distributed_advice(&parsed.root);
     drop(parsed);
     let devices: Vec<&TorchSnapshot> = file
         .devices
@@ -252,6 +253,9 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<()> {
             if let Some(page) = &page {
                 write_page(page, snap.device, args.json, dir, &name)?;
             }
+        }
+        if let Some(note) = &distributed {
+            r.advice.push(note.clone());
         }
         if snap.streams > 1 {
             let same = r.what_ifs[0].equals_recording == Some(true);
@@ -606,6 +610,35 @@ fn diagnose(
         },
         page,
     ))
+}
+
+/// For a distributed recording (`vramlab_torch record --dist`, its
+/// `vramlab_torch.dist`): which rank this is, and what the layout itself
+/// can still change, beyond the batch and checkpointing.
+fn distributed_advice(root: &crate::lab::pickle::PyValue) -> Option<String> {
+    use crate::lab::pickle::PyValue;
+    let d = root.get("vramlab_torch")?.get("dist")?;
+    let ranks = d.get("world_size").and_then(PyValue::as_i64)?;
+    Some(match d.get("kind").and_then(PyValue::as_str)? {
+        "ddp" => {
+            let view = d
+                .get("gradient_as_bucket_view")
+                .and_then(PyValue::as_bool)
+                .unwrap_or(false);
+            format!(
+                "This is rank 0 of DDP over {ranks} ranks: every rank holds the whole model, its gradients and optimizer state. Sharding them (ZeRO, FSDP) divides those by the rank count{}; `vramlab estimate --model gpt --dp N --zero K` compares the layouts for a transformer.",
+                if view {
+                    ""
+                } else {
+                    ", and gradient_as_bucket_view=True drops DDP's second copy of the gradients (its buckets)"
+                }
+            )
+        }
+        "fsdp2" => format!(
+            "This is rank 0 of FSDP2 over {ranks} ranks: parameters, gradients and optimizer state are already sharded by the rank count, so more ranks shrink them further; activations are each rank's own, which only the batch, checkpointing or sequence and tensor parallelism reduce."
+        ),
+        _ => return None,
+    })
 }
 
 /// Plain sentences from the figures: what the peak is made of, how much is
