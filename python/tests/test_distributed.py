@@ -175,14 +175,7 @@ def test_ddp_host_tensors_are_pytorchs_not_the_users():
     assert r.meta["not_recorded"]["cpu"]["tensors"] == 1
 
 
-def _cli(argv, capsys):
-    from vramlab_torch.__main__ import main
-    try:
-        code = main(argv)
-    except SystemExit as e:
-        code = e.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
+from test_usability import run_main as _cli  # (exit code, stdout, stderr) in this process
 
 
 GPT_ARGS = ["vramlab_torch.models:gpt2", *[x for k, v in GPT.items() for x in ("--arg", f"{k}={v}")],

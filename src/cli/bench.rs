@@ -709,10 +709,7 @@ fn squares(ctx: &mut Ctx, report: &mut BenchReport) -> anyhow::Result<()> {
 /// An out-of-memory error of an `--sizes` product says which size and what
 /// to change (the allocator's own advice is about batches).
 fn square_too_large(e: anyhow::Error, n: usize) -> anyhow::Error {
-    let oom = e
-        .downcast_ref::<crate::tensor::TensorError>()
-        .is_some_and(|t| t.is_oom());
-    if !oom {
+    if !super::is_oom(&e) {
         return e;
     }
     let bytes = 3u64

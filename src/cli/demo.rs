@@ -74,10 +74,6 @@ const ARTICLE_MEASURED_MB: f64 = 54.12;
 /// Runs `vramlab demo`: the simulated figures, the real steps, then the
 /// comparison with the article (or one JSON object).
 pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
-    run_at(args).map_err(|e| super::at_batch_one(e, args.batch))
-}
-
-fn run_at(args: &DemoArgs) -> anyhow::Result<()> {
     check_flags(args)?;
     let start = Instant::now();
     let config = args.alloc.config(None)?;

@@ -300,12 +300,10 @@ pub fn run_one(args: &LessonArgs) -> anyhow::Result<()> {
         };
         println!("    {:<58} {:>12} {}", f.name, value, f.unit);
     }
-    let detail = match &o.verdict {
-        lessons::Verdict::Holds => String::new(),
-        lessons::Verdict::Wrong(d)
-        | lessons::Verdict::Partly(d)
-        | lessons::Verdict::OutOfScope(d) => format!(": {d}"),
-    };
+    let detail = o
+        .verdict
+        .detail()
+        .map_or(String::new(), |d| format!(": {d}"));
     println!("  verdict:    {}{detail}", o.verdict.word());
     println!("  why:        {}", o.reason);
     Ok(())

@@ -236,7 +236,15 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Sweep(a) => a.batch.iter().max().map(|&b| ("--batch", b)),
         _ => None,
     };
-    dispatch(cli).map_err(|e| name_the_size_flag(e, batch))
+    // demo and train run the batch they are given; at 1 there is no smaller.
+    let batch_one = match &cli.command {
+        Command::Demo(a) => a.batch == 1,
+        Command::Train(a) => a.batch == 1,
+        _ => false,
+    };
+    dispatch(cli)
+        .map_err(|e| name_the_size_flag(e, batch))
+        .map_err(|e| if batch_one { at_batch_one(e) } else { e })
 }
 
 /// "1 step", "2 steps": a count of steps as a header says it.
@@ -256,16 +264,20 @@ pub(crate) fn count(n: u64, noun: &str) -> String {
     format!("{n} {noun}{plural}")
 }
 
-/// An out-of-memory error at batch 1 says the way out is not a smaller
-/// batch (the allocator's own advice, which knows no batch).
-pub(crate) fn at_batch_one(e: anyhow::Error, batch: usize) -> anyhow::Error {
-    let oom = e.chain().any(|c| {
+/// Whether the allocator refused memory somewhere in `e`'s chain.
+pub(crate) fn is_oom(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
         c.downcast_ref::<crate::tensor::TensorError>()
             .is_some_and(|t| t.is_oom())
             || c.downcast_ref::<crate::memory::AllocError>()
                 .is_some_and(|a| a.is_oom())
-    });
-    if batch == 1 && oom {
+    })
+}
+
+/// An out-of-memory error at batch 1 says the way out is not a smaller
+/// batch (the allocator's own advice, which knows no batch).
+fn at_batch_one(e: anyhow::Error) -> anyhow::Error {
+    if is_oom(&e) {
         e.context("batch 1 does not fit, so a smaller batch is no way out, whatever the allocator's advice below says: raise the memory limit (--memory-limit or --memory-fraction, or leave it out), or use a smaller model")
     } else {
         e

@@ -133,10 +133,6 @@ struct StepJson {
 /// Runs `vramlab train`: flags checked, setup, the steps, the files
 /// written, then the report (text or JSON).
 pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
-    run_at(args).map_err(|e| super::at_batch_one(e, args.batch))
-}
-
-fn run_at(args: &TrainArgs) -> anyhow::Result<()> {
     let start = Instant::now();
     let checked = check_flags(args)?;
     // The output files' directories before any training: a path that

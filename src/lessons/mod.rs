@@ -30,6 +30,14 @@ pub enum Verdict {
 }
 
 impl Verdict {
+    /// What the verdict says beyond its word (none for holds).
+    pub fn detail(&self) -> Option<&str> {
+        match self {
+            Verdict::Holds => None,
+            Verdict::Wrong(d) | Verdict::Partly(d) | Verdict::OutOfScope(d) => Some(d),
+        }
+    }
+
     pub fn word(&self) -> &'static str {
         match self {
             Verdict::Holds => "holds",

@@ -135,12 +135,7 @@ blockquote{margin:.4em 0;padding:.2em .8em;border-left:3px solid #bbb;color:#444
             Ok(out) => (
                 class_of(out),
                 out.verdict.word().to_string(),
-                match &out.verdict {
-                    super::Verdict::Holds => out.reason.clone(),
-                    super::Verdict::Wrong(d)
-                    | super::Verdict::Partly(d)
-                    | super::Verdict::OutOfScope(d) => d.clone(),
-                },
+                out.verdict.detail().unwrap_or(&out.reason).to_string(),
             ),
             Err(e) => ("wrong", "error".to_string(), e.clone()),
         };
@@ -178,12 +173,10 @@ blockquote{margin:.4em 0;padding:.2em .8em;border-left:3px solid #bbb;color:#444
                     }
                     o += "</table>";
                 }
-                let detail = match &out.verdict {
-                    super::Verdict::Holds => String::new(),
-                    super::Verdict::Wrong(d)
-                    | super::Verdict::Partly(d)
-                    | super::Verdict::OutOfScope(d) => format!(": {}", esc(d)),
-                };
+                let detail = out
+                    .verdict
+                    .detail()
+                    .map_or(String::new(), |d| format!(": {}", esc(d)));
                 o += &format!(
                     "<p class=\"{}\"><b>{}</b>{detail}</p><p>{}</p>",
                     class_of(out),
