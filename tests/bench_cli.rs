@@ -5,6 +5,7 @@
 //! judged here (speed lives in benchmarks); shapes, plans and bookkeeping are.
 
 use crate::common;
+use crate::common::cli::{command, fails_cleanly, stderr, stdout, vramlab};
 use common::*;
 
 #[test]
@@ -235,11 +236,8 @@ fn info_names_the_cooperative_matrices() {
         let s = s.as_str().unwrap();
         assert!(s.contains('×') && s.contains('→'), "{s}");
     }
-    let o = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .arg("info")
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&o.stdout);
+    let o = vramlab(["info"]);
+    let text = stdout(&o);
     assert!(
         text.contains("cooperative matrices (tensor cores):"),
         "{text}"
@@ -281,23 +279,20 @@ fn size_flags_the_adapter_rounds_or_caps_are_noted() {
     assert_eq!(r["limits"]["binding_window"], 65536, "{r}");
     assert_eq!(r["option_notes"].as_array().map(Vec::len), Some(0), "{r}");
     // Commands that run on the device say it on stderr.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args([
-            "bench",
-            "--sizes",
-            "16",
-            "--models",
-            "none",
-            "--no-precision",
-            "--reps",
-            "1",
-            "--binding-window",
-            "1000",
-        ])
-        .output()
-        .unwrap();
+    let out = vramlab([
+        "bench",
+        "--sizes",
+        "16",
+        "--models",
+        "none",
+        "--no-precision",
+        "--reps",
+        "1",
+        "--binding-window",
+        "1000",
+    ]);
     assert!(out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = stderr(&out);
     assert!(
         err.contains("note: --binding-window 1000 bytes: used "),
         "{err}"
@@ -306,24 +301,18 @@ fn size_flags_the_adapter_rounds_or_caps_are_noted() {
 
 #[test]
 fn bench_refuses_bad_flags_before_measuring() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args(["bench", "--models", "nope"])
-        .output()
-        .unwrap();
+    let out = vramlab(["bench", "--models", "nope"]);
     assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = stderr(&out);
     assert!(
         err.contains("unknown model \"nope\"") && err.contains("simple-cnn"),
         "{err}"
     );
     assert!(out.stdout.is_empty(), "nothing measured before the error");
     // `none` beside models was ignored.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args(["bench", "--models", "none,mlp"])
-        .output()
-        .unwrap();
+    let out = vramlab(["bench", "--models", "none,mlp"]);
     assert!(!out.status.success() && out.stdout.is_empty());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = stderr(&out);
     assert!(err.contains("--models none times no model"), "{err}");
 }
 
@@ -332,8 +321,7 @@ fn bench_refuses_bad_flags_before_measuring() {
 #[test]
 fn bench_names_the_split_settings_it_ran_with() {
     let run = |groups: Option<&str>| {
-        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"));
-        cmd.args([
+        let mut cmd = command([
             "bench",
             "--sizes",
             "16",
@@ -343,9 +331,9 @@ fn bench_names_the_split_settings_it_ran_with() {
             "1",
             "--no-precision",
             "--json",
-        ])
-        .env_remove("VRAMLAB_SPLIT_GROUPS")
-        .env_remove("VRAMLAB_SPLIT_MIN_K");
+        ]);
+        cmd.env_remove("VRAMLAB_SPLIT_GROUPS")
+            .env_remove("VRAMLAB_SPLIT_MIN_K");
         if let Some(g) = groups {
             cmd.env("VRAMLAB_SPLIT_GROUPS", g);
         }
@@ -389,13 +377,9 @@ fn bad_settings_are_refused_with_what_they_take() {
             "a whole number of at least 1",
         ),
     ] {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
-            .arg("info")
-            .env(var, value)
-            .output()
-            .unwrap();
+        let out = command(["info"]).env(var, value).output().unwrap();
         assert!(!out.status.success(), "{var}={value} was taken");
-        let err = String::from_utf8_lossy(&out.stderr);
+        let err = stderr(&out);
         assert!(
             err.contains(&format!("{var}=\"{value}\"")) && err.contains(takes),
             "{var}: {err}"
@@ -407,19 +391,14 @@ fn bad_settings_are_refused_with_what_they_take() {
 /// change, not the allocator's advice about batches.
 #[test]
 fn a_square_size_past_the_device_names_the_flag() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args([
-            "bench",
-            "--sizes",
-            "1000000",
-            "--models",
-            "none",
-            "--no-precision",
-        ])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let e = String::from_utf8_lossy(&out.stderr);
+    let e = fails_cleanly([
+        "bench",
+        "--sizes",
+        "1000000",
+        "--models",
+        "none",
+        "--no-precision",
+    ]);
     assert!(
         e.contains("--sizes 1000000") && e.contains("give smaller --sizes"),
         "{e}"

@@ -4,6 +4,7 @@
 //! 55.73 MiB (issue 15's fix of the demo's explanation).
 
 use crate::common;
+use crate::common::cli::{stderr, succeeds, vramlab};
 
 #[test]
 fn demo_explains_its_peak_by_category() {
@@ -54,15 +55,8 @@ fn demo_explains_its_peak_by_category() {
 /// standing for lines it leaves out.
 #[test]
 fn the_readme_shows_what_the_demo_prints() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .arg("demo")
-        .output()
-        .expect("the vramlab binary runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = vramlab(["demo"]);
+    assert!(out.status.success(), "{}", stderr(&out));
     let printed = String::from_utf8(out.stdout).unwrap();
     let readme =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
@@ -115,12 +109,7 @@ fn the_readme_shows_what_the_demo_prints() {
 /// was made for batch 64.
 #[test]
 fn the_demo_compares_its_peak_with_the_article_as_the_figures_say() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args(["demo", "--batch", "2", "--steps", "1"])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = succeeds(["demo", "--batch", "2", "--steps", "1"]);
     assert!(
         text.contains(
             "is below the article's 55.73 MiB estimate (made for batch 64; this run's batch is 2)"

@@ -4,6 +4,7 @@
 //! text, `[..]` matches anything within a line (times, adapter names) and
 //! a line `...` any number of lines; trailing spaces are ignored.
 
+use crate::common::cli::{command, stderr, stdout};
 use std::path::{Path, PathBuf};
 
 struct Example {
@@ -134,21 +135,16 @@ fn every_console_example_in_the_docs_prints_what_it_shows() {
     let root = env!("CARGO_MANIFEST_DIR");
     let mut failures = Vec::new();
     for e in &all {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
-            .args(&e.args)
+        let out = command(&e.args)
             .current_dir(root)
             .output()
             .expect("the vramlab binary runs");
-        let printed = String::from_utf8_lossy(&out.stdout);
+        let printed = stdout(&out);
         let printed: Vec<&str> = printed.lines().collect();
         let result = if out.status.success() {
             compare(&e.expected, &printed)
         } else {
-            Err(format!(
-                "exited with {}: {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            ))
+            Err(format!("exited with {}: {}", out.status, stderr(&out)))
         };
         if let Err(why) = result {
             failures.push(format!(

@@ -3,9 +3,9 @@
 //! equal `vramlab replay` under the same settings, and the recorded settings
 //! must replay to the recording.
 
+use crate::common::cli::{command, fails_cleanly, stderr, stdout, vramlab};
 use crate::common::vramlab_json;
 use serde_json::Value;
-use std::process::Command;
 
 /// Every snapshot pickle in the fixtures, real and recorded.
 fn snapshots() -> Vec<String> {
@@ -134,11 +134,8 @@ fn a_device_too_small_is_named_with_the_first_refusal_and_the_floor() {
         "{advice:?}"
     );
     // Text and JSON tell the same story.
-    let out = Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args(["doctor", file, "--capacity", "20MiB"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let out = vramlab(["doctor", file, "--capacity", "20MiB"]);
+    let text = stdout(&out);
     assert!(out.status.success());
     assert!(
         text.contains("offline planner (foresight)") && text.contains("what to do:"),
@@ -170,12 +167,7 @@ fn a_capacity_under_the_recordings_own_start_is_said_not_fatal() {
 
 #[test]
 fn bad_input_is_an_error_that_says_what_to_do() {
-    let out = Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args(["doctor", "tests/fixtures/snapshots/README.md"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = fails_cleanly(["doctor", "tests/fixtures/snapshots/README.md"]);
     assert!(!err.contains("panicked"), "{err}");
     // What the bytes are, not how the unpickler tripped over them.
     assert!(err.contains("not a PyTorch memory snapshot"), "{err}");
@@ -189,18 +181,13 @@ fn bad_input_is_an_error_that_says_what_to_do() {
     let text = dir.join("notes.txt");
     std::fs::write(&text, b"hello\n").unwrap();
     for cmd in ["doctor", "replay"] {
-        let run = |path: &std::path::Path| {
-            Command::new(env!("CARGO_BIN_EXE_vramlab"))
-                .args([cmd, path.to_str().unwrap()])
-                .output()
-                .unwrap()
-        };
+        let run = |path: &std::path::Path| vramlab([cmd, path.to_str().unwrap()]);
         let out = run(&empty);
-        let err = String::from_utf8_lossy(&out.stderr);
+        let err = stderr(&out);
         assert!(!out.status.success(), "{cmd} of an empty file");
         assert!(err.contains("the file is empty (0 bytes)"), "{cmd}: {err}");
         let out = run(&dir);
-        let err = String::from_utf8_lossy(&out.stderr);
+        let err = stderr(&out);
         assert!(
             !out.status.success() && err.contains("directory"),
             "{cmd}: {err}"
@@ -208,26 +195,19 @@ fn bad_input_is_an_error_that_says_what_to_do() {
         let out = run(&text);
         assert!(!out.status.success(), "{cmd} of a text file");
         if cmd == "replay" {
-            let err = String::from_utf8_lossy(&out.stderr);
+            let err = stderr(&out);
             assert!(err.contains("nothing was replayed"), "{err}");
-            assert!(
-                out.stdout.is_empty(),
-                "{}",
-                String::from_utf8_lossy(&out.stdout)
-            );
+            assert!(out.stdout.is_empty(), "{}", stdout(&out));
         }
     }
     std::fs::remove_dir_all(&dir).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args([
-            "doctor",
-            "tests/fixtures/snapshots/multi_device.pickle",
-            "--device",
-            "7",
-        ])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
+    let out = vramlab([
+        "doctor",
+        "tests/fixtures/snapshots/multi_device.pickle",
+        "--device",
+        "7",
+    ]);
+    let err = stderr(&out);
     assert!(
         !out.status.success() && err.contains("devices with one: 0, 1"),
         "{err}"
@@ -316,11 +296,8 @@ fn a_snapshot_without_a_trace_reports_its_segments() {
         .as_str()
         .unwrap()
         .contains("reserved in"));
-    let out = Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args(["doctor", "tests/fixtures/snapshots/state_only.pickle"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let out = vramlab(["doctor", "tests/fixtures/snapshots/state_only.pickle"]);
+    let text = stdout(&out);
     assert!(
         out.status.success() && text.contains("with no trace") && text.contains("inactive_split"),
         "{text}"
@@ -332,18 +309,13 @@ fn a_snapshot_without_a_trace_reports_its_segments() {
 fn cs336_page(tag: &str, extra: &[&str]) -> (std::path::PathBuf, std::path::PathBuf) {
     let dir = std::env::temp_dir().join(format!("vramlab-doctor-{tag}-{}", std::process::id()));
     let file = "tests/fixtures/snapshots/cs336_kkaitlyn_ctx128_fullstep.pickle";
-    let out = Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args(["doctor", file, "--no-planner"])
+    let out = command(["doctor", file, "--no-planner"])
         .args(extra)
         .arg("--out")
         .arg(&dir)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", stderr(&out));
     let page = dir.join("timeline-device0.html");
     (dir, page)
 }
@@ -417,12 +389,7 @@ fn at_a_chosen_operation_equals_the_peak_at_the_peak() {
         assert_eq!(dev["at_chosen"], dev["at_peak"], "{file}");
         assert_eq!(dev["segments_at_chosen"], dev["segments_at_peak"], "{file}");
         // Past the end is refused, naming the last operation: the end.
-        let past = Command::new(env!("CARGO_BIN_EXE_vramlab"))
-            .args(["doctor", file, "--no-planner", "--at", "99999999"])
-            .output()
-            .unwrap();
-        assert!(!past.status.success(), "{file}");
-        let err = String::from_utf8_lossy(&past.stderr);
+        let err = fails_cleanly(["doctor", file, "--no-planner", "--at", "99999999"]);
         let last: u64 = err
             .split("last operation, ")
             .nth(1)
@@ -446,12 +413,9 @@ fn at_past_the_last_operation_is_refused() {
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/snapshots/ftcourse_memory_snapshot.pickle"
     );
-    let out = Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args(["doctor", snap, "--at", "99999999"])
-        .output()
-        .unwrap();
+    let out = vramlab(["doctor", snap, "--at", "99999999"]);
     assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = stderr(&out);
     assert!(
         err.contains("--at 99999999 is past the trace's last operation, 6829"),
         "{err}"
@@ -475,12 +439,7 @@ fn at_on_several_devices_is_refused_only_past_all_of_them() {
         .map(|d| d["at_chosen"]["after_op"].as_u64().unwrap())
         .collect();
     assert_eq!(after, [1, 2], "{v}");
-    let out = Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args(["doctor", snap, "--no-planner", "--at", "3"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = fails_cleanly(["doctor", snap, "--no-planner", "--at", "3"]);
     assert!(
         err.contains("--at 3 is past the trace's last operation, 2"),
         "{err}"

@@ -3,37 +3,13 @@
 //! was wrong (exit 1 or 2, no panic, no signal), and leave no file behind.
 
 use crate::common;
+use crate::common::cli::stdout;
+use common::cli::{command, fails_cleanly, stderr, vramlab, vramlab_json as json_of};
 use common::files::{
     char_device, fifo_with_reader, temporaries, write_trace, writer_caught_mid_write,
 };
 use std::path::PathBuf;
-use std::process::{Command, Output};
 use vramlab::lab::pickle::{pickle, PyValue};
-
-fn vramlab(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-/// Exit code 1 or 2 with an `error` line and no panic; returns stderr.
-fn fails_cleanly(args: &[&str]) -> String {
-    let o = vramlab(args);
-    let err = stderr(&o);
-    assert!(
-        matches!(o.status.code(), Some(1 | 2))
-            && err.contains("error")
-            && !err.contains("panicked"),
-        "{args:?}: {:?}\n{err}",
-        o.status
-    );
-    err
-}
 
 fn scratch(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("vramlab-outside-{name}-{}", std::process::id()));
@@ -73,9 +49,9 @@ fn checkpoint_mode_estimates_every_model() {
 /// `--memory-limit`; `--limit` is a hidden alias.
 #[test]
 fn max_batch_takes_memory_limit() {
-    let err = fails_cleanly(&["max-batch", "--model", "mlp"]);
+    let err = fails_cleanly(["max-batch", "--model", "mlp"]);
     assert!(err.contains("--memory-limit"), "{err}");
-    let err = fails_cleanly(&[
+    let err = fails_cleanly([
         "max-batch",
         "--model",
         "mlp",
@@ -85,9 +61,9 @@ fn max_batch_takes_memory_limit() {
     assert!(err.contains("--memory-limit"), "{err}");
     // The old spelling still parses (its value is checked as the new one's)
     // but not beside the new one.
-    let err = fails_cleanly(&["max-batch", "--model", "mlp", "--limit", "12 parsecs"]);
+    let err = fails_cleanly(["max-batch", "--model", "mlp", "--limit", "12 parsecs"]);
     assert!(err.contains("--memory-limit"), "{err}");
-    let o = vramlab(&[
+    let o = vramlab([
         "max-batch",
         "--model",
         "mlp",
@@ -97,7 +73,7 @@ fn max_batch_takes_memory_limit() {
         "1MiB",
     ]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    let help = String::from_utf8_lossy(&vramlab(&["max-batch", "--help"]).stdout).into_owned();
+    let help = stdout(&vramlab(["max-batch", "--help"]));
     assert!(
         help.contains("--memory-limit") && !help.contains("--limit "),
         "{help}"
@@ -163,13 +139,13 @@ fn snapshot_sizes_out_of_range_name_their_entry() {
     ] {
         let p = dir.join("s.pickle");
         std::fs::write(&p, bytes).unwrap();
-        let err = fails_cleanly(&["replay", p.to_str().unwrap()]);
+        let err = fails_cleanly(["replay", p.to_str().unwrap()]);
         assert!(err.contains(want), "want {want:?}:\n{err}");
     }
     // The same snapshot with a sane size replays.
     let p = dir.join("s.pickle");
     std::fs::write(&p, snapshot(512, ok, 512)).unwrap();
-    let o = vramlab(&["replay", p.to_str().unwrap()]);
+    let o = vramlab(["replay", p.to_str().unwrap()]);
     assert!(o.status.success(), "{}", stderr(&o));
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -190,17 +166,17 @@ fn replay_says_what_kind_of_file_it_assumed() {
     ] {
         std::fs::write(&p, old).unwrap();
         for cmd in ["replay", "doctor"] {
-            let err = fails_cleanly(&[cmd, p.to_str().unwrap()]);
+            let err = fails_cleanly([cmd, p.to_str().unwrap()]);
             assert!(err.contains("no allocation history"), "{cmd}: {err}");
         }
     }
     std::fs::write(&p, b"not a trace at all\n").unwrap();
-    let err = fails_cleanly(&["replay", p.to_str().unwrap()]);
+    let err = fails_cleanly(["replay", p.to_str().unwrap()]);
     assert!(
         err.contains("read as a JSON Lines trace") && err.contains("0x80"),
         "{err}"
     );
-    let err = fails_cleanly(&["replay", p.to_str().unwrap(), "--allocators", "pytorch"]);
+    let err = fails_cleanly(["replay", p.to_str().unwrap(), "--allocators", "pytorch"]);
     assert!(err.contains("read as a JSON Lines trace"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -222,7 +198,7 @@ fn an_interrupted_write_leaves_no_temporary() {
             "--export-snapshot",
             out.to_str().unwrap(),
         ];
-        assert!(vramlab(&args).status.success());
+        assert!(vramlab(args).status.success());
         let good = std::fs::read(&out).unwrap();
         let mut child = writer_caught_mid_write(&args, &dir);
         // SAFETY: signalling our own child process.
@@ -250,24 +226,24 @@ fn device_and_fifo_outputs_are_written_in_place() {
     let kind = |p: &str| std::fs::symlink_metadata(p).unwrap().file_type();
     let null = char_device(&dir, "null", 3);
     let null = null.to_str().unwrap();
-    let o = vramlab(&["replay", t, "--export-snapshot", null]);
+    let o = vramlab(["replay", t, "--export-snapshot", null]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(kind(null).is_char_device());
     let full = char_device(&dir, "full", 7);
     let full = full.to_str().unwrap();
-    let err = fails_cleanly(&["replay", t, "--export-snapshot", full]);
+    let err = fails_cleanly(["replay", t, "--export-snapshot", full]);
     assert!(err.contains(full) && err.contains("No space left"), "{err}");
     assert!(kind(full).is_char_device());
 
     let (fifo, reader) = fifo_with_reader(&dir, "pipe");
-    let o = vramlab(&["replay", t, "--export-snapshot", fifo.to_str().unwrap()]);
+    let o = vramlab(["replay", t, "--export-snapshot", fifo.to_str().unwrap()]);
     assert!(o.status.success(), "{}", stderr(&o));
     let got = reader.join().unwrap();
     assert!(vramlab::lab::pickle::unpickle(&got).is_ok());
     assert!(kind(fifo.to_str().unwrap()).is_fifo());
     assert!(temporaries(&dir).is_empty());
     // A directory is refused by name.
-    let err = fails_cleanly(&["replay", t, "--export-snapshot", dir.to_str().unwrap()]);
+    let err = fails_cleanly(["replay", t, "--export-snapshot", dir.to_str().unwrap()]);
     assert!(err.contains("directory"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -307,8 +283,8 @@ fn a_batch_too_large_names_its_flag() {
 /// at a path outside it.
 #[test]
 fn the_claims_are_in_the_repository() {
-    let o = vramlab(&["lessons"]);
-    let out = String::from_utf8_lossy(&o.stdout);
+    let o = vramlab(["lessons"]);
+    let out = stdout(&o);
     assert!(out.contains("docs/claims.md"), "{out}");
     assert!(!out.contains("shared/"), "{out}");
     let claims =
@@ -317,15 +293,9 @@ fn the_claims_are_in_the_repository() {
     assert!(claims.contains("- C26 (002)") && claims.contains("1,003,530"));
 }
 
-fn json_of(args: &[&str]) -> serde_json::Value {
-    let o = vramlab(args);
-    assert!(o.status.success(), "{args:?}: {}", stderr(&o));
-    serde_json::from_slice(&o.stdout).unwrap()
-}
-
 /// One of the adapter's limits, as `info` reports it.
 fn adapter_limit(name: &str) -> u64 {
-    let info = json_of(&["info", "--json"]);
+    let info = json_of(["info", "--json"]);
     info["limits"][name].as_u64().unwrap()
 }
 
@@ -339,7 +309,7 @@ fn max_batch_runs_past_the_binding_limit() {
     // many rows; the search may go to half as many again.
     let rows = (limit / (256 << 10)).min(1024);
     let max = (rows + rows / 2).to_string();
-    let v = json_of(&[
+    let v = json_of([
         "max-batch",
         "--model",
         "mlp",
@@ -366,7 +336,7 @@ fn max_batch_runs_past_the_binding_limit() {
 /// past the device's memory it is out of memory, named with its size.
 #[test]
 fn host_data_is_made_only_for_what_the_device_holds() {
-    let info = json_of(&["info", "--json"]);
+    let info = json_of(["info", "--json"]);
     // A CPU adapter's memory is the host's; wgpu reports no GPU's, and
     // 1 TiB is past every one.
     let memory = info["limits"]["device_memory_bytes"]
@@ -391,7 +361,7 @@ fn host_data_is_made_only_for_what_the_device_holds() {
         let err = fails_cleanly(args);
         assert!(err.contains("out of memory"), "{args:?}: {err}");
     }
-    let err = fails_cleanly(&["bench", "--sizes", "4294967296", "--models", "none"]);
+    let err = fails_cleanly(["bench", "--sizes", "4294967296", "--models", "none"]);
     assert!(err.contains("--sizes 4294967296"), "{err}");
 }
 
@@ -408,7 +378,7 @@ fn a_failed_replay_leaves_its_export_target_alone() {
     .unwrap();
     let out = dir.join("s.pickle");
     std::fs::write(&out, b"ORIGINAL").unwrap();
-    let err = fails_cleanly(&[
+    let err = fails_cleanly([
         "replay",
         trace.to_str().unwrap(),
         "--export-snapshot",
@@ -429,7 +399,7 @@ fn a_failed_replay_leaves_its_export_target_alone() {
 #[test]
 fn an_estimate_past_2_pow_32_rows_is_not_truncated() {
     let batch: u64 = 1 << 32;
-    let v = json_of(&[
+    let v = json_of([
         "estimate",
         "--model",
         "mlp",
@@ -463,7 +433,7 @@ fn replay_refuses_flags_it_would_ignore() {
     }
     assert!(!out.exists());
     // --device picks a snapshot's device; a trace has one.
-    let err = fails_cleanly(&["replay", t, "--device", "3"]);
+    let err = fails_cleanly(["replay", t, "--device", "3"]);
     assert!(
         err.contains("--device 3 picks a device of a PyTorch snapshot"),
         "{err}"
@@ -490,7 +460,7 @@ fn model_size_errors_name_the_flag() {
         let err = fails_cleanly(&a);
         assert!(err.contains(want), "{a:?}: {err}");
     }
-    let err = fails_cleanly(&["estimate", "--model", "attention", "--seq-len", "5000000"]);
+    let err = fails_cleanly(["estimate", "--model", "attention", "--seq-len", "5000000"]);
     assert!(err.contains("--seq-len 5000000"), "{err}");
     // Rows are walked by a whole workgroup, so sequences past 16,384 (the
     // old limit, one invocation a row) are estimated.
@@ -519,14 +489,14 @@ fn output_paths_are_checked_first_and_named() {
     let file = dir.join("a-file");
     std::fs::write(&file, b"x").unwrap();
     let f = file.to_str().unwrap();
-    let err = fails_cleanly(&["sweep", "--model", "mlp", "--batch", "1,2", "--out", f]);
+    let err = fails_cleanly(["sweep", "--model", "mlp", "--batch", "1,2", "--out", f]);
     assert!(err.contains("--out") && err.contains(f), "{err}");
-    let err = fails_cleanly(&["lessons", "--report", f]);
+    let err = fails_cleanly(["lessons", "--report", f]);
     assert!(err.contains("--report"), "{err}");
     let trace = dir.join("t.jsonl");
     write_trace(&trace, 10);
     let snap = dir.join("new/dir/s.pickle");
-    let o = vramlab(&[
+    let o = vramlab([
         "replay",
         trace.to_str().unwrap(),
         "--export-snapshot",
@@ -549,15 +519,15 @@ fn a_file_that_contradicts_a_size_flag_is_refused() {
     st.insert_i64("y", &[2], &[0, 1]).unwrap();
     st.write(&data).unwrap();
     let d = data.to_str().unwrap();
-    let err = fails_cleanly(&[
+    let err = fails_cleanly([
         "train", "--model", "mlp", "--widths", "8,4,2", "--data", d, "--steps", "1",
     ]);
     assert!(err.contains("--data") && err.contains("--widths"), "{err}");
     // Without the flag, the file decides.
-    let o = vramlab(&["train", "--model", "mlp", "--data", d, "--steps", "1"]);
+    let o = vramlab(["train", "--model", "mlp", "--data", d, "--steps", "1"]);
     assert!(o.status.success(), "{}", stderr(&o));
     // With flags that agree, both are fine.
-    let o = vramlab(&[
+    let o = vramlab([
         "train", "--model", "mlp", "--widths", "9,4,2", "--data", d, "--steps", "1",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
@@ -611,7 +581,7 @@ fn zero_memory_is_refused_naming_the_flag() {
 #[test]
 fn train_outputs_are_checked_before_training() {
     for flag in ["--dump", "--record-trace"] {
-        let err = fails_cleanly(&[
+        let err = fails_cleanly([
             "train",
             "--model",
             "mlp",
@@ -672,7 +642,7 @@ fn recorded_settings_pytorch_refuses_are_errors() {
     ] {
         std::fs::write(&p, bytes).unwrap();
         for cmd in ["replay", "doctor"] {
-            let err = fails_cleanly(&[cmd, p.to_str().unwrap()]);
+            let err = fails_cleanly([cmd, p.to_str().unwrap()]);
             assert!(err.contains(want), "{cmd}: want {want:?}:\n{err}");
         }
     }
@@ -693,7 +663,7 @@ fn recorded_settings_pytorch_refuses_are_errors() {
         ),
     ] {
         std::fs::write(&p, with(key, value)).unwrap();
-        let o = vramlab(&["replay", p.to_str().unwrap()]);
+        let o = vramlab(["replay", p.to_str().unwrap()]);
         assert!(o.status.success(), "{key}: {}", stderr(&o));
     }
     std::fs::remove_dir_all(&dir).unwrap();
@@ -709,10 +679,10 @@ fn unknown_trace_actions_are_skipped_and_said() {
     let bytes = trace_snapshot(&["alloc", "bogus", "bogus", "free_completed"], vec![]);
     let p = dir.join("s.pickle");
     std::fs::write(&p, bytes).unwrap();
-    let o = vramlab(&["replay", p.to_str().unwrap()]);
-    let out = String::from_utf8_lossy(&o.stdout);
+    let o = vramlab(["replay", p.to_str().unwrap()]);
+    let out = stdout(&o);
     assert!(o.status.success() && out.contains("\"bogus\" ×2"), "{out}");
-    let o = vramlab(&["doctor", p.to_str().unwrap(), "--json"]);
+    let o = vramlab(["doctor", p.to_str().unwrap(), "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(
         v["devices"][0]["trace_counts"]["unknown_actions"],
@@ -723,7 +693,7 @@ fn unknown_trace_actions_are_skipped_and_said() {
             "{}/tests/fixtures/snapshots/{real}.pickle",
             env!("CARGO_MANIFEST_DIR")
         );
-        let o = vramlab(&["doctor", &f, "--no-planner", "--json"]);
+        let o = vramlab(["doctor", &f, "--no-planner", "--json"]);
         let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
         assert!(
             v["devices"][0]["trace_counts"]
@@ -781,15 +751,15 @@ fn a_backend_this_platform_lacks_is_named() {
         ("metal", "Metal exists on macOS (and iOS) only"),
         ("dx12", "DX12 exists on Windows only"),
     ] {
-        let err = fails_cleanly(&["info", "--backend", backend]);
+        let err = fails_cleanly(["info", "--backend", backend]);
         assert!(err.contains(want) && !err.contains("apt-get"), "{err}");
     }
 }
 
 #[test]
 fn a_one_class_loss_prints_as_zero() {
-    let o = vramlab(&["train", "--model", "mlp", "--widths", "8,1", "--steps", "1"]);
-    let out = String::from_utf8_lossy(&o.stdout);
+    let o = vramlab(["train", "--model", "mlp", "--widths", "8,1", "--steps", "1"]);
+    let out = stdout(&o);
     assert!(o.status.success(), "{}", stderr(&o));
     let line = out.lines().find(|l| l.starts_with("step   1")).unwrap();
     assert!(line.contains("loss 0.000000"), "{line}");
@@ -825,7 +795,7 @@ fn trace_entries_without_a_usable_address_are_refused() {
     for (entries, want) in cases {
         std::fs::write(&p, trace_snapshot_at(&entries, vec![])).unwrap();
         for cmd in ["replay", "doctor"] {
-            let err = fails_cleanly(&[cmd, p.to_str().unwrap()]);
+            let err = fails_cleanly([cmd, p.to_str().unwrap()]);
             assert!(err.contains(want), "{cmd}: {err}");
         }
     }
@@ -838,7 +808,7 @@ fn trace_entries_without_a_usable_address_are_refused() {
         ("alloc", at(1 << 21)),
     ];
     std::fs::write(&p, trace_snapshot_at(&fine, vec![])).unwrap();
-    let o = vramlab(&["replay", p.to_str().unwrap()]);
+    let o = vramlab(["replay", p.to_str().unwrap()]);
     assert!(o.status.success(), "{}", stderr(&o));
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -858,8 +828,7 @@ fn a_bad_alloc_conf_in_the_environment_is_refused_everywhere() {
         vec!["models"],
         vec!["estimate", "--model", "mlp"],
     ] {
-        let o = Command::new(env!("CARGO_BIN_EXE_vramlab"))
-            .args(&args)
+        let o = command(&args)
             .env("VRAMLAB_ALLOC_CONF", "bogus")
             .output()
             .unwrap();
@@ -872,8 +841,7 @@ fn a_bad_alloc_conf_in_the_environment_is_refused_everywhere() {
         assert!(o.stdout.is_empty(), "{args:?} did work first");
     }
     // vramlab's own options are settings too, not errors.
-    let o = Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args(["models"])
+    let o = command(["models"])
         .env("VRAMLAB_ALLOC_CONF", "lookahead:True,small_from_large:True")
         .output()
         .unwrap();
@@ -886,7 +854,7 @@ fn a_bad_alloc_conf_in_the_environment_is_refused_everywhere() {
 /// workload with allocations missing.
 #[test]
 fn second_audit_flags_defaults_and_ratios() {
-    let err = fails_cleanly(&[
+    let err = fails_cleanly([
         "plan",
         "--gpus",
         "8",
@@ -896,11 +864,11 @@ fn second_audit_flags_defaults_and_ratios() {
         "-0.1",
     ]);
     assert!(err.contains("--headroom is a fraction"), "{err}");
-    let v = json_of(&[
+    let v = json_of([
         "plan", "--gpus", "8", "--memory", "80GiB", "--top", "1", "--json",
     ]);
     assert!(v["layouts_fitting"].as_u64().unwrap() > 0, "{v}");
-    let v = json_of(&["bench-alloc", "--capacity", "64MiB", "--json"]);
+    let v = json_of(["bench-alloc", "--capacity", "64MiB", "--json"]);
     let (mut ooms, mut ran) = (0, 0);
     for w in v["workloads"].as_array().unwrap() {
         for r in w["results"].as_array().unwrap() {
@@ -921,11 +889,11 @@ fn second_audit_flags_defaults_and_ratios() {
         "{ooms} ran out of memory, {ran} did not"
     );
     // No workload run to its end: no mean of nothing.
-    let v = json_of(&["bench-alloc", "--capacity", "1MiB", "--json"]);
+    let v = json_of(["bench-alloc", "--capacity", "1MiB", "--json"]);
     for (name, g) in v["geomean_fragmentation"].as_object().unwrap() {
         assert!(g.is_null(), "{name}: {g}");
     }
-    let o = vramlab(&[
+    let o = vramlab([
         "sweep",
         "--model",
         "mlp",
@@ -934,7 +902,7 @@ fn second_audit_flags_defaults_and_ratios() {
         "--memory-limit",
         "5300KiB",
     ]);
-    let out = String::from_utf8_lossy(&o.stdout);
+    let out = stdout(&o);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(
         out.contains("under the limit") && out.contains("out of memory"),
@@ -947,9 +915,9 @@ fn second_audit_flags_defaults_and_ratios() {
 /// --only runs a lesson named twice once; --measure needs --report.
 #[test]
 fn models_params_and_lesson_ids_as_the_audit_found_them() {
-    let plain = json_of(&["models", "--json"]);
+    let plain = json_of(["models", "--json"]);
     assert!(plain[0].get("parameter_shapes").is_none(), "{}", plain[0]);
-    let full = json_of(&["models", "--params", "--json"]);
+    let full = json_of(["models", "--params", "--json"]);
     let gpt = full
         .as_array()
         .unwrap()
@@ -963,9 +931,9 @@ fn models_params_and_lesson_ids_as_the_audit_found_them() {
         .map(|p| p["name"].as_str().unwrap())
         .collect();
     assert_eq!(&names[..3], ["wte.weight", "wpe.weight", "h.0.ln_1.weight"]);
-    assert_eq!(json_of(&["lesson", "x1", "--json"])["id"], "X01");
+    assert_eq!(json_of(["lesson", "x1", "--json"])["id"], "X01");
     let dir = scratch("only-twice");
-    let v = json_of(&[
+    let v = json_of([
         "lessons",
         "--report",
         dir.to_str().unwrap(),
@@ -974,7 +942,7 @@ fn models_params_and_lesson_ids_as_the_audit_found_them() {
         "--json",
     ]);
     assert_eq!(v["lessons"].as_array().unwrap().len(), 1, "{v}");
-    let err = fails_cleanly(&["lessons", "--measure"]);
+    let err = fails_cleanly(["lessons", "--measure"]);
     assert!(err.contains("--report"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -992,7 +960,7 @@ fn doctor_at_says_where_it_stopped() {
     };
     let dir = std::env::temp_dir().join(format!("vramlab-outside-at-{}", std::process::id()));
     let uneven = crate::common::files::uneven_devices(&dir);
-    let v = json_of(&[
+    let v = json_of([
         "doctor",
         uneven.to_str().unwrap(),
         "--at",
@@ -1014,7 +982,7 @@ fn doctor_at_says_where_it_stopped() {
         })
         .collect();
     assert!(said.contains(&true) && said.contains(&false), "{said:?}");
-    let err = fails_cleanly(&["doctor", &f("state_only"), "--at", "0"]);
+    let err = fails_cleanly(["doctor", &f("state_only"), "--at", "0"]);
     assert!(err.contains("has none"), "{err}");
 }
 
@@ -1026,7 +994,7 @@ fn doctor_names_a_trace_and_bench_refuses_repeats() {
         "{}/tests/fixtures/traces/double_free.jsonl",
         env!("CARGO_MANIFEST_DIR")
     );
-    let err = fails_cleanly(&["doctor", &f]);
+    let err = fails_cleanly(["doctor", &f]);
     assert!(
         err.contains("JSON Lines trace, which `vramlab replay` reads"),
         "{err}"
@@ -1036,12 +1004,12 @@ fn doctor_names_a_trace_and_bench_refuses_repeats() {
     let dir = scratch("not-a-trace");
     let json = dir.join("snapshot.json");
     std::fs::write(&json, r#"{"event": 3, "segments": []}"#).unwrap();
-    let err = fails_cleanly(&["doctor", json.to_str().unwrap()]);
+    let err = fails_cleanly(["doctor", json.to_str().unwrap()]);
     assert!(!err.contains("replay"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
-    let err = fails_cleanly(&["bench", "--sizes", "16,16"]);
+    let err = fails_cleanly(["bench", "--sizes", "16,16"]);
     assert!(err.contains("--sizes 16 is given more than once"), "{err}");
-    let err = fails_cleanly(&["bench", "--models", "mlp,mlp"]);
+    let err = fails_cleanly(["bench", "--models", "mlp,mlp"]);
     assert!(
         err.contains("--models mlp is given more than once"),
         "{err}"
@@ -1052,10 +1020,10 @@ fn doctor_names_a_trace_and_bench_refuses_repeats() {
 /// `--depth … (got 50)` beside the resolution that failed).
 #[test]
 fn resnet50_sizes_name_only_what_is_wrong() {
-    let err = fails_cleanly(&["estimate", "--model", "resnet50", "--resolution", "8"]);
+    let err = fails_cleanly(["estimate", "--model", "resnet50", "--resolution", "8"]);
     assert!(err.contains("--resolution must be at least 32"), "{err}");
     assert!(!err.contains("--depth"), "{err}");
-    let err = fails_cleanly(&[
+    let err = fails_cleanly([
         "estimate",
         "--model",
         "resnet50",
@@ -1085,11 +1053,11 @@ fn train_dumps_reload_and_its_file_flags_say_what_is_wrong() {
     let d = dump.to_str().unwrap();
     let run = ["train", "--model", "mlp", "--optimizer", "sgd", "--json"];
     let loss = |v: &serde_json::Value, step: usize| v["steps"][step]["loss"].as_f64().unwrap();
-    let two = json_of(&[&run[..], &["--steps", "2"]].concat());
-    json_of(&[&run[..], &["--steps", "1", "--dump", d]].concat());
-    let resumed = json_of(&[&run[..], &["--steps", "1", "--load", d]].concat());
+    let two = json_of([&run[..], &["--steps", "2"]].concat());
+    json_of([&run[..], &["--steps", "1", "--dump", d]].concat());
+    let resumed = json_of([&run[..], &["--steps", "1", "--load", d]].concat());
     assert_eq!(loss(&resumed, 0), loss(&two, 1));
-    let err = fails_cleanly(&[
+    let err = fails_cleanly([
         "train",
         "--model",
         "mlp",
@@ -1099,7 +1067,7 @@ fn train_dumps_reload_and_its_file_flags_say_what_is_wrong() {
         dir.to_str().unwrap(),
     ]);
     assert!(err.contains("is a directory"), "{err}");
-    let err = fails_cleanly(&[
+    let err = fails_cleanly([
         "train",
         "--model",
         "gpt",

@@ -4,8 +4,8 @@
 //! memory; flags that do not fit are errors that say why.
 
 use crate::common;
+use crate::common::cli::{command, stderr, stdout, vramlab};
 use common::*;
-use std::process::Command;
 
 fn losses(v: &serde_json::Value) -> Vec<f64> {
     v["steps"]
@@ -60,12 +60,9 @@ fn train_reads_a_text_file() {
     let l = losses(&v);
     assert!(l[24] < l[0] - 1.5, "{l:?}");
     let bad = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_vramlab"))
-            .args(args)
-            .output()
-            .unwrap();
+        let out = vramlab(args);
         assert!(!out.status.success(), "{args:?} should fail");
-        String::from_utf8_lossy(&out.stderr).to_string()
+        stderr(&out)
     };
     let e = bad(&["train", "--model", "mlp", "--text", f]);
     assert!(e.contains("--model gpt"), "{e}");
@@ -262,17 +259,8 @@ fn heads_come_from_the_flag_beside_load() {
     ];
     let mut args = vec!["train", "--model", "gpt", "--steps", "1", "--batch", "2"];
     args.extend(sizes);
-    let out = Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args(&args)
-        .arg("--dump")
-        .arg(&dump)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = command(&args).arg("--dump").arg(&dump).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
     let dumped = SafeTensors::read(&dump).unwrap();
     let mut weights = SafeTensors::new();
     for (name, t) in &dumped.tensors {
@@ -283,26 +271,21 @@ fn heads_come_from_the_flag_beside_load() {
     let w = dir.join("w.safetensors");
     weights.write(&w).unwrap();
     let train = |extra: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_vramlab"))
-            .args([
-                "train", "--model", "gpt", "--steps", "1", "--batch", "2", "--load",
-            ])
-            .arg(&w)
-            .args(extra)
-            .output()
-            .unwrap()
+        command([
+            "train", "--model", "gpt", "--steps", "1", "--batch", "2", "--load",
+        ])
+        .arg(&w)
+        .args(extra)
+        .output()
+        .unwrap()
     };
     let ok = train(&["--heads", "3"]);
-    let text = String::from_utf8_lossy(&ok.stdout);
-    assert!(
-        ok.status.success(),
-        "{}",
-        String::from_utf8_lossy(&ok.stderr)
-    );
+    let text = stdout(&ok);
+    assert!(ok.status.success(), "{}", stderr(&ok));
     assert!(text.contains("3 heads, dim 12"), "{text}");
     let assumed = train(&[]);
     assert!(assumed.status.success());
-    let err = String::from_utf8_lossy(&assumed.stderr);
+    let err = stderr(&assumed);
     assert!(err.contains("--heads"), "{err}");
     // A batch of shorter sequences: its length is the file's to set, the
     // flags only add the heads (it was refused as contradicting --heads).
@@ -314,21 +297,17 @@ fn heads_come_from_the_flag_beside_load() {
     batch.write(&data).unwrap();
     let data = data.to_str().unwrap();
     let with_data = train(&["--heads", "3", "--data", data]);
-    assert!(
-        with_data.status.success(),
-        "{}",
-        String::from_utf8_lossy(&with_data.stderr)
-    );
+    assert!(with_data.status.success(), "{}", stderr(&with_data));
     let clash = train(&["--heads", "3", "--seq-len", "7", "--data", data]);
     assert!(!clash.status.success());
-    let err = String::from_utf8_lossy(&clash.stderr);
+    let err = stderr(&clash);
     assert!(
         err.contains("the flags (--seq-len, --heads)") || err.contains("--seq-len"),
         "{err}"
     );
     let wrong = train(&["--heads", "3", "--dim", "24"]);
     assert!(!wrong.status.success());
-    let err = String::from_utf8_lossy(&wrong.stderr);
+    let err = stderr(&wrong);
     assert!(
         err.contains("the flags (--dim, --heads)") || err.contains("--dim"),
         "{err}"
@@ -351,15 +330,10 @@ fn train_takes_int64_token_ids() {
     st.insert_i64("y", &[n, seq], &ids).unwrap();
     let path = dir.join("ids.safetensors");
     st.write(&path).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args(["train", "--model", "gpt", "--steps", "1", "--data"])
+    let out = command(["train", "--model", "gpt", "--steps", "1", "--data"])
         .arg(&path)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", stderr(&out));
     let _ = std::fs::remove_dir_all(&dir);
 }

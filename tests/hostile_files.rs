@@ -5,11 +5,12 @@
 //! too: a reader that goes away (`| head`) ends the command quietly.
 
 use crate::common;
+use crate::common::cli::stderr;
 use common::files::{temporaries, write_trace, writer_caught_mid_write};
 use std::process::Command;
 
 fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_vramlab"))
+    common::cli::command(std::iter::empty::<&str>())
 }
 
 #[test]
@@ -26,11 +27,7 @@ fn a_writer_killed_mid_write_leaves_the_previous_file_intact() {
         .arg(&out)
         .output()
         .unwrap();
-    assert!(
-        ok.status.success(),
-        "{}",
-        String::from_utf8_lossy(&ok.stderr)
-    );
+    assert!(ok.status.success(), "{}", stderr(&ok));
     let good = std::fs::read(&out).unwrap();
     assert!(
         good.len() > 4 * 65536,
@@ -86,7 +83,7 @@ fn a_link_planted_at_the_output_is_not_followed() {
         .arg(&out)
         .output()
         .unwrap();
-    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    assert!(r.status.success(), "{}", stderr(&r));
     assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
     assert!(!std::fs::symlink_metadata(&out)
         .unwrap()
@@ -115,7 +112,7 @@ fn a_reader_that_goes_away_ends_the_command_quietly() {
         .unwrap();
     assert!(first.contains("vramlab estimate"), "{first}");
     let out = child.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = stderr(&out);
     assert!(
         !stderr.contains("panicked"),
         "closing the pipe made the command panic: {stderr}"

@@ -6,6 +6,7 @@
 //! run the real binary under a 2 GiB address-space limit and a time limit,
 //! and must exit 0, 1 or 2 with no "panicked" on stderr.
 
+use crate::common::cli::{stderr, stdout};
 use proptest::prelude::*;
 use std::io::Cursor;
 use std::process::Command;
@@ -394,11 +395,7 @@ fn run_limited_out(args: &[String]) -> (i32, String, String) {
         quoted.join(" ")
     );
     let out = Command::new("sh").arg("-c").arg(script).output().unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    (out.status.code().unwrap_or(-1), stdout(&out), stderr(&out))
 }
 
 fn hostile_number() -> impl Strategy<Value = String> {

@@ -3,6 +3,7 @@
 //! an error that says what to check; NaN flags are refused up front.
 
 use crate::common;
+use crate::common::cli::{command, stderr, vramlab};
 
 use vramlab::io::SafeTensors;
 use vramlab::tensor::Tensor;
@@ -27,12 +28,11 @@ fn training_on_nan_input_stops_with_a_clear_error() {
     st.insert_f32("x", &[4, 784], &x).unwrap();
     st.insert_i64("y", &[4], &[0, 1, 2, 3]).unwrap();
     st.write(&data).unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args(["train", "--model", "mlp", "--steps", "2", "--data"])
+    let out = command(["train", "--model", "mlp", "--steps", "2", "--data"])
         .arg(&data)
         .output()
         .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = stderr(&out);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("step 1: the loss is NaN"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
@@ -46,11 +46,8 @@ fn nan_and_negative_rates_are_refused_before_any_work() {
         &["train", "--lr", "inf"],
         &["train", "--momentum", "NaN"],
     ] {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
-            .args(args)
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
+        let out = vramlab(args);
+        let err = stderr(&out);
         assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
         assert!(err.contains("must be a finite number"), "{args:?}: {err}");
     }

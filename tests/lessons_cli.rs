@@ -4,8 +4,8 @@
 //! GPU gives the simulated figures; bad ids are errors that list the ids.
 
 use crate::common;
+use crate::common::cli::{fails_cleanly, stderr, vramlab};
 use common::*;
-use std::process::Command;
 
 /// The claim ids of the repository's docs/claims.md (the list the product
 /// points its users to): each line `- C06/C28 (000, 002) claim...`.
@@ -181,36 +181,23 @@ fn batchnorm_in_eval_is_checked_on_the_gpu() {
 /// and a bad --only id leaves no report directory behind.
 #[test]
 fn device_flags_without_measure_and_bad_ids_are_refused_before_anything_runs() {
-    let out = Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args(["lesson", "C04", "--adapter", "nvidia"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let e = String::from_utf8_lossy(&out.stderr);
+    let e = fails_cleanly(["lesson", "C04", "--adapter", "nvidia"]);
     assert!(e.contains("--adapter") && e.contains("--measure"), "{e}");
     let dir = std::env::temp_dir().join(format!("vramlab-lessons-bad-{}", std::process::id()));
-    let out = Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args([
-            "lessons",
-            "--report",
-            dir.to_str().unwrap(),
-            "--only",
-            "C99",
-        ])
-        .output()
-        .unwrap();
+    let out = vramlab([
+        "lessons",
+        "--report",
+        dir.to_str().unwrap(),
+        "--only",
+        "C99",
+    ]);
     assert!(!out.status.success());
     assert!(!dir.exists(), "a refused run made {}", dir.display());
 }
 
 #[test]
 fn an_unknown_lesson_lists_the_ids() {
-    let out = Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args(["lesson", "C99"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let e = String::from_utf8_lossy(&out.stderr);
+    let e = fails_cleanly(["lesson", "C99"]);
     assert!(e.contains("C07") && e.contains("vramlab lessons"), "{e}");
 }
 
@@ -223,19 +210,16 @@ fn an_unknown_lesson_lists_the_ids() {
 #[test]
 fn measured_lessons_report_what_could_not_run_and_agree_otherwise() {
     let dir = std::env::temp_dir().join(format!("vramlab-lessons-gpu-{}", std::process::id()));
-    let out = Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args([
-            "lessons",
-            "--report",
-            dir.to_str().unwrap(),
-            "--measure",
-            "--only",
-            "C12,C34",
-            "--json",
-        ])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let out = vramlab([
+        "lessons",
+        "--report",
+        dir.to_str().unwrap(),
+        "--measure",
+        "--only",
+        "C12,C34",
+        "--json",
+    ]);
+    let stderr = stderr(&out);
     let json: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join("lessons.json")).unwrap()).unwrap();
     let lessons = json.as_array().unwrap();

@@ -4,16 +4,15 @@
 //! tuning leaves the measured memory of a step exactly as the estimate;
 //! and the kernels of a round of candidates are compiled ahead, together.
 
+use crate::common::cli::{command, stderr};
 use crate::common::{self, Rng, RngExt};
 use serde_json::Value;
 use std::path::Path;
-use std::process::Command;
 use vramlab::ops::matmul::{gemm, Gemm, MatView, MatmulKernel, TileConfig};
 use vramlab::tensor::Tensor;
 
 fn vramlab(cache: &Path, args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args(args)
+    command(args)
         .env("VRAMLAB_TUNE", "on")
         .env("VRAMLAB_TUNE_CACHE", cache)
         // Each candidate compiles for a second or two on a CPU adapter.
@@ -81,13 +80,12 @@ fn a_second_run_reads_the_cache_times_nothing_and_picks_the_same_tiles() {
 
 #[test]
 fn a_bad_setting_is_refused_with_the_values_it_takes() {
-    let out = Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args(["models"])
+    let out = command(["models"])
         .env("VRAMLAB_TUNE", "fastest")
         .output()
         .unwrap();
     assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = stderr(&out);
     assert!(
         err.contains("VRAMLAB_TUNE") && err.contains("auto, on or off"),
         "{err}"

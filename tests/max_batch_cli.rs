@@ -3,6 +3,7 @@
 //! keeps training after every out-of-memory.
 
 use crate::common;
+use crate::common::cli::succeeds;
 
 #[test]
 fn max_batch_trains_and_the_next_batch_runs_out_of_memory() {
@@ -71,12 +72,7 @@ fn a_batch_capped_by_max_is_reported_as_capped() {
         "--max",
         "10",
     ];
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = succeeds(args);
     assert!(
         text.contains("max batch 10 (capped by --max 10: larger batches were not tried)"),
         "{text}"

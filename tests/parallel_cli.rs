@@ -4,8 +4,8 @@
 //! shortened replays equal `estimate`'s whole ones, and impossible layouts
 //! are errors that say what to change.
 
+use crate::common::cli::{command, stderr, stdout, vramlab};
 use crate::common::vramlab_json;
-use std::process::Command;
 
 /// The parameters the layouts shard are the engine's GPT's, preset by
 /// preset (vramlab's GPT splits q, k and v: 16 tensors a block).
@@ -25,12 +25,9 @@ fn the_sharded_transformer_is_the_engines_gpt() {
 }
 
 fn stderr_of(args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args(args)
-        .output()
-        .unwrap();
+    let out = vramlab(args);
     assert!(!out.status.success(), "{args:?} should fail");
-    String::from_utf8_lossy(&out.stderr).into_owned()
+    stderr(&out)
 }
 
 #[test]
@@ -185,11 +182,8 @@ fn plans_first_layout_command_replays_its_figures() {
     json_args.push("--json");
     let v = vramlab_json(&json_args);
     let worst = v["layouts"][0]["worst"]["peak_reserved"].as_f64().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args(args)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let out = vramlab(args);
+    let text = stdout(&out);
     let line = text
         .lines()
         .find_map(|l| l.strip_prefix("The first, rank by rank: vramlab "))
@@ -261,11 +255,8 @@ fn layout_flags_it_would_ignore_are_refused() {
     let bad = |extra: &[&str], want: &str| {
         let mut args = vec!["estimate", "--model", "gpt"];
         args.extend_from_slice(extra);
-        let o = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
-            .args(&args)
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&o.stderr);
+        let o = vramlab(&args);
+        let err = stderr(&o);
         assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
         assert!(err.contains(want), "{args:?}: {err}");
     };
@@ -375,24 +366,23 @@ fn a_layout_with_any_stage_out_of_memory_does_not_fit() {
     for c in layouts.iter().filter(|c| c["fits"] == true) {
         assert!(c["worst"]["oom"].is_null() && c["whole"] == true, "{c}");
     }
-    let e = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args([
-            "estimate", "--model", "gpt", "--vocab", "16000", "--layers", "24",
-        ])
-        .args([
-            "--seq-len",
-            "256",
-            "--batch",
-            "2",
-            "--pp",
-            "2",
-            "--microbatches",
-            "4",
-        ])
-        .args(["--recompute", "none", "--memory-limit", "200MiB"])
-        .output()
-        .unwrap();
-    assert!(String::from_utf8_lossy(&e.stdout).contains("OUT OF MEMORY on stage 1"));
+    let e = command([
+        "estimate", "--model", "gpt", "--vocab", "16000", "--layers", "24",
+    ])
+    .args([
+        "--seq-len",
+        "256",
+        "--batch",
+        "2",
+        "--pp",
+        "2",
+        "--microbatches",
+        "4",
+    ])
+    .args(["--recompute", "none", "--memory-limit", "200MiB"])
+    .output()
+    .unwrap();
+    assert!(stdout(&e).contains("OUT OF MEMORY on stage 1"));
 }
 
 /// A stage out of memory fails `estimate` of a layout as it fails one
@@ -413,25 +403,15 @@ fn a_layout_out_of_memory_fails_its_estimate() {
         "--memory-limit",
         "1GiB",
     ];
-    let o = Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args(args)
-        .output()
-        .unwrap();
-    let (out, err) = (
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr),
-    );
+    let o = vramlab(args);
+    let (out, err) = (stdout(&o), stderr(&o));
     assert_eq!(o.status.code(), Some(1), "{out}");
     assert!(out.contains("runs out of memory"), "{out}");
     assert!(
         err.contains("stage 0 of the layout runs out of memory"),
         "{err}"
     );
-    let o = Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args(args)
-        .arg("--json")
-        .output()
-        .unwrap();
+    let o = command(args).arg("--json").output().unwrap();
     assert_eq!(o.status.code(), Some(1));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert!(
@@ -474,11 +454,8 @@ fn estimates_verdict_takes_plans_headroom_when_asked() {
         a.extend_from_slice(extra);
         a
     };
-    let text = Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args(est(&[]))
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&text.stdout);
+    let text = vramlab(est(&[]));
+    let text = stdout(&text);
     assert!(
         text.contains("On 1.00 GiB a GPU, no headroom") && text.contains(": fits, "),
         "{text}"
@@ -580,11 +557,8 @@ fn plan_names_the_layer_pass_cap_and_counts_what_it_skipped() {
     let v = vramlab_json(json);
     assert_eq!(v["layouts_skipped_past_layer_passes"], 3, "{v}");
     assert_eq!(v["layouts_evaluated"], 1, "{v}");
-    let o = Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args(args)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&o.stdout);
+    let o = vramlab(args);
+    let text = stdout(&o);
     assert!(text.contains("3 layouts skipped, not evaluated"), "{text}");
 }
 
@@ -592,23 +566,20 @@ fn plan_names_the_layer_pass_cap_and_counts_what_it_skipped() {
 /// the memory limit that decided the fits is in the header and the JSON.
 #[test]
 fn plan_marks_what_does_not_fit_and_the_limit_it_fit_under() {
-    let o = Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args([
-            "plan",
-            "--preset",
-            "gpt2",
-            "--gpus",
-            "1",
-            "--memory",
-            "8GiB",
-            "--global-batch",
-            "64",
-            "--top",
-            "20",
-        ])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&o.stdout);
+    let o = vramlab([
+        "plan",
+        "--preset",
+        "gpt2",
+        "--gpus",
+        "1",
+        "--memory",
+        "8GiB",
+        "--global-batch",
+        "64",
+        "--top",
+        "20",
+    ]);
+    let text = stdout(&o);
     let lines: Vec<&str> = text.lines().collect();
     let mark = lines
         .iter()
@@ -648,11 +619,8 @@ fn plan_marks_what_does_not_fit_and_the_limit_it_fit_under() {
     let mut json = plan(None);
     json.push("--json");
     assert!(vramlab_json(json)["memory_limit"].is_null());
-    let o = Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args(plan(Some("1GiB")))
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&o.stdout);
+    let o = vramlab(plan(Some("1GiB")));
+    let text = stdout(&o);
     assert!(
         text.lines()
             .next()

@@ -4,6 +4,7 @@
 //! renders in headless Chromium without errors.
 
 use crate::common;
+use crate::common::cli::{command, stderr};
 use common::*;
 use vramlab::estimate::run::run_steps;
 use vramlab::estimate::Plan;
@@ -86,15 +87,14 @@ fn chrome_trace_is_json_in_time_order() {
 #[test]
 fn timeline_html_renders_in_headless_chromium() {
     let dir = std::env::temp_dir().join(format!("vramlab-profile-{}", std::process::id()));
-    let status = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args([
-            "profile", "--model", "mlp", "--widths", "20,30,5", "--batch", "4",
-        ])
-        .arg("--out")
-        .arg(&dir)
-        .stdout(std::process::Stdio::null())
-        .status()
-        .unwrap();
+    let status = command([
+        "profile", "--model", "mlp", "--widths", "20,30,5", "--batch", "4",
+    ])
+    .arg("--out")
+    .arg(&dir)
+    .stdout(std::process::Stdio::null())
+    .status()
+    .unwrap();
     assert!(status.success());
     rendered_dom(&dir.join("timeline.html"));
     let _ = std::fs::remove_dir_all(&dir);
@@ -150,13 +150,12 @@ fn the_exported_pytorch_snapshot_is_the_allocators_state() {
 fn a_profile_that_runs_out_of_memory_writes_what_led_to_it() {
     let dir = std::env::temp_dir().join(format!("vramlab-profile-oom-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args(["profile", "--model", "mlp", "--batch", "4", "--steps", "1"])
+    let out = command(["profile", "--model", "mlp", "--batch", "4", "--steps", "1"])
         .args(["--memory-limit", "2MiB", "--out"])
         .arg(&dir)
         .output()
         .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = stderr(&out);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
         err.contains("the step ran out of memory; the") && err.contains("out of memory. Tried"),

@@ -2,22 +2,14 @@
 //! stand-in recorder (tests/fixtures/recorder/fake_recorder.py, no PyTorch)
 //! whose step needs max(4 + 3·B, 12) MiB at batch B.
 
+use crate::common::cli::{fails_cleanly, stderr, vramlab};
 use crate::common::json_of;
-use std::process::Command;
-
-fn vramlab(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("the vramlab binary runs")
-}
 
 const RECORD: &str = "python3 tests/fixtures/recorder/fake_recorder.py --batch {batch}";
 
 #[test]
 fn max_batch_searches_the_recorded_step_under_the_limit() {
-    let out = vramlab(&[
+    let out = vramlab([
         "max-batch",
         "--record",
         RECORD,
@@ -52,7 +44,7 @@ fn max_batch_searches_the_recorded_step_under_the_limit() {
 
 #[test]
 fn sweep_fits_a_line_through_the_recorded_peaks() {
-    let v = json_of(vramlab(&[
+    let v = json_of(vramlab([
         "sweep", "--record", RECORD, "--batch", "4,8,16", "--json",
     ]));
     let slope = v["fit"]["slope"].as_f64().unwrap();
@@ -65,18 +57,16 @@ fn sweep_fits_a_line_through_the_recorded_peaks() {
 
 #[test]
 fn a_recorder_that_fails_or_a_command_without_batch_is_an_error_that_says_so() {
-    let out = vramlab(&["sweep", "--record", "python3 x.py", "--batch", "1,2"]);
+    let out = vramlab(["sweep", "--record", "python3 x.py", "--batch", "1,2"]);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("has no {batch}"));
+    assert!(stderr(&out).contains("has no {batch}"));
     let failing = format!("{RECORD} --fail");
-    let out = vramlab(&["sweep", "--record", &failing, "--batch", "1,2"]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = fails_cleanly(["sweep", "--record", &failing, "--batch", "1,2"]);
     assert!(
         err.contains("the recorder failed for batch 1") && err.contains("failing as asked"),
         "{err}"
     );
-    let out = vramlab(&[
+    let out = vramlab([
         "max-batch",
         "--record",
         RECORD,
@@ -86,5 +76,5 @@ fn a_recorder_that_fails_or_a_command_without_batch_is_an_error_that_says_so() {
         "1GiB",
     ]);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--width sizes a zoo model"));
+    assert!(stderr(&out).contains("--width sizes a zoo model"));
 }

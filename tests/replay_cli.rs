@@ -2,30 +2,25 @@
 //! (test_cuda.py), checked against the numbers PyTorch asserts, through the
 //! real binary and its `--json` output.
 
+use crate::common::cli::{command, stderr, stdout, vramlab};
 use serde_json::Value;
-use std::process::Command;
 
 const MIB: i64 = 1 << 20;
 
 fn replay(trace: &str, extra: &[&str]) -> (i32, Value, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args([
-            "replay",
-            &format!("tests/fixtures/traces/{trace}"),
-            "--json",
-        ])
-        .args(extra)
-        .env_remove("VRAMLAB_ALLOC_CONF")
-        .output()
-        .expect("run vramlab");
-    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let out = command([
+        "replay",
+        &format!("tests/fixtures/traces/{trace}"),
+        "--json",
+    ])
+    .args(extra)
+    .env_remove("VRAMLAB_ALLOC_CONF")
+    .output()
+    .expect("run vramlab");
+    let stdout = stdout(&out);
     let json: Value =
         serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("bad JSON ({e}): {stdout}"));
-    (
-        out.status.code().unwrap_or(-1),
-        json,
-        String::from_utf8_lossy(&out.stderr).to_string(),
-    )
+    (out.status.code().unwrap_or(-1), json, stderr(&out))
 }
 
 fn stat(v: &Value, key: &str) -> i64 {
@@ -148,14 +143,8 @@ fn double_free_is_named() {
 #[test]
 fn bad_flags_say_what_is_wrong() {
     let run = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_vramlab"))
-            .args(args)
-            .output()
-            .unwrap();
-        (
-            out.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&out.stderr).to_string(),
-        )
+        let out = vramlab(args);
+        (out.status.code().unwrap_or(-1), stderr(&out))
     };
     let (rc, err) = run(&[
         "replay",
@@ -200,21 +189,16 @@ fn bad_flags_say_what_is_wrong() {
 
 /// `vramlab replay` run on a file outside the fixtures.
 fn replay_path(path: &std::path::Path, extra: &[&str]) -> (i32, Value, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .arg("replay")
+    let out = command(["replay"])
         .arg(path)
         .arg("--json")
         .args(extra)
         .env_remove("VRAMLAB_ALLOC_CONF")
         .output()
         .expect("run vramlab");
-    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let stdout = stdout(&out);
     let json: Value = serde_json::from_str(&stdout).unwrap_or(Value::Null);
-    (
-        out.status.code().unwrap_or(-1),
-        json,
-        String::from_utf8_lossy(&out.stderr).to_string(),
-    )
+    (out.status.code().unwrap_or(-1), json, stderr(&out))
 }
 
 #[test]
@@ -292,12 +276,9 @@ fn interval_files_replay_and_any_trace_is_written_as_one() {
 fn a_small_refused_request_is_said_in_bytes() {
     let p = std::env::temp_dir().join(format!("vramlab-small-{}.jsonl", std::process::id()));
     std::fs::write(&p, "{\"op\":\"alloc\",\"id\":1,\"size\":1000}\n").unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args(["replay", p.to_str().unwrap(), "--memory-limit", "512"])
-        .output()
-        .unwrap();
+    let out = vramlab(["replay", p.to_str().unwrap(), "--memory-limit", "512"]);
     std::fs::remove_file(&p).unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = stdout(&out);
     assert!(text.contains("id 1 asked for 1000 bytes"), "{text}");
 }
 
@@ -454,13 +435,12 @@ fn an_inert_garbage_collection_threshold_is_noted() {
         "{v}"
     );
     // The text says it too.
-    let out = Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args(["replay", "tests/fixtures/traces/oom_retry.jsonl"])
+    let out = command(["replay", "tests/fixtures/traces/oom_retry.jsonl"])
         .args(gc)
         .env_remove("VRAMLAB_ALLOC_CONF")
         .output()
         .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = stdout(&out);
     assert!(
         text.contains("note: garbage_collection_threshold:0.8 acts only under a memory limit"),
         "{text}"
@@ -475,13 +455,12 @@ fn a_pasted_pytorch_alloc_conf_replays() {
     let (rc, v, err) = replay("oom_retry.jsonl", &["--alloc-conf", conf]);
     assert_eq!(rc, 0, "{err}");
     assert_eq!(v["alloc_conf"], "expandable_segments:True");
-    let out = Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args(["replay", "tests/fixtures/traces/oom_retry.jsonl"])
+    let out = command(["replay", "tests/fixtures/traces/oom_retry.jsonl"])
         .args(["--alloc-conf", "backend:cudaMallocAsync"])
         .env_remove("VRAMLAB_ALLOC_CONF")
         .output()
         .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = stderr(&out);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("native caching allocator only"), "{err}");
 }

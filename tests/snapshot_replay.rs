@@ -4,23 +4,19 @@
 //! by scripts/make_snapshot_fixture.py following the documented format; the
 //! two others are real recordings from CUDA GPUs.
 
+use crate::common::cli::{command, stderr};
 use serde_json::Value;
 use std::path::Path;
 
 fn replay(path: &Path, extra: &[&str]) -> (bool, Value, String) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .arg("replay")
+    let out = command(["replay"])
         .arg(path)
         .args(extra)
         .arg("--json")
         .output()
         .unwrap();
     let v = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-    (
-        out.status.success(),
-        v,
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    (out.status.success(), v, stderr(&out))
 }
 
 fn fixture(name: &str) -> std::path::PathBuf {

@@ -147,6 +147,9 @@ fn a_capacity_produces_out_of_memory_and_the_run_goes_on() {
     let r = compare(&w, &NAMES, Some(lb / 2)).unwrap();
     for x in &r {
         assert!(x.oom, "{} at half the lower bound", x.allocator);
+        // What a strategy reports holding fits the device, the offline
+        // planner's refused arena included.
+        assert!(x.peak_reserved_bytes <= lb / 2, "{}", x.allocator);
     }
     // nocache needs only the live bytes (rounded to 512 B each).
     let ok = compare(&w, &["nocache"], Some(lb + (1 << 20))).unwrap();

@@ -4,6 +4,7 @@
 //! the sweep goes on.
 
 use crate::common;
+use crate::common::cli::{fails_cleanly, stderr, stdout, vramlab};
 use serde_json::Value;
 
 fn sweep(args: &[&str]) -> Value {
@@ -111,12 +112,7 @@ fn a_point_past_the_memory_limit_is_out_of_memory_without_measuring() {
 /// gave a line through one point, R² = 1).
 #[test]
 fn a_repeated_value_is_refused() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args(["sweep", "--model", "mlp", "--batch", "2,4,2"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = fails_cleanly(["sweep", "--model", "mlp", "--batch", "2,4,2"]);
     assert!(err.contains("--batch 2 is given more than once"), "{err}");
 }
 
@@ -137,17 +133,11 @@ fn a_point_shows_the_reserved_memory_its_verdict_is_about() {
         );
         assert!(reserved(0) >= p[0]["estimated_peak_bytes"].as_u64().unwrap());
     }
-    let o = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args(["sweep", "--batch", "3,7", "--memory-limit", "38MiB"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&o.stdout);
+    let o = vramlab(["sweep", "--batch", "3,7", "--memory-limit", "38MiB"]);
+    let text = stdout(&o);
     assert!(text.contains("reserved (MiB)"), "{text}");
     // A measured point runs on the GPU, whose size --capacity is not.
-    let o = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args(["sweep", "--batch", "3,7", "--measure", "--capacity", "1GiB"])
-        .output()
-        .unwrap();
+    let o = vramlab(["sweep", "--batch", "3,7", "--measure", "--capacity", "1GiB"]);
     assert_eq!(o.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("--memory-limit"));
+    assert!(stderr(&o).contains("--memory-limit"));
 }

@@ -6,6 +6,7 @@
 //! error everywhere. The tests read the files only; they need no PyTorch.
 
 use crate::common;
+use crate::common::cli::command;
 use common::*;
 use std::path::{Path, PathBuf};
 use vramlab::io::SafeTensors;
@@ -449,8 +450,7 @@ fn train_cli_dump_matches_pytorch() {
     let expected = read(&dir.join("expected.safetensors"));
     let out = std::env::temp_dir().join(format!("vramlab-dump-{}.safetensors", std::process::id()));
     let m = &expected.metadata;
-    let status = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args(["train", "--model", "attention", "--optimizer", "sgd"])
+    let status = command(["train", "--model", "attention", "--optimizer", "sgd"])
         .args([
             "--lr",
             &m["lr"],

@@ -19,8 +19,8 @@ use serde::Serialize;
 
 #[derive(Debug, Args)]
 pub struct BenchAllocArgs {
-    /// Strategies to compare (default: all).
-    #[arg(long, value_delimiter = ',')]
+    /// Strategies to compare (default: all; --help says what each is).
+    #[arg(long, value_delimiter = ',', value_name = "NAMES", long_help = super::replay::STRATEGIES_HELP)]
     pub allocators: Option<Vec<String>>,
     /// Simulated device size; a strategy that needs more is marked OOM.
     #[arg(long, value_name = "SIZE")]
@@ -118,11 +118,10 @@ pub fn run(args: &BenchAllocArgs) -> anyhow::Result<()> {
         return super::alloc_grid::run(args.json);
     }
     let capacity = parse_capacity(&args.capacity)?;
-    let names: Vec<String> = args
-        .allocators
-        .clone()
-        .unwrap_or_else(|| NAMES.iter().map(|s| s.to_string()).collect());
-    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let names = match &args.allocators {
+        Some(names) => super::replay::strategy_names(names),
+        None => NAMES.to_vec(),
+    };
     let mut workloads = recorded_suite()?;
     workloads.extend(synthetic::suite());
     let mut reports = Vec::new();
@@ -174,6 +173,7 @@ pub fn run(args: &BenchAllocArgs) -> anyhow::Result<()> {
         super::replay::print_results(&r.results);
         println!();
     }
+    println!("{}\n", super::replay::COLUMNS);
     println!("Geometric-mean fragmentation (peak reserved / peak live requested):");
     for (n, g, oom) in &geo {
         let left_out = if *oom > 0 {

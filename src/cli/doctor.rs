@@ -88,6 +88,9 @@ struct DeviceReport {
     /// The device size the what-ifs ran on (`--capacity`, unless the
     /// recording's own starting state did not fit it).
     capacity_bytes: Option<u64>,
+    /// The memory limit a vramlab run recorded (`--memory-limit`), under
+    /// which every what-if replays.
+    memory_limit_bytes: Option<u64>,
     allocations: usize,
     /// What the trace holds, counted as memory_viz's `trace` lists it.
     trace_counts: TraceCounts,
@@ -556,6 +559,7 @@ fn diagnose(
         planner_floor_bytes,
         &base.at_peak,
         capacity,
+        recorded.memory_limit,
         &recorded_ooms,
     );
     advice.extend(capacity_note);
@@ -581,6 +585,7 @@ fn diagnose(
         DeviceReport {
             device: snap.device,
             capacity_bytes: capacity,
+            memory_limit_bytes: recorded.memory_limit,
             allocations: snap.workload.allocations(),
             trace_counts: TraceCounts {
                 unknown_actions: snap.unknown_actions.clone(),
@@ -595,7 +600,10 @@ fn diagnose(
                 segment_allocs: snap.segment_allocs.len(),
                 segment_frees: snap.segment_frees.len(),
             },
-            recorded_settings: recorded.describe(),
+            recorded_settings: match recorded.memory_limit {
+                Some(l) => format!("{}, memory limit {}", recorded.describe(), Mib(l)),
+                None => recorded.describe(),
+            },
             what_ifs,
             planner_floor_bytes,
             at_peak: base.at_peak,
@@ -649,6 +657,7 @@ fn advise(
     floor: Option<u64>,
     at_peak: &LiveAt,
     capacity: Option<u64>,
+    limit: Option<u64>,
     recorded_ooms: &[RecordedOom],
 ) -> Vec<String> {
     let mut out = Vec::new();
@@ -720,8 +729,20 @@ fn advise(
                 Mib(best.peak_reserved_bytes),
                 best.setting
             ));
+        } else if saved > 0 {
+            // Lower, but refused as often: no row to recommend.
+            out.push(format!(
+                "{} would have peaked {} lower ({} reserved) but still runs out of memory {}, as the recorded settings do: no single change tried avoids it.",
+                best.setting,
+                Mib(saved as u64),
+                Mib(best.peak_reserved_bytes),
+                super::count(best.ooms, "time")
+            ));
         } else {
-            out.push("None of the single changes tried lowers the peak reserved: the recorded settings are already the best of them for this trace.".into());
+            out.push(format!(
+                "None of the single changes tried lowers the peak reserved{}: the recorded settings are already the best of them for this trace.",
+                if base.ooms > 0 { " or avoids running out of memory" } else { "" }
+            ));
         }
     }
     match (floor, capacity) {
@@ -765,15 +786,22 @@ fn advise(
         ));
     }
     for o in recorded_ooms.iter().take(3) {
+        // Under a recorded memory limit the device's free memory is not
+        // what refused it, and every row already replays under that limit.
+        let why = match (limit, capacity) {
+            (Some(l), _) => format!(
+                " under its memory limit of {} (vramlab's --memory-limit, recorded in the file), as every row above is replayed",
+                Mib(l)
+            ),
+            (None, None) => format!(
+                " with {} free on the device; give --capacity (the card's memory) to replay each setting on a device that size",
+                Mib(o.device_free_bytes)
+            ),
+            (None, Some(_)) => format!(" with {} free on the device", Mib(o.device_free_bytes)),
+        };
         out.push(format!(
-            "The recording ran out of memory asking for {} with {} free on the device{}.",
-            Mib(o.requested_bytes),
-            Mib(o.device_free_bytes),
-            if capacity.is_none() {
-                "; give --capacity (the card's memory) to replay each setting on a device that size"
-            } else {
-                ""
-            }
+            "The recording ran out of memory asking for {}{why}.",
+            Mib(o.requested_bytes)
         ));
     }
     out
@@ -789,11 +817,11 @@ fn print_text(name: &str, reports: &[DeviceReport]) {
             super::count(r.allocations as u64, "allocation"),
             r.recorded_settings
         );
-        let on = r
-            .capacity_bytes
-            .map_or("no device size: peaks only".into(), |c| {
-                format!("out of memory on {}", Mib(c))
-            });
+        let on = match (r.capacity_bytes, r.memory_limit_bytes) {
+            (Some(c), _) => format!("out of memory on {}", Mib(c)),
+            (None, Some(l)) => format!("out of memory past the recorded limit of {}", Mib(l)),
+            (None, None) => "no device size: peaks only".into(),
+        };
         println!("  what-ifs, each replayed from the recording's first entry ({on}):");
         println!(
             "    {:<58} {:>14} {:>14} {:>6}",

@@ -37,8 +37,8 @@ pub fn run(args: &ModelsArgs) -> anyhow::Result<()> {
                     "classes": spec.classes(),
                     "parameters": count,
                 });
-                // With --params, as the text: every state_dict name and
-                // shape, in the state_dict's order.
+                // With --params, as the text: every parameter's name and
+                // shape, in named_parameters()'s order (no buffers).
                 if args.params {
                     v["parameter_shapes"] = params
                         .iter()

@@ -27,7 +27,7 @@ pub struct ProfileArgs {
     #[command(flatten)]
     pub step: StepArgs,
     /// Directory for timeline.svg, timeline.html, trace.json, snapshot.json
-    /// (created if missing).
+    /// and snapshot.pickle (PyTorch's format; created if missing).
     #[arg(long, value_name = "DIR")]
     pub out: PathBuf,
     /// Print, per layer, the bytes its forward added and backward released.
@@ -72,13 +72,49 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
         // refusal are written, then the error says where.
         Err(e) if e.is_oom() => {
             let events = engine.allocator().take_events();
-            let files = write_files(args, &events, &title(&engine.device_name()), &plan.config)?;
+            let device = engine.device_name();
+            let title = title(&device);
+            let files = write_files(args, &events, &title, &plan.config)?;
             let names: Vec<String> = files.iter().map(|p| p.display().to_string()).collect();
-            return Err(anyhow::Error::new(e).context(format!(
+            let err = anyhow::Error::new(e).context(format!(
                 "the step ran out of memory; the {} events up to it are in {}",
                 events.len(),
                 names.join(", ")
-            )));
+            ));
+            // The figures up to the refusal go beside the error, as the
+            // files have them.
+            let series = Series::of(&events);
+            let analysis = analyze(&events, &[]);
+            if args.json {
+                let mut doc = serde_json::json!({
+                    "plan": plan,
+                    "steps": args.steps,
+                    "device": device,
+                    "events": events.len(),
+                    "peak_allocated_bytes": analysis.peak_allocated_bytes,
+                    "peak_reserved_bytes": analysis.peak_reserved_bytes,
+                    "peak_event": series.peak_index,
+                    "peak_snapshot_operation": crate::lab::snapshot_export::operation_of(
+                        &events,
+                        series.peak_index,
+                        &plan.config,
+                    ),
+                    "by_category": analysis.by_category,
+                    "files": files,
+                });
+                let err = super::fail_in_json(&mut doc, err);
+                println!("{}", serde_json::to_string_pretty(&doc)?);
+                return Err(err);
+            }
+            println!("{title}");
+            println!(
+                "{} events up to the refusal; peak allocated {:.2} MiB (event {}), peak reserved {:.2} MiB",
+                events.len(),
+                mib(analysis.peak_allocated_bytes),
+                series.peak_index,
+                mib(analysis.peak_reserved_bytes)
+            );
+            return Err(err);
         }
         Err(e) => return Err(e.into()),
     };

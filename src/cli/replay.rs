@@ -23,11 +23,9 @@ pub struct ReplayArgs {
     /// interval files; for a snapshot, `vramlab doctor FILE --out DIR`).
     #[arg(long, conflicts_with = "allocators")]
     pub timeline: bool,
-    /// Compare allocator strategies on this trace instead:
-    /// pytorch,expandable,nocache,buckets,sliced,buddy,planner,vramlab (or a subset).
-    /// vramlab: expandable segments with physical memory in 2 MiB granules
-    /// mapped only under live blocks (never more reserved than expandable).
-    #[arg(long, value_delimiter = ',', value_name = "NAMES")]
+    /// Compare allocator strategies on this trace instead (`all`, or names;
+    /// --help says what each is).
+    #[arg(long, value_delimiter = ',', value_name = "NAMES", long_help = STRATEGIES_HELP)]
     pub allocators: Option<Vec<String>>,
     /// With --allocators: write reserved.svg (reserved memory over the
     /// trace, one line per strategy) here.
@@ -276,6 +274,29 @@ fn stopped_error(
 }
 
 /// The comparison table `replay --allocators` and `bench-alloc` print.
+/// `--allocators`' long help (replay and bench-alloc): each strategy in a line.
+pub const STRATEGIES_HELP: &str = "Allocator strategies to compare, comma-separated, or all:
+  pytorch     PyTorch's caching allocator, with the --alloc-conf options
+  expandable  pytorch with expandable_segments:True
+  nocache     one buffer per tensor, freed at once (PYTORCH_NO_CUDA_MEMORY_CACHING=1)
+  buckets     power-of-two size classes, one buffer per block, cached per class
+  sliced      64 MiB pages carved into slices, first fit, merged on free
+  buddy       a binary buddy allocator in 64 MiB arenas
+  planner     offline: sees the whole trace and packs every lifetime into one arena
+  vramlab     expandable's decisions, with physical memory in 2 MiB granules
+              mapped only under live blocks";
+
+/// The strategies named, `all` standing for every one.
+pub fn strategy_names(names: &[String]) -> Vec<&str> {
+    if names.iter().any(|n| n == "all") {
+        return crate::lab::strategies::NAMES.to_vec();
+    }
+    names.iter().map(String::as_str).collect()
+}
+
+/// What the columns of `print_results` mean, printed once under the tables.
+pub const COLUMNS: &str = "frag: peak reserved / lower bound (peak live requested); vs plan: peak reserved over the offline planner's arena; dev+ / dev−: times memory was asked of the driver / given back; ns/op: host time per operation; - where a strategy ran out of memory.";
+
 pub fn print_results(results: &[crate::lab::workload::RunResult]) {
     println!(
         "  {:<10} {:>12} {:>12} {:>8} {:>9} {:>8} {:>8} {:>5} {:>9}",
@@ -317,7 +338,7 @@ fn compare_strategies(args: &ReplayArgs, names: &[String]) -> anyhow::Result<()>
         };
         anyhow::anyhow!("{name}: {e}{kind}")
     })?;
-    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let names = strategy_names(names);
     let results = compare_with(&w, &names, capacity, &config).map_err(anyhow::Error::msg)?;
     let mut notes = config_notes(&config);
     if w.measure_from > 0 {
@@ -353,7 +374,7 @@ fn compare_strategies(args: &ReplayArgs, names: &[String]) -> anyhow::Result<()>
             .unwrap_or_default()
     );
     print_results(&results);
-    println!("frag: peak reserved / lower bound; vs plan: peak reserved over the offline planner's arena.");
+    println!("{COLUMNS}");
     for n in &notes {
         println!("note: {n}");
     }
@@ -435,6 +456,12 @@ fn replay_snapshot(args: &ReplayArgs) -> anyhow::Result<()> {
     let user_conf = args.alloc.conf_given();
     let mut config = args.alloc.config(capacity)?;
     let settings_source = match (&file.settings, user_conf) {
+        (Some(s), true) if config.memory_limit.is_none() && s.memory_limit.is_some() => {
+            // The recorded limit is not an allocator option: it stays
+            // unless --memory-limit or --memory-fraction replaces it.
+            config.memory_limit = s.memory_limit;
+            "--alloc-conf, under the recording's memory limit"
+        }
         (_, true) => "--alloc-conf",
         (Some(s), false) => {
             // --memory-limit wins over the limit a vramlab run recorded.
@@ -474,11 +501,27 @@ fn replay_snapshot(args: &ReplayArgs) -> anyhow::Result<()> {
             .map_err(|e| anyhow::anyhow!("{name}: device {}: {e}", snap.device))?;
         let results = match &args.allocators {
             Some(names) => {
-                let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                let names = strategy_names(names);
                 crate::lab::workload::compare_with(&snap.workload, &names, capacity, &cfg)
                     .map_err(anyhow::Error::msg)?
             }
             None => Vec::new(),
+        };
+        // One plot a device: reserved.svg, or reserved-deviceN.svg where
+        // the file holds several.
+        let plot = match &args.out {
+            Some(dir) if !results.is_empty() => {
+                let file = match devices.len() {
+                    1 => "reserved.svg".to_string(),
+                    _ => format!("reserved-device{}.svg", snap.device),
+                };
+                let path = dir.join(file);
+                let title = format!("{name}, device {}", snap.device);
+                let svg = reserved_plot(&results, snap.workload.ops.len(), &title);
+                crate::io::write_atomic(&path, svg.as_bytes())?;
+                Some(path.display().to_string())
+            }
+            _ => None,
         };
         reports.push(serde_json::json!({
             "device": snap.device,
@@ -503,6 +546,8 @@ fn replay_snapshot(args: &ReplayArgs) -> anyhow::Result<()> {
             "oom_at": r.oom_at,
             "at_first_oom": r.at_first_oom,
             "results": results,
+            "lower_bound_bytes": args.allocators.as_ref().map(|_| snap.workload.lower_bound()),
+            "plot": plot,
         }));
         all_results.push(results);
         replays.push(r);
@@ -622,7 +667,15 @@ fn replay_snapshot(args: &ReplayArgs) -> anyhow::Result<()> {
         }
         if !results.is_empty() {
             println!();
+            println!(
+                "  lower bound (peak live requested) {:.2} MiB",
+                mib(snap.workload.lower_bound())
+            );
             print_results(results);
+            println!("{COLUMNS}");
+        }
+        if let Some(p) = rep["plot"].as_str() {
+            println!("wrote {p}");
         }
     }
     Ok(())

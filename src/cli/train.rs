@@ -568,9 +568,10 @@ fn print_header(args: &TrainArgs, s: &Setup) {
         );
     }
     println!(
-        "parameters: {} elements = {:.2} MiB{}",
+        "parameters: {} elements = {:.2} MiB in {}{}",
         s.store.numel(),
-        mib((s.store.numel() * 4) as u64),
+        mib((s.store.numel() * args.dtype.size_in_bytes()) as u64),
+        args.dtype,
         if args.retain_graph {
             "; retain_graph: the graph of every step is kept"
         } else {

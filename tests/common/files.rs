@@ -74,7 +74,7 @@ pub fn fifo_with_reader(dir: &Path, name: &str) -> (PathBuf, std::thread::JoinHa
 /// before it finishes.
 pub fn writer_caught_mid_write(args: &[&str], dir: &Path) -> std::process::Child {
     use std::time::{Duration, Instant};
-    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"));
+    let mut command = super::cli::command(std::iter::empty::<&str>());
     // The writer starts with the signals' default actions, as from a
     // terminal: a shell that ran these tests in the background (`cmd &`,
     // no job control) passed SIGINT on ignored, and vramlab rightly

@@ -1,7 +1,10 @@
 //! Helpers shared by the GPU tests: a seeded generator and f64 references.
 #![allow(dead_code)]
 
+pub mod cli;
 pub mod files;
+
+pub use cli::{json_of, vramlab_json};
 
 use vramlab::device::AdapterOptions;
 use vramlab::memory::AllocatorConfig;
@@ -246,32 +249,6 @@ pub fn numeric_grad(x: &[f64], f: impl Fn(&[f64]) -> f64) -> Vec<f64> {
             (fp - fm) / (2.0 * h)
         })
         .collect()
-}
-
-/// Runs the vramlab binary with `args` and parses the JSON it prints; fails
-/// the test with the command's stderr if it does not succeed.
-pub fn vramlab_json<I, S>(args: I) -> serde_json::Value
-where
-    I: IntoIterator<Item = S>,
-    S: AsRef<std::ffi::OsStr>,
-{
-    json_of(
-        std::process::Command::new(env!("CARGO_BIN_EXE_vramlab"))
-            .args(args)
-            .output()
-            .expect("the vramlab binary runs"),
-    )
-}
-
-/// The JSON a finished vramlab command printed; fails the test with its
-/// stderr if it did not succeed.
-pub fn json_of(out: std::process::Output) -> serde_json::Value {
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("vramlab printed JSON")
 }
 
 /// One forward, cross-entropy and backward of `model` on `batch` (plain or

@@ -276,8 +276,9 @@ fn parse_divisions_count(s: &str) -> Result<u64, DivisionsError<'_>> {
 }
 
 /// `4` sets every interval; `[64:8,128:2,>:1]` sets intervals by their lower
-/// bound in MiB, `>` meaning every interval after the last one named. As in
-/// PyTorch, the first named interval also covers the ones below it.
+/// bound in MiB, `>` meaning the last one named and every one after it. As
+/// in PyTorch, the first named interval also covers the ones below it, and
+/// an interval between two named ones keeps 0.
 fn parse_divisions(value: &str) -> Result<[u64; K_ROUNDUP_POWER2_INTERVALS], DivisionsError<'_>> {
     let mut out = [0u64; K_ROUNDUP_POWER2_INTERVALS];
     let v = value.trim();
@@ -291,7 +292,9 @@ fn parse_divisions(value: &str) -> Result<[u64; K_ROUNDUP_POWER2_INTERVALS], Div
             let divs = parse_divisions_count(d)?;
             let k = k.trim();
             if k == ">" {
-                let from = last_index.map(|i| i + 1).unwrap_or(0);
+                // PyTorch fills from the last named interval itself (its
+                // std::fill starts at last_index), overwriting that entry.
+                let from = last_index.unwrap_or(0);
                 for slot in out.iter_mut().skip(from) {
                     *slot = divs;
                 }
@@ -372,6 +375,21 @@ mod tests {
         assert_eq!(c.divisions_for(200 << 20), 2);
         assert_eq!(c.divisions_for(400 << 20), 2);
         assert_eq!(c.divisions_for(5 << 30), 1);
+    }
+
+    /// PyTorch's parser, read off c10/core/AllocatorConfig.cpp: `>` fills
+    /// from the last named interval on, that one included; intervals
+    /// skipped between named ones stay 0.
+    #[test]
+    fn the_rest_marker_overwrites_the_last_named_interval_as_pytorch_does() {
+        let c = AllocatorConfig::parse("roundup_power2_divisions:[64:8,256:4,>:2]").unwrap();
+        assert_eq!(c.divisions_for(20 << 20), 8);
+        assert_eq!(c.divisions_for(64 << 20), 8);
+        assert_eq!(c.divisions_for(150 << 20), 0);
+        assert_eq!(c.divisions_for(300 << 20), 2);
+        assert_eq!(c.divisions_for(3 << 30), 2);
+        let c = AllocatorConfig::parse("roundup_power2_divisions:[>:4]").unwrap();
+        assert!((0..40).all(|s| c.divisions_for((1u64 << s) + 1) == 4));
     }
 
     #[test]

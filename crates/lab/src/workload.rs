@@ -387,19 +387,22 @@ pub fn run_planner(w: &Workload, capacity: Option<u64>) -> RunResult {
     let ns = t0.elapsed().as_nanos() as f64 / w.ops.len().max(1) as f64;
     let lb = w.lower_bound().max(1);
     let oom = capacity.is_some_and(|c| p.arena > c);
+    // An arena past the device is refused whole: nothing is reserved, as
+    // a device reports it (the arena it needed is the lower bound's row).
+    let held = if oom { 0 } else { p.arena };
     RunResult {
         allocator: "planner".into(),
-        peak_allocated_bytes: p.arena,
-        peak_reserved_bytes: p.arena,
+        peak_allocated_bytes: held,
+        peak_reserved_bytes: held,
         fragmentation: (!oom).then(|| p.arena as f64 / lb as f64),
         gap_to_planner: (!oom).then_some(0.0),
-        device_allocs: 1,
+        device_allocs: u64::from(!oom),
         device_frees: 0,
         oom,
         ooms: oom as u64,
         ns_per_op: ns,
         mappings: None,
-        reserved_timeline: vec![(0, p.arena), (w.ops.len(), p.arena)],
+        reserved_timeline: vec![(0, held), (w.ops.len(), held)],
     }
 }
 
