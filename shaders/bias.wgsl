@@ -15,15 +15,19 @@ struct Params { outer: u32, channels: u32, inner: u32, _p: u32 }
 // time, (y, z) the (outer, channel) planes, so the channel is one division
 // per workgroup. Per element a division by a runtime value is scalar code
 // on a CPU adapter (AVX2 has no vector integer divide): 4x slower there.
+// Planes longer than the grid's x reach (65,535 × 256 positions) are
+// walked in strides of it.
 @compute @workgroup_size(256)
 fn add_planes(@builtin(workgroup_id) wid: vec3<u32>,
               @builtin(num_workgroups) nwg: vec3<u32>,
               @builtin(local_invocation_index) lidx: u32) {
-    let pos = wid.x * 256u + lidx;
     let plane = wid.y + wid.z * nwg.y;
-    if (pos >= p.inner || plane >= p.outer * p.channels) { return; }
-    let i = plane * p.inner + pos;
-    st_t(i, ld_t(i) + ld_b(plane % p.channels));
+    if (plane >= p.outer * p.channels) { return; }
+    let bias = ld_b(plane % p.channels);
+    for (var pos = wid.x * 256u + lidx; pos < p.inner; pos += nwg.x * 256u) {
+        let i = plane * p.inner + pos;
+        st_t(i, ld_t(i) + bias);
+    }
 }
 
 // Flat: one invocation per pair of elements (packed bf16 words have one

@@ -71,18 +71,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     }
 }
 #else
-// Grid: x covers the H·W input positions 256 at a time, (y, z) the
-// (sample, channel) pairs, so per element only the position is divided.
+// Grid: x covers the H·W input positions 256 at a time (in strides of
+// the grid where a plane is longer than its x reach, 65,535 × 256), (y, z)
+// the (sample, channel) pairs, so per element only the position is divided.
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>,
         @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lidx: u32) {
-    let pos = wid.x * 256u + lidx;
     let cz = wid.y + wid.z * nwg.y;
-    if (pos >= H * W || cz >= C * p.nb) { return; }
+    if (cz >= C * p.nb) { return; }
     let c = cz % C;
     let b = cz / C;
-    let y = pos / W;
-    st_dx((p.n0 * C + cz) * H * W + pos, gather(b, c, y, pos - y * W));
+    for (var pos = wid.x * 256u + lidx; pos < H * W; pos += nwg.x * 256u) {
+        let y = pos / W;
+        st_dx((p.n0 * C + cz) * H * W + pos, gather(b, c, y, pos - y * W));
+    }
 }
 #endif

@@ -1081,3 +1081,164 @@ fn train_dumps_reload_and_its_file_flags_say_what_is_wrong() {
     assert!(err.contains("give one of them"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// From the hostile-input pass: an output named as the input, or as
+/// another output, is refused before anything is written (the trace was
+/// overwritten, and a second read of it then failed; `--dump` and
+/// `--record-trace` kept only the trace), and both files stay as they were.
+#[test]
+fn an_output_that_is_an_input_or_another_output_is_refused() {
+    let dir = scratch("same-file");
+    let trace = dir.join("t.jsonl");
+    write_trace(&trace, 20);
+    let before = std::fs::read(&trace).unwrap();
+    let t = trace.to_str().unwrap();
+    for flag in ["--export-snapshot", "--export-intervals"] {
+        let err = fails_cleanly(["replay", t, flag, t]);
+        assert!(err.contains("which this command reads"), "{err}");
+    }
+    let other = dir.join("o.out");
+    let o = other.to_str().unwrap();
+    let err = fails_cleanly(["replay", t, "--export-snapshot", o, "--export-intervals", o]);
+    assert!(err.contains("both name"), "{err}");
+    assert_eq!(std::fs::read(&trace).unwrap(), before);
+    assert!(!other.exists());
+    let err = fails_cleanly([
+        "train",
+        "--model",
+        "mlp",
+        "--batch",
+        "2",
+        "--steps",
+        "1",
+        "--dump",
+        o,
+        "--record-trace",
+        o,
+    ]);
+    assert!(err.contains("--dump and --record-trace both name"), "{err}");
+    assert!(!other.exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// From the hostile-input pass: numbers past what a command can use are
+/// refused naming the flag, before any work (10^8 GPT layers aborted the
+/// process on the host; a denormal --tflops made every step time infinite;
+/// --reps 2^64−1 ran forever; --momentum inf was taken by estimate, not by
+/// train), and not even batch 1 fitting is an error, not "max batch 0".
+#[test]
+fn numbers_past_what_a_command_can_use_are_refused_naming_the_flag() {
+    let err = fails_cleanly(["estimate", "--model", "gpt", "--layers", "100000000"]);
+    assert!(
+        err.contains("--layers 100000000") && err.contains("100000"),
+        "{err}"
+    );
+    let err = fails_cleanly([
+        "plan", "--model", "gpt", "--preset", "gpt2", "--gpus", "8", "--memory", "80GiB",
+        "--tflops", "1e-320",
+    ]);
+    assert!(err.contains("--tflops 1e-320"), "{err}");
+    let err = fails_cleanly(["bench", "--reps", "18446744073709551615"]);
+    assert!(err.contains("--reps") && err.contains("10000"), "{err}");
+    for cmd in [&["estimate"][..], &["sweep", "--batch", "1,2"]] {
+        let sgd = ["--model", "mlp", "--optimizer", "sgd", "--momentum", "inf"];
+        let err = fails_cleanly([cmd, &sgd].concat());
+        assert!(
+            err.contains("--momentum must be a finite number"),
+            "{cmd:?}: {err}"
+        );
+    }
+    let args = [
+        "max-batch",
+        "--model",
+        "mlp",
+        "--max",
+        "4",
+        "--memory-limit",
+        "4MiB",
+    ];
+    let err = fails_cleanly(args);
+    assert!(
+        err.contains("not even batch 1 trains within 3.80 MiB"),
+        "{err}"
+    );
+    let o = vramlab([&args[..], &["--json"]].concat());
+    assert_eq!(o.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(
+        v["max_batch"] == 0 && v["error"].as_str().unwrap().contains("not even batch 1"),
+        "{v}"
+    );
+}
+
+/// From the output-files pass, on a recording made under a memory limit
+/// that ran out: `profile` prints its figures up to the refusal (text and
+/// `--json` beside the error); `doctor` names the recorded limit and does
+/// not say that no setting lowers the peak when one does; `replay
+/// --alloc-conf` keeps the limit (it dropped it, so no replay ran out);
+/// `replay --allocators all --out DIR` draws reserved.svg for a snapshot
+/// too, with its lower bound in `--json`.
+#[test]
+fn a_recording_under_a_memory_limit_keeps_it_everywhere() {
+    let dir = scratch("limit");
+    let out = dir.join("p");
+    let o = out.to_str().unwrap();
+    let run = [
+        "profile",
+        "--model",
+        "simple-cnn",
+        "--batch",
+        "4",
+        "--steps",
+        "2",
+        "--memory-limit",
+        "30MiB",
+        "--out",
+        o,
+    ];
+    let p = vramlab(run);
+    assert_eq!(p.status.code(), Some(1), "{}", stderr(&p));
+    assert!(
+        stdout(&p).contains("events up to the refusal; peak allocated"),
+        "{}",
+        stdout(&p)
+    );
+    let p = vramlab([&run[..], &["--json"]].concat());
+    let v: serde_json::Value = serde_json::from_slice(&p.stdout).unwrap();
+    assert!(
+        v["peak_allocated_bytes"].as_u64().unwrap() > 0 && v["exit_code"] == 1,
+        "{v}"
+    );
+    let snap = out.join("snapshot.pickle");
+    let s = snap.to_str().unwrap();
+    let text = stdout(&vramlab(["doctor", s]));
+    assert!(text.contains("memory limit 30.00 MiB"), "{text}");
+    assert!(
+        !text.contains("None of the single changes tried lowers"),
+        "{text}"
+    );
+    let v = json_of([
+        "replay",
+        s,
+        "--alloc-conf",
+        "max_split_size_mb:128",
+        "--json",
+    ]);
+    assert_eq!(v["devices"][0]["replayed"]["ooms"], 1, "{v}");
+    let svg = dir.join("svg");
+    let v = json_of([
+        "replay",
+        s,
+        "--allocators",
+        "all",
+        "--out",
+        svg.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(
+        v["devices"][0]["lower_bound_bytes"].as_u64().unwrap() > 0,
+        "{v}"
+    );
+    assert!(svg.join("reserved.svg").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -284,3 +284,60 @@ fn channel_sums(
         .collect();
     (sums, want)
 }
+
+/// Planes longer than a grid's x reach (65,535 workgroups of 256
+/// positions) are walked in strides of it: a bias added along a plane of
+/// 16.8M positions, and col2im's input gradient of a 4096×4096 image (a
+/// stride-2 convolution's, which takes the col2im route), reach the last
+/// position. Before, both were refused with "more workgroups than the
+/// device's 65535".
+#[test]
+fn planes_past_the_grids_reach_are_walked_in_strides() {
+    use vramlab::ops::bias::add_bias;
+    use vramlab::ops::conv2d::{conv2d_backward, Conv2dConfig};
+    let e = engine();
+    let reach = 65_535 * 256;
+    let n = reach + 777;
+    let t = fill::full(&e, &[1, 1, n], 1.0, "t").unwrap();
+    let b = Tensor::from_slice(&e, &[0.5], &[1], "b").unwrap();
+    add_bias(&t, &b, 1, n).unwrap();
+    let got = t.to_vec().unwrap();
+    assert_eq!(got.iter().position(|&v| v != 1.5), None);
+    drop((t, got));
+
+    let (h, k, s, p) = (4096usize, 3usize, 2usize, 1usize);
+    let ho = (h + 2 * p - k) / s + 1;
+    let mut rng = Rng::new(40);
+    let w = rng.vec(k * k);
+    let dy = rng.vec(ho * ho);
+    let x = fill::full(&e, &[1, 1, h, h], 0.25, "x").unwrap();
+    let tw = Tensor::from_slice(&e, &w, &[1, 1, k, k], "w").unwrap();
+    let tdy = Tensor::from_slice(&e, &dy, &[1, 1, ho, ho], "dy").unwrap();
+    let cfg = Conv2dConfig {
+        stride: s,
+        padding: p,
+    };
+    let (dx, _, _) = conv2d_backward(&x, &tw, &tdy, cfg, true).unwrap();
+    let got = dx.unwrap().to_vec().unwrap();
+    let mut want = vec![0.0f64; h * h];
+    for oy in 0..ho {
+        for ox in 0..ho {
+            for ky in 0..k {
+                for kx in 0..k {
+                    let (y, xx) = (
+                        (oy * s + ky) as isize - p as isize,
+                        (ox * s + kx) as isize - p as isize,
+                    );
+                    if (0..h as isize).contains(&y) && (0..h as isize).contains(&xx) {
+                        want[y as usize * h + xx as usize] +=
+                            dy[oy * ho + ox] as f64 * w[ky * k + kx] as f64;
+                    }
+                }
+            }
+        }
+    }
+    assert!(max_rel_err(&got, &want) < TOL);
+    // The positions past the grid's reach are among them, and not all zero.
+    assert!(want[reach..].iter().any(|&v| v != 0.0));
+    assert!(max_rel_err(&got[reach..], &want[reach..]) < TOL);
+}

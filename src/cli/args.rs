@@ -35,7 +35,7 @@ pub struct DeviceArgs {
     /// adapter's max_buffer_size: to check that results do not change when
     /// a segment spans many buffers, or to act like an adapter with a
     /// smaller limit.
-    #[arg(long, value_name = "SIZE", value_parser = parse_window)]
+    #[arg(long, value_name = "SIZE", value_parser = parse_buffer_limit)]
     pub buffer_limit: Option<u64>,
     /// Keep wgpu's runtime bounds checks in every kernel, also the product
     /// kernels that are compiled without them (their own index arithmetic
@@ -47,6 +47,14 @@ pub struct DeviceArgs {
 fn parse_window(s: &str) -> Result<u64, String> {
     match parse_size(s) {
         Ok(0) => Err("a window must hold at least one byte; give e.g. 64KiB".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn parse_buffer_limit(s: &str) -> Result<u64, String> {
+    match parse_size(s) {
+        Ok(0) => Err("a buffer must hold at least one byte; give e.g. 256MiB".into()),
         Ok(n) => Ok(n),
         Err(e) => Err(e.to_string()),
     }
@@ -219,7 +227,13 @@ pub fn check_recorded_steps(steps: usize) -> Result<(), ArgError> {
 /// The error for a step whose loss is NaN or infinite: training stops
 /// there, as `torch.autograd.set_detect_anomaly(True)` would, instead of
 /// updating every weight with NaN.
-pub fn non_finite_loss(step: usize, loss: f32, files: &[&str]) -> ArgError {
+/// `set` names the optimizer flags given besides --lr (--momentum,
+/// --weight-decay): a large one diverges as a large rate does.
+pub fn non_finite_loss(step: usize, loss: f32, files: &[&str], set: &[&str]) -> ArgError {
+    let lower = match set {
+        [] => "lower --lr".to_string(),
+        set => format!("lower --lr or {}", set.join(" or ")),
+    };
     let inputs = match files {
         [] => String::new(),
         files => format!(
@@ -228,7 +242,7 @@ pub fn non_finite_loss(step: usize, loss: f32, files: &[&str]) -> ArgError {
         ),
     };
     ArgError(format!(
-        "step {step}: the loss is {loss}; a NaN or infinity reached it. The run diverged (lower --lr){inputs}; stopping here"
+        "step {step}: the loss is {loss}; a NaN or infinity reached it. The run diverged ({lower}){inputs}; stopping here"
     ))
 }
 
@@ -258,6 +272,52 @@ pub fn out_file_dir(flag: &str, file: &std::path::Path) -> Result<(), ArgError> 
         Some(d) if !d.as_os_str().is_empty() => out_dir(flag, d),
         _ => Ok(()),
     }
+}
+
+/// The file a path names, for comparing two paths: the canonical path of
+/// what exists, else of its directory with the name added.
+fn file_identity(p: &std::path::Path) -> std::path::PathBuf {
+    if let Ok(c) = std::fs::canonicalize(p) {
+        return c;
+    }
+    let dir = match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    match (std::fs::canonicalize(dir), p.file_name()) {
+        (Ok(d), Some(n)) => d.join(n),
+        _ => p.to_path_buf(),
+    }
+}
+
+/// Refuses an output file that is one of the inputs, or another output,
+/// before any work: writing it would destroy the input (read again later,
+/// or wanted afterwards) or the other output, with no error.
+pub fn outputs_apart(
+    outputs: &[(&str, Option<&std::path::Path>)],
+    inputs: &[(&str, Option<&std::path::Path>)],
+) -> Result<(), ArgError> {
+    let named = |list: &[(&str, Option<&std::path::Path>)]| -> Vec<(String, std::path::PathBuf)> {
+        list.iter()
+            .filter_map(|(flag, p)| p.map(|p| (flag.to_string(), file_identity(p))))
+            .collect()
+    };
+    let (outs, ins) = (named(outputs), named(inputs));
+    for (i, (flag, out)) in outs.iter().enumerate() {
+        if let Some((what, _)) = ins.iter().find(|(_, p)| p == out) {
+            return Err(ArgError(format!(
+                "{flag} {} is {what}, which this command reads; writing there would destroy it: name another file",
+                out.display()
+            )));
+        }
+        if let Some((other, _)) = outs[..i].iter().find(|(_, p)| p == out) {
+            return Err(ArgError(format!(
+                "{other} and {flag} both name {}; one would overwrite the other: name two files",
+                out.display()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Parses an optional `--capacity`.
@@ -469,6 +529,10 @@ pub fn parse_amp(s: &str) -> Result<crate::tensor::DType, String> {
 impl StepArgs {
     /// The optimizer with torch.optim's defaults, validated.
     pub fn optimizer(&self) -> Result<crate::train::OptimizerConfig, ArgError> {
+        // The same checks as train's.
+        if let Some(m) = self.momentum {
+            check_number("--momentum", m, false)?;
+        }
         if let Some(w) = self.weight_decay {
             check_number("--weight-decay", w, false)?;
         }

@@ -197,6 +197,10 @@ struct DispatchOverhead {
     bind_groups_reused: u64,
 }
 
+/// Most timed repetitions a figure takes (a bound, so a typo cannot run
+/// for days).
+const MAX_REPS: usize = 10_000;
+
 /// Measures [`DispatchOverhead`]: `reps` timed runs after a warm-up.
 fn dispatch_overhead(e: &Engine, reps: usize) -> anyhow::Result<DispatchOverhead> {
     // Fewer than a submit's worth (MAX_PENDING_COMMANDS), so the recording
@@ -537,6 +541,12 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
 /// returns the models to time, by name.
 fn check_flags(args: &BenchArgs) -> anyhow::Result<Vec<(String, ModelSpec)>> {
     super::args::at_least_one(&[("--reps", args.reps as u64), ("--batch", args.batch as u64)])?;
+    if args.reps > MAX_REPS {
+        anyhow::bail!(
+            "--reps {} is more than {MAX_REPS}: each figure is the median of that many timed runs; a median settles within tens",
+            args.reps
+        );
+    }
     if args.sizes.contains(&0) {
         anyhow::bail!("--sizes: 0 is not a matrix size");
     }

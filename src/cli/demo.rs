@@ -261,7 +261,7 @@ fn train_step(
     }
     let loss_value = loss.tensor().to_vec()?[0];
     if !loss_value.is_finite() {
-        return Err(super::args::non_finite_loss(step, loss_value, &[]).into());
+        return Err(super::args::non_finite_loss(step, loss_value, &[], &[]).into());
     }
     drop((logits, loss));
     d.engine.synchronize()?;

@@ -828,6 +828,7 @@ fn print_text(name: &str, reports: &[DeviceReport]) {
             "setting", "peak reserved", "vs recorded", "OOMs"
         );
         let base = r.what_ifs[0].peak_reserved_bytes as i128;
+        let base_ooms = r.what_ifs[0].ooms;
         for w in &r.what_ifs {
             if let Some(e) = &w.error {
                 println!("    {:<58} cannot replay: {e}", w.setting);
@@ -835,6 +836,9 @@ fn print_text(name: &str, reports: &[DeviceReport]) {
             }
             let delta = w.peak_reserved_bytes as i128 - base;
             let delta = match delta {
+                // Refusing more allocations lowers a peak without saving
+                // anything: no comparison.
+                _ if w.ooms > base_ooms => "(more OOMs)".to_string(),
                 0 => "—".to_string(),
                 d if d < 0 => format!("-{}", Mib((-d) as u64)),
                 d => format!("+{}", Mib(d as u64)),

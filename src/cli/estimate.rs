@@ -413,13 +413,21 @@ fn print_text(
     modes: &[ModeRow],
 ) {
     let s = |b: u64| mib(b as f64);
+    // Inference runs no optimizer; autocast names its dtype beside the
+    // f32 weights.
+    let optimizer = match plan.mode {
+        Mode::Inference => String::new(),
+        _ => format!("{}, ", plan.optimizer.kind),
+    };
+    let precision = match plan.amp {
+        Some(d) => format!("{} with autocast to {d}", plan.dtype),
+        None => plan.dtype.to_string(),
+    };
     println!(
-        "vramlab estimate: {}, batch {}, {}, mode {}, {} — predicted on a simulated device{}",
+        "vramlab estimate: {}, batch {}, {optimizer}mode {}, {precision} — predicted on a simulated device{}",
         plan.model.describe(),
         plan.batch,
-        plan.optimizer.kind,
         plan.mode,
-        args.dtype,
         match measured {
             Some((_, device, _)) => format!(", then measured on {device}"),
             None => " (no GPU touched)".to_string(),
@@ -608,9 +616,13 @@ fn print_text(
         .iter()
         .any(|r| r.amp.is_some() && activations(r) > activations(&modes[0]))
     {
+        const SOFTMAX: &str = "ops on CUDA's autocast fp32 list (softmax, the loss) save their f32 output and the 16-bit product after them a 16-bit copy: vramlab's attention is the explicit one (nanoGPT's without flash); PyTorch's fused SDPA keeps one 16-bit copy (`vramlab_torch record --sdpa math` shows it)";
+        const INPUT: &str = "the first layer saves autocast's 16-bit copy of the f32 input batch, an activation, where f32 saves the input itself (counted as input)";
         let why = match args.model.model.as_str() {
-            "resnet50" | "resnet-mini" => "vramlab's BatchNorm is f32: it widens each 16-bit convolution output and saves the f32 copy (PyTorch's cuDNN BatchNorm takes the 16-bit one)",
-            _ => "ops on CUDA's autocast fp32 list (softmax, the loss) save their f32 output and the 16-bit product after them a 16-bit copy: vramlab's attention is the explicit one (nanoGPT's without flash); PyTorch's fused SDPA keeps one 16-bit copy (`vramlab_torch record --sdpa math` shows it)",
+            "resnet50" | "resnet-mini" => "vramlab's BatchNorm is f32: it widens each 16-bit convolution output and saves the f32 copy (PyTorch's cuDNN BatchNorm takes the 16-bit one)".to_string(),
+            "gpt" => SOFTMAX.to_string(),
+            "attention" => format!("{INPUT}; and {SOFTMAX}"),
+            _ => INPUT.to_string(),
         };
         println!("  Here autocast saves more activations than f32: {why}.");
     }
@@ -634,10 +646,12 @@ fn print_text(
         },
         mib(truth),
         100.0 * (hand.total as f64 - truth) / truth,
-        if args.steps == 1 {
-            "; --steps 2 adds step 2's, with Adam's state live, as `demo` runs"
-        } else {
-            ""
+        match (args.steps, plan.mode) {
+            (1, Mode::Train | Mode::Checkpoint) if plan.optimizer.has_state() => format!(
+                "; --steps 2 adds step 2's, with {}'s state live, as `demo` runs",
+                plan.optimizer.kind
+            ),
+            _ => String::new(),
         }
     );
     let cat = |c: Category| s(a.by_category.get(c.name()).copied().unwrap_or(0));

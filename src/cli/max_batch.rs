@@ -326,8 +326,16 @@ pub fn run(args: &MaxBatchArgs) -> anyhow::Result<()> {
         by_allocator.push(serde_json::json!({"allocator": name, "max_batch": n}));
     }
     progress.finish_and_clear();
+    let none_fits = (max_batch == 0).then(|| {
+        let need = trials
+            .iter()
+            .filter(|t| t.batch == 1)
+            .map(|t| t.peak_reserved_bytes)
+            .max();
+        nothing_fits(effective, need)
+    });
     if args.json {
-        let out = serde_json::json!({
+        let mut out = serde_json::json!({
             "model": spec,
             "limit_bytes": limit,
             "margin": args.margin,
@@ -342,8 +350,9 @@ pub fn run(args: &MaxBatchArgs) -> anyhow::Result<()> {
             "trials": trials,
             "by_allocator": by_allocator,
         });
+        let failed = none_fits.map(|e| super::fail_in_json(&mut out, e));
         println!("{}", serde_json::to_string_pretty(&out)?);
-        return Ok(());
+        return failed.map_or(Ok(()), Err);
     }
     println!(
         "vramlab max-batch: {}, {}, mode {}, limit {} − {:.0}% margin = {}, allocator {} on {}",
@@ -397,6 +406,9 @@ pub fn run(args: &MaxBatchArgs) -> anyhow::Result<()> {
     }
     if let Some(why) = trials.iter().find_map(|t| t.limit.as_ref()) {
         println!("limit: a batch failed past what the adapter binds, not for memory: {why}");
+    }
+    if let Some(e) = none_fits {
+        return Err(e);
     }
     let gaps: Vec<usize> = trials
         .iter()
@@ -457,8 +469,16 @@ fn run_recorded(
         Ok(p.fits)
     })?;
     progress.finish_and_clear();
+    let none_fits = (max_batch == 0).then(|| {
+        let need = probes
+            .iter()
+            .filter(|p| p.batch == 1)
+            .map(|p| p.peak_reserved_bytes)
+            .max();
+        nothing_fits(effective, need)
+    });
     if args.json {
-        let out = serde_json::json!({
+        let mut out = serde_json::json!({
             "record": command,
             "limit_bytes": limit,
             "margin": args.margin,
@@ -467,8 +487,9 @@ fn run_recorded(
             "probes": probes,
             "not_seen": UNSEEN,
         });
+        let failed = none_fits.map(|e| super::fail_in_json(&mut out, e));
         println!("{}", serde_json::to_string_pretty(&out)?);
-        return Ok(());
+        return failed.map_or(Ok(()), Err);
     }
     println!(
         "vramlab max-batch: your step, recorded by `{command}`; limit {:.2} MiB − {:.0}% margin = {:.2} MiB",
@@ -491,5 +512,22 @@ fn run_recorded(
         );
     }
     println!("max batch: {max_batch} (recorded {UNSEEN})");
-    Ok(())
+    none_fits.map_or(Ok(()), Err)
+}
+
+/// Not even batch 1 fits: an out-of-memory answer is an error that says
+/// what would make room, not a batch of 0.
+fn nothing_fits(effective: u64, reserved_at_refusal: Option<u64>) -> anyhow::Error {
+    let need = reserved_at_refusal
+        .map(|b| {
+            format!(
+                " (batch 1 was refused with {} reserved)",
+                crate::memory::Mib(b)
+            )
+        })
+        .unwrap_or_default();
+    anyhow::anyhow!(
+        "not even batch 1 trains within {}{need}: raise --memory-limit (or lower --margin), or use a smaller model",
+        crate::memory::Mib(effective)
+    )
 }

@@ -310,16 +310,29 @@ pub(crate) fn parameters(n: u64) -> String {
 /// A tensor too large for any device came from the sizes the user gave:
 /// the error names the batch flag (the usual cause) and where the model's
 /// own sizes are listed.
+/// A tensor whose first axis is not the batch is a weight (or a sample's
+/// plane) the model's own sizes made.
 fn name_the_size_flag(e: anyhow::Error, batch: Option<(&str, usize)>) -> anyhow::Error {
-    let too_large = e.chain().any(|c| {
-        matches!(
-            c.downcast_ref::<crate::tensor::TensorError>(),
-            Some(crate::tensor::TensorError::TooLarge { .. })
-        )
-    });
-    match batch {
-        Some((flag, n)) if too_large => anyhow::anyhow!(
-            "{flag} {n} is too large: {e:#}. Lower {flag} (or the model's size flags; `vramlab models` lists them)"
+    let shape = e
+        .chain()
+        .find_map(|c| match c.downcast_ref::<crate::tensor::TensorError>() {
+            Some(crate::tensor::TensorError::TooLarge { shape, .. }) => Some(shape.clone()),
+            _ => None,
+        });
+    match (batch, shape) {
+        (Some((flag, n)), Some(shape)) if shape.first() == Some(&n) && shape.len() > 1 => {
+            let rest: usize = shape[1..].iter().product();
+            if rest.checked_mul(4).is_some_and(|b| b <= (1 << 40)) {
+                return anyhow::anyhow!(
+                    "{flag} {n} is too large: {e:#}. Lower {flag}"
+                );
+            }
+            anyhow::anyhow!(
+                "{flag} {n} and the model's sizes are too large together: {e:#}. Lower {flag} or the model's size flags (`vramlab models` lists them)"
+            )
+        }
+        (_, Some(_)) => anyhow::anyhow!(
+            "the model's sizes are too large: {e:#}. Lower the model's size flags (`vramlab models` lists them)"
         ),
         _ => e,
     }

@@ -186,8 +186,10 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
         ("--nvlink-gbs", args.nvlink_gbs),
         ("--network-gbs", args.network_gbs),
     ] {
-        if !(x.is_finite() && x > 0.0) {
-            anyhow::bail!("{flag} {x} is a rate: give a number above 0");
+        // Bounded so that every step time stays a finite, printable
+        // number (1e-320 made them infinite, 1e-300 300 digits long).
+        if !(1e-6..=1e9).contains(&x) {
+            anyhow::bail!("{flag} {x:e} is a rate: give a number from 1e-6 to 1e9");
         }
     }
     if !(0.0..1.0).contains(&args.headroom) {
@@ -233,6 +235,13 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
             .map(|l| l.dp * l.micro_batch * (MAX_LAYER_PASSES / (model.layers / l.pp)))
             .max()
             .unwrap_or(0);
+        if most == 0 {
+            anyhow::bail!(
+                "no layout of {} can be replayed: even one micro-batch over a stage's layers takes more layer passes than the {} a rank's program holds; give more --gpus (more pipeline stages) or fewer --layers",
+                super::count(args.gpus, "GPU"),
+                super::grouped(MAX_LAYER_PASSES),
+            );
+        }
         anyhow::bail!(
             "no layout of {} with global batch {} can be replayed: each of its {} takes more layer passes (micro-batches × layers a stage, with micro-batches of at most 8 sequences a data-parallel rank) than the {} a rank's program holds; give a --global-batch of at most {}, or more --gpus",
             super::count(args.gpus, "GPU"),

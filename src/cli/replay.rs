@@ -62,6 +62,13 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
     if let Some(f) = &args.export_intervals {
         super::args::out_file_dir("--export-intervals", f)?;
     }
+    super::args::outputs_apart(
+        &[
+            ("--export-snapshot", args.export_snapshot.as_deref()),
+            ("--export-intervals", args.export_intervals.as_deref()),
+        ],
+        &[("the trace", Some(args.trace.as_path()))],
+    )?;
     let kind = sniff(&args.trace).map_err(anyhow::Error::msg)?;
     if kind == FileKind::Snapshot {
         if args.export_snapshot.is_some() || args.export_intervals.is_some() {
@@ -295,7 +302,7 @@ pub fn strategy_names(names: &[String]) -> Vec<&str> {
 }
 
 /// What the columns of `print_results` mean, printed once under the tables.
-pub const COLUMNS: &str = "frag: peak reserved / lower bound (peak live requested); vs plan: peak reserved over the offline planner's arena; dev+ / dev−: times memory was asked of the driver / given back; ns/op: host time per operation; - where a strategy ran out of memory.";
+pub const COLUMNS: &str = "frag: peak reserved / lower bound (peak live requested); vs plan: peak reserved over the offline planner's arena; dev+ / dev−: times memory was asked of the driver / given back; ns/op: host time per operation; -: no ratio (the strategy ran out of memory, or the trace allocates nothing).";
 
 pub fn print_results(results: &[crate::lab::workload::RunResult]) {
     println!(

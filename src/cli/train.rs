@@ -145,6 +145,22 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
             super::args::out_file_dir(flag, path)?;
         }
     }
+    super::args::outputs_apart(
+        &[
+            ("--dump", args.dump.as_deref()),
+            ("--record-trace", args.record_trace.as_deref()),
+        ],
+        &[
+            ("--data", args.data.as_deref()),
+            ("--text", args.text.as_deref()),
+        ],
+    )?;
+    // --dump may replace its --load (read whole before the first step): a
+    // run that goes on from a checkpoint and writes it back.
+    super::args::outputs_apart(
+        &[("--record-trace", args.record_trace.as_deref())],
+        &[("--load", args.load.as_deref())],
+    )?;
     let setup = setup(args, checked)?;
     print_header(args, &setup);
     let f32_peaks = f32_peaks(args, &setup)?;
@@ -543,11 +559,14 @@ fn print_header(args: &TrainArgs, s: &Setup) {
         s.batch.size() * args.accumulate,
         s.opt.kind,
         s.opt.lr,
-        if s.opt.momentum != 0.0 {
-            format!(" momentum {}", s.opt.momentum)
-        } else {
-            String::new()
-        },
+        [
+            ("momentum", s.opt.momentum),
+            ("weight decay", s.opt.weight_decay)
+        ]
+        .iter()
+        .filter(|(_, v)| *v != 0.0)
+        .map(|(name, v)| format!(" {name} {v}"))
+        .collect::<String>(),
         super::steps(args.steps),
         s.engine.device_name(),
         s.engine.backend_name(),
@@ -720,7 +739,15 @@ fn check_loss(args: &TrainArgs, opt: &OptimizerConfig, r: &StepRecord) -> anyhow
         .filter(|(_, p)| p.is_some())
         .map(|(flag, _)| flag)
         .collect();
-    let mut e = super::args::non_finite_loss(r.step, r.loss, &files);
+    let set: Vec<&str> = [
+        ("--momentum", args.momentum),
+        ("--weight-decay", args.weight_decay),
+    ]
+    .into_iter()
+    .filter(|(_, v)| v.is_some_and(|v| v != 0.0))
+    .map(|(flag, _)| flag)
+    .collect();
+    let mut e = super::args::non_finite_loss(r.step, r.loss, &files, &set);
     // PyTorch's foreach and for-loop Adam store sqrt(v) + eps in
     // the parameters' dtype: in f16, eps 1e-8 rounds to 0 and a
     // zero second moment divides by zero, as it does in PyTorch.

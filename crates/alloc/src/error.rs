@@ -91,7 +91,7 @@ pub enum AllocError {
     },
     #[error("cannot allocate {0} bytes: more than the 2^62 bytes (4 EiB) vramlab models for any device; the size is probably corrupt (an overflow, or a wrong unit)")]
     Unrepresentable(u64),
-    #[error("the recording passed {0} allocator events, the most kept in memory: a training step this long (often a very large --batch, whose convolutions run in many chunks) needs a smaller batch; a trace this long (replay --export-snapshot) needs splitting")]
+    #[error("the recording passed {0} allocator events, the most kept in memory: a training step this long (very many layers, or a very large --batch whose convolutions run in many chunks) needs fewer layers or a smaller batch; a trace this long (replay --export-snapshot) needs splitting")]
     RecordingFull(usize),
     #[error("cannot allocate 0 bytes: a tensor needs at least one element")]
     ZeroSize,

@@ -7,6 +7,7 @@ use super::error::LabError;
 use super::strategies::planner::{plan, Lifetime};
 use super::strategies::{IdMap, Mappings, Strategy};
 use super::trace::TraceEvent;
+use crate::memory::constants::MAX_BYTES;
 use crate::memory::events::{EventKind, MemEvent};
 use crate::memory::tag::Category;
 use crate::memory::AllocatorConfig;
@@ -111,7 +112,8 @@ impl Workload {
     /// (what was live then counts): no allocator can do better.
     pub fn lower_bound(&self) -> u64 {
         let mut live: IdMap<u64, u64> = IdMap::default();
-        let (mut now, mut peak) = (0u64, 0u64);
+        // In u128: live sizes of up to 2^62 each can sum past u64.
+        let (mut now, mut peak) = (0u128, 0u128);
         for (i, op) in self.ops.iter().enumerate() {
             if i == self.measure_from {
                 peak = now;
@@ -119,12 +121,12 @@ impl Workload {
             match *op {
                 Op::Alloc { id, size, .. } => {
                     if let Some(old) = live.insert(id, size) {
-                        now -= old;
+                        now -= old as u128;
                     }
-                    now += size;
+                    now += size as u128;
                     peak = peak.max(now);
                 }
-                Op::Free { id } => now -= live.remove(&id).unwrap_or(0),
+                Op::Free { id } => now -= live.remove(&id).unwrap_or(0) as u128,
                 Op::EmptyCache | Op::Probe { .. } => {}
             }
         }
@@ -132,7 +134,7 @@ impl Workload {
             // A reset after the last op: only what is live at the end.
             peak = now;
         }
-        peak
+        u64::try_from(peak).unwrap_or(u64::MAX)
     }
 
     /// Each allocation's lifetime in operation indices (to the end if never
@@ -363,12 +365,12 @@ pub fn run_with(s: &mut dyn Strategy, w: &Workload, limited: bool) -> RunResult 
         (peak_alloc, peak_res) = (s.allocated(), s.reserved());
     }
     let ns = t0.elapsed().as_nanos() as f64 / w.ops.len().max(1) as f64;
-    let lb = w.lower_bound().max(1);
+    let lb = w.lower_bound();
     RunResult {
         allocator: s.name().to_string(),
         peak_allocated_bytes: peak_alloc,
         peak_reserved_bytes: peak_res,
-        fragmentation: (ooms == 0).then(|| peak_res as f64 / lb as f64),
+        fragmentation: (ooms == 0 && lb > 0).then(|| peak_res as f64 / lb as f64),
         gap_to_planner: None,
         device_allocs: s.device_allocs(),
         device_frees: s.device_frees(),
@@ -385,8 +387,10 @@ pub fn run_planner(w: &Workload, capacity: Option<u64>) -> RunResult {
     let t0 = Instant::now();
     let p = plan(&w.lifetimes());
     let ns = t0.elapsed().as_nanos() as f64 / w.ops.len().max(1) as f64;
-    let lb = w.lower_bound().max(1);
-    let oom = capacity.is_some_and(|c| p.arena > c);
+    let lb = w.lower_bound();
+    // No device holds more than 2^62 bytes, a simulated one without a
+    // size included.
+    let oom = p.arena > capacity.unwrap_or(MAX_BYTES).min(MAX_BYTES);
     // An arena past the device is refused whole: nothing is reserved, as
     // a device reports it (the arena it needed is the lower bound's row).
     let held = if oom { 0 } else { p.arena };
@@ -394,9 +398,10 @@ pub fn run_planner(w: &Workload, capacity: Option<u64>) -> RunResult {
         allocator: "planner".into(),
         peak_allocated_bytes: held,
         peak_reserved_bytes: held,
-        fragmentation: (!oom).then(|| p.arena as f64 / lb as f64),
-        gap_to_planner: (!oom).then_some(0.0),
-        device_allocs: u64::from(!oom),
+        // Ratios of nothing (a trace with no allocation) are no figures.
+        fragmentation: (!oom && lb > 0).then(|| p.arena as f64 / lb as f64),
+        gap_to_planner: (!oom && p.arena > 0).then_some(0.0),
+        device_allocs: u64::from(held > 0),
         device_frees: 0,
         oom,
         ooms: oom as u64,
@@ -478,8 +483,8 @@ pub fn compare_with(
         };
         r.gap_to_planner = planner
             .as_ref()
-            .filter(|p| !p.oom && !r.oom)
-            .map(|p| r.peak_reserved_bytes as f64 / p.peak_reserved_bytes.max(1) as f64 - 1.0);
+            .filter(|p| !p.oom && !r.oom && p.peak_reserved_bytes > 0)
+            .map(|p| r.peak_reserved_bytes as f64 / p.peak_reserved_bytes as f64 - 1.0);
         out.push(r);
     }
     Ok(out)

@@ -19,7 +19,7 @@ pub enum DeviceError {
         #[source]
         source: wgpu::RequestDeviceError,
     },
-    #[error("dispatch of {kernel} binds tensors of {sizes:?} bytes in {needed} windows (at most {window} bytes each, none across the {piece}-byte buffers memory is made of), but this device binds at most {limit} storage buffers per kernel (max_storage_buffers_per_shader_stage); use smaller tensors (a smaller batch)")]
+    #[error("dispatch of {kernel} binds tensors of {sizes:?} bytes in {needed} windows (at most {window} bytes each, none across the {piece}-byte buffers memory is made of), but this device binds at most {limit} storage buffers per kernel (max_storage_buffers_per_shader_stage); {fix}")]
     TooManyWindows {
         kernel: String,
         sizes: Vec<u64>,
@@ -27,6 +27,9 @@ pub enum DeviceError {
         limit: u32,
         window: u64,
         piece: u64,
+        /// What makes the windows fewer: the flags that shrank them, or
+        /// smaller tensors.
+        fix: String,
     },
     #[error("dispatch of {kernel} needs a grid of {groups} workgroups, more than this device can launch; split the work")]
     GridTooLarge { kernel: String, groups: u64 },

@@ -1018,6 +1018,19 @@ impl Gpu {
         let kernel = if windowed {
             let needed: u32 = counts.iter().sum();
             if needed > limit {
+                // Windows cut small by a flag are the flag's doing.
+                let shrunk: Vec<&str> = [
+                    ("--binding-window", self.options.binding_limit),
+                    ("--buffer-limit", self.options.buffer_limit),
+                ]
+                .into_iter()
+                .filter(|(_, l)| l.is_some())
+                .map(|(flag, _)| flag)
+                .collect();
+                let fix = match shrunk.as_slice() {
+                    [] => "use smaller tensors (a smaller batch)".to_string(),
+                    flags => format!("raise {} (or leave it out)", flags.join(" and ")),
+                };
                 return Err(DeviceError::TooManyWindows {
                     kernel: kernel.name.to_string(),
                     sizes: bindings.iter().map(|b| b.size).collect(),
@@ -1025,6 +1038,7 @@ impl Gpu {
                     limit,
                     window: self.binding_window,
                     piece: self.buffer_piece,
+                    fix,
                 });
             }
             variant = kernel.windowed(&counts);

@@ -26,6 +26,11 @@ use crate::io::SafeTensors;
 use crate::memory::Category;
 use crate::tensor::{DType, Engine, SpecError, Tensor, TensorError};
 use serde::Serialize;
+
+/// The most transformer blocks a GPT is built with: a thousand times
+/// GPT-3's 96, far past any model that trains, and each block costs host
+/// memory before a tensor exists.
+pub const MAX_LAYERS: usize = 100_000;
 use std::sync::Arc;
 
 /// LayerNorm's epsilon (PyTorch's default, GPT-2's).
@@ -568,6 +573,14 @@ impl ModelConfig for GptSpec {
 
     fn validate(&self) -> Result<(), SpecError> {
         let (c, seq, dropout) = (&self.config, self.seq, self.dropout);
+        // Checked before anything is built: the model holds a few hundred
+        // host bytes a layer, so 10^8 layers would abort on the host.
+        if c.layers > MAX_LAYERS {
+            return Err(SpecError::TooManyLayers {
+                layers: c.layers,
+                max: MAX_LAYERS,
+            });
+        }
         check_sizes(&[c.layers, c.heads, c.dim, c.seq_len, c.vocab, seq, 4 * c.dim])?;
         // The first rule broken, named by its flag and value.
         let max = crate::ops::LONGEST_REDUCED_ROW;

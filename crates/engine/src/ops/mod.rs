@@ -256,8 +256,9 @@ pub(crate) fn launch_pairs(
 
 /// Dispatches an elementwise kernel (256 threads per group) over `n` items.
 /// A grid for `plane` planes of `inner` positions (col2im, bias): x covers
-/// the positions 256 at a time, (y, z) the planes, so a kernel derives its
-/// plane's coordinates once per workgroup instead of once per element.
+/// the positions 256 at a time (at most the device's reach, the kernels
+/// stepping by it), (y, z) the planes, so a kernel derives its plane's
+/// coordinates once per workgroup instead of once per element.
 pub(crate) fn plane_grid(
     x: &Tensor,
     inner: usize,
@@ -268,10 +269,11 @@ pub(crate) fn plane_grid(
         .gpu()
         .map(|g| g.limits.max_compute_workgroups_per_dimension as usize)
         .unwrap_or(65_535);
-    let gx = inner.div_ceil(256);
+    // The kernels walk a plane longer than x's reach in strides of it.
+    let gx = inner.div_ceil(256).min(max);
     let gy = plane.min(max);
     let gz = plane.div_ceil(gy.max(1));
-    if gx > max || gz > max {
+    if gz > max {
         return Err(TensorError::GridTooLarge {
             op: "grid",
             inner,

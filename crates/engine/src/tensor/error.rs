@@ -266,6 +266,8 @@ pub enum EngineError {
     },
     #[error("no tuning cache file (set VRAMLAB_TUNE_CACHE or HOME)")]
     NoTuneCache,
+    #[error("{0} is not a vramlab tile cache, so it is left as it is; point VRAMLAB_TUNE_CACHE at a new file, or remove this one")]
+    NotATuneCache(PathBuf),
     #[error("cannot write the tuning cache: {0}")]
     TuneCacheJson(#[source] serde_json::Error),
 
@@ -469,6 +471,8 @@ pub enum SpecError {
     },
     #[error("a size of {size} is more than the {max} vramlab accepts for one dimension")]
     SizeTooLarge { size: usize, max: usize },
+    #[error("--layers {layers} is more than the {max} layers vramlab builds (GPT-3 has 96): every layer is a module with its own parameters and passes; give fewer")]
+    TooManyLayers { layers: usize, max: usize },
     /// `flags` names them as the message does: "--dim and --classes".
     #[error("{flags} must be at least 1")]
     Zero { flags: &'static str },

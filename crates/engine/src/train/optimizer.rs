@@ -75,6 +75,12 @@ impl OptimizerConfig {
         }
     }
 
+    /// Whether the optimizer keeps state between steps: Adam's moments,
+    /// SGD's momentum buffers (plain SGD keeps none).
+    pub fn has_state(&self) -> bool {
+        self.kind != OptimizerKind::Sgd || self.momentum != 0.0
+    }
+
     /// Errors for values torch.optim rejects too.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let negative = |what: &'static str, value: f32| {

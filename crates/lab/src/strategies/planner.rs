@@ -60,19 +60,21 @@ fn place(tensors: &[Lifetime], order: &[usize]) -> Plan {
             .collect();
         overlapping.sort_unstable();
         let mut best: Option<(u64, u64)> = None; // (gap, offset)
-        let mut prev_end = 0;
+        let mut prev_end: u64 = 0;
         for &(off, len) in &overlapping {
-            if off >= prev_end + size {
+            // Saturating: an arena past u64 (and past the 2^62 bytes any
+            // device holds) is refused by the caller, not wrapped.
+            if off >= prev_end.saturating_add(size) {
                 let gap = off - prev_end;
                 if best.is_none_or(|(g, _)| gap < g) {
                     best = Some((gap, prev_end));
                 }
             }
-            prev_end = prev_end.max(off + len);
+            prev_end = prev_end.max(off.saturating_add(len));
         }
         let offset = best.map(|(_, o)| o).unwrap_or(prev_end);
         offsets[t] = offset;
-        arena = arena.max(offset + size);
+        arena = arena.max(offset.saturating_add(size));
         placed.push(t);
     }
     Plan { arena, offsets }

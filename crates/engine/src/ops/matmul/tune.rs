@@ -577,6 +577,21 @@ fn read_cache(path: Option<&PathBuf>) -> CacheFile {
     }
 }
 
+/// Whether the cache may be written over what `path` holds: nothing, an
+/// empty file, or a tile cache of any version (damaged or old caches are
+/// retuned). Anything else is someone's file, named by mistake.
+fn replaceable(path: &std::path::Path) -> bool {
+    match std::fs::read(path) {
+        Ok(bytes) => {
+            bytes.iter().all(u8::is_ascii_whitespace)
+                || serde_json::from_slice::<serde_json::Value>(&bytes)
+                    .is_ok_and(|v| v.get("version").is_some() && v.get("adapters").is_some())
+        }
+        // Missing, or unreadable: the write says why, if it fails.
+        Err(_) => true,
+    }
+}
+
 /// Writes `key`'s entry: merged into the file as it is now (another run
 /// may have added entries), written whole to a temporary file and renamed
 /// over the old one, so a reader never sees half a file.
@@ -595,6 +610,9 @@ fn write_cache(
     else {
         return Ok(());
     };
+    if !replaceable(path) {
+        return Err(TensorError::NotATuneCache(path.clone()));
+    }
     let mut file = read_cache(Some(path));
     file.adapters
         .entry(adapter.to_string())
@@ -635,6 +653,45 @@ mod tests {
         assert!(read_cache(Some(&p)).adapters.is_empty());
         std::fs::write(&p, r#"{"version":0,"adapters":{"x":{}}}"#).unwrap();
         assert!(read_cache(Some(&p)).adapters.is_empty());
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// A cache of any version is retuned over; someone's other file, named
+    /// by mistake, is left alone with an error that says so.
+    #[test]
+    fn a_file_that_is_not_a_tile_cache_is_not_written_over() {
+        let dir = std::env::temp_dir().join(format!("vramlab-tune-other-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let notes = dir.join("notes.txt");
+        std::fs::write(&notes, "my important notes\n").unwrap();
+        let mut ours = CacheFile::default();
+        ours.adapters.entry("gpu".into()).or_default().insert(
+            "k".into(),
+            Entry {
+                wx: 8,
+                wy: 8,
+                tm: 4,
+                tn: 4,
+                bk: 8,
+                shared: true,
+                strided_cols: false,
+                subgroup_a: false,
+                vec4: true,
+                gflops: 1.0,
+                candidates: 1,
+                fixed_gflops: 1.0,
+            },
+        );
+        let e = write_cache(Some(&notes), "gpu", "k", Some(&ours)).unwrap_err();
+        assert!(matches!(e, TensorError::NotATuneCache(_)), "{e}");
+        assert_eq!(
+            std::fs::read_to_string(&notes).unwrap(),
+            "my important notes\n"
+        );
+        let old = dir.join("tiles.json");
+        std::fs::write(&old, r#"{"version":0,"adapters":{}}"#).unwrap();
+        write_cache(Some(&old), "gpu", "k", Some(&ours)).unwrap();
+        assert_eq!(read_cache(Some(&old)).adapters["gpu"].len(), 1);
         std::fs::remove_dir_all(&dir).ok();
     }
 }
