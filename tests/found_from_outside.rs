@@ -1242,3 +1242,74 @@ fn a_recording_under_a_memory_limit_keeps_it_everywhere() {
     assert!(svg.join("reserved.svg").exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// From the hostile-input pass: a snapshot without a trace is read from its
+/// segments alone, and segments no allocator could have held are errors
+/// naming where (they printed "4.00 MiB free of 2.00 MiB", a 4 EiB request
+/// against 2 MiB allocated, and totals that wrapped past 2^64 to 0).
+#[test]
+fn segments_no_allocator_could_hold_are_refused() {
+    let s = PyValue::str;
+    let block = |size: i64, requested: i64| {
+        PyValue::dict(vec![
+            (s("size"), PyValue::Int(size)),
+            (s("requested_size"), PyValue::Int(requested)),
+            (s("state"), s("active_allocated")),
+        ])
+    };
+    let segment = |address: i64, total: i64, blocks: Vec<PyValue>| {
+        PyValue::dict(vec![
+            (s("device"), PyValue::Int(0)),
+            (s("address"), PyValue::Int(address)),
+            (s("total_size"), PyValue::Int(total)),
+            (s("segment_type"), s("large")),
+            (s("blocks"), PyValue::list(blocks)),
+        ])
+    };
+    let mib = 1i64 << 20;
+    let big = 1i64 << 62;
+    let dir = scratch("segments");
+    let p = dir.join("s.pickle");
+    for (segments, want) in [
+        (
+            vec![segment(0, 2 * mib, vec![block(4 * mib, 512)])],
+            "segments[0].blocks[0]: the blocks so far hold 4194304 bytes, more than the segment's total_size 2097152",
+        ),
+        (
+            vec![segment(0, 2 * mib, vec![block(2 * mib, big)])],
+            "requested_size 4611686018427387904 is more than its size 2097152",
+        ),
+        (
+            vec![segment(-4096, 2 * mib, vec![])],
+            "segments[0]: address -4096 is negative",
+        ),
+        (
+            vec![segment(0, 8 * mib, vec![]), segment(2 * mib, 8 * mib, vec![])],
+            "segments[0] and segments[1]: they overlap",
+        ),
+        (
+            (0..5).map(|i| segment(i * big, big, vec![])).collect(),
+            "device 0's segments hold more than 2^62 bytes",
+        ),
+        (vec![PyValue::Int(1)], "segments[0]: not a dict"),
+    ] {
+        let root = PyValue::dict(vec![(s("segments"), PyValue::list(segments))]);
+        std::fs::write(&p, pickle(&root)).unwrap();
+        let err = fails_cleanly(["doctor", p.to_str().unwrap()]);
+        assert!(err.contains(want) && err.contains("the snapshot is corrupt"), "want {want:?}:\n{err}");
+    }
+    // Segments that tile correctly are read.
+    let ok = vec![
+        segment(0, 2 * mib, vec![block(mib, 1000), block(mib, mib)]),
+        segment(2 * mib, 2 * mib, vec![]),
+    ];
+    let root = PyValue::dict(vec![(s("segments"), PyValue::list(ok))]);
+    std::fs::write(&p, pickle(&root)).unwrap();
+    let v = json_of(["doctor", p.to_str().unwrap(), "--json"]);
+    assert_eq!(
+        v["devices"][0]["segments_at_snapshot"]["reserved_bytes"],
+        4 * mib,
+        "{v}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -173,7 +173,7 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<()> {
     // One streaming parse for both the trace and the segments.
     let mut parsed = torch_snapshot::parse_file(&args.snapshot)
         .map_err(|e| anyhow::anyhow!("{e}{}", trace_hint(&args.snapshot)))?;
-    let maps = segment_map::maps_of(&parsed.root);
+    let maps = segment_map::maps_of(&parsed.root).map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
     let capacity = parse_capacity(&args.capacity)?;
     let file = match torch_snapshot::read_parsed(&mut parsed, &name) {
         Ok(f) => f,

@@ -95,6 +95,10 @@ pub enum LabError {
         key: &'static str,
         value: i64,
     },
+    /// A snapshot's `segments` that no allocator could have held (blocks
+    /// past their segment, overlapping segments, a field of the wrong type).
+    #[error("{at}: {what}; the snapshot is corrupt")]
+    CorruptSegments { at: String, what: String },
     /// A trace entry that acts on a block or segment without a usable
     /// `addr` (absent, negative or not an integer).
     #[error("{at}: no addr that is a non-negative integer; the trace names blocks by address, so the snapshot is corrupt")]

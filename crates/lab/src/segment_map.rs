@@ -16,7 +16,7 @@ use crate::error::LabError;
 use crate::memory::{AllocatorConfig, Snapshot};
 use crate::peak::ranked;
 use crate::pickle::{unpickle, PyValue};
-use crate::torch_snapshot::{apply_op, start_replay, user_frame, Started, TorchSnapshot};
+use crate::torch_snapshot::{apply_op, size_of, start_replay, user_frame, Started, TorchSnapshot};
 
 /// How many segments and frames a map lists.
 pub const TOP: usize = 8;
@@ -70,44 +70,111 @@ pub fn segment_maps(bytes: &[u8], name: &str) -> Result<Vec<SegmentMap>, LabErro
         name: name.to_string(),
         source: Box::new(e),
     })?;
-    Ok(maps_of(&root))
+    maps_of(&root)
 }
 
-/// [`segment_maps`] of an unpickled snapshot.
-pub fn maps_of(root: &PyValue) -> Vec<SegmentMap> {
+/// [`segment_maps`] of an unpickled snapshot. Segments no allocator could
+/// have held are errors that say where, not figures: sizes negative or
+/// past 2^62, blocks that hold more than their segment or requested more
+/// than their size, segments that overlap, a device's segments past 2^62
+/// in all (so no sum wraps).
+pub fn maps_of(root: &PyValue) -> Result<Vec<SegmentMap>, LabError> {
+    let corrupt = |at: String, what: String| LabError::CorruptSegments { at, what };
+    let segments = match root.get("segments") {
+        None => &[][..],
+        Some(v) => v
+            .as_list()
+            .ok_or_else(|| corrupt("segments".into(), "not a list".into()))?,
+    };
+    // (device) → (address, end, index) of its segments, to find overlaps.
+    let mut spans: BTreeMap<usize, Vec<(u64, u64, usize)>> = BTreeMap::new();
     let mut maps: BTreeMap<usize, Builder> = BTreeMap::new();
-    let segments = root
-        .get("segments")
-        .and_then(PyValue::as_list)
-        .unwrap_or(&[]);
-    for seg in segments {
+    for (si, seg) in segments.iter().enumerate() {
+        let at = || format!("segments[{si}]");
+        if seg.as_dict().is_none() {
+            return Err(corrupt(at(), "not a dict of a segment's fields".into()));
+        }
         let device = int(seg, "device") as usize;
-        let blocks = seg.get("blocks").and_then(PyValue::as_list).unwrap_or(&[]);
-        maps.entry(device)
-            .or_insert_with(|| Builder::new(device))
-            .add(
-                int(seg, "address"),
-                int(seg, "total_size"),
-                seg.get("is_expandable").and_then(PyValue::as_bool) == Some(true),
-                seg.get("segment_type")
-                    .and_then(PyValue::as_str)
-                    .unwrap_or(""),
-                blocks.iter().map(|b| {
-                    let size = int(b, "size");
-                    Blk {
-                        size,
-                        requested: b
-                            .get("requested_size")
-                            .and_then(PyValue::as_i64)
-                            .map_or(size, |r| r.max(0) as u64),
-                        active: b.get("state").and_then(PyValue::as_str)
-                            == Some("active_allocated"),
-                        frame: user_frame(b.get("frames")),
-                    }
-                }),
-            );
+        let address = match seg.get("address").map(PyValue::as_i64) {
+            Some(Some(a)) if a < 0 => {
+                return Err(corrupt(at(), format!("address {a} is negative")))
+            }
+            Some(Some(a)) => a as u64,
+            _ => 0,
+        };
+        let total = size_of(seg, "total_size", at)?;
+        let blocks = match seg.get("blocks") {
+            None => &[][..],
+            Some(v) => v
+                .as_list()
+                .ok_or_else(|| corrupt(at(), "blocks is not a list".into()))?,
+        };
+        let mut blks = Vec::with_capacity(blocks.len());
+        let mut held = 0u64;
+        for (bi, b) in blocks.iter().enumerate() {
+            let at = || format!("segments[{si}].blocks[{bi}]");
+            let size = size_of(b, "size", at)?;
+            let active = b.get("state").and_then(PyValue::as_str) == Some("active_allocated");
+            let requested = match b.get("requested_size") {
+                None => size,
+                Some(_) => size_of(b, "requested_size", at)?,
+            };
+            // A free block keeps its last request (PyTorch does not reset
+            // it), which may be a larger block's before a split.
+            if active && requested > size {
+                return Err(corrupt(
+                    at(),
+                    format!("requested_size {requested} is more than its size {size}"),
+                ));
+            }
+            held += size;
+            if held > total {
+                return Err(corrupt(
+                    at(),
+                    format!("the blocks so far hold {held} bytes, more than the segment's total_size {total}"),
+                ));
+            }
+            blks.push(Blk {
+                size,
+                requested,
+                active,
+                frame: user_frame(b.get("frames")),
+            });
+        }
+        spans
+            .entry(device)
+            .or_default()
+            .push((address, address.saturating_add(total), si));
+        let builder = maps.entry(device).or_insert_with(|| Builder::new(device));
+        if builder.map.reserved_bytes + total > crate::memory::constants::MAX_BYTES {
+            return Err(corrupt(
+                at(),
+                format!("device {device}'s segments hold more than 2^62 bytes (4 EiB) in all, the most vramlab models"),
+            ));
+        }
+        builder.add(
+            address,
+            total,
+            seg.get("is_expandable").and_then(PyValue::as_bool) == Some(true),
+            seg.get("segment_type")
+                .and_then(PyValue::as_str)
+                .unwrap_or(""),
+            blks.into_iter(),
+        );
     }
-    maps.into_values().map(Builder::finish).collect()
+    for list in spans.values_mut() {
+        list.sort_unstable();
+        for w in list.windows(2) {
+            let ((_, end, a), (next, _, b)) = (w[0], w[1]);
+            if end > next {
+                return Err(corrupt(
+                    format!("segments[{a}] and segments[{b}]"),
+                    "they overlap on one device".into(),
+                ));
+            }
+        }
+    }
+    Ok(maps.into_values().map(Builder::finish).collect())
 }
 
 /// One block as a map counts it.

@@ -167,7 +167,11 @@ fn size_field(raw: SizeField, key: &'static str, at: impl Fn() -> String) -> Res
 }
 
 /// [`size_field`] of a dict's `key`.
-fn size_of(v: &PyValue, key: &'static str, at: impl Fn() -> String) -> Result<u64, LabError> {
+pub(crate) fn size_of(
+    v: &PyValue,
+    key: &'static str,
+    at: impl Fn() -> String,
+) -> Result<u64, LabError> {
     let raw = match v.get(key) {
         None => SizeField::Absent,
         Some(x) => x.as_i64().map_or(SizeField::NotInt, SizeField::Int),
