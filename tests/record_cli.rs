@@ -78,3 +78,38 @@ fn a_recorder_that_fails_or_a_command_without_batch_is_an_error_that_says_so() {
     assert!(!out.status.success());
     assert!(stderr(&out).contains("--width sizes a zoo model"));
 }
+
+/// From the hostile-input pass: an interrupted `--record` search leaves no
+/// recordings' folder behind (SIGTERM while the recorder ran left an empty
+/// /tmp/vramlab-record-PID).
+#[cfg(unix)]
+#[test]
+fn an_interrupted_search_removes_its_recordings_folder() {
+    use std::os::unix::process::CommandExt;
+    use std::time::{Duration, Instant};
+    let mut command =
+        crate::common::cli::command(["sweep", "--record", "sleep 30; : {batch}", "--batch", "1,2"]);
+    // SAFETY: only async-signal-safe calls, between fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            libc::signal(libc::SIGTERM, libc::SIG_DFL);
+            Ok(())
+        });
+    }
+    let mut child = command
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let dir = std::env::temp_dir().join(format!("vramlab-record-{}", child.id()));
+    let t0 = Instant::now();
+    while !dir.exists() {
+        assert!(t0.elapsed() < Duration::from_secs(30), "no folder made");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    let status = child.wait().unwrap();
+    assert!(!status.success());
+    assert!(!dir.exists(), "{} left behind", dir.display());
+}

@@ -190,7 +190,14 @@ impl AllocArgs {
                     "--memory-fraction needs the device's size to take a fraction of: add --capacity SIZE, e.g. --capacity 24GiB (wgpu does not report how much memory a GPU has), or give --memory-limit SIZE instead".into(),
                 )
             })?;
-            cfg.memory_limit = Some((cap as f64 * f) as u64);
+            let limit = (cap as f64 * f) as u64;
+            // As --memory-limit 0 is: no memory at all refuses everything.
+            if limit == 0 {
+                return Err(ArgError(format!(
+                    "--memory-fraction {f:e} of {cap} bytes is less than a byte; give a larger fraction"
+                )));
+            }
+            cfg.memory_limit = Some(limit);
         }
         Ok(cfg)
     }

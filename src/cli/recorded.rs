@@ -17,6 +17,8 @@ use std::time::Instant;
 pub struct Recorder {
     template: String,
     dir: PathBuf,
+    /// The folder, removed on an interrupt as on drop (dropped after it).
+    _on_interrupt: crate::io::interrupt::Pending,
 }
 
 /// One recorded batch size, replayed.
@@ -51,6 +53,7 @@ impl Recorder {
             .with_context(|| format!("creating the recordings' folder {}", dir.display()))?;
         Ok(Recorder {
             template: template.to_string(),
+            _on_interrupt: crate::io::interrupt::register(&dir),
             dir,
         })
     }
@@ -76,6 +79,8 @@ impl Recorder {
         capacity: Option<u64>,
     ) -> anyhow::Result<Probe> {
         let out = self.dir.join(format!("batch-{batch}.pickle"));
+        // An interrupt while the recorder runs removes what it wrote.
+        let _on_interrupt = crate::io::interrupt::register(&out);
         let cmd = self.command_for(batch, &out);
         let start = Instant::now();
         let run = shell(&cmd)

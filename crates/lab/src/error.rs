@@ -63,12 +63,10 @@ pub enum LabError {
     PickleCycle,
 
     // ----- PyTorch memory snapshots (`name`: the file) -----
-    #[error("{name}: not a readable pickle: {source}")]
-    NotAPickle {
-        name: String,
-        #[source]
-        source: Box<LabError>,
-    },
+    /// The reader's error is part of the message, not a source: a chain
+    /// printed whole (`{:#}`) would say it twice.
+    #[error("{name}: not a readable pickle: {why}")]
+    NotAPickle { name: String, why: Box<LabError> },
     #[error("{name}: no device_traces; is it a torch.cuda.memory._dump_snapshot() pickle?")]
     NoDeviceTraces { name: String },
     #[error("{name}: the snapshot has no allocation history; call torch.cuda.memory._record_memory_history() before the code you snapshot")]
@@ -96,7 +94,8 @@ pub enum LabError {
         value: i64,
     },
     /// A snapshot's `segments` that no allocator could have held (blocks
-    /// past their segment, overlapping segments, a field of the wrong type).
+    /// past their segment, overlapping segments), or a part of the wrong
+    /// type.
     #[error("{at}: {what}; the snapshot is corrupt")]
     CorruptSegments { at: String, what: String },
     /// A trace entry that acts on a block or segment without a usable

@@ -68,7 +68,7 @@ fn int(v: &PyValue, key: &str) -> u64 {
 pub fn segment_maps(bytes: &[u8], name: &str) -> Result<Vec<SegmentMap>, LabError> {
     let root = unpickle(bytes).map_err(|e| LabError::NotAPickle {
         name: name.to_string(),
-        source: Box::new(e),
+        why: Box::new(e),
     })?;
     maps_of(&root)
 }

@@ -361,7 +361,7 @@ pub fn parse<R: std::io::BufRead>(reader: R, len: usize, name: &str) -> Result<P
     let mut entries = Entries::default();
     let root = unpickle_from(reader, len, &mut entries).map_err(|e| LabError::NotAPickle {
         name: name.to_string(),
-        source: Box::new(e),
+        why: Box::new(e),
     })?;
     Ok(Parsed { root, entries })
 }
@@ -396,12 +396,17 @@ pub fn read_all(bytes: &[u8], name: &str) -> Result<SnapshotFile, LabError> {
 /// trace and [`crate::segment_map::maps_of`] alike).
 pub fn read_parsed(parsed: &mut Parsed, name: &str) -> Result<SnapshotFile, LabError> {
     let root = &parsed.root;
-    let traces = root
-        .get("device_traces")
-        .and_then(PyValue::as_list)
-        .ok_or_else(|| LabError::NoDeviceTraces {
-            name: name.to_string(),
-        })?;
+    let traces = match root.get("device_traces") {
+        None => {
+            return Err(LabError::NoDeviceTraces {
+                name: name.to_string(),
+            })
+        }
+        Some(t) => t.as_list().ok_or_else(|| LabError::CorruptSegments {
+            at: "device_traces".into(),
+            what: "not a list (PyTorch writes one list of trace entries a device)".into(),
+        })?,
+    };
     let (settings, expandable_setting) = settings_of(root)?;
     let config = settings.clone().unwrap_or_default();
     let mut devices = Vec::new();

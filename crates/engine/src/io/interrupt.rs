@@ -1,9 +1,10 @@
-//! Temporary files that an interrupt (SIGINT, SIGTERM, SIGHUP) removes
-//! before the process ends: a Ctrl-C during `train --dump` must not leave a
-//! half-written `.FILE.*.tmp` behind.
+//! Temporary files (and empty temporary directories) that an interrupt
+//! (SIGINT, SIGTERM, SIGHUP) removes before the process ends: a Ctrl-C
+//! during `train --dump` must not leave a half-written `.FILE.*.tmp`
+//! behind, nor `--record` its recordings' folder.
 //!
 //! The handler may run at any instruction, so it only reads fixed slots of
-//! raw C strings and calls `unlink` (async-signal-safe), then lets the
+//! raw C strings and calls `unlink` and `rmdir` (async-signal-safe), then lets the
 //! signal's default action end the process as it would have. A handler is
 //! installed only where the signal's action is the default (`nohup` keeps
 //! SIGHUP ignored).
@@ -73,12 +74,18 @@ mod imp {
 
     extern "C" fn on_signal(sig: libc::c_int) {
         HANDLING.store(true, SeqCst);
-        for s in &PENDING {
-            let p = s.load(SeqCst);
-            if !p.is_null() {
-                // SAFETY: a NUL-terminated string that is never freed once
-                // HANDLING is set; unlink is async-signal-safe.
-                unsafe { libc::unlink(p) };
+        // Files first, then directories (a registered directory is empty
+        // once the files registered in it are gone).
+        for remove in [libc::unlink, libc::rmdir] {
+            for s in &PENDING {
+                let p = s.load(SeqCst);
+                if !p.is_null() {
+                    // SAFETY: a NUL-terminated string that is never freed
+                    // once HANDLING is set; unlink and rmdir are
+                    // async-signal-safe, and each fails harmlessly on the
+                    // other kind of path.
+                    unsafe { remove(p) };
+                }
             }
         }
         // SA_RESETHAND made the action the default again: the re-raised
