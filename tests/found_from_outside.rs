@@ -1138,6 +1138,19 @@ fn numbers_past_what_a_command_can_use_are_refused_naming_the_flag() {
         "--tflops", "1e-320",
     ]);
     assert!(err.contains("--tflops 1e-320"), "{err}");
+    let err = fails_cleanly([
+        "max-batch",
+        "--model",
+        "mlp",
+        "--memory-limit",
+        "64MiB",
+        "--max",
+        "18446744073709551615",
+    ]);
+    assert!(
+        err.contains("--max 18446744073709551615 is more than"),
+        "{err}"
+    );
     let err = fails_cleanly(["bench", "--reps", "18446744073709551615"]);
     assert!(err.contains("--reps") && err.contains("10000"), "{err}");
     for cmd in [&["estimate"][..], &["sweep", "--batch", "1,2"]] {

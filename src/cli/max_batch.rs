@@ -134,7 +134,23 @@ fn past_adapter_limit(e: &crate::tensor::TensorError) -> bool {
         e,
         TensorError::Device(DeviceError::TooManyWindows { .. })
             | TensorError::Alloc(AllocError::TooLarge { .. })
+            // A tensor past 2^62 bytes: a batch no device holds.
+            | TensorError::TooLarge { .. }
     )
+}
+
+/// The largest `--max`: 2^40 samples, far past any device, and small
+/// enough that the search's doubling and bracket never overflow.
+const MAX_MAX: usize = 1 << 40;
+
+fn check_max(max: usize) -> anyhow::Result<()> {
+    if max > MAX_MAX {
+        anyhow::bail!(
+            "--max {max} is more than {} (2^40) samples, past any device's memory; give a smaller cap",
+            super::grouped(MAX_MAX as u64)
+        );
+    }
+    Ok(())
 }
 
 /// Batches past the search's answer the estimator tries as well.
@@ -213,6 +229,7 @@ pub fn run(args: &MaxBatchArgs) -> anyhow::Result<()> {
     }
     super::args::check_recorded_steps(args.steps)?;
     super::args::at_least_one(&[("--steps", args.steps as u64), ("--max", args.max as u64)])?;
+    check_max(args.max)?;
     let spec = args.model.spec()?;
     let config = config_for(&args.allocator, &base_config, effective)?;
     let base = args.step.plan(spec.clone(), 1, config.clone())?;
@@ -302,24 +319,32 @@ pub fn run(args: &MaxBatchArgs) -> anyhow::Result<()> {
     };
     let mut traces: std::collections::HashMap<usize, Workload> = Default::default();
     for name in NAMES {
-        let mut trace_of = |b: usize| -> anyhow::Result<Workload> {
+        // `None`: a step no device could run (a tensor or the whole past
+        // 2^62 bytes), which fits no strategy.
+        let mut trace_of = |b: usize| -> anyhow::Result<Option<Workload>> {
             if let Some(w) = traces.get(&b) {
-                return Ok(w.clone());
+                return Ok(Some(w.clone()));
             }
             let mut p = plan(b);
             p.config = unlimited.clone();
-            let prof = run_steps(
+            let prof = match run_steps(
                 Engine::simulated(unlimited.clone(), None),
                 &p,
                 0,
                 args.steps,
-            )?;
+            ) {
+                Ok(prof) => prof,
+                Err(e) if e.is_oom() || past_adapter_limit(&e) => return Ok(None),
+                Err(e) => return Err(e.into()),
+            };
             let w = Workload::from_events("step", &prof.events);
             traces.insert(b, w.clone());
-            Ok(w)
+            Ok(Some(w))
         };
         let n = search(args.max, |b| {
-            let w = trace_of(b)?;
+            let Some(w) = trace_of(b)? else {
+                return Ok(false);
+            };
             let r = compare(&w, &[name], Some(effective)).map_err(anyhow::Error::msg)?;
             Ok(!r[0].oom)
         })?;
@@ -405,7 +430,7 @@ pub fn run(args: &MaxBatchArgs) -> anyhow::Result<()> {
         );
     }
     if let Some(why) = trials.iter().find_map(|t| t.limit.as_ref()) {
-        println!("limit: a batch failed past what the adapter binds, not for memory: {why}");
+        println!("limit: a batch failed past what the adapter binds or any device holds, not for memory: {why}");
     }
     if let Some(e) = none_fits {
         return Err(e);
@@ -450,6 +475,7 @@ fn run_recorded(
     if args.max == 0 {
         anyhow::bail!("--max must be at least 1");
     }
+    check_max(args.max)?;
     let recorder = Recorder::new(command, &args.model)?;
     // The recording's own allocator settings, unless --alloc-conf (or
     // VRAMLAB_ALLOC_CONF) says otherwise; the limit is the device's size.

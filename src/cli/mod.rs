@@ -310,8 +310,8 @@ pub(crate) fn parameters(n: u64) -> String {
 /// A tensor too large for any device came from the sizes the user gave:
 /// the error names the batch flag (the usual cause) and where the model's
 /// own sizes are listed.
-/// A tensor whose first axis is not the batch is a weight (or a sample's
-/// plane) the model's own sizes made.
+/// A tensor whose first axis is more than the batch is a weight the
+/// model's own sizes made.
 fn name_the_size_flag(e: anyhow::Error, batch: Option<(&str, usize)>) -> anyhow::Error {
     let shape = e
         .chain()
@@ -320,7 +320,8 @@ fn name_the_size_flag(e: anyhow::Error, batch: Option<(&str, usize)>) -> anyhow:
             _ => None,
         });
     match (batch, shape) {
-        (Some((flag, n)), Some(shape)) if shape.first() == Some(&n) && shape.len() > 1 => {
+        // max-batch's search tries batches up to --max: the axis is at most n.
+        (Some((flag, n)), Some(shape)) if shape.first().is_some_and(|&f| f <= n) && shape.len() > 1 => {
             let rest: usize = shape[1..].iter().product();
             if rest.checked_mul(4).is_some_and(|b| b <= (1 << 40)) {
                 return anyhow::anyhow!(
