@@ -351,14 +351,11 @@ pub fn run(args: &MaxBatchArgs) -> anyhow::Result<()> {
         by_allocator.push(serde_json::json!({"allocator": name, "max_batch": n}));
     }
     progress.finish_and_clear();
-    let none_fits = (max_batch == 0).then(|| {
-        let need = trials
-            .iter()
-            .filter(|t| t.batch == 1)
-            .map(|t| t.peak_reserved_bytes)
-            .max();
-        nothing_fits(effective, need)
-    });
+    let none_fits = nothing_fits(
+        max_batch,
+        effective,
+        trials.iter().map(|t| (t.batch, t.peak_reserved_bytes)),
+    );
     if args.json {
         let mut out = serde_json::json!({
             "model": spec,
@@ -495,14 +492,11 @@ fn run_recorded(
         Ok(p.fits)
     })?;
     progress.finish_and_clear();
-    let none_fits = (max_batch == 0).then(|| {
-        let need = probes
-            .iter()
-            .filter(|p| p.batch == 1)
-            .map(|p| p.peak_reserved_bytes)
-            .max();
-        nothing_fits(effective, need)
-    });
+    let none_fits = nothing_fits(
+        max_batch,
+        effective,
+        probes.iter().map(|p| (p.batch, p.peak_reserved_bytes)),
+    );
     if args.json {
         let mut out = serde_json::json!({
             "record": command,
@@ -541,10 +535,21 @@ fn run_recorded(
     none_fits.map_or(Ok(()), Err)
 }
 
-/// Not even batch 1 fits: an out-of-memory answer is an error that says
-/// what would make room, not a batch of 0.
-fn nothing_fits(effective: u64, reserved_at_refusal: Option<u64>) -> anyhow::Error {
-    let need = reserved_at_refusal
+/// Not even batch 1 fits (`max_batch` 0): an out-of-memory answer is an
+/// error that says what would make room, not a batch of 0. `tried` gives
+/// each trial's batch and reserved bytes.
+fn nothing_fits(
+    max_batch: usize,
+    effective: u64,
+    tried: impl Iterator<Item = (usize, u64)>,
+) -> Option<anyhow::Error> {
+    if max_batch > 0 {
+        return None;
+    }
+    let need = tried
+        .filter(|&(batch, _)| batch == 1)
+        .map(|(_, reserved)| reserved)
+        .max()
         .map(|b| {
             format!(
                 " (batch 1 was refused with {} reserved)",
@@ -552,8 +557,8 @@ fn nothing_fits(effective: u64, reserved_at_refusal: Option<u64>) -> anyhow::Err
             )
         })
         .unwrap_or_default();
-    anyhow::anyhow!(
+    Some(anyhow::anyhow!(
         "not even batch 1 trains within {}{need}: raise --memory-limit (or lower --margin), or use a smaller model",
         crate::memory::Mib(effective)
-    )
+    ))
 }
