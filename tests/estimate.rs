@@ -291,7 +291,8 @@ fn train_peaks_where_estimate_says_but_for_what_the_loop_keeps() {
         flags.extend(["--optimizer", ["adam", "sgd"][pick(2)]]);
         match pick(3) {
             1 => flags.extend(["--amp", "f16"]),
-            2 => flags.extend(["--dtype", "bf16"]),
+            // The others run in f32 only (LayerNorm, BatchNorm, embedding).
+            2 if model == "mlp" => flags.extend(["--dtype", "bf16"]),
             _ => {}
         }
         if model == "gpt" && pick(2) == 1 {
@@ -322,7 +323,10 @@ fn train_peaks_where_estimate_says_but_for_what_the_loop_keeps() {
                 k + 1
             );
             above += usize::from(peak > predicted);
-            kept = step["allocated_bytes"].as_u64().unwrap() - end;
+            kept = step["allocated_bytes"]
+                .as_u64()
+                .unwrap()
+                .saturating_sub(end);
             assert!(k > 0 || peak == predicted, "{flags:?}");
         }
     }

@@ -1301,7 +1301,7 @@ fn segments_no_allocator_could_hold_are_refused() {
             "segments[0] and segments[1]: they overlap",
         ),
         (
-            (0..5).map(|i| segment(i * big, big, vec![])).collect(),
+            vec![segment(0, big, vec![]), segment(big, big, vec![])],
             "device 0's segments hold more than 2^62 bytes",
         ),
         (vec![PyValue::Int(1)], "segments[0]: not a dict"),

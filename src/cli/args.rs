@@ -194,12 +194,23 @@ impl AllocArgs {
             // As --memory-limit 0 is: no memory at all refuses everything.
             if limit == 0 {
                 return Err(ArgError(format!(
-                    "--memory-fraction {f:e} of {cap} bytes is less than a byte; give a larger fraction"
+                    "--memory-fraction {} of {cap} bytes is less than a byte; give a larger fraction",
+                    number_as_typed(f)
                 )));
             }
             cfg.memory_limit = Some(limit);
         }
         Ok(cfg)
+    }
+}
+
+/// A number as a person would have typed it: plain where that is short,
+/// else in exponent form (`{}` of 1e-320 prints hundreds of digits).
+pub fn number_as_typed(x: f64) -> String {
+    if x != 0.0 && x.is_finite() && !(1e-4..1e15).contains(&x.abs()) {
+        format!("{x:e}")
+    } else {
+        format!("{x}")
     }
 }
 

@@ -499,7 +499,13 @@ fn diagnose(
     // The planner sees the trace's own allocations; blocks that predate the
     // recording are live beside them.
     let planner_floor_bytes = if planner {
-        crate::lab::workload::compare_with(&snap.workload, &["planner"], None, &recorded)
+        // The arena the trace needs, whatever limit it ran under: a limit
+        // it passes is what the advice compares it with.
+        let unlimited = AllocatorConfig {
+            memory_limit: None,
+            ..recorded.clone()
+        };
+        crate::lab::workload::compare_with(&snap.workload, &["planner"], None, &unlimited)
             .ok()
             .and_then(|r| r.first().map(|p| p.peak_reserved_bytes))
             .map(|arena| {
@@ -729,7 +735,7 @@ fn advise(
                 Mib(best.peak_reserved_bytes),
                 best.setting
             ));
-        } else if saved > 0 {
+        } else if saved > 0 && best.ooms == base.ooms {
             // Lower, but refused as often: no row to recommend.
             out.push(format!(
                 "{} would have peaked {} lower ({} reserved) but still runs out of memory {}, as the recorded settings do: no single change tried avoids it.",
@@ -745,7 +751,8 @@ fn advise(
             ));
         }
     }
-    match (floor, capacity) {
+    // The device's size, or the limit the recording ran under.
+    match (floor, capacity.or(limit)) {
         (Some(floor), Some(cap)) if floor > cap => out.push(format!(
             "No allocator setting is likely to fit this step in {}: even an offline planner that knew every lifetime in advance needs {}. Lower the batch, checkpoint activations, or shard.",
             Mib(cap),

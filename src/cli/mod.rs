@@ -313,17 +313,23 @@ pub(crate) fn parameters(n: u64) -> String {
 /// A tensor whose first axis is more than the batch is a weight the
 /// model's own sizes made.
 fn name_the_size_flag(e: anyhow::Error, batch: Option<(&str, usize)>) -> anyhow::Error {
+    use crate::tensor::TensorError;
     let shape = e
         .chain()
-        .find_map(|c| match c.downcast_ref::<crate::tensor::TensorError>() {
-            Some(crate::tensor::TensorError::TooLarge { shape, .. }) => Some(shape.clone()),
+        .find_map(|c| match c.downcast_ref::<TensorError>() {
+            Some(TensorError::TooLarge { shape, .. } | TensorError::HostMemory { shape, .. }) => {
+                Some(shape.clone())
+            }
             _ => None,
         });
     match (batch, shape) {
         // max-batch's search tries batches up to --max: the axis is at most n.
-        (Some((flag, n)), Some(shape)) if shape.first().is_some_and(|&f| f <= n) && shape.len() > 1 => {
-            let rest: usize = shape[1..].iter().product();
-            if rest.checked_mul(4).is_some_and(|b| b <= (1 << 40)) {
+        (Some((flag, n)), Some(shape)) if shape.first().is_some_and(|&f| f <= n) => {
+            // A sample's bytes (checked: the sizes may be anything).
+            let sample = shape[1..]
+                .iter()
+                .try_fold(4usize, |a, &d| a.checked_mul(d));
+            if sample.is_some_and(|b| b <= (1 << 40)) {
                 return anyhow::anyhow!(
                     "{flag} {n} is too large: {e:#}. Lower {flag}"
                 );

@@ -189,7 +189,10 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
         // Bounded so that every step time stays a finite, printable
         // number (1e-320 made them infinite, 1e-300 300 digits long).
         if !(1e-6..=1e9).contains(&x) {
-            anyhow::bail!("{flag} {x:e} is a rate: give a number from 1e-6 to 1e9");
+            anyhow::bail!(
+                "{flag} {} is a rate: give a number from 1e-6 to 1e9",
+                super::args::number_as_typed(x)
+            );
         }
     }
     if !(0.0..1.0).contains(&args.headroom) {

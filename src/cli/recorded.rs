@@ -49,11 +49,14 @@ impl Recorder {
             );
         }
         let dir = std::env::temp_dir().join(format!("vramlab-record-{}", std::process::id()));
+        // Registered first: an interrupt right after the folder is made
+        // still removes it.
+        let on_interrupt = crate::io::interrupt::register(&dir);
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("creating the recordings' folder {}", dir.display()))?;
         Ok(Recorder {
             template: template.to_string(),
-            _on_interrupt: crate::io::interrupt::register(&dir),
+            _on_interrupt: on_interrupt,
             dir,
         })
     }

@@ -95,12 +95,14 @@ pub fn maps_of(root: &PyValue) -> Result<Vec<SegmentMap>, LabError> {
             return Err(corrupt(at(), "not a dict of a segment's fields".into()));
         }
         let device = int(seg, "device") as usize;
+        // No address (an old or hand-made file): placed nowhere, so it
+        // overlaps nothing.
         let address = match seg.get("address").map(PyValue::as_i64) {
             Some(Some(a)) if a < 0 => {
                 return Err(corrupt(at(), format!("address {a} is negative")))
             }
-            Some(Some(a)) => a as u64,
-            _ => 0,
+            Some(Some(a)) => Some(a as u64),
+            _ => None,
         };
         let total = size_of(seg, "total_size", at)?;
         let blocks = match seg.get("blocks") {
@@ -115,10 +117,12 @@ pub fn maps_of(root: &PyValue) -> Result<Vec<SegmentMap>, LabError> {
             let at = || format!("segments[{si}].blocks[{bi}]");
             let size = size_of(b, "size", at)?;
             let active = b.get("state").and_then(PyValue::as_str) == Some("active_allocated");
-            let requested = match b.get("requested_size") {
-                None => size,
-                Some(_) => size_of(b, "requested_size", at)?,
-            };
+            // Read as replay reads it: absent is the block's size, a
+            // negative one 0.
+            let requested = b
+                .get("requested_size")
+                .and_then(PyValue::as_i64)
+                .map_or(size, |r| r.max(0) as u64);
             // A free block keeps its last request (PyTorch does not reset
             // it), which may be a larger block's before a split.
             if active && requested > size {
@@ -141,10 +145,12 @@ pub fn maps_of(root: &PyValue) -> Result<Vec<SegmentMap>, LabError> {
                 frame: user_frame(b.get("frames")),
             });
         }
-        spans
-            .entry(device)
-            .or_default()
-            .push((address, address.saturating_add(total), si));
+        if let Some(a) = address {
+            spans
+                .entry(device)
+                .or_default()
+                .push((a, a.saturating_add(total), si));
+        }
         let builder = maps.entry(device).or_insert_with(|| Builder::new(device));
         if builder.map.reserved_bytes + total > crate::memory::constants::MAX_BYTES {
             return Err(corrupt(
@@ -153,7 +159,7 @@ pub fn maps_of(root: &PyValue) -> Result<Vec<SegmentMap>, LabError> {
             ));
         }
         builder.add(
-            address,
+            address.unwrap_or(0),
             total,
             seg.get("is_expandable").and_then(PyValue::as_bool) == Some(true),
             seg.get("segment_type")

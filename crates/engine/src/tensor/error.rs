@@ -123,6 +123,14 @@ pub enum EngineError {
     /// A shape past what any device holds: sizes from a flag or a file.
     #[error("{op}: a tensor of shape {shape:?} has more elements than any device can hold (over 2^62 bytes); check the sizes given")]
     TooLarge { op: &'static str, shape: Vec<usize> },
+    /// The host could not hold what a tensor is made from (its values are
+    /// built on the CPU first).
+    #[error("{op}: the {bytes} bytes of host memory for a tensor of shape {shape:?} could not be had; use smaller sizes")]
+    HostMemory {
+        op: &'static str,
+        shape: Vec<usize>,
+        bytes: u64,
+    },
     #[error("{got} values given for shape {shape:?}, which holds {want}")]
     DataLength {
         got: usize,

@@ -139,6 +139,14 @@ impl Batch {
             });
         }
         let (mut x, mut y) = (Vec::new(), Vec::new());
+        let n = starts.len().saturating_mul(seq);
+        x.try_reserve_exact(n)
+            .and_then(|_| y.try_reserve_exact(n))
+            .map_err(|_| TensorError::HostMemory {
+                op: "batch",
+                shape: vec![starts.len(), seq],
+                bytes: (n as u64).saturating_mul(12),
+            })?;
         for &s0 in starts {
             let w = stream
                 .get(s0..s0 + seq + 1)

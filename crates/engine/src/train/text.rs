@@ -81,7 +81,26 @@ impl CharText {
             return Err(TensorError::TextTooShort { chars: len, seq });
         }
         let room = (len - seq) as u64;
-        Ok((0..batch).map(|_| rng.below(room) as usize).collect())
+        // The windows' tokens are built on the host: sizes no device holds
+        // (2^62 bytes) or the host cannot are errors, not an abort.
+        let shape = vec![batch, seq];
+        let tokens = batch
+            .checked_mul(seq)
+            .filter(|&n| n as u64 <= crate::memory::constants::MAX_BYTES / 4)
+            .ok_or_else(|| TensorError::TooLarge {
+                op: "text batch",
+                shape: shape.clone(),
+            })?;
+        let mut starts = Vec::new();
+        starts
+            .try_reserve_exact(batch)
+            .map_err(|_| TensorError::HostMemory {
+                op: "text batch",
+                shape,
+                bytes: (tokens as u64).saturating_mul(12),
+            })?;
+        starts.extend((0..batch).map(|_| rng.below(room) as usize));
+        Ok(starts)
     }
 }
 

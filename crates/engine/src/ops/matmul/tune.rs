@@ -578,14 +578,17 @@ fn read_cache(path: Option<&PathBuf>) -> CacheFile {
 }
 
 /// Whether the cache may be written over what `path` holds: nothing, an
-/// empty file, or a tile cache of any version (damaged or old caches are
-/// retuned). Anything else is someone's file, named by mistake.
+/// empty file, or a tile cache of any version, damaged ones included (the
+/// text names both of its keys). Anything else is someone's file, named
+/// by mistake.
 fn replaceable(path: &std::path::Path) -> bool {
     match std::fs::read(path) {
         Ok(bytes) => {
-            bytes.iter().all(u8::is_ascii_whitespace)
-                || serde_json::from_slice::<serde_json::Value>(&bytes)
-                    .is_ok_and(|v| v.get("version").is_some() && v.get("adapters").is_some())
+            let text = String::from_utf8_lossy(&bytes);
+            text.trim().is_empty()
+                || (text.trim_start().starts_with('{')
+                    && text.contains("\"version\"")
+                    && text.contains("\"adapters\""))
         }
         // Missing, or unreadable: the write says why, if it fails.
         Err(_) => true,
@@ -656,8 +659,9 @@ mod tests {
         std::fs::remove_dir_all(&dir).ok();
     }
 
-    /// A cache of any version is retuned over; someone's other file, named
-    /// by mistake, is left alone with an error that says so.
+    /// A cache of any version, or a damaged one, is retuned over;
+    /// someone's other file, named by mistake, is left alone with an error
+    /// that says so.
     #[test]
     fn a_file_that_is_not_a_tile_cache_is_not_written_over() {
         let dir = std::env::temp_dir().join(format!("vramlab-tune-other-{}", std::process::id()));
@@ -689,9 +693,14 @@ mod tests {
             "my important notes\n"
         );
         let old = dir.join("tiles.json");
-        std::fs::write(&old, r#"{"version":0,"adapters":{}}"#).unwrap();
-        write_cache(Some(&old), "gpu", "k", Some(&ours)).unwrap();
-        assert_eq!(read_cache(Some(&old)).adapters["gpu"].len(), 1);
+        for cache in [
+            r#"{"version":0,"adapters":{}}"#,
+            r#"{"version":2,"adapters":{"x":"#,
+        ] {
+            std::fs::write(&old, cache).unwrap();
+            write_cache(Some(&old), "gpu", "k", Some(&ours)).unwrap();
+            assert_eq!(read_cache(Some(&old)).adapters["gpu"].len(), 1, "{cache}");
+        }
         std::fs::remove_dir_all(&dir).ok();
     }
 }
