@@ -24,9 +24,16 @@ fn add_planes(@builtin(workgroup_id) wid: vec3<u32>,
     let plane = wid.y + wid.z * nwg.y;
     if (plane >= p.outer * p.channels) { return; }
     let bias = ld_b(plane % p.channels);
-    for (var pos = wid.x * 256u + lidx; pos < p.inner; pos += nwg.x * 256u) {
+    let step = nwg.x * 256u;
+    var pos = wid.x * 256u + lidx;
+    // Stops before a step would pass the plane (pos + step could wrap
+    // past 2^32 on a plane near that long).
+    loop {
+        if (pos >= p.inner) { break; }
         let i = plane * p.inner + pos;
         st_t(i, ld_t(i) + bias);
+        if (p.inner - pos <= step) { break; }
+        pos += step;
     }
 }
 

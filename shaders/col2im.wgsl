@@ -82,9 +82,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     if (cz >= C * p.nb) { return; }
     let c = cz % C;
     let b = cz / C;
-    for (var pos = wid.x * 256u + lidx; pos < H * W; pos += nwg.x * 256u) {
+    let step = nwg.x * 256u;
+    var pos = wid.x * 256u + lidx;
+    // Stops before a step would pass the plane (pos + step could wrap
+    // past 2^32 on a plane near that long).
+    loop {
+        if (pos >= H * W) { break; }
         let y = pos / W;
         st_dx((p.n0 * C + cz) * H * W + pos, gather(b, c, y, pos - y * W));
+        if (H * W - pos <= step) { break; }
+        pos += step;
     }
 }
 #endif
