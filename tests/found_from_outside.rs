@@ -1151,6 +1151,19 @@ fn numbers_past_what_a_command_can_use_are_refused_naming_the_flag() {
         err.contains("--max 18446744073709551615 is more than"),
         "{err}"
     );
+    // Optimizer flags in inference mode would change nothing.
+    let err = fails_cleanly([
+        "estimate",
+        "--model",
+        "mlp",
+        "--mode",
+        "inference",
+        "--optimizer",
+        "sgd",
+        "--momentum",
+        "0.9",
+    ]);
+    assert!(err.contains("--momentum sets the optimizer"), "{err}");
     let err = fails_cleanly(["bench", "--reps", "18446744073709551615"]);
     assert!(err.contains("--reps") && err.contains("10000"), "{err}");
     for cmd in [&["estimate"][..], &["sweep", "--batch", "1,2"]] {

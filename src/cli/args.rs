@@ -547,6 +547,19 @@ pub fn parse_amp(s: &str) -> Result<crate::tensor::DType, String> {
 impl StepArgs {
     /// The optimizer with torch.optim's defaults, validated.
     pub fn optimizer(&self) -> Result<crate::train::OptimizerConfig, ArgError> {
+        // An inference step runs no optimizer: its flags would change nothing.
+        if self.mode == crate::train::Mode::Inference {
+            let given = [
+                ("--momentum", self.momentum.is_some()),
+                ("--weight-decay", self.weight_decay.is_some()),
+                ("--optimizer-impl", self.optimizer_impl.is_some()),
+            ];
+            if let Some((flag, _)) = given.iter().find(|(_, g)| *g) {
+                return Err(ArgError(format!(
+                    "{flag} sets the optimizer, which --mode inference does not run; leave it out"
+                )));
+            }
+        }
         // The same checks as train's.
         if let Some(m) = self.momentum {
             check_number("--momentum", m, false)?;

@@ -363,7 +363,7 @@ pub fn run(args: &MaxBatchArgs) -> anyhow::Result<()> {
             "margin": args.margin,
             "effective_limit_bytes": effective,
             "allocator": args.allocator,
-            "device": engine.device_name(),
+            "adapter": engine.device_name(),
             "estimated_max_batch": estimated,
             "max_batch": max_batch,
             // The search's cap (--max): a max_batch equal to it may not be

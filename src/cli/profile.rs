@@ -89,7 +89,7 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
                 let mut doc = serde_json::json!({
                     "plan": plan,
                     "steps": args.steps,
-                    "device": device,
+                    "adapter": device,
                     "events": events.len(),
                     "peak_allocated_bytes": analysis.peak_allocated_bytes,
                     "peak_reserved_bytes": analysis.peak_reserved_bytes,
@@ -133,7 +133,7 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
         let out = serde_json::json!({
             "plan": plan,
             "steps": args.steps,
-            "device": profile.device,
+            "adapter": profile.device,
             "events": events.len(),
             "peak_allocated_bytes": analysis.peak_allocated_bytes,
             "peak_reserved_bytes": analysis.peak_reserved_bytes,
