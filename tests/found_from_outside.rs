@@ -3,8 +3,9 @@
 //! was wrong (exit 1 or 2, no panic, no signal), and leave no file behind.
 
 use crate::common;
-use crate::common::cli::stdout;
-use common::cli::{command, fails_cleanly, stderr, vramlab, vramlab_json as json_of};
+use common::cli::{
+    command, fails_cleanly, stderr, stdout, succeeds, vramlab, vramlab_json as json_of,
+};
 use common::files::{
     char_device, fifo_with_reader, temporaries, write_trace, writer_caught_mid_write,
 };
@@ -1336,6 +1337,125 @@ fn segments_no_allocator_could_hold_are_refused() {
         v["devices"][0]["segments_at_snapshot"]["reserved_bytes"],
         4 * mib,
         "{v}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// From the PyTorch-interop pass: a ResNet's `--dump` carries its running
+/// statistics (`buffer.<name>`) and a run going on from it starts from
+/// them; a state_dict with some running statistics but not all is refused
+/// naming the missing one (it loaded, silently fresh); `--accumulate` with
+/// `--data` says they do not go together (its message contradicted
+/// itself); weights that disagree with `--data`'s input name the batch too.
+#[test]
+fn dumps_carry_running_statistics_and_partial_ones_are_refused() {
+    use vramlab::io::SafeTensors;
+    let dir = scratch("buffers");
+    let dump = dir.join("d.safetensors");
+    let d = dump.to_str().unwrap();
+    let model = [
+        "--model",
+        "resnet50",
+        "--width",
+        "4",
+        "--resolution",
+        "32",
+        "--classes",
+        "5",
+        "--batch",
+        "2",
+        "--steps",
+        "1",
+    ];
+    succeeds([&["train"][..], &model, &["--dump", d]].concat());
+    let st = SafeTensors::read(&dump).unwrap();
+    let var = "buffer.layer1.0.bn1.running_var";
+    let (values, _) = st.f32(var).unwrap();
+    // One step of training moved them off the fresh 1.0.
+    assert!(values.iter().any(|&v| v != 1.0), "{values:?}");
+    let resumed = vramlab([
+        "train",
+        "--model",
+        "resnet50",
+        "--resolution",
+        "32",
+        "--batch",
+        "2",
+        "--steps",
+        "1",
+        "--load",
+        d,
+    ]);
+    assert!(resumed.status.success(), "{}", stderr(&resumed));
+    // A state_dict missing one running_var.
+    let mut w = SafeTensors::new();
+    for (k, t) in &st.tensors {
+        let name = k.strip_prefix("param.").or(k.strip_prefix("buffer."));
+        if let Some(name) = name.filter(|n| *n != "layer1.0.bn1.running_var") {
+            w.tensors.insert(name.to_string(), t.clone());
+        }
+    }
+    let partial = dir.join("w.safetensors");
+    w.write(&partial).unwrap();
+    let p = partial.to_str().unwrap();
+    let err = fails_cleanly([
+        "train",
+        "--model",
+        "resnet50",
+        "--resolution",
+        "32",
+        "--batch",
+        "2",
+        "--steps",
+        "1",
+        "--load",
+        p,
+    ]);
+    assert!(
+        err.contains("missing buffers") && err.contains("layer1.0.bn1.running_var"),
+        "{err}"
+    );
+    // --accumulate with --data.
+    let mut batch = SafeTensors::new();
+    batch
+        .insert_f32("x", &[4, 784], &vec![0.5; 4 * 784])
+        .unwrap();
+    batch.insert_i64("y", &[4], &[0, 1, 2, 3]).unwrap();
+    let data = dir.join("b.safetensors");
+    batch.write(&data).unwrap();
+    let b = data.to_str().unwrap();
+    let err = fails_cleanly(["train", "--model", "mlp", "--data", b, "--accumulate", "2"]);
+    assert!(err.contains("--data's one batch is not cut"), "{err}");
+    // mlp weights of input 784 against a batch of 20 features.
+    let mlp = dir.join("mlp.safetensors");
+    succeeds([
+        "train",
+        "--model",
+        "mlp",
+        "--batch",
+        "2",
+        "--steps",
+        "1",
+        "--dump",
+        mlp.to_str().unwrap(),
+    ]);
+    let mut narrow = SafeTensors::new();
+    narrow.insert_f32("x", &[2, 20], &[0.5; 40]).unwrap();
+    narrow.insert_i64("y", &[2], &[0, 1]).unwrap();
+    let n = dir.join("n.safetensors");
+    narrow.write(&n).unwrap();
+    let err = fails_cleanly([
+        "train",
+        "--model",
+        "mlp",
+        "--load",
+        mlp.to_str().unwrap(),
+        "--data",
+        n.to_str().unwrap(),
+    ]);
+    assert!(
+        err.contains("come from --data") && err.contains("[2, 20]"),
+        "{err}"
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -238,7 +238,7 @@ fn models_lists_every_preset() {
 /// the file's shapes decide dim, vocab, positions and layers, the flag adds
 /// the heads (it failed on the default dim 64 before the file was read),
 /// and a flag that contradicts the file is refused naming it. Without
-/// --heads or `heads` metadata the head count is assumed, and said.
+/// --heads or `heads` metadata it is an error, not a guess.
 #[test]
 fn heads_come_from_the_flag_beside_load() {
     use vramlab::io::SafeTensors;
@@ -283,10 +283,24 @@ fn heads_come_from_the_flag_beside_load() {
     let text = stdout(&ok);
     assert!(ok.status.success(), "{}", stderr(&ok));
     assert!(text.contains("3 heads, dim 12"), "{text}");
+    // Without --heads or metadata the head count is not guessed: a guess
+    // trains with the loss right and the attention's gradients wrong.
     let assumed = train(&[]);
-    assert!(assumed.status.success());
+    assert_eq!(assumed.status.code(), Some(1));
     let err = stderr(&assumed);
-    assert!(err.contains("--heads"), "{err}");
+    assert!(err.contains("give --heads"), "{err}");
+    // vramlab's own dump records its heads, so it loads back without them.
+    let resumed = command([
+        "train", "--model", "gpt", "--steps", "1", "--batch", "2", "--load",
+    ])
+    .arg(&dump)
+    .output()
+    .unwrap();
+    assert!(
+        stdout(&resumed).contains("3 heads, dim 12"),
+        "{}",
+        stderr(&resumed)
+    );
     // A batch of shorter sequences: its length is the file's to set, the
     // flags only add the heads (it was refused as contradicting --heads).
     let ids: Vec<i64> = (0..10).map(|i| i * 9 % 100).collect();

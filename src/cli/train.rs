@@ -251,11 +251,17 @@ fn model_and_files(
 }
 
 /// `--load`'s weights: a state_dict as it is, or a `--dump` file's
-/// `param.<name>` tensors under their names (its gradients, logits and loss
-/// left out), so a run continues from where a dumped one stopped.
+/// `param.<name>` and `buffer.<name>` tensors under their names (its
+/// gradients, logits and loss left out), so a run continues from where a
+/// dumped one stopped.
 fn weights_of(st: SafeTensors) -> SafeTensors {
-    let dumped =
-        |k: &str| k.starts_with("param.") || k.starts_with("grad.") || k == "logits" || k == "loss";
+    // `hidden` stands for the logits under --loss chunked, which makes none.
+    let dumped = |k: &str| {
+        ["param.", "grad.", "buffer."]
+            .iter()
+            .any(|p| k.starts_with(p))
+            || ["logits", "hidden", "loss"].contains(&k)
+    };
     if !st.tensors.keys().any(|k| k.starts_with("param.")) || !st.tensors.keys().all(|k| dumped(k))
     {
         return st;
@@ -263,7 +269,10 @@ fn weights_of(st: SafeTensors) -> SafeTensors {
     let tensors = st
         .tensors
         .into_iter()
-        .filter_map(|(k, t)| Some((k.strip_prefix("param.")?.to_string(), t)))
+        .filter_map(|(k, t)| {
+            let name = k.strip_prefix("param.").or(k.strip_prefix("buffer."))?;
+            Some((name.to_string(), t))
+        })
         .collect();
     SafeTensors { tensors, ..st }
 }
@@ -313,13 +322,13 @@ fn sizes_from_weights(
             spec.describe()
         );
     }
-    // gpt's head count is in no shape: from the file's metadata where
-    // PyTorch-side scripts write it, else --heads, else assumed.
+    // gpt's head count is in no shape: from the file's metadata (vramlab's
+    // --dump and the PyTorch-side scripts write it), else --heads. A guess
+    // trains with the loss right and the attention's gradients wrong.
     if spec.vocab().is_some() && !flags.contains(&"heads") && !w.metadata.contains_key("heads") {
-        eprintln!(
-            "note: {} says nothing of the head count (no shape holds it, and it has no `heads` metadata): training as {}; give --heads as the model was built",
-            w.origin,
-            spec.describe()
+        anyhow::bail!(
+            "{} says nothing of the head count (no shape holds it, and it has no `heads` metadata): give --heads as the model was built (nanoGPT's n_head), or save it with safetensors' metadata={{\"heads\": \"N\"}}",
+            w.origin
         );
     }
     Ok(spec)
@@ -374,10 +383,15 @@ fn check_precision(args: &TrainArgs, spec: &ModelSpec) -> anyhow::Result<()> {
 /// it does not train with.
 fn check_accumulate(args: &TrainArgs, has_data: bool) -> anyhow::Result<()> {
     let k = args.accumulate;
-    if k == 0 || (k > 1 && (has_data || !args.batch.is_multiple_of(k))) {
+    if k > 1 && has_data {
         anyhow::bail!(
-            "--accumulate {k}: needs K ≥ 1 dividing the batch ({}) into micro-batches, and generated batches (not --data: its one batch is not cut)",
-            if has_data { "--data's".to_string() } else { format!("--batch {}", args.batch) }
+            "--accumulate {k} cuts generated batches into micro-batches; --data's one batch is not cut: leave one of them out"
+        );
+    }
+    if k == 0 || (k > 1 && !args.batch.is_multiple_of(k)) {
+        anyhow::bail!(
+            "--accumulate {k}: needs K ≥ 1 dividing --batch {} into micro-batches of one size",
+            args.batch
         );
     }
     if k > 1 && (args.retain_graph || args.amp == Some(DType::F16)) {
@@ -424,7 +438,25 @@ fn setup(args: &TrainArgs, checked: Checked) -> anyhow::Result<Setup> {
     if let Some(w) = &weights {
         store
             .load_with_buffers(w, &model.buffers())
-            .map_err(anyhow::Error::msg)?;
+            .map_err(|e| match (&args.data, &e) {
+                // --data sized the model's input: a weight that disagrees
+                // in shape may be the batch's fault, not the file's.
+                (Some(d), crate::tensor::TensorError::Load { problems, .. })
+                    if problems
+                        .iter()
+                        .any(|p| matches!(p, crate::tensor::LoadProblem::Shape { .. })) =>
+                {
+                    anyhow::anyhow!(
+                        "{e}\n(the model's input and sequence sizes come from --data {}, its x of shape {:?}: if the weights are the model's, that batch is not)",
+                        d.display(),
+                        data.as_ref()
+                            .and_then(|b| b.tensors.get("x"))
+                            .map(|x| x.shape.clone())
+                            .unwrap_or_default()
+                    )
+                }
+                _ => anyhow::Error::msg(e),
+            })?;
     }
     check_precision(args, &spec)?;
     store.to_dtype(args.dtype)?;
@@ -824,7 +856,17 @@ fn dump(args: &TrainArgs, t: &Training, path: &Path, out: &StepOutputs) -> anyho
     st.insert_f32(output, out.logits.shape(), &out.logits.to_vec()?)?;
     st.insert_f32("loss", &[], &out.loss.to_vec()?)?;
     t.trainer.store.dump(&mut st)?;
+    // The running statistics training updated, as `buffer.<name>`: a run
+    // that goes on from the dump starts from them.
+    for (name, b) in t.trainer.model.buffers() {
+        st.insert_f32(&format!("buffer.{name}"), b.shape(), &b.to_vec()?)?;
+    }
     st.metadata.insert("model".into(), t.spec.describe());
+    // What no shape holds, so that --load reads the dump back as it ran.
+    if let Some(g) = t.spec.get::<crate::nn::GptSpec>() {
+        st.metadata
+            .insert("heads".into(), g.config.heads.to_string());
+    }
     st.metadata.insert(
         "optimizer".into(),
         format!("{} lr {}", t.opt.kind, t.opt.lr),
@@ -833,9 +875,14 @@ fn dump(args: &TrainArgs, t: &Training, path: &Path, out: &StepOutputs) -> anyho
         .map_err(|e| anyhow::anyhow!("--dump {}: {e}", path.display()))?;
     if !args.json {
         println!(
-            "\nwrote {} ({} tensors: {output}, loss, grad.*, param.*)",
+            "\nwrote {} ({} tensors: {output}, loss, grad.*, param.*{})",
             path.display(),
-            st.tensors.len()
+            st.tensors.len(),
+            if st.tensors.keys().any(|k| k.starts_with("buffer.")) {
+                ", buffer.*"
+            } else {
+                ""
+            }
         );
     }
     Ok(())

@@ -138,6 +138,14 @@ impl ParamStore {
             .iter()
             .filter(|(name, _)| st.tensors.contains_key(name))
             .collect();
+        if !present.is_empty() && present.len() < buffers.len() {
+            let missing = buffers
+                .iter()
+                .filter(|(name, _)| !st.tensors.contains_key(name))
+                .map(|(name, _)| name.clone())
+                .collect();
+            problems.push(LoadProblem::MissingBuffers(missing));
+        }
         for (name, t) in &present {
             match st.f32(name) {
                 Err(e) => problems.push(LoadProblem::Read(e)),

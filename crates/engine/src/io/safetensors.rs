@@ -159,6 +159,10 @@ pub enum FormatProblem {
     TooShort { len: usize },
     #[error("the header claims {claimed} bytes, over safetensors' limit of 100000000")]
     HeaderTooLarge { claimed: u64 },
+    /// What `torch.save` writes (a zip archive, or a bare pickle before
+    /// PyTorch 1.6): recognised by its first bytes.
+    #[error("it is a torch.save file ({0}), not safetensors; convert it in Python: safetensors.torch.save_file(torch.load(path), 'out.safetensors') (a state_dict, or a dict of tensors for --data)")]
+    TorchSave(&'static str),
     #[error("the header claims {claimed} bytes but the file has {len}")]
     HeaderPastEnd { claimed: u64, len: usize },
     /// Not UTF-8, not JSON, or JSON that is not a map of tensor entries
@@ -521,6 +525,14 @@ fn frame(bytes: &[u8]) -> Result<(&[u8], usize), FormatProblem> {
     };
     let claimed = u64::from_le_bytes(*len_bytes);
     if claimed > MAX_HEADER {
+        // torch.save's formats read as a huge length (their later bytes
+        // are not zeros), so only then are they looked for.
+        if bytes.starts_with(b"PK\x03\x04") {
+            return Err(FormatProblem::TorchSave("a zip archive"));
+        }
+        if bytes[0] == 0x80 && (2..=5).contains(&bytes[1]) {
+            return Err(FormatProblem::TorchSave("a pickle"));
+        }
         return Err(FormatProblem::HeaderTooLarge { claimed });
     }
     // At most 100 MB: fits a usize.
@@ -627,6 +639,24 @@ mod tests {
         SafeTensors::parse(bytes, "x.safetensors")
             .unwrap_err()
             .to_string()
+    }
+
+    /// torch.save's files are named as such, with the conversion (they
+    /// read as a header of 578712552184433488 bytes).
+    #[test]
+    fn a_torch_save_file_is_named_with_its_fix() {
+        let zip = b"PK\x03\x04\x14\x00\x08\x08\x00\x00archive/data.pkl";
+        let pickle = b"\x80\x02}q\x00(X\x06\x00\x00\x00weight";
+        for bytes in [&zip[..], &pickle[..]] {
+            let e = parse_err(bytes);
+            assert!(
+                e.contains("torch.save file") && e.contains("save_file"),
+                "{e}"
+            );
+        }
+        // A safetensors header of 640 bytes starts 0x80 0x02 too.
+        let e = parse_err(b"\x80\x02\x00\x00\x00\x00\x00\x00{}");
+        assert!(!e.contains("torch.save"), "{e}");
     }
 
     #[test]

@@ -319,6 +319,10 @@ pub enum LoadProblem {
     },
     #[error("unexpected tensors (not parameters of this model): {0:?}")]
     Unexpected(Vec<String>),
+    /// Some running statistics but not all: a damaged state_dict (one of
+    /// parameters alone, without any, loads).
+    #[error("missing buffers (the file has the others' running statistics): {0:?}")]
+    MissingBuffers(Vec<String>),
 }
 
 /// A setting (a flag, an environment variable, a configuration) that is
