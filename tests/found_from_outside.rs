@@ -1457,5 +1457,24 @@ fn dumps_carry_running_statistics_and_partial_ones_are_refused() {
         err.contains("come from --data") && err.contains("[2, 20]"),
         "{err}"
     );
+    // A layer missing from the middle of an mlp's state_dict (it read as a
+    // shorter model, then named the later layer as unexpected).
+    let dumped = SafeTensors::read(&mlp).unwrap();
+    let mut gap = SafeTensors::new();
+    for (k, t) in &dumped.tensors {
+        if let Some(name) = k
+            .strip_prefix("param.")
+            .filter(|n| !n.starts_with("layers.1."))
+        {
+            gap.tensors.insert(name.to_string(), t.clone());
+        }
+    }
+    let g = dir.join("gap.safetensors");
+    gap.write(&g).unwrap();
+    let err = fails_cleanly(["train", "--model", "mlp", "--load", g.to_str().unwrap()]);
+    assert!(
+        err.contains("layers.1.weight is missing, but layers.2 follows it"),
+        "{err}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -300,6 +300,16 @@ fn sizes_from_weights(
             })
     };
     let mut spec = ModelSpec::default_for(&args.model.model).map_err(anyhow::Error::msg)?;
+    // gpt's head count is in no shape: from the file's metadata (vramlab's
+    // --dump and the PyTorch-side scripts write it), else --heads. A guess
+    // trains with the loss right and the attention's gradients wrong (and
+    // the default 4 may not divide the file's dim).
+    if spec.vocab().is_some() && !flags.contains(&"heads") && !w.metadata.contains_key("heads") {
+        anyhow::bail!(
+            "{} says nothing of the head count (no shape holds it, and it has no `heads` metadata): give --heads as the model was built (nanoGPT's n_head), or save it with safetensors' metadata={{\"heads\": \"N\"}}",
+            w.origin
+        );
+    }
     adapt(&mut spec)?;
     let from_file = spec.clone();
     spec.apply(&args.model.sizes_given()).map_err(|e| {
@@ -320,15 +330,6 @@ fn sizes_from_weights(
             again.describe(),
             flags.join(", --"),
             spec.describe()
-        );
-    }
-    // gpt's head count is in no shape: from the file's metadata (vramlab's
-    // --dump and the PyTorch-side scripts write it), else --heads. A guess
-    // trains with the loss right and the attention's gradients wrong.
-    if spec.vocab().is_some() && !flags.contains(&"heads") && !w.metadata.contains_key("heads") {
-        anyhow::bail!(
-            "{} says nothing of the head count (no shape holds it, and it has no `heads` metadata): give --heads as the model was built (nanoGPT's n_head), or save it with safetensors' metadata={{\"heads\": \"N\"}}",
-            w.origin
         );
     }
     Ok(spec)

@@ -193,6 +193,26 @@ impl ModelConfig for MlpSpec {
                 model: "mlp",
             });
         }
+        // A layer missing from the middle would read as a shorter model.
+        let later = st
+            .tensors
+            .keys()
+            .filter_map(|k| {
+                k.strip_prefix("layers.")?
+                    .split('.')
+                    .next()?
+                    .parse::<usize>()
+                    .ok()
+            })
+            .filter(|&i| i > n)
+            .min();
+        if let Some(j) = later {
+            return Err(SpecError::LayerGap {
+                origin: sd.origin().to_string(),
+                missing: format!("layers.{n}.weight"),
+                later: format!("layers.{j}"),
+            });
+        }
         let first = sd.shape("layers.0.weight")?;
         let mut w = vec![first.get(1).copied().unwrap_or(0)];
         for i in 0..n {

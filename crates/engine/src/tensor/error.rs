@@ -517,6 +517,12 @@ pub enum SpecError {
     PastPositions { seq: usize, positions: usize },
     #[error("{model} runs in f32 (its LayerNorm, GELU, embedding, BatchNorm and max-pool kernels are f32 only); for 16-bit compute use --amp f16 or --amp bf16 instead of --dtype {dtype}")]
     F32Only { model: &'static str, dtype: DType },
+    #[error("{origin}: {missing} is missing, but {later} follows it: numbered layers run from 0 without a gap (nn.Sequential's state_dict)")]
+    LayerGap {
+        origin: String,
+        missing: String,
+        later: String,
+    },
     #[error("{origin} has no {name}, so it is not a {model} state_dict")]
     NotAStateDict {
         origin: String,
