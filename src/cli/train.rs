@@ -863,6 +863,12 @@ fn dump(args: &TrainArgs, t: &Training, path: &Path, out: &StepOutputs) -> anyho
         st.insert_f32(&format!("buffer.{name}"), b.shape(), &b.to_vec()?)?;
     }
     st.metadata.insert("model".into(), t.spec.describe());
+    // The GradScaler's scale after the step (`scaler.get_scale()`), to line
+    // a skipped step up with PyTorch's.
+    if let Some(scaler) = &t.trainer.scaler {
+        st.metadata
+            .insert("grad_scale".into(), scaler.scale.to_string());
+    }
     // What no shape holds, so that --load reads the dump back as it ran.
     if let Some(g) = t.spec.get::<crate::nn::GptSpec>() {
         st.metadata
