@@ -53,7 +53,9 @@ pub struct LiveAt {
     pub allocated_bytes: u64,
     /// Blocks that existed before the recording began (no category known).
     pub before_recording_bytes: u64,
-    /// Bytes per category, largest first.
+    /// Bytes per category, largest first (in JSON an object of category
+    /// and bytes, as `profile` and `estimate` give it).
+    #[serde(serialize_with = "as_object")]
     pub by_category: Vec<(String, u64)>,
     /// Bytes per module (the recorder's module path), largest first: all of
     /// them, so they sum to what the recording names a module for (text
@@ -63,6 +65,16 @@ pub struct LiveAt {
     pub by_frame: Vec<(String, u64)>,
     /// The largest live blocks.
     pub largest: Vec<Block>,
+}
+
+/// Pairs of name and bytes as a JSON object.
+fn as_object<S: serde::Serializer>(pairs: &[(String, u64)], s: S) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeMap;
+    let mut map = s.serialize_map(Some(pairs.len()))?;
+    for (k, v) in pairs {
+        map.serialize_entry(k, v)?;
+    }
+    map.end()
 }
 
 /// One live block of a breakdown.
