@@ -45,16 +45,19 @@ pub struct DeviceArgs {
 }
 
 fn parse_window(s: &str) -> Result<u64, String> {
-    match parse_size(s) {
-        Ok(0) => Err("a window must hold at least one byte; give e.g. 64KiB".into()),
-        Ok(n) => Ok(n),
-        Err(e) => Err(e.to_string()),
-    }
+    size_of_some("a window", "64KiB", s)
 }
 
 fn parse_buffer_limit(s: &str) -> Result<u64, String> {
+    size_of_some("a buffer", "256MiB", s)
+}
+
+/// A size of at least one byte: `what` of none would hold nothing.
+fn size_of_some(what: &str, example: &str, s: &str) -> Result<u64, String> {
     match parse_size(s) {
-        Ok(0) => Err("a buffer must hold at least one byte; give e.g. 256MiB".into()),
+        Ok(0) => Err(format!(
+            "{what} must hold at least one byte; give e.g. {example}"
+        )),
         Ok(n) => Ok(n),
         Err(e) => Err(e.to_string()),
     }

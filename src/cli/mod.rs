@@ -307,11 +307,10 @@ pub(crate) fn parameters(n: u64) -> String {
     }
 }
 
-/// A tensor too large for any device came from the sizes the user gave:
-/// the error names the batch flag (the usual cause) and where the model's
-/// own sizes are listed.
-/// A tensor whose first axis is more than the batch is a weight the
-/// model's own sizes made.
+/// A tensor too large for any device (or the host) came from the sizes the
+/// user gave: the error names the batch flag where the tensor's first axis
+/// is at most the batch, and the model's size flags where a sample alone is
+/// huge or the tensor is a weight (its first axis past the batch).
 fn name_the_size_flag(e: anyhow::Error, batch: Option<(&str, usize)>) -> anyhow::Error {
     use crate::tensor::TensorError;
     let shape = e

@@ -83,37 +83,15 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
             ));
             // The figures up to the refusal go beside the error, as the
             // files have them.
-            let series = Series::of(&events);
-            let analysis = analyze(&events, &[]);
+            let peaks = Peaks::of(&events, &[], &plan.config);
             if args.json {
-                let mut doc = serde_json::json!({
-                    "plan": plan,
-                    "steps": args.steps,
-                    "adapter": device,
-                    "events": events.len(),
-                    "peak_allocated_bytes": analysis.peak_allocated_bytes,
-                    "peak_reserved_bytes": analysis.peak_reserved_bytes,
-                    "peak_event": series.peak_index,
-                    "peak_snapshot_operation": crate::lab::snapshot_export::operation_of(
-                        &events,
-                        series.peak_index,
-                        &plan.config,
-                    ),
-                    "by_category": analysis.by_category,
-                    "files": files,
-                });
+                let mut doc = peaks.json(args, &plan, &device, &files);
                 let err = super::fail_in_json(&mut doc, err);
                 println!("{}", serde_json::to_string_pretty(&doc)?);
                 return Err(err);
             }
             println!("{title}");
-            println!(
-                "{} events up to the refusal; peak allocated {:.2} MiB (event {}), peak reserved {:.2} MiB",
-                events.len(),
-                mib(analysis.peak_allocated_bytes),
-                series.peak_index,
-                mib(analysis.peak_reserved_bytes)
-            );
+            println!("{}", peaks.line(" up to the refusal", ""));
             return Err(err);
         }
         Err(e) => return Err(e.into()),
@@ -124,48 +102,24 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
         .map(|(source, times)| OpTimes::of(source, &times));
     let levels = &profile.levels;
     let events = &profile.events;
-    let series = Series::of(events);
-    let analysis = analyze(events, &profile.layer_outputs);
+    let peaks = Peaks::of(events, &profile.layer_outputs, &plan.config);
+    let analysis = &peaks.analysis;
     let title = title(&profile.device);
-    let [svg_path, html_path, trace_path, snap_path, pickle_path] =
-        write_files(args, events, &title, &plan.config)?;
+    let files = write_files(args, events, &title, &plan.config)?;
     if args.json {
-        let out = serde_json::json!({
-            "plan": plan,
-            "steps": args.steps,
-            "adapter": profile.device,
-            "events": events.len(),
-            "peak_allocated_bytes": analysis.peak_allocated_bytes,
-            "peak_reserved_bytes": analysis.peak_reserved_bytes,
-            "peak_event": series.peak_index,
-            // The peak as `doctor --at` counts snapshot.pickle's operations.
-            "peak_snapshot_operation": crate::lab::snapshot_export::operation_of(
-                events,
-                series.peak_index,
-                &plan.config,
-            ),
-            "by_category": analysis.by_category,
-            "layers": analysis.layers,
-            "three_levels": levels,
-            "device_time": op_times,
-            "files": [svg_path, html_path, trace_path, snap_path, pickle_path],
-        });
+        let mut out = peaks.json(args, &plan, &profile.device, &files);
+        out["layers"] = serde_json::to_value(&analysis.layers)?;
+        out["three_levels"] = serde_json::to_value(levels)?;
+        out["device_time"] = serde_json::to_value(&op_times)?;
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
     println!("{title}");
     // The peak as `doctor --at` / `replay` count snapshot.pickle's operations.
-    let op = crate::lab::snapshot_export::operation_of(events, series.peak_index, &plan.config)
-        .map_or(String::new(), |op| {
-            format!("; operation {op} of snapshot.pickle, as `doctor --at` counts")
-        });
-    println!(
-        "{} events; peak allocated {:.2} MiB (event {}{op}), peak reserved {:.2} MiB",
-        events.len(),
-        mib(analysis.peak_allocated_bytes),
-        series.peak_index,
-        mib(analysis.peak_reserved_bytes)
-    );
+    let op = peaks.operation.map_or(String::new(), |op| {
+        format!("; operation {op} of snapshot.pickle, as `doctor --at` counts")
+    });
+    println!("{}", peaks.line("", &op));
     println!("memory: {levels}");
     if let Some(t) = &op_times {
         println!();
@@ -192,7 +146,7 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
         println!("   memory_allocated() around each layer would try to measure.)");
     }
     println!();
-    for p in [svg_path, html_path, trace_path, snap_path, pickle_path] {
+    for p in &files {
         println!("wrote {}", p.display());
     }
     Ok(())
@@ -200,6 +154,64 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
 
 /// Writes the timeline (SVG, HTML), the Chrome trace, the snapshot at the
 /// peak (JSON) and the PyTorch snapshot pickle of `events` into --out.
+/// The peaks of the recorded events, for the summary line and `--json`
+/// alike, whether the steps finished or ran out of memory.
+struct Peaks {
+    events: usize,
+    peak_event: usize,
+    /// The peak as `doctor --at` counts snapshot.pickle's operations.
+    operation: Option<usize>,
+    analysis: crate::estimate::Analysis,
+}
+
+impl Peaks {
+    fn of(
+        events: &[crate::memory::MemEvent],
+        layer_outputs: &[(std::sync::Arc<str>, Vec<usize>)],
+        config: &crate::memory::AllocatorConfig,
+    ) -> Peaks {
+        let peak_event = Series::of(events).peak_index;
+        Peaks {
+            events: events.len(),
+            peak_event,
+            operation: crate::lab::snapshot_export::operation_of(events, peak_event, config),
+            analysis: analyze(events, layer_outputs),
+        }
+    }
+
+    /// `N events{what}; peak allocated … (event E{op}), peak reserved …`.
+    fn line(&self, what: &str, op: &str) -> String {
+        format!(
+            "{} events{what}; peak allocated {:.2} MiB (event {}{op}), peak reserved {:.2} MiB",
+            self.events,
+            mib(self.analysis.peak_allocated_bytes),
+            self.peak_event,
+            mib(self.analysis.peak_reserved_bytes)
+        )
+    }
+
+    fn json(
+        &self,
+        args: &ProfileArgs,
+        plan: &crate::estimate::Plan,
+        adapter: &str,
+        files: &[PathBuf],
+    ) -> serde_json::Value {
+        serde_json::json!({
+            "plan": plan,
+            "steps": args.steps,
+            "adapter": adapter,
+            "events": self.events,
+            "peak_allocated_bytes": self.analysis.peak_allocated_bytes,
+            "peak_reserved_bytes": self.analysis.peak_reserved_bytes,
+            "peak_event": self.peak_event,
+            "peak_snapshot_operation": self.operation,
+            "by_category": self.analysis.by_category,
+            "files": files,
+        })
+    }
+}
+
 fn write_files(
     args: &ProfileArgs,
     events: &[crate::memory::MemEvent],

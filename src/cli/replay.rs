@@ -280,7 +280,6 @@ fn stopped_error(
     anyhow::anyhow!("{}: {e} ({kind}{covered}{kept})", args.trace.display(),)
 }
 
-/// The comparison table `replay --allocators` and `bench-alloc` print.
 /// `--allocators`' long help (replay and bench-alloc): each strategy in a line.
 pub const STRATEGIES_HELP: &str = "Allocator strategies to compare, comma-separated, or all:
   pytorch     PyTorch's caching allocator, with the --alloc-conf options
@@ -304,6 +303,7 @@ pub fn strategy_names(names: &[String]) -> Vec<&str> {
 /// What the columns of `print_results` mean, printed once under the tables.
 pub const COLUMNS: &str = "frag: peak reserved / lower bound (peak live requested); vs plan: peak reserved over the offline planner's arena; dev+ / dev−: times memory was asked of the driver / given back; ns/op: host time per operation; -: no ratio (the strategy ran out of memory, or the trace allocates nothing).";
 
+/// The comparison table `replay --allocators` and `bench-alloc` print.
 pub fn print_results(results: &[crate::lab::workload::RunResult]) {
     println!(
         "  {:<10} {:>12} {:>12} {:>8} {:>9} {:>8} {:>8} {:>5} {:>9}",

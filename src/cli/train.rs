@@ -859,7 +859,8 @@ fn dump(args: &TrainArgs, t: &Training, path: &Path, out: &StepOutputs) -> anyho
     t.trainer.store.dump(&mut st)?;
     // The running statistics training updated, as `buffer.<name>`: a run
     // that goes on from the dump starts from them.
-    for (name, b) in t.trainer.model.buffers() {
+    let buffers = t.trainer.model.buffers();
+    for (name, b) in &buffers {
         st.insert_f32(&format!("buffer.{name}"), b.shape(), &b.to_vec()?)?;
     }
     st.metadata.insert("model".into(), t.spec.describe());
@@ -885,11 +886,7 @@ fn dump(args: &TrainArgs, t: &Training, path: &Path, out: &StepOutputs) -> anyho
             "\nwrote {} ({} tensors: {output}, loss, grad.*, param.*{})",
             path.display(),
             st.tensors.len(),
-            if st.tensors.keys().any(|k| k.starts_with("buffer.")) {
-                ", buffer.*"
-            } else {
-                ""
-            }
+            if buffers.is_empty() { "" } else { ", buffer.*" }
         );
     }
     Ok(())

@@ -16,7 +16,9 @@ use crate::error::LabError;
 use crate::memory::{AllocatorConfig, Snapshot};
 use crate::peak::ranked;
 use crate::pickle::{unpickle, PyValue};
-use crate::torch_snapshot::{apply_op, size_of, start_replay, user_frame, Started, TorchSnapshot};
+use crate::torch_snapshot::{
+    apply_op, int, size_of, start_replay, user_frame, Started, TorchSnapshot,
+};
 
 /// How many segments and frames a map lists.
 pub const TOP: usize = 8;
@@ -58,10 +60,6 @@ pub struct SegmentRow {
     pub blocks: usize,
     pub pool: String,
     pub expandable: bool,
-}
-
-fn int(v: &PyValue, key: &str) -> u64 {
-    v.get(key).and_then(PyValue::as_i64).unwrap_or(0).max(0) as u64
 }
 
 /// The segment map of every device the file's `segments` mention.

@@ -135,7 +135,7 @@ const PRE_EXISTING_IDS: u64 = 1 << 48;
 
 /// A non-negative integer field, at most 2^62 (the most vramlab models), so
 /// a sum of two never overflows; totals are summed saturating.
-fn int(v: &PyValue, key: &str) -> u64 {
+pub(crate) fn int(v: &PyValue, key: &str) -> u64 {
     (v.get(key).and_then(PyValue::as_i64).unwrap_or(0).max(0) as u64)
         .min(crate::memory::constants::MAX_BYTES)
 }
