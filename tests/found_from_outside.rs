@@ -1273,7 +1273,9 @@ fn a_recording_under_a_memory_limit_keeps_it_everywhere() {
 /// From the hostile-input pass: a snapshot without a trace is read from its
 /// segments alone, and segments no allocator could have held are errors
 /// naming where (they printed "4.00 MiB free of 2.00 MiB", a 4 EiB request
-/// against 2 MiB allocated, and totals that wrapped past 2^64 to 0).
+/// against 2 MiB allocated, and totals that wrapped past 2^64 to 0), in
+/// doctor and replay alike (replay once read them with its own parser,
+/// which let all but the sizes through).
 #[test]
 fn segments_no_allocator_could_hold_are_refused() {
     let s = PyValue::str;
@@ -1320,10 +1322,28 @@ fn segments_no_allocator_could_hold_are_refused() {
         ),
         (vec![PyValue::Int(1)], "segments[0]: not a dict"),
     ] {
-        let root = PyValue::dict(vec![(s("segments"), PyValue::list(segments))]);
+        // With a trace, so that replay reads the segments too: both
+        // commands read them through one reader and refuse them alike.
+        let alloc = PyValue::dict(vec![
+            (s("action"), s("alloc")),
+            (s("addr"), PyValue::Int(1 << 40)),
+            (s("size"), PyValue::Int(512)),
+        ]);
+        let root = PyValue::dict(vec![
+            (s("segments"), PyValue::list(segments)),
+            (
+                s("device_traces"),
+                PyValue::list(vec![PyValue::list(vec![alloc])]),
+            ),
+        ]);
         std::fs::write(&p, pickle(&root)).unwrap();
-        let err = fails_cleanly(["doctor", p.to_str().unwrap()]);
-        assert!(err.contains(want) && err.contains("the snapshot is corrupt"), "want {want:?}:\n{err}");
+        for command in ["doctor", "replay"] {
+            let err = fails_cleanly([command, p.to_str().unwrap()]);
+            assert!(
+                err.contains(want) && err.contains("the snapshot is corrupt"),
+                "{command}, want {want:?}:\n{err}"
+            );
+        }
     }
     // Segments that tile correctly are read.
     let ok = vec![

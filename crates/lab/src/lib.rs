@@ -31,6 +31,7 @@ pub mod replay;
 pub mod replay_events;
 pub mod segment_map;
 pub mod snapshot_export;
+pub mod snapshot_segments;
 pub mod strategies;
 pub mod synthetic;
 pub mod timeline;

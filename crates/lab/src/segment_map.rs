@@ -16,9 +16,8 @@ use crate::error::LabError;
 use crate::memory::{AllocatorConfig, Snapshot};
 use crate::peak::ranked;
 use crate::pickle::{unpickle, PyValue};
-use crate::torch_snapshot::{
-    apply_op, int, size_of, start_replay, user_frame, Started, TorchSnapshot,
-};
+use crate::snapshot_segments;
+use crate::torch_snapshot::{apply_op, start_replay, Started, TorchSnapshot};
 
 /// How many segments and frames a map lists.
 pub const TOP: usize = 8;
@@ -71,112 +70,25 @@ pub fn segment_maps(bytes: &[u8], name: &str) -> Result<Vec<SegmentMap>, LabErro
     maps_of(&root)
 }
 
-/// [`segment_maps`] of an unpickled snapshot. Segments no allocator could
-/// have held are errors that say where, not figures: sizes negative or
-/// past 2^62, blocks that hold more than their segment or requested more
-/// than their size, segments that overlap, a device's segments past 2^62
-/// in all (so no sum wraps).
+/// [`segment_maps`] of an unpickled snapshot; segments no allocator could
+/// have held are errors ([`snapshot_segments::read`]).
 pub fn maps_of(root: &PyValue) -> Result<Vec<SegmentMap>, LabError> {
-    let corrupt = |at: String, what: String| LabError::CorruptSegments { at, what };
-    let segments = match root.get("segments") {
-        None => &[][..],
-        Some(v) => v
-            .as_list()
-            .ok_or_else(|| corrupt("segments".into(), "not a list".into()))?,
-    };
-    // (device) → (address, end, index) of its segments, to find overlaps.
-    let mut spans: BTreeMap<usize, Vec<(u64, u64, usize)>> = BTreeMap::new();
     let mut maps: BTreeMap<usize, Builder> = BTreeMap::new();
-    for (si, seg) in segments.iter().enumerate() {
-        let at = || format!("segments[{si}]");
-        if seg.as_dict().is_none() {
-            return Err(corrupt(at(), "not a dict of a segment's fields".into()));
-        }
-        let device = int(seg, "device") as usize;
-        // No address (an old or hand-made file): placed nowhere, so it
-        // overlaps nothing.
-        let address = match seg.get("address").map(PyValue::as_i64) {
-            Some(Some(a)) if a < 0 => {
-                return Err(corrupt(at(), format!("address {a} is negative")))
-            }
-            Some(Some(a)) => Some(a as u64),
-            _ => None,
-        };
-        let total = size_of(seg, "total_size", at)?;
-        let blocks = match seg.get("blocks") {
-            None => &[][..],
-            Some(v) => v
-                .as_list()
-                .ok_or_else(|| corrupt(at(), "blocks is not a list".into()))?,
-        };
-        let mut blks = Vec::with_capacity(blocks.len());
-        let mut held = 0u64;
-        for (bi, b) in blocks.iter().enumerate() {
-            let at = || format!("segments[{si}].blocks[{bi}]");
-            let size = size_of(b, "size", at)?;
-            let active = b.get("state").and_then(PyValue::as_str) == Some("active_allocated");
-            // Read as replay reads it: absent is the block's size, a
-            // negative one 0.
-            let requested = b
-                .get("requested_size")
-                .and_then(PyValue::as_i64)
-                .map_or(size, |r| r.max(0) as u64);
-            // A free block keeps its last request (PyTorch does not reset
-            // it), which may be a larger block's before a split.
-            if active && requested > size {
-                return Err(corrupt(
-                    at(),
-                    format!("requested_size {requested} is more than its size {size}"),
-                ));
-            }
-            held += size;
-            if held > total {
-                return Err(corrupt(
-                    at(),
-                    format!("the blocks so far hold {held} bytes, more than the segment's total_size {total}"),
-                ));
-            }
-            blks.push(Blk {
-                size,
-                requested,
-                active,
-                frame: user_frame(b.get("frames")),
-            });
-        }
-        if let Some(a) = address {
-            spans
-                .entry(device)
-                .or_default()
-                .push((a, a.saturating_add(total), si));
-        }
-        let builder = maps.entry(device).or_insert_with(|| Builder::new(device));
-        if builder.map.reserved_bytes + total > crate::memory::constants::MAX_BYTES {
-            return Err(corrupt(
-                at(),
-                format!("device {device}'s segments hold more than 2^62 bytes (4 EiB) in all, the most vramlab models"),
-            ));
-        }
-        builder.add(
-            address.unwrap_or(0),
-            total,
-            seg.get("is_expandable").and_then(PyValue::as_bool) == Some(true),
-            seg.get("segment_type")
-                .and_then(PyValue::as_str)
-                .unwrap_or(""),
-            blks.into_iter(),
-        );
-    }
-    for list in spans.values_mut() {
-        list.sort_unstable();
-        for w in list.windows(2) {
-            let ((_, end, a), (next, _, b)) = (w[0], w[1]);
-            if end > next {
-                return Err(corrupt(
-                    format!("segments[{a}] and segments[{b}]"),
-                    "they overlap on one device".into(),
-                ));
-            }
-        }
+    for seg in snapshot_segments::read(root)? {
+        maps.entry(seg.device)
+            .or_insert_with(|| Builder::new(seg.device))
+            .add(
+                seg.address.unwrap_or(0),
+                seg.total_size,
+                seg.expandable,
+                &seg.segment_type,
+                seg.blocks.into_iter().map(|b| Blk {
+                    size: b.size,
+                    requested: b.requested,
+                    active: b.active(),
+                    frame: b.frame,
+                }),
+            );
     }
     Ok(maps.into_values().map(Builder::finish).collect())
 }

@@ -29,6 +29,7 @@ pub use super::peak::Origin;
 use super::peak::{live_at, LiveAt, OomAt};
 use super::pickle::{unpickle_from, PyValue};
 use super::recorded_source::RecordedSource;
+use super::snapshot_segments;
 use super::trace_entries::{Entries, SizeField};
 use super::workload::{Op, Workload};
 use crate::memory::caching::{pool_for, round_size, BlockHandle, CachingAllocator, PoolKind};
@@ -280,66 +281,46 @@ fn settings_of(root: &PyValue) -> Result<(Option<AllocatorConfig>, bool), LabErr
 /// (address, size, requested, allocated), expandable).
 type Recorded = (u64, u64, PoolKind, Vec<(u64, u64, u64, bool)>, bool);
 
-fn recorded_segments(root: &PyValue, device: usize) -> Result<(Vec<Recorded>, bool), LabError> {
+fn recorded_segments(
+    segments: &[snapshot_segments::Segment],
+    device: usize,
+) -> (Vec<Recorded>, bool) {
     let mut out = Vec::new();
     let mut expandable = false;
-    for (si, seg) in root
-        .get("segments")
-        .and_then(PyValue::as_list)
-        .unwrap_or(&[])
-        .iter()
-        .enumerate()
-    {
-        if int(seg, "device") as usize != device {
-            continue;
-        }
-        let is_expandable = seg
-            .get("is_expandable")
-            .and_then(PyValue::as_bool)
-            .unwrap_or(false);
-        expandable |= is_expandable;
-        let address = int(seg, "address");
-        let size = size_of(seg, "total_size", || format!("segments[{si}]"))?;
-        let pool = match seg.get("segment_type").and_then(PyValue::as_str) {
-            Some("small") => PoolKind::Small,
-            Some("large") => PoolKind::Large,
+    for seg in segments.iter().filter(|s| s.device == device) {
+        expandable |= seg.expandable;
+        let address = seg.address.unwrap_or(0);
+        let size = seg.total_size;
+        let pool = match seg.segment_type.as_str() {
+            "small" => PoolKind::Small,
+            "large" => PoolKind::Large,
             _ => pool_for(size.min(2 << 20)),
         };
-        let mut blocks = Vec::new();
+        let mut blocks = Vec::with_capacity(seg.blocks.len());
         let mut at = address;
-        for (bi, b) in seg
-            .get("blocks")
-            .and_then(PyValue::as_list)
-            .unwrap_or(&[])
-            .iter()
-            .enumerate()
-        {
+        for b in &seg.blocks {
             // Older versions give no block address: blocks tile the segment.
-            let addr = b.get("address").and_then(PyValue::as_i64).map_or(at, |a| {
-                (a.max(0) as u64).min(crate::memory::constants::MAX_BYTES)
-            });
-            let bsize = size_of(b, "size", || format!("segments[{si}].blocks[{bi}]"))?;
-            let state = b.get("state").and_then(PyValue::as_str).unwrap_or("");
-            let allocated = state.starts_with("active");
-            blocks.push((addr, bsize, int(b, "requested_size"), allocated));
-            at = addr.saturating_add(bsize);
+            let addr = b.address.unwrap_or(at);
+            blocks.push((addr, b.size, b.requested, b.allocated()));
+            at = addr.saturating_add(b.size);
         }
-        out.push((address, size, pool, blocks, is_expandable));
+        out.push((address, size, pool, blocks, seg.expandable));
     }
     out.sort_by_key(|s| s.0);
-    Ok((out, expandable))
+    (out, expandable)
 }
 
-fn end_state(segments: &[Recorded], root: &PyValue, device: usize) -> EndState {
-    let mut sizes: Vec<u64> = segments.iter().map(|s| s.1).collect();
+fn end_state(
+    recorded: &[Recorded],
+    segments: &[snapshot_segments::Segment],
+    device: usize,
+) -> EndState {
+    let mut sizes: Vec<u64> = recorded.iter().map(|s| s.1).collect();
     sizes.sort_unstable();
-    let allocated = root
-        .get("segments")
-        .and_then(PyValue::as_list)
-        .unwrap_or(&[])
+    let allocated = segments
         .iter()
-        .filter(|s| int(s, "device") as usize == device)
-        .map(|s| int(s, "allocated_size"))
+        .filter(|s| s.device == device)
+        .map(|s| s.allocated_size)
         .fold(0u64, u64::saturating_add);
     EndState {
         segments: sizes.len(),
@@ -409,13 +390,14 @@ pub fn read_parsed(parsed: &mut Parsed, name: &str) -> Result<SnapshotFile, LabE
     };
     let (settings, expandable_setting) = settings_of(root)?;
     let config = settings.clone().unwrap_or_default();
+    let segments = snapshot_segments::read(root)?;
     let mut devices = Vec::new();
     for (device, trace) in traces.iter().enumerate() {
         let Some(trace) = trace.as_list().filter(|t| !t.is_empty()) else {
             continue;
         };
         devices.push(read_device(
-            root,
+            &segments,
             device,
             trace,
             &mut parsed.entries,
@@ -447,7 +429,7 @@ pub fn read(bytes: &[u8], name: &str) -> Result<TorchSnapshot, LabError> {
 }
 
 fn read_device(
-    root: &PyValue,
+    segments: &[snapshot_segments::Segment],
     device: usize,
     trace: &[PyValue],
     table: &mut Entries,
@@ -589,8 +571,8 @@ fn read_device(
             other => *unknown.entry(other.to_string()).or_insert(0) += 1,
         }
     }
-    let (recorded, expandable) = recorded_segments(root, device)?;
-    let recorded_end = end_state(&recorded, root, device);
+    let (recorded, expandable) = recorded_segments(segments, device);
+    let recorded_end = end_state(&recorded, segments, device);
     // Rewind: what was there at the start.
     let trace_live: std::collections::HashSet<u64> = live.keys().copied().collect();
     let mut initial_expandable = rewind_expandable(&recorded, &mapping, &trace_live);
