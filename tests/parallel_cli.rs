@@ -210,7 +210,7 @@ fn plans_first_layout_command_replays_its_figures() {
 #[test]
 fn plans_under_a_memory_limit_fit_only_what_replays_whole() {
     let plan = |limit: &str| {
-        vramlab_json([
+        vramlab([
             "plan",
             "--model",
             "gpt",
@@ -227,16 +227,27 @@ fn plans_under_a_memory_limit_fit_only_what_replays_whole() {
             "--json",
         ])
     };
-    // Under 256 MiB every layout's replay runs out of memory.
-    let v = plan("256MiB");
+    // Under 256 MiB every layout's replay runs out of memory: the closest
+    // are listed, and the command fails so that a script can tell.
+    let out = plan("256MiB");
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["layouts_fitting"], 0, "{v}");
+    assert_eq!(v["exit_code"], 1, "{v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("no layout of 8 GPUs fits"),
+        "{v}"
+    );
     for c in v["layouts"].as_array().unwrap() {
         assert_eq!(c["fits"], false, "{c}");
         assert!(c["worst"]["oom"].is_string(), "{c}");
     }
     // Under 1 GiB some do (micro-batch 1), and what is left is counted
     // from that limit, not from --memory.
-    let v = plan("1GiB");
+    let v = crate::common::cli::json_of(plan("1GiB"));
     assert!(v["layouts_fitting"].as_u64().unwrap() > 0, "{v}");
     for c in v["layouts"].as_array().unwrap() {
         let (fits, left) = (

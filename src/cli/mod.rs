@@ -54,6 +54,19 @@ pub enum Command {
     /// ZeRO 1-3 / FSDP, recomputation, micro-batch) whose every rank fits a
     /// GPU's memory, each rank replayed through the caching allocator,
     /// ranked by a stated step-time cost.
+    ///
+    /// Layouts: tensor parallel with sequence parallelism up to --max-tp,
+    /// pipeline stages under 1F1B, the data-parallel rest with DDP, ZeRO-1,
+    /// 2, 3 or FSDP, each recomputation, micro-batches of 1, 2, 4 and 8
+    /// sequences (at most 200,000 layer passes a stage). Each layout's
+    /// first and last stage are replayed; those listed, every stage whole.
+    ///
+    /// Step time: 6 · parameters · tokens / GPUs at --tflops (×4/3 with
+    /// full recomputation) over 1 − the bubble (p − 1)/(m + p − 1), plus
+    /// data- and pipeline-parallel bytes at --network-gbs and
+    /// tensor-parallel bytes at --nvlink-gbs, none overlapped; ties go to
+    /// the layout with more memory left. When none fits, the closest are
+    /// listed and the command exits 1.
     Plan(Box<plan::PlanArgs>),
     /// Record every allocator event of training steps and write a timeline
     /// (SVG and interactive HTML), a Chrome trace, the snapshot at the peak

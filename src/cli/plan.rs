@@ -15,6 +15,20 @@ use clap::Args;
 #[command(mut_arg("model", |a| a
     .default_value("gpt")
     .help("Zoo model: gpt (the one with parallel layouts; its --preset or sizes)")))]
+#[command(mut_arg("memory_fraction", |a| a
+    .help("Most memory the allocator may reserve, as a fraction (0..1] of --memory")))]
+// The other models' sizes and --capacity (plan's GPU size is --memory) are
+// refused with a message; --help leaves them out.
+#[command(
+    mut_arg("widths", |a| a.hide(true)),
+    mut_arg("checkpoint_every", |a| a.hide(true)),
+    mut_arg("width", |a| a.hide(true)),
+    mut_arg("depth", |a| a.hide(true)),
+    mut_arg("resolution", |a| a.hide(true)),
+    mut_arg("hidden", |a| a.hide(true)),
+    mut_arg("classes", |a| a.hide(true)),
+    mut_arg("capacity", |a| a.hide(true))
+)]
 pub struct PlanArgs {
     #[command(flatten)]
     pub model: ModelArgs,
@@ -31,8 +45,8 @@ pub struct PlanArgs {
     /// Sequences a step over all data-parallel ranks.
     #[arg(long, default_value_t = 1024)]
     pub global_batch: u64,
-    /// 16-bit mixed precision (fp32 master weights and Adam), the default;
-    /// --fp32 for fp32 everything.
+    /// fp32 everything (parameters, gradients, activations, Adam); the
+    /// default is 16-bit mixed precision with fp32 master weights and Adam.
     #[arg(long)]
     pub fp32: bool,
     /// Only this recomputation (default: none, selective and full).
@@ -43,9 +57,12 @@ pub struct PlanArgs {
     #[arg(long)]
     pub flash_attention: bool,
     /// Largest tensor-parallel size (GPUs joined by NVLink in a node).
+    /// Tensor parallelism comes with sequence parallelism, so its size
+    /// divides the heads, the hidden size and the sequence.
     #[arg(long, default_value_t = 8)]
     pub max_tp: u64,
-    /// Achieved 16-bit TFLOP/s a GPU, for the step-time cost.
+    /// Achieved matrix TFLOP/s a GPU, for the step-time cost (the 16-bit
+    /// rate; with --fp32 give the fp32 rate).
     #[arg(long, default_value_t = 400.0)]
     pub tflops: f64,
     /// GB/s a GPU inside a node (tensor parallelism).
@@ -129,7 +146,12 @@ pub fn estimate_command(args: &PlanArgs, l: &crate::parallel::Layout, seq: u64) 
 }
 
 fn gib(b: f64) -> String {
-    format!("{:.1}", b / (1u64 << 30) as f64)
+    let g = b / (1u64 << 30) as f64;
+    // A shortfall under 0.05 GiB is not "-0.0".
+    if g.abs() < 0.05 {
+        return "0.0".into();
+    }
+    format!("{g:.1}")
 }
 
 fn row(c: &Candidate) -> String {
@@ -271,6 +293,26 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
         );
     }
     let fitting = found.iter().filter(|c| c.fits).count();
+    // No layout fits: the closest are still listed, and the command fails
+    // so that a script can tell.
+    let none_fits = (fitting == 0).then(|| {
+        let closest = &found[0];
+        anyhow::anyhow!(
+            "no layout of {} fits {} a GPU{}: the closest ({}) {}; give more --gpus or a larger --memory, or a smaller model",
+            super::count(args.gpus, "GPU"),
+            crate::memory::format_size(limit_of(&req)),
+            if args.headroom > 0.0 { " after the headroom" } else { "" },
+            describe(&closest.layout),
+            if closest.worst.oom.is_some() {
+                "ran out of memory in its replay".to_string()
+            } else {
+                format!(
+                    "needs {} reserved",
+                    crate::memory::format_size(closest.worst.peak_reserved)
+                )
+            },
+        )
+    });
     if args.json {
         let out = serde_json::json!({
             "model": model,
@@ -289,8 +331,10 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
             "seconds": seconds,
             "layouts": found.iter().take(args.top).collect::<Vec<_>>(),
         });
+        let mut out = out;
+        let failed = none_fits.map(|e| super::fail_in_json(&mut out, e));
         println!("{}", serde_json::to_string_pretty(&out)?);
-        return Ok(());
+        return failed.map_or(Ok(()), Err);
     }
     println!(
         "{} parameters ({} layers, hidden {}, {} heads), {} tokens a sequence, global batch {}, {} of {} ({:.0}% headroom{}), {}",
@@ -303,12 +347,23 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
         super::count(args.gpus, "GPU"),
         crate::memory::format_size(memory),
         args.headroom * 100.0,
-        match req.config.memory_limit {
-            Some(m) => format!(", --memory-limit {:.2} GiB", m as f64 / (1u64 << 30) as f64),
-            None => String::new(),
+        match (req.config.memory_limit, args.alloc.memory_fraction) {
+            (Some(m), Some(f)) => format!(
+                ", --memory-fraction {} = {:.2} GiB",
+                super::args::number_as_typed(f),
+                m as f64 / (1u64 << 30) as f64
+            ),
+            (Some(m), None) => format!(", --memory-limit {:.2} GiB", m as f64 / (1u64 << 30) as f64),
+            (None, _) => String::new(),
         },
         if args.fp32 { "fp32" } else { "mixed precision" },
     );
+    if req.dropout {
+        println!(
+            "dropout {} (its masks saved)",
+            args.model.dropout.map_or(String::new(), |p| p.to_string())
+        );
+    }
     println!(
         "{} layouts evaluated in {seconds:.1} s (each rank's two steps through the caching allocator: the first and\n\
          last stages, 1F1B's steady state shortened); {fitting} fit. Those listed were replayed whole, as `estimate`\n\
@@ -360,7 +415,9 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
     println!(
         "\nstep s: 6·params·tokens/GPUs at {} TFLOP/s a GPU (×4/3 with full recomputation), over 1 − bubble, plus\n\
          data- and pipeline-parallel bytes at {} GB/s and tensor-parallel bytes at {} GB/s, none overlapped.\n\
-         comm GB: bytes a GPU sends a step. Layouts with tensor parallelism use sequence parallelism; pipelines run 1F1B.",
+         comm GB: bytes a GPU sends a step: DDP and ZeRO-1 move the stage's parameters twice a step, ZeRO-2 m + 1\n\
+         times (a reduce-scatter after each micro-batch), ZeRO-3 and FSDP 3m times. Layouts with tensor\n\
+         parallelism use sequence parallelism; pipelines run 1F1B. DeepSpeed's pipeline engine takes ZeRO-1 only.",
         args.tflops, args.network_gbs, args.nvlink_gbs
     );
     if let Some(best) = shown.first().filter(|c| c.fits) {
@@ -369,5 +426,28 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
             estimate_command(args, &best.layout, seq).join(" ")
         );
     }
-    Ok(())
+    none_fits.map_or(Ok(()), Err)
+}
+
+/// What a layout fits under: `--memory` less the headroom, or the
+/// allocator's limit where that is less (as [`search`] decides).
+fn limit_of(r: &Request) -> u64 {
+    let limit = (r.memory as f64 * (1.0 - r.headroom)) as u64;
+    r.config.memory_limit.map_or(limit, |m| limit.min(m))
+}
+
+/// A layout in a few words: "dp 8, tp 8 with sp, pp 16, ZeRO-2, selective
+/// recomputation, 192 micro-batches of 1".
+fn describe(l: &crate::parallel::Layout) -> String {
+    format!(
+        "dp {}, tp {}{}, pp {}, {}, recomputation {}, {} of {}",
+        l.dp,
+        l.tp,
+        if l.sp { " with sp" } else { "" },
+        l.pp,
+        l.sharding.name(),
+        l.recompute.name(),
+        super::count(l.microbatches, "micro-batch"),
+        l.micro_batch
+    )
 }

@@ -214,25 +214,36 @@ fn comm_named<S: serde::Serializer>(c: &[f64; 3], s: S) -> Result<S::Ok, S::Erro
     m.end()
 }
 
-/// Communication bytes a GPU sends per step, by kind: data parallel
-/// (ring all-reduce 2(N−1)/N of the gradients; ZeRO-3/FSDP also gathers
-/// the parameters for each micro-batch's forward and backward), tensor
-/// parallel (four all-reduces, or all-gathers and reduce-scatters, of a
-/// layer's s·b·h a micro-batch), pipeline (a micro-batch's s·b·h forward
-/// and back across each stage boundary).
+/// Communication bytes a GPU sends per step, by kind, each collective a
+/// ring's (N−1)/N of what it moves. Data parallel: DDP and ZeRO-1 reduce
+/// the gradients once a step and (ZeRO-1) gather the parameters once, two
+/// collectives; ZeRO-2 keeps only its gradient shard, so it
+/// reduce-scatters after every micro-batch's backward (as the replay
+/// frees the whole gradient there), m + 1; ZeRO-3 and FSDP also gather the
+/// parameters for each micro-batch's forward and backward, 3m. Tensor
+/// parallel: four all-reduces (or all-gathers and reduce-scatters) of a
+/// layer's s·b·h a micro-batch, six under full recomputation (its forward
+/// runs twice). Pipeline: a micro-batch's s·b·h forward and back across
+/// each stage boundary.
 pub fn comm_bytes(model: &Transformer, l: &Layout) -> [f64; 3] {
     let ab = l.precision.activation_bytes() as f64;
     let pb = l.precision.param_bytes() as f64;
     let psi = model.stage_params(l.tp, 0, l.pp) as f64;
     let (n, t, m) = (l.dp as f64, l.tp as f64, l.microbatches as f64);
     let ring = (n - 1.0) / n;
-    let dp = match l.sharding.stage() {
-        3 => (2.0 * m + 1.0) * ring * psi * pb,
-        _ => 2.0 * ring * psi * pb,
+    let collectives = match l.sharding.stage() {
+        3 => 3.0 * m,
+        2 => m + 1.0,
+        _ => 2.0,
     };
-    let sbh = (l.seq * l.micro_batch * model.hidden) as f64 * ab;
+    let dp = collectives * ring * psi * pb;
+    let sbh = l.seq as f64 * l.micro_batch as f64 * model.hidden as f64 * ab;
     let layers = (model.layers / l.pp) as f64;
-    let tp = 4.0 * 2.0 * (t - 1.0) / t * sbh * layers * m;
+    let passes = match l.recompute {
+        Recompute::Full => 6.0,
+        _ => 4.0,
+    };
+    let tp = passes * 2.0 * (t - 1.0) / t * sbh * layers * m;
     let split = if l.sp { t } else { 1.0 };
     let pp = if l.pp > 1 { 2.0 * sbh / split * m } else { 0.0 };
     [dp, tp, pp]
@@ -359,7 +370,7 @@ fn candidate(r: &Request, l: &Layout, limit: u64, whole: bool, worst: RankReport
     let comm = comm_bytes(&r.model, l);
     let (p, m) = (l.pp as f64, l.microbatches as f64);
     let bubble = (p - 1.0) / (m + p - 1.0);
-    let tokens = (l.global_batch() * l.seq) as f64;
+    let tokens = l.global_batch() as f64 * l.seq as f64;
     let redo = match l.recompute {
         Recompute::Full => 4.0 / 3.0,
         _ => 1.0,

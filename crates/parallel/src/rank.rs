@@ -262,6 +262,10 @@ struct Unit {
     block: bool,
     first: bool,
     last: bool,
+    /// Elements of a weight the unit uses but another unit owns: the tied
+    /// head's token table when one stage holds both ends (ZeRO-3 gathers
+    /// it again for the logits and their backward).
+    tied: u64,
 }
 
 impl Unit {
@@ -335,6 +339,7 @@ pub fn program_with(
             block: false,
             first: true,
             last: false,
+            tied: 0,
         });
     }
     for _ in 0..model.layers / p {
@@ -343,6 +348,7 @@ pub fn program_with(
             block: true,
             first: false,
             last: false,
+            tied: 0,
         });
     }
     if !last.is_empty() {
@@ -351,6 +357,11 @@ pub fn program_with(
             block: false,
             first: false,
             last: true,
+            tied: if p == 1 {
+                model.vocab.div_ceil(t) * model.hidden
+            } else {
+                0
+            },
         });
     }
     let stage_params = model.stage_params(t, stage, p);
@@ -600,7 +611,13 @@ fn gather(b: &mut Builder, u: &Unit, sharding: Sharding) -> Vec<Option<u32>> {
             vec![b.alloc(bytes, Kind::Gathered, "all-gathered block")]
         }
         _ => {
-            let largest = u.modules.iter().map(Module::numel).max().unwrap_or(0);
+            let largest = u
+                .modules
+                .iter()
+                .map(Module::numel)
+                .max()
+                .unwrap_or(0)
+                .max(u.tied);
             vec![b.alloc(largest * pb, Kind::Gathered, "all-gathered module")]
         }
     }

@@ -699,3 +699,75 @@ fn ddp_buckets_are_laid_out_as_pytorchs_reducer_lays_them() {
         .sum();
     assert_eq!(total, 497_759_232);
 }
+
+/// Allocations labelled `label` in `l`'s stage-0 program, over its two
+/// steps.
+fn allocs(m: &Transformer, l: &Layout, label: &str) -> u64 {
+    program(m, l, 0)
+        .ops
+        .iter()
+        .filter(
+            |op| matches!(op, vramlab_parallel::rank::Op::Alloc { label: x, .. } if *x == label),
+        )
+        .count() as u64
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// The step-time cost's data-parallel bytes count the collectives the
+    /// replayed program implies: a reduce-scatter wherever it frees a
+    /// whole gradient for its shard (every micro-batch under ZeRO-2 and 3),
+    /// a gather wherever it gathers a module (each micro-batch's forward and
+    /// backward under ZeRO-3), and once a step what it does not model as
+    /// memory (DDP's all-reduce, ZeRO-1 and 2's parameter all-gather).
+    #[test]
+    fn data_parallel_bytes_count_the_collectives_the_replay_implies(
+        layers in 1u64..4, m_count in 1u64..6, dp in prop::sample::select(vec![2u64, 4]),
+        stage in 0u8..4, pp in prop::sample::select(vec![1u64, 2]),
+    ) {
+        let m = model(2 * layers, 4, 64, 128, 256);
+        let l = Layout { dp, pp, microbatches: m_count, sharding: sharding(stage), ..Layout::single(1, 32) };
+        l.check(&m).unwrap();
+        let shards = allocs(&m, &l, "gradient shard");
+        let reduce_scatters = if shards == 0 { 0 } else {
+            allocs(&m, &l, "gradient before reduce-scatter") / shards
+        };
+        // Stage 0's units: its blocks, the embeddings and, alone, the head.
+        let units = 2 * layers / pp + if pp == 1 { 2 } else { 1 };
+        let gathers = allocs(&m, &l, "all-gathered module") / 2 / units;
+        let collectives = match stage {
+            0 => 2,
+            1 => 2,
+            2 => reduce_scatters + 1,
+            _ => reduce_scatters + gathers,
+        };
+        let want_rs = if stage >= 2 { m_count } else { 0 };
+        prop_assert_eq!(reduce_scatters, want_rs);
+        prop_assert_eq!(gathers, if stage == 3 { 2 * m_count } else { 0 });
+        let psi = m.stage_params(1, 0, pp) as f64;
+        let ring = (dp as f64 - 1.0) / dp as f64;
+        let dp_bytes = vramlab_parallel::plan::comm_bytes(&m, &l)[0];
+        prop_assert!((dp_bytes - collectives as f64 * ring * psi * 2.0).abs() < 1e-6 * dp_bytes, "{l:?}: {dp_bytes}");
+    }
+}
+
+/// With one stage, the tied head's token table lives in the first unit;
+/// ZeRO-3 gathers it again for the logits and their backward, so the
+/// gathered peak holds it (as with several stages, whose last holds a copy).
+#[test]
+fn zero3_gathers_the_tied_head_for_the_logits_on_one_stage() {
+    let m = model(2, 4, 64, 128, 4096);
+    for (pp, stage) in [(1, 0), (2, 1)] {
+        let l = Layout {
+            dp: 2,
+            pp,
+            microbatches: 2,
+            sharding: Sharding::Zero(3),
+            ..Layout::single(1, 32)
+        };
+        l.check(&m).unwrap();
+        let gathered = kind(&replay(&m, &l, stage), Kind::Gathered);
+        assert!(gathered >= 4096 * 64 * 2, "pp {pp}: gathered {gathered}");
+    }
+}
