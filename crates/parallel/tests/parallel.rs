@@ -730,9 +730,9 @@ proptest! {
         let l = Layout { dp, pp, microbatches: m_count, sharding: sharding(stage), ..Layout::single(1, 32) };
         l.check(&m).unwrap();
         let shards = allocs(&m, &l, "gradient shard");
-        let reduce_scatters = if shards == 0 { 0 } else {
-            allocs(&m, &l, "gradient before reduce-scatter") / shards
-        };
+        let reduce_scatters = allocs(&m, &l, "gradient before reduce-scatter")
+            .checked_div(shards)
+            .unwrap_or(0);
         // Stage 0's units: its blocks, the embeddings and, alone, the head.
         let units = 2 * layers / pp + if pp == 1 { 2 } else { 1 };
         let gathers = allocs(&m, &l, "all-gathered module") / 2 / units;
