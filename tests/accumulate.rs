@@ -49,7 +49,7 @@ fn micro_batches_give_the_full_batch_gradients_at_a_lower_peak() {
                     )
                 })
                 .collect();
-            let (r, _) = t.step_accumulated(&batches).unwrap();
+            let r = t.step_accumulated(&batches).unwrap();
             peaks.push(r.peak_allocated_bytes);
             grads.push(
                 t.store

@@ -139,7 +139,8 @@ fn autocast_logits_and_loss_track_f32_within_the_dtype() {
     for (name, batch) in MODELS {
         let run = |amp| {
             let (mut t, b) = plan(name, batch, Mode::Train, amp).trainer(&e, 3).unwrap();
-            let (r, out) = t.step(&b).unwrap();
+            let r = t.step(&b).unwrap();
+            let out = t.outputs().unwrap();
             // The last linear runs in the autocast dtype, so the logits are
             // 16-bit (as in PyTorch); the loss widens them to f32.
             assert_eq!(out.logits.dtype(), amp.unwrap_or(DType::F32), "{name}");
@@ -179,7 +180,8 @@ fn packed_f16_autocast_equals_native() {
         let (mut t, b) = plan("simple-cnn", 2, Mode::Train, Some(DType::F16))
             .trainer(e, 5)
             .unwrap();
-        let (r, out) = t.step(&b).unwrap();
+        let r = t.step(&b).unwrap();
+        let out = t.outputs().unwrap();
         let grads: Vec<Vec<f32>> = t
             .store
             .iter()
@@ -371,14 +373,14 @@ fn an_overflowing_step_is_skipped_and_halves_the_scale() {
         .unwrap();
     t.scaler.as_mut().unwrap().scale = 1e30;
     let before: Vec<Vec<f32>> = t.store.iter().map(|p| p.value.to_vec().unwrap()).collect();
-    let (r, _) = t.step(&b).unwrap();
+    let r = t.step(&b).unwrap();
     assert!(r.skipped);
     assert_eq!(t.scaler.as_ref().unwrap().scale, 5e29);
     let after: Vec<Vec<f32>> = t.store.iter().map(|p| p.value.to_vec().unwrap()).collect();
     assert_eq!(before, after, "a skipped step must not move the weights");
     // At the default scale the same step is clean and moves them.
     t.scaler.as_mut().unwrap().scale = 65536.0;
-    let (r, _) = t.step(&b).unwrap();
+    let r = t.step(&b).unwrap();
     assert!(!r.skipped);
     let moved: Vec<Vec<f32>> = t.store.iter().map(|p| p.value.to_vec().unwrap()).collect();
     assert_ne!(after, moved);

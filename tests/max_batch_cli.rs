@@ -97,14 +97,21 @@ fn a_batch_capped_by_max_is_reported_as_capped() {
     );
 }
 
-/// Fitting is not monotone in the batch: under 38 MiB simple-cnn fits at
-/// 1, 2 and 7 but not 3–6 (a new 20 MiB segment at 3 that 7's sizes
-/// avoid). Bisection answered 2; the batches past its answer are tried
-/// too, by the estimator and by every allocator's row, and the device
-/// confirms 7.
+/// Fitting is not monotone in the batch: under 38 MiB simple-cnn's first
+/// step fits at 1, 2 and 7 but not 3–6 (a new 20 MiB segment at 3 that 7's
+/// sizes avoid). Bisection answered 2; the batches past its answer are
+/// tried too, by the estimator and by every allocator's row, and the
+/// device confirms 7.
 #[test]
 fn a_larger_batch_past_one_that_does_not_fit_is_found() {
-    let v = common::vramlab_json(["max-batch", "--memory-limit", "40MiB", "--json"]);
+    let v = common::vramlab_json([
+        "max-batch",
+        "--memory-limit",
+        "40MiB",
+        "--steps",
+        "1",
+        "--json",
+    ]);
     assert_eq!(v["estimated_max_batch"], 7, "{v}");
     assert_eq!(v["max_batch"], 7, "{v}");
     let pytorch = v["by_allocator"]

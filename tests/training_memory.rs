@@ -31,7 +31,7 @@ fn mlp_step_peak(k: usize) -> u64 {
     let model = spec.build(&e, &mut store, &mut Rng::new(1)).unwrap();
     let batch = Batch::random(&e, &mut Rng::new(2), BATCH, &[WIDTH], 10).unwrap();
     let mut t = Trainer::new(e, model, store, Box::new(Sgd::new(0.01, 0.0)), false);
-    t.step(&batch).unwrap().0.peak_allocated_bytes
+    t.step(&batch).unwrap().peak_allocated_bytes
 }
 
 #[test]
@@ -72,7 +72,7 @@ fn retain_graph_across_steps_grows_memory_every_step() {
     let batch = Batch::random(&e, &mut Rng::new(4), 32, &[64], 10).unwrap();
     let mut t = Trainer::new(e, model, store, Box::new(Sgd::new(0.01, 0.0)), true);
     let allocated: Vec<u64> = (0..5)
-        .map(|_| t.step(&batch).unwrap().0.allocated_bytes)
+        .map(|_| t.step(&batch).unwrap().allocated_bytes)
         .collect();
     let growth: Vec<i64> = allocated
         .windows(2)
@@ -94,7 +94,7 @@ fn retain_graph_across_steps_grows_memory_every_step() {
     let batch = Batch::random(&e, &mut Rng::new(4), 32, &[64], 10).unwrap();
     let mut t = Trainer::new(e, model, store, Box::new(Sgd::new(0.01, 0.0)), false);
     let flat: Vec<u64> = (0..4)
-        .map(|_| t.step(&batch).unwrap().0.allocated_bytes)
+        .map(|_| t.step(&batch).unwrap().allocated_bytes)
         .collect();
     assert!(flat.windows(2).all(|w| w[0] == w[1]), "{flat:?}");
 }
@@ -168,7 +168,7 @@ fn sgd_momentum_buffer_is_allocated_at_the_first_step() {
     let mut t = Trainer::new(e.clone(), model, store, Box::new(Sgd::new(0.1, 0.9)), false);
     assert_eq!(t.optimizer.state_bytes(), 0);
     let before = e.allocator().memory_allocated();
-    let r = t.step(&batch).unwrap().0;
+    let r = t.step(&batch).unwrap();
     assert_eq!(t.optimizer.state_bytes(), n * 4, "one buffer per parameter");
     // After the step: gradients (kept until zero_grad) and the buffers, plus
     // the returned logits and loss.

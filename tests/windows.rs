@@ -48,7 +48,7 @@ fn run(plan: &Plan, limit: Limit, steps: usize) -> Result<Outcome, TensorError> 
     let (mut trainer, batch) = plan.trainer(&e, 7)?;
     let mut losses = Vec::new();
     for _ in 0..steps {
-        losses.push(trainer.step(&batch)?.0.loss.to_bits());
+        losses.push(trainer.step(&batch)?.loss.to_bits());
     }
     let mut params = Vec::new();
     for p in trainer.store.iter() {

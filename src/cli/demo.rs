@@ -148,6 +148,9 @@ struct Demo {
     adam: Adam,
     x: Tensor,
     y: Tensor,
+    /// The last step's `logits` and `loss`, bound until the next step
+    /// rebinds them (as the trainer holds them: `train::step`).
+    held: Option<(Tensor, Tensor)>,
 }
 
 /// Makes the engine, the model with its parameters, Adam and the batch
@@ -184,6 +187,7 @@ fn setup(args: &DemoArgs, config: AllocatorConfig) -> anyhow::Result<Demo> {
         adam,
         x,
         y,
+        held: None,
     })
 }
 
@@ -223,18 +227,24 @@ fn train_step(
     d.store.zero_grad();
     let tape = Tape::new();
     // with torch.autocast(...): logits = model(x); loss = F.cross_entropy(logits, y)
+    // Python frees the last step's logits when `logits =` rebinds them,
+    // after the model's forward, and its loss after the new loss.
+    let held = std::cell::Cell::new(d.held.take());
     let forward = || -> anyhow::Result<_> {
+        let (old_logits, old_loss) = held.take().unzip();
         let logits = d
             .model
             .forward(&tape, &d.store, &Value::constant(d.x.clone()))?;
+        drop(old_logits);
         let loss = f::cross_entropy(&tape, &logits, &d.y)?;
+        drop(old_loss);
         Ok((logits, loss))
     };
     // Tagged as the trainer tags them (`train::step`): what the forward
     // makes is output, what the backward makes is temporary.
     let scope = d.engine.scope(Category::Output, "forward");
-    // `logits` stays alive to the end of the step, as a training loop's
-    // `outputs = model(x)` does.
+    // `logits` and `loss` stay bound after the step, as a training loop's
+    // names are, until the next step rebinds them.
     let (logits, loss) = match args.amp {
         Some(dtype) => tape.autocast(dtype, forward)?,
         None => forward()?,
@@ -263,6 +273,7 @@ fn train_step(
     if !loss_value.is_finite() {
         return Err(super::args::non_finite_loss(step, loss_value, &[], &[]).into());
     }
+    d.held = Some((logits.tensor().clone(), loss.tensor().clone()));
     drop((logits, loss));
     d.engine.synchronize()?;
     let a = d.engine.allocator();
@@ -430,9 +441,9 @@ fn print_comparison(live: &BTreeMap<&'static str, u64>, last: Last) {
 fn print_reading(at_peak: &BTreeMap<&'static str, u64>, last: Last, batch: usize) {
     println!();
     println!("Reading it:");
-    println!("  - After a step only parameters, gradients (kept until zero_grad), Adam's two states and the");
-    println!("    batch are alive: {:.2} MiB. The article's 54.12 MB after each step would need the activations", mib(last.0));
-    println!("    still alive; they are freed as backward uses them.");
+    println!("  - After a step only parameters, gradients (kept until zero_grad), Adam's two states, the batch");
+    println!("    and the loop's logits and loss are alive: {:.2} MiB. The article's 54.12 MB after each step", mib(last.0));
+    println!("    would need the activations still alive; they are freed as backward uses them.");
     let mut live: Vec<(&str, u64)> = at_peak
         .iter()
         .filter(|(_, &b)| b > 0)

@@ -36,9 +36,12 @@ pub struct MaxBatchArgs {
     /// room for what a real run adds (other processes, fragmentation drift).
     #[arg(long, default_value_t = 0.05)]
     pub margin: f64,
-    /// Training steps per trial (the second step allocates nothing new for
-    /// Adam, but shows a steady state).
-    #[arg(long, default_value_t = 1)]
+    /// Training steps per trial. The default, 2, reaches the steady state:
+    /// from step 2 a stateful optimizer's state (Adam's moments, momentum)
+    /// and the last step's logits and loss are live through forward and
+    /// backward, so a batch that trains step 1 can run out in step 2. With
+    /// 1, only the first step is checked.
+    #[arg(long, default_value_t = 2)]
     pub steps: usize,
     /// Largest batch considered.
     #[arg(long, default_value_t = 1 << 16)]

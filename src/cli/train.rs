@@ -165,8 +165,8 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     print_header(args, &setup);
     let f32_peaks = f32_peaks(args, &setup)?;
     let mut training = Training::start(args, setup);
-    let (records, last) = train_loop(args, &mut training, f32_peaks.as_deref())?;
-    if let (Some(path), Some(out)) = (&args.dump, &last) {
+    let records = train_loop(args, &mut training, f32_peaks.as_deref())?;
+    if let (Some(path), Some(out)) = (&args.dump, training.trainer.outputs()) {
         dump(args, &training, path, out)?;
     }
     if let Some(path) = &args.record_trace {
@@ -715,7 +715,7 @@ impl Training {
     }
 
     /// One optimizer step: on the batch, or on its K micro-batches.
-    fn step(&mut self) -> anyhow::Result<(StepRecord, StepOutputs)> {
+    fn step(&mut self) -> anyhow::Result<StepRecord> {
         Ok(if self.more.is_empty() {
             self.trainer.step(&self.batch)?
         } else {
@@ -729,19 +729,18 @@ impl Training {
 }
 
 /// Runs `--steps` steps, printing each (as text); returns their records
-/// and the last step's outputs.
+/// (the trainer holds the last step's outputs, as the loop's names).
 fn train_loop(
     args: &TrainArgs,
     t: &mut Training,
     f32_peaks: Option<&[u64]>,
-) -> anyhow::Result<(Vec<StepJson>, Option<StepOutputs>)> {
+) -> anyhow::Result<Vec<StepJson>> {
     let mut records = Vec::new();
-    let mut last = None;
     for i in 0..args.steps {
         if i > 0 {
             t.next_windows()?;
         }
-        let (r, out) = t.step()?;
+        let r = t.step()?;
         check_loss(args, &t.opt, &r)?;
         let device_time = match t.trainer.engine.take_dispatch_times()? {
             Some((source, times)) if t.timed => Some(OpTimes::of(source, &times)),
@@ -756,9 +755,8 @@ fn train_loop(
             f32_peak_allocated_bytes: f32_peak,
             device_time,
         });
-        last = Some(out);
     }
-    Ok((records, last))
+    Ok(records)
 }
 
 /// Stops the run at a NaN or infinite loss, saying why pure 16-bit Adam

@@ -907,7 +907,7 @@ fn c19(ctx: &Ctx) -> anyhow::Result<Outcome> {
     let mut t = Trainer::new(e, model, store, opt.build(), false);
     let mut micro_peak = 0;
     for _ in 0..2 {
-        micro_peak = t.step_accumulated(&micro)?.0.peak_allocated_bytes;
+        micro_peak = t.step_accumulated(&micro)?.peak_allocated_bytes;
     }
     Ok(outcome(
         vec![fig("peak, batch 64 at once (step 2)", mib(full), "MiB"), fig("peak, 4 accumulated micro-batches of 16 (step 2)", mib(micro_peak), "MiB")],
@@ -935,7 +935,7 @@ fn c20(ctx: &Ctx) -> anyhow::Result<Outcome> {
     let mut t = Trainer::new(e, model, store, opt.build(), true);
     let mut pts = Vec::new();
     for _ in 0..5 {
-        let r = t.step(&batch)?.0;
+        let r = t.step(&batch)?;
         pts.push((r.step as f64, mib(r.allocated_bytes)));
     }
     let growth = pts[4].1 - pts[3].1;

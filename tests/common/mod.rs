@@ -290,7 +290,7 @@ pub fn loss_and_grads(
     let tape = Tape::new();
     let x = Value::constant(batch.x.clone());
     let forward = || {
-        loss.forward(&tape, model, store, &x, checkpointed, &batch.labels)
+        loss.forward(&tape, model, store, &x, checkpointed, &batch.labels, None)
             .unwrap()
             .1
     };

@@ -31,6 +31,7 @@ pub mod replay;
 pub mod replay_events;
 pub mod segment_map;
 pub mod snapshot_export;
+mod snapshot_fields;
 pub mod snapshot_segments;
 pub mod strategies;
 pub mod synthetic;

@@ -8,7 +8,7 @@ use crate::error::LabError;
 use crate::frames::user_frame;
 use crate::memory::constants::MAX_BYTES;
 use crate::pickle::PyValue;
-use crate::torch_snapshot::{int, size_of};
+use crate::snapshot_fields::{int, size_of};
 
 /// One recorded segment, as the file states it.
 #[derive(Debug, Clone)]

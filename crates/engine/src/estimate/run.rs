@@ -51,7 +51,7 @@ impl Plan {
         let sim = Engine::simulated(self.config.clone(), None);
         let (mut t, b) = self.trainer(&sim, 0)?;
         (0..steps)
-            .map(|_| Ok(t.step(&b)?.0.peak_allocated_bytes))
+            .map(|_| Ok(t.step(&b)?.peak_allocated_bytes))
             .collect()
     }
 }
@@ -90,9 +90,8 @@ pub fn run_steps(
     let parameters = trainer.store.numel();
     let mut skipped_steps = 0;
     for _ in 0..steps {
-        let (record, outputs) = trainer.step(&batch)?;
+        let record = trainer.step(&batch)?;
         skipped_steps += record.skipped as usize;
-        drop(outputs);
     }
     engine.synchronize()?;
     let levels = engine.three_levels();

@@ -91,7 +91,11 @@ impl LossMode {
 
     /// The model's forward pass and this loss over `labels`: what the step
     /// holds until it ends (the logits, or under `chunked`, which never
-    /// makes them, the head's input) and the mean loss.
+    /// makes them, the head's input) and the mean loss. `previous` is the
+    /// last step's, released where a Python loop rebinds its names: its
+    /// logits once the model's forward returns, its loss once this one
+    /// exists.
+    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         self,
         tape: &Tape,
@@ -100,7 +104,12 @@ impl LossMode {
         x: &Value,
         checkpointed: bool,
         labels: &Tensor,
+        previous: Option<super::step::StepOutputs>,
     ) -> Result<(Value, Value), TensorError> {
+        let (old_logits, old_loss) = match previous {
+            Some(p) => (Some(p.logits), Some(p.loss)),
+            None => (None, None),
+        };
         if let LossMode::Chunked(rows) = self {
             let (h, w) = model
                 .forward_head_input(tape, store, x, checkpointed)?
@@ -108,7 +117,9 @@ impl LossMode {
                     loss: self.name(),
                     model: "this model".to_string(),
                 })?;
+            drop(old_logits);
             let loss = f::linear_cross_entropy(tape, &h, &w, labels, rows)?;
+            drop(old_loss);
             return Ok((h, loss));
         }
         let logits = if checkpointed {
@@ -116,10 +127,12 @@ impl LossMode {
         } else {
             model.forward(tape, store, x)?
         };
+        drop(old_logits);
         let loss = match self {
             LossMode::Fused => f::cross_entropy(tape, &logits, labels)?,
             _ => f::cross_entropy_torch(tape, &logits, labels)?,
         };
+        drop(old_loss);
         Ok((logits, loss))
     }
 }

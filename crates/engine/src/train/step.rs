@@ -1,6 +1,11 @@
 //! One training step the way a PyTorch loop writes it —
 //! `zero_grad(); logits = model(x); loss = F.cross_entropy(logits, y);
 //! loss.backward(); opt.step()` — with the allocator's numbers read after it.
+//! The loop's `logits` and `loss` stay bound after a step, as Python's
+//! names do: the trainer holds them, and the next step releases each where
+//! it is rebound (the old logits once the model's forward returns, the old
+//! loss once the new one exists), so memory between and across steps is a
+//! Python loop's.
 //! The peak is reset before each step so `peak_allocated_bytes` is that
 //! step's own. With `retain_graph` one tape is kept across steps and backward
 //! keeps every record, so each step's saved activations stay allocated.
@@ -65,9 +70,12 @@ pub struct Trainer {
     pub scaler: Option<GradScaler>,
     /// Which cross-entropy the step runs.
     pub loss: super::LossMode,
+    /// The last step's `logits` and `loss`, bound until the next step
+    /// rebinds them.
+    held: Option<StepOutputs>,
 }
 
-/// The last step's outputs, kept for `--dump`.
+/// A step's outputs: what the loop's `logits` and `loss` hold.
 pub struct StepOutputs {
     /// The logits; under `--loss chunked`, which never makes them, the
     /// head's input.
@@ -94,7 +102,14 @@ impl Trainer {
             amp: None,
             scaler: None,
             loss: super::LossMode::default(),
+            held: None,
         }
+    }
+
+    /// The last step's `logits` and `loss` (for `--dump`), still bound as
+    /// the loop's names are.
+    pub fn outputs(&self) -> Option<&StepOutputs> {
+        self.held.as_ref()
     }
 
     /// Pure low precision (`model.half()` / `.to(torch.bfloat16)`): the
@@ -116,7 +131,7 @@ impl Trainer {
     }
 
     /// Runs one step on `batch`; returns its record and outputs.
-    pub fn step(&mut self, batch: &Batch) -> Result<(StepRecord, StepOutputs), TensorError> {
+    pub fn step(&mut self, batch: &Batch) -> Result<StepRecord, TensorError> {
         let mut expected = vec![batch.size()];
         expected.extend(self.model.input_shape());
         if batch.x.shape() != expected {
@@ -138,12 +153,20 @@ impl Trainer {
         let forward = engine.scope(Category::Output, "forward");
         let x = Value::constant(batch.x.clone());
         let amp = self.amp;
+        let previous = std::cell::Cell::new(self.held.take());
         let forward_pass = |tape: &Tape| -> Result<(Value, Value), TensorError> {
             let run = || -> Result<(Value, Value), TensorError> {
                 let checkpointed = self.mode == Mode::Checkpoint;
                 let model = self.model.as_ref();
-                self.loss
-                    .forward(tape, model, &self.store, &x, checkpointed, &batch.labels)
+                self.loss.forward(
+                    tape,
+                    model,
+                    &self.store,
+                    &x,
+                    checkpointed,
+                    &batch.labels,
+                    previous.take(),
+                )
             };
             match amp {
                 Some(d) => tape.autocast(d, run),
@@ -181,10 +204,10 @@ impl Trainer {
             self.optimizer.step(&mut self.store)?;
         }
         drop(optimizer);
-        let (mut record, outputs) = self.finish(t0, logits, loss)?;
+        let mut record = self.finish(t0, logits, loss)?;
         record.grad_scale = grad_scale;
         record.skipped = skipped;
-        Ok((record, outputs))
+        Ok(record)
     }
 
     /// One optimizer step over `micro` micro-batches (gradient
@@ -193,10 +216,7 @@ impl Trainer {
     /// their total size gives (each micro-batch's loss is its own mean);
     /// then one optimizer step. Only one micro-batch's activations are ever
     /// alive. The record's loss is the mean of the micro-batches' losses.
-    pub fn step_accumulated(
-        &mut self,
-        micro: &[Batch],
-    ) -> Result<(StepRecord, StepOutputs), TensorError> {
+    pub fn step_accumulated(&mut self, micro: &[Batch]) -> Result<StepRecord, TensorError> {
         if micro.len() < 2 {
             return match micro.first() {
                 Some(b) => self.step(b),
@@ -219,18 +239,27 @@ impl Trainer {
         self.store.zero_grad();
         let k = micro.len() as f32;
         let mut losses = 0.0;
-        let mut last = None;
+        // Each micro-batch's forward rebinds the loop's names.
+        let mut last: Option<StepOutputs> = self.held.take();
         for batch in micro {
             let tape = Tape::new();
             engine.mark_phase("forward");
             engine.reset_op_numbers();
             let forward = engine.scope(Category::Output, "forward");
             let x = Value::constant(batch.x.clone());
+            let previous = std::cell::Cell::new(last.take());
             let run = || -> Result<(Value, Value), TensorError> {
                 let checkpointed = self.mode == Mode::Checkpoint;
                 let model = self.model.as_ref();
-                self.loss
-                    .forward(&tape, model, &self.store, &x, checkpointed, &batch.labels)
+                self.loss.forward(
+                    &tape,
+                    model,
+                    &self.store,
+                    &x,
+                    checkpointed,
+                    &batch.labels,
+                    previous.take(),
+                )
             };
             let (logits, loss) = match self.amp {
                 Some(d) => tape.autocast(d, run)?,
@@ -242,20 +271,23 @@ impl Trainer {
             tape.backward_scaled(&loss, &mut self.store, 1.0 / k)?;
             drop(backward);
             losses += loss.tensor().to_vec()?[0];
-            last = Some((logits, loss));
+            last = Some(StepOutputs {
+                logits: logits.tensor().clone(),
+                loss: loss.tensor().clone(),
+            });
         }
         engine.mark_phase("optimizer");
         let step_op = format!("{}.step", self.optimizer.name());
         let optimizer = engine.scope(Category::OptimizerState, &step_op);
         self.optimizer.step(&mut self.store)?;
         drop(optimizer);
-        let (logits, loss) = last.ok_or(TensorError::NotSupported {
+        let outputs = last.ok_or(TensorError::NotSupported {
             op: "accumulate",
             what: "no micro-batches: give at least one",
         })?;
-        let (mut record, outputs) = self.finish(t0, logits, loss)?;
+        let mut record = self.finish_with(t0, outputs)?;
         record.loss = losses / k;
-        Ok((record, outputs))
+        Ok(record)
     }
 
     fn finish(
@@ -263,8 +295,23 @@ impl Trainer {
         t0: Instant,
         logits: Value,
         loss: Value,
-    ) -> Result<(StepRecord, StepOutputs), TensorError> {
-        let loss_value = loss.tensor().to_vec()?[0];
+    ) -> Result<StepRecord, TensorError> {
+        let outputs = StepOutputs {
+            logits: logits.tensor().clone(),
+            loss: loss.tensor().clone(),
+        };
+        drop((logits, loss));
+        self.finish_with(t0, outputs)
+    }
+
+    /// Reads the step's figures with its outputs still bound, then keeps
+    /// them as the loop's names.
+    fn finish_with(
+        &mut self,
+        t0: Instant,
+        outputs: StepOutputs,
+    ) -> Result<StepRecord, TensorError> {
+        let loss_value = outputs.loss.to_vec()?[0];
         self.engine.synchronize()?;
         let a = self.engine.allocator();
         let record = StepRecord {
@@ -278,12 +325,7 @@ impl Trainer {
             skipped: false,
         };
         drop(a);
-        Ok((
-            record,
-            StepOutputs {
-                logits: logits.tensor().clone(),
-                loss: loss.tensor().clone(),
-            },
-        ))
+        self.held = Some(outputs);
+        Ok(record)
     }
 }
