@@ -141,3 +141,44 @@ fn a_point_shows_the_reserved_memory_its_verdict_is_about() {
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("--memory-limit"));
 }
+
+/// Each point is the estimate of as many steps as `--steps` gives: the
+/// first step's by default, the peak over two with `--steps 2` (Adam's
+/// state then live through forward and backward), and the JSON says which.
+#[test]
+fn each_point_is_the_estimate_of_the_steps_it_names() {
+    for steps in ["1", "2"] {
+        let v = sweep(&["--model", "simple-cnn", "--batch", "2,5", "--steps", steps]);
+        assert_eq!(v["steps"].as_u64(), steps.parse().ok(), "{v}");
+        for p in v["points"].as_array().unwrap() {
+            let batch = p["value"].to_string();
+            let e = common::vramlab_json([
+                "estimate",
+                "--model",
+                "simple-cnn",
+                "--batch",
+                &batch,
+                "--steps",
+                steps,
+                "--json",
+            ]);
+            assert_eq!(
+                p["estimated_peak_bytes"], e["estimate"]["peak_allocated_bytes"],
+                "--steps {steps}, batch {batch}"
+            );
+            assert_eq!(
+                p["estimated_reserved_bytes"], e["estimate"]["peak_reserved_bytes"],
+                "--steps {steps}, batch {batch}"
+            );
+        }
+    }
+    // At batch 32 the second step peaks above the first, with Adam's
+    // state live through its backward (at batch 2 the first step's peak,
+    // in the optimizer, is the higher).
+    let one = sweep(&["--model", "simple-cnn", "--batch", "16,32"]);
+    let two = sweep(&["--model", "simple-cnn", "--batch", "16,32", "--steps", "2"]);
+    assert!(
+        two["points"][1]["estimated_peak_bytes"].as_u64()
+            > one["points"][1]["estimated_peak_bytes"].as_u64()
+    );
+}

@@ -4,9 +4,9 @@
 //! and the sweep goes on), fitted with a line and a power law, plotted.
 
 use super::args::{AllocArgs, DeviceArgs, ModelArgs, StepArgs};
+use crate::estimate::analyze;
 use crate::estimate::fit::{fit, Fit};
-use crate::estimate::run::estimate;
-use crate::estimate::{analyze, run_step};
+use crate::estimate::run::run_steps;
 use crate::memory::mib;
 use anyhow::Context;
 use clap::Args;
@@ -22,6 +22,13 @@ pub struct SweepArgs {
     pub batch: Vec<usize>,
     #[command(flatten)]
     pub step: StepArgs,
+    /// Training steps at each point; its figures are the peak over all of
+    /// them. 1 (the default, as `estimate`'s) is the first step; 2 reaches
+    /// the steady state, where a stateful optimizer's state (Adam's
+    /// moments, momentum) and the last step's logits are live through
+    /// forward and backward, as `max-batch` counts by default.
+    #[arg(long, default_value_t = 1)]
+    pub steps: usize,
     /// Also run each point on the GPU.
     #[arg(long)]
     pub measure: bool,
@@ -149,13 +156,14 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
     let (dim, values) = match swept.as_slice() {
         [(d, Some(v))] => (*d, v.clone()),
         [] => anyhow::bail!(
-            "give a list to sweep: --batch 1,2,4,8, --resolution 16,32,64 (resnet-mini) or --seq-len 64,128,256 (attention)"
+            "give a list to sweep: --batch 1,2,4,8, --resolution 16,32,64 (resnet-mini, resnet50) or --seq-len 64,128,256 (attention, gpt)"
         ),
         _ => anyhow::bail!("sweep one of --batch, --resolution, --seq-len at a time"),
     };
     if values.contains(&0) {
         anyhow::bail!("--{dim} values must be at least 1");
     }
+    super::args::check_recorded_steps(args.steps)?;
     // A fit needs distinct points: a repeated value adds nothing to it.
     super::args::listed_once(&format!("--{dim}"), &values)?;
     if let Some(command) = &args.record {
@@ -199,16 +207,22 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
         // whether the measured run fits) does not apply to it.
         let mut unlimited = plan.clone();
         unlimited.config.memory_limit = None;
-        let est = estimate(&unlimited)?;
+        let est = run_steps(
+            crate::tensor::Engine::simulated(unlimited.config.clone(), None),
+            &unlimited,
+            0,
+            args.steps,
+        )?;
         let a = analyze(&est.events, &est.layer_outputs);
         let growing = growing_bytes(&est.events);
         let (measured, oom) = match &engine {
             // Under a memory limit or on a device of --capacity, whether
             // the step fits: run on a simulated device with both.
-            None if plan.config.memory_limit.is_some() || capacity.is_some() => match run_step(
+            None if plan.config.memory_limit.is_some() || capacity.is_some() => match run_steps(
                 crate::tensor::Engine::simulated(plan.config.clone(), capacity),
                 &plan,
                 0,
+                args.steps,
             ) {
                 Ok(_) => (None, false),
                 Err(err) if err.is_oom() => (None, true),
@@ -218,7 +232,7 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
             Some(e) => {
                 e.allocator().empty_cache();
                 e.allocator().reset_peak_memory_stats();
-                match run_step(e.clone(), &plan, 0) {
+                match run_steps(e.clone(), &plan, 0, args.steps) {
                     Ok(p) => (
                         Some(analyze(&p.events, &p.layer_outputs).peak_allocated_bytes),
                         false,
@@ -259,6 +273,7 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
     let report = serde_json::json!({
         "model": name,
         "swept": dim,
+        "steps": args.steps,
         "points": points,
         "fit": fit_out,
     });
@@ -275,8 +290,13 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "vramlab sweep: {name}, {dim} over {values:?}, mode {}",
-        args.step.mode
+        "vramlab sweep: {name}, {dim} over {values:?}, mode {}, {}",
+        args.step.mode,
+        if args.steps == 1 {
+            "step 1 (--steps 2 for the steady state)".to_string()
+        } else {
+            format!("the peak over {} steps", args.steps)
+        }
     );
     // Without --measure, a memory limit is checked on a simulated device:
     // the last column says whether each point fits it.
@@ -431,6 +451,11 @@ fn run_recorded(
     use super::recorded::{Recorder, UNSEEN};
     if dim != "batch" {
         anyhow::bail!("--record sweeps the batch (--batch 1,2,4,8); the resolution and sequence length are the recorder command's");
+    }
+    if args.steps != 1 {
+        anyhow::bail!(
+            "--steps applies to zoo models; with --record the steps are the recorder command's"
+        );
     }
     if args.measure || args.out.is_some() {
         anyhow::bail!(
