@@ -1498,3 +1498,21 @@ fn dumps_carry_running_statistics_and_partial_ones_are_refused() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// From the lessons pass: `lessons --report DIR` whose `lessons.json` was a
+/// directory ran every lesson, wrote `index.html`, and then failed saying
+/// "name a file instead" of a flag that takes a directory. Now the output
+/// paths are checked first: nothing runs, nothing is written, and the
+/// message names the path.
+#[test]
+fn a_report_that_cannot_be_written_is_refused_before_any_lesson_runs() {
+    let dir = scratch("report");
+    std::fs::create_dir_all(dir.join("lessons.json")).unwrap();
+    let err = fails_cleanly(["lessons", "--report", dir.to_str().unwrap()]);
+    assert!(
+        err.contains("lessons.json is a directory") && !err.contains("[1/"),
+        "{err}"
+    );
+    assert!(!dir.join("index.html").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -279,6 +279,34 @@ pub fn out_dir(flag: &str, dir: &std::path::Path) -> Result<(), ArgError> {
     })
 }
 
+/// `out_dir`, then checks before any work that `files` can be written in
+/// it: none is a directory, and a file can be created there (a read-only
+/// directory failed only after every lesson had run, naming no path).
+pub fn out_dir_for(flag: &str, dir: &std::path::Path, files: &[&str]) -> Result<(), ArgError> {
+    out_dir(flag, dir)?;
+    for f in files {
+        let p = dir.join(f);
+        if p.is_dir() {
+            return Err(ArgError(format!(
+                "{flag} {}: {} is a directory, where vramlab writes its {f}; move it away or name another directory",
+                dir.display(),
+                p.display()
+            )));
+        }
+    }
+    let probe = dir.join(format!(".vramlab-write-check-{}", std::process::id()));
+    match std::fs::File::create(&probe) {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&probe);
+            Ok(())
+        }
+        Err(e) => Err(ArgError(format!(
+            "{flag} {}: cannot write there ({e}); name a directory you can write to",
+            dir.display()
+        ))),
+    }
+}
+
 /// Makes the directory an output file's flag names lives in, before any
 /// work, as `out_dir` does.
 pub fn out_file_dir(flag: &str, file: &std::path::Path) -> Result<(), ArgError> {

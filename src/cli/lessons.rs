@@ -5,6 +5,7 @@
 
 use super::args::DeviceArgs;
 use crate::lessons::{self, catalog::LESSONS, Ctx, Lesson, Outcome};
+use anyhow::Context;
 use clap::Args;
 use std::path::PathBuf;
 
@@ -116,7 +117,7 @@ pub fn run_list(args: &LessonsArgs) -> anyhow::Result<()> {
             chosen
         }
     };
-    super::args::out_dir("--report", dir)?;
+    super::args::out_dir_for("--report", dir, &["index.html", "lessons.json"])?;
     let c = ctx(args.measure, &args.device);
     let t0 = std::time::Instant::now();
     // With --measure each lesson also runs on the simulated device, whose
@@ -170,7 +171,8 @@ pub fn run_list(args: &LessonsArgs) -> anyhow::Result<()> {
         .collect();
     let html = lessons::report::html(&results, c.source());
     let page = dir.join("index.html");
-    crate::io::write_atomic(&page, html.as_bytes())?;
+    crate::io::write_atomic(&page, html.as_bytes())
+        .with_context(|| format!("writing {}", page.display()))?;
     let all: Vec<_> = runs
         .iter()
         .zip(&results)
@@ -183,10 +185,9 @@ pub fn run_list(args: &LessonsArgs) -> anyhow::Result<()> {
             v
         })
         .collect();
-    crate::io::write_atomic(
-        &dir.join("lessons.json"),
-        serde_json::to_string_pretty(&all)?.as_bytes(),
-    )?;
+    let json = dir.join("lessons.json");
+    crate::io::write_atomic(&json, serde_json::to_string_pretty(&all)?.as_bytes())
+        .with_context(|| format!("writing {}", json.display()))?;
     let failure = list_failure(args, &runs, &results, &page);
     if args.json {
         // One shape either way: the page and every outcome; a failure adds
