@@ -37,6 +37,22 @@ fn the_batch_exponent_is_one_from_batch_one() {
         let k = v["fit"]["exponent"].as_f64().unwrap();
         assert!((0.97..1.03).contains(&k), "{model}: batch exponent {k}");
     }
+    // A tied head's second weight gradient (vocabulary × dim, whatever the
+    // batch) is not part of what grows: with it the exponent was 0.30.
+    let v = sweep(&[
+        "--model",
+        "gpt",
+        "--dim",
+        "256",
+        "--vocab",
+        "50257",
+        "--seq-len",
+        "16",
+        "--batch",
+        "1,2,4,8",
+    ]);
+    let k = v["fit"]["exponent"].as_f64().unwrap();
+    assert!((0.97..1.03).contains(&k), "gpt: batch exponent {k}");
 }
 
 #[test]
