@@ -15,8 +15,8 @@ Trace lines: {"op":"alloc","id":7,"size":1200,"label":"aten.mm.default",
 and {"op":"free","id":7}. size is the storage's nbytes (what the caching
 allocator is asked for); label the aten op whose output it is (or
 "parameter", "buffer:NAME", "input"). phase, step and where are for reading
-(replay ignores them): phase is setup, forward, loss, backward, optimizer,
-zero_grad or return; where is the module whose forward ran the op, or in
+(replay ignores them): phase is setup, forward, loss, backward, optimizer or
+zero_grad; where is the module whose forward ran the op, or in
 backward the autograd node running (torch._C._current_autograd_node()).
 category: parameter; input; output (the logits and the loss, which the user
 holds); activation (any other forward/loss allocation alive when backward
@@ -24,22 +24,31 @@ starts); gradient (a backward allocation that ends as some p.grad);
 optimizer_state (an optimizer-step allocation alive after the step);
 temporary (the rest).
 
-The step, exactly the PyTorch user's:
+The step, exactly the PyTorch user's training loop:
 
-    def train_step(x, y):
-        logits = model(x)                          # held until the function returns
-        loss = F.cross_entropy(logits.view(-1, V), y.view(-1))
+    for step in range(steps):                      # --steps (default 2)
+        logits = model(x)                          # the last step's logits freed here
+        loss = F.cross_entropy(logits.view(-1, V), y.view(-1))   # the last loss freed here
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return                                     # logits, loss freed here
+    # logits and loss are still bound
 
-called --steps times (default 2). With --loss chunked[:ROWS] (gpt) the first
-two lines are instead
+The loop's names hold logits and loss from one step to the next: the old
+logits die where `logits = model(x)` rebinds the name, after the new ones
+exist (in the next step's forward), the old loss where the new one is bound,
+and the last step's are alive at the end of the trace. This is the step
+vramlab's trainer runs (crates/engine/src/train/step.rs); a function
+`def train_step(x, y)` would free them at its return instead, lowering what
+is alive between steps and at the end by their size. With --loss
+chunked[:ROWS] (gpt) the first two lines are instead
 
         h = model.features(x)                      # ln_f's output, held likewise
         loss = F.linear_cross_entropy(h, model.wte.weight, y.view(-1),
             options=torch.nn.LinearCrossEntropyOptions(batch_chunk_size=ROWS))
+
+(the old h freed after model.features returns, the old loss after the new
+one exists; both lines are the forward phase: the head runs in the loss).
 
 PyTorch 2.15's chunked path, a custom op: on meta it would run its fake
 kernel (four empty outputs), so the recorder runs its Python body instead,
@@ -48,7 +57,11 @@ the parameters (model.parameters() order), the buffers (the GPT's causal
 mask, [1, 1, P, P] f32; --skip-buffers leaves them out), then x and y. The
 model is built on the meta device before recording, so its init ops are not
 recorded. What is alive after the last step (parameters, buffers, inputs,
-optimizer state) is left alive: the trace ends without freeing it.
+optimizer state, the loop's logits and loss) is left alive: the trace ends
+without freeing it. The recorder binds the loop's names as items of a dict
+(`held["logits"] = model(x)`: the old value is dropped after the new one
+exists, as a name's rebinding drops it), and nothing else keeps a reference
+to them.
 
 How. The recorder is vramlab_torch's (python/vramlab_torch/recorder.py,
 imported from python/ in this repository: no install needed), without
@@ -244,19 +257,27 @@ def parse_loss(text):
     raise argparse.ArgumentTypeError(f"--loss {text!r}: cross-entropy, chunked or chunked:ROWS (ROWS >= 1)")
 
 
-def forward_and_loss(a, model, x, y):
-    """(what the step holds until it returns, the loss): the logits and
-    F.cross_entropy, or with --loss chunked the head's input and PyTorch
-    2.15's chunked F.linear_cross_entropy over the tied head."""
+def forward_and_loss(a, model, x, y, held, phase=None):
+    """The loop's first two statements, binding its names as items of
+    `held`: held["logits"] = model(x), then held["loss"] =
+    F.cross_entropy(...); or with --loss chunked held["h"] (the head's
+    input) and PyTorch 2.15's chunked F.linear_cross_entropy over the tied
+    head. An item's assignment drops the last step's value after the new
+    one exists, where the loop's rebinding of the name drops it; no local
+    name keeps a reference. phase("loss") is called between the two
+    (cross-entropy only: the chunked loss runs the head)."""
     name, rows = a.loss
     if name == "chunked":
         if a.model != "gpt":
             raise SystemExit("--loss chunked needs gpt (its head is the bias-free tied embedding)")
-        h = model.features(x)
+        held["h"] = model.features(x)
         opts = torch.nn.LinearCrossEntropyOptions(batch_chunk_size=rows)
-        return h, F.linear_cross_entropy(h, model.wte.weight, y.view(-1), options=opts)
-    logits = model(x)
-    return logits, F.cross_entropy(logits.view(-1, logits.shape[-1]), y.view(-1))
+        held["loss"] = F.linear_cross_entropy(held["h"], model.wte.weight, y.view(-1), options=opts)
+        return
+    held["logits"] = model(x)
+    if phase is not None:
+        phase("loss")
+    held["loss"] = F.cross_entropy(held["logits"].view(-1, held["logits"].shape[-1]), y.view(-1))
 
 
 def record(a, accumulate):
@@ -283,26 +304,22 @@ def record(a, accumulate):
     # (Recorder.set_phase), and set by hand (Recorder.mark).
     phase, mark = rec.set_phase, rec.mark
 
-    def train_step(x, y):
+    # The loop's names, logits (or h) and loss: bound from one step to the
+    # next, rebound by the next step's forward and loss, alive at the end.
+    held = {}
+
+    def loop_body():
         phase("forward")
-        if a.loss[0] == "chunked":
-            # The head runs inside the loss: the phase changes there.
-            logits, loss = forward_and_loss(a, model, x, y)
-        else:
-            logits = model(x)
-            phase("loss")
-            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), y.view(-1))
-        mark("output", [logits, loss])
-        rec.hook_graph(loss.grad_fn)
+        forward_and_loss(a, model, x, y, held, phase)
+        mark("output", list(held.values()))
+        rec.hook_graph(held["loss"].grad_fn)
         phase("backward")
-        loss.backward()
+        held["loss"].backward()
         mark("gradient", [p.grad for p in params if p.grad is not None])
         phase("optimizer")
         opt.step()
         phase("zero_grad")
         opt.zero_grad(set_to_none=True)
-        phase("return")
-        return
 
     def pre(mod, _args):
         rec.modules.append(names.get(mod) or type(mod).__name__)
@@ -319,7 +336,7 @@ def record(a, accumulate):
         with META, rec:
             for s in range(a.steps):
                 rec.step = s + 1
-                train_step(x, y)
+                loop_body()
                 phase("between")
     finally:
         gc.enable()
@@ -374,16 +391,15 @@ def check_cpu(a, events):
     model.train()
     opt, _ = build_optimizer(a, model.parameters())
 
-    def train_step(x, y):
-        logits, loss = forward_and_loss(a, model, x, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return
-
+    # The same loop: logits (or h) and loss held across steps, and still
+    # alive when the profiler stops (the trace does not free them either).
+    held = {}
     with profiler.profile(activities=[profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
         for _ in range(a.steps):
-            train_step(x, y)
+            forward_and_loss(a, model, x, y, held)
+            held["loss"].backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
 
     factories = ("aten::empty", "aten::empty_strided", "aten::empty_like", "aten::resize_")
 

@@ -329,73 +329,83 @@ fn train_peaks_where_estimate_says_at_every_step() {
 }
 
 /// A step's `logits` and `loss` are released where a Python loop rebinds
-/// them: the last step's logits once the model's forward has made the new
-/// ones (before the loss), its loss once the new loss exists (before
-/// backward). Read from the recorded allocation trace of two steps.
+/// them: the last forward's logits once the model's forward has made the
+/// new ones (before the loss), its loss once the new loss exists (before
+/// backward). Read from the recorded allocation trace of two steps, and of
+/// two steps of two accumulated micro-batches (each micro-batch's forward
+/// rebinds the names, as `for mb in micro: logits = model(x); ...` does).
 #[test]
 fn the_last_steps_outputs_are_freed_where_python_rebinds_them() {
     let dir = std::env::temp_dir().join(format!("vramlab-rebind-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let trace = dir.join("t.jsonl");
-    succeeds([
-        "train",
-        "--model",
-        "mlp",
-        "--batch",
-        "4",
-        "--steps",
-        "2",
-        "--record-trace",
-        trace.to_str().unwrap(),
-    ]);
-    let events: Vec<serde_json::Value> = std::fs::read_to_string(&trace)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    let alloc_of = |label: &str| -> Vec<(usize, u64)> {
-        events
-            .iter()
-            .enumerate()
-            .filter(|(_, e)| e["op"] == "alloc" && e["label"] == label)
-            .map(|(i, e)| (i, e["id"].as_u64().unwrap()))
-            .collect()
-    };
-    let free_of = |id: u64| {
-        events
-            .iter()
-            .position(|e| e["op"] == "free" && e["id"] == id)
-    };
-    // The logits are the last linear's output, made right before
-    // log_softmax's.
-    let softmax = alloc_of("log_softmax.out");
-    let logits: Vec<(usize, u64)> = softmax
-        .iter()
-        .map(|&(at, _)| {
-            *alloc_of("linear.out")
+    for (accumulate, forwards) in [("1", 2), ("2", 4)] {
+        succeeds([
+            "train",
+            "--model",
+            "mlp",
+            "--batch",
+            "4",
+            "--steps",
+            "2",
+            "--accumulate",
+            accumulate,
+            "--record-trace",
+            trace.to_str().unwrap(),
+        ]);
+        let events: Vec<serde_json::Value> = std::fs::read_to_string(&trace)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let alloc_of = |label: &str| -> Vec<(usize, u64)> {
+            events
                 .iter()
-                .rev()
-                .find(|(i, _)| *i < at)
-                .unwrap()
-        })
-        .collect();
-    let losses = alloc_of("loss");
-    assert_eq!((logits.len(), losses.len()), (2, 2), "two steps");
-    let freed = free_of(logits[0].1).expect("step 1's logits are freed in step 2");
-    assert!(
-        logits[1].0 < freed && freed < softmax[1].0,
-        "step 1's logits freed at event {freed}: after step 2's logits ({}) and before its loss ({})",
-        logits[1].0,
-        softmax[1].0
-    );
-    let freed = free_of(losses[0].1).expect("step 1's loss is freed in step 2");
-    let backward = alloc_of("loss.grad")[1].0;
-    assert!(
-        losses[1].0 < freed && freed < backward,
-        "step 1's loss freed at event {freed}: after step 2's loss ({}) and before its backward ({backward})",
-        losses[1].0
-    );
-    // Step 2's are still held at the end, as the loop's names hold them.
-    assert!(free_of(logits[1].1).is_none() && free_of(losses[1].1).is_none());
+                .enumerate()
+                .filter(|(_, e)| e["op"] == "alloc" && e["label"] == label)
+                .map(|(i, e)| (i, e["id"].as_u64().unwrap()))
+                .collect()
+        };
+        let free_of = |id: u64| {
+            events
+                .iter()
+                .position(|e| e["op"] == "free" && e["id"] == id)
+        };
+        // The logits are the last linear's output, made right before
+        // log_softmax's.
+        let softmax = alloc_of("log_softmax.out");
+        let linear = alloc_of("linear.out");
+        let logits: Vec<(usize, u64)> = softmax
+            .iter()
+            .map(|&(at, _)| *linear.iter().rev().find(|(i, _)| *i < at).unwrap())
+            .collect();
+        let losses = alloc_of("loss");
+        let backward = alloc_of("loss.grad");
+        let what = format!("--accumulate {accumulate}");
+        assert_eq!(
+            (logits.len(), losses.len(), backward.len()),
+            (forwards, forwards, forwards),
+            "{what}"
+        );
+        for k in 0..forwards - 1 {
+            let freed = free_of(logits[k].1).expect("a forward's logits are freed by the next");
+            assert!(
+                logits[k + 1].0 < freed && freed < softmax[k + 1].0,
+                "{what}: forward {k}'s logits freed at event {freed}: after the next forward's logits ({}) and before its loss ({})",
+                logits[k + 1].0,
+                softmax[k + 1].0
+            );
+            let freed = free_of(losses[k].1).expect("a forward's loss is freed by the next");
+            assert!(
+                losses[k + 1].0 < freed && freed < backward[k + 1].0,
+                "{what}: forward {k}'s loss freed at event {freed}: after the next loss ({}) and before its backward ({})",
+                losses[k + 1].0,
+                backward[k + 1].0
+            );
+        }
+        // The last are still held at the end, as the loop's names hold them.
+        let last = forwards - 1;
+        assert!(free_of(logits[last].1).is_none() && free_of(losses[last].1).is_none());
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -38,11 +38,13 @@ pub struct MaxBatchArgs {
     pub margin: f64,
     /// Training steps per trial. The default, 2, reaches the steady state:
     /// from step 2 a stateful optimizer's state (Adam's moments, momentum)
-    /// and the last step's logits and loss are live through forward and
-    /// backward, so a batch that trains step 1 can run out in step 2. With
-    /// 1, only the first step is checked.
-    #[arg(long, default_value_t = 2)]
-    pub steps: usize,
+    /// is live through forward and backward, and the last step's logits
+    /// through the model's forward (until `logits =` rebinds them), so a
+    /// batch that trains step 1 can run out in step 2. With 1, only the
+    /// first step is checked. With --record, the recorder command's own
+    /// steps apply.
+    #[arg(long, value_name = "N")]
+    pub steps: Option<usize>,
     /// Largest batch considered.
     #[arg(long, default_value_t = 1 << 16)]
     pub max: usize,
@@ -224,14 +226,23 @@ fn limits(args: &MaxBatchArgs, base_config: &AllocatorConfig) -> anyhow::Result<
     Ok((limit, (limit as f64 * (1.0 - args.margin)) as u64))
 }
 
+/// Steps a trial runs without `--steps`: the steady state.
+const DEFAULT_STEPS: usize = 2;
+
 pub fn run(args: &MaxBatchArgs) -> anyhow::Result<()> {
     let base_config = args.alloc.config(None)?;
     let (limit, effective) = limits(args, &base_config)?;
     if let Some(command) = &args.record {
+        if args.steps.is_some() {
+            anyhow::bail!(
+                "--steps applies to zoo models; with --record the steps are the recorder command's"
+            );
+        }
         return run_recorded(args, command, &base_config, limit, effective);
     }
-    super::args::check_recorded_steps(args.steps)?;
-    super::args::at_least_one(&[("--steps", args.steps as u64), ("--max", args.max as u64)])?;
+    let steps = args.steps.unwrap_or(DEFAULT_STEPS);
+    super::args::check_recorded_steps(steps)?;
+    super::args::at_least_one(&[("--steps", steps as u64), ("--max", args.max as u64)])?;
     check_max(args.max)?;
     let spec = args.model.spec()?;
     let config = config_for(&args.allocator, &base_config, effective)?;
@@ -250,7 +261,7 @@ pub fn run(args: &MaxBatchArgs) -> anyhow::Result<()> {
         }
         progress.set_message(format!("estimate: batch {b}"));
         progress.inc(1);
-        let t = trial(&sim, &plan(b), args.steps, "estimate")?;
+        let t = trial(&sim, &plan(b), steps, "estimate")?;
         trials.push(t.clone());
         Ok(t.fits)
     })?;
@@ -263,7 +274,7 @@ pub fn run(args: &MaxBatchArgs) -> anyhow::Result<()> {
         }
         progress.set_message(format!("device: batch {b}"));
         progress.inc(1);
-        let t = trial(&engine, &plan(b), args.steps, "device")?;
+        let t = trial(&engine, &plan(b), steps, "device")?;
         trials.push(t.clone());
         Ok(t.fits)
     };
@@ -330,12 +341,7 @@ pub fn run(args: &MaxBatchArgs) -> anyhow::Result<()> {
             }
             let mut p = plan(b);
             p.config = unlimited.clone();
-            let prof = match run_steps(
-                Engine::simulated(unlimited.clone(), None),
-                &p,
-                0,
-                args.steps,
-            ) {
+            let prof = match run_steps(Engine::simulated(unlimited.clone(), None), &p, 0, steps) {
                 Ok(prof) => prof,
                 Err(e) if e.is_oom() || past_adapter_limit(&e) => return Ok(None),
                 Err(e) => return Err(e.into()),

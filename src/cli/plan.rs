@@ -297,11 +297,38 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
     // so that a script can tell.
     let none_fits = (fitting == 0).then(|| {
         let closest = &found[0];
+        let (limit, allocators) = req.limit();
+        let (under, raise) = if allocators {
+            (
+                format!(
+                    "the allocator's limit of {} a GPU ({})",
+                    crate::memory::format_size(limit),
+                    if args.alloc.memory_fraction.is_some() {
+                        "--memory-fraction"
+                    } else {
+                        "--memory-limit"
+                    }
+                ),
+                "raise it",
+            )
+        } else if args.headroom > 0.0 {
+            (
+                format!(
+                    "{} a GPU (--memory less the {:.0}% headroom)",
+                    crate::memory::format_size(limit),
+                    args.headroom * 100.0
+                ),
+                "give a larger --memory or less --headroom",
+            )
+        } else {
+            (
+                format!("{} a GPU", crate::memory::format_size(limit)),
+                "give a larger --memory",
+            )
+        };
         anyhow::anyhow!(
-            "no layout of {} fits {} a GPU{}: the closest ({}) {}; give more --gpus or a larger --memory, or a smaller model",
+            "no layout of {} fits under {under}: the closest ({}) {}; {raise}, more --gpus, or a smaller model",
             super::count(args.gpus, "GPU"),
-            crate::memory::format_size(limit_of(&req)),
-            if args.headroom > 0.0 { " after the headroom" } else { "" },
             describe(&closest.layout),
             if closest.worst.oom.is_some() {
                 "ran out of memory in its replay".to_string()
@@ -429,15 +456,8 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
     none_fits.map_or(Ok(()), Err)
 }
 
-/// What a layout fits under: `--memory` less the headroom, or the
-/// allocator's limit where that is less (as [`search`] decides).
-fn limit_of(r: &Request) -> u64 {
-    let limit = (r.memory as f64 * (1.0 - r.headroom)) as u64;
-    r.config.memory_limit.map_or(limit, |m| limit.min(m))
-}
-
-/// A layout in a few words: "dp 8, tp 8 with sp, pp 16, ZeRO-2, selective
-/// recomputation, 192 micro-batches of 1".
+/// A layout in a few words: "dp 8, tp 8 with sp, pp 16, ZeRO-2,
+/// recomputation selective, 192 micro-batches of 1".
 fn describe(l: &crate::parallel::Layout) -> String {
     format!(
         "dp {}, tp {}{}, pp {}, {}, recomputation {}, {} of {}",

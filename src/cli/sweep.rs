@@ -25,8 +25,8 @@ pub struct SweepArgs {
     /// Training steps at each point; its figures are the peak over all of
     /// them. 1 (the default, as `estimate`'s) is the first step; 2 reaches
     /// the steady state, where a stateful optimizer's state (Adam's
-    /// moments, momentum) and the last step's logits are live through
-    /// forward and backward, as `max-batch` counts by default.
+    /// moments, momentum) is live through forward and backward, as
+    /// `max-batch` counts by default.
     #[arg(long, default_value_t = 1)]
     pub steps: usize,
     /// Also run each point on the GPU.

@@ -33,6 +33,19 @@ pub struct Request {
     pub config: AllocatorConfig,
 }
 
+impl Request {
+    /// What a layout's peak reserved must stay under: `memory` less the
+    /// headroom, or the allocator's own limit (`--memory-limit`) where that
+    /// is less; and whether that limit is the one that binds.
+    pub fn limit(&self) -> (u64, bool) {
+        let room = (self.memory as f64 * (1.0 - self.headroom)) as u64;
+        match self.config.memory_limit {
+            Some(cap) if cap < room => (cap, true),
+            _ => (room, false),
+        }
+    }
+}
+
 /// The cost model's rates.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct Costs {
@@ -287,12 +300,7 @@ pub fn search(r: &Request, confirm: usize) -> Searched {
             Err(e) => skipped.push((l, e)),
         }
     }
-    // A layout fits under --memory less the headroom, and under the
-    // allocator's own limit where one is set (--memory-limit).
-    let mut limit = (r.memory as f64 * (1.0 - r.headroom)) as u64;
-    if let Some(cap) = r.config.memory_limit {
-        limit = limit.min(cap);
-    }
+    let (limit, _) = r.limit();
     let mut out = pool::map(&all, |l| {
         candidate(
             r,

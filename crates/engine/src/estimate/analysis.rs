@@ -43,7 +43,8 @@ pub struct Analysis {
     pub by_category: BTreeMap<&'static str, u64>,
     pub phases: Vec<PhaseRow>,
     pub layers: Vec<LayerRow>,
-    /// Allocated after the step (what stays: parameters, grads, state, batch).
+    /// Allocated after the step (what stays: parameters, grads, state,
+    /// batch, and the logits and loss the loop's names still hold).
     pub allocated_after_bytes: u64,
     pub reserved_after_bytes: u64,
     pub device_allocs: u64,

@@ -5,7 +5,8 @@
 //! names do: the trainer holds them, and the next step releases each where
 //! it is rebound (the old logits once the model's forward returns, the old
 //! loss once the new one exists), so memory between and across steps is a
-//! Python loop's.
+//! Python loop's (but with `retain_graph`, which models a graph kept alive
+//! across steps).
 //! The peak is reset before each step so `peak_allocated_bytes` is that
 //! step's own. With `retain_graph` one tape is kept across steps and backward
 //! keeps every record, so each step's saved activations stay allocated.
@@ -130,7 +131,11 @@ impl Trainer {
         self
     }
 
-    /// Runs one step on `batch`; returns its record and outputs.
+    /// Runs one step on `batch` and returns its record; its logits and loss
+    /// are then [`Trainer::outputs`]. A step that fails after its forward
+    /// began (out of memory) has released the last step's outputs and holds
+    /// none, where Python would keep its names bound: run no further step
+    /// on the trainer.
     pub fn step(&mut self, batch: &Batch) -> Result<StepRecord, TensorError> {
         let mut expected = vec![batch.size()];
         expected.extend(self.model.input_shape());
