@@ -482,6 +482,12 @@ pub fn program_with(
                 let mut stream =
                     b.alloc(b.stream_bytes(), Kind::Temporaries, "activation gradient");
                 let mut prefetched: Option<Vec<Option<u32>>> = None;
+                // The tied head's gradient of the token table (one stage
+                // holding both ends): autograd keeps it in the table's
+                // InputBuffer from the head's backward until the
+                // embedding's adds its own, then it becomes the gradient
+                // (the first micro-batch of a step) or is added into it.
+                let mut tied_pending: Option<Option<u32>> = None;
                 for ui in (0..units.len()).rev() {
                     let u = &units[ui];
                     let kept_root = ui == 0 && root.is_some();
@@ -498,12 +504,31 @@ pub fn program_with(
                     }
                     let next = b.alloc(b.stream_bytes(), Kind::Temporaries, "activation gradient");
                     backward_unit(&mut b, u, &mut per_unit[ui]);
+                    if u.tied > 0 {
+                        let becomes_grad = own_grads && zero < 2 && grads[0].is_empty();
+                        tied_pending = Some(b.alloc(
+                            u.tied * pb,
+                            if becomes_grad {
+                                Kind::Gradients
+                            } else {
+                                Kind::Temporaries
+                            },
+                            "tied head's gradient of the token table",
+                        ));
+                    }
+                    // The first unit's first tensor is the token table.
+                    let mut tied = if ui == 0 { tied_pending.take() } else { None };
                     // This unit's parameter gradients.
                     if zero >= 2 {
                         let whole: Vec<Option<u32>> = u
                             .tensors()
-                            .map(|e| {
-                                b.alloc(e * pb, Kind::Temporaries, "gradient before reduce-scatter")
+                            .map(|e| match tied.take() {
+                                Some(g) => g,
+                                None => b.alloc(
+                                    e * pb,
+                                    Kind::Temporaries,
+                                    "gradient before reduce-scatter",
+                                ),
                             })
                             .collect();
                         if grads[ui].is_empty() {
@@ -519,8 +544,15 @@ pub fn program_with(
                     } else if own_grads && grads[ui].is_empty() {
                         grads[ui] = u
                             .tensors()
-                            .map(|e| b.alloc(e * pb, Kind::Gradients, "gradient"))
+                            .map(|e| match tied.take() {
+                                Some(g) => g,
+                                None => b.alloc(e * pb, Kind::Gradients, "gradient"),
+                            })
                             .collect();
+                    }
+                    // Added into the gradient (or a bucket) and gone.
+                    if let Some(g) = tied {
+                        b.free(g);
                     }
                     b.free_all(&mut gath);
                     b.free(stream);

@@ -730,9 +730,11 @@ proptest! {
         let l = Layout { dp, pp, microbatches: m_count, sharding: sharding(stage), ..Layout::single(1, 32) };
         l.check(&m).unwrap();
         let shards = allocs(&m, &l, "gradient shard");
-        let reduce_scatters = allocs(&m, &l, "gradient before reduce-scatter")
-            .checked_div(shards)
-            .unwrap_or(0);
+        // One stage's token table waits as the tied head's gradient before
+        // its reduce-scatter.
+        let wholes = allocs(&m, &l, "gradient before reduce-scatter")
+            + allocs(&m, &l, "tied head's gradient of the token table");
+        let reduce_scatters = wholes.checked_div(shards).unwrap_or(0);
         // Stage 0's units: its blocks, the embeddings and, alone, the head.
         let units = 2 * layers / pp + if pp == 1 { 2 } else { 1 };
         let gathers = allocs(&m, &l, "all-gathered module") / 2 / units;
@@ -780,4 +782,72 @@ fn zero3_gathers_the_tied_head_for_the_logits_on_one_stage() {
     // And the peak holds it gathered, as a two-stage layout's last stage does.
     let gathered = kind(&replay(&m, &l, 0), Kind::Gathered);
     assert!(gathered >= table, "gathered {gathered}");
+}
+
+/// With one stage the tied head's gradient of the token table exists from
+/// the head's backward (autograd's InputBuffer) until the embedding's
+/// backward adds its own: it is the table's gradient for a step's first
+/// micro-batch (DDP keeps it as `.grad`), a temporary added into it for
+/// the others. Two stages hold the head's copy as a parameter of their own.
+#[test]
+fn the_tied_heads_gradient_waits_for_the_embeddings_on_one_stage() {
+    use vramlab_parallel::rank::Op;
+    let (vocab, hidden) = (4096u64, 64u64);
+    let m = model(2, 4, hidden, 128, vocab);
+    let l = Layout {
+        dp: 2,
+        microbatches: 3,
+        ..Layout::single(1, 32)
+    };
+    l.check(&m).unwrap();
+    let ops = program(&m, &l, 0).ops;
+    let label = "tied head's gradient of the token table";
+    let tied: Vec<(usize, u32, Kind)> = ops
+        .iter()
+        .enumerate()
+        .filter_map(|(i, op)| match op {
+            Op::Alloc {
+                id,
+                kind,
+                label: x,
+                bytes,
+            } if *x == label => {
+                assert_eq!(*bytes, vocab * hidden * 2);
+                Some((i, *id, *kind))
+            }
+            _ => None,
+        })
+        .collect();
+    // Two steps of three micro-batches: the first of each step is the
+    // gradient, the rest temporaries freed within their backward.
+    let kinds: Vec<Kind> = tied.iter().map(|t| t.2).collect();
+    let (g, t) = (Kind::Gradients, Kind::Temporaries);
+    assert_eq!(kinds, vec![g, t, t, g, t, t]);
+    for &(at, id, kind) in &tied {
+        let freed = ops
+            .iter()
+            .skip(at)
+            .position(|op| matches!(op, Op::Free { id: x } if *x == id));
+        // The first unit's own gradient is allocated after it.
+        let grad = ops.iter().skip(at).position(|op| {
+            matches!(
+                op,
+                Op::Alloc {
+                    label: "gradient",
+                    ..
+                }
+            )
+        });
+        if kind == Kind::Gradients {
+            assert!(grad.is_some(), "the embedding's other gradients follow");
+        } else {
+            assert!(freed.is_some(), "a later micro-batch's is added and freed");
+        }
+    }
+    let l2 = Layout { pp: 2, ..l };
+    l2.check(&m).unwrap();
+    assert!(!program(&m, &l2, 1)
+        .ops
+        .iter()
+        .any(|op| matches!(op, Op::Alloc { label: x, .. } if *x == label)));
 }
