@@ -337,11 +337,36 @@ pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
         );
     }
     super::args::check_recorded_steps(args.steps)?;
-    let est = steps_on(
+    let est = match run_steps(
         Engine::simulated(plan.config.clone(), capacity),
         &plan,
+        0,
         args.steps,
-    )?;
+    ) {
+        Ok(e) => e,
+        // Out of memory under a limit or a --capacity: say what the step
+        // would need without them, the figure an estimate is asked for.
+        Err(err) if err.is_oom() => {
+            let mut free = plan.clone();
+            free.config.memory_limit = None;
+            let need = run_steps(
+                Engine::simulated(free.config.clone(), None),
+                &free,
+                0,
+                args.steps,
+            )
+            .map(|p| analyze(&p.events, &p.layer_outputs));
+            return Err(match need {
+                Ok(n) => anyhow::anyhow!(
+                    "{err}\nWith no limit the step needs {} allocated at its peak and {} reserved.",
+                    crate::memory::Mib(n.peak_allocated_bytes),
+                    crate::memory::Mib(n.peak_reserved_bytes)
+                ),
+                Err(_) => err.into(),
+            });
+        }
+        Err(err) => return Err(err.into()),
+    };
     let a = analyze(&est.events, &est.layer_outputs);
     let input_elements = args.batch * spec.input_shape().iter().product::<usize>();
     let layers: Vec<String> = spec

@@ -414,6 +414,9 @@ pub fn run(args: &MaxBatchArgs) -> anyhow::Result<()> {
             mib(t.peak_reserved_bytes)
         );
     }
+    if trials.iter().any(|t| !t.fits && t.limit.is_none()) {
+        println!("  (an OOM row's peaks are where its step was refused: what it reached, not what it needed)");
+    }
     // What bounds the answer: the smallest larger batch that failed on the
     // device, or --max (larger batches are not tried).
     let bound = match trials

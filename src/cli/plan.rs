@@ -364,12 +364,12 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
         return failed.map_or(Ok(()), Err);
     }
     println!(
-        "{} parameters ({} layers, hidden {}, {} heads), {} tokens a sequence, global batch {}, {} of {} ({:.0}% headroom{}), {}",
+        "{} parameters ({}, hidden {}, {}), {} a sequence, global batch {}, {} of {} ({:.0}% headroom{}), {}",
         super::parameters(model.params()),
-        model.layers,
+        super::count(model.layers, "layer"),
         model.hidden,
-        model.heads,
-        seq,
+        super::count(model.heads, "head"),
+        super::count(seq, "token"),
         args.global_batch,
         super::count(args.gpus, "GPU"),
         crate::memory::format_size(memory),

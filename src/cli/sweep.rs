@@ -194,6 +194,8 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
     let first = |v: &Option<Vec<usize>>| v.as_ref().map(|v| v[0]);
     let mut points = Vec::new();
     let mut name = String::new();
+    // The first point's step: what the sweep holds fixed, for the JSON.
+    let mut first_step: Option<crate::estimate::Plan> = None;
     let bar = super::progress::bar(values.len() as u64, "sweep", args.json);
     for &value in values.iter() {
         let (batch, res, seq) = match dim {
@@ -209,6 +211,7 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
         name = spec.name().to_string();
         bar.set_message(format!("{dim} {value}"));
         let plan = args.step.plan(spec, batch, config.clone())?;
+        first_step.get_or_insert_with(|| plan.clone());
         // The estimate is the demand, so the memory limit (which decides
         // whether the measured run fits) does not apply to it.
         let mut unlimited = plan.clone();
@@ -280,6 +283,10 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
         "model": name,
         "swept": dim,
         "steps": args.steps,
+        // The step at the first point (model sizes, batch, optimizer, mode,
+        // precision, loss): all but the swept value hold for every point.
+        "step": first_step,
+        "memory_limit": config.memory_limit,
         "points": points,
         "fit": fit_out,
     });
@@ -430,19 +437,27 @@ fn plot(points: &[Point], dim: &str, model: &str) -> String {
             );
         }
     }
+    // The axis label; the legend sits in the title row, right of the title,
+    // off the data (flat curves run along the top), and names "measured"
+    // only when a point was measured.
     s += &format!(
-        r##"<text x="{}" y="{}" text-anchor="middle">{dim}</text><circle cx="{}" cy="{}" r="3" fill="#4e79a7"/><text x="{}" y="{}">estimated</text><rect x="{}" y="{}" width="8" height="8" fill="none" stroke="#e15759" stroke-width="2"/><text x="{}" y="{}">measured</text></svg>"##,
+        r##"<text x="{}" y="{}" text-anchor="middle">{dim}</text>"##,
         l + w / 2.0,
-        t + h + 40.0,
-        l + 10.0,
-        t + 10.0,
-        l + 20.0,
-        t + 14.0,
-        l + 6.0,
-        t + 22.0,
-        l + 20.0,
-        t + 30.0
+        t + h + 40.0
     );
+    let lx = l + w - 180.0;
+    s += &format!(
+        r##"<circle cx="{lx}" cy="18" r="3" fill="#4e79a7"/><text x="{}" y="22">estimated</text>"##,
+        lx + 10.0
+    );
+    if points.iter().any(|p| p.measured_peak_bytes.is_some()) {
+        s += &format!(
+            r##"<rect x="{}" y="14" width="8" height="8" fill="none" stroke="#e15759" stroke-width="2"/><text x="{}" y="22">measured</text>"##,
+            lx + 86.0,
+            lx + 100.0
+        );
+    }
+    s += "</svg>";
     s
 }
 

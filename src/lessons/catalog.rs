@@ -226,7 +226,11 @@ fn c05(ctx: &Ctx) -> anyhow::Result<Outcome> {
             format!(
                 "conv1's output is {conv1:.0} MiB ({:.0} MB{})",
                 mb(first),
-                if conv1_ok { "" } else { "; 802 is neither" }
+                if conv1_ok {
+                    ""
+                } else {
+                    "; 802 is neither: it is the bytes over 1024 × 1000, a unit mixed from both"
+                }
             ),
         ),
         (
@@ -405,7 +409,7 @@ fn c07(ctx: &Ctx) -> anyhow::Result<Outcome> {
         ],
         if grow_ck > 1.5 {
             Verdict::Wrong(format!(
-                "checkpointing every √n layers still grows {grow_ck:.1}× over 9× the depth (plain: {grow_plain:.1}×; √9 = 3): O(√n), not O(1); the recomputation costs {:.0}% more product FLOPs (one extra forward), not 20–30%",
+                "checkpointing every √n layers still grows {grow_ck:.1}× over 9× the depth (plain: {grow_plain:.1}×; √9 = 3): O(√n), not O(1); the recomputation costs {:.0}% more product FLOPs (one extra forward); the article's 20–30% is of compute time, which this does not measure",
                 extra * 100.0
             ))
         } else {
@@ -660,7 +664,7 @@ fn c12(ctx: &Ctx) -> anyhow::Result<Outcome> {
     Ok(outcome(
         vec![
             fig("GPT-3 175B parameters", params as f64, ""),
-            fig("in f32", gb, "GB"),
+            fig("in f32 (the article: 680 GB)", gb, "GB"),
             fig("in f16", gb / 2.0, "GB"),
             fig("gpt2-xl / gpt2 parameters", pxl / p2, "×"),
             fig("gpt2-xl / gpt2 training peak (batch 1, 1024 tokens)", mem_ratio, "×"),

@@ -25,10 +25,17 @@ pub fn parse_size(input: &str) -> Result<u64, SizeParseError> {
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
+    if num.is_empty() && s.starts_with('-') {
+        return Err(err("a size is not negative"));
+    }
     if num.is_empty() {
         return Err(err("no number"));
     }
     let value: f64 = num.parse().map_err(|_| err("bad number"))?;
+    // Bytes come whole; `1.5` is most likely a unit left out.
+    if matches!(unit.trim().to_ascii_lowercase().as_str(), "" | "b") && value.fract() != 0.0 {
+        return Err(err("a fraction of a byte (a unit left out? e.g. 1.5GiB)"));
+    }
     let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
         "kib" | "k" => 1024.0,
@@ -96,6 +103,18 @@ impl fmt::Display for Mib {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn negative_sizes_and_fractions_of_a_byte_say_so() {
+        let reason = |s: &str| parse_size(s).unwrap_err().reason;
+        assert_eq!(reason("-1"), "a size is not negative");
+        assert_eq!(reason("-2GiB"), "a size is not negative");
+        assert!(reason("1.5").starts_with("a fraction of a byte"));
+        assert!(reason("2.5B").starts_with("a fraction of a byte"));
+        assert_eq!(parse_size("1.5KiB"), Ok(1536));
+        assert_eq!(parse_size("1.0"), Ok(1));
+    }
+
     use super::*;
 
     #[test]

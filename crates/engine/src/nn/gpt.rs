@@ -679,10 +679,8 @@ impl ModelConfig for GptSpec {
         }
     }
 
-    /// LayerNorm, GELU and embedding kernels are f32 only (gpt runs under
-    /// `--amp` instead).
-    fn supports_16bit_model(&self) -> bool {
-        false
+    fn f32_only_kernels(&self) -> Option<&'static str> {
+        Some("LayerNorm, GELU and embedding")
     }
 
     fn vocab(&self) -> Option<usize> {

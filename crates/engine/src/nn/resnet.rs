@@ -441,9 +441,7 @@ impl ModelConfig for Resnet50Spec {
         }
     }
 
-    /// BatchNorm and max-pool kernels are f32 only (resnet50 runs under
-    /// `--amp` instead).
-    fn supports_16bit_model(&self) -> bool {
-        false
+    fn f32_only_kernels(&self) -> Option<&'static str> {
+        Some("BatchNorm and max-pool")
     }
 }

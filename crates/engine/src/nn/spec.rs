@@ -94,9 +94,11 @@ pub trait ModelConfig: ConfigValue + Debug + Send + Sync + 'static {
     fn adapt_to_weights(&mut self, st: &SafeTensors) -> Result<(), SpecError>;
     /// Takes the sizes a batch's input shape `x_shape` implies.
     fn adapt_to_input(&mut self, x_shape: &[usize]);
-    /// Whether `model.half()` is possible (every kernel has 16-bit forms).
-    fn supports_16bit_model(&self) -> bool {
-        true
+    /// The kernels that have no 16-bit forms, which make `model.half()`
+    /// impossible (the model runs under `--amp` instead); `None` where every
+    /// kernel has them.
+    fn f32_only_kernels(&self) -> Option<&'static str> {
+        None
     }
     /// `Some(vocab)` for a language model, whose input is token ids in
     /// `0..vocab` and whose labels are the next tokens.
@@ -231,8 +233,9 @@ impl ModelSpec {
         self.0.flags()
     }
 
+    /// Whether `model.half()` is possible (every kernel has 16-bit forms).
     pub fn supports_16bit_model(&self) -> bool {
-        self.0.supports_16bit_model()
+        self.0.f32_only_kernels().is_none()
     }
 
     pub fn tied_parameters(&self) -> &'static [(&'static str, &'static str)] {
@@ -276,13 +279,14 @@ impl ModelSpec {
     /// Refuses a 16-bit model dtype for a model whose kernels are f32 only,
     /// saying what to use instead.
     pub fn check_dtype(&self, dtype: DType) -> Result<(), SpecError> {
-        if dtype == DType::F32 || self.supports_16bit_model() {
-            return Ok(());
+        match self.0.f32_only_kernels() {
+            Some(kernels) if dtype != DType::F32 => Err(SpecError::F32Only {
+                model: self.name(),
+                kernels,
+                dtype,
+            }),
+            _ => Ok(()),
         }
-        Err(SpecError::F32Only {
-            model: self.name(),
-            dtype,
-        })
     }
 
     /// Creates the parameters (PyTorch's default init, seeded) and the model.

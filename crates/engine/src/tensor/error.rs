@@ -121,7 +121,7 @@ pub enum EngineError {
 
     // ---- Sizes and limits ----
     /// A shape past what any device holds: sizes from a flag or a file.
-    #[error("{op}: a tensor of shape {shape:?} has more elements than any device can hold (over 2^62 bytes); check the sizes given")]
+    #[error("a tensor of shape {shape:?} ({op}) has more elements than any device can hold (over 2^62 bytes); check the sizes given")]
     TooLarge { op: &'static str, shape: Vec<usize> },
     /// The host could not hold what a tensor is made from (its values are
     /// built on the CPU first).
@@ -515,8 +515,12 @@ pub enum SpecError {
     Dropout(f32),
     #[error("--seq-len {seq} is more than the {positions} positions")]
     PastPositions { seq: usize, positions: usize },
-    #[error("{model} runs in f32 (its LayerNorm, GELU, embedding, BatchNorm and max-pool kernels are f32 only); for 16-bit compute use --amp f16 or --amp bf16 instead of --dtype {dtype}")]
-    F32Only { model: &'static str, dtype: DType },
+    #[error("{model} runs in f32 (its {kernels} kernels are f32 only); for 16-bit compute use --amp f16 or --amp bf16 instead of --dtype {dtype}")]
+    F32Only {
+        model: &'static str,
+        kernels: &'static str,
+        dtype: DType,
+    },
     #[error("{origin}: {missing} is missing, but {later} follows it: numbered layers run from 0 without a gap (nn.Sequential's state_dict)")]
     LayerGap {
         origin: String,

@@ -93,7 +93,7 @@ impl Tensor {
         label: &str,
         category: Option<Category>,
     ) -> Result<Tensor, TensorError> {
-        let n = numel_of("empty", shape)?;
+        let n = numel_of("torch.empty", shape)?;
         let storage = engine.allocate((n * dtype.size_in_bytes()) as u64, label, category)?;
         Ok(Tensor {
             storage: Arc::new(storage),
