@@ -12,11 +12,15 @@ fn esc(s: &str) -> String {
         .replace('"', "&quot;")
 }
 
-const COLORS: [&str; 4] = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"];
+/// Tableau's ten, so a plot's lines (X01 has six) each get their own.
+const COLORS: [&str; 10] = [
+    "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#7f7f7f",
+    "#bcbd22", "#17becf",
+];
 
-/// A line plot of `s` as SVG.
+/// A line plot of `s` as SVG, its legend below the axes (off the data).
 pub fn svg(s: &Series) -> String {
-    let (w, h, l, r, t, b) = (560.0, 300.0, 70.0, 20.0, 30.0, 50.0);
+    let (w, plot_h, l, r, t, b) = (560.0, 300.0, 70.0, 20.0, 30.0, 50.0);
     let pts: Vec<(f64, f64)> = s
         .lines
         .iter()
@@ -32,9 +36,25 @@ pub fn svg(s: &Series) -> String {
     let x1 = if x1 > x0 { x1 } else { x0 + 1.0 };
     let y1 = if y1 > 0.0 { y1 } else { 1.0 };
     let sx = |x: f64| l + (x - x0) / (x1 - x0) * (w - l - r);
-    let sy = |y: f64| h - b - y / y1 * (h - t - b);
+    let sy = |y: f64| plot_h - b - y / y1 * (plot_h - t - b);
+    let h = plot_h;
+    let total_h = h + 14.0 * s.lines.len() as f64;
+    // Ticks at each x where there are few (categories, sizes tried), else
+    // five, at whole numbers where every x is one (layers, events).
+    let whole = pts.iter().all(|p| p.0.fract() == 0.0);
+    let mut xs: Vec<f64> = pts.iter().map(|p| p.0).collect();
+    xs.sort_by(f64::total_cmp);
+    xs.dedup();
+    let x_ticks: Vec<f64> = if xs.len() <= 8 {
+        xs
+    } else {
+        (0..=4)
+            .map(|k| x0 + (x1 - x0) * k as f64 / 4.0)
+            .map(|x| if whole { x.round() } else { x })
+            .collect()
+    };
     let mut o = format!(
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" role="img" aria-label="{}">"#,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{total_h}" viewBox="0 0 {w} {total_h}" role="img" aria-label="{}">"#,
         esc(&s.title)
     );
     o += &format!(
@@ -60,7 +80,8 @@ pub fn svg(s: &Series) -> String {
             w - r,
             sy(y)
         );
-        let x = x0 + (x1 - x0) * k as f64 / 4.0;
+    }
+    for &x in &x_ticks {
         o += &format!(
             r#"<text x="{}" y="{}" font-size="10" text-anchor="middle">{}</text>"#,
             sx(x),
@@ -80,14 +101,17 @@ pub fn svg(s: &Series) -> String {
         (t + h - b) / 2.0,
         esc(&s.y_label)
     );
+    let n = s.lines.len();
     for (i, (name, p)) in s.lines.iter().enumerate() {
         let c = COLORS[i % COLORS.len()];
         let path: Vec<String> = p
             .iter()
             .map(|&(x, y)| format!("{:.1},{:.1}", sx(x), sy(y)))
             .collect();
+        // Earlier lines wider, so one a later line covers still shows.
+        let width = 2.0 + (n - 1 - i).min(3) as f64;
         o += &format!(
-            r#"<polyline fill="none" stroke="{c}" stroke-width="2" points="{}"/>"#,
+            r#"<polyline fill="none" stroke="{c}" stroke-width="{width}" stroke-opacity="0.85" points="{}"/>"#,
             path.join(" ")
         );
         if p.len() <= 40 {
@@ -99,10 +123,14 @@ pub fn svg(s: &Series) -> String {
                 );
             }
         }
+        let ly = h + 14.0 * i as f64 + 4.0;
         o += &format!(
-            r#"<text x="{}" y="{}" font-size="11" fill="{c}">{}</text>"#,
-            l + 10.0,
-            t + 14.0 * (i as f64 + 1.0),
+            r#"<line x1="{l}" y1="{}" x2="{}" y2="{}" stroke="{c}" stroke-width="3"/><text x="{}" y="{}" font-size="11" fill="{c}">{}</text>"#,
+            ly - 4.0,
+            l + 18.0,
+            ly - 4.0,
+            l + 24.0,
+            ly,
             esc(name)
         );
     }
