@@ -74,16 +74,16 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
             let events = engine.allocator().take_events();
             let device = engine.device_name();
             let title = title(&device);
-            let files = write_files(args, &events, &title, &plan.config)?;
+            // The figures up to the refusal go beside the error, as the
+            // files have them.
+            let peaks = Peaks::of(&events, &[], &plan.config);
+            let files = write_files(args, &events, &peaks.series, &title, &plan.config)?;
             let names: Vec<String> = files.iter().map(|p| p.display().to_string()).collect();
             let err = anyhow::Error::new(e).context(format!(
                 "the step ran out of memory; the {} events up to it are in {}",
                 events.len(),
                 names.join(", ")
             ));
-            // The figures up to the refusal go beside the error, as the
-            // files have them.
-            let peaks = Peaks::of(&events, &[], &plan.config);
             if args.json {
                 let mut doc = peaks.json(args, &plan, &device, &files);
                 let err = super::fail_in_json(&mut doc, err);
@@ -105,7 +105,7 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
     let peaks = Peaks::of(events, &profile.layer_outputs, &plan.config);
     let analysis = &peaks.analysis;
     let title = title(&profile.device);
-    let files = write_files(args, events, &title, &plan.config)?;
+    let files = write_files(args, events, &peaks.series, &title, &plan.config)?;
     if args.json {
         let mut out = peaks.json(args, &plan, &profile.device, &files);
         out["layers"] = serde_json::to_value(&analysis.layers)?;
@@ -152,12 +152,12 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Writes the timeline (SVG, HTML), the Chrome trace, the snapshot at the
-/// peak (JSON) and the PyTorch snapshot pickle of `events` into --out.
-/// The peaks of the recorded events, for the summary line and `--json`
-/// alike, whether the steps finished or ran out of memory.
+/// The peaks of the recorded events, for the summary line, `--json` and
+/// the files alike, whether the steps finished or ran out of memory.
 struct Peaks {
     events: usize,
+    /// Allocated and reserved after each event (the timeline's).
+    series: Series,
     peak_event: usize,
     /// The peak as `doctor --at` counts snapshot.pickle's operations.
     operation: Option<usize>,
@@ -170,9 +170,11 @@ impl Peaks {
         layer_outputs: &[(std::sync::Arc<str>, Vec<usize>)],
         config: &crate::memory::AllocatorConfig,
     ) -> Peaks {
-        let peak_event = Series::of(events).peak_index;
+        let series = Series::of(events);
+        let peak_event = series.peak_index;
         Peaks {
             events: events.len(),
+            series,
             peak_event,
             operation: crate::lab::snapshot_export::operation_of(events, peak_event, config),
             analysis: analyze(events, layer_outputs),
@@ -212,20 +214,22 @@ impl Peaks {
     }
 }
 
+/// Writes the timeline (SVG, HTML), the Chrome trace, the snapshot at the
+/// peak (JSON) and the PyTorch snapshot pickle of `events` into --out.
 fn write_files(
     args: &ProfileArgs,
     events: &[crate::memory::MemEvent],
+    series: &Series,
     title: &str,
     config: &crate::memory::AllocatorConfig,
 ) -> anyhow::Result<[PathBuf; 5]> {
-    let series = Series::of(events);
     let write = |name: &str, contents: &[u8]| -> anyhow::Result<PathBuf> {
         let p = args.out.join(name);
         crate::io::write_atomic(&p, contents)
             .with_context(|| format!("cannot write {}", p.display()))?;
         Ok(p)
     };
-    let trace = chrome::render(events, &series);
+    let trace = chrome::render(events, series);
     let snapshot = serde_json::json!({
         "event": series.peak_index,
         "allocated_bytes": series.allocated.get(series.peak_index),
@@ -235,7 +239,7 @@ fn write_files(
     // The same run as a PyTorch memory snapshot, for pytorch.org/memory_viz.
     let torch = crate::lab::snapshot_export::torch_snapshot(events, config);
     Ok([
-        write("timeline.svg", svg::render(&series, title).as_bytes())?,
+        write("timeline.svg", svg::render(series, title).as_bytes())?,
         write("timeline.html", html::render(events, title).as_bytes())?,
         write("trace.json", serde_json::to_string(&trace)?.as_bytes())?,
         write(
