@@ -55,7 +55,8 @@ pub enum Command {
     /// GPU's memory, each rank replayed through the caching allocator,
     /// ranked by a stated step-time cost.
     ///
-    /// Layouts: tensor parallel with sequence parallelism up to --max-tp,
+    /// Layouts: tensor parallel up to --max-tp (with sequence parallelism
+    /// where the sequence divides by it),
     /// pipeline stages under 1F1B, the data-parallel rest with DDP, ZeRO-1,
     /// 2, 3 or FSDP, each recomputation, micro-batches of 1, 2, 4 and 8
     /// sequences (at most 200,000 layer passes a stage). Each layout's

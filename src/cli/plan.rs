@@ -56,9 +56,9 @@ pub struct PlanArgs {
     /// scores stored.
     #[arg(long)]
     pub flash_attention: bool,
-    /// Largest tensor-parallel size (GPUs joined by NVLink in a node).
-    /// Tensor parallelism comes with sequence parallelism, so its size
-    /// divides the heads, the hidden size and the sequence.
+    /// Largest tensor-parallel size (GPUs joined by NVLink in a node). Its
+    /// size divides the heads and the hidden size; where it also divides
+    /// the sequence, sequence parallelism comes with it.
     #[arg(long, default_value_t = 8)]
     pub max_tp: u64,
     /// Achieved matrix TFLOP/s a GPU, for the step-time cost (the 16-bit
@@ -285,7 +285,7 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
             );
         }
         anyhow::bail!(
-            "no layout of {} runs this model with global batch {}: the data-parallel ranks times the micro-batch must divide it, the tensor-parallel size the {} heads and the sequence, the pipeline stages the {} layers; try a --global-batch that is a multiple of --gpus",
+            "no layout of {} runs this model with global batch {}: the data-parallel ranks times the micro-batch must divide it, the tensor-parallel size the {} heads, the pipeline stages the {} layers; try a --global-batch that is a multiple of --gpus",
             super::count(args.gpus, "GPU"),
             args.global_batch,
             model.heads,
@@ -443,8 +443,9 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
         "\nstep s: 6·params·tokens/GPUs at {} TFLOP/s a GPU (×4/3 with full recomputation), over 1 − bubble, plus\n\
          data- and pipeline-parallel bytes at {} GB/s and tensor-parallel bytes at {} GB/s, none overlapped.\n\
          comm GB: bytes a GPU sends a step: DDP and ZeRO-1 move the stage's parameters twice a step, ZeRO-2 m + 1\n\
-         times (a reduce-scatter after each micro-batch), ZeRO-3 and FSDP 3m times. Layouts with tensor\n\
-         parallelism use sequence parallelism; pipelines run 1F1B. DeepSpeed's pipeline engine takes ZeRO-1 only.",
+         times (a reduce-scatter after each micro-batch), ZeRO-3 and FSDP 3m times. Tensor parallelism comes\n\
+         with sequence parallelism where the sequence divides by it; pipelines run 1F1B. DeepSpeed's pipeline\n\
+         engine takes ZeRO-1 only.",
         args.tflops, args.network_gbs, args.nvlink_gbs
     );
     if let Some(best) = shown.first().filter(|c| c.fits) {

@@ -96,17 +96,18 @@ fn divisors_to(n: u64, most: u64) -> Vec<u64> {
     (1..=most.min(n)).filter(|d| n.is_multiple_of(*d)).collect()
 }
 
-/// Every layout of `r.gpus` GPUs (tensor ≤ `max_tp` with sequence
-/// parallelism, pipeline under 1F1B, data parallel with DDP, ZeRO 1–3 or
+/// Every layout of `r.gpus` GPUs (tensor ≤ `max_tp`, with sequence
+/// parallelism where the sequence divides by it, which only saves memory;
+/// plain Megatron tensor parallelism otherwise; pipeline under 1F1B, data parallel with DDP, ZeRO 1–3 or
 /// FSDP, each recomputation, micro-batches of 1, 2, 4 and 8), evaluated.
 pub fn layouts(r: &Request) -> Vec<Layout> {
     let m = &r.model;
     let mut out = vec![];
     for tp in divisors_to(r.gpus, r.max_tp.min(m.heads)) {
-        if !m.heads.is_multiple_of(tp) || !m.hidden.is_multiple_of(tp) || !r.seq.is_multiple_of(tp)
-        {
+        if !m.heads.is_multiple_of(tp) || !m.hidden.is_multiple_of(tp) {
             continue;
         }
+        let sp = tp > 1 && r.seq.is_multiple_of(tp);
         for pp in divisors_to(r.gpus / tp, m.layers) {
             if !m.layers.is_multiple_of(pp) {
                 continue;
@@ -132,7 +133,7 @@ pub fn layouts(r: &Request) -> Vec<Layout> {
                         out.push(Layout {
                             dp,
                             tp,
-                            sp: tp > 1,
+                            sp,
                             pp,
                             sharding,
                             ddp: Ddp::default(),

@@ -851,3 +851,25 @@ fn the_tied_heads_gradient_waits_for_the_embeddings_on_one_stage() {
         .iter()
         .any(|op| matches!(op, Op::Alloc { label: x, .. } if *x == label)));
 }
+
+/// Tensor parallelism comes with sequence parallelism where the sequence
+/// divides by its size (which only saves memory); where it does not, the
+/// plain Megatron layout is still offered (a 127-token sequence on 2 GPUs
+/// once had no tensor-parallel layout at all).
+#[test]
+fn tensor_parallel_layouts_need_no_sequence_that_divides() {
+    use vramlab_parallel::plan::layouts;
+    let m = model(2, 4, 64, 256, 512);
+    for (seq, sp) in [(128u64, true), (127, false)] {
+        let r = vramlab_parallel::plan::Request {
+            seq,
+            ..request(m, 2, 8 << 30, 4, vec![Recompute::None])
+        };
+        let tp2: Vec<_> = layouts(&r).into_iter().filter(|l| l.tp == 2).collect();
+        assert!(!tp2.is_empty(), "seq {seq}: a tensor-parallel layout");
+        assert!(tp2.iter().all(|l| l.sp == sp), "seq {seq}");
+        for l in &tp2 {
+            l.check(&m).unwrap();
+        }
+    }
+}
