@@ -1516,3 +1516,24 @@ fn a_report_that_cannot_be_written_is_refused_before_any_lesson_runs() {
     assert!(!dir.join("index.html").exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// From the prediction pass: `estimate` under a limit the step cannot run
+/// in printed only the out-of-memory message. It now also says what the
+/// step needs without the limit, the figure an estimate is asked for,
+/// equal to the unlimited estimate's.
+#[test]
+fn an_estimate_that_runs_out_says_what_the_step_needs() {
+    let flags = ["--model", "simple-cnn", "--batch", "32"];
+    let free = json_of([&["estimate", "--json"][..], &flags].concat());
+    let need = |k: &str| free["estimate"][k].as_u64().unwrap() as f64 / 1048576.0;
+    let err = fails_cleanly([&["estimate", "--memory-limit", "48MiB"][..], &flags].concat());
+    let want = format!(
+        "Without the limit the step needs {:.2} MiB allocated at its peak and {:.2} MiB reserved",
+        need("peak_allocated_bytes"),
+        need("peak_reserved_bytes")
+    );
+    assert!(
+        err.contains("out of memory") && err.contains(&want),
+        "{err}\nwant {want}"
+    );
+}

@@ -356,9 +356,16 @@ pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
                 args.steps,
             )
             .map(|p| analyze(&p.events, &p.layer_outputs));
+            let without = match (plan.config.memory_limit, capacity) {
+                (Some(_), Some(_)) => {
+                    "Without --memory-limit and on a device larger than --capacity"
+                }
+                (Some(_), None) => "Without the limit",
+                _ => "On a device larger than --capacity",
+            };
             return Err(match need {
                 Ok(n) => anyhow::anyhow!(
-                    "{err}\nWith no limit the step needs {} allocated at its peak and {} reserved.",
+                    "{err}\n{without} the step needs {} allocated at its peak and {} reserved.",
                     crate::memory::Mib(n.peak_allocated_bytes),
                     crate::memory::Mib(n.peak_reserved_bytes)
                 ),

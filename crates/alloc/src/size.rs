@@ -34,7 +34,7 @@ pub fn parse_size(input: &str) -> Result<u64, SizeParseError> {
     let value: f64 = num.parse().map_err(|_| err("bad number"))?;
     // Bytes come whole; `1.5` is most likely a unit left out.
     if matches!(unit.trim().to_ascii_lowercase().as_str(), "" | "b") && value.fract() != 0.0 {
-        return Err(err("a fraction of a byte (a unit left out? e.g. 1.5GiB)"));
+        return Err(err("a fraction of a byte: is a unit missing?"));
     }
     let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,

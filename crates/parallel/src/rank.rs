@@ -503,21 +503,30 @@ pub fn program_with(
                         prefetched = Some(gather(&mut b, &units[ui - 1], l.sharding));
                     }
                     let next = b.alloc(b.stream_bytes(), Kind::Temporaries, "activation gradient");
-                    backward_unit(&mut b, u, &mut per_unit[ui]);
-                    if u.tied > 0 {
-                        let becomes_grad = own_grads && zero < 2 && grads[0].is_empty();
-                        tied_pending = Some(b.alloc(
-                            u.tied * pb,
-                            if becomes_grad {
-                                Kind::Gradients
-                            } else {
-                                Kind::Temporaries
-                            },
-                            "tied head's gradient of the token table",
-                        ));
-                    }
-                    // The first unit's first tensor is the token table.
+                    let becomes_grad = own_grads && zero < 2 && grads[0].is_empty();
+                    let pending = backward_unit(
+                        &mut b,
+                        u,
+                        &mut per_unit[ui],
+                        if becomes_grad {
+                            Kind::Gradients
+                        } else {
+                            Kind::Temporaries
+                        },
+                    );
+                    tied_pending = tied_pending.or(pending);
+                    // The first unit's first tensor is the token table; its
+                    // own gradient (embedding_dense_backward's) is added
+                    // into the head's and freed.
                     let mut tied = if ui == 0 { tied_pending.take() } else { None };
+                    if tied.is_some() {
+                        let own = b.alloc(
+                            u.tensors().next().unwrap_or(0) * pb,
+                            Kind::Temporaries,
+                            "embedding's gradient of the token table",
+                        );
+                        b.free(own);
+                    }
                     // This unit's parameter gradients.
                     if zero >= 2 {
                         let whole: Vec<Option<u32>> = u
@@ -734,17 +743,34 @@ fn forward_unit(b: &mut Builder, u: &Unit, _mb: u64) -> Vec<Option<u32>> {
 
 /// A unit's backward: recomputed activations live while it runs, the
 /// attention scores' gradient inside it; then its saved tensors go.
-fn backward_unit(b: &mut Builder, u: &Unit, saved: &mut Vec<Option<u32>>) {
+/// A unit's backward for one micro-batch. The head's unit returns the tied
+/// head's gradient of the token table where it holds no copy of its own
+/// (one stage), allocated as `tied_kind`: it waits for the embedding's.
+fn backward_unit(
+    b: &mut Builder,
+    u: &Unit,
+    saved: &mut Vec<Option<u32>>,
+    tied_kind: Kind,
+) -> Option<Option<u32>> {
     let l = b.l;
+    let mut tied = None;
     if u.last {
-        // The loss's backward: the gradients of the log-probabilities and
-        // of the logits, live together with what forward saved.
+        // The loss's backward: the log-probabilities' gradient, then the
+        // logits' (the first freed once the second exists); the head's
+        // weight gradient is made while the logits' gradient lives.
         let bytes = b.logits_bytes();
-        let mut g = vec![
-            b.alloc(bytes, Kind::Temporaries, "log-probabilities' gradient"),
-            b.alloc(bytes, Kind::Temporaries, "logits' gradient"),
-        ];
-        b.free_all(&mut g);
+        let log_probs = b.alloc(bytes, Kind::Temporaries, "log-probabilities' gradient");
+        let logits = b.alloc(bytes, Kind::Temporaries, "logits' gradient");
+        b.free(log_probs);
+        if u.tied > 0 {
+            let pb = l.precision.param_bytes();
+            tied = Some(b.alloc(
+                u.tied * pb,
+                tied_kind,
+                "tied head's gradient of the token table",
+            ));
+        }
+        b.free(logits);
     }
     if u.block {
         let mut again = vec![];
@@ -778,4 +804,5 @@ fn backward_unit(b: &mut Builder, u: &Unit, saved: &mut Vec<Option<u32>>) {
         b.free_all(&mut again);
     }
     b.free_all(saved);
+    tied
 }

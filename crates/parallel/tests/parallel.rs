@@ -844,6 +844,64 @@ fn the_tied_heads_gradient_waits_for_the_embeddings_on_one_stage() {
             assert!(freed.is_some(), "a later micro-batch's is added and freed");
         }
     }
+    // Made while the logits' gradient lives (the head's weight gradient is
+    // grad_logitsᵀ · h), and met by the embedding's own, added and freed.
+    for &(at, _, _) in &tied {
+        let logits = ops[..at]
+            .iter()
+            .rev()
+            .find_map(|op| match op {
+                Op::Alloc {
+                    id,
+                    label: "logits' gradient",
+                    ..
+                } => Some(*id),
+                _ => None,
+            })
+            .unwrap();
+        assert!(
+            ops[at..]
+                .iter()
+                .any(|op| matches!(op, Op::Free { id } if *id == logits)),
+            "the logits' gradient is still live"
+        );
+    }
+    let own = ops
+        .iter()
+        .filter(|op| {
+            matches!(
+                op,
+                Op::Alloc {
+                    label: "embedding's gradient of the token table",
+                    ..
+                }
+            )
+        })
+        .count();
+    assert_eq!(own, tied.len());
+    // Under ZeRO-2 it is the table's whole gradient before its
+    // reduce-scatter: a temporary every micro-batch, freed each time.
+    let z2 = Layout {
+        sharding: Sharding::Zero(2),
+        ..l
+    };
+    let ops = program(&m, &z2, 0).ops;
+    let ids: Vec<(u32, Kind)> = ops
+        .iter()
+        .filter_map(|op| match op {
+            Op::Alloc {
+                id, kind, label: x, ..
+            } if *x == label => Some((*id, *kind)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ids.len(), 6);
+    for (id, kind) in ids {
+        assert_eq!(kind, Kind::Temporaries);
+        assert!(ops
+            .iter()
+            .any(|op| matches!(op, Op::Free { id: x } if *x == id)));
+    }
     let l2 = Layout { pp: 2, ..l };
     l2.check(&m).unwrap();
     assert!(!program(&m, &l2, 1)
@@ -870,6 +928,55 @@ fn tensor_parallel_layouts_need_no_sequence_that_divides() {
         assert!(tp2.iter().all(|l| l.sp == sp), "seq {seq}");
         for l in &tp2 {
             l.check(&m).unwrap();
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// A rank's program frees only what it allocated, each block once
+    /// (the replay ignores a second free, so nothing else would notice),
+    /// over shardings, DDP's options, stages, micro-batches and
+    /// recomputation.
+    #[test]
+    fn every_block_is_freed_at_most_once_and_only_after_its_allocation(
+        layers in 1u64..3, m_count in 1u64..4, dp in prop::sample::select(vec![1u64, 2]),
+        stage in 0u8..5, pp in prop::sample::select(vec![1u64, 2]), bucket_view in any::<bool>(),
+        r in prop::sample::select(vec![Recompute::None, Recompute::Selective, Recompute::Full]),
+    ) {
+        use std::collections::HashSet;
+        use vramlab_parallel::rank::Op;
+        let m = model(2 * layers, 4, 64, 128, 256);
+        let sharding = match (dp, stage) {
+            (1, _) => Sharding::Ddp,
+            (_, 4) => Sharding::Fsdp,
+            (_, s) => sharding(s),
+        };
+        let l = Layout {
+            dp,
+            pp,
+            microbatches: m_count,
+            sharding,
+            recompute: r,
+            ddp: Ddp { bucket_view, ..Ddp::default() },
+            ..Layout::single(1, 32)
+        };
+        l.check(&m).unwrap();
+        for s in 0..pp {
+            let (mut live, mut seen) = (HashSet::new(), HashSet::new());
+            for op in program(&m, &l, s).ops {
+                match op {
+                    Op::Alloc { id, .. } => {
+                        prop_assert!(seen.insert(id), "{l:?}: id {id} allocated twice");
+                        live.insert(id);
+                    }
+                    Op::Free { id } => {
+                        prop_assert!(live.remove(&id), "{l:?} stage {s}: id {id} freed but not live");
+                    }
+                    _ => {}
+                }
+            }
         }
     }
 }
