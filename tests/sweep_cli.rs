@@ -166,6 +166,10 @@ fn each_point_is_the_estimate_of_the_steps_it_names() {
     for steps in ["1", "2"] {
         let v = sweep(&["--model", "simple-cnn", "--batch", "2,5", "--steps", steps]);
         assert_eq!(v["steps"].as_u64(), steps.parse().ok(), "{v}");
+        // What the sweep holds fixed: the first point's step.
+        assert_eq!(v["step"]["batch"], 2, "{v}");
+        assert_eq!(v["step"]["optimizer"]["kind"], "adam", "{v}");
+        assert!(v["memory_limit"].is_null(), "{v}");
         for p in v["points"].as_array().unwrap() {
             let batch = p["value"].to_string();
             let e = common::vramlab_json([
