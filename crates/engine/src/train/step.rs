@@ -151,37 +151,20 @@ impl Trainer {
         let engine = self.engine.clone();
         engine.allocator().reset_peak_memory_stats();
         self.store.zero_grad();
+        let previous = self.held.take();
         let fresh = Tape::new();
         let tape = self.retained.as_ref().unwrap_or(&fresh);
         engine.mark_phase("forward");
         engine.reset_op_numbers();
         let forward = engine.scope(Category::Output, "forward");
         let x = Value::constant(batch.x.clone());
-        let amp = self.amp;
-        let previous = std::cell::Cell::new(self.held.take());
-        let forward_pass = |tape: &Tape| -> Result<(Value, Value), TensorError> {
-            let run = || -> Result<(Value, Value), TensorError> {
-                let checkpointed = self.mode == Mode::Checkpoint;
-                let model = self.model.as_ref();
-                self.loss.forward(
-                    tape,
-                    model,
-                    &self.store,
-                    &x,
-                    checkpointed,
-                    &batch.labels,
-                    previous.take(),
-                )
-            };
-            match amp {
-                Some(d) => tape.autocast(d, run),
-                None => run(),
-            }
-        };
+        let labels = &batch.labels;
         let (logits, loss) = match self.mode {
-            Mode::Train | Mode::Checkpoint => forward_pass(tape)?,
+            Mode::Train | Mode::Checkpoint => self.forward_and_loss(tape, &x, labels, previous)?,
             // model.eval() under torch.no_grad(): the usual inference.
-            Mode::Inference => tape.eval(|| tape.no_grad(|| forward_pass(tape)))?,
+            Mode::Inference => {
+                tape.eval(|| tape.no_grad(|| self.forward_and_loss(tape, &x, labels, previous)))?
+            }
         };
         drop((forward, x));
         if self.mode == Mode::Inference {
@@ -252,24 +235,7 @@ impl Trainer {
             engine.reset_op_numbers();
             let forward = engine.scope(Category::Output, "forward");
             let x = Value::constant(batch.x.clone());
-            let previous = std::cell::Cell::new(last.take());
-            let run = || -> Result<(Value, Value), TensorError> {
-                let checkpointed = self.mode == Mode::Checkpoint;
-                let model = self.model.as_ref();
-                self.loss.forward(
-                    &tape,
-                    model,
-                    &self.store,
-                    &x,
-                    checkpointed,
-                    &batch.labels,
-                    previous.take(),
-                )
-            };
-            let (logits, loss) = match self.amp {
-                Some(d) => tape.autocast(d, run)?,
-                None => run()?,
-            };
+            let (logits, loss) = self.forward_and_loss(&tape, &x, &batch.labels, last.take())?;
             drop((forward, x));
             engine.mark_phase("backward");
             let backward = engine.scope(Category::Temporary, "backward");
@@ -293,6 +259,34 @@ impl Trainer {
         let mut record = self.finish_with(t0, outputs)?;
         record.loss = losses / k;
         Ok(record)
+    }
+
+    /// The model's forward and the loss, under autocast where it is on;
+    /// `previous` (the last forward's outputs) is released where a Python
+    /// loop rebinds its names.
+    fn forward_and_loss(
+        &self,
+        tape: &Tape,
+        x: &Value,
+        labels: &Tensor,
+        previous: Option<StepOutputs>,
+    ) -> Result<(Value, Value), TensorError> {
+        let checkpointed = self.mode == Mode::Checkpoint;
+        let run = || {
+            self.loss.forward(
+                tape,
+                self.model.as_ref(),
+                &self.store,
+                x,
+                checkpointed,
+                labels,
+                previous,
+            )
+        };
+        match self.amp {
+            Some(d) => tape.autocast(d, run),
+            None => run(),
+        }
     }
 
     fn finish(
