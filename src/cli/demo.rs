@@ -229,9 +229,8 @@ fn train_step(
     // with torch.autocast(...): logits = model(x); loss = F.cross_entropy(logits, y)
     // Python frees the last step's logits when `logits =` rebinds them,
     // after the model's forward, and its loss after the new loss.
-    let held = std::cell::Cell::new(d.held.take());
+    let (old_logits, old_loss) = d.held.take().unzip();
     let forward = || -> anyhow::Result<_> {
-        let (old_logits, old_loss) = held.take().unzip();
         let logits = d
             .model
             .forward(&tape, &d.store, &Value::constant(d.x.clone()))?;
