@@ -387,19 +387,18 @@ def cuda_one(torch, h, spec, steps, out_dir, dump, max_entries, dev="cuda"):
         del params
         amp = h.DTYPES[spec["amp"]] if spec.get("amp") else None
 
-        def train_step(xs):
+        # A training loop, as the recorder's step: out and loss stay bound
+        # until the next step rebinds them (each old one freed after the new
+        # one exists), and the last step's are alive at the end.
+        held = {}
+        for _ in range(steps):
             ctx = torch.autocast(dev, dtype=amp) if amp else contextlib.nullcontext()
             with ctx:
-                out = model_(*xs)
-                logits = h.first_tensor(out)
-                loss = loss_fn(logits, y)
-            loss.backward()
+                held["out"] = model_(*xs)
+                held["loss"] = loss_fn(h.first_tensor(held["out"]), y)
+            held["loss"].backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
-            return  # out, logits, loss freed here, as in the recorder's step
-
-        for _ in range(steps):
-            train_step(xs)
         torch.cuda.synchronize()
         t_steps = time.perf_counter()
         res.update(peak_allocated=torch.cuda.max_memory_allocated(),

@@ -91,13 +91,17 @@ def test_mlp_pickle_loads_and_ends_with_params_state_and_inputs(tmp_path):
     with open(path, "rb") as f:
         snap = pickle.load(f)
     trace, live = check_snapshot(snap)
-    model, opt, xs, y = rec._keep
+    model, opt, xs, y, held = rec._keep
     params = list(model.parameters())
     state = [t for s in opt.state.values() for t in s.values() if t.device.type == "meta"]
-    expect = nbytes(params) + nbytes(state) + nbytes(xs) + nbytes([y])
+    # The loop's out and loss, still bound after the last step: the logits
+    # [8, 10] f32 and the loss (a training loop holds them until rebound).
+    out = nbytes([held["out"], held["loss"]])
+    assert out == 8 * 10 * 4 + 4
+    expect = nbytes(params) + nbytes(state) + nbytes(xs) + nbytes([y]) + out
     assert sum(live.values()) == expect
     assert end_by_category(rec) == {"parameter": nbytes(params), "optimizer_state": nbytes(state),
-                                    "input": nbytes(xs) + nbytes([y])}
+                                    "input": nbytes(xs) + nbytes([y]), "output": out}
     # AdamW: two moments per parameter; state['step'] stays on the CPU.
     assert nbytes(state) == 2 * nbytes(params)
     cats = {json.loads(e["user_metadata"])["category"] for e in trace if e["action"] == "alloc"}
@@ -106,19 +110,21 @@ def test_mlp_pickle_loads_and_ends_with_params_state_and_inputs(tmp_path):
 
 def test_convnet_sgd_keeping_grads(tmp_path):
     """SGD with momentum, BatchNorm buffers, gradients kept (zero_grad
-    'keep'): the end holds parameters + buffers + grads + momentum + inputs."""
+    'keep'): the end holds parameters + buffers + grads + momentum + inputs,
+    and the loop's last out and loss."""
     rec = record_step(models.convnet, inputs=[(4, 3, 32, 32)], target="classes", optimizer="sgd",
                       steps=2, zero_grad="keep", cublas_workspace="off")
     snap, _ = rec.snapshot()
     trace, live = check_snapshot(snap)
-    model, opt, xs, y = rec._keep
+    model, opt, xs, y, held = rec._keep
     params, buffers = list(model.parameters()), list(model.buffers())
     grads = [p.grad for p in params]
     state = [t for s in opt.state.values() for t in s.values()]
     assert nbytes(state) == nbytes(params)  # one momentum buffer each
     ends = end_by_category(rec)
     assert ends == {"parameter": nbytes(params) + nbytes(buffers), "gradient": nbytes(grads),
-                    "optimizer_state": nbytes(state), "input": nbytes(xs) + nbytes([y])}
+                    "optimizer_state": nbytes(state), "input": nbytes(xs) + nbytes([y]),
+                    "output": nbytes([held["out"], held["loss"]])}
     assert sum(live.values()) == sum(ends.values())
 
 
@@ -481,18 +487,67 @@ def trace_events(trace):
     return out
 
 
+def as_a_loop(trace):
+    """A real trace of scripts/cuda_recorder_check.py's step, recorded as a
+    function (`def train_step(xs)`: out = model(*xs) on one line, loss on
+    the next, return), as trace_events, with its frees moved to where the
+    recorder's step, a training loop's, has them: each return frees out and
+    the loss (the frees whose stack is in cuda_one but not in train_step,
+    the loss's a 4-byte scalar last); the loop frees the old out once the
+    next forward has returned (before the next step's first event of the
+    loss's line) and the old loss once the new one exists (before the first
+    event after the loss's line), and the last step's never. The
+    allocations and every other free stay as CUDA made them."""
+    def line(e):
+        return next((f["line"] for f in e.get("frames", []) if f["name"] == "train_step"), None)
+
+    def returning(e):
+        return (e["action"] == "free_completed" and line(e) is None
+                and any(f["name"] == "cuda_one" for f in e.get("frames", [])))
+
+    events, ids, returns = [], {}, []  # returns: [[(out's free, loss's free), at]]
+    for i, e in enumerate(trace):
+        if e["action"] == "alloc":
+            ids[e["addr"]] = i
+            events.append((i, {"op": "alloc", "id": i, "size": e["size"]}))
+        elif e["action"] == "free_completed":
+            ev = {"op": "free", "id": ids.pop(e["addr"])}
+            if returning(e):
+                if not returns or returns[-1][1] != len(events):
+                    returns.append([[], len(events)])
+                returns[-1][0].append((e["size"], ev))
+                continue
+            events.append((i, ev))
+    assert len(returns) == 2 and all([s for s, _ in r[0]] == [823_410_688, 4] for r in returns), returns
+    moves = []
+    for (frees, at), _ in zip(returns, returns[1:]):
+        lines = [line(trace[i]) for i, _ in events[at:]]
+        out_at = at + next(k for k, x in enumerate(lines) if x != lines[0])
+        loss_at = out_at + next(k for k, x in enumerate(lines[out_at - at:]) if x != lines[out_at - at])
+        moves += [(out_at, frees[0][1]), (loss_at, frees[1][1])]
+    out = [ev for _, ev in events]
+    for pos, ev in sorted(moves, key=lambda m: -m[0]):
+        out.insert(pos, ev)
+    return out
+
+
 def test_gpt2_bf16_as_measured_on_an_h200(monkeypatch):
     """The fixture is torch.cuda.memory._snapshot() of
     scripts/cuda_recorder_check.py's gpt2-bf16 run on an NVIDIA H200
     (PyTorch 2.11.0+cu130, cuDNN 9.19): GPT-2 small, batch 8 x 1024, bf16
     autocast, AdamW (foreach), two steps from an empty allocator; torch
     measured max_memory_allocated 9,532,640,256 and max_memory_reserved
-    11,869,880,320. Recorded here on meta with 2.11's rules (cuBLAS
-    workspaces cached, cuBLASLt's not unified, cuDNN attention), the step
-    asks for the same bytes at its peak and at its end, and the allocator
-    model gives it the same peaks and end state as it gives the real trace
-    (whose peak allocated it puts 4.25 MiB above torch's: the real
-    cudaMalloc addresses break best-fit ties the other way)."""
+    11,869,880,320. That run's step was a function, which frees out and
+    the loss at each return; the recorder's is a training loop's, which
+    holds them until the next step rebinds them and keeps the last ones
+    (as_a_loop moves the real trace's frees there). Recorded here on meta
+    with 2.11's rules (cuBLAS workspaces cached, cuBLASLt's not unified,
+    cuDNN attention), the step asks for the same bytes at its peak and at
+    its end, and the allocator model gives it the same peaks and end state
+    as it gives the real trace in the loop's order. (In the function's
+    order, as run, it puts the real trace's peak allocated 4.25 MiB above
+    torch's: the real cudaMalloc addresses break best-fit ties the other
+    way.)"""
     path = os.path.join(FIXTURES, H200_GPT2)
     if not os.path.exists(path):
         pytest.skip(f"{path} not committed")
@@ -501,12 +556,15 @@ def test_gpt2_bf16_as_measured_on_an_h200(monkeypatch):
     _, real_model = to_snapshot(trace_events(real["device_traces"][0]))
     assert real_model["peak_requested"] == 9_511_117_516
     assert real_model["peak_reserved"] == 11_869_880_320
+    _, real_loop = to_snapshot(as_a_loop(real["device_traces"][0]))
+    # The loop's end holds the last bf16 logits [8, 1024, 50257] and loss.
+    assert real_loop["end_requested"] - real_model["end_requested"] == 823_410_688 + 4
     monkeypatch.setenv("TORCH_CUBLASLT_UNIFIED_WORKSPACE", "0")
     rec = record_step(models.gpt2, inputs=[(8, 1024)], input_dtypes=[torch.int64], target="tokens",
                       optimizer="adamw", lr=1e-3, impl="foreach", steps=2, amp="bf16",
                       cublas_workspace="cached", sdpa="cudnn", frames=False)
     _, predicted = rec.snapshot()
-    assert predicted == real_model
+    assert predicted == real_loop
 
 
 # -- record(): the user's own loop -------------------------------------------

@@ -87,7 +87,8 @@ def parse_args(argv):
         description="Builds the model with BUILD (FILE.py:FUNCTION or MODULE:FUNCTION; it returns an "
                     "nn.Module and is called under torch.device('meta'), so nothing is allocated), "
                     "then records --steps training steps (forward, loss, backward, optimizer.step(), "
-                    "zero_grad) on meta tensors.",
+                    "zero_grad) on meta tensors, as a training loop runs them: the loop's out and loss "
+                    "are held until the next step rebinds them, and the last ones are alive at the end.",
         epilog=NOT_SEEN, formatter_class=argparse.RawDescriptionHelpFormatter)
     r.add_argument("build", metavar="BUILD", help="FILE.py:FUNCTION or MODULE:FUNCTION")
     r.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE",

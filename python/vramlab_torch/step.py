@@ -6,17 +6,32 @@
     x, y = torch.empty(...), torch.empty(...)   # recorded: the inputs
     opt = torch.optim.AdamW(model.parameters(), ...)
 
-    def train_step(x, y):                       # called --steps times
+    for step in range(steps):                   # --steps (default 2)
         with torch.autocast("cuda", dtype):     # --amp only
-            out = model(*x)                     # held until the function returns
-            loss = F.cross_entropy(out.view(-1, out.shape[-1]), y.view(-1))   # --target
+            out = model(*x)                     # the last step's out freed here
+            loss = F.cross_entropy(out.view(-1, out.shape[-1]), y.view(-1))   # --target; the last loss freed here
         loss.backward()
         opt.step()
-        opt.zero_grad(set_to_none=True)
-        return                                  # out, loss freed here
+        opt.zero_grad(set_to_none=True)         # --zero-grad
+    # out and loss are still bound
+
+The loop's names hold out (the model's whole output: with --target none the
+loss it returns is in it) and loss from one step to the next, as a training
+loop does: the old out dies where `out = model(*x)` rebinds the name, after
+the new one exists (once the model's forward has returned it, in the next
+step's forward), the old loss where the new loss is bound, and the last
+step's are alive at the end of the recording. vramlab's trainer runs its
+step the same way (crates/engine/src/train/step.rs), so `vramlab estimate`
+holds them alike; a function `def train_step(x, y)` would free them at its
+return instead, lowering what is alive between steps and at the end by
+their size. The same with --dist ddp (out is DDP's output) and fsdp.
 
 What is alive after the last step (parameters, buffers, inputs, optimizer
-state) is left alive: the trace ends without freeing it.
+state, the loop's out and loss) is left alive: the recording ends without
+freeing it. The loop's names are items of a dict (`held["out"] =
+runner(*xs)`: the old value is dropped after the new one exists, as a
+name's rebinding drops it; frees are emitted by weakrefs when a storage's
+last reference dies), and nothing else keeps a reference to them.
 """
 
 import contextlib
@@ -403,27 +418,41 @@ def _record_step(build, inputs, input_dtypes, target, optimizer, lr, impl, weigh
             rec.mark("input", [y])
         opt = build_optimizer(optimizer, params, lr, impl, weight_decay, momentum)
 
+        # The loop's names, out and loss: bound from one step to the next,
+        # rebound by the next step's forward and loss, alive at the end. No
+        # local name keeps a reference past its step (the picked logits are
+        # a tensor of out, or out itself).
+        held = {}
+
         def forward_and_loss(xs):
+            """The loop's forward and loss, binding held["out"] (the last
+            step's out dropped once the new one exists) and held["loss"]
+            (the last loss dropped once the new one exists); returns the
+            tensor the loss was taken of."""
             ctx = emu.autocast(amp_dtype) if amp_dtype else contextlib.nullcontext()
             with ctx:
-                out = runner(*xs)
+                held["out"] = runner(*xs)
                 r.set_phase("loss")
+                out = held["out"]
                 logits, path = pick_loss(out) if target == "none" else pick_output(out)
+                del out
                 if "loss_on" not in meta:
                     meta["loss_on"] = f"{path} [{', '.join(map(str, logits.shape))}] {str(logits.dtype)[6:]}"
-                loss = loss_fn(logits, y)
-            return out, logits, loss
+                held["loss"] = loss_fn(logits, y)
+            return logits
 
-        def mark_output(out, logits, loss):
-            rec.mark("output", [logits, loss] + [t for t in _leaves(out) if isinstance(t, torch.Tensor)])
+        def mark_output(logits):
+            rec.mark("output", [logits, held["loss"]]
+                     + [t for t in _leaves(held["out"]) if isinstance(t, torch.Tensor)])
 
-        def train_step(xs):
+        def loop_body(xs):
             r.set_phase("forward")
-            out, logits, loss = forward_and_loss(xs)
-            mark_output(out, logits, loss)
-            r.hook_graph(loss.grad_fn)
+            logits = forward_and_loss(xs)
+            mark_output(logits)
+            del logits
+            r.hook_graph(held["loss"].grad_fn)
             r.set_phase("backward")
-            loss.backward()
+            held["loss"].backward()
             rec.mark("gradient", [p.grad for p in params if p.grad is not None])
             r.set_phase("optimizer")
             opt.step()
@@ -434,14 +463,12 @@ def _record_step(build, inputs, input_dtypes, target, optimizer, lr, impl, weigh
                 meta["live_before_last_zero_grad"] = live_by_category(r)
             if zero_grad != "keep":
                 opt.zero_grad(set_to_none=(zero_grad == "set-to-none"))
-            r.set_phase("return")
-            return
 
         for s in range(steps):
             r.step = s + 1
-            train_step(xs)
+            loop_body(xs)
             r.set_phase("between")
-        rec._keep = (model, opt, xs, y)  # alive after the block, as the user's are
+        rec._keep = (model, opt, xs, y, held)  # alive after the block, as the user's are
         rec._runner = runner  # the DDP wrapper with --dist ddp (else the model)
     if dist is not None:
         meta["dist"].update(_dist_totals(dist, runner, params))
