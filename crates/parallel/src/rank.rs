@@ -264,7 +264,8 @@ struct Unit {
     last: bool,
     /// Elements of a weight the unit uses but another unit owns: the tied
     /// head's token table when one stage holds both ends (ZeRO-3 gathers
-    /// it again for the logits and their backward).
+    /// it again for the logits and their backward, and the head's gradient
+    /// of it waits for the embedding's).
     tied: u64,
 }
 
@@ -741,11 +742,11 @@ fn forward_unit(b: &mut Builder, u: &Unit, _mb: u64) -> Vec<Option<u32>> {
     kept
 }
 
-/// A unit's backward: recomputed activations live while it runs, the
-/// attention scores' gradient inside it; then its saved tensors go.
-/// A unit's backward for one micro-batch. The head's unit returns the tied
-/// head's gradient of the token table where it holds no copy of its own
-/// (one stage), allocated as `tied_kind`: it waits for the embedding's.
+/// A unit's backward for one micro-batch: recomputed activations live
+/// while it runs, the attention scores' gradient inside it; then its saved
+/// tensors go. The head's unit returns the tied head's gradient of the
+/// token table where it holds no copy of its own (one stage), allocated as
+/// `tied_kind`: it waits for the embedding's.
 fn backward_unit(
     b: &mut Builder,
     u: &Unit,

@@ -90,11 +90,11 @@ impl LossMode {
     }
 
     /// The model's forward pass and this loss over `labels`: what the loop
-    /// holds until the next step rebinds it (the logits, or under `chunked`, which never
-    /// makes them, the head's input) and the mean loss. `previous` is the
-    /// last step's, released where a Python loop rebinds its names: its
-    /// logits once the model's forward returns, its loss once this one
-    /// exists.
+    /// holds until the next step rebinds it (the logits, or under
+    /// `chunked`, which never makes them, the head's input) and the mean
+    /// loss. `previous` is the last step's, released where a Python loop
+    /// rebinds its names: its logits once the model's forward returns, its
+    /// loss once this one exists.
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
         self,
