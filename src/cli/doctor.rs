@@ -173,9 +173,17 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<()> {
     // One streaming parse for both the trace and the segments.
     let mut parsed = torch_snapshot::parse_file(&args.snapshot)
         .map_err(|e| anyhow::anyhow!("{e}{}", trace_hint(&args.snapshot)))?;
-    let maps = segment_map::maps_of(&parsed.root).map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
+    // The segments read once, for the map and the replay's rewind.
+    let segments = crate::lab::snapshot_segments::read(&parsed.root)
+        .map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
+    let maps = segment_map::maps_from(&segments);
     let capacity = parse_capacity(&args.capacity)?;
-    let file = match torch_snapshot::read_parsed(&mut parsed, &name) {
+    let file = match torch_snapshot::read_parsed_with(
+        &parsed.root,
+        &mut parsed.entries,
+        &segments,
+        &name,
+    ) {
         Ok(f) => f,
         // No trace (recorded with enabled="state", or without history):
         // the segments still say what was held when it was taken.

@@ -13,6 +13,7 @@ use std::collections::{BTreeMap, HashMap};
 use serde::Serialize;
 
 use crate::error::LabError;
+use crate::frames::user_frame;
 use crate::memory::{AllocatorConfig, Snapshot};
 use crate::peak::ranked;
 use crate::pickle::{unpickle, PyValue};
@@ -73,8 +74,14 @@ pub fn segment_maps(bytes: &[u8], name: &str) -> Result<Vec<SegmentMap>, LabErro
 /// [`segment_maps`] of an unpickled snapshot; segments no allocator could
 /// have held are errors ([`snapshot_segments::read`]).
 pub fn maps_of(root: &PyValue) -> Result<Vec<SegmentMap>, LabError> {
+    Ok(maps_from(&snapshot_segments::read(root)?))
+}
+
+/// The map of segments already read (doctor reads them once for the map
+/// and the replay alike).
+pub fn maps_from(segments: &[snapshot_segments::Segment]) -> Vec<SegmentMap> {
     let mut maps: BTreeMap<usize, Builder> = BTreeMap::new();
-    for seg in snapshot_segments::read(root)? {
+    for seg in segments {
         maps.entry(seg.device)
             .or_insert_with(|| Builder::new(seg.device))
             .add(
@@ -82,15 +89,15 @@ pub fn maps_of(root: &PyValue) -> Result<Vec<SegmentMap>, LabError> {
                 seg.total_size,
                 seg.expandable,
                 &seg.segment_type,
-                seg.blocks.into_iter().map(|b| Blk {
+                seg.blocks.iter().map(|b| Blk {
                     size: b.size,
                     requested: b.requested,
                     active: b.active(),
-                    frame: b.frame,
+                    frame: user_frame(b.frames),
                 }),
             );
     }
-    Ok(maps.into_values().map(Builder::finish).collect())
+    maps.into_values().map(Builder::finish).collect()
 }
 
 /// One block as a map counts it.

@@ -5,14 +5,13 @@
 use std::collections::BTreeMap;
 
 use crate::error::LabError;
-use crate::frames::user_frame;
 use crate::memory::constants::MAX_BYTES;
 use crate::pickle::PyValue;
 use crate::snapshot_fields::{int, size_of};
 
 /// One recorded segment, as the file states it.
 #[derive(Debug, Clone)]
-pub struct Segment {
+pub struct Segment<'a> {
     /// Its index in `segments`, for errors that say where.
     pub index: usize,
     pub device: usize,
@@ -25,12 +24,12 @@ pub struct Segment {
     pub expandable: bool,
     /// `allocated_size`: PyTorch's allocated bytes in this segment.
     pub allocated_size: u64,
-    pub blocks: Vec<Block>,
+    pub blocks: Vec<Block<'a>>,
 }
 
 /// One block of a recorded segment.
 #[derive(Debug, Clone)]
-pub struct Block {
+pub struct Block<'a> {
     /// `None` in older files, whose blocks tile their segment in order.
     pub address: Option<u64>,
     pub size: u64,
@@ -39,11 +38,12 @@ pub struct Block {
     /// be a larger block's before a split.
     pub requested: u64,
     pub state: String,
-    /// The user's frame that allocated it, where known.
-    pub frame: Option<String>,
+    /// Its recorded `frames`, read only by what names the user's code
+    /// (doctor's map), not by replay.
+    pub frames: Option<&'a PyValue>,
 }
 
-impl Block {
+impl Block<'_> {
     /// Held by the user (memory_viz's `active_allocated`).
     pub fn active(&self) -> bool {
         self.state == "active_allocated"
@@ -61,7 +61,7 @@ impl Block {
 /// blocks that hold more than their segment, an allocated block that
 /// requested more than its size, segments that overlap on a device, a device's
 /// segments past 2^62 in all (so no sum of them wraps).
-pub fn read(root: &PyValue) -> Result<Vec<Segment>, LabError> {
+pub fn read(root: &PyValue) -> Result<Vec<Segment<'_>>, LabError> {
     let corrupt = |at: String, what: String| LabError::CorruptSegments { at, what };
     let segments = match root.get("segments") {
         None => &[][..],
@@ -113,7 +113,7 @@ pub fn read(root: &PyValue) -> Result<Vec<Segment>, LabError> {
                     .and_then(PyValue::as_str)
                     .unwrap_or("")
                     .to_string(),
-                frame: user_frame(b.get("frames")),
+                frames: b.get("frames"),
             };
             if block.allocated() && requested > size {
                 return Err(corrupt(

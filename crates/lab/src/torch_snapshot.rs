@@ -331,7 +331,19 @@ pub fn read_all(bytes: &[u8], name: &str) -> Result<SnapshotFile, LabError> {
 /// [`read_all`] of a snapshot already parsed (so one parse serves the
 /// trace and [`crate::segment_map::maps_of`] alike).
 pub fn read_parsed(parsed: &mut Parsed, name: &str) -> Result<SnapshotFile, LabError> {
-    let root = &parsed.root;
+    let segments = snapshot_segments::read(&parsed.root)?;
+    read_parsed_with(&parsed.root, &mut parsed.entries, &segments, name)
+}
+
+/// [`read_parsed`] of a parsed snapshot's tree and entries, with its
+/// `segments` already read ([`snapshot_segments::read`]): doctor reads them
+/// once for its map and the replay.
+pub fn read_parsed_with(
+    root: &PyValue,
+    entries: &mut Entries,
+    segments: &[snapshot_segments::Segment],
+    name: &str,
+) -> Result<SnapshotFile, LabError> {
     let traces = match root.get("device_traces") {
         None => {
             return Err(LabError::NoDeviceTraces {
@@ -345,19 +357,13 @@ pub fn read_parsed(parsed: &mut Parsed, name: &str) -> Result<SnapshotFile, LabE
     };
     let (settings, expandable_setting) = settings_of(root)?;
     let config = settings.clone().unwrap_or_default();
-    let segments = snapshot_segments::read(root)?;
     let mut devices = Vec::new();
     for (device, trace) in traces.iter().enumerate() {
         let Some(trace) = trace.as_list().filter(|t| !t.is_empty()) else {
             continue;
         };
         devices.push(read_device(
-            &segments,
-            device,
-            trace,
-            &mut parsed.entries,
-            &config,
-            name,
+            segments, device, trace, entries, &config, name,
         )?);
     }
     if devices.is_empty() {
