@@ -236,6 +236,11 @@ pub fn check_number(flag: &str, v: f32, positive: bool) -> Result<(), ArgError> 
 pub const MAX_RECORDED_STEPS: usize = 100;
 
 /// `--steps` for a command that records every step.
+/// `--steps` beside `--record` (max-batch, sweep): the recorder command
+/// runs its own steps.
+pub const STEPS_WITH_RECORD: &str =
+    "--steps applies to zoo models; with --record the steps are the recorder command's";
+
 pub fn check_recorded_steps(steps: usize) -> Result<(), ArgError> {
     if steps == 0 || steps > MAX_RECORDED_STEPS {
         return Err(ArgError(format!(

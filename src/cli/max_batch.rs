@@ -234,9 +234,7 @@ pub fn run(args: &MaxBatchArgs) -> anyhow::Result<()> {
     let (limit, effective) = limits(args, &base_config)?;
     if let Some(command) = &args.record {
         if args.steps.is_some() {
-            anyhow::bail!(
-                "--steps applies to zoo models; with --record the steps are the recorder command's"
-            );
+            anyhow::bail!(super::args::STEPS_WITH_RECORD);
         }
         return run_recorded(args, command, &base_config, limit, effective);
     }

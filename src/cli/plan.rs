@@ -341,7 +341,7 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
         )
     });
     if args.json {
-        let out = serde_json::json!({
+        let mut out = serde_json::json!({
             "model": model,
             "parameters": model.params(),
             "gpus": args.gpus,
@@ -358,7 +358,6 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
             "seconds": seconds,
             "layouts": found.iter().take(args.top).collect::<Vec<_>>(),
         });
-        let mut out = out;
         let failed = none_fits.map(|e| super::fail_in_json(&mut out, e));
         println!("{}", serde_json::to_string_pretty(&out)?);
         return failed.map_or(Ok(()), Err);

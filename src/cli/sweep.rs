@@ -474,9 +474,7 @@ fn run_recorded(
         anyhow::bail!("--record sweeps the batch (--batch 1,2,4,8); the resolution and sequence length are the recorder command's");
     }
     if args.steps != 1 {
-        anyhow::bail!(
-            "--steps applies to zoo models; with --record the steps are the recorder command's"
-        );
+        anyhow::bail!(super::args::STEPS_WITH_RECORD);
     }
     if args.measure || args.out.is_some() {
         anyhow::bail!(

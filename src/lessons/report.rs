@@ -20,7 +20,7 @@ const COLORS: [&str; 10] = [
 
 /// A line plot of `s` as SVG, its legend below the axes (off the data).
 pub fn svg(s: &Series) -> String {
-    let (w, plot_h, l, r, t, b) = (560.0, 300.0, 70.0, 20.0, 30.0, 50.0);
+    let (w, h, l, r, t, b) = (560.0, 300.0, 70.0, 20.0, 30.0, 50.0);
     let pts: Vec<(f64, f64)> = s
         .lines
         .iter()
@@ -36,8 +36,8 @@ pub fn svg(s: &Series) -> String {
     let x1 = if x1 > x0 { x1 } else { x0 + 1.0 };
     let y1 = if y1 > 0.0 { y1 } else { 1.0 };
     let sx = |x: f64| l + (x - x0) / (x1 - x0) * (w - l - r);
-    let sy = |y: f64| plot_h - b - y / y1 * (plot_h - t - b);
-    let h = plot_h;
+    let sy = |y: f64| h - b - y / y1 * (h - t - b);
+    // The legend's rows go below the plot.
     let total_h = h + 14.0 * s.lines.len() as f64;
     // Ticks at each x where there are few (categories, sizes tried), else
     // five, at whole numbers where every x is one (layers, events).

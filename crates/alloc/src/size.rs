@@ -32,11 +32,12 @@ pub fn parse_size(input: &str) -> Result<u64, SizeParseError> {
         return Err(err("no number"));
     }
     let value: f64 = num.parse().map_err(|_| err("bad number"))?;
+    let unit = unit.trim().to_ascii_lowercase();
     // Bytes come whole; `1.5` is most likely a unit left out.
-    if matches!(unit.trim().to_ascii_lowercase().as_str(), "" | "b") && value.fract() != 0.0 {
+    if matches!(unit.as_str(), "" | "b") && value.fract() != 0.0 {
         return Err(err("a fraction of a byte: is a unit missing?"));
     }
-    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+    let mult: f64 = match unit.as_str() {
         "" | "b" => 1.0,
         "kib" | "k" => 1024.0,
         "mib" | "m" => 1024.0 * 1024.0,
@@ -103,6 +104,7 @@ impl fmt::Display for Mib {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
 
     #[test]
     fn negative_sizes_and_fractions_of_a_byte_say_so() {
@@ -114,8 +116,6 @@ mod tests {
         assert_eq!(parse_size("1.5KiB"), Ok(1536));
         assert_eq!(parse_size("1.0"), Ok(1));
     }
-
-    use super::*;
 
     #[test]
     fn mib_keeps_small_sizes_visible() {

@@ -97,9 +97,10 @@ fn divisors_to(n: u64, most: u64) -> Vec<u64> {
 }
 
 /// Every layout of `r.gpus` GPUs (tensor ≤ `max_tp`, with sequence
-/// parallelism where the sequence divides by it, which only saves memory;
-/// plain Megatron tensor parallelism otherwise; pipeline under 1F1B, data parallel with DDP, ZeRO 1–3 or
-/// FSDP, each recomputation, micro-batches of 1, 2, 4 and 8), evaluated.
+/// parallelism where the sequence divides by it, which only saves memory,
+/// plain Megatron tensor parallelism otherwise; pipeline under 1F1B; data
+/// parallel with DDP, ZeRO 1–3 or FSDP; each recomputation; micro-batches
+/// of 1, 2, 4 and 8), evaluated.
 pub fn layouts(r: &Request) -> Vec<Layout> {
     let m = &r.model;
     let mut out = vec![];
