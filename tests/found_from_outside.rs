@@ -792,6 +792,23 @@ fn trace_entries_without_a_usable_address_are_refused() {
             vec![("alloc", at(1 << 21)), ("alloc", at(1 << 21))],
             "device_traces[0][1] (\"alloc\"): alloc at 0x200000, where the trace's block allocated at entry 0 was never freed",
         ),
+        // A block freed twice was read as one from before the recording,
+        // and its note said it lay in no segment.
+        (
+            vec![
+                ("alloc", at(1 << 21)),
+                ("free_completed", at(1 << 21)),
+                ("free_completed", at(1 << 21)),
+            ],
+            "device_traces[0][2] (\"free_completed\"): free at 0x200000, whose block entry 1 already freed",
+        ),
+        (
+            vec![
+                ("free_completed", at(1 << 22)),
+                ("free_completed", at(1 << 22)),
+            ],
+            "device_traces[0][1] (\"free_completed\"): free at 0x400000, whose block entry 0 already freed",
+        ),
     ];
     for (entries, want) in cases {
         std::fs::write(&p, trace_snapshot_at(&entries, vec![])).unwrap();

@@ -464,3 +464,111 @@ fn a_pasted_pytorch_alloc_conf_replays() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("native caching allocator only"), "{err}");
 }
+
+/// Found from outside: fields the format does not read passed in silence
+/// (a misspelt `categroy` lost the category; a `stream` merged two pools).
+#[test]
+fn fields_the_format_does_not_read_are_noted() {
+    let dir = scratch("ignored-fields");
+    let p = dir.join("t.jsonl");
+    std::fs::write(
+        &p,
+        [
+            r#"{"op":"alloc","id":1,"size":1000,"categroy":"parameter","phase":"forward"}"#,
+            r#"{"op":"alloc","id":2,"size":2000,"stream":7}"#,
+            r#"{"op":"free","id":2,"stream":7}"#,
+            r#"{"op":"free","id":1,"where":"x.py:3"}"#,
+        ]
+        .join("\n"),
+    )
+    .unwrap();
+    for extra in [&[][..], &["--allocators", "pytorch"][..]] {
+        let (rc, v, err) = replay_path(&p, extra);
+        assert_eq!(rc, 0, "{err}");
+        let notes = v["notes"].to_string();
+        assert!(notes.contains("`categroy` on alloc (line 1)"), "{notes}");
+        assert!(notes.contains("`stream` on alloc (line 2)"), "{notes}");
+        assert!(notes.contains("`stream` on free (line 3)"), "{notes}");
+        assert!(notes.contains("one stream's pool"), "{notes}");
+        // The recorder's own fields are expected, not noted.
+        assert!(
+            !notes.contains("`phase`") && !notes.contains("`where`"),
+            "{notes}"
+        );
+    }
+    std::fs::write(&p, r#"{"op":"alloc","id":1,"size":1000,"label":"x"}"#).unwrap();
+    let (_, v, _) = replay_path(&p, &[]);
+    assert_eq!(v["notes"], serde_json::json!([]), "{v}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A refused request counts toward the least any allocator needs: 50 MiB
+/// live and 40 MiB refused is 90 MiB, more than the 64 MiB device.
+#[test]
+fn refused_requests_count_toward_the_lower_bound() {
+    let (rc, v, _) = replay("oom_retry.jsonl", &["--capacity", "64MiB"]);
+    assert_eq!(rc, 0);
+    assert_eq!(v["ooms"].as_array().unwrap().len(), 1, "{v}");
+    assert_eq!(v["peak_live_requested_bytes"], 90 * MIB);
+    // --allocators counts the same demand.
+    let (_, c, _) = replay("oom_retry.jsonl", &["--allocators", "pytorch"]);
+    assert_eq!(c["lower_bound_bytes"], 90 * MIB);
+    let (_, v, _) = replay("oom_retry.jsonl", &[]);
+    assert!(v["ooms"].as_array().unwrap().is_empty());
+    assert_eq!(v["peak_live_requested_bytes"], 90 * MIB);
+}
+
+/// Settings PyTorch refuses are refused, and a limit past the device too.
+#[test]
+fn settings_pytorch_refuses_and_a_limit_past_the_device_are_errors() {
+    for (args, says) in [
+        (
+            &["--alloc-conf", "expandable_segments:true"][..],
+            "PyTorch refuses `true`",
+        ),
+        (
+            &["--memory-limit", "200MiB", "--capacity", "30MiB"][..],
+            "more than the --capacity 30.00 MiB",
+        ),
+    ] {
+        let (rc, _, err) = replay("oom_retry.jsonl", args);
+        assert_eq!(rc, 1, "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}
+
+/// Found from outside: settings from VRAMLAB_ALLOC_CONF were said to come
+/// from --alloc-conf, and what they were was not said.
+#[test]
+fn a_snapshots_settings_name_their_source_and_value() {
+    let file = "tests/fixtures/snapshots/multi_device.pickle";
+    let run = |env: Option<&str>, extra: &[&str]| {
+        let mut c = command(["replay", file, "--json"]);
+        c.args(extra).env_remove("VRAMLAB_ALLOC_CONF");
+        if let Some(v) = env {
+            c.env("VRAMLAB_ALLOC_CONF", v);
+        }
+        let out = c.output().unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        let v: Value = serde_json::from_str(&stdout(&out)).unwrap();
+        v["settings_from"].as_str().unwrap().to_string()
+    };
+    let from = run(Some("expandable_segments:True"), &[]);
+    assert!(
+        from.starts_with("VRAMLAB_ALLOC_CONF (expandable_segments:True)"),
+        "{from}"
+    );
+    let from = run(
+        Some("expandable_segments:True"),
+        &["--alloc-conf", "max_split_size_mb:64"],
+    );
+    assert!(
+        from.starts_with("--alloc-conf (max_split_size_mb:64)"),
+        "{from}"
+    );
+    let from = run(None, &[]);
+    assert!(
+        from.starts_with("PyTorch's defaults (the snapshot records no"),
+        "{from}"
+    );
+}

@@ -153,7 +153,19 @@ impl AllocArgs {
     /// Whether --alloc-conf or VRAMLAB_ALLOC_CONF chose the allocator
     /// settings; otherwise a recording replays under its own.
     pub fn conf_given(&self) -> bool {
-        self.alloc_conf.is_some() || std::env::var(ALLOC_CONF_ENV).is_ok_and(|v| !v.is_empty())
+        self.conf_source().is_some()
+    }
+
+    /// Which of --alloc-conf and VRAMLAB_ALLOC_CONF gave the settings, if
+    /// either did (the flag wins).
+    pub fn conf_source(&self) -> Option<&'static str> {
+        if self.alloc_conf.is_some() {
+            Some("--alloc-conf")
+        } else if std::env::var(ALLOC_CONF_ENV).is_ok_and(|v| !v.is_empty()) {
+            Some(ALLOC_CONF_ENV)
+        } else {
+            None
+        }
     }
 
     /// `--capacity`, parsed.
@@ -202,6 +214,17 @@ impl AllocArgs {
                 )));
             }
             cfg.memory_limit = Some(limit);
+        }
+        // A limit past the device's stated size could never be reached:
+        // the size binds first, and a report would name the wrong bound.
+        if let (Some(limit), Some(cap), Some(_)) = (cfg.memory_limit, capacity, &self.capacity) {
+            if limit > cap {
+                return Err(ArgError(format!(
+                    "--memory-limit {} is more than the --capacity {} of the device, which bounds what can be reserved first; give a limit at most the capacity, or leave --memory-limit out",
+                    crate::memory::Mib(limit),
+                    crate::memory::Mib(cap)
+                )));
+            }
         }
         Ok(cfg)
     }

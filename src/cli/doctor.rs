@@ -513,7 +513,9 @@ fn diagnose(
             memory_limit: None,
             ..recorded.clone()
         };
-        crate::lab::workload::compare_with(&snap.workload, &["planner"], None, &unlimited)
+        // Refused requests granted: would any packing have served them all?
+        let all = snap.workload.with_refusals_granted();
+        crate::lab::workload::compare_with(&all, &["planner"], None, &unlimited)
             .ok()
             .and_then(|r| r.first().map(|p| p.peak_reserved_bytes))
             .map(|arena| {
@@ -776,6 +778,11 @@ fn advise(
             Mib(floor),
             Mib(base.peak_reserved_bytes)
         )),
+        (Some(floor), Some(cap)) => out.push(format!(
+            "An offline planner that knew every lifetime in advance packs every request of this step, the refused ones included, into about {} of the {}: the step fits, and what ran out of memory was the packing (rounding, split segments, cached blocks), not the tensors.",
+            Mib(floor),
+            Mib(cap)
+        )),
         _ => {}
     }
     if base.ooms > 0 {
@@ -833,8 +840,8 @@ fn print_text(name: &str, reports: &[DeviceReport]) {
             r.recorded_settings
         );
         let on = match (r.capacity_bytes, r.memory_limit_bytes) {
-            (Some(c), _) => format!("out of memory on {}", Mib(c)),
-            (None, Some(l)) => format!("out of memory past the recorded limit of {}", Mib(l)),
+            (Some(c), _) => format!("on a device of {}", Mib(c)),
+            (None, Some(l)) => format!("under the recorded limit of {}", Mib(l)),
             (None, None) => "no device size: peaks only".into(),
         };
         println!("  what-ifs, each replayed from the recording's first entry ({on}):");

@@ -38,8 +38,9 @@ pub struct ReplayArgs {
     #[arg(long, value_name = "FILE", conflicts_with = "allocators")]
     pub export_snapshot: Option<PathBuf>,
     /// Also write the trace as an interval file (id,lower,upper,size; time
-    /// is the event index, lifetimes half open) for offline planners such as
-    /// MiniMalloc. JSON Lines traces and interval files.
+    /// is the event index, lifetimes half open, and a buffer's id its
+    /// alloc's event index, as trace ids may be reused) for offline planners
+    /// such as MiniMalloc. JSON Lines traces and interval files.
     #[arg(long, value_name = "FILE")]
     pub export_intervals: Option<PathBuf>,
     /// A PyTorch snapshot: replay only this device (default: every device
@@ -115,7 +116,8 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
         None => SimulatedSource::unlimited(),
     };
     let describe = source.describe();
-    let notes = config_notes(&config);
+    let mut notes = config_notes(&config);
+    notes.extend(ignored_fields_note(&args.trace, kind)?);
     let mut alloc = CachingAllocator::new(source, config);
     if args.export_snapshot.is_some() {
         alloc.start_recording();
@@ -191,8 +193,24 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
             Mib(alloc.memory_reserved()).to_string(),
             Mib(alloc.max_memory_reserved()).to_string()
         );
+        // With refusals, whether any allocator could have served them all.
+        let bound = match (capacity, alloc.config().memory_limit) {
+            (Some(c), Some(l)) => Some(c.min(l)),
+            (c, l) => c.or(l),
+        };
+        let verdict = match bound.filter(|_| !outcome.ooms.is_empty()) {
+            Some(b) if outcome.peak_live_requested_bytes > b => format!(
+                "; more than the {}, so no allocator serves every request",
+                Mib(b)
+            ),
+            Some(b) => format!(
+                "; within the {}, so a tighter packing would serve every request",
+                Mib(b)
+            ),
+            None => String::new(),
+        };
         println!(
-            "  peak live requested   {:>14}   (the least any allocator could need)",
+            "  peak live requested   {:>14}   (the least any allocator could need{verdict})",
             Mib(outcome.peak_live_requested_bytes).to_string()
         );
         if outcome.peak_live_requested_bytes > 0 {
@@ -270,7 +288,10 @@ fn stopped_error(
     } else {
         (
             String::new(),
-            format!("the statistics above cover the {events} events before it"),
+            format!(
+                "the statistics above cover the {} before it",
+                super::count(events as u64, "event")
+            ),
         )
     };
     let kept = match &args.export_snapshot {
@@ -301,20 +322,21 @@ pub fn strategy_names(names: &[String]) -> Vec<&str> {
 }
 
 /// What the columns of `print_results` mean, printed once under the tables.
-pub const COLUMNS: &str = "frag: peak reserved / lower bound (peak live requested); vs plan: peak reserved over the offline planner's arena; dev+ / dev−: times memory was asked of the driver / given back; ns/op: host time per operation; -: no ratio (the strategy ran out of memory, or the trace allocates nothing).";
+pub const COLUMNS: &str = "frag: peak reserved / lower bound (peak live requested); vs plan: peak reserved over the offline planner's arena; dev+ / dev−: times memory was asked of the driver / given back; ns/op: host time per operation; -: no ratio (the strategy ran out of memory, the trace allocates nothing, or, under vs plan, planner is not among the allocators).";
 
 /// The comparison table `replay --allocators` and `bench-alloc` print.
 pub fn print_results(results: &[crate::lab::workload::RunResult]) {
     println!(
-        "  {:<10} {:>12} {:>12} {:>8} {:>9} {:>8} {:>8} {:>5} {:>9}",
+        "  {:<10} {:>15} {:>15} {:>8} {:>9} {:>8} {:>8} {:>5} {:>9}",
         "allocator", "peak alloc", "peak resv", "frag", "vs plan", "dev+", "dev−", "OOM", "ns/op"
     );
     for r in results {
+        // Wide enough for an 80 GB device's figures in MiB.
         println!(
-            "  {:<10} {:>9.2} MiB {:>8.2} MiB {:>8} {:>9} {:>8} {:>8} {:>5} {:>9.0}",
+            "  {:<10} {:>15} {:>15} {:>8} {:>9} {:>8} {:>8} {:>5} {:>9.0}",
             r.allocator,
-            mib(r.peak_allocated_bytes),
-            mib(r.peak_reserved_bytes),
+            Mib(r.peak_allocated_bytes).to_string(),
+            Mib(r.peak_reserved_bytes).to_string(),
             // Ratios of a run that ran out of memory compare nothing.
             r.fragmentation
                 .map_or("-".to_string(), |f| format!("{f:.3}")),
@@ -343,11 +365,12 @@ fn compare_strategies(args: &ReplayArgs, names: &[String]) -> anyhow::Result<()>
         } else {
             String::new()
         };
-        anyhow::anyhow!("{name}: {e}{kind}")
+        anyhow::anyhow!("{name}: {e}{kind}; --allocators compares whole traces, so it shows nothing of one that does not read to its end (a replay without --allocators prints the statistics up to the bad line)")
     })?;
     let names = strategy_names(names);
     let results = compare_with(&w, &names, capacity, &config).map_err(anyhow::Error::msg)?;
     let mut notes = config_notes(&config);
+    notes.extend(ignored_fields_note(&args.trace, kind)?);
     if w.measure_from > 0 {
         notes.push(format!(
             "peaks and the lower bound are measured from the trace's last reset_peak (before operation {} of {}), as a plain replay and PyTorch's max_memory_allocated() after reset_peak_memory_stats() count them; OOMs and device calls cover the whole trace",
@@ -373,9 +396,9 @@ fn compare_strategies(args: &ReplayArgs, names: &[String]) -> anyhow::Result<()>
         return Ok(());
     }
     println!(
-        "{name}: {} operations, lower bound (peak live requested) {:.2} MiB{}",
+        "{name}: {} operations, lower bound (peak live requested) {}{}",
         w.ops.len(),
-        mib(w.lower_bound()),
+        Mib(w.lower_bound()),
         capacity
             .map(|c| format!(", capacity {}", Mib(c)))
             .unwrap_or_default()
@@ -460,24 +483,41 @@ fn replay_snapshot(args: &ReplayArgs) -> anyhow::Result<()> {
     let capacity = args.alloc.capacity()?;
     // The snapshot's own allocator settings, unless --alloc-conf (or
     // VRAMLAB_ALLOC_CONF) says otherwise.
-    let user_conf = args.alloc.conf_given();
+    let user_conf = args.alloc.conf_source();
     let mut config = args.alloc.config(capacity)?;
+    // Settings as PYTORCH_CUDA_ALLOC_CONF writes them ("defaults" when none).
+    let shown = |c: &crate::memory::AllocatorConfig| {
+        c.describe()
+            .trim_matches(|c| c == '(' || c == ')')
+            .to_string()
+    };
     let settings_source = match (&file.settings, user_conf) {
-        (Some(s), true) if config.memory_limit.is_none() && s.memory_limit.is_some() => {
+        (Some(s), Some(from)) if config.memory_limit.is_none() && s.memory_limit.is_some() => {
             // The recorded limit is not an allocator option: it stays
             // unless --memory-limit or --memory-fraction replaces it.
             config.memory_limit = s.memory_limit;
-            "--alloc-conf, under the recording's memory limit"
+            format!(
+                "{from} ({}), under the recording's memory limit, in place of the recorded {}",
+                shown(&config),
+                shown(s)
+            )
         }
-        (_, true) => "--alloc-conf",
-        (Some(s), false) => {
+        (Some(s), Some(from)) => format!(
+            "{from} ({}), in place of the recorded {}",
+            shown(&config),
+            shown(s)
+        ),
+        (None, Some(from)) => format!("{from} ({})", shown(&config)),
+        (Some(s), None) => {
             // --memory-limit wins over the limit a vramlab run recorded.
             let limit = config.memory_limit.or(s.memory_limit);
             config = s.clone();
             config.memory_limit = limit;
-            "the snapshot's allocator_settings"
+            format!("the snapshot's allocator_settings ({})", shown(&config))
         }
-        (None, false) => "PyTorch's defaults (the snapshot records no allocator_settings)",
+        (None, None) => {
+            "PyTorch's defaults (the snapshot records no allocator_settings)".to_string()
+        }
     };
     let notes = config_notes(&config);
     let devices: Vec<&torch_snapshot::TorchSnapshot> = match args.device {
@@ -501,7 +541,7 @@ fn replay_snapshot(args: &ReplayArgs) -> anyhow::Result<()> {
         // A snapshot recorded with expandable segments replays with them
         // (older PyTorch records no setting, only `is_expandable`).
         let mut cfg = config.clone();
-        if !user_conf && (snap.expandable || file.expandable_setting) {
+        if user_conf.is_none() && (snap.expandable || file.expandable_setting) {
             cfg.expandable_segments = true;
         }
         let r = torch_snapshot::replay_from_state(snap, cfg.clone(), capacity)
@@ -655,10 +695,17 @@ fn replay_snapshot(args: &ReplayArgs) -> anyhow::Result<()> {
                 .iter()
                 .map(|(c, n)| format!("{n} {c}"))
                 .collect();
-            println!(
-                "  categories named by the recording (user_metadata): {}",
-                named.join(", ")
-            );
+            if named.is_empty() {
+                println!(
+                    "  categories named by the recording (user_metadata): untagged, all {}",
+                    super::count(snap.categories_from_metadata as u64, "allocation")
+                );
+            } else {
+                println!(
+                    "  categories named by the recording (user_metadata): {}",
+                    named.join(", ")
+                );
+            }
         } else if snap.categories_from_frames.is_empty() {
             println!("  no lifetime hints in the frames (parameters and optimizer state made before the recording have none; record from the start with stacks=\"python\")");
         } else {
@@ -675,8 +722,8 @@ fn replay_snapshot(args: &ReplayArgs) -> anyhow::Result<()> {
         if !results.is_empty() {
             println!();
             println!(
-                "  lower bound (peak live requested) {:.2} MiB",
-                mib(snap.workload.lower_bound())
+                "  lower bound (peak live requested) {}",
+                Mib(snap.workload.lower_bound())
             );
             print_results(results);
             println!("{COLUMNS}");
@@ -807,6 +854,19 @@ fn config_notes(config: &crate::memory::AllocatorConfig) -> Vec<String> {
         ));
     }
     notes
+}
+
+/// What a JSON Lines trace carries that the replay does not read (an
+/// interval file is converted, so it has nothing of the kind).
+fn ignored_fields_note(
+    path: &std::path::Path,
+    kind: crate::lab::file_kind::FileKind,
+) -> anyhow::Result<Option<String>> {
+    if kind == crate::lab::file_kind::FileKind::Intervals {
+        return Ok(None);
+    }
+    let fields = crate::lab::trace::ignored_fields(trace_reader(path, kind)?);
+    Ok(crate::lab::trace::ignored_note(&fields))
 }
 
 /// Whether the trace at `path` has no event: no line but blank ones (an

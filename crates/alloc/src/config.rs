@@ -139,7 +139,7 @@ impl AllocatorConfig {
                 }
                 "expandable_segments" => {
                     self.expandable_segments = parse_bool(value)
-                        .ok_or_else(|| bad("expandable_segments", value, "True or False"))?;
+                        .ok_or_else(|| bad("expandable_segments", value, TRUE_OR_FALSE))?;
                 }
                 // Checked as PyTorch checks them, then without effect: they
                 // concern locking and pinned host memory, not device memory,
@@ -150,7 +150,7 @@ impl AllocatorConfig {
                     } else {
                         "pinned_use_cuda_host_register"
                     };
-                    parse_bool(value).ok_or_else(|| bad(key, value, "True or False"))?;
+                    parse_bool(value).ok_or_else(|| bad(key, value, TRUE_OR_FALSE))?;
                 }
                 "pinned_num_register_threads" => {
                     const EXPECTED: &str = "a power of 2 from 1 to 128";
@@ -232,14 +232,19 @@ impl AllocatorConfig {
     }
 }
 
-/// `True` / `False` as PyTorch spells them (lower case accepted too).
+/// `True` / `False`, spelt only as PyTorch spells them: its parser refuses
+/// `true` ("Expected 'True' or 'False'"), so a setting that passes here
+/// also passes there.
 pub fn parse_bool(value: &str) -> Option<bool> {
     match value {
-        "True" | "true" => Some(true),
-        "False" | "false" => Some(false),
+        "True" => Some(true),
+        "False" => Some(false),
         _ => None,
     }
 }
+
+/// What a boolean option takes, as [`parse_bool`] reads it.
+pub const TRUE_OR_FALSE: &str = "True or False, capitalised (PyTorch refuses `true`)";
 
 /// The options of an alloc-conf string: split on commas not inside `[...]`.
 pub fn split_options(input: &str) -> Vec<&str> {

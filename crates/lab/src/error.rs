@@ -69,7 +69,7 @@ pub enum LabError {
     NotAPickle { name: String, why: Box<LabError> },
     #[error("{name}: no device_traces; is it a torch.cuda.memory._dump_snapshot() pickle?")]
     NoDeviceTraces { name: String },
-    #[error("{name}: the snapshot has no allocation history; call torch.cuda.memory._record_memory_history() before the code you snapshot")]
+    #[error("{name}: the snapshot has no allocation history (it was taken without torch.cuda.memory._record_memory_history(), so there is nothing to replay); call that before the code you snapshot, or run `vramlab doctor {name}` for what its segments held")]
     NoHistory { name: String },
     /// A recorded allocator setting PyTorch would have refused.
     #[error("allocator_settings: {key} {value} is not {expected}, which PyTorch refuses; the snapshot is corrupt")]
@@ -105,6 +105,14 @@ pub enum LabError {
     /// An `alloc` at an address whose block the trace has not freed.
     #[error("{at}: alloc at 0x{addr:x}, where the trace's block allocated at entry {earlier} was never freed; the snapshot is corrupt (or entries are missing from its middle)")]
     AddrStillLive {
+        at: String,
+        addr: u64,
+        earlier: usize,
+    },
+    /// A free of an address whose block an earlier entry freed, with no
+    /// alloc there between.
+    #[error("{at}: free at 0x{addr:x}, whose block entry {earlier} already freed (nothing was allocated there since); the snapshot is corrupt (or entries are missing from its middle)")]
+    AddrFreedTwice {
         at: String,
         addr: u64,
         earlier: usize,

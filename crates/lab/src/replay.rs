@@ -54,7 +54,9 @@ pub struct ReplayOutcome {
     /// Filled when a timeline was asked for.
     pub timeline: Vec<TimelinePoint>,
     /// The highest sum of live requested bytes since the last `reset_peak`
-    /// (as the allocator's peaks): the lower bound any allocator needs.
+    /// (as the allocator's peaks), refused ones counted until their free:
+    /// the lower bound any allocator needs to serve the whole trace, as
+    /// `--allocators` counts it.
     pub peak_live_requested_bytes: u64,
     /// Set when the replay stopped before the end of the trace.
     pub error: Option<ReplayError>,
@@ -64,8 +66,9 @@ enum Live {
     Block(BlockHandle, u64),
     /// A zero-byte tensor: PyTorch allocates nothing for it.
     Empty,
-    /// Its allocation ran out of memory; a later free of it is a no-op.
-    Failed,
+    /// Its allocation ran out of memory; a later free of it frees
+    /// nothing but its share of the trace's demand.
+    Failed(u64),
 }
 
 /// Replays a JSON Lines trace from `reader` through `alloc`.
@@ -113,16 +116,20 @@ pub fn replay<S: SegmentSource, R: BufRead>(
                     Ok(())
                 } else {
                     let label = label.unwrap_or_else(|| format!("id {id}"));
-                    match alloc.malloc_tagged(size, &label, category.unwrap_or_default(), None) {
+                    let granted =
+                        alloc.malloc_tagged(size, &label, category.unwrap_or_default(), None);
+                    if granted.as_ref().map_or_else(|e| e.is_oom(), |_| true) {
+                        live_requested += size;
+                        out.peak_live_requested_bytes =
+                            out.peak_live_requested_bytes.max(live_requested);
+                    }
+                    match granted {
                         Ok(a) => {
                             live.insert(id, Live::Block(a.handle, size));
-                            live_requested += size;
-                            out.peak_live_requested_bytes =
-                                out.peak_live_requested_bytes.max(live_requested);
                             Ok(())
                         }
                         Err(e) if e.is_oom() => {
-                            live.insert(id, Live::Failed);
+                            live.insert(id, Live::Failed(size));
                             out.ooms.push(OomEvent {
                                 event: out.events,
                                 line: line_no,
@@ -140,7 +147,11 @@ pub fn replay<S: SegmentSource, R: BufRead>(
                     live_requested -= size;
                     alloc.free(handle).map_err(LabError::from)
                 }
-                Some(Live::Empty) | Some(Live::Failed) => Ok(()),
+                Some(Live::Failed(size)) => {
+                    live_requested -= size;
+                    Ok(())
+                }
+                Some(Live::Empty) => Ok(()),
                 None => Err(LabError::IdNotLive { id }),
             },
             TraceEvent::EmptyCache => {

@@ -345,6 +345,12 @@ pub fn read_parsed_with(
     name: &str,
 ) -> Result<SnapshotFile, LabError> {
     let traces = match root.get("device_traces") {
+        // Segments without a trace: a snapshot taken with no history on.
+        None if root.get("segments").is_some() => {
+            return Err(LabError::NoHistory {
+                name: name.to_string(),
+            })
+        }
         None => {
             return Err(LabError::NoDeviceTraces {
                 name: name.to_string(),
@@ -431,6 +437,9 @@ fn read_device(
     let mut sizes: IdMap<u64, u64> = IdMap::default();
     // The trace entry of each live id's alloc, for an error that names it.
     let mut alloc_entry: IdMap<u64, usize> = IdMap::default();
+    // The entry that last freed each address not allocated since: a second
+    // free there frees nothing (a double free, not a block from before).
+    let mut freed_at: IdMap<u64, usize> = IdMap::default();
     let mut categories = BTreeMap::new();
     let mut origins: HashMap<u64, Origin> = HashMap::new();
     let mut from_metadata = 0;
@@ -470,6 +479,7 @@ fn read_device(
                 }
                 live.insert(addr, next);
                 alloc_entry.insert(next, i);
+                freed_at.remove(&addr);
                 from_metadata += usize::from(e.named.is_some());
                 let category = e.named.unwrap_or(e.from_frames);
                 if category != Category::Untagged {
@@ -490,13 +500,22 @@ fn read_device(
                 peak = peak.max(live_bytes);
             }
             a if a == free_action => match live.remove(&addr) {
+                _ if freed_at.contains_key(&addr) => {
+                    return Err(LabError::AddrFreedTwice {
+                        at: at(),
+                        addr,
+                        earlier: freed_at[&addr],
+                    })
+                }
                 Some(id) => {
+                    freed_at.insert(addr, i);
                     alloc_entry.remove(&id);
                     live_bytes = live_bytes.saturating_sub(sizes.remove(&id).unwrap_or(0));
                     ops.push(Op::Free { id });
                 }
                 None => {
                     // Allocated before the recording began.
+                    freed_at.insert(addr, i);
                     let id = PRE_EXISTING_IDS + pre_freed.len() as u64;
                     pre_freed.push((addr, round_size(size.max(1), config), size, id));
                     ops.push(Op::Free { id });

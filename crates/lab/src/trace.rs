@@ -9,10 +9,10 @@
 //!
 //! Ids name tensors within one trace; `label` and `category` (what the
 //! block holds: parameter, gradient, optimizer_state, input, activation,
-//! output, temporary, workspace, untagged) are optional. Allocators that plan
-//! by lifetime (`vramlab`) use the category; the others ignore it. Unknown
-//! extra fields are ignored so traces can carry more (times) without
-//! breaking older readers.
+//! output, temporary, workspace, autocast_cache, untagged) are optional. Allocators that plan
+//! by lifetime (`vramlab`) use the category; the others ignore it. Other
+//! fields are ignored so traces can carry more (times) without breaking
+//! older readers; [`ignored_fields`] lists them so a replay can say so.
 
 use crate::error::LabError;
 use crate::memory::constants::MAX_BYTES;
@@ -175,6 +175,94 @@ impl TraceEvent {
     }
 }
 
+/// Fields the format reads, by op.
+fn read_by(op: &str) -> &'static [&'static str] {
+    match op {
+        "alloc" => &["op", "id", "size", "label", "category"],
+        "free" => &["op", "id"],
+        _ => &["op"],
+    }
+}
+
+/// Fields `vramlab_torch`'s recorder writes for people, not for a replay.
+const RECORDER: [&str; 5] = ["phase", "step", "where", "frames", "role"];
+
+/// A field a trace carries that no replay reads: its name, the op it came
+/// with, the first line it is on and how many lines carry it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct IgnoredField {
+    pub name: String,
+    pub op: String,
+    pub first_line: usize,
+    pub lines: usize,
+}
+
+/// Every field of the trace's events that its op does not read (the
+/// recorder's own ones aside), in order of first appearance: a misspelt
+/// `categroy` or a `stream` would otherwise change the replay in silence.
+/// Lines that do not parse are skipped (the replay reports them).
+pub fn ignored_fields<R: BufRead>(reader: R) -> Vec<IgnoredField> {
+    let mut out: Vec<IgnoredField> = Vec::new();
+    for (line, text) in lines(reader).map_while(Result::ok) {
+        let Ok(map) = serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(&text)
+        else {
+            continue;
+        };
+        let op = map.get("op").and_then(|v| v.as_str()).unwrap_or("");
+        let read = read_by(op);
+        let mut names: Vec<&String> = map
+            .keys()
+            .filter(|k| !read.contains(&k.as_str()) && !RECORDER.contains(&k.as_str()))
+            .collect();
+        names.sort();
+        for name in names {
+            match out.iter_mut().find(|f| &f.name == name && f.op == op) {
+                Some(f) => f.lines += 1,
+                None => out.push(IgnoredField {
+                    name: name.clone(),
+                    op: op.to_string(),
+                    first_line: line,
+                    lines: 1,
+                }),
+            }
+        }
+    }
+    out
+}
+
+/// The note a replay prints for `fields`, if any.
+pub fn ignored_note(fields: &[IgnoredField]) -> Option<String> {
+    if fields.is_empty() {
+        return None;
+    }
+    const SHOWN: usize = 8;
+    let mut list: Vec<String> = fields
+        .iter()
+        .take(SHOWN)
+        .map(|f| {
+            let on = if f.lines == 1 {
+                format!("line {}", f.first_line)
+            } else {
+                format!("{} lines from line {}", f.lines, f.first_line)
+            };
+            format!("`{}` on {} ({on})", f.name, f.op)
+        })
+        .collect();
+    if fields.len() > SHOWN {
+        list.push(format!("{} more", fields.len() - SHOWN));
+    }
+    let stream = if fields.iter().any(|f| f.name == "stream") {
+        "; every event is replayed on one stream's pool (PyTorch keeps a pool per stream)"
+    } else {
+        ""
+    };
+    Some(format!(
+        "ignored fields the trace format does not read: {}{stream}. It reads op, id, size, label and category on alloc, op and id on free, op alone on empty_cache and reset_peak (other fields are for people, as the recorder's {} are)",
+        list.join(", "),
+        RECORDER.join(", ")
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -222,6 +310,40 @@ mod tests {
                 label: None,
                 category: None,
             }
+        );
+    }
+
+    #[test]
+    fn fields_no_replay_reads_are_listed_once_each() {
+        let text = [
+            r#"{"op":"alloc","id":1,"size":10,"categroy":"parameter"}"#,
+            r#"{"op":"alloc","id":2,"size":10,"stream":7,"phase":"forward"}"#,
+            r#"not json"#,
+            r#"{"op":"free","id":2,"stream":7}"#,
+            r#"{"op":"free","id":1,"where":"x.py:3","size":10}"#,
+        ]
+        .join("\n");
+        let got = ignored_fields(text.as_bytes());
+        let names: Vec<(&str, &str, usize, usize)> = got
+            .iter()
+            .map(|f| (f.name.as_str(), f.op.as_str(), f.first_line, f.lines))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("categroy", "alloc", 1, 1),
+                ("stream", "alloc", 2, 1),
+                ("stream", "free", 4, 1),
+                ("size", "free", 5, 1)
+            ]
+        );
+        let note = ignored_note(&got).unwrap();
+        assert!(note.contains("`categroy` on alloc (line 1)"), "{note}");
+        assert!(note.contains("`stream` on free (line 4)"), "{note}");
+        assert!(note.contains("one stream's pool"), "{note}");
+        assert_eq!(
+            ignored_note(&ignored_fields(&b"{\"op\":\"empty_cache\"}"[..])),
+            None
         );
     }
 

@@ -180,6 +180,47 @@ impl Workload {
         out
     }
 
+    /// The workload with each refused request ([`Op::Probe`]) granted and
+    /// freed at once, under an id no op uses: what serving every request
+    /// takes, so a plan of it says whether any packing would have fitted.
+    pub fn with_refusals_granted(&self) -> Workload {
+        let mut next = self
+            .ops
+            .iter()
+            .filter_map(|op| match *op {
+                Op::Alloc { id, .. } | Op::Free { id } => Some(id),
+                Op::EmptyCache | Op::Probe { .. } => None,
+            })
+            .max()
+            .map_or(0, |m| m + 1);
+        let mut ops = Vec::with_capacity(self.ops.len());
+        // A reset after the last op stays after the last op.
+        let mut measure_from = usize::MAX;
+        for (i, op) in self.ops.iter().enumerate() {
+            if i == self.measure_from {
+                measure_from = ops.len();
+            }
+            match *op {
+                Op::Probe { size } => {
+                    let category = Category::Untagged;
+                    ops.push(Op::Alloc {
+                        id: next,
+                        size,
+                        category,
+                    });
+                    ops.push(Op::Free { id: next });
+                    next += 1;
+                }
+                other => ops.push(other),
+            }
+        }
+        Workload {
+            name: self.name.clone(),
+            measure_from: measure_from.min(ops.len()),
+            ops,
+        }
+    }
+
     pub fn allocations(&self) -> usize {
         self.ops
             .iter()
@@ -496,6 +537,47 @@ mod tests {
 
     /// `--allocators` ignored `reset_peak`: its rows kept the 30 MiB before
     /// the reset while a plain replay reported the peaks after it.
+    #[test]
+    fn refused_requests_granted_count_toward_the_plan() {
+        // 1 MiB and 18 MiB live when 10.5 MiB was refused (a snapshot's oom).
+        let alloc = |id, size| Op::Alloc {
+            id,
+            size,
+            category: Category::Untagged,
+        };
+        let w = Workload {
+            name: "oom".into(),
+            ops: vec![
+                alloc(1, 15 << 20),
+                alloc(2, 1 << 20),
+                Op::Free { id: 1 },
+                Op::EmptyCache,
+                alloc(3, 18 << 20),
+                Op::Probe { size: 21 << 19 },
+                Op::Free { id: 3 },
+                Op::Free { id: 2 },
+            ],
+            measure_from: 4,
+        };
+        let granted = w.with_refusals_granted();
+        assert_eq!(w.lower_bound(), 19 << 20);
+        assert_eq!(granted.lower_bound(), (19 << 20) + (21 << 19));
+        assert_eq!(granted.measure_from, 4);
+        assert_eq!(granted.ops.len(), w.ops.len() + 1);
+        // The grant's id is new, and it is freed before anything else is.
+        assert!(matches!(granted.ops[5], Op::Alloc { id: 4, .. }));
+        assert!(matches!(granted.ops[6], Op::Free { id: 4 }));
+        let arena = run_planner(&granted, None).peak_reserved_bytes;
+        assert!(arena >= (19 << 20) + (21 << 19), "{arena}");
+        // A reset after the last op stays after the last op.
+        let end = Workload {
+            measure_from: w.ops.len(),
+            ..w
+        };
+        let g = end.with_refusals_granted();
+        assert_eq!(g.measure_from, g.ops.len());
+    }
+
     #[test]
     fn peaks_are_measured_from_the_last_reset_peak() {
         let trace = [

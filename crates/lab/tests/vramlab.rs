@@ -102,8 +102,11 @@ fn the_lab_parses_vramlab_keys_and_the_allocator_does_not() {
     for key in vramlab::KEYS {
         assert!(AllocatorConfig::parse(&format!("{key}:True")).is_err());
     }
+    // Booleans as PyTorch spells them, whose parser refuses `true`.
+    assert!(parse_alloc_conf("lookahead:true").is_err());
+    assert!(parse_alloc_conf("expandable_segments:true").is_err());
     let c =
-        parse_alloc_conf("max_split_size_mb:128, lookahead:True,small_from_large:true").unwrap();
+        parse_alloc_conf("max_split_size_mb:128, lookahead:True,small_from_large:True").unwrap();
     assert_eq!(c.max_split_size, 128 << 20);
     assert_eq!(VramlabOptions::of(&c), VramlabOptions::strategy());
     assert_eq!(
