@@ -5,6 +5,7 @@ use std::ffi::OsString;
 
 fn main() {
     restore_sigpipe();
+    stdout_errors_exit_cleanly();
     let argv: Vec<OsString> = std::env::args_os().collect();
     let cli = match vramlab::cli::Cli::try_parse_args(&argv) {
         Ok(cli) => cli,
@@ -53,3 +54,24 @@ fn restore_sigpipe() {
 
 #[cfg(not(unix))]
 fn restore_sigpipe() {}
+
+/// `println!` panics when stdout cannot be written (a full disk, `>
+/// /dev/full`); hundreds of them print, so the hook turns that one panic
+/// into the error it is: one line and exit 1. Other panics keep the
+/// default report (they are bugs).
+fn stdout_errors_exit_cleanly() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let text = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if let Some(why) = text.strip_prefix("failed printing to stdout: ") {
+            eprintln!("error: cannot write the output to stdout: {why}");
+            std::process::exit(1);
+        }
+        default(info);
+    }));
+}

@@ -1554,3 +1554,91 @@ fn an_estimate_that_runs_out_says_what_the_step_needs() {
         "{err}\nwant {want}"
     );
 }
+
+/// A full stdout (`> /dev/full`) panicked in `println!`; it is one line of
+/// error and exit 1 now.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_full_stdout_is_an_error_not_a_panic() {
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let o = command(["models"])
+        .stdout(std::process::Stdio::from(full))
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("cannot write the output to stdout") && !err.contains("panicked"),
+        "{err}"
+    );
+}
+
+/// `bench` and `bench-alloc` flags found from outside: a product the
+/// device cannot bind blamed a batch; --alloc-conf was named in the help
+/// and did not exist; a strategy listed twice printed twice; a bad size
+/// exited 1 where every refused flag exits 2; --amp with no model did
+/// nothing.
+#[test]
+fn bench_flags_say_what_they_do() {
+    let err = fails_cleanly([
+        "bench",
+        "--sizes",
+        "512",
+        "--models",
+        "none",
+        "--buffer-limit",
+        "64KiB",
+        "--reps",
+        "1",
+        "--no-precision",
+    ]);
+    assert!(
+        err.contains("--sizes 512: the 512³ product") && err.contains("raise --buffer-limit"),
+        "{err}"
+    );
+    let err = fails_cleanly(["bench", "--amp", "f16", "--models", "none"]);
+    assert!(err.contains("--models none times no model"), "{err}");
+    let err = fails_cleanly(["bench-alloc", "--allocators", "pytorch,pytorch"]);
+    assert!(
+        err.contains("--allocators pytorch is given more than once"),
+        "{err}"
+    );
+    for args in [
+        vec!["bench-alloc", "--capacity", "12XB"],
+        vec!["doctor", "x.pickle", "--capacity", "-5"],
+        vec!["replay", "x.jsonl", "--memory-limit", "abc"],
+    ] {
+        let o = vramlab(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+    }
+    // The options change pytorch's rows, and the output says so.
+    let run = |conf: Option<&str>| {
+        let mut c = command(["bench-alloc", "--allocators", "pytorch", "--json"]);
+        c.env_remove("VRAMLAB_ALLOC_CONF");
+        if let Some(conf) = conf {
+            c.args(["--alloc-conf", conf]);
+        }
+        let o = c.output().unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
+    };
+    let plain = run(None);
+    let split = run(Some("expandable_segments:True"));
+    assert!(plain["alloc_conf"].is_null());
+    assert_eq!(
+        split["alloc_conf"],
+        "--alloc-conf: expandable_segments:True"
+    );
+    let reserved = |v: &serde_json::Value| -> Vec<u64> {
+        v["workloads"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| w["results"][0]["peak_reserved_bytes"].as_u64().unwrap())
+            .collect()
+    };
+    assert_ne!(reserved(&plain), reserved(&split));
+}

@@ -52,6 +52,21 @@ fn parse_buffer_limit(s: &str) -> Result<u64, String> {
     size_of_some("a buffer", "256MiB", s)
 }
 
+/// `--capacity`'s text, checked when clap reads it (a bad value exits 2,
+/// as every refused flag does) and parsed again where it is used.
+pub fn capacity_text(s: &str) -> Result<String, String> {
+    parse_memory("--capacity", s)
+        .map(|_| s.to_string())
+        .map_err(|e| e.0)
+}
+
+/// `--memory-limit`'s text, checked as [`capacity_text`] is.
+pub fn memory_limit_text(s: &str) -> Result<String, String> {
+    parse_memory("--memory-limit", s)
+        .map(|_| s.to_string())
+        .map_err(|e| e.0)
+}
+
 /// A size of at least one byte: `what` of none would hold nothing.
 fn size_of_some(what: &str, example: &str, s: &str) -> Result<u64, String> {
     match parse_size(s) {
@@ -130,7 +145,7 @@ pub struct AllocArgs {
     pub alloc_conf: Option<String>,
     /// Most memory the allocator may reserve, e.g. 2GiB, 512MiB, 1.5GB
     /// (PyTorch's set_per_process_memory_fraction, as a size).
-    #[arg(long, value_name = "SIZE", conflicts_with = "memory_fraction")]
+    #[arg(long, value_name = "SIZE", conflicts_with = "memory_fraction", value_parser = memory_limit_text)]
     pub memory_limit: Option<String>,
     /// Most memory the allocator may reserve, as a fraction (0..1] of the
     /// device capacity (--capacity).
@@ -140,7 +155,7 @@ pub struct AllocArgs {
     /// of (wgpu does not report how much memory a GPU has), and for
     /// `replay` the simulated device's capacity (default: no limit but
     /// --memory-limit).
-    #[arg(long, value_name = "SIZE")]
+    #[arg(long, value_name = "SIZE", value_parser = capacity_text)]
     pub capacity: Option<String>,
 }
 

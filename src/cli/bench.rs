@@ -565,6 +565,9 @@ fn check_flags(args: &BenchArgs) -> anyhow::Result<Vec<(String, ModelSpec)>> {
     if args.models.len() > 1 && args.models.iter().any(|m| m == "none") {
         anyhow::bail!("--models none times no model: give it alone, or list the models to time");
     }
+    if args.amp.is_some() && args.models.iter().all(|m| m == "none") {
+        anyhow::bail!("--amp runs the model steps under autocast, and --models none times no model; list the models to time (the square products are f32 either way)");
+    }
     args.models
         .iter()
         .filter(|m| m.as_str() != "none")
@@ -719,12 +722,32 @@ fn squares(ctx: &mut Ctx, report: &mut BenchReport) -> anyhow::Result<()> {
 /// An out-of-memory error of an `--sizes` product says which size and what
 /// to change (the allocator's own advice is about batches).
 fn square_too_large(e: anyhow::Error, n: usize) -> anyhow::Error {
-    if !super::is_oom(&e) {
-        return e;
-    }
     let bytes = 3u64
         .saturating_mul((n as u64).saturating_pow(2))
         .saturating_mul(4);
+    // The device's binding limit refuses it too (a K split's partial sums
+    // can pass it before the matrices pass the memory): its own advice
+    // names a batch, which --sizes has none of.
+    let unbindable = e.chain().any(|c| {
+        matches!(
+            c.downcast_ref::<crate::tensor::TensorError>(),
+            Some(crate::tensor::TensorError::Device(
+                crate::device::DeviceError::TooManyWindows { .. }
+            ))
+        ) || matches!(
+            c.downcast_ref::<crate::device::DeviceError>(),
+            Some(crate::device::DeviceError::TooManyWindows { .. })
+        )
+    });
+    if unbindable {
+        return anyhow::anyhow!(
+            "--sizes {n}: the {n}³ product (three f32 matrices of {}, and the partial sums of its K split) binds more memory in one kernel than this device can; give smaller --sizes, or do what the device says: {e:#}",
+            crate::memory::format_size(bytes)
+        );
+    }
+    if !super::is_oom(&e) {
+        return e;
+    }
     anyhow::anyhow!(
         "--sizes {n}: the {n}³ product's three f32 matrices ({}) do not fit this device; give smaller --sizes. The allocator said: {e:#}",
         crate::memory::format_size(bytes)
@@ -991,7 +1014,7 @@ fn whole_step(
 /// `--tune`: every candidate tile on the first square size and on each
 /// distinct product the models issued, the best beside the chosen one.
 fn tune(ctx: &mut Ctx, report: &mut BenchReport) -> anyhow::Result<()> {
-    ctx.say("\ntuning (every candidate tile per shape class):".into());
+    ctx.say("\ntuning (every candidate tile per shape class, each timed again here, so a figure may differ from the same tile's above):".into());
     let first = ctx.args.sizes.first().copied().unwrap_or(1024);
     let mut probes: Vec<(String, GemmShape)> = vec![("square".into(), square(first))];
     for m in &report.models {
@@ -1010,7 +1033,7 @@ fn tune(ctx: &mut Ctx, report: &mut BenchReport) -> anyhow::Result<()> {
         bar.set_message(class.clone());
         let row = tune_one(ctx, class, shape)?;
         ctx.say(format!(
-            "  {:<8} {:<44} best {:<28} {:>8.2} GFLOP/s; chosen {} {:.2}",
+            "  {:<8} {:<44} best {:<28} {:>8.2} GFLOP/s; chosen {} {:.2} GFLOP/s",
             row.class, row.shape, row.best, row.best_gflops, row.chosen, row.chosen_gflops
         ));
         report.tune.push(row);

@@ -8,8 +8,7 @@ use crate::estimate::run::run_steps;
 use crate::estimate::Plan;
 use crate::lab::strategies::NAMES;
 use crate::lab::synthetic;
-use crate::lab::workload::{compare, RunResult, Workload};
-use crate::memory::mib;
+use crate::lab::workload::{compare_with, RunResult, Workload};
 use crate::memory::AllocatorConfig;
 use crate::nn::ModelSpec;
 use crate::tensor::Engine;
@@ -23,8 +22,14 @@ pub struct BenchAllocArgs {
     #[arg(long, value_delimiter = ',', value_name = "NAMES", long_help = super::replay::STRATEGIES_HELP)]
     pub allocators: Option<Vec<String>>,
     /// Simulated device size; a strategy that needs more is marked OOM.
-    #[arg(long, value_name = "SIZE")]
+    #[arg(long, value_name = "SIZE", value_parser = super::args::capacity_text)]
     pub capacity: Option<String>,
+    /// Allocator options in PYTORCH_CUDA_ALLOC_CONF syntax for pytorch,
+    /// expandable and vramlab (each adds its own), e.g.
+    /// "max_split_size_mb:128". Default: the VRAMLAB_ALLOC_CONF environment
+    /// variable, else PyTorch's defaults.
+    #[arg(long, value_name = "OPTIONS")]
+    pub alloc_conf: Option<String>,
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
@@ -32,7 +37,7 @@ pub struct BenchAllocArgs {
     /// (vramlab's placement options lookahead and small_from_large) on every
     /// zoo model × Adam and SGD (momentum 0.9) × batches 1..128, three
     /// steps each (wins, ties, losses)
-    #[arg(long, conflicts_with_all = ["allocators", "capacity"])]
+    #[arg(long, conflicts_with_all = ["allocators", "capacity", "alloc_conf"])]
     pub grid: bool,
 }
 
@@ -118,15 +123,22 @@ pub fn run(args: &BenchAllocArgs) -> anyhow::Result<()> {
         return super::alloc_grid::run(args.json);
     }
     let capacity = parse_capacity(&args.capacity)?;
+    let conf = super::args::AllocArgs {
+        alloc_conf: args.alloc_conf.clone(),
+        memory_limit: None,
+        memory_fraction: None,
+        capacity: None,
+    };
+    let config = conf.config(None)?;
     let names = match &args.allocators {
-        Some(names) => super::replay::strategy_names(names),
+        Some(names) => super::replay::strategy_names(names)?,
         None => NAMES.to_vec(),
     };
     let mut workloads = recorded_suite()?;
     workloads.extend(synthetic::suite());
     let mut reports = Vec::new();
     for w in &workloads {
-        let results = compare(w, &names, capacity).map_err(anyhow::Error::msg)?;
+        let results = compare_with(w, &names, capacity, &config).map_err(anyhow::Error::msg)?;
         reports.push(WorkloadReport {
             name: w.name.clone(),
             operations: w.ops.len(),
@@ -154,8 +166,12 @@ pub fn run(args: &BenchAllocArgs) -> anyhow::Result<()> {
             (n.to_string(), mean, runs.len() - logs.len())
         })
         .collect();
+    let settings = conf
+        .conf_source()
+        .map(|from| format!("{from}: {}", config.describe()));
     if args.json {
         let out = serde_json::json!({
+            "alloc_conf": settings,
             "workloads": reports,
             "geomean_fragmentation": geo.iter().map(|(n, g, _)| (n.clone(), *g)).collect::<std::collections::BTreeMap<_, _>>(),
             "out_of_memory_workloads": geo.iter().map(|(n, _, k)| (n.clone(), *k)).collect::<std::collections::BTreeMap<_, _>>(),
@@ -163,12 +179,15 @@ pub fn run(args: &BenchAllocArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
+    if let Some(s) = &settings {
+        println!("allocator options ({s}) for pytorch, expandable and vramlab\n");
+    }
     for r in &reports {
         println!(
-            "{} — {} operations, lower bound {:.2} MiB",
+            "{} — {} operations, lower bound {}",
             r.name,
             r.operations,
-            mib(r.lower_bound_bytes)
+            crate::memory::Mib(r.lower_bound_bytes)
         );
         super::replay::print_results(&r.results);
         println!();
@@ -176,7 +195,9 @@ pub fn run(args: &BenchAllocArgs) -> anyhow::Result<()> {
     println!("{}\n", super::replay::COLUMNS);
     println!("Geometric-mean fragmentation (peak reserved / peak live requested):");
     for (n, g, oom) in &geo {
-        let left_out = if *oom > 0 {
+        let left_out = if *oom > 0 && g.is_none() {
+            " (out of memory on every workload)".to_string()
+        } else if *oom > 0 {
             format!(
                 " (over the rest: out of memory on {})",
                 super::count(*oom as u64, "workload")

@@ -28,7 +28,7 @@ pub struct DoctorArgs {
     /// The card's memory (e.g. 24GiB, 80GB): each setting is replayed on a
     /// device of this size, so the table says which would have run out.
     /// Without it the replays have no limit and only peaks are compared.
-    #[arg(long, value_name = "SIZE")]
+    #[arg(long, value_name = "SIZE", value_parser = super::args::capacity_text)]
     pub capacity: Option<String>,
     /// Only this device (default: every device with a history).
     #[arg(long, value_name = "N")]

@@ -313,12 +313,14 @@ pub const STRATEGIES_HELP: &str = "Allocator strategies to compare, comma-separa
   vramlab     expandable's decisions, with physical memory in 2 MiB granules
               mapped only under live blocks";
 
-/// The strategies named, `all` standing for every one.
-pub fn strategy_names(names: &[String]) -> Vec<&str> {
+/// The strategies named, `all` standing for every one; a name given twice
+/// is refused (it printed its row twice).
+pub fn strategy_names(names: &[String]) -> anyhow::Result<Vec<&str>> {
+    super::args::listed_once("--allocators", names)?;
     if names.iter().any(|n| n == "all") {
-        return crate::lab::strategies::NAMES.to_vec();
+        return Ok(crate::lab::strategies::NAMES.to_vec());
     }
-    names.iter().map(String::as_str).collect()
+    Ok(names.iter().map(String::as_str).collect())
 }
 
 /// What the columns of `print_results` mean, printed once under the tables.
@@ -367,7 +369,7 @@ fn compare_strategies(args: &ReplayArgs, names: &[String]) -> anyhow::Result<()>
         };
         anyhow::anyhow!("{name}: {e}{kind}; --allocators compares whole traces, so it shows nothing of one that does not read to its end (a replay without --allocators prints the statistics up to the bad line)")
     })?;
-    let names = strategy_names(names);
+    let names = strategy_names(names)?;
     let results = compare_with(&w, &names, capacity, &config).map_err(anyhow::Error::msg)?;
     let mut notes = config_notes(&config);
     notes.extend(ignored_fields_note(&args.trace, kind)?);
@@ -548,7 +550,7 @@ fn replay_snapshot(args: &ReplayArgs) -> anyhow::Result<()> {
             .map_err(|e| anyhow::anyhow!("{name}: device {}: {e}", snap.device))?;
         let results = match &args.allocators {
             Some(names) => {
-                let names = strategy_names(names);
+                let names = strategy_names(names)?;
                 crate::lab::workload::compare_with(&snap.workload, &names, capacity, &cfg)
                     .map_err(anyhow::Error::msg)?
             }

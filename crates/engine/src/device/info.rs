@@ -100,7 +100,12 @@ impl InfoReport {
             ),
         };
         let memory = gpu.device_memory();
-        let dispatch = gpu.binding_window * l.max_storage_buffers_per_shader_stage as u64;
+        // A window never crosses a buffer (--buffer-limit shrinks them), so
+        // each holds at most an even share of its buffer: 2 GiB − 32 B
+        // buffers in 128 MiB windows are 16 windows of just under 128 MiB.
+        let piece = gpu.buffer_piece.max(1);
+        let per_piece = piece.div_ceil(gpu.binding_window.max(1));
+        let dispatch = piece / per_piece * l.max_storage_buffers_per_shader_stage as u64;
         InfoReport {
             adapters: gpu.adapters.clone(),
             adapter: gpu.summary(),
