@@ -404,3 +404,36 @@ fn a_square_size_past_the_device_names_the_flag() {
         "{e}"
     );
 }
+
+/// Found from outside: a row counted every product of its shape but named
+/// only the first op (attention's `q_proj.forward ×4` stood for the q, k,
+/// v and out projections).
+#[test]
+fn a_shape_row_says_how_many_ops_it_stands_for() {
+    let r = vramlab_json([
+        "bench",
+        "--sizes",
+        "16",
+        "--models",
+        "attention",
+        "--batch",
+        "1",
+        "--reps",
+        "1",
+        "--no-precision",
+        "--json",
+    ]);
+    let shapes = r["models"][0]["shapes"].as_array().unwrap();
+    let proj = shapes
+        .iter()
+        .find(|s| s["shape"]["op"] == "attn.q_proj.forward +3 ops")
+        .unwrap_or_else(|| panic!("{shapes:?}"));
+    assert_eq!(proj["count"], 4, "{proj}");
+    // A shape only one op issues keeps the op's own name.
+    assert!(
+        shapes
+            .iter()
+            .any(|s| s["count"] == 1 && !s["shape"]["op"].as_str().unwrap().contains(" ops")),
+        "{shapes:?}"
+    );
+}

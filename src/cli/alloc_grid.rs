@@ -100,12 +100,13 @@ pub fn run(json: bool) -> anyhow::Result<()> {
         "peak reserved over {STEPS} training steps, pytorch vs vramlab (MiB; device allocations)"
     );
     println!(
-        "  {:<12} {:<5} {:>5}  {:>14}  {:>14}",
+        "  {:<12} {:<5} {:>5}  {:>15}  {:>15}",
         "model", "opt", "batch", "pytorch", "vramlab"
     );
+    // Room for 3-digit device allocation counts (resnet50's).
     for c in &cells {
         println!(
-            "  {:<12} {:<5} {:>5}  {:>9.1} ({:>2})  {:>9.1} ({:>2})  {}",
+            "  {:<12} {:<5} {:>5}  {:>9.1} ({:>3})  {:>9.1} ({:>3})  {}",
             c.model,
             c.optimizer,
             c.batch,

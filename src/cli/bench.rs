@@ -410,19 +410,38 @@ fn step_shapes(
     crate::ops::matmul::log_gemms(&e, true);
     let (mut trainer, data) = plan(spec, batch, amp).trainer(&e, 0)?;
     trainer.step(&data)?;
-    let mut shapes: Vec<(GemmShape, usize)> = Vec::new();
+    // Products of one shape from different ops (attention's q, k, v and
+    // out projections) share a row, named by the first op and how many
+    // others it stands for.
+    let mut shapes: Vec<(GemmShape, usize, Vec<String>)> = Vec::new();
     for s in crate::ops::matmul::take_gemms(&e) {
-        match shapes.iter_mut().find(|(x, _)| {
+        match shapes.iter_mut().find(|(x, ..)| {
             GemmShape {
                 op: s.op.clone(),
                 ..x.clone()
             } == s
         }) {
-            Some((_, n)) => *n += 1,
-            None => shapes.push((s, 1)),
+            Some((_, n, ops)) => {
+                *n += 1;
+                if !ops.contains(&s.op) {
+                    ops.push(s.op.clone());
+                }
+            }
+            None => {
+                let op = s.op.clone();
+                shapes.push((s, 1, vec![op]));
+            }
         }
     }
-    Ok(shapes)
+    Ok(shapes
+        .into_iter()
+        .map(|(mut s, n, ops)| {
+            if ops.len() > 1 {
+                s.op = format!("{} +{} ops", ops[0], ops.len() - 1);
+            }
+            (s, n)
+        })
+        .collect())
 }
 
 /// One Adam training step of `spec` at `batch` (torch.optim's defaults),
