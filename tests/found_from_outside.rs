@@ -1630,7 +1630,7 @@ fn bench_flags_say_what_they_do() {
     assert!(plain["alloc_conf"].is_null());
     assert_eq!(
         split["alloc_conf"],
-        "--alloc-conf: expandable_segments:True"
+        serde_json::json!({"from": "--alloc-conf", "options": "expandable_segments:True"})
     );
     let reserved = |v: &serde_json::Value| -> Vec<u64> {
         v["workloads"]

@@ -113,7 +113,7 @@ def test_convnet_sgd_keeping_grads(tmp_path):
     'keep'): the end holds parameters + buffers + grads + momentum + inputs,
     and the loop's last out and loss."""
     rec = record_step(models.convnet, inputs=[(4, 3, 32, 32)], target="classes", optimizer="sgd",
-                      steps=2, zero_grad="keep", cublas_workspace="off")
+                      momentum=0.9, steps=2, zero_grad="keep", cublas_workspace="off")
     snap, _ = rec.snapshot()
     trace, live = check_snapshot(snap)
     model, opt, xs, y, held = rec._keep
@@ -415,6 +415,38 @@ def test_cross_entropy_under_autocast_as_cuda_runs_it():
     assert [(e["label"], e["size"]) for e in loss[:2]] == [
         ("aten._log_softmax.default", n * 2), ("aten._to_copy.default", n * 4)]
     assert all(e["category"] == "activation" for e in loss[:2])
+
+
+def test_dropout_keeps_cudas_one_byte_mask():
+    """CUDA's at::dropout runs native_dropout in training (0 < p < 1), whose
+    mask, saved for the backward, is a bool (1 byte an element); meta's
+    composite path recorded a float noise tensor of the input's size (4)."""
+    nn = torch.nn
+
+    def build(p=0.1, inplace=False):
+        return nn.Sequential(nn.Linear(64, 128), nn.Dropout(p, inplace=inplace), nn.Linear(128, 10))
+
+    def forward_allocs(rec):
+        return [(e["label"], e["size"]) for e in rec.events if e["op"] == "alloc" and e["phase"] == "forward"]
+
+    linear = [("aten.addmm.default", 8 * 128 * 4), ("aten.addmm.default", 8 * 10 * 4)]
+    rec = record_step(build, inputs=[(8, 64)], steps=1, frames=False, cublas_workspace="off")
+    assert forward_allocs(rec) == [linear[0], ("aten.native_dropout.default", 8 * 128 * 4),
+                                   ("aten.native_dropout.default", 8 * 128), linear[1]]
+    mask = [e for e in rec.events if e["op"] == "alloc" and e["size"] == 8 * 128][0]
+    assert mask["category"] == "activation" and rec.meta["native_dropout"] == 1  # kept for the backward
+    # p = 0: at::dropout returns its input, on CUDA as on meta: nothing.
+    rec = record_step(lambda: build(0.0), inputs=[(8, 64)], steps=1, frames=False, cublas_workspace="off")
+    assert forward_allocs(rec) == linear and "native_dropout" not in rec.meta
+    # inplace=True is dropout_, which takes the composite path on CUDA too.
+    rec = record_step(lambda: build(0.1, True), inputs=[(8, 64)], steps=1, frames=False, cublas_workspace="off")
+    assert ("aten.empty_like.default", 8 * 128 * 4) in forward_allocs(rec) and "native_dropout" not in rec.meta
+    # Eval mode: none.
+    with record(cublas_workspace="off", frames=False) as rec:
+        m = build().eval()
+        m(torch.empty(8, 64)).sum().backward()
+        torch.nn.functional.dropout(torch.empty(8, 64), 0.5, training=False)
+    assert not [e for e in rec.events if e["op"] == "alloc" and "dropout" in e["label"]]
 
 
 def test_checkpointing_lowers_the_activation_peak():

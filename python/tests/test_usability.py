@@ -73,6 +73,17 @@ def broken(): return Broken()
 def asks_the_driver():
     torch.cuda.current_device()
     return nn.Linear(4, 4)
+
+class StreamUser(PosModelOk):
+    def forward(self, x):
+        torch.cuda.Stream()
+        return super().forward(x)
+def stream_user(): return StreamUser()
+
+class Nonzero(PosModelOk):
+    def forward(self, x):
+        return super().forward(x[torch.nonzero(x[:, 0]).squeeze(1)])
+def nonzero(): return Nonzero()
 '''
 
 
@@ -241,19 +252,131 @@ MISTAKES = {
                "--input-dtype: 3 dtypes for 2"),
     "float64": (["{f}:build_ok", "--input-dtype", "float64"], 2, "--input-dtype 'float64'"),
     "arg": (["{f}:build_ok", "--arg", "width=3"], 2, "--arg width"),
+    "size 0": (["{f}:build_ok", "--input", "0,8"], 2, "--input '0,8': every size is 1 or more"),
+    "target": (["{f}:build_ok", "--target", "foo"], 2, "--target 'foo': one of classes[:N], tokens"),
+    "classes:abc": (["{f}:build_ok", "--target", "classes:abc"], 2, "N of classes:N"),
+    "classes:0": (["{f}:build_ok", "--target", "classes:0"], 2, "N of classes:N"),
+    "classes:-3": (["{f}:build_ok", "--target", "classes:-3"], 2, "N of classes:N"),
+    "lr": (["{f}:build_ok", "--lr", "-1"], 2, "--lr: torch.optim.AdamW refuses it (Invalid learning rate"),
+    "momentum": (["{f}:build_ok", "--optimizer", "sgd", "--momentum", "-1"], 2, "--momentum: torch.optim.SGD"),
+    "momentum adamw": (["{f}:build_ok", "--momentum", "0.9"], 2, "--momentum 0.9: SGD's, with --optimizer sgd"),
+    "out dir": (["{f}:build_ok", "--out", "{tmp}"], 2, "a directory; give the file to write"),
+    "out no dir": (["{f}:build_ok", "--out", "{tmp}/nodir/x.pickle"], 2, "nodir; create it first"),
+    "out unwritable": (["{f}:build_ok", "--out", "/proc/x.pickle"], 2, "--out /proc/x.pickle: cannot write it"),
+    # What shows once the model runs: exit status 1.
+    "classes:N against the output": (["{f}:build_ok", "--target", "classes:10"], 1,
+                                      "the output used is [2, 8, 100], 100 classes, not 10"),
+    "wrong input shape": (["{f}:two", "--input", "2,8", "--input", "2,7"], 1,
+                          "first forward failed with --input 2,8 (float32) --input 2,7 (float32), "
+                          "in module 'b' (Linear) at "),
+    "value-sized op": (["{f}:nonzero"], 1, "runs torch.nonzero (also t[mask]"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(MISTAKES))
 def test_mistakes_are_one_line(case, user_file, tmp_path, capsys):
     extra, want_code, want = MISTAKES[case]
-    argv = ["record", *[e.replace("{f}", user_file) for e in extra], "--out", str(tmp_path / "x.pickle")]
+    argv = ["record", *[e.replace("{f}", user_file).replace("{tmp}", str(tmp_path)) for e in extra]]
+    if "--out" not in argv:
+        argv += ["--out", str(tmp_path / "x.pickle")]
     if "--input" not in argv:
         argv[2:2] = ["--input", "2,8", "--input-dtype", "int64"] if case != "float64" else ["--input", "2,8"]
     code, out, err = run_main(argv, capsys)
     assert code == want_code, (code, err)
-    assert err.count("\n") == 1 and want in err, err
+    assert err.count("\n") == 1 and want.replace("{tmp}", str(tmp_path)) in err, err
     assert "Traceback" not in err and out == ""
+    assert os.listdir(tmp_path) == ["user_models.py"]  # nothing written, nothing left
+
+
+def test_a_failed_save_is_one_line(user_file, tmp_path, capsys, monkeypatch):
+    def full(*_a, **_k):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(vramlab_torch.session.Recording, "save", full)
+    code, out, err = run_main(tokens_args(f"{user_file}:build_ok", tmp_path / "x.pickle"), capsys)
+    assert code == 1 and err.count("\n") == 1 and "cannot write it (No space left on device)" in err, err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_a_cuda_stream_in_forward_is_one_line(user_file, tmp_path, capsys):
+    """torch.cuda.Stream() on a CUDA wheel without a driver raises
+    torch.AcceleratorError ("CUDA error: CUDA driver version is
+    insufficient ..."): it was a 44-line traceback."""
+    code, out, err = run_main(tokens_args(f"{user_file}:stream_user", tmp_path / "x.pickle"), capsys)
+    assert code == 1 and err.count("\n") == 1 and "user_models.py:" in err and "(forward)" in err, err
+
+
+def test_cuda_runtime_errors_are_explained():
+    from vramlab_torch.session import explain_error
+    for text in ("CUDA error: CUDA driver version is insufficient for CUDA runtime version",
+                 "CUDA error: no CUDA-capable device is detected"):
+        try:
+            raise RuntimeError(text)
+        except RuntimeError as e:
+            why = explain_error(e)
+        assert why is not None and "asked the CUDA driver" in why and "test_usability.py:" in why, text
+
+
+def test_value_sized_ops_are_one_line():
+    """nonzero, masked_select, unique, ...: meta cannot size their output.
+    It was a 66-line traceback ending in meta_nonzero_assume_all_nonzero."""
+    for op, fix in [(lambda x: torch.nonzero(x), "nonzero_static"), (lambda x: x[x > 0], "nonzero_static"),
+                    (lambda x: torch.masked_select(x, x > 0), "torch.where(mask, t, 0)"),
+                    (lambda x: torch.unique(x), "fixed-size stand-in"),
+                    (lambda x: torch.repeat_interleave(x.long()[0]), "output_size=")]:
+        with pytest.raises(vramlab_torch.session.RecordingError, match="depends on the tensor's values") as e:
+            with record(cublas_workspace="off"):
+                op(torch.empty(4, 8))
+        assert "\n" not in str(e.value) and fix in str(e.value) and "test_usability.py:" in str(e.value)
+
+
+class _NoDevice(nn.Module):
+    def __init__(self, stray=True):
+        super().__init__()
+        self.pos = nn.Embedding(16, 8)
+        self.stray = stray
+
+    def forward(self, x):
+        ok = torch.arange(x.shape[1]).to(x.device) + torch.tensor(1.0)  # moved; a 0-dim scalar
+        pos = torch.arange(x.shape[1]) if self.stray else torch.arange(x.shape[1], device=x.device)
+        return self.pos(pos + ok.long()).expand(x.shape[0], -1, -1) * x.unsqueeze(-1)
+
+
+def test_tensors_made_with_no_device_in_forward_are_said():
+    """torch.arange(n) in forward is on the CPU in a CUDA run, where using it
+    with the model's CUDA tensors fails; on meta it was recorded silently."""
+    with pytest.warns(vramlab_torch.session.RecordingWarning, match="no device inside forward") as w:
+        with record(cublas_workspace="off") as rec:
+            _NoDevice()(torch.empty(2, 4)).sum().backward()
+    nd = rec.meta["no_device_in_forward"]
+    assert nd["call_sites"] == 1 and nd["tensors"] == 1 and nd["bytes"] == 4 * 8, nd
+    assert nd["first"].startswith("torch.arange at ") and "test_usability.py" in nd["first"]
+    assert "Expected all tensors to be on the same device" in " ".join(str(x.message) for x in w)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", vramlab_torch.session.RecordingWarning)
+        with record(cublas_workspace="off") as rec:
+            _NoDevice(stray=False)(torch.empty(2, 4)).sum().backward()
+            torch.arange(5)  # outside forward: the block's default device, as documented
+    assert "no_device_in_forward" not in rec.meta
+
+
+def test_sgd_follows_torch_optims_defaults_and_the_metadata_says(user_file, tmp_path, capsys):
+    """--optimizer sgd had momentum 0.9 by default, where torch.optim.SGD
+    (and the README) say 0: a momentum buffer per parameter more."""
+    import json
+    argv = tokens_args(f"{user_file}:build_ok", tmp_path / "s.pickle")
+    code, out, err = run_main(argv, capsys)
+    assert code == 0, err
+    plain = json.loads(out)
+    assert plain["meta"]["momentum"] == 0 and plain["meta"]["weight_decay"] == 0
+    assert plain["meta"]["optimizer_options"]["foreach"] is True
+    assert "optimizer_state" not in plain["end_by_category"]
+    code, out, err = run_main(argv + ["--momentum", "0.9", "--weight-decay", "0.1"], capsys)
+    assert code == 0, err
+    m = json.loads(out)
+    assert m["meta"]["momentum"] == 0.9 and m["meta"]["optimizer_options"]["weight_decay"] == 0.1
+    assert m["end_by_category"]["optimizer_state"] == m["end_by_category"]["parameter"]
+    with open(tmp_path / "s.pickle", "rb") as f:
+        assert pickle.load(f)["vramlab_torch"]["momentum"] == 0.9
 
 
 def test_the_users_own_errors_keep_their_traceback(user_file, tmp_path):

@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import os
 import resource
 import sys
 import time
@@ -29,8 +30,9 @@ Added by a fitted rule (--cudnn-workspace, default auto): cuDNN
 convolution workspaces, one per convolution call, freed after it; their
 real sizes depend on the algorithm cuDNN picks on the GPU: the rule was
 fitted on an H200 (PyTorch 2.11, cuDNN 9.19, fp32).
-Emulated: CUDA's SDPA backend choice (--sdpa) and CUDA's autocast policy
-(--amp, and torch.autocast("cuda") inside record()); "cuda" in your code
+Emulated: CUDA's SDPA backend choice (--sdpa), CUDA's autocast policy
+(--amp, and torch.autocast("cuda") inside record()) and dropout's 1-byte
+mask (native_dropout, as CUDA runs nn.Dropout); "cuda" in your code
 (device="cuda", .cuda(), .to("cuda")) goes to the recording's meta device.
 Recorded as meta runs them, not as CUDA does (the run warns):
 nn.MultiheadAttention and the nn.Transformer* layers (their attention
@@ -101,13 +103,14 @@ def parse_args(argv):
     r.add_argument("--vocab", type=int, help="token inputs: the vocabulary size (recorded in the "
                    "metadata; values are never read on meta)")
     r.add_argument("--target", default="classes",
-                   help="classes[:N] (int64 [batch], cross entropy; default), tokens (int64 shaped like "
+                   help="classes[:N] (int64 [batch], cross entropy; default; N, if given, is the output's "
+                        "last dimension), tokens (int64 shaped like "
                         "the first input, cross entropy over the output's last dimension), same (MSE "
                         "against a tensor shaped like the output) or none (the output's sum)")
     r.add_argument("--optimizer", choices=["sgd", "adam", "adamw"], default="adamw")
     r.add_argument("--lr", type=float, default=1e-3)
     r.add_argument("--weight-decay", type=float, help="default: adamw 0.01, adam and sgd 0")
-    r.add_argument("--momentum", type=float, default=0.9, help="sgd (default 0.9)")
+    r.add_argument("--momentum", type=float, help="--optimizer sgd: momentum (default 0, torch.optim's)")
     impl = r.add_mutually_exclusive_group()
     impl.add_argument("--foreach", dest="impl", action="store_const", const="foreach",
                       help="the optimizer's foreach implementation (default)")
@@ -168,7 +171,8 @@ def parse_args(argv):
     r.add_argument("--format", choices=["pickle", "jsonl"],
                    help="pickle: PyTorch memory snapshot (default); jsonl: vramlab's JSON Lines trace "
                         "(default when --out ends in .jsonl)")
-    r.add_argument("--out", required=True)
+    r.add_argument("--out", required=True, metavar="FILE",
+                   help="the file to write (its directory must exist)")
     r.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     return p.parse_args(argv)
 
@@ -194,6 +198,26 @@ def _check_dist(a):
     if a.dist is not None:
         a.world_size = 8 if a.world_size is None else a.world_size
         a.fsdp_blocks = "auto" if a.fsdp_blocks is None else a.fsdp_blocks
+
+
+def _check_out(path):
+    """--out before anything is recorded (a recording can take minutes): a
+    file, in a directory that exists (not made: a mistyped path would be
+    made silently; vramlab's own CLI refuses a missing one too), writable."""
+    if os.path.isdir(path):
+        fail(f"--out {path}: a directory; give the file to write, e.g. --out "
+             f"{os.path.join(path, 'step.pickle')}")
+    d = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(d):
+        fail(f"--out {path}: no directory {d}; create it first or give another path")
+    existed = os.path.exists(path)
+    try:
+        with open(path, "ab"):
+            pass
+        if not existed:
+            os.remove(path)
+    except OSError as e:
+        fail(f"--out {path}: cannot write it ({e.strerror or e}); give a path you can write")
 
 
 def _value(text):
@@ -222,6 +246,9 @@ def main(argv=None):
         k, v = kv.split("=", 1)
         kwargs[k] = _value(v)
     _check_dist(a)
+    if a.momentum is not None and a.optimizer != "sgd":
+        fail(f"--momentum {a.momentum:g}: SGD's, with --optimizer sgd (Adam and AdamW have betas)")
+    _check_out(a.out)
 
     from . import step as step_mod
     from .session import RecordingWarning
@@ -235,6 +262,7 @@ def _main(a, step_mod, kwargs, cap):
     from .session import RecordingError, UsageError, explain_error
     try:
         inputs = [step_mod.parse_shape(s) for s in a.input]
+        step_mod.parse_target(a.target)
         dts = []
         for d in a.input_dtype:
             for x in d.split(","):
@@ -289,7 +317,7 @@ def _record(a, step_mod, build, kwargs, inputs, dts, cap):
     t0 = time.perf_counter()
     rec = step_mod.record_step(
         build, inputs=inputs, input_dtypes=dts, target=a.target, optimizer=a.optimizer, lr=a.lr,
-        impl=a.impl, weight_decay=a.weight_decay, momentum=a.momentum, steps=a.steps, amp=a.amp,
+        impl=a.impl, weight_decay=a.weight_decay, momentum=a.momentum or 0.0, steps=a.steps, amp=a.amp,
         checkpoint=(a.checkpoint_class or ("auto" if a.checkpoint else None)), zero_grad=a.zero_grad,
         build_kwargs=kwargs, frames=False if a.no_frames else ("short" if a.short_paths else True), cublas_workspace=a.cublas_workspace,
         capability=cap, sdpa=a.sdpa, inplace_accumulation=not a.no_inplace_accumulation,
@@ -298,7 +326,11 @@ def _record(a, step_mod, build, kwargs, inputs, dts, cap):
     if a.vocab:
         rec.meta["vocab"] = a.vocab
     recorded = time.perf_counter() - t0
-    model_summary = rec.save(a.out, a.format)
+    try:
+        model_summary = rec.save(a.out, a.format)
+    except OSError as e:
+        fail(f"--out {a.out}: cannot write it ({e.strerror or e}); the recording is lost: run again "
+             f"with a path you can write", 1)
     total = time.perf_counter() - t0
     s = rec.summary()
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

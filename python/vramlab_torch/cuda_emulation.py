@@ -52,11 +52,27 @@ recording's device (meta) instead, where a CUDA run would have them on the
 GPU, and counts them (map_cuda_device, CudaToMeta for the model's builder).
 pin_memory (page-locked host memory: no GPU memory) is left out.
 
+Dropout. CUDA's at::dropout (aten/src/ATen/native/Dropout.cpp) runs
+native_dropout in training for 0 < p < 1 on a non-empty tensor, whose mask
+is a bool tensor (1 byte an element) saved for the backward; meta takes the
+CPU's composite path (a noise tensor of the input's dtype and size,
+bernoulli_, then mul: 4 bytes an element in fp32). F.dropout / nn.Dropout /
+torch.dropout are run as native_dropout. The in-place form (inplace=True:
+dropout_), F.dropout1d/2d/3d (feature_dropout), alpha_dropout and
+feature_alpha_dropout take the composite path on CUDA too: left as they are.
+
+Tensors made with no device inside forward (torch.arange(n)) land on the
+recording's default device, meta, as GPU memory; in a CUDA run they are on
+the CPU, and an op that mixes them with the model's CUDA tensors fails.
+Those not moved with .to(...) afterwards are counted (no_device) and the
+recording warns (0-dim ones are left out: CUDA ops take CPU scalars).
+
 cuDNN convolution workspaces: CudnnConvWorkspaces, at the end of this file
 (used by the recorder's dispatch mode, not by this function mode).
 """
 
 import os
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -197,6 +213,11 @@ class CudaEmulation(TorchFunctionMode):
         self.cache_enabled = True
         self.sdpa_choices = {}
         self.cuda_mapped = 0  # calls naming a CUDA device, put on meta
+        self.native_dropouts = 0  # F.dropout calls run as CUDA's native_dropout
+        # Tensors made with no device inside forward: id(tensor) -> call site,
+        # and per call site [function, tensors, bytes, moved with .to()].
+        self._no_device_made = {}
+        self.no_device = {}
 
     # -- autocast ----------------------------------------------------------
     def autocast(self, dtype=torch.float16, enabled=True, cache_enabled=True):
@@ -354,6 +375,17 @@ class CudaEmulation(TorchFunctionMode):
             # before 2.15, Adam/AdamW made it with torch.tensor(0.0) and no
             # device), meta here. Put it where CUDA's run has it.
             kwargs = dict(kwargs, device="cpu")
+        if self._no_device_made and func is torch.Tensor.to and args:
+            self._moved(args, kwargs)
+        if self.recorder is not None and self.recorder.modules and func in _host_factories() \
+                and self._forward_without_device(args, kwargs):
+            out = func(*args, **kwargs)
+            self._made_without_device(func, out)
+            return out
+        if func is F.dropout or func is torch.dropout:
+            r = self._dropout(func, args, kwargs)
+            if r is not None:
+                return r
         name = getattr(func, "__name__", "")
         amp = self.amp_dtype
         if amp is not None:
@@ -380,6 +412,59 @@ class CudaEmulation(TorchFunctionMode):
             if r is not None:
                 return r
         return func(*args, **kwargs)
+
+    # -- dropout ---------------------------------------------------------------
+    def _dropout(self, func, args, kwargs):
+        """F.dropout / torch.dropout as CUDA's at::dropout runs them (see the
+        module's docstring): native_dropout's output (its bool mask saved
+        for the backward), or None where CUDA takes the composite path too."""
+        if func is F.dropout:
+            a = dict(zip(("input", "p", "training", "inplace"), args))
+            a.update(kwargs)
+            p, train, inplace = a.get("p", 0.5), a.get("training", True), a.get("inplace", False)
+        else:
+            a = dict(zip(("input", "p", "train"), args))
+            a.update(kwargs)
+            p, train, inplace = a.get("p"), a.get("train"), False
+        x = a.get("input")
+        if inplace or not train or type(x) is not torch.Tensor or x.device.type != "meta" \
+                or not x.is_floating_point() or x.numel() == 0 \
+                or not isinstance(p, (int, float)) or not 0 < p < 1:
+            return None
+        if self.recorder is None or not self.recorder.paused_depth:
+            self.native_dropouts += 1
+        return torch.native_dropout(x, float(p), True)[0]
+
+    # -- tensors made with no device inside forward ------------------------------
+    def _forward_without_device(self, args, kwargs):
+        """A factory call inside a module's forward (not a probe's) that
+        names no device, under the recording's default meta device."""
+        rec = self.recorder
+        return (not rec.in_optimizer and not rec.paused_depth and kwargs.get("device") is None
+                and not (args and isinstance(args[0], torch.Tensor)) and _default_device_is_meta())
+
+    def _made_without_device(self, func, out):
+        if not isinstance(out, torch.Tensor) or out.dim() == 0 or out.device.type != "meta":
+            return
+        from .recorder import python_frames
+        user = next((f for f in python_frames(short=True) if not f[0].startswith("torch/")), None)
+        site = f"{user[0]}:{user[1]} ({user[2]})" if user else "?"
+        entry = self.no_device.setdefault(site, [f"torch.{getattr(func, '__name__', 'factory')}", 0, 0, False])
+        entry[1] += 1
+        entry[2] += out.untyped_storage().nbytes()
+        key = id(out)
+        self._no_device_made[key] = (site, weakref.ref(out, lambda r, k=key: self._no_device_made.pop(k, None)))
+
+    def _moved(self, args, kwargs):
+        """Tensor.to(...) on a tensor made with no device: a device (or a
+        tensor to follow) moves it where the code wants it; a dtype alone
+        leaves it on the CPU in a CUDA run."""
+        made = self._no_device_made.get(id(args[0]))
+        if made is None or made[1]() is not args[0]:
+            return
+        if kwargs.get("device") is not None or any(
+                not isinstance(x, (torch.dtype, bool)) and x is not None for x in args[1:]):
+            self.no_device[made[0]][3] = True
 
     def _cross_entropy(self, func, args, kwargs):
         names = ["input", "target", "weight", "size_average", "ignore_index", "reduce", "reduction",

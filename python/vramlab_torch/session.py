@@ -116,8 +116,10 @@ def explain_error(exc):
     at = _user_frame(exc.__traceback__)
     where = f"your code at {at}" if at else "your code"
     if isinstance(exc, (RuntimeError, AssertionError)) and (
-            "NVIDIA driver" in text or "not compiled with CUDA" in text
-            or "No CUDA GPUs are available" in text or "CUDA driver initialization failed" in text):
+            isinstance(exc, _ACCELERATOR_ERRORS) or any(s in text for s in _DRIVER_MESSAGES)):
+        # A CUDA wheel on a machine without a GPU or driver gets to the
+        # runtime: "CUDA error: CUDA driver version is insufficient ..."
+        # (torch.AcceleratorError, from torch.cuda.Stream() and the like).
         return (f"{where} asked the CUDA driver for something ({text[:80]}); a recording runs "
                 f"without a GPU: device='cuda', .cuda() and .to('cuda') go to its meta device, but "
                 f"torch.cuda.* calls that need the device do not: leave them out of the recorded code "
@@ -127,11 +129,61 @@ def explain_error(exc):
                 f"and meta tensors have shapes, no values: put what is GPU memory in your run on "
                 f"'cuda' (the recording puts it on meta; a device picked by torch.cuda.is_available() "
                 f"is the CPU here) and leave copies of values to the host out of the recorded code")
+    data_dependent = _data_dependent_op(exc, text)
+    if data_dependent is not None:
+        op, fix = data_dependent
+        return (f"{where} runs {op}, whose output's size depends on the tensor's values, and meta "
+                f"tensors have shapes, no values ({text[:60]}...): {fix}")
     if isinstance(exc, (RuntimeError, NotImplementedError)) and (
             "cannot be called on meta tensors" in text or ("meta" in text and "Scalar" in text)):
         return (f"{where} reads a tensor's value ({text[:80]}), and meta tensors have shapes, no "
                 f"values: leave .item(), float(t), .tolist() and branches on values out of the "
                 f"recorded code (print(t) and t.shape work)")
+    return None
+
+
+_ACCELERATOR_ERRORS = tuple(c for c in (getattr(torch, "AcceleratorError", None),) if c is not None)
+_DRIVER_MESSAGES = ("NVIDIA driver", "not compiled with CUDA", "No CUDA GPUs are available",
+                    "CUDA driver initialization failed", "CUDA error:", "no CUDA-capable device",
+                    "driver version is insufficient")
+# Ops whose output's size depends on the values (meta has none): the
+# name in the error (aten::NAME, or torch.nonzero() in its meta's message),
+# what the user calls, and what records instead.
+_VALUE_SIZED = {
+    "nonzero": ("torch.nonzero (also t[mask], torch.where(cond), argwhere)",
+                "use a fixed-size form (torch.nonzero_static(t, size=N), torch.where(cond, a, b), "
+                "multiplying by the mask) or leave it out of the recorded code"),
+    "masked_select": ("torch.masked_select", "use torch.where(mask, t, 0) or t * mask (fixed size), or "
+                      "leave it out of the recorded code"),
+    "bincount": ("torch.bincount", "leave it out of the recorded code or use a fixed-size stand-in "
+                 "(torch.zeros(N).scatter_add_)"),
+    "repeat_interleave": ("torch.repeat_interleave with tensor repeats",
+                          "pass output_size= (the total length), or leave it out of the recorded code"),
+}
+for _op in ("_unique", "_unique2", "unique_dim", "unique_consecutive"):
+    _VALUE_SIZED[_op] = ("torch.unique", "leave it out of the recorded code or use a fixed-size stand-in "
+                         "of the largest size")
+
+
+def _data_dependent_op(exc, text):
+    """(what the user called, the workaround) for an op that meta cannot run
+    because its output's size depends on values, else None."""
+    if not isinstance(exc, (RuntimeError, NotImplementedError)) and \
+            type(exc).__name__ != "DataDependentOutputException":
+        return None
+    if "meta_nonzero_assume_all_nonzero" in text or "torch.nonzero()" in text:
+        return _VALUE_SIZED["nonzero"]
+    if "repeat_interleave a meta tensor without output_size" in text:
+        return _VALUE_SIZED["repeat_interleave"]
+    if "no fake impl or Meta kernel registered" in text and text.startswith("aten::"):
+        op = text[len("aten::"):].split(":", 1)[0].split(".", 1)[0]
+        if op in _VALUE_SIZED:
+            return _VALUE_SIZED[op]
+        return (f"aten::{op}", "PyTorch has no meta kernel for it (whatever its output's size), so a "
+                "recording cannot run it: leave it out of the recorded code")
+    if type(exc).__name__ == "DataDependentOutputException" or "data-dependent" in text.lower():
+        return (text.split(":", 1)[0][:40] or "an op", "leave it out of the recorded code or give it a "
+                "fixed output size")
     return None
 
 
@@ -382,6 +434,14 @@ class Recording:
                 f"recording's device (meta), and are not in the recording (the first: {d['first_op']}"
                 + (f", at {d['at']}" if d.get("at") else "") + "): make them without a device or with "
                 "device='cuda' (the recording puts 'cuda' on meta) if they are GPU memory in your run")
+        nd = self.meta.get("no_device_in_forward")
+        if nd:
+            out.append(
+                f"{nd['tensors']} tensor(s) ({human_bytes(nd['bytes'])}) were made with no device inside "
+                f"forward and not moved with .to() (the first: {nd['first']}): the recording put them on "
+                f"its meta device, as GPU memory, but in a CUDA run they are made on the CPU (the default "
+                f"device), not GPU memory, and an op that mixes them with the model's CUDA tensors fails "
+                f"(\"Expected all tensors to be on the same device\"): make them with device=x.device")
         out.extend(fallback_warnings(self.fallback))
         return out
 
@@ -407,6 +467,14 @@ class Recording:
         self.meta["sdpa_choices"] = dict(self.emulation.sdpa_choices)
         if self.emulation.cuda_mapped:
             self.meta["cuda_device_mapped"] = self.meta.get("cuda_device_mapped", 0) + self.emulation.cuda_mapped
+        if self.emulation.native_dropouts:
+            self.meta["native_dropout"] = self.emulation.native_dropouts
+        stray = [(site, e) for site, e in self.emulation.no_device.items() if not e[3]]
+        if stray:
+            site, e = stray[0]
+            self.meta["no_device_in_forward"] = {
+                "call_sites": len(stray), "tensors": sum(e[1] for _, e in stray),
+                "bytes": sum(e[2] for _, e in stray), "first": f"{e[0]} at {site}"}
         if rec.off_device:
             self.meta["not_recorded"] = {
                 dev: {"tensors": n, "bytes": b, "first_op": op, "at": at}

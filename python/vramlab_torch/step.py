@@ -46,7 +46,7 @@ import torch.nn.functional as F
 
 from .cuda_emulation import CudaToMeta
 from .recorder import META
-from .session import Recording, UsageError
+from .session import Recording, RecordingError, UsageError, _user_frame, explain_error
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "int64": torch.int64, "int32": torch.int32, "bool": torch.bool,
@@ -194,17 +194,46 @@ def model_classes(model, limit=12):
     return ", ".join(names[:limit]) + (", ..." if len(names) > limit else "")
 
 
-def build_optimizer(name, params, lr, impl, weight_decay=None, momentum=0.9, betas=(0.9, 0.999)):
+def build_optimizer(name, params, lr, impl, weight_decay=None, momentum=0.0, betas=(0.9, 0.999)):
+    """torch.optim's SGD / Adam / AdamW with torch.optim's defaults (SGD's
+    momentum 0, AdamW's weight decay 0.01). A hyperparameter torch.optim
+    refuses (its ValueError: "Invalid learning rate: -1.0") is a UsageError
+    naming the option."""
     kw = {"foreach": dict(foreach=True), "for-loop": dict(foreach=False),
           "fused": dict(fused=True)}[impl]
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay or 0.0, **kw)
-    if name == "adam":
-        return torch.optim.Adam(params, lr=lr, betas=betas, weight_decay=weight_decay or 0.0, **kw)
-    if name == "adamw":
-        wd = 0.01 if weight_decay is None else weight_decay
-        return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=wd, **kw)
+    try:
+        if name == "sgd":
+            return torch.optim.SGD(params, lr=lr, momentum=momentum or 0.0, weight_decay=weight_decay or 0.0,
+                                   **kw)
+        if name == "adam":
+            return torch.optim.Adam(params, lr=lr, betas=betas, weight_decay=weight_decay or 0.0, **kw)
+        if name == "adamw":
+            wd = 0.01 if weight_decay is None else weight_decay
+            return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=wd, **kw)
+    except ValueError as e:
+        text = str(e)
+        opt = ("--lr" if "learning rate" in text else "--momentum" if "momentum" in text
+               else "--weight-decay" if "weight_decay" in text else f"--optimizer {name}")
+        raise UsageError(f"{opt}: torch.optim.{_OPTIMIZERS[name]} refuses "
+                         f"it ({text}); give a value it takes (learning rate, momentum and weight decay "
+                         f"are 0 or more)") from None
     raise ValueError(f"optimizer {name!r}: sgd, adam or adamw")
+
+
+_OPTIMIZERS = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW"}
+
+
+def optimizer_options(opt):
+    """The optimizer's hyperparameters as torch.optim holds them
+    (opt.defaults: lr, momentum, weight_decay, betas, foreach, fused, ...),
+    JSON's types only: what the snapshot's metadata says was recorded."""
+    out = {}
+    for k, v in opt.defaults.items():
+        if isinstance(v, (bool, int, float, str)) or v is None:
+            out[k] = v
+        elif isinstance(v, (tuple, list)) and all(isinstance(x, (int, float)) for x in v):
+            out[k] = list(v)
+    return out
 
 
 def find_blocks(model, which="auto"):
@@ -255,9 +284,35 @@ def parse_shape(text):
         shape = tuple(int(x) for x in text.replace("x", ",").split(",") if x.strip())
     except ValueError:
         shape = None
-    if not shape or any(d < 0 for d in shape):
+    if not shape:
         raise UsageError(f"--input {text!r}: a shape is sizes separated by commas, e.g. 32,3,224,224")
+    if any(d < 1 for d in shape):
+        # A size of 0 records an empty step (nothing allocated for the
+        # batch), a negative one nothing at all: neither is a model's input.
+        raise UsageError(f"--input {text!r}: every size is 1 or more (a batch of 0 records nothing), "
+                         f"e.g. 32,3,224,224")
     return shape
+
+
+def parse_target(target):
+    """--target's value -> (kind, N): ("classes", N or None), ("tokens",
+    None), ("same", None), ("none", None). UsageError (exit 2) otherwise:
+    N of classes:N is a whole number, 1 or more."""
+    kind, sep, n = str(target).partition(":")
+    if kind == "classes" and not sep:
+        return "classes", None
+    if kind == "classes":
+        try:
+            classes = int(n)
+        except ValueError:
+            classes = None
+        if classes is None or classes < 1:
+            raise UsageError(f"--target {target}: N of classes:N is the number of classes, a whole number, "
+                             f"1 or more (e.g. classes:1000), or leave it out (classes)")
+        return "classes", classes
+    if kind in ("tokens", "same", "none") and not sep:
+        return kind, None
+    raise UsageError(f"--target {target!r}: one of classes[:N], tokens, same, none")
 
 
 def make_target(target, inputs, probe):
@@ -266,11 +321,21 @@ def make_target(target, inputs, probe):
     the last dimension), same (a tensor shaped like the output, MSE; the
     output's shape from `probe()`, a forward outside the recording) or none
     (the output's sum)."""
-    if target.startswith("classes"):
+    kind, n_classes = parse_target(target)
+    if kind == "classes":
         y = torch.empty(inputs[0].shape[0], dtype=torch.int64)
 
         def classes(o, y):
             _has_classes(o, target)
+            if n_classes is not None and o.dim() >= 1 and o.shape[-1] != n_classes:
+                # Refused, not warned: classes:N names the model's class
+                # count, so an output of another width means the command and
+                # the model built disagree (a wrong --arg, the wrong BUILD),
+                # and the recording would be of a model other than the one meant.
+                raise UsageError(
+                    f"--target {target}: the output used is [{', '.join(map(str, o.shape))}], "
+                    f"{o.shape[-1]} classes, not {n_classes}; say --target classes:{o.shape[-1]} (or "
+                    f"classes), or build the model with {n_classes} classes", exit_code=1)
             rows = o.numel() // o.shape[-1] if o.shape[-1] else 0
             if rows != y.shape[0]:
                 hint = (" (a language model's per-token logits: say --target tokens, labels shaped like "
@@ -281,7 +346,7 @@ def make_target(target, inputs, probe):
                     f"({y.shape[0]}, the first input's batch){hint}", exit_code=1)
             return F.cross_entropy(o.reshape(-1, o.shape[-1]) if o.dim() > 2 else o, y)
         return y, classes
-    if target == "tokens":
+    if kind == "tokens":
         y = torch.empty(inputs[0].shape, dtype=torch.int64)
 
         def tokens(o, y):
@@ -295,13 +360,11 @@ def make_target(target, inputs, probe):
                     f"--target classes", exit_code=1)
             return F.cross_entropy(o.reshape(-1, o.shape[-1]), y.reshape(-1))
         return y, tokens
-    if target == "same":
+    if kind == "same":
         shape, dtype = probe()
         y = torch.empty(shape, dtype=dtype)
         return y, lambda o, y: F.mse_loss(o, y)
-    if target == "none":
-        return None, lambda o, y: o.sum()
-    raise ValueError(f"--target {target!r}: classes[:N], tokens, same or none")
+    return None, lambda o, y: o.sum()  # none
 
 
 def _has_classes(o, target):
@@ -312,7 +375,7 @@ def _has_classes(o, target):
 
 
 def record_step(build, *, inputs, input_dtypes=None, target="classes", optimizer="adamw", lr=1e-3,
-                impl="foreach", weight_decay=None, momentum=0.9, steps=2, amp=None, checkpoint=None,
+                impl="foreach", weight_decay=None, momentum=0.0, steps=2, amp=None, checkpoint=None,
                 zero_grad="set-to-none", build_kwargs=None, dist=None, world_size=8,
                 ddp_kwargs=None, fsdp_blocks="auto", **options):
     """Records `steps` training steps of build(**build_kwargs); returns the
@@ -343,6 +406,7 @@ def _record_step(build, inputs, input_dtypes, target, optimizer, lr, impl, weigh
                  amp, checkpoint, zero_grad, build_kwargs, dist, world_size, ddp_kwargs, fsdp_blocks,
                  options):
     build_kwargs = build_kwargs or {}
+    parse_target(target)  # before anything is built
     if not isinstance(steps, int) or steps < 1:
         raise UsageError(f"--steps {steps}: record at least 1 step (default 2)")
     input_dtypes = list(input_dtypes or [])
@@ -409,7 +473,7 @@ def _record_step(build, inputs, input_dtypes, target, optimizer, lr, impl, weigh
             with rec.recorder.paused(), torch.no_grad():
                 ctx = emu.autocast(amp_dtype) if amp_dtype else contextlib.nullcontext()
                 with ctx:
-                    o = pick_output(model(*xs))[0]
+                    o = pick_output(first_forward(lambda: model(*xs), rec, inputs, input_dtypes))[0]
                 return o.shape, o.dtype
 
         emu = rec.emulation
@@ -417,6 +481,12 @@ def _record_step(build, inputs, input_dtypes, target, optimizer, lr, impl, weigh
         if y is not None:
             rec.mark("input", [y])
         opt = build_optimizer(optimizer, params, lr, impl, weight_decay, momentum)
+        # What was recorded, as torch.optim holds it: momentum (SGD's state),
+        # weight decay, foreach / fused change what step() allocates.
+        meta["optimizer_options"] = optimizer_options(opt)
+        meta["weight_decay"] = opt.defaults.get("weight_decay")
+        if "momentum" in opt.defaults:
+            meta["momentum"] = opt.defaults["momentum"]
 
         # The loop's names, out and loss: bound from one step to the next,
         # rebound by the next step's forward and loss, alive at the end. No
@@ -431,7 +501,10 @@ def _record_step(build, inputs, input_dtypes, target, optimizer, lr, impl, weigh
             tensor the loss was taken of."""
             ctx = emu.autocast(amp_dtype) if amp_dtype else contextlib.nullcontext()
             with ctx:
-                held["out"] = runner(*xs)
+                if r.step == 1:
+                    held["out"] = first_forward(lambda: runner(*xs), rec, inputs, input_dtypes)
+                else:
+                    held["out"] = runner(*xs)
                 r.set_phase("loss")
                 out = held["out"]
                 logits, path = pick_loss(out) if target == "none" else pick_output(out)
@@ -478,6 +551,64 @@ def _record_step(build, inputs, input_dtypes, target, optimizer, lr, impl, weigh
         if st is not None and (st.device.type == "meta") != (impl == "fused"):
             meta["warning"] = f"state['step'] is on {st.device} with --{impl}"
     return rec
+
+
+def first_forward(call, rec, inputs, input_dtypes):
+    """call(), the model's first forward. A shape error PyTorch raises in it
+    (on meta: often a decomposition's message, 80 lines down) is most often
+    --input not matching the model: it becomes a RecordingError of one line
+    with the original message, the --input shapes and the module that was
+    running. Errors the user's own code raises keep their traceback."""
+    try:
+        return call()
+    except (RuntimeError, IndexError, ValueError) as e:
+        why = _shape_error(e, rec, inputs, input_dtypes)
+        if why is None:
+            raise
+        raise RecordingError(why) from e
+
+
+_SHAPE_WORDS = ("shape", "size", "dim", "channel", "must match", "expected input", "Expected input")
+
+
+def _shape_error(e, rec, inputs, input_dtypes):
+    if type(e) not in (RuntimeError, IndexError, ValueError) or explain_error(e) is not None:
+        return None  # NotImplementedError, the CUDA driver's, ...: explain_error's
+    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    if not any(w in text for w in _SHAPE_WORDS) or not _raised_by_torch(e):
+        return None
+    mod = None
+    tb = e.__traceback__
+    while tb is not None:  # the innermost module whose forward was running
+        f = tb.tb_frame
+        if f.f_code.co_name == "_call_impl" and isinstance(f.f_locals.get("self"), nn.Module):
+            mod = f.f_locals["self"]
+        tb = tb.tb_next
+    shapes = " ".join(f"--input {','.join(map(str, s))} ({str(d).replace('torch.', '')})"
+                      for s, d in zip(inputs, input_dtypes))
+    name = rec.names.get(mod) if mod is not None else None
+    in_mod = f" in module {name!r} ({type(mod).__name__})" if mod is not None else ""
+    at = _user_frame(e.__traceback__)
+    return (f"the model's first forward failed with {shapes}{in_mod and ','}{in_mod}{f' at {at}' if at else ''}: "
+            f"{type(e).__name__}: {text.rstrip('.')}; check --input (and --input-dtype) against what the model's "
+            f"forward takes")
+
+
+def _raised_by_torch(e):
+    """Whether PyTorch raised e (its Python code, or a C++ op called from
+    anywhere), not a `raise` in the user's code."""
+    import linecache
+    tb = e.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    fn = tb.tb_frame.f_code.co_filename.replace("\\", "/")
+    if "/torch/" in fn:
+        return True
+    if isinstance(e, ValueError):
+        return False  # raised in Python, by the user's code
+    return not linecache.getline(tb.tb_frame.f_code.co_filename, tb.tb_lineno).strip().startswith("raise")
 
 
 def _dist_totals(dist, runner, params):

@@ -60,6 +60,13 @@ pub fn capacity_text(s: &str) -> Result<String, String> {
         .map_err(|e| e.0)
 }
 
+/// `plan --memory`'s text, checked as [`capacity_text`] is.
+pub fn memory_text(s: &str) -> Result<String, String> {
+    parse_memory("--memory", s)
+        .map(|_| s.to_string())
+        .map_err(|e| e.0)
+}
+
 /// `--memory-limit`'s text, checked as [`capacity_text`] is.
 pub fn memory_limit_text(s: &str) -> Result<String, String> {
     parse_memory("--memory-limit", s)

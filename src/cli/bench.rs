@@ -747,18 +747,7 @@ fn square_too_large(e: anyhow::Error, n: usize) -> anyhow::Error {
     // The device's binding limit refuses it too (a K split's partial sums
     // can pass it before the matrices pass the memory): its own advice
     // names a batch, which --sizes has none of.
-    let unbindable = e.chain().any(|c| {
-        matches!(
-            c.downcast_ref::<crate::tensor::TensorError>(),
-            Some(crate::tensor::TensorError::Device(
-                crate::device::DeviceError::TooManyWindows { .. }
-            ))
-        ) || matches!(
-            c.downcast_ref::<crate::device::DeviceError>(),
-            Some(crate::device::DeviceError::TooManyWindows { .. })
-        )
-    });
-    if unbindable {
+    if super::is_unbindable(&e) {
         return anyhow::anyhow!(
             "--sizes {n}: the {n}³ product (three f32 matrices of {}, and the partial sums of its K split) binds more memory in one kernel than this device can; give smaller --sizes, or do what the device says: {e:#}",
             crate::memory::format_size(bytes)

@@ -120,6 +120,13 @@ pub fn recorded_suite() -> anyhow::Result<Vec<Workload>> {
 
 pub fn run(args: &BenchAllocArgs) -> anyhow::Result<()> {
     if args.grid {
+        // The grid compares PyTorch's defaults with vramlab's options.
+        if std::env::var(crate::memory::ALLOC_CONF_ENV).is_ok_and(|v| !v.is_empty()) {
+            eprintln!(
+                "note: --grid compares PyTorch's defaults with vramlab's placement options; {} is not applied",
+                crate::memory::ALLOC_CONF_ENV
+            );
+        }
         return super::alloc_grid::run(args.json);
     }
     let capacity = parse_capacity(&args.capacity)?;
@@ -166,12 +173,10 @@ pub fn run(args: &BenchAllocArgs) -> anyhow::Result<()> {
             (n.to_string(), mean, runs.len() - logs.len())
         })
         .collect();
-    let settings = conf
-        .conf_source()
-        .map(|from| format!("{from}: {}", config.describe()));
+    let from = conf.conf_source();
     if args.json {
         let out = serde_json::json!({
-            "alloc_conf": settings,
+            "alloc_conf": from.map(|from| serde_json::json!({"from": from, "options": config.options_text()})),
             "workloads": reports,
             "geomean_fragmentation": geo.iter().map(|(n, g, _)| (n.clone(), *g)).collect::<std::collections::BTreeMap<_, _>>(),
             "out_of_memory_workloads": geo.iter().map(|(n, _, k)| (n.clone(), *k)).collect::<std::collections::BTreeMap<_, _>>(),
@@ -179,8 +184,11 @@ pub fn run(args: &BenchAllocArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
-    if let Some(s) = &settings {
-        println!("allocator options ({s}) for pytorch, expandable and vramlab\n");
+    if let Some(from) = from {
+        println!(
+            "allocator options from {from}: {} (pytorch, expandable and vramlab run under them)\n",
+            config.options_text()
+        );
     }
     for r in &reports {
         println!(

@@ -474,10 +474,7 @@ fn diagnose(
         None => anyhow::bail!("{name}: device {}: nothing replayed", snap.device),
     };
     let mut what_ifs = vec![WhatIf {
-        setting: format!(
-            "recorded: {}",
-            recorded.describe().trim_matches(|c| c == '(' || c == ')')
-        ),
+        setting: format!("recorded: {}", recorded.options_text()),
         peak_reserved_bytes: base.peak_reserved_bytes,
         peak_allocated_bytes: base.peak_allocated_bytes,
         ooms: base.ooms,
@@ -513,8 +510,15 @@ fn diagnose(
             memory_limit: None,
             ..recorded.clone()
         };
-        // Refused requests granted: would any packing have served them all?
-        let all = snap.workload.with_refusals_granted();
+        // Under a size the rows ask for each refused request (freed at once
+        // if granted), so the planner packs it too; without one they skip
+        // it, and so does the planner.
+        let limited = capacity.or(recorded.memory_limit).is_some();
+        let all = if limited {
+            snap.workload.with_refusals_granted()
+        } else {
+            snap.workload.clone()
+        };
         crate::lab::workload::compare_with(&all, &["planner"], None, &unlimited)
             .ok()
             .and_then(|r| r.first().map(|p| p.peak_reserved_bytes))
@@ -779,7 +783,7 @@ fn advise(
             Mib(base.peak_reserved_bytes)
         )),
         (Some(floor), Some(cap)) => out.push(format!(
-            "An offline planner that knew every lifetime in advance packs every request of this step, the refused ones included, into about {} of the {}: the step fits, and what ran out of memory was the packing (rounding, split segments, cached blocks), not the tensors.",
+            "An offline planner that knew every lifetime in advance packs every request of this step, each refused one as if freed at once, into about {} of the {}: no allocator is ruled out, and at the refusal what ran out was the packing (rounding, split segments, cached blocks), not the tensors (how long a refused block would have lived, the trace cannot say).",
             Mib(floor),
             Mib(cap)
         )),

@@ -61,7 +61,7 @@ pub fn run(args: &InfoArgs) -> anyhow::Result<()> {
         format_size(l.binding_window)
     );
     println!(
-        "  max_storage_buffers_per_shader_stage {:>14}  (windows one kernel binds: {} of tensors at most)",
+        "  max_storage_buffers_per_shader_stage {:>14}  (windows one kernel binds: about {} of tensors at most)",
         l.max_storage_buffers_per_shader_stage,
         format_size(l.largest_dispatch_bytes)
     );

@@ -24,7 +24,7 @@ pub struct MaxBatchArgs {
     #[command(flatten)]
     pub model: ModelArgs,
     /// Old spelling of --memory-limit (kept so scripts keep working).
-    #[arg(long = "limit", value_name = "SIZE", hide = true, conflicts_with_all = ["memory_limit", "memory_fraction"])]
+    #[arg(long = "limit", value_name = "SIZE", hide = true, conflicts_with_all = ["memory_limit", "memory_fraction"], value_parser = super::args::memory_limit_text)]
     pub limit: Option<String>,
     /// Allocator used on the GPU: pytorch or vramlab (the others are
     /// reported from simulation).

@@ -288,6 +288,23 @@ pub(crate) fn is_oom(e: &anyhow::Error) -> bool {
     })
 }
 
+/// Whether the device's binding limit (storage buffers per kernel)
+/// refused a dispatch somewhere in `e`'s chain.
+pub(crate) fn is_unbindable(e: &anyhow::Error) -> bool {
+    use crate::device::DeviceError;
+    e.chain().any(|c| {
+        matches!(
+            c.downcast_ref::<crate::tensor::TensorError>(),
+            Some(crate::tensor::TensorError::Device(
+                DeviceError::TooManyWindows { .. }
+            ))
+        ) || matches!(
+            c.downcast_ref::<DeviceError>(),
+            Some(DeviceError::TooManyWindows { .. })
+        )
+    })
+}
+
 /// An out-of-memory error at batch 1 says the way out is not a smaller
 /// batch (the allocator's own advice, which knows no batch).
 fn at_batch_one(e: anyhow::Error) -> anyhow::Error {

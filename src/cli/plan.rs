@@ -36,7 +36,7 @@ pub struct PlanArgs {
     #[arg(long)]
     pub gpus: u64,
     /// Memory a GPU gives the process (e.g. 80GiB).
-    #[arg(long, value_name = "SIZE")]
+    #[arg(long, value_name = "SIZE", value_parser = super::args::memory_text)]
     pub memory: String,
     /// Fraction of --memory to leave free (for the CUDA context, NCCL,
     /// cuBLAS workspaces and fragmentation the replay does not see).

@@ -117,12 +117,12 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
     };
     let describe = source.describe();
     let mut notes = config_notes(&config);
-    notes.extend(ignored_fields_note(&args.trace, kind)?);
     let mut alloc = CachingAllocator::new(source, config);
     if args.export_snapshot.is_some() {
         alloc.start_recording();
     }
     let outcome = replay(&mut alloc, file, args.timeline);
+    notes.extend(crate::lab::trace::ignored_note(&outcome.ignored.0));
     let stats = alloc.stats().flat();
     // A trace that stopped with an error exports nothing: the file named
     // keeps what it held (a snapshot of part of a trace would pass for one
@@ -204,7 +204,7 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
                 Mib(b)
             ),
             Some(b) => format!(
-                "; within the {}, so a tighter packing would serve every request",
+                "; within the {}, so no allocator is ruled out: a tighter packing might serve every request",
                 Mib(b)
             ),
             None => String::new(),
@@ -361,7 +361,7 @@ fn compare_strategies(args: &ReplayArgs, names: &[String]) -> anyhow::Result<()>
     let kind = crate::lab::file_kind::sniff(&args.trace).map_err(anyhow::Error::msg)?;
     let file = trace_reader(&args.trace, kind)?;
     let name = args.trace.display().to_string();
-    let w = Workload::from_trace(&name, file).map_err(|e| {
+    let (w, ignored) = Workload::from_trace_noting(&name, file).map_err(|e| {
         let kind = if matches!(e, crate::lab::LabError::AtLine { line: 1, .. }) {
             format!(" ({})", crate::lab::file_kind::READ_AS_JSON_LINES)
         } else {
@@ -372,7 +372,7 @@ fn compare_strategies(args: &ReplayArgs, names: &[String]) -> anyhow::Result<()>
     let names = strategy_names(names)?;
     let results = compare_with(&w, &names, capacity, &config).map_err(anyhow::Error::msg)?;
     let mut notes = config_notes(&config);
-    notes.extend(ignored_fields_note(&args.trace, kind)?);
+    notes.extend(crate::lab::trace::ignored_note(&ignored.0));
     if w.measure_from > 0 {
         notes.push(format!(
             "peaks and the lower bound are measured from the trace's last reset_peak (before operation {} of {}), as a plain replay and PyTorch's max_memory_allocated() after reset_peak_memory_stats() count them; OOMs and device calls cover the whole trace",
@@ -487,35 +487,32 @@ fn replay_snapshot(args: &ReplayArgs) -> anyhow::Result<()> {
     // VRAMLAB_ALLOC_CONF) says otherwise.
     let user_conf = args.alloc.conf_source();
     let mut config = args.alloc.config(capacity)?;
-    // Settings as PYTORCH_CUDA_ALLOC_CONF writes them ("defaults" when none).
-    let shown = |c: &crate::memory::AllocatorConfig| {
-        c.describe()
-            .trim_matches(|c| c == '(' || c == ')')
-            .to_string()
-    };
-    let settings_source = match (&file.settings, user_conf) {
+    let mut settings_source = match (&file.settings, user_conf) {
         (Some(s), Some(from)) if config.memory_limit.is_none() && s.memory_limit.is_some() => {
             // The recorded limit is not an allocator option: it stays
             // unless --memory-limit or --memory-fraction replaces it.
             config.memory_limit = s.memory_limit;
             format!(
                 "{from} ({}), under the recording's memory limit, in place of the recorded {}",
-                shown(&config),
-                shown(s)
+                config.options_text(),
+                s.options_text()
             )
         }
         (Some(s), Some(from)) => format!(
             "{from} ({}), in place of the recorded {}",
-            shown(&config),
-            shown(s)
+            config.options_text(),
+            s.options_text()
         ),
-        (None, Some(from)) => format!("{from} ({})", shown(&config)),
+        (None, Some(from)) => format!("{from} ({})", config.options_text()),
         (Some(s), None) => {
             // --memory-limit wins over the limit a vramlab run recorded.
             let limit = config.memory_limit.or(s.memory_limit);
             config = s.clone();
             config.memory_limit = limit;
-            format!("the snapshot's allocator_settings ({})", shown(&config))
+            format!(
+                "the snapshot's allocator_settings ({})",
+                config.options_text()
+            )
         }
         (None, None) => {
             "PyTorch's defaults (the snapshot records no allocator_settings)".to_string()
@@ -536,6 +533,14 @@ fn replay_snapshot(args: &ReplayArgs) -> anyhow::Result<()> {
         }
         None => file.devices.iter().collect(),
     };
+    // Older PyTorch records expandable segments only on the segments: each
+    // such device replays with them (below), which the header says.
+    if user_conf.is_none()
+        && !config.expandable_segments
+        && (file.expandable_setting || devices.iter().any(|d| d.expandable))
+    {
+        settings_source.push_str(", with expandable_segments:True as its segments are");
+    }
     let mut reports = Vec::new();
     let mut all_results = Vec::new();
     let mut replays = Vec::new();
@@ -856,19 +861,6 @@ fn config_notes(config: &crate::memory::AllocatorConfig) -> Vec<String> {
         ));
     }
     notes
-}
-
-/// What a JSON Lines trace carries that the replay does not read (an
-/// interval file is converted, so it has nothing of the kind).
-fn ignored_fields_note(
-    path: &std::path::Path,
-    kind: crate::lab::file_kind::FileKind,
-) -> anyhow::Result<Option<String>> {
-    if kind == crate::lab::file_kind::FileKind::Intervals {
-        return Ok(None);
-    }
-    let fields = crate::lab::trace::ignored_fields(trace_reader(path, kind)?);
-    Ok(crate::lab::trace::ignored_note(&fields))
 }
 
 /// Whether the trace at `path` has no event: no line but blank ones (an

@@ -195,6 +195,26 @@ impl AllocatorConfig {
 
     /// Renders the options back in the same syntax (for reports).
     pub fn describe(&self) -> String {
+        let parts = self.parts();
+        if parts.is_empty() {
+            "(defaults)".to_string()
+        } else {
+            parts.join(",")
+        }
+    }
+
+    /// [`AllocatorConfig::describe`] for use inside a sentence: `defaults`
+    /// bare where no option is set.
+    pub fn options_text(&self) -> String {
+        let parts = self.parts();
+        if parts.is_empty() {
+            "defaults".to_string()
+        } else {
+            parts.join(",")
+        }
+    }
+
+    fn parts(&self) -> Vec<String> {
         let mut parts = Vec::new();
         if self.max_split_size != u64::MAX {
             parts.push(format!("max_split_size_mb:{}", self.max_split_size >> 20));
@@ -224,11 +244,7 @@ impl AllocatorConfig {
         if self.expandable_segments {
             parts.push("expandable_segments:True".into());
         }
-        if parts.is_empty() {
-            "(defaults)".to_string()
-        } else {
-            parts.join(",")
-        }
+        parts
     }
 }
 

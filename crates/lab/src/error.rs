@@ -279,7 +279,7 @@ pub enum LabError {
         known: &'static [&'static str],
     },
     /// A vramlab option (`lookahead`, …) whose value is not a boolean.
-    #[error("allocator config {input:?}: {key}:{value} must be True or False (a vramlab option)")]
+    #[error("allocator config {input:?}: {key}:{value} must be True or False, capitalised as PyTorch spells them (a vramlab option)")]
     OptionValue {
         input: String,
         key: &'static str,

@@ -60,6 +60,9 @@ pub struct ReplayOutcome {
     pub peak_live_requested_bytes: u64,
     /// Set when the replay stopped before the end of the trace.
     pub error: Option<ReplayError>,
+    /// Fields of the events that the format does not read.
+    #[serde(skip)]
+    pub ignored: super::trace::IgnoredFields,
 }
 
 enum Live {
@@ -102,6 +105,7 @@ pub fn replay<S: SegmentSource, R: BufRead>(
             }
         };
         let op = event.op_name();
+        out.ignored.see(line_no, &text, op);
         let result: Result<(), LabError> = match event {
             TraceEvent::Alloc {
                 id,

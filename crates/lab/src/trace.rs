@@ -12,7 +12,7 @@
 //! output, temporary, workspace, autocast_cache, untagged) are optional. Allocators that plan
 //! by lifetime (`vramlab`) use the category; the others ignore it. Other
 //! fields are ignored so traces can carry more (times) without breaking
-//! older readers; [`ignored_fields`] lists them so a replay can say so.
+//! older readers; [`IgnoredFields`] lists them so a replay can say so.
 
 use crate::error::LabError;
 use crate::memory::constants::MAX_BYTES;
@@ -197,29 +197,33 @@ pub struct IgnoredField {
     pub lines: usize,
 }
 
-/// Every field of the trace's events that its op does not read (the
+/// Every field of a trace's events that its op does not read (the
 /// recorder's own ones aside), in order of first appearance: a misspelt
 /// `categroy` or a `stream` would otherwise change the replay in silence.
-/// Lines that do not parse are skipped (the replay reports them).
-pub fn ignored_fields<R: BufRead>(reader: R) -> Vec<IgnoredField> {
-    let mut out: Vec<IgnoredField> = Vec::new();
-    for (line, text) in lines(reader).map_while(Result::ok) {
-        let Ok(map) = serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(&text)
-        else {
-            continue;
+/// Fed line by line by the pass that reads the events.
+#[derive(Debug, Clone, Default)]
+pub struct IgnoredFields(pub Vec<IgnoredField>);
+
+impl IgnoredFields {
+    /// Notes the fields of `text` (line `line`, an event of `op` that
+    /// parsed) that `op` does not read.
+    pub fn see(&mut self, line: usize, text: &str, op: &str) {
+        type Keys<'a> = std::collections::HashMap<std::borrow::Cow<'a, str>, serde::de::IgnoredAny>;
+        let Ok(keys) = serde_json::from_str::<Keys>(text) else {
+            return;
         };
-        let op = map.get("op").and_then(|v| v.as_str()).unwrap_or("");
         let read = read_by(op);
-        let mut names: Vec<&String> = map
+        let mut names: Vec<&str> = keys
             .keys()
-            .filter(|k| !read.contains(&k.as_str()) && !RECORDER.contains(&k.as_str()))
+            .map(|k| k.as_ref())
+            .filter(|k| !read.contains(k) && !RECORDER.contains(k))
             .collect();
-        names.sort();
+        names.sort_unstable();
         for name in names {
-            match out.iter_mut().find(|f| &f.name == name && f.op == op) {
+            match self.0.iter_mut().find(|f| f.name == name && f.op == op) {
                 Some(f) => f.lines += 1,
-                None => out.push(IgnoredField {
-                    name: name.clone(),
+                None => self.0.push(IgnoredField {
+                    name: name.to_string(),
                     op: op.to_string(),
                     first_line: line,
                     lines: 1,
@@ -227,7 +231,6 @@ pub fn ignored_fields<R: BufRead>(reader: R) -> Vec<IgnoredField> {
             }
         }
     }
-    out
 }
 
 /// The note a replay prints for `fields`, if any.
@@ -318,13 +321,16 @@ mod tests {
         let text = [
             r#"{"op":"alloc","id":1,"size":10,"categroy":"parameter"}"#,
             r#"{"op":"alloc","id":2,"size":10,"stream":7,"phase":"forward"}"#,
-            r#"not json"#,
             r#"{"op":"free","id":2,"stream":7}"#,
             r#"{"op":"free","id":1,"where":"x.py:3","size":10}"#,
-        ]
-        .join("\n");
-        let got = ignored_fields(text.as_bytes());
-        let names: Vec<(&str, &str, usize, usize)> = got
+        ];
+        let mut seen = IgnoredFields::default();
+        for (i, t) in text.iter().enumerate() {
+            let op = TraceEvent::parse_line(t).unwrap().op_name();
+            seen.see(i + 1, t, op);
+        }
+        let names: Vec<(&str, &str, usize, usize)> = seen
+            .0
             .iter()
             .map(|f| (f.name.as_str(), f.op.as_str(), f.first_line, f.lines))
             .collect();
@@ -333,18 +339,17 @@ mod tests {
             [
                 ("categroy", "alloc", 1, 1),
                 ("stream", "alloc", 2, 1),
-                ("stream", "free", 4, 1),
-                ("size", "free", 5, 1)
+                ("stream", "free", 3, 1),
+                ("size", "free", 4, 1)
             ]
         );
-        let note = ignored_note(&got).unwrap();
+        let note = ignored_note(&seen.0).unwrap();
         assert!(note.contains("`categroy` on alloc (line 1)"), "{note}");
-        assert!(note.contains("`stream` on free (line 4)"), "{note}");
+        assert!(note.contains("`stream` on free (line 3)"), "{note}");
         assert!(note.contains("one stream's pool"), "{note}");
-        assert_eq!(
-            ignored_note(&ignored_fields(&b"{\"op\":\"empty_cache\"}"[..])),
-            None
-        );
+        let mut none = IgnoredFields::default();
+        none.see(1, r#"{"op":"empty_cache"}"#, "empty_cache");
+        assert_eq!(ignored_note(&none.0), None);
     }
 
     #[test]

@@ -53,6 +53,16 @@ impl Workload {
     /// sets [`Workload::measure_from`]. The error says which line
     /// ([`LabError::AtLine`]).
     pub fn from_trace<R: BufRead>(name: &str, reader: R) -> Result<Workload, LabError> {
+        Workload::from_trace_noting(name, reader).map(|(w, _)| w)
+    }
+
+    /// [`Workload::from_trace`], with the fields its events carry that the
+    /// format does not read.
+    pub fn from_trace_noting<R: BufRead>(
+        name: &str,
+        reader: R,
+    ) -> Result<(Workload, super::trace::IgnoredFields), LabError> {
+        let mut ignored = super::trace::IgnoredFields::default();
         // The same checks as `replay` (lab/replay.rs): bounded lines, sizes
         // in range, ids allocated and freed in order.
         let mut ops = Vec::new();
@@ -66,6 +76,7 @@ impl Workload {
             let (line, text) = item.map_err(|(line, e)| at(line, e))?;
             let event = TraceEvent::parse_line(&text).map_err(|e| at(line, e))?;
             ids.check(&event).map_err(|e| at(line, e))?;
+            ignored.see(line, &text, event.op_name());
             match event {
                 TraceEvent::Alloc {
                     id, size, category, ..
@@ -79,11 +90,12 @@ impl Workload {
                 TraceEvent::ResetPeak => measure_from = ops.len(),
             }
         }
-        Ok(Workload {
+        let w = Workload {
             name: name.to_string(),
             ops,
             measure_from,
-        })
+        };
+        Ok((w, ignored))
     }
 
     /// A recorded event log as a workload (tensors by their requested size).
@@ -184,6 +196,9 @@ impl Workload {
     /// freed at once, under an id no op uses: what serving every request
     /// takes, so a plan of it says whether any packing would have fitted.
     pub fn with_refusals_granted(&self) -> Workload {
+        if !self.ops.iter().any(|op| matches!(op, Op::Probe { .. })) {
+            return self.clone();
+        }
         let mut next = self
             .ops
             .iter()
@@ -192,7 +207,7 @@ impl Workload {
                 Op::EmptyCache | Op::Probe { .. } => None,
             })
             .max()
-            .map_or(0, |m| m + 1);
+            .map_or(0, |m| m.saturating_add(1));
         let mut ops = Vec::with_capacity(self.ops.len());
         // A reset after the last op stays after the last op.
         let mut measure_from = usize::MAX;
@@ -569,6 +584,15 @@ mod tests {
         assert!(matches!(granted.ops[6], Op::Free { id: 4 }));
         let arena = run_planner(&granted, None).peak_reserved_bytes;
         assert!(arena >= (19 << 20) + (21 << 19), "{arena}");
+        // A refusal before the reset moves the reset one op on.
+        let early = Workload {
+            ops: [vec![Op::Probe { size: 1 << 20 }], w.ops.clone()].concat(),
+            measure_from: 5,
+            ..w.clone()
+        };
+        let g = early.with_refusals_granted();
+        assert_eq!(g.measure_from, 6);
+        assert!(matches!(g.ops[6], Op::Alloc { id: 3, .. }), "{:?}", g.ops);
         // A reset after the last op stays after the last op.
         let end = Workload {
             measure_from: w.ops.len(),

@@ -100,9 +100,9 @@ impl InfoReport {
             ),
         };
         let memory = gpu.device_memory();
-        // A window never crosses a buffer (--buffer-limit shrinks them), so
-        // each holds at most an even share of its buffer: 2 GiB − 32 B
-        // buffers in 128 MiB windows are 16 windows of just under 128 MiB.
+        // Windows are cut at each buffer's end (--buffer-limit shrinks the
+        // buffers), so a kernel's windows hold about a buffer's bytes over
+        // the windows it takes each: 2 GiB − 32 B in 16 of 128 MiB.
         let piece = gpu.buffer_piece.max(1);
         let per_piece = piece.div_ceil(gpu.binding_window.max(1));
         let dispatch = piece / per_piece * l.max_storage_buffers_per_shader_stage as u64;
