@@ -1642,3 +1642,190 @@ fn bench_flags_say_what_they_do() {
     };
     assert_ne!(reserved(&plain), reserved(&split));
 }
+
+/// `profile` and `train` outputs found from outside: a blocked output was
+/// found after the whole run (a half-written directory, no figures); a
+/// dump's write error lost the reason; an out-of-memory run wrote no trace;
+/// profile's files at a refusal went on to the unwinding's frees.
+#[test]
+fn outputs_are_checked_first_and_a_refusal_keeps_what_led_to_it() {
+    let dir = scratch("outputs-first");
+    let out = dir.join("p");
+    std::fs::create_dir_all(out.join("trace.json")).unwrap();
+    let o = command([
+        "profile", "--model", "mlp", "--batch", "2", "--steps", "1", "--out",
+    ])
+    .arg(&out)
+    .output()
+    .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("trace.json is a directory"), "{err}");
+    assert!(!out.join("timeline.svg").exists() && !stdout(&o).contains("events"));
+    #[cfg(target_os = "linux")]
+    {
+        // Nothing can be created in /proc: refused before step 1.
+        let o = vramlab([
+            "train",
+            "--model",
+            "mlp",
+            "--batch",
+            "2",
+            "--steps",
+            "1",
+            "--dump",
+            "/proc/vramlab-x.safetensors",
+        ]);
+        let err = stderr(&o);
+        assert!(err.contains("cannot write there"), "{err}");
+        assert!(!stdout(&o).contains("step   1"), "{}", stdout(&o));
+        // A device is written in place; its error keeps the system's reason.
+        let err = fails_cleanly([
+            "train",
+            "--model",
+            "mlp",
+            "--batch",
+            "2",
+            "--steps",
+            "1",
+            "--dump",
+            "/dev/full",
+        ]);
+        assert!(err.contains("No space left on device"), "{err}");
+    }
+    // Out of memory: the trace up to the refusal is written and named.
+    let trace = dir.join("t.jsonl");
+    let o = command([
+        "train",
+        "--model",
+        "simple-cnn",
+        "--batch",
+        "2",
+        "--steps",
+        "2",
+        "--memory-limit",
+        "24MiB",
+        "--record-trace",
+    ])
+    .arg(&trace)
+    .output()
+    .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("up to the refusal are in --record-trace"),
+        "{err}"
+    );
+    assert!(std::fs::read_to_string(&trace).unwrap().lines().count() > 10);
+    // profile's snapshot ends at the refusal, its blocks still held.
+    let p4 = dir.join("p4");
+    let o = command([
+        "profile",
+        "--model",
+        "simple-cnn",
+        "--batch",
+        "4",
+        "--memory-limit",
+        "30MiB",
+        "--out",
+    ])
+    .arg(&p4)
+    .output()
+    .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stdout(&o).contains("of snapshot.pickle"), "{}", stdout(&o));
+    let snap = vramlab::lab::pickle::unpickle(&std::fs::read(p4.join("snapshot.pickle")).unwrap())
+        .unwrap();
+    let trace = snap.get("device_traces").unwrap().as_list().unwrap()[0]
+        .as_list()
+        .unwrap();
+    let last = trace
+        .last()
+        .unwrap()
+        .get("action")
+        .unwrap()
+        .as_str()
+        .unwrap();
+    assert_eq!(last, "oom");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `--load` and `--data` mistakes found from outside name the fix: a dump
+/// of another model (six "no tensor named" lines, or a head count asked
+/// for), an attention state_dict with PyTorch's key bias, an input of
+/// another shape.
+#[test]
+fn load_and_data_mistakes_name_the_fix() {
+    let dir = scratch("load-data");
+    let dump = dir.join("mlp.safetensors");
+    succeeds([
+        "train",
+        "--model",
+        "mlp",
+        "--batch",
+        "2",
+        "--steps",
+        "1",
+        "--dump",
+        dump.to_str().unwrap(),
+    ]);
+    for model in ["simple-cnn", "gpt"] {
+        let err = fails_cleanly(["train", "--model", model, "--load", dump.to_str().unwrap()]);
+        assert!(
+            err.contains("was dumped from mlp") && err.contains("pass --model mlp"),
+            "{err}"
+        );
+    }
+    // An attention state_dict with k_proj's bias, as nn.Linear makes it.
+    let att = dir.join("att.safetensors");
+    succeeds([
+        "train",
+        "--model",
+        "attention",
+        "--batch",
+        "2",
+        "--steps",
+        "1",
+        "--dump",
+        att.to_str().unwrap(),
+    ]);
+    let st = vramlab::io::safetensors::SafeTensors::read(&att).unwrap();
+    let mut sd = vramlab::io::safetensors::SafeTensors::new();
+    for (name, t) in &st.tensors {
+        if let Some(p) = name.strip_prefix("param.") {
+            sd.tensors.insert(p.to_string(), t.clone());
+        }
+    }
+    let dim = sd.tensors["attn.k_proj.weight"].shape[0];
+    sd.insert_f32("attn.k_proj.bias", &[dim], &vec![0.0; dim])
+        .unwrap();
+    let biased = dir.join("biased.safetensors");
+    sd.write(&biased).unwrap();
+    let err = fails_cleanly([
+        "train",
+        "--model",
+        "attention",
+        "--load",
+        biased.to_str().unwrap(),
+    ]);
+    assert!(err.contains("sd.pop(\"attn.k_proj.bias\")"), "{err}");
+    // simple-cnn takes 3×32×32 only.
+    let mut data = vramlab::io::safetensors::SafeTensors::new();
+    data.insert_f32("x", &[2, 3, 16, 16], &vec![0.5; 2 * 3 * 16 * 16])
+        .unwrap();
+    data.insert_i64("y", &[2], &[1, 2]).unwrap();
+    let batch = dir.join("x16.safetensors");
+    data.write(&batch).unwrap();
+    let err = fails_cleanly([
+        "train",
+        "--model",
+        "simple-cnn",
+        "--data",
+        batch.to_str().unwrap(),
+    ]);
+    assert!(
+        err.contains("--data") && err.contains("takes samples of [3, 32, 32]"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -322,11 +322,39 @@ pub fn non_finite_loss(step: usize, loss: f32, files: &[&str], set: &[&str]) -> 
 /// found at once, not after a long sweep).
 pub fn out_dir(flag: &str, dir: &std::path::Path) -> Result<(), ArgError> {
     std::fs::create_dir_all(dir).map_err(|e| {
-        ArgError(format!(
-            "{flag} {}: cannot create the directory ({e}); name a directory, new or existing",
-            dir.display()
-        ))
+        // A file where a directory should be: say which, not "File exists".
+        let file = dir
+            .ancestors()
+            .find(|a| !a.as_os_str().is_empty() && a.exists() && !a.is_dir());
+        match file {
+            Some(f) => ArgError(format!(
+                "{flag} {}: {} is a file, not a directory; name a directory, new or existing",
+                dir.display(),
+                f.display()
+            )),
+            None => ArgError(format!(
+                "{flag} {}: cannot create the directory ({e}); name a directory, new or existing",
+                dir.display()
+            )),
+        }
     })
+}
+
+/// Whether a file can be created in `dir` (checked by making and removing
+/// one): outputs are written whole into a new file there, so a read-only
+/// directory is found before any work, not after it.
+fn writable(flag: &str, shown: &std::path::Path, dir: &std::path::Path) -> Result<(), ArgError> {
+    let probe = dir.join(format!(".vramlab-write-check-{}", std::process::id()));
+    match std::fs::File::create(&probe) {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&probe);
+            Ok(())
+        }
+        Err(e) => Err(ArgError(format!(
+            "{flag} {}: cannot write there ({e}); name a place you can write to",
+            shown.display()
+        ))),
+    }
 }
 
 /// `out_dir`, then checks before any work that `files` can be written in
@@ -344,33 +372,38 @@ pub fn out_dir_for(flag: &str, dir: &std::path::Path, files: &[&str]) -> Result<
             )));
         }
     }
-    let probe = dir.join(format!(".vramlab-write-check-{}", std::process::id()));
-    match std::fs::File::create(&probe) {
-        Ok(_) => {
-            let _ = std::fs::remove_file(&probe);
-            Ok(())
-        }
-        Err(e) => Err(ArgError(format!(
-            "{flag} {}: cannot write there ({e}); name a directory you can write to",
-            dir.display()
-        ))),
-    }
+    writable(flag, dir, dir)
 }
 
 /// Makes the directory an output file's flag names lives in, before any
-/// work, as `out_dir` does.
+/// work, as `out_dir` does, and checks a file can be written there. A
+/// device or pipe that exists is written in place, so only it is needed.
 pub fn out_file_dir(flag: &str, file: &std::path::Path) -> Result<(), ArgError> {
     if file.is_dir() {
+        // The example in the kind of file the flag writes.
+        let example = match flag {
+            "--record-trace" => "out.jsonl",
+            "--export-snapshot" => "out.pickle",
+            "--export-intervals" => "out.csv",
+            _ => "out.safetensors",
+        };
         return Err(ArgError(format!(
             "{flag} {}: is a directory; name a file (e.g. {})",
             file.display(),
-            file.join("out.safetensors").display()
+            file.join(example).display()
         )));
     }
-    match file.parent() {
-        Some(d) if !d.as_os_str().is_empty() => out_dir(flag, d),
-        _ => Ok(()),
+    if file.exists() && !file.is_file() {
+        return Ok(());
     }
+    let dir = match file.parent() {
+        Some(d) if !d.as_os_str().is_empty() => {
+            out_dir(flag, d)?;
+            d
+        }
+        _ => std::path::Path::new("."),
+    };
+    writable(flag, file, dir)
 }
 
 /// The file a path names, for comparing two paths: the canonical path of

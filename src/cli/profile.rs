@@ -42,6 +42,15 @@ pub struct ProfileArgs {
     pub json: bool,
 }
 
+/// The files `--out` receives.
+const PROFILE_FILES: [&str; 5] = [
+    "timeline.svg",
+    "timeline.html",
+    "trace.json",
+    "snapshot.json",
+    "snapshot.pickle",
+];
+
 pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
     super::args::check_recorded_steps(args.steps)?;
     super::args::at_least_one(&[
@@ -52,8 +61,9 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
     let plan = args
         .step
         .plan(spec.clone(), args.batch, args.alloc.config(None)?)?;
-    std::fs::create_dir_all(&args.out)
-        .with_context(|| format!("cannot create --out directory {}", args.out.display()))?;
+    // Every file it writes, checked before the run (a blocked one failed
+    // after it, with a half-written directory and no figures).
+    super::args::out_dir_for("--out", &args.out, &PROFILE_FILES)?;
     let engine = args.device.engine(plan.config.clone())?;
     engine.start_timing();
     let title = |device: &str| {
@@ -71,7 +81,13 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
         // Out of memory is what a timeline is for: the events up to the
         // refusal are written, then the error says where.
         Err(e) if e.is_oom() => {
-            let events = engine.allocator().take_events();
+            // Up to the refusal: the frees of the step's unwinding after it
+            // would leave the snapshot's segments empty.
+            let mut events = engine.allocator().take_events();
+            let refused = events
+                .iter()
+                .position(|e| e.kind == crate::memory::EventKind::Oom);
+            events.truncate(refused.map_or(events.len(), |i| i + 1));
             let device = engine.device_name();
             let title = title(&device);
             // The figures up to the refusal go beside the error, as the
@@ -91,7 +107,10 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
                 return Err(err);
             }
             println!("{title}");
-            println!("{}", peaks.line(" up to the refusal", ""));
+            println!(
+                "{}",
+                peaks.line(" up to the refusal", &peaks.operation_text())
+            );
             return Err(err);
         }
         Err(e) => return Err(e.into()),
@@ -115,11 +134,7 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     println!("{title}");
-    // The peak as `doctor --at` / `replay` count snapshot.pickle's operations.
-    let op = peaks.operation.map_or(String::new(), |op| {
-        format!("; operation {op} of snapshot.pickle, as `doctor --at` counts")
-    });
-    println!("{}", peaks.line("", &op));
+    println!("{}", peaks.line("", &peaks.operation_text()));
     println!("memory: {levels}");
     if let Some(t) = &op_times {
         println!();
@@ -182,6 +197,14 @@ impl Peaks {
     }
 
     /// `N events{what}; peak allocated … (event E{op}), peak reserved …`.
+    /// The peak as `doctor --at` / `replay` count snapshot.pickle's
+    /// operations, for [`Peaks::line`].
+    fn operation_text(&self) -> String {
+        self.operation.map_or(String::new(), |op| {
+            format!("; operation {op} of snapshot.pickle, as `doctor --at` counts")
+        })
+    }
+
     fn line(&self, what: &str, op: &str) -> String {
         format!(
             "{} events{what}; peak allocated {:.2} MiB (event {}{op}), peak reserved {:.2} MiB",

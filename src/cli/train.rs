@@ -79,7 +79,8 @@ pub struct TrainArgs {
     #[arg(long, value_name = "FILE")]
     pub text: Option<PathBuf>,
     /// Write the last step's `logits`, `loss`, `grad.<name>` and
-    /// `param.<name>` (after the update) here.
+    /// `param.<name>` (after the update) here, all as f32 whatever --dtype
+    /// (16-bit values widen exactly).
     #[arg(long, value_name = "OUT.safetensors")]
     pub dump: Option<PathBuf>,
     /// Write every allocation and free of the run as a JSON Lines trace
@@ -165,7 +166,21 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     print_header(args, &setup);
     let f32_peaks = f32_peaks(args, &setup)?;
     let mut training = Training::start(args, setup);
-    let records = train_loop(args, &mut training, f32_peaks.as_deref())?;
+    let records = match train_loop(args, &mut training, f32_peaks.as_deref()) {
+        Ok(r) => r,
+        // A run that ran out of memory is the trace most worth replaying
+        // (`replay --allocators`): written up to the refusal.
+        Err(e) => match &args.record_trace {
+            Some(path) if super::is_oom(&e) => {
+                write_trace(args, &training.trainer.engine, path)?;
+                return Err(e.context(format!(
+                    "the run ran out of memory; its allocations up to the refusal are in --record-trace {}",
+                    path.display()
+                )));
+            }
+            _ => return Err(e),
+        },
+    };
     if let (Some(path), Some(out)) = (&args.dump, training.trainer.outputs()) {
         dump(args, &training, path, out)?;
     }
@@ -246,6 +261,19 @@ fn model_and_files(
             .map_err(anyhow::Error::msg)
             .with_context(|| format!("reading the input size from {}", d.origin))?;
         agree(args, &spec, &flags, &d.origin, "--data")?;
+        // What no size adapts to (simple-cnn takes 3×32×32 only; an mlp's
+        // input is flat): refused here, naming the file, not mid-step.
+        let sample = spec.input_shape();
+        if spec.vocab().is_none() && xs.get(1..) != Some(&sample[..]) {
+            let want: Vec<String> = sample.iter().map(usize::to_string).collect();
+            anyhow::bail!(
+                "--data {}: x is {xs:?}, and {} takes samples of [{}] (x of [N, {}]); reshape x, or pick the --model (and sizes) it was made for",
+                d.origin,
+                spec.describe(),
+                want.join(", "),
+                want.join(", ")
+            );
+        }
     }
     Ok((spec, weights, data))
 }
@@ -300,11 +328,28 @@ fn sizes_from_weights(
             })
     };
     let mut spec = ModelSpec::default_for(&args.model.model).map_err(anyhow::Error::msg)?;
+    // A vramlab dump names its model: another --model fails on a missing
+    // tensor (or a head count) that says nothing of the model to pass.
+    if let Some(m) = w.metadata.get("model") {
+        let dumped = m.split_whitespace().next().unwrap_or_default();
+        if ModelSpec::default_for(dumped).is_ok() && dumped != spec.name() {
+            anyhow::bail!(
+                "{} was dumped from {dumped} ({m}), not {}: pass --model {dumped}",
+                w.origin,
+                spec.name()
+            );
+        }
+    }
     // gpt's head count is in no shape: from the file's metadata (vramlab's
     // --dump and the PyTorch-side scripts write it), else --heads. A guess
     // trains with the loss right and the attention's gradients wrong (and
-    // the default 4 may not divide the file's dim).
-    if spec.vocab().is_some() && !flags.contains(&"heads") && !w.metadata.contains_key("heads") {
+    // the default 4 may not divide the file's dim). A file with no gpt
+    // table is refused below for that, more to the point.
+    if spec.vocab().is_some()
+        && w.tensors.contains_key("wte.weight")
+        && !flags.contains(&"heads")
+        && !w.metadata.contains_key("heads")
+    {
         anyhow::bail!(
             "{} says nothing of the head count (no shape holds it, and it has no `heads` metadata): give --heads as the model was built (nanoGPT's n_head), or save it with safetensors' metadata={{\"heads\": \"N\"}}",
             w.origin
@@ -609,8 +654,9 @@ fn print_header(args: &TrainArgs, s: &Setup) {
             Some(p) => p.display().to_string(),
             None => "data/apache-2.0.txt (built in)".into(),
         };
+        // Bytes, each a token: a UTF-8 letter is two to four of them.
         println!(
-            "text: {source}, {} characters{}; random windows of each step's batch",
+            "text: {source}, {} bytes{}; random windows of each step's batch",
             t.tokens.len(),
             if t.replaced > 0 {
                 format!(" ({} outside printable ASCII read as spaces)", t.replaced)
@@ -618,6 +664,13 @@ fn print_header(args: &TrainArgs, s: &Setup) {
                 String::new()
             }
         );
+        if 2 * t.replaced > t.tokens.len() {
+            eprintln!(
+                "warning: most of {source} ({} of {} bytes) is outside printable ASCII and reads as spaces: the model learns little but spaces from it (vramlab's gpt reads text character by character, in ASCII)",
+                t.replaced,
+                t.tokens.len()
+            );
+        }
     }
     println!(
         "parameters: {} elements = {:.2} MiB in {}{}",
@@ -877,8 +930,9 @@ fn dump(args: &TrainArgs, t: &Training, path: &Path, out: &StepOutputs) -> anyho
         "optimizer".into(),
         format!("{} lr {}", t.opt.kind, t.opt.lr),
     );
+    // The chain keeps the operating system's reason ("No space left").
     st.write(path)
-        .map_err(|e| anyhow::anyhow!("--dump {}: {e}", path.display()))?;
+        .with_context(|| format!("--dump {}", path.display()))?;
     if !args.json {
         println!(
             "\nwrote {} ({} tensors: {output}, loss, grad.*, param.*{})",
@@ -901,7 +955,24 @@ fn write_trace(args: &TrainArgs, engine: &Engine, path: &Path) -> anyhow::Result
     crate::io::write_atomic(path, (lines.join("\n") + "\n").as_bytes())
         .with_context(|| format!("cannot write --record-trace {}", path.display()))?;
     if !args.json {
-        println!("\nwrote {} ({} events)", path.display(), lines.len());
+        // A trace holds sizes, not settings: the replay needs them again.
+        let config = engine.allocator().config().clone();
+        let mut again: Vec<String> = Vec::new();
+        if config.options_text() != "defaults" {
+            again.push(format!("--alloc-conf {}", config.options_text()));
+        }
+        if let Some(l) = config.memory_limit {
+            again.push(format!("--memory-limit {l}"));
+        }
+        let how = if again.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; replay it with {} (a trace holds no settings)",
+                again.join(" ")
+            )
+        };
+        println!("\nwrote {} ({} events{how})", path.display(), lines.len());
     }
     Ok(())
 }

@@ -317,7 +317,7 @@ pub enum LoadProblem {
         file: Vec<usize>,
         model: Vec<usize>,
     },
-    #[error("unexpected tensors (not parameters of this model): {0:?}")]
+    #[error("unexpected tensors (not parameters of this model): {names:?}{hint}", names = .0, hint = key_bias_hint(.0))]
     Unexpected(Vec<String>),
     /// Some running statistics but not all: a damaged state_dict (one of
     /// parameters alone, without any, loads).
@@ -563,4 +563,14 @@ pub enum SpecError {
         model: &'static str,
         source: Box<SpecError>,
     },
+}
+
+/// vramlab's attention has no key bias, which PyTorch's default
+/// `nn.Linear` has: the way to load such a state_dict.
+fn key_bias_hint(names: &[String]) -> &'static str {
+    if names.iter().any(|n| n.ends_with("k_proj.bias")) {
+        "; vramlab's attention has no k_proj bias (it adds one constant to every score of a query, which the softmax cancels), so dropping it changes nothing: `sd.pop(\"attn.k_proj.bias\")` before saving"
+    } else {
+        ""
+    }
 }
