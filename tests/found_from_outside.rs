@@ -1713,10 +1713,52 @@ fn outputs_are_checked_first_and_a_refusal_keeps_what_led_to_it() {
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(
-        err.contains("up to the refusal are in --record-trace"),
+        err.contains("up to the refusal, the refused one last, are in --record-trace"),
         "{err}"
     );
-    assert!(std::fs::read_to_string(&trace).unwrap().lines().count() > 10);
+    // It ends with the refused request, so a replay under the run's limit
+    // refuses that, and only that.
+    let lines = std::fs::read_to_string(&trace).unwrap().lines().count();
+    let v = json_of([
+        "replay",
+        trace.to_str().unwrap(),
+        "--memory-limit",
+        "24MiB",
+        "--json",
+    ]);
+    let ooms = v["ooms"].as_array().unwrap();
+    assert_eq!(ooms.len(), 1, "{v}");
+    assert_eq!(ooms[0]["line"], lines, "{v}");
+    // A trace holds no settings: train says what to replay it with.
+    let t2 = dir.join("t2.jsonl");
+    let out = succeeds([
+        "train",
+        "--model",
+        "mlp",
+        "--batch",
+        "2",
+        "--steps",
+        "1",
+        "--alloc-conf",
+        "max_split_size_mb:64",
+        "--record-trace",
+        t2.to_str().unwrap(),
+    ]);
+    assert!(
+        out.contains("replay it with --alloc-conf max_split_size_mb:64"),
+        "{out}"
+    );
+    // Text that is mostly not ASCII is said to read as spaces.
+    let cjk = dir.join("cjk.txt");
+    std::fs::write(&cjk, "記憶".repeat(200)).unwrap();
+    let o = command([
+        "train", "--model", "gpt", "--steps", "1", "--batch", "2", "--json", "--text",
+    ])
+    .arg(&cjk)
+    .output()
+    .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("warning: most of"), "{}", stderr(&o));
     // profile's snapshot ends at the refusal, its blocks still held.
     let p4 = dir.join("p4");
     let o = command([

@@ -288,6 +288,21 @@ def test_mistakes_are_one_line(case, user_file, tmp_path, capsys):
     assert os.listdir(tmp_path) == ["user_models.py"]  # nothing written, nothing left
 
 
+def test_checking_out_touches_no_link_and_opens_no_fifo(tmp_path):
+    """--out is checked without writing through it: a dangling link was
+    followed into an empty target and then removed; a FIFO without a
+    reader blocked the check forever."""
+    from vramlab_torch.__main__ import _check_out
+    link = tmp_path / "link.pickle"
+    link.symlink_to(tmp_path / "target.pickle")
+    _check_out(str(link))
+    assert link.is_symlink() and not (tmp_path / "target.pickle").exists()
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    _check_out(str(fifo))  # returns at once: nothing opens it
+    assert sorted(os.listdir(tmp_path)) == ["link.pickle", "pipe"]
+
+
 def test_a_failed_save_is_one_line(user_file, tmp_path, capsys, monkeypatch):
     def full(*_a, **_k):
         raise OSError(28, "No space left on device")

@@ -5,6 +5,7 @@ import json
 import os
 import resource
 import sys
+import tempfile
 import time
 import warnings
 
@@ -203,19 +204,25 @@ def _check_dist(a):
 def _check_out(path):
     """--out before anything is recorded (a recording can take minutes): a
     file, in a directory that exists (not made: a mistyped path would be
-    made silently; vramlab's own CLI refuses a missing one too), writable."""
+    made silently), writable. Checked without touching the path itself: a
+    link is not followed into a new file, a FIFO is not opened."""
     if os.path.isdir(path):
         fail(f"--out {path}: a directory; give the file to write, e.g. --out "
              f"{os.path.join(path, 'step.pickle')}")
     d = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(d):
         fail(f"--out {path}: no directory {d}; create it first or give another path")
-    existed = os.path.exists(path)
+    if os.path.exists(path):
+        # An existing file, device or FIFO (a link followed) is written in place.
+        if not os.access(path, os.W_OK):
+            fail(f"--out {path}: cannot write it (permission denied); give a path you can write")
+        return
+    # A new file (or a dangling link's target): one can be made beside it.
+    where = os.path.dirname(os.path.realpath(path))
     try:
-        with open(path, "ab"):
-            pass
-        if not existed:
-            os.remove(path)
+        fd, probe = tempfile.mkstemp(prefix=".vramlab-torch-check-", dir=where)
+        os.close(fd)
+        os.remove(probe)
     except OSError as e:
         fail(f"--out {path}: cannot write it ({e.strerror or e}); give a path you can write")
 

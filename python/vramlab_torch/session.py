@@ -438,9 +438,10 @@ class Recording:
         if nd:
             out.append(
                 f"{nd['tensors']} tensor(s) ({human_bytes(nd['bytes'])}) were made with no device inside "
-                f"forward and not moved with .to() (the first: {nd['first']}): the recording put them on "
-                f"its meta device, as GPU memory, but in a CUDA run they are made on the CPU (the default "
-                f"device), not GPU memory, and an op that mixes them with the model's CUDA tensors fails "
+                f"forward and not moved with .to() themselves (the first: {nd['first']}): the recording put "
+                f"them on its meta device, as GPU memory, but in a CUDA run they are made on the CPU (the "
+                f"default device), not GPU memory. Unless they reach the GPU another way (a tensor made "
+                f"from them and moved, an index), an op that mixes them with the model's CUDA tensors fails "
                 f"(\"Expected all tensors to be on the same device\"): make them with device=x.device")
         out.extend(fallback_warnings(self.fallback))
         return out

@@ -340,26 +340,9 @@ pub fn out_dir(flag: &str, dir: &std::path::Path) -> Result<(), ArgError> {
     })
 }
 
-/// Whether a file can be created in `dir` (checked by making and removing
-/// one): outputs are written whole into a new file there, so a read-only
-/// directory is found before any work, not after it.
-fn writable(flag: &str, shown: &std::path::Path, dir: &std::path::Path) -> Result<(), ArgError> {
-    let probe = dir.join(format!(".vramlab-write-check-{}", std::process::id()));
-    match std::fs::File::create(&probe) {
-        Ok(_) => {
-            let _ = std::fs::remove_file(&probe);
-            Ok(())
-        }
-        Err(e) => Err(ArgError(format!(
-            "{flag} {}: cannot write there ({e}); name a place you can write to",
-            shown.display()
-        ))),
-    }
-}
-
-/// `out_dir`, then checks before any work that `files` can be written in
-/// it: none is a directory, and a file can be created there (a read-only
-/// directory failed only after every lesson had run, naming no path).
+/// `out_dir`, then checks before any work that each of `files` can be
+/// written in it as the run will write it (none is a directory, the
+/// directory takes new files).
 pub fn out_dir_for(flag: &str, dir: &std::path::Path, files: &[&str]) -> Result<(), ArgError> {
     out_dir(flag, dir)?;
     for f in files {
@@ -371,13 +354,20 @@ pub fn out_dir_for(flag: &str, dir: &std::path::Path, files: &[&str]) -> Result<
                 p.display()
             )));
         }
+        crate::io::check_writable(&p).map_err(|e| {
+            ArgError(format!(
+                "{flag} {}: cannot write {} ({e}); name a directory you can write to",
+                dir.display(),
+                p.display()
+            ))
+        })?;
     }
-    writable(flag, dir, dir)
+    Ok(())
 }
 
 /// Makes the directory an output file's flag names lives in, before any
-/// work, as `out_dir` does, and checks a file can be written there. A
-/// device or pipe that exists is written in place, so only it is needed.
+/// work, as `out_dir` does, and checks the file can be written as the run
+/// will write it (`io::check_writable`).
 pub fn out_file_dir(flag: &str, file: &std::path::Path) -> Result<(), ArgError> {
     if file.is_dir() {
         // The example in the kind of file the flag writes.
@@ -393,17 +383,15 @@ pub fn out_file_dir(flag: &str, file: &std::path::Path) -> Result<(), ArgError> 
             file.join(example).display()
         )));
     }
-    if file.exists() && !file.is_file() {
-        return Ok(());
+    if let Some(d) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
+        out_dir(flag, d)?;
     }
-    let dir = match file.parent() {
-        Some(d) if !d.as_os_str().is_empty() => {
-            out_dir(flag, d)?;
-            d
-        }
-        _ => std::path::Path::new("."),
-    };
-    writable(flag, file, dir)
+    crate::io::check_writable(file).map_err(|e| {
+        ArgError(format!(
+            "{flag} {}: cannot write there ({e}); name a file you can write",
+            file.display()
+        ))
+    })
 }
 
 /// The file a path names, for comparing two paths: the canonical path of

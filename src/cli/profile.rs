@@ -61,8 +61,8 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
     let plan = args
         .step
         .plan(spec.clone(), args.batch, args.alloc.config(None)?)?;
-    // Every file it writes, checked before the run (a blocked one failed
-    // after it, with a half-written directory and no figures).
+    // Every file it writes, checked before the run: a blocked one is found
+    // before the work, not after it with a half-written directory.
     super::args::out_dir_for("--out", &args.out, &PROFILE_FILES)?;
     let engine = args.device.engine(plan.config.clone())?;
     engine.start_timing();

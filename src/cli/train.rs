@@ -172,11 +172,14 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         // (`replay --allocators`): written up to the refusal.
         Err(e) => match &args.record_trace {
             Some(path) if super::is_oom(&e) => {
-                write_trace(args, &training.trainer.engine, path)?;
-                return Err(e.context(format!(
-                    "the run ran out of memory; its allocations up to the refusal are in --record-trace {}",
-                    path.display()
-                )));
+                let said = match write_trace(args, &training.trainer.engine, path, true) {
+                    Ok(()) => format!(
+                        "its allocations up to the refusal, the refused one last, are in --record-trace {}",
+                        path.display()
+                    ),
+                    Err(w) => format!("and its trace could not be written: {w:#}"),
+                };
+                return Err(e.context(format!("the run ran out of memory; {said}")));
             }
             _ => return Err(e),
         },
@@ -185,7 +188,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         dump(args, &training, path, out)?;
     }
     if let Some(path) = &args.record_trace {
-        write_trace(args, &training.trainer.engine, path)?;
+        write_trace(args, &training.trainer.engine, path, false)?;
     }
     print_report(args, &training, records, start)
 }
@@ -264,6 +267,13 @@ fn model_and_files(
         // What no size adapts to (simple-cnn takes 3×32×32 only; an mlp's
         // input is flat): refused here, naming the file, not mid-step.
         let sample = spec.input_shape();
+        if spec.vocab().is_some() && xs.len() != 2 {
+            anyhow::bail!(
+                "--data {}: x is {xs:?}, and {} takes token ids of [N, positions] (int64); reshape x",
+                d.origin,
+                spec.describe()
+            );
+        }
         if spec.vocab().is_none() && xs.get(1..) != Some(&sample[..]) {
             let want: Vec<String> = sample.iter().map(usize::to_string).collect();
             anyhow::bail!(
@@ -328,8 +338,8 @@ fn sizes_from_weights(
             })
     };
     let mut spec = ModelSpec::default_for(&args.model.model).map_err(anyhow::Error::msg)?;
-    // A vramlab dump names its model: another --model fails on a missing
-    // tensor (or a head count) that says nothing of the model to pass.
+    // A vramlab dump names its model: another --model is refused naming
+    // it, before a missing tensor or head count would say less.
     if let Some(m) = w.metadata.get("model") {
         let dumped = m.split_whitespace().next().unwrap_or_default();
         if ModelSpec::default_for(dumped).is_ok() && dumped != spec.name() {
@@ -617,6 +627,17 @@ fn first_batches(
 /// Prints (as text, not with `--json`) the f16 note, the run's
 /// description, the text's source and the parameter count.
 fn print_header(args: &TrainArgs, s: &Setup) {
+    // On stderr, so under --json too.
+    if let (Some(t), Some(p)) = (&s.text, &args.text) {
+        if 2 * t.replaced > t.tokens.len() {
+            eprintln!(
+                "warning: most of {} ({} of {} bytes) is outside printable ASCII and reads as spaces: the model learns little but spaces from it (vramlab's gpt reads text character by character, in ASCII)",
+                p.display(),
+                t.replaced,
+                t.tokens.len()
+            );
+        }
+    }
     if args.json {
         return;
     }
@@ -664,13 +685,6 @@ fn print_header(args: &TrainArgs, s: &Setup) {
                 String::new()
             }
         );
-        if 2 * t.replaced > t.tokens.len() {
-            eprintln!(
-                "warning: most of {source} ({} of {} bytes) is outside printable ASCII and reads as spaces: the model learns little but spaces from it (vramlab's gpt reads text character by character, in ASCII)",
-                t.replaced,
-                t.tokens.len()
-            );
-        }
     }
     println!(
         "parameters: {} elements = {:.2} MiB in {}{}",
@@ -946,19 +960,50 @@ fn dump(args: &TrainArgs, t: &Training, path: &Path, out: &StepOutputs) -> anyho
 
 /// Writes `--record-trace`: every allocation and free of the run, as
 /// JSON Lines.
-fn write_trace(args: &TrainArgs, engine: &Engine, path: &Path) -> anyhow::Result<()> {
-    let events = engine.allocator().take_events();
-    let lines: Vec<String> = crate::lab::workload::to_trace(&events)
-        .iter()
-        .map(|e| e.to_line())
-        .collect();
+/// With `refused`, the run ran out of memory: the trace stops at the
+/// refusal (not the frees of the step's unwinding) and ends with the
+/// refused request, so a replay under the run's settings refuses it too.
+fn write_trace(
+    args: &TrainArgs,
+    engine: &Engine,
+    path: &Path,
+    refused: bool,
+) -> anyhow::Result<()> {
+    let mut events = engine.allocator().take_events();
+    let oom = refused
+        .then(|| {
+            events
+                .iter()
+                .position(|e| e.kind == crate::memory::EventKind::Oom)
+        })
+        .flatten();
+    let mut trace = crate::lab::workload::to_trace(&events[..oom.unwrap_or(events.len())]);
+    if let Some(i) = oom {
+        let e = events.swap_remove(i);
+        let id = trace
+            .iter()
+            .filter(|t| matches!(t, crate::lab::TraceEvent::Alloc { .. }))
+            .count() as u64
+            + 1;
+        trace.push(crate::lab::TraceEvent::Alloc {
+            id,
+            size: e.requested,
+            label: (!e.label.is_empty()).then(|| e.label.to_string()),
+            category: (e.category != crate::memory::Category::Untagged).then_some(e.category),
+        });
+    }
+    let lines: Vec<String> = trace.iter().map(|e| e.to_line()).collect();
     crate::io::write_atomic(path, (lines.join("\n") + "\n").as_bytes())
         .with_context(|| format!("cannot write --record-trace {}", path.display()))?;
     if !args.json {
         // A trace holds sizes, not settings: the replay needs them again.
         let config = engine.allocator().config().clone();
         let mut again: Vec<String> = Vec::new();
-        if config.options_text() != "defaults" {
+        let options = crate::memory::AllocatorConfig {
+            memory_limit: None,
+            ..config.clone()
+        };
+        if options != crate::memory::AllocatorConfig::default() {
             again.push(format!("--alloc-conf {}", config.options_text()));
         }
         if let Some(l) = config.memory_limit {

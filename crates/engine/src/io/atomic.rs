@@ -54,6 +54,32 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     result
 }
 
+/// Whether [`write_atomic`] can write `path`, found before any work: a
+/// target written in place is opened for writing (not truncated; a FIFO
+/// is left to the write, as opening it waits for a reader), and one that
+/// is replaced gets a temporary made and removed in its directory, as the
+/// write makes it.
+pub fn check_writable(path: &Path) -> io::Result<()> {
+    match target_of(path)? {
+        Target::InPlace => {
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::FileTypeExt;
+                if std::fs::metadata(path).is_ok_and(|m| m.file_type().is_fifo()) {
+                    return Ok(());
+                }
+            }
+            OpenOptions::new().write(true).open(path).map(drop)
+        }
+        Target::Replace { .. } => {
+            let (tmp, file) = create_temp(path)?;
+            let _pending = super::interrupt::register(&tmp);
+            drop(file);
+            std::fs::remove_file(&tmp)
+        }
+    }
+}
+
 /// How a target is written.
 #[derive(Debug, PartialEq, Eq)]
 enum Target {
@@ -241,6 +267,24 @@ fn create_temp(path: &Path) -> io::Result<(PathBuf, File)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn checking_writes_nothing_and_follows_no_link() {
+        let dir = std::env::temp_dir().join(format!("vramlab-check-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        check_writable(&dir.join("new.txt")).unwrap();
+        assert!(check_writable(&dir).is_err(), "a directory");
+        #[cfg(unix)]
+        {
+            let link = dir.join("link.txt");
+            std::os::unix::fs::symlink(dir.join("target.txt"), &link).unwrap();
+            check_writable(&link).unwrap();
+            assert!(!dir.join("target.txt").exists());
+            std::fs::remove_file(&link).unwrap();
+        }
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "nothing left");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn replaces_whole_and_leaves_no_temporary() {

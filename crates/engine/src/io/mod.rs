@@ -6,6 +6,6 @@ pub mod bounded;
 pub mod interrupt;
 pub mod safetensors;
 
-pub use atomic::write_atomic;
+pub use atomic::{check_writable, write_atomic};
 
 pub use self::safetensors::{FormatProblem, SafeTensors, SafetensorsError, StDtype};

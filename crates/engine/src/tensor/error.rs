@@ -566,11 +566,15 @@ pub enum SpecError {
 }
 
 /// vramlab's attention has no key bias, which PyTorch's default
-/// `nn.Linear` has: the way to load such a state_dict.
-fn key_bias_hint(names: &[String]) -> &'static str {
-    if names.iter().any(|n| n.ends_with("k_proj.bias")) {
-        "; vramlab's attention has no k_proj bias (it adds one constant to every score of a query, which the softmax cancels), so dropping it changes nothing: `sd.pop(\"attn.k_proj.bias\")` before saving"
-    } else {
-        ""
+/// `nn.Linear` has: where those are all a file has too many, how to load
+/// it (a constant added to a query's every score, which softmax cancels).
+fn key_bias_hint(names: &[String]) -> String {
+    if names.is_empty() || !names.iter().all(|n| n.ends_with("k_proj.bias")) {
+        return String::new();
     }
+    let pops: Vec<String> = names.iter().map(|n| format!("sd.pop({n:?})")).collect();
+    format!(
+        "; vramlab's attention has no k_proj bias (it adds one constant to every score of a query, which the softmax cancels), so dropping it changes nothing: {} before saving",
+        pops.join(", ")
+    )
 }
