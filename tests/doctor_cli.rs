@@ -589,3 +589,38 @@ fn the_request_that_ran_out_of_memory_is_replayed_against_the_device() {
     assert_eq!(recorded["equals_recording"], true, "{v}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Found from outside: the advice named the code holding most memory in
+/// the sentence about the largest category, as if it held that category
+/// (it need not: cuBLAS workspaces have no user frame), and said nothing
+/// a user can do where activations are the largest share.
+#[test]
+fn the_largest_share_is_said_with_what_shrinks_it() {
+    let dir = std::env::temp_dir().join(format!("vramlab-doctor-share-{}", std::process::id()));
+    let o = command([
+        "profile",
+        "--model",
+        "attention",
+        "--batch",
+        "8",
+        "--steps",
+        "1",
+        "--out",
+    ])
+    .arg(&dir)
+    .output()
+    .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let d = doctor(
+        dir.join("snapshot.pickle").to_str().unwrap(),
+        &["--no-planner"],
+    );
+    let advice = d["devices"][0]["advice"].to_string();
+    assert!(
+        advice.contains("the largest share is activation")
+            && advice.contains("activation checkpointing")
+            && !advice.contains("; the code holding most"),
+        "{advice}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -799,3 +799,28 @@ def test_import_without_pytorch_says_what_to_install():
                        capture_output=True, text=True, env=env)
     assert r.returncode != 0
     assert "needs PyTorch: pip install torch" in r.stderr
+
+
+def test_autocast_policy_reaches_calls_made_inside_python_functions():
+    """F.interpolate and F.normalize are Python functions whose aten calls
+    (an upsample op, a norm: fp32 list and fp32_append_dtype) this mode does
+    not see, and rms_norm is on 2.15's fp32 list: all came out bf16 under
+    autocast, where CUDA's are float32 (a UNet's peak was 48% low)."""
+    F = torch.nn.functional
+    got = {}
+    with record(cublas_workspace="off", frames=False):
+        x = torch.empty(2, 8, 4, 4, requires_grad=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = torch.nn.Conv2d(8, 8, 1)(x)
+            got["bilinear"] = F.interpolate(y, scale_factor=2, mode="bilinear")
+            got["nearest"] = torch.nn.Upsample(scale_factor=2)(y)
+            got["area"] = F.interpolate(y, scale_factor=0.5, mode="area")
+            t = torch.nn.Linear(4, 4)(y)
+            got["rms_norm"] = torch.nn.RMSNorm(4)(t)
+            got["normalize"] = F.normalize(t, dim=-1)
+            got["norm"] = t.norm(dim=-1)
+            got["mean"] = t.mean(-1)
+    want = {"bilinear": torch.float32, "nearest": torch.float32, "area": torch.bfloat16,
+            "rms_norm": torch.float32, "normalize": torch.float32, "norm": torch.float32,
+            "mean": torch.bfloat16}
+    assert {k: v.dtype for k, v in got.items()} == want

@@ -465,3 +465,12 @@ def test_amp_spellings_help_once_and_small_amounts(user_file, tmp_path, capsys):
     from vramlab_torch.session import human_bytes
     assert [human_bytes(n) for n in (0, 512, 1536, 3 * 2**20, 5 * 2**30)] == \
         ["0 B", "512 B", "1.5 KiB", "3.0 MiB", "5.00 GiB"]
+
+
+def test_fsdp_without_blocks_lists_the_classes():
+    """--dist fsdp on a model with no repeated blocks named no class to pass
+    to --fsdp-blocks, where --checkpoint's error lists them."""
+    from vramlab_torch.distributed import find_blocks
+    from vramlab_torch.session import UsageError
+    with pytest.raises(UsageError, match=r"--fsdp-blocks CLASS \(the model's classes: .*Linear"):
+        find_blocks(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU()))

@@ -95,9 +95,12 @@ FP32 = {
     "multi_margin_loss", "binary_cross_entropy_with_logits", "dist", "pdist", "cdist", "renorm",
     "logsumexp", "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d",
     "upsample_linear1d", "upsample_bilinear2d", "upsample_trilinear3d", "upsample_bicubic2d",
+    "rms_norm",
 }
+# F.interpolate's modes that run an fp32-list upsample op (area is a pool).
+UPSAMPLE_MODES = {"nearest", "nearest-exact", "linear", "bilinear", "trilinear", "bicubic"}
 FP32_SET_DTYPE = {"prod", "softmax", "log_softmax", "cumprod", "cumsum", "linalg_vector_norm",
-                  "linalg_matrix_norm", "sum"}
+                  "linalg_matrix_norm", "sum", "norm"}
 PROMOTE = {"addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "vdot", "grid_sampler",
            "index_put", "tensordot", "scatter_add"}
 LOWER_DTYPES = (torch.float16, torch.bfloat16)
@@ -402,6 +405,16 @@ class CudaEmulation(TorchFunctionMode):
                 r = self._cross_entropy(func, args, kwargs)
                 if r is not None:
                     return r
+            # Python functions whose inner aten calls (an upsample op, a
+            # norm) this mode does not see: their policy applied here.
+            elif func is F.interpolate:
+                mode = kwargs.get("mode", args[3] if len(args) > 3 else "nearest")
+                if mode in UPSAMPLE_MODES and not kwargs.get("antialias", False):
+                    args, kwargs = self._cast(args, kwargs, torch.float32, only=LOWER_DTYPES)
+            elif func is F.normalize:
+                r = self._normalize(args, kwargs)
+                if r is not None:
+                    return r
             elif name in PROMOTE:
                 dts = [t.dtype for t in tree_tensors(args, kwargs) if _eligible(t)]
                 if dts:
@@ -412,6 +425,20 @@ class CudaEmulation(TorchFunctionMode):
             if r is not None:
                 return r
         return func(*args, **kwargs)
+
+    # -- F.normalize under autocast ------------------------------------------
+    def _normalize(self, args, kwargs):
+        """F.normalize as CUDA's autocast runs it: input / input.norm(...)
+        with the norm in float32 (norm is fp32_append_dtype), so the
+        quotient is float32 and the 16-bit input is saved as it is."""
+        a = dict(zip(("input", "p", "dim", "eps", "out"), args))
+        a.update(kwargs)
+        x = a.get("input")
+        if not _eligible(x) or x.dtype not in LOWER_DTYPES or a.get("out") is not None:
+            return None
+        p, dim, eps = a.get("p", 2.0), a.get("dim", 1), a.get("eps", 1e-12)
+        denom = x.norm(p, dim, keepdim=True, dtype=torch.float32).clamp_min(eps).expand_as(x)
+        return x / denom
 
     # -- dropout ---------------------------------------------------------------
     def _dropout(self, func, args, kwargs):

@@ -238,7 +238,8 @@ def find_blocks(model, which="auto"):
     from .session import UsageError
     if not blocks and which == "auto":
         raise UsageError("--dist fsdp: no nn.ModuleList / nn.Sequential of two or more blocks of one "
-                         "class found; name the class to shard with --fsdp-blocks CLASS")
+                         "class found; name the class to shard with --fsdp-blocks CLASS "
+                         f"(the model's classes: {model_classes(model)})")
     if not blocks:
         raise UsageError(f"--fsdp-blocks {which}: no module of that class in the model "
                          f"(its classes: {model_classes(model)})")

@@ -14,7 +14,7 @@ use crate::lab::peak::{LiveAt, OomAt};
 use crate::lab::segment_map::{self, SegmentMap};
 use crate::lab::torch_snapshot::{self, TorchSnapshot};
 use crate::lab::LabError;
-use crate::memory::{AllocatorConfig, Mib};
+use crate::memory::{AllocatorConfig, Category, Mib};
 
 /// Past this many allocations the planner's packing is computed only when
 /// asked for (`--planner`): 200,000 took it 40 s on the CI machine.
@@ -702,13 +702,26 @@ fn advise(
         ));
     }
     if let Some((cat, bytes)) = at_peak.by_category.first() {
+        // The frame is over every category: said apart, as it need not
+        // hold the largest one (cuBLAS workspaces have no user frame).
         let frame = at_peak
             .by_frame
             .first()
-            .map(|(f, b)| format!("; the code holding most is {f} ({})", Mib(*b)))
+            .map(|(f, b)| {
+                format!(
+                    " Of all the live memory, the code holding most is {f} ({}).",
+                    Mib(*b)
+                )
+            })
             .unwrap_or_default();
+        // What shrinks activations, the share a user can change most.
+        let act = if cat == Category::Activation.name() {
+            " Activations saved for the backward shrink with activation checkpointing (recomputed in the backward), 16-bit autocast (half the bytes) or a smaller batch."
+        } else {
+            ""
+        };
         out.push(format!(
-            "At the peak of allocated memory the largest share is {cat}: {} of {}{frame}.",
+            "At the peak of allocated memory the largest share is {cat}: {} of {}.{act}{frame}",
             Mib(*bytes),
             Mib(at_peak.allocated_bytes)
         ));
@@ -721,21 +734,23 @@ fn advise(
         let saved = base.peak_reserved_bytes as i128 - best.peak_reserved_bytes as i128;
         if best.ooms < base.ooms && saved <= 0 {
             // Fitting matters more than the peak: say so even where the
-            // peak does not fall.
-            let ooms = if best.ooms == 0 {
-                "would not have run out of memory".to_string()
+            // peak does not fall. A run stops at its first refusal, so only
+            // a setting with none is worth setting.
+            if best.ooms == 0 {
+                out.push(format!(
+                    "{} would not have run out of memory ({} reserved at its peak): set PYTORCH_CUDA_ALLOC_CONF={}.",
+                    best.setting,
+                    Mib(best.peak_reserved_bytes),
+                    best.setting
+                ));
             } else {
-                format!(
-                    "would have run out of memory {}",
-                    super::count(best.ooms, "time")
-                )
-            };
-            out.push(format!(
-                "{} {ooms} ({} reserved at its peak): set PYTORCH_CUDA_ALLOC_CONF={}.",
-                best.setting,
-                Mib(best.peak_reserved_bytes),
-                best.setting
-            ));
+                out.push(format!(
+                    "{} runs out of memory less often ({} against {}) but still does, and a run stops at its first refusal: no single change tried avoids it.",
+                    best.setting,
+                    super::count(best.ooms, "time"),
+                    base.ooms
+                ));
+            }
         } else if saved > 0 && (best.ooms < base.ooms || base.ooms == 0) {
             let oom = if base.ooms > 0 && best.ooms == 0 {
                 " and would not have run out of memory".to_string()
