@@ -84,7 +84,7 @@ fi
 # The recorder's own tests (python/tests): they need PyTorch, which vramlab
 # itself never does. It is installed from PyPI into a virtual environment
 # kept between runs ($VRAMLAB_TORCH_VENV); where it cannot be (no network,
-# no space: the wheel with its CUDA libraries is about 4 GB), the tests are
+# no space: the wheel with its CUDA libraries is about 5 GB), the tests are
 # reported as not run, and the Rust tests still replay the committed
 # recordings. VRAMLAB_SKIP_RECORDER=1 leaves them out.
 if [ $# -eq 0 ] && [ "${VRAMLAB_SKIP_RECORDER:-}" != 1 ]; then

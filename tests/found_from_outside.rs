@@ -1850,7 +1850,7 @@ fn load_and_data_mistakes_name_the_fix() {
         "--load",
         biased.to_str().unwrap(),
     ]);
-    assert!(err.contains("sd.pop(\"attn.k_proj.bias\")"), "{err}");
+    assert!(err.contains("sd.pop('attn.k_proj.bias')"), "{err}");
     // simple-cnn takes 3×32×32 only.
     let mut data = vramlab::io::safetensors::SafeTensors::new();
     data.insert_f32("x", &[2, 3, 16, 16], &vec![0.5; 2 * 3 * 16 * 16])
@@ -1869,5 +1869,40 @@ fn load_and_data_mistakes_name_the_fix() {
         err.contains("--data") && err.contains("takes samples of [3, 32, 32]"),
         "{err}"
     );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `--export-intervals /dev/stdout > FILE`: the file was opened a second
+/// time from offset 0, so what the command printed after overwrote it (and
+/// `>> log` lost the log). Written through the process's own stdout, both
+/// are there, in order, after what the file held.
+#[cfg(target_os = "linux")]
+#[test]
+fn dev_stdout_redirected_to_a_file_keeps_everything() {
+    let dir = scratch("dev-stdout");
+    let out = dir.join("out.txt");
+    std::fs::write(&out, "earlier line\n").unwrap();
+    let log = std::fs::OpenOptions::new().append(true).open(&out).unwrap();
+    let trace = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/traces/split_merge.jsonl"
+    );
+    let o = command(["replay", trace, "--export-intervals", "/dev/stdout"])
+        .stdout(std::process::Stdio::from(log))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&out).unwrap();
+    let intervals = text.find("id,lower,upper,size").expect(&text);
+    let report = text.find("Replayed").expect(&text);
+    assert!(
+        text.starts_with("earlier line\n") && intervals < report,
+        "{text}"
+    );
+    // A path ending in / names a directory: refused before the run.
+    let err = fails_cleanly([
+        "train", "--model", "mlp", "--steps", "1", "--dump", "nodir/",
+    ]);
+    assert!(err.contains("is a directory; name a file"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -813,14 +813,16 @@ def test_autocast_policy_reaches_calls_made_inside_python_functions():
         with torch.autocast("cuda", dtype=torch.bfloat16):
             y = torch.nn.Conv2d(8, 8, 1)(x)
             got["bilinear"] = F.interpolate(y, scale_factor=2, mode="bilinear")
+            got["antialiased"] = F.interpolate(y, scale_factor=2, mode="bilinear", antialias=True)
             got["nearest"] = torch.nn.Upsample(scale_factor=2)(y)
             got["area"] = F.interpolate(y, scale_factor=0.5, mode="area")
             t = torch.nn.Linear(4, 4)(y)
             got["rms_norm"] = torch.nn.RMSNorm(4)(t)
             got["normalize"] = F.normalize(t, dim=-1)
             got["norm"] = t.norm(dim=-1)
+            got["linalg_norm"] = torch.linalg.norm(t, dim=-1)
             got["mean"] = t.mean(-1)
-    want = {"bilinear": torch.float32, "nearest": torch.float32, "area": torch.bfloat16,
-            "rms_norm": torch.float32, "normalize": torch.float32, "norm": torch.float32,
-            "mean": torch.bfloat16}
+    want = {"bilinear": torch.float32, "antialiased": torch.float32, "nearest": torch.float32,
+            "area": torch.bfloat16, "rms_norm": torch.float32, "normalize": torch.float32,
+            "norm": torch.float32, "linalg_norm": torch.float32, "mean": torch.bfloat16}
     assert {k: v.dtype for k, v in got.items()} == want

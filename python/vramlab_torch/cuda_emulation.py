@@ -100,7 +100,7 @@ FP32 = {
 # F.interpolate's modes that run an fp32-list upsample op (area is a pool).
 UPSAMPLE_MODES = {"nearest", "nearest-exact", "linear", "bilinear", "trilinear", "bicubic"}
 FP32_SET_DTYPE = {"prod", "softmax", "log_softmax", "cumprod", "cumsum", "linalg_vector_norm",
-                  "linalg_matrix_norm", "sum", "norm"}
+                  "linalg_matrix_norm", "sum", "norm", "linalg_norm"}
 PROMOTE = {"addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "vdot", "grid_sampler",
            "index_put", "tensordot", "scatter_add"}
 LOWER_DTYPES = (torch.float16, torch.bfloat16)
@@ -409,7 +409,7 @@ class CudaEmulation(TorchFunctionMode):
             # norm) this mode does not see: their policy applied here.
             elif func is F.interpolate:
                 mode = kwargs.get("mode", args[3] if len(args) > 3 else "nearest")
-                if mode in UPSAMPLE_MODES and not kwargs.get("antialias", False):
+                if mode in UPSAMPLE_MODES:
                     args, kwargs = self._cast(args, kwargs, torch.float32, only=LOWER_DTYPES)
             elif func is F.normalize:
                 r = self._normalize(args, kwargs)

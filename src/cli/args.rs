@@ -369,7 +369,8 @@ pub fn out_dir_for(flag: &str, dir: &std::path::Path, files: &[&str]) -> Result<
 /// work, as `out_dir` does, and checks the file can be written as the run
 /// will write it (`io::check_writable`).
 pub fn out_file_dir(flag: &str, file: &std::path::Path) -> Result<(), ArgError> {
-    if file.is_dir() {
+    // `out/` names a directory, whatever is there: the write would fail.
+    if file.is_dir() || file.as_os_str().to_string_lossy().ends_with('/') {
         // The example in the kind of file the flag writes.
         let example = match flag {
             "--record-trace" => "out.jsonl",

@@ -732,39 +732,39 @@ fn advise(
         .min_by_key(|w| (w.ooms, w.peak_reserved_bytes));
     if let Some(best) = best {
         let saved = base.peak_reserved_bytes as i128 - best.peak_reserved_bytes as i128;
-        if best.ooms < base.ooms && saved <= 0 {
-            // Fitting matters more than the peak: say so even where the
-            // peak does not fall. A run stops at its first refusal, so only
-            // a setting with none is worth setting.
-            if best.ooms == 0 {
-                out.push(format!(
-                    "{} would not have run out of memory ({} reserved at its peak): set PYTORCH_CUDA_ALLOC_CONF={}.",
-                    best.setting,
-                    Mib(best.peak_reserved_bytes),
-                    best.setting
-                ));
+        // A run stops at its first refusal: only a setting with none is
+        // worth setting, and a lower peak bought by refusals is no saving.
+        if best.ooms == 0 && (base.ooms > 0 || saved > 0) {
+            let fits = if base.ooms > 0 {
+                " would not have run out of memory"
             } else {
-                out.push(format!(
-                    "{} runs out of memory less often ({} against {}) but still does, and a run stops at its first refusal: no single change tried avoids it.",
-                    best.setting,
-                    super::count(best.ooms, "time"),
-                    base.ooms
-                ));
-            }
-        } else if saved > 0 && (best.ooms < base.ooms || base.ooms == 0) {
-            let oom = if base.ooms > 0 && best.ooms == 0 {
-                " and would not have run out of memory".to_string()
+                ""
+            };
+            let lower = if saved > 0 {
+                format!(" would have peaked {} lower", Mib(saved as u64))
             } else {
                 String::new()
             };
+            let and = if !fits.is_empty() && !lower.is_empty() {
+                " and"
+            } else {
+                ""
+            };
+            let at = if lower.is_empty() { " at its peak" } else { "" };
             out.push(format!(
-                "{} would have peaked {} lower ({} reserved){oom}: set PYTORCH_CUDA_ALLOC_CONF={}.",
+                "{}{lower}{and}{fits} ({} reserved{at}): set PYTORCH_CUDA_ALLOC_CONF={}.",
                 best.setting,
-                Mib(saved as u64),
                 Mib(best.peak_reserved_bytes),
                 best.setting
             ));
-        } else if saved > 0 && best.ooms == base.ooms {
+        } else if best.ooms > 0 && best.ooms < base.ooms {
+            out.push(format!(
+                "{} runs out of memory less often ({} against {}) but still does, and a run stops at its first refusal: no single change tried avoids it.",
+                best.setting,
+                super::count(best.ooms, "time"),
+                base.ooms
+            ));
+        } else if saved > 0 && best.ooms == base.ooms && base.ooms > 0 {
             // Lower, but refused as often: no row to recommend.
             out.push(format!(
                 "{} would have peaked {} lower ({} reserved) but still runs out of memory {}, as the recorded settings do: no single change tried avoids it.",

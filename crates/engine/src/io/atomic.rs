@@ -146,9 +146,35 @@ fn target_of(path: &Path) -> io::Result<Target> {
     Ok(Target::InPlace)
 }
 
+/// The process's own stream a path names (`/dev/stdout`, `/dev/fd/1`,
+/// `/proc/self/fd/1`; 2 for stderr).
+fn own_stream(path: &Path) -> Option<u8> {
+    match path.to_str()? {
+        "/dev/stdout" | "/dev/fd/1" | "/proc/self/fd/1" => Some(1),
+        "/dev/stderr" | "/dev/fd/2" | "/proc/self/fd/2" => Some(2),
+        _ => None,
+    }
+}
+
 /// Writes through `path` as it is: devices and FIFOs take the bytes as a
-/// stream; a regular file reached under /dev or /proc is truncated first.
+/// stream; the process's own stdout or stderr is written through its
+/// descriptor (a second open of a redirected file would start at offset 0,
+/// over what was printed, or wipe an appended log); another regular file
+/// reached under /dev or /proc is truncated first.
 fn write_in_place(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    match own_stream(path) {
+        Some(1) => {
+            let mut out = io::stdout().lock();
+            out.write_all(bytes)?;
+            return out.flush();
+        }
+        Some(_) => {
+            let mut err = io::stderr().lock();
+            err.write_all(bytes)?;
+            return err.flush();
+        }
+        None => {}
+    }
     let regular = std::fs::metadata(path).is_ok_and(|m| m.is_file());
     let mut f = OpenOptions::new()
         .write(true)

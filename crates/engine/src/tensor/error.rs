@@ -572,7 +572,7 @@ fn key_bias_hint(names: &[String]) -> String {
     if names.is_empty() || !names.iter().all(|n| n.ends_with("k_proj.bias")) {
         return String::new();
     }
-    let pops: Vec<String> = names.iter().map(|n| format!("sd.pop({n:?})")).collect();
+    let pops: Vec<String> = names.iter().map(|n| format!("sd.pop('{n}')")).collect();
     format!(
         "; vramlab's attention has no k_proj bias (it adds one constant to every score of a query, which the softmax cancels), so dropping it changes nothing: {} before saving",
         pops.join(", ")
