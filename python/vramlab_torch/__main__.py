@@ -324,7 +324,7 @@ def _record(a, step_mod, build, kwargs, inputs, dts, cap):
     t0 = time.perf_counter()
     rec = step_mod.record_step(
         build, inputs=inputs, input_dtypes=dts, target=a.target, optimizer=a.optimizer, lr=a.lr,
-        impl=a.impl, weight_decay=a.weight_decay, momentum=a.momentum or 0.0, steps=a.steps, amp=a.amp,
+        impl=a.impl, weight_decay=a.weight_decay, momentum=a.momentum, steps=a.steps, amp=a.amp,
         checkpoint=(a.checkpoint_class or ("auto" if a.checkpoint else None)), zero_grad=a.zero_grad,
         build_kwargs=kwargs, frames=False if a.no_frames else ("short" if a.short_paths else True), cublas_workspace=a.cublas_workspace,
         capability=cap, sdpa=a.sdpa, inplace_accumulation=not a.no_inplace_accumulation,

@@ -52,26 +52,27 @@ fn parse_buffer_limit(s: &str) -> Result<u64, String> {
     size_of_some("a buffer", "256MiB", s)
 }
 
-/// `--capacity`'s text, checked when clap reads it (a bad value exits 2,
+/// A size flag's text, checked when clap reads it (a bad value exits 2,
 /// as every refused flag does) and parsed again where it is used.
+fn memory_flag_text(flag: &str, s: &str) -> Result<String, String> {
+    parse_memory(flag, s)
+        .map(|_| s.to_string())
+        .map_err(|e| e.0)
+}
+
+/// `--capacity`'s text ([`memory_flag_text`]).
 pub fn capacity_text(s: &str) -> Result<String, String> {
-    parse_memory("--capacity", s)
-        .map(|_| s.to_string())
-        .map_err(|e| e.0)
+    memory_flag_text("--capacity", s)
 }
 
-/// `plan --memory`'s text, checked as [`capacity_text`] is.
+/// `plan --memory`'s text ([`memory_flag_text`]).
 pub fn memory_text(s: &str) -> Result<String, String> {
-    parse_memory("--memory", s)
-        .map(|_| s.to_string())
-        .map_err(|e| e.0)
+    memory_flag_text("--memory", s)
 }
 
-/// `--memory-limit`'s text, checked as [`capacity_text`] is.
+/// `--memory-limit`'s text ([`memory_flag_text`]).
 pub fn memory_limit_text(s: &str) -> Result<String, String> {
-    parse_memory("--memory-limit", s)
-        .map(|_| s.to_string())
-        .map_err(|e| e.0)
+    memory_flag_text("--memory-limit", s)
 }
 
 /// A size of at least one byte: `what` of none would hold nothing.

@@ -119,23 +119,23 @@ pub fn recorded_suite() -> anyhow::Result<Vec<Workload>> {
 }
 
 pub fn run(args: &BenchAllocArgs) -> anyhow::Result<()> {
-    if args.grid {
-        // The grid compares PyTorch's defaults with vramlab's options.
-        if std::env::var(crate::memory::ALLOC_CONF_ENV).is_ok_and(|v| !v.is_empty()) {
-            eprintln!(
-                "note: --grid compares PyTorch's defaults with vramlab's placement options; {} is not applied",
-                crate::memory::ALLOC_CONF_ENV
-            );
-        }
-        return super::alloc_grid::run(args.json);
-    }
-    let capacity = parse_capacity(&args.capacity)?;
     let conf = super::args::AllocArgs {
         alloc_conf: args.alloc_conf.clone(),
         memory_limit: None,
         memory_fraction: None,
         capacity: None,
     };
+    if args.grid {
+        // The grid compares PyTorch's defaults with vramlab's options
+        // (--alloc-conf conflicts with it: only the variable can be set).
+        if let Some(from) = conf.conf_source() {
+            eprintln!(
+                "note: --grid compares PyTorch's defaults with vramlab's placement options; {from} is not applied"
+            );
+        }
+        return super::alloc_grid::run(args.json);
+    }
+    let capacity = parse_capacity(&args.capacity)?;
     let config = conf.config(None)?;
     let names = match &args.allocators {
         Some(names) => super::replay::strategy_names(names)?,

@@ -735,27 +735,23 @@ fn advise(
         // A run stops at its first refusal: only a setting with none is
         // worth setting, and a lower peak bought by refusals is no saving.
         if best.ooms == 0 && (base.ooms > 0 || saved > 0) {
-            let fits = if base.ooms > 0 {
-                " would not have run out of memory"
-            } else {
-                ""
+            let reserved = Mib(best.peak_reserved_bytes);
+            let what = match (saved > 0, base.ooms > 0) {
+                (true, true) => format!(
+                    "would have peaked {} lower and would not have run out of memory ({reserved} reserved)",
+                    Mib(saved as u64)
+                ),
+                (true, false) => format!(
+                    "would have peaked {} lower ({reserved} reserved)",
+                    Mib(saved as u64)
+                ),
+                (false, _) => {
+                    format!("would not have run out of memory ({reserved} reserved at its peak)")
+                }
             };
-            let lower = if saved > 0 {
-                format!(" would have peaked {} lower", Mib(saved as u64))
-            } else {
-                String::new()
-            };
-            let and = if !fits.is_empty() && !lower.is_empty() {
-                " and"
-            } else {
-                ""
-            };
-            let at = if lower.is_empty() { " at its peak" } else { "" };
             out.push(format!(
-                "{}{lower}{and}{fits} ({} reserved{at}): set PYTORCH_CUDA_ALLOC_CONF={}.",
-                best.setting,
-                Mib(best.peak_reserved_bytes),
-                best.setting
+                "{} {what}: set PYTORCH_CUDA_ALLOC_CONF={}.",
+                best.setting, best.setting
             ));
         } else if best.ooms > 0 && best.ooms < base.ooms {
             out.push(format!(

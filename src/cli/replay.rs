@@ -194,10 +194,7 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
             Mib(alloc.max_memory_reserved()).to_string()
         );
         // With refusals, whether any allocator could have served them all.
-        let bound = match (capacity, alloc.config().memory_limit) {
-            (Some(c), Some(l)) => Some(c.min(l)),
-            (c, l) => c.or(l),
-        };
+        let bound = crate::lab::workload::bound(capacity, alloc.config().memory_limit);
         let verdict = match bound.filter(|_| !outcome.ooms.is_empty()) {
             Some(b) if outcome.peak_live_requested_bytes > b => format!(
                 "; more than the {}, so no allocator serves every request",

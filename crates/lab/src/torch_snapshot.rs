@@ -499,28 +499,29 @@ fn read_device(
                 live_bytes = live_bytes.saturating_add(r);
                 peak = peak.max(live_bytes);
             }
-            a if a == free_action => match live.remove(&addr) {
-                _ if freed_at.contains_key(&addr) => {
+            a if a == free_action => {
+                if let Some(&earlier) = freed_at.get(&addr) {
                     return Err(LabError::AddrFreedTwice {
                         at: at(),
                         addr,
-                        earlier: freed_at[&addr],
-                    })
+                        earlier,
+                    });
                 }
-                Some(id) => {
-                    freed_at.insert(addr, i);
-                    alloc_entry.remove(&id);
-                    live_bytes = live_bytes.saturating_sub(sizes.remove(&id).unwrap_or(0));
-                    ops.push(Op::Free { id });
+                freed_at.insert(addr, i);
+                match live.remove(&addr) {
+                    Some(id) => {
+                        alloc_entry.remove(&id);
+                        live_bytes = live_bytes.saturating_sub(sizes.remove(&id).unwrap_or(0));
+                        ops.push(Op::Free { id });
+                    }
+                    None => {
+                        // Allocated before the recording began.
+                        let id = PRE_EXISTING_IDS + pre_freed.len() as u64;
+                        pre_freed.push((addr, round_size(size.max(1), config), size, id));
+                        ops.push(Op::Free { id });
+                    }
                 }
-                None => {
-                    // Allocated before the recording began.
-                    freed_at.insert(addr, i);
-                    let id = PRE_EXISTING_IDS + pre_freed.len() as u64;
-                    pre_freed.push((addr, round_size(size.max(1), config), size, id));
-                    ops.push(Op::Free { id });
-                }
-            },
+            }
             "segment_alloc" => {
                 created.insert(addr, size);
                 seg_a.push(size);

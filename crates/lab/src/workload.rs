@@ -38,6 +38,16 @@ pub enum Op {
     },
 }
 
+impl Op {
+    /// The id an alloc or free names.
+    pub fn id(&self) -> Option<u64> {
+        match *self {
+            Op::Alloc { id, .. } | Op::Free { id } => Some(id),
+            Op::EmptyCache | Op::Probe { .. } => None,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Workload {
     pub name: String,
@@ -202,10 +212,7 @@ impl Workload {
         let mut next = self
             .ops
             .iter()
-            .filter_map(|op| match *op {
-                Op::Alloc { id, .. } | Op::Free { id } => Some(id),
-                Op::EmptyCache | Op::Probe { .. } => None,
-            })
+            .filter_map(Op::id)
             .max()
             .map_or(0, |m| m.saturating_add(1));
         let mut ops = Vec::with_capacity(self.ops.len());
@@ -318,12 +325,7 @@ impl Live {
     fn for_ops(ops: &[Op]) -> Live {
         // Each vector stays within a small multiple of the workload.
         let span = 2 * ops.len() as u64 + 1024;
-        let ids = || {
-            ops.iter().filter_map(|op| match *op {
-                Op::Alloc { id, .. } | Op::Free { id } => Some(id),
-                Op::EmptyCache | Op::Probe { .. } => None,
-            })
-        };
+        let ids = || ops.iter().filter_map(Op::id);
         let low = ids().filter(|&id| id < span).max().map_or(0, |m| m + 1);
         let high_base = ids().filter(|&id| id >= span).min().unwrap_or(u64::MAX);
         let high = ids()
@@ -438,6 +440,15 @@ pub fn run_with(s: &mut dyn Strategy, w: &Workload, limited: bool) -> RunResult 
     }
 }
 
+/// What a replay may reserve: the device's size or the memory limit,
+/// whichever is smaller, where either is set.
+pub fn bound(capacity: Option<u64>, memory_limit: Option<u64>) -> Option<u64> {
+    match (capacity, memory_limit) {
+        (Some(c), Some(l)) => Some(c.min(l)),
+        (c, l) => c.or(l),
+    }
+}
+
 /// The offline planner on `w`: one arena; out of memory if it exceeds `capacity`.
 pub fn run_planner(w: &Workload, capacity: Option<u64>) -> RunResult {
     let t0 = Instant::now();
@@ -501,10 +512,7 @@ pub fn compare_with(
     capacity: Option<u64>,
     config: &AllocatorConfig,
 ) -> Result<Vec<RunResult>, LabError> {
-    let capacity = match (capacity, config.memory_limit) {
-        (Some(c), Some(l)) => Some(c.min(l)),
-        (c, l) => c.or(l),
-    };
+    let capacity = bound(capacity, config.memory_limit);
     for &name in names {
         if name != "planner" && !super::strategies::NAMES.contains(&name) {
             return Err(unknown(name));
@@ -550,8 +558,9 @@ pub fn compare_with(
 mod tests {
     use super::*;
 
-    /// `--allocators` ignored `reset_peak`: its rows kept the 30 MiB before
-    /// the reset while a plain replay reported the peaks after it.
+    /// A snapshot's refused request, granted and freed at once, counts
+    /// toward the lower bound and the planner's arena; the reset stays on
+    /// the op it was before.
     #[test]
     fn refused_requests_granted_count_toward_the_plan() {
         // 1 MiB and 18 MiB live when 10.5 MiB was refused (a snapshot's oom).
@@ -602,6 +611,8 @@ mod tests {
         assert_eq!(g.measure_from, g.ops.len());
     }
 
+    /// `--allocators` ignored `reset_peak`: its rows kept the 30 MiB before
+    /// the reset while a plain replay reported the peaks after it.
     #[test]
     fn peaks_are_measured_from_the_last_reset_peak() {
         let trace = [

@@ -162,18 +162,14 @@ fn own_stream(path: &Path) -> Option<u8> {
 /// over what was printed, or wipe an appended log); another regular file
 /// reached under /dev or /proc is truncated first.
 fn write_in_place(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    match own_stream(path) {
-        Some(1) => {
-            let mut out = io::stdout().lock();
-            out.write_all(bytes)?;
-            return out.flush();
-        }
-        Some(_) => {
-            let mut err = io::stderr().lock();
-            err.write_all(bytes)?;
-            return err.flush();
-        }
-        None => {}
+    if let Some(fd) = own_stream(path) {
+        let mut stream: Box<dyn Write> = if fd == 1 {
+            Box::new(io::stdout().lock())
+        } else {
+            Box::new(io::stderr().lock())
+        };
+        stream.write_all(bytes)?;
+        return stream.flush();
     }
     let regular = std::fs::metadata(path).is_ok_and(|m| m.is_file());
     let mut f = OpenOptions::new()
