@@ -5,8 +5,9 @@
 # (scripts/device_pack.sh makes them); the Vulkan loader comes as .gl/*.deb.
 #   scripts/device_bench.sh [STEPS]   STEPS: comma-separated, default all:
 #   tests,coop,prefetch,bench,bench2,ab,burn,torch,layouts,estimate,recorder,ddp,zoo
-# BENCH_ENV, COOP_ENVS, PREFETCH_ENVS: settings for the bench step and the
-# lists of the coop and prefetch steps, each entry's settings joined by "+".
+# BENCH_ENV, TEST_ENVS, COOP_ENVS, PREFETCH_ENVS: settings for the bench step
+# and the lists of the tests, coop and prefetch steps, each entry's settings
+# joined by "+". AB_RUNS, AB_ITERS: the ab step's runs and rounds.
 # Every figure lands under $OUT: log.txt (everything printed) and one JSON
 # file per measurement. Each step has its own time limit, so one slow step
 # cannot take the rest with it.
@@ -28,9 +29,10 @@ export VRAMLAB_TUNE_BUDGET_MS=${VRAMLAB_TUNE_BUDGET_MS:-500}
 for f in .devbin/*.xz; do xz -dkf "$f"; done
 chmod +x .devbin/* 2> /dev/null
 # Test binaries find fixtures and the CLI at the paths they were built at.
-mkdir -p /work target/debug
+mkdir -p /work target/debug target/release
 [ -e /work/main ] || ln -s "$PWD" /work/main
 [ -f .devbin/vramlab-debug ] && cp .devbin/vramlab-debug target/debug/vramlab
+cp .devbin/vramlab target/release/vramlab
 V=.devbin/vramlab
 want() { [[ ",$STEPS," == *",$1,"* ]] && [ $((DEADLINE - SECONDS)) -gt 10 ]; }
 # limit N: N seconds, or what is left before the deadline if less.
@@ -48,15 +50,16 @@ if want tests; then
   # bit: a driver may contract a*b+c differently in two shader modules.
   # And kernels compiled on several threads at once (the tuner's rounds),
   # and long sums of partials spread over threads against one thread each.
-  VRAMLAB_EXPECT_TENSOR_CORES=1 timeout $(limit 90) .devbin/suite --test-threads 8 \
-    matmul_coop matmul_family kernels:: pytorch_step::foreach_lists bind_groups:: \
-    matmul_tuning::kernels_collected matmul_tuning::a_failed ops_reductions::partials 2>&1 |
+  # TESTS: the filters (default below); TESTS_LIMIT: their time limit.
+  VRAMLAB_EXPECT_TENSOR_CORES=1 timeout $(limit ${TESTS_LIMIT:-90}) .devbin/suite --test-threads 8 \
+    ${TESTS:-matmul_coop matmul_family kernels:: pytorch_step::foreach_lists bind_groups:: \
+    matmul_tuning::kernels_collected matmul_tuning::a_failed ops_reductions::partials} 2>&1 |
     grep -E "^test |test result|panicked|FAILED|failures" | tail -40
-  for env in VRAMLAB_COOP_TILE=4x2,2x4 VRAMLAB_COOP_LOADS=wide VRAMLAB_COOP_LOADS=staged \
-    "VRAMLAB_COOP_LOADS=wide VRAMLAB_COOP_TILE=4x2,2x4 VRAMLAB_COOP_STAGE_DEPTH=1" \
-    "VRAMLAB_COOP_TILE=1x1,1x1 VRAMLAB_COOP_STAGE_DEPTH=3"; do
+  for env in ${TEST_ENVS:-VRAMLAB_COOP_TILE=4x2,2x4 VRAMLAB_COOP_LOADS=wide VRAMLAB_COOP_LOADS=staged \
+    VRAMLAB_COOP_LOADS=wide+VRAMLAB_COOP_TILE=4x2,2x4+VRAMLAB_COOP_STAGE_DEPTH=1 \
+    VRAMLAB_COOP_TILE=1x1,1x1+VRAMLAB_COOP_STAGE_DEPTH=3}; do
     echo "-- $env"
-    env $env VRAMLAB_EXPECT_TENSOR_CORES=1 timeout $(limit 40) .devbin/suite matmul_coop 2>&1 |
+    env ${env//+/ } VRAMLAB_EXPECT_TENSOR_CORES=1 timeout $(limit 40) .devbin/suite matmul_coop 2>&1 |
       grep -E "test result|panicked" | head -3
   done
 fi
@@ -189,7 +192,8 @@ PY
 fi
 
 if want ab; then
-  step "SimpleConvNet batch 64: this build, its step under autocast f16 (per kernel), the same with VRAMLAB_SUBMIT_FIRST=0, VRAMLAB_BIND_GROUP_CACHE=0, VRAMLAB_LIST_OPS=off and 512-workgroup K splits, the base build, in turn"
+  RUNS=${AB_RUNS:-new new-amp new-submit0 new-bg0 new-lists-off new-split512 base}
+  step "SimpleConvNet batch 64, in turn: $RUNS (new: this build; -amp: its step under autocast f16, per kernel; -rb0: VRAMLAB_READBACK_REUSE=0; submit0, bg0, lists-off: VRAMLAB_SUBMIT_FIRST=0, VRAMLAB_BIND_GROUP_CACHE=0, VRAMLAB_LIST_OPS=off; split512: 512-workgroup K splits; base: the base build)"
   # Each build keeps its own tile cache (their cache versions may differ,
   # and each would retune over the other's), warmed up by one run first.
   # Base's mixed-precision rows are timed with the kernel timer on, this
@@ -203,16 +207,24 @@ if want ab; then
   for warm in "$V /tmp/tiles-vramlab.json" "$V /tmp/tiles-split.json $SPLIT" \
     ".devbin/vramlab-base /tmp/tiles-base.json"; do
     set -- $warm; bin=$1; cache=$2; shift 2
+    # A build's cache is warmed only for the runs that read it.
+    [[ $cache == */tiles-split.json && " $RUNS " != *" new-split512 "* ]] && continue
     [ -x "$bin" ] && env "$@" VRAMLAB_TUNE_CACHE=$cache timeout $(limit 60) "$bin" bench \
       --sizes 256 --models simple-cnn --batch 64 --reps 1 2>&1 | grep "tile tuning"
   done
-  for i in 1 2 3; do
-    for run in new new-amp new-submit0 new-bg0 new-lists-off new-split512 base; do
+  # The step under autocast has shape classes of its own (tensor-core
+  # layouts among them): tuned here, not in a timed run.
+  [[ " $RUNS " == *"-amp"* ]] && VRAMLAB_TUNE_CACHE=/tmp/tiles-vramlab.json timeout $(limit 60) $V bench \
+    --sizes 256 --models simple-cnn --batch 64 --reps 1 --amp f16 --no-precision 2>&1 | grep -E "tile tuning|tensor-core layouts"
+  for i in $(seq ${AB_ITERS:-3}); do
+    for run in $RUNS; do
       cache=/tmp/tiles-vramlab.json
       flags=""
       case $run in
         new) bin=$V; envs="" ;;
         new-amp) bin=$V; envs=""; flags="--amp f16 --no-precision" ;;
+        new-rb0) bin=$V; envs="VRAMLAB_READBACK_REUSE=0" ;;
+        new-amp-rb0) bin=$V; envs="VRAMLAB_READBACK_REUSE=0"; flags="--amp f16 --no-precision" ;;
         new-split512) bin=$V; envs="$SPLIT"; cache=/tmp/tiles-split.json ;;
         new-submit0) bin=$V; envs="VRAMLAB_SUBMIT_FIRST=0" ;;
         new-bg0) bin=$V; envs="VRAMLAB_BIND_GROUP_CACHE=0" ;;
@@ -232,7 +244,7 @@ o = d["dispatch_overhead"]
 print(f"{sys.argv[2]:<12} {'amp ' + m['amp'] if m.get('amp') else 'f32':<8} untimed {m['untimed_seconds_median'] * 1e3:.2f} ms  device {m['device_seconds_median'] * 1e3:.2f} ms"
       f"  host {m['host_seconds_median'] * 1e3:.2f} ms  dispatches {m['device_time']['dispatches']}"
       f"  amp f16 {amp.get('amp f16', 0):.2f}x f32  amp bf16 {amp.get('amp bf16', 0):.2f}x"
-      f"  record {o['record_micros']:.2f} us/dispatch")
+      f"  record {o['record_micros']:.2f} us/dispatch  round trip {o.get('round_trip_micros', 0):.1f} us  readback {o.get('readback_micros', 0):.1f} us")
 ks = m["device_time"]["kernels"]
 # The four longest, then the reductions' second stages and channel sums.
 for k in ks[:4] + [k for k in ks[4:] if k["name"].startswith(("sum_partials", "channel_sum"))]:

@@ -9,6 +9,9 @@
 #   cargo build --release --manifest-path benches/peers/burn/Cargo.toml
 # BASE_BIN=path/to/an/older/release/vramlab also packs that build as
 # vramlab-base, for device_bench.sh's `ab` step (this build beside it).
+# PROFILE=release packs the release suite instead, which runs the tests'
+# f64 references many times faster (build it with `cargo test --release
+# --test suite --no-run`; no debug build is needed then).
 set -euo pipefail
 mkdir -p .devbin
 rm -f .devbin/*
@@ -18,8 +21,16 @@ pack() { # SOURCE NAME
   xz -T2 -6 -f ".devbin/$2"
 }
 pack target/release/vramlab vramlab
-pack target/debug/vramlab vramlab-debug
-pack "$(ls -t target/debug/deps/suite-* | grep -v '\.d$' | head -n 1)" suite
-pack benches/peers/burn/target/release/vramlab-peer-burn vramlab-peer-burn
+if [ "${PROFILE:-debug}" = release ]; then
+  pack "$(ls -t target/release/deps/suite-* | grep -v '\.d$' | head -n 1)" suite
+else
+  pack target/debug/vramlab vramlab-debug
+  pack "$(ls -t target/debug/deps/suite-* | grep -v '\.d$' | head -n 1)" suite
+fi
+if [ -f benches/peers/burn/target/release/vramlab-peer-burn ]; then
+  pack benches/peers/burn/target/release/vramlab-peer-burn vramlab-peer-burn
+else
+  echo "device_pack: no burn peer built; the burn step will have nothing to run" >&2
+fi
 if [ -n "${BASE_BIN:-}" ]; then pack "$BASE_BIN" vramlab-base; fi
 du -ch .devbin/* | tail -n 1

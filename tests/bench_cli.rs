@@ -40,6 +40,8 @@ fn bench_reports_shapes_plans_and_device_time() {
     // once and reused for every other dispatch.
     assert!(o["bind_groups_made"].as_u64().unwrap() <= 1, "{o}");
     assert!(o["bind_groups_reused"].as_u64().unwrap() >= 199, "{o}");
+    assert!(o["readback_micros"].as_f64().unwrap() > 0.0, "{o}");
+    assert!(o["round_trip_micros"].as_f64().unwrap() > 0.0, "{o}");
     let sq = &r["square"][0];
     assert_eq!(sq["n"], 48);
     assert!(sq["gflops"].as_f64().unwrap() > 0.0, "{sq}");
@@ -363,6 +365,11 @@ fn bad_settings_are_refused_with_what_they_take() {
             "0 (create one per dispatch)",
         ),
         ("VRAMLAB_TILE_FAMILY", "xyz", "gpu (the GPU tile family"),
+        (
+            "VRAMLAB_READBACK_REUSE",
+            "yes",
+            "0 (a new buffer each read)",
+        ),
         ("VRAMLAB_TUNE", "sometimes", "auto, on or off"),
         ("VRAMLAB_COOP_TILE", "2x2", "WMxWN,TMxTN"),
         ("VRAMLAB_COOP_LOADS", "fast", "direct, staged or wide"),

@@ -52,6 +52,29 @@ fn upload_download_round_trip() {
     );
 }
 
+/// Small reads share one mappable buffer: each must return what the
+/// tensor holds now, not an earlier read's bytes, on both sides of the
+/// buffer's 4,096 bytes and after a large read between them.
+#[test]
+fn reads_through_the_kept_buffer_return_the_latest_values() {
+    let e = engine();
+    let mut rng = Rng::new(7);
+    for (round, &n) in [1, 3, 1024, 1025, 7, 1, 50_000, 2].iter().enumerate() {
+        let x = rng.vec(n);
+        let t = Tensor::from_slice(&e, &x, &[n], "x").unwrap();
+        assert_eq!(t.to_vec().unwrap(), x, "round {round}, n = {n}");
+        // Written on the device after the first read: a stale buffer
+        // would return x again.
+        fill::fill(&t, round as f32 + 0.25).unwrap();
+        let got = t.to_vec().unwrap();
+        assert!(
+            got.iter().all(|&v| v == round as f32 + 0.25),
+            "round {round}, n = {n}: {:?}",
+            &got[..got.len().min(4)]
+        );
+    }
+}
+
 #[test]
 fn fill_writes_every_element() {
     let e = engine();

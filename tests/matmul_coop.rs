@@ -501,6 +501,127 @@ fn f16_products_on_tensor_cores_match_f64() {
     }
 }
 
+/// Every block layout the tuner may pick gives the fixed layout's bits
+/// (each entry's K steps are added in the same order) and matches f64:
+/// odd sizes staged, aligned ones on wide loads, a summed batch that
+/// accumulates into C, transposes, f16 and f32 C.
+#[test]
+fn every_layout_the_tuner_may_pick_gives_the_same_bits() {
+    use vramlab::ops::matmul::coop::{candidate_layouts, gemm_on_layout};
+    let e = engine();
+    let expected = std::env::var("VRAMLAB_EXPECT_TENSOR_CORES").is_ok_and(|v| v == "1");
+    assert!(
+        e.tensor_core_lanes().is_some() || !expected,
+        "no tensor cores"
+    );
+    let mut rng = Rng::new(33);
+    let round = |v: Vec<f32>| -> Vec<f16> { v.into_iter().map(f16::from_f32).collect() };
+    for (m, n, k, batch, ta, tb, reduce, accumulate, out) in [
+        (37, 45, 29, 2, false, true, false, false, DType::F32),
+        (64, 96, 64, 1, false, false, false, false, DType::F32),
+        (40, 24, 53, 3, true, false, true, true, DType::F32),
+        (48, 72, 40, 2, false, false, false, false, DType::F16),
+    ] {
+        let a = round(rng.vec(batch * m * k));
+        let b = round(rng.vec(batch * k * n));
+        let c_batch = if reduce { 1 } else { batch };
+        let c0 = round(rng.vec(c_batch * m * n));
+        let view = |rows, cols, t| MatView {
+            batch_stride: rows * cols,
+            ..MatView::dense(0, rows, cols, t)
+        };
+        let g = Gemm {
+            m,
+            n,
+            k,
+            batch,
+            a: if ta {
+                view(k, m, true)
+            } else {
+                view(m, k, false)
+            },
+            b: if tb {
+                view(n, k, true)
+            } else {
+                view(k, n, false)
+            },
+            c_offset: 0,
+            c_batch_stride: if reduce { 0 } else { m * n },
+            accumulate,
+            reduce_batch: reduce,
+            implicit_b: None,
+        };
+        let mut want = vec![0.0f64; c_batch * m * n];
+        for bi in 0..batch {
+            for i in 0..m {
+                for j in 0..n {
+                    let s: f64 = (0..k)
+                        .map(|l| {
+                            let av = if ta {
+                                a[bi * m * k + l * m + i]
+                            } else {
+                                a[bi * m * k + i * k + l]
+                            };
+                            let bv = if tb {
+                                b[bi * k * n + j * k + l]
+                            } else {
+                                b[bi * k * n + l * n + j]
+                            };
+                            av.to_f64() * bv.to_f64()
+                        })
+                        .sum();
+                    let o = if reduce {
+                        i * n + j
+                    } else {
+                        bi * m * n + i * n + j
+                    };
+                    want[o] += s;
+                }
+            }
+        }
+        if accumulate {
+            for (w, c) in want.iter_mut().zip(&c0) {
+                *w += c.to_f64();
+            }
+        }
+        let layouts = candidate_layouts(&g, &e);
+        let (ta_, tb_) = (
+            Tensor::from_f16(&e, &a, &[a.len()], "a").unwrap(),
+            Tensor::from_f16(&e, &b, &[b.len()], "b").unwrap(),
+        );
+        if e.tensor_core_lanes().is_none() {
+            // Without tensor cores there is nothing to tune, and a layout
+            // asked for is refused, not run on something else.
+            assert!(layouts.is_empty(), "{layouts:?}");
+            let err = gemm_on_layout(&g, [&ta_, &tb_, &ta_], None).unwrap_err();
+            assert!(err.to_string().contains("cooperative matrices"), "{err}");
+            continue;
+        }
+        assert!(layouts.len() >= 4, "{layouts:?}");
+        let mut first: Option<Vec<u32>> = None;
+        for layout in layouts {
+            let tc = match out {
+                DType::F16 => Tensor::from_f16(&e, &c0, &[c0.len()], "c").unwrap(),
+                _ => {
+                    let v: Vec<f32> = c0.iter().map(|x| x.to_f32()).collect();
+                    Tensor::from_slice(&e, &v, &[v.len()], "c").unwrap()
+                }
+            };
+            gemm_on_layout(&g, [&ta_, &tb_, &tc], Some(layout)).unwrap();
+            let got = tc.to_vec().unwrap();
+            let tol = if out == DType::F16 { 2e-3 } else { 1e-5 };
+            let err = normwise(&got, &want);
+            let what = format!("{m}×{n}·K{k} ×{batch} {out:?} in {}", layout.describe());
+            assert!(err < tol, "{what}: {err}");
+            let bits: Vec<u32> = got.iter().map(|x| x.to_bits()).collect();
+            match &first {
+                None => first = Some(bits),
+                Some(f) => assert!(f == &bits, "{what}: other bits than the fixed layout"),
+            }
+        }
+    }
+}
+
 /// Convolutions in f16 read B as the im2col in place (forward, the input
 /// gradient's flipped kernel, the weight gradient's im2colᵀ over a summed
 /// batch) and add the bias in the epilogue: on tensor cores where they run,

@@ -78,6 +78,82 @@ fn a_second_run_reads_the_cache_times_nothing_and_picks_the_same_tiles() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// Under autocast f16, products on tensor cores tune their block layout
+/// per shape class as products on the plain kernels tune their tiles: the
+/// cache keeps them apart, a second run reads them and times nothing, and
+/// the step's measured memory stays equal to the estimate. Without tensor
+/// cores (bookworm's lavapipe) no class is a tensor-core one.
+#[test]
+fn tensor_core_layouts_are_tuned_cached_and_leave_memory_alone() {
+    let dir = std::env::temp_dir().join(format!("vramlab-tuning-coop-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cache = dir.join("tiles.json");
+    let args = [
+        "bench",
+        "--sizes",
+        "16",
+        "--models",
+        "mlp",
+        "--batch",
+        "3",
+        "--amp",
+        "f16",
+        "--reps",
+        "1",
+        "--no-precision",
+        "--json",
+    ];
+    let first = common::json_of(vramlab(&cache, &args));
+    let cores = first["tensor_cores"].as_bool().unwrap();
+    let tuning = &first["tuning"];
+    let choices = tuning["choices"].as_object().unwrap();
+    let coop: Vec<&String> = choices.keys().filter(|k| k.starts_with("coop ")).collect();
+    assert_eq!(!coop.is_empty(), cores, "{tuning}");
+    let file: Value = serde_json::from_str(&std::fs::read_to_string(&cache).unwrap()).unwrap();
+    let cached: usize = file["coop"].as_object().map_or(0, |a| {
+        a.values().map(|m| m.as_object().unwrap().len()).sum()
+    });
+    assert_eq!(cached, coop.len(), "{file}");
+    for m in file["coop"]
+        .as_object()
+        .into_iter()
+        .flat_map(|a| a.values())
+    {
+        for e in m.as_object().unwrap().values() {
+            assert!(
+                e["gflops"].as_f64().unwrap() >= e["fixed_gflops"].as_f64().unwrap(),
+                "{e}"
+            );
+        }
+    }
+    let second = common::json_of(vramlab(&cache, &args));
+    assert_eq!(second["tuning"]["timed"], 0, "{}", second["tuning"]);
+    assert_eq!(second["tuning"]["from_cache"], tuning["tuned"]);
+    assert_eq!(second["tuning"]["choices"], tuning["choices"]);
+    let v = common::json_of(vramlab(
+        &cache,
+        &[
+            "estimate",
+            "--model",
+            "mlp",
+            "--batch",
+            "3",
+            "--amp",
+            "f16",
+            "--measure",
+            "--json",
+        ],
+    ));
+    for key in [
+        "peak_allocated_bytes",
+        "peak_reserved_bytes",
+        "device_allocs",
+    ] {
+        assert_eq!(v["estimate"][key], v["measured"][key], "{key}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 #[test]
 fn a_bad_setting_is_refused_with_the_values_it_takes() {
     let out = command(["models"])

@@ -195,6 +195,15 @@ struct DispatchOverhead {
     /// (`VRAMLAB_BIND_GROUP_CACHE=0` makes one for each).
     bind_groups_made: u64,
     bind_groups_reused: u64,
+    /// Median over reps of one 4-byte read back to the host on an idle
+    /// device (copy, submit, wait, map): what a loss read or GradScaler's
+    /// `found_inf` costs a step (`VRAMLAB_READBACK_REUSE=0`: a new
+    /// mappable buffer each read).
+    readback_micros: f64,
+    /// Median over reps of one fill recorded, submitted and waited for on
+    /// an idle device: what each synchronized product pays besides its
+    /// kernel (the burn peer's wall clock times such products).
+    round_trip_micros: f64,
 }
 
 /// Most timed repetitions a figure takes (a bound, so a typo cannot run
@@ -213,9 +222,10 @@ fn dispatch_overhead(e: &Engine, reps: usize) -> anyhow::Result<DispatchOverhead
     }
     let counts = || e.gpu().map_or((0, 0), |g| g.bind_groups().counts());
     let (made0, reused0) = counts();
-    let timed = (|| -> anyhow::Result<[Vec<f64>; 3]> {
+    let timed = (|| -> anyhow::Result<[Vec<f64>; 5]> {
         let t = crate::ops::fill::zeros(e, &[1], "bench.dispatch")?;
-        let (mut record, mut submit, mut total) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut record, mut submit, mut total, mut read, mut trip) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let micros = |d: std::time::Duration| d.as_secs_f64() / COUNT as f64 * 1e6;
         for rep in 0..=reps {
             e.synchronize()?;
@@ -229,19 +239,27 @@ fn dispatch_overhead(e: &Engine, reps: usize) -> anyhow::Result<DispatchOverhead
             }
             let submitted = t0.elapsed();
             e.synchronize()?;
+            let waited = t0.elapsed();
+            let t1 = Instant::now();
+            t.to_vec()?;
+            let t2 = Instant::now();
+            crate::ops::fill::fill(&t, 0.0)?;
+            e.synchronize()?;
             // The first rep compiles the kernel and warms the caches.
             if rep > 0 {
                 record.push(micros(recorded));
                 submit.push(micros(submitted - recorded));
-                total.push(micros(t0.elapsed()));
+                total.push(micros(waited));
+                read.push((t2 - t1).as_secs_f64() * 1e6);
+                trip.push(t2.elapsed().as_secs_f64() * 1e6);
             }
         }
-        Ok([record, submit, total])
+        Ok([record, submit, total, read, trip])
     })();
     if let Some(g) = e.gpu() {
         g.hold_submits(false);
     }
-    let [record, submit, total] = timed?;
+    let [record, submit, total, read, trip] = timed?;
     let (made1, reused1) = counts();
     e.start_timing();
     Ok(DispatchOverhead {
@@ -251,6 +269,8 @@ fn dispatch_overhead(e: &Engine, reps: usize) -> anyhow::Result<DispatchOverhead
         total_micros: median(total),
         bind_groups_made: made1 - made0,
         bind_groups_reused: reused1 - reused0,
+        readback_micros: median(read),
+        round_trip_micros: median(trip),
     })
 }
 
@@ -687,8 +707,8 @@ fn start_report(ctx: &Ctx) -> anyhow::Result<BenchReport> {
     };
     let o = &report.dispatch_overhead;
     ctx.say(format!(
-        "host cost per dispatch ({} one-element fills, timer off, one submit): {:.2} µs to record, {:.2} µs to submit, {:.1} µs with the wait; bind groups {} made, {} reused",
-        o.count, o.record_micros, o.submit_micros, o.total_micros, o.bind_groups_made, o.bind_groups_reused
+        "host cost per dispatch ({} one-element fills, timer off, one submit): {:.2} µs to record, {:.2} µs to submit, {:.1} µs with the wait; bind groups {} made, {} reused\none dispatch recorded, submitted and waited for: {:.1} µs; a 4-byte read back to the host (a loss, GradScaler's found_inf): {:.1} µs",
+        o.count, o.record_micros, o.submit_micros, o.total_micros, o.bind_groups_made, o.bind_groups_reused, o.round_trip_micros, o.readback_micros
     ));
     Ok(report)
 }

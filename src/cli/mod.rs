@@ -236,7 +236,7 @@ pub fn flag_error_json(rendered: &str, exit_code: i32) -> String {
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     // A bad tuning or allocator setting is the user's to fix, before any
     // work, whether or not this command reads it.
-    crate::ops::matmul::tune::check_env().map_err(anyhow::Error::msg)?;
+    crate::ops::matmul::check_env().map_err(anyhow::Error::msg)?;
     // (The lab's parser: PyTorch's options and vramlab's own, as --alloc-conf.)
     crate::lab::strategies::vramlab::alloc_conf_from_env()
         .map_err(|e| anyhow::anyhow!("{}: {e}", crate::memory::ALLOC_CONF_ENV))?;

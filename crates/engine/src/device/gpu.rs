@@ -271,6 +271,24 @@ fn bind_group_cache_from_env() -> Result<bool, DeviceError> {
     })
 }
 
+/// Reads of at most this many bytes (a loss, GradScaler's `found_inf`)
+/// go through one mappable buffer kept for them, not a new one each: a
+/// step reads one or two such values, each a wait the GPU idles through.
+const SMALL_READBACK: u64 = 4096;
+
+/// `1` (the default): small reads reuse one mappable buffer; `0`: a new
+/// buffer for every read, as before (to measure the difference).
+pub const READBACK_REUSE_VAR: &str = "VRAMLAB_READBACK_REUSE";
+
+fn readback_reuse_from_env() -> Result<bool, DeviceError> {
+    let words = [("0", false), ("1", true)];
+    word_setting(READBACK_REUSE_VAR, &words, true).map_err(|value| DeviceError::Env {
+        var: READBACK_REUSE_VAR,
+        value,
+        expected: "1 (small reads reuse one buffer, the default) or 0 (a new buffer each read)",
+    })
+}
+
 /// One GPU: device, queue, limits, compiled pipelines, the open encoder.
 pub struct Gpu {
     /// What the adapter was opened with (the tuner opens a second device
@@ -316,6 +334,9 @@ pub struct Gpu {
     /// many tensors a dispatch ([`LIST_OPS_VAR`]).
     list_ops: AtomicBool,
     timer: Mutex<Option<Timer>>,
+    /// The mappable buffer of small reads, while no read holds it; `None`
+    /// in the field's place where [`READBACK_REUSE_VAR`] is `0`.
+    small_readback: Option<Mutex<Option<wgpu::Buffer>>>,
     errors: Arc<Mutex<Vec<String>>>,
 }
 
@@ -449,6 +470,7 @@ impl Gpu {
             alignment,
         );
         let first_submit = submit_first_from_env()?;
+        let small_readback = readback_reuse_from_env()?.then(Mutex::default);
         let list_ops = list_ops_from_env(info.device_type == wgpu::DeviceType::Cpu)?;
         let bind_groups = Arc::new(BindGroupCache::new(
             device.clone(),
@@ -486,6 +508,7 @@ impl Gpu {
             first_submit: AtomicUsize::new(first_submit),
             configured_submit: first_submit,
             list_ops: AtomicBool::new(list_ops),
+            small_readback,
             errors,
         })
     }
@@ -1230,18 +1253,56 @@ impl Gpu {
         offset: u64,
         size: u64,
     ) -> Result<Vec<u8>, DeviceError> {
-        let readback = self.device.create_buffer(&wgpu::BufferDescriptor {
+        // The kept buffer where the read is small and no other read holds
+        // it; else one of the read's size, dropped after it.
+        let small = self
+            .small_readback
+            .as_ref()
+            .filter(|_| size <= SMALL_READBACK);
+        let readback = match small {
+            Some(m) => lock(m).take(),
+            None => None,
+        }
+        .unwrap_or_else(|| {
+            self.readback_buffer(if small.is_some() {
+                SMALL_READBACK
+            } else {
+                size
+            })
+        });
+        // A failed read leaves the buffer unmapped or in doubt: dropped.
+        let bytes = self.read_into(source, offset, size, &readback)?;
+        readback.unmap();
+        if let Some(m) = small {
+            *lock(m) = Some(readback);
+        }
+        Ok(bytes)
+    }
+
+    fn readback_buffer(&self, size: u64) -> wgpu::Buffer {
+        self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("readback"),
             size,
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
-        });
+        })
+    }
+
+    /// Copies `size` bytes at `offset` of `source` into the start of
+    /// `readback`, waits, and returns them (the buffer left mapped).
+    fn read_into(
+        &self,
+        source: &wgpu::Buffer,
+        offset: u64,
+        size: u64,
+        readback: &wgpu::Buffer,
+    ) -> Result<Vec<u8>, DeviceError> {
         self.with_encoder(|enc| {
-            enc.copy_buffer_to_buffer(source, offset, &readback, 0, size);
+            enc.copy_buffer_to_buffer(source, offset, readback, 0, size);
         });
         let submitted = self.flush_taking_arenas();
         let (tx, rx) = std::sync::mpsc::channel();
-        readback.map_async(wgpu::MapMode::Read, .., move |r| {
+        readback.map_async(wgpu::MapMode::Read, ..size, move |r| {
             let _ = tx.send(r);
         });
         self.device
@@ -1252,13 +1313,9 @@ impl Gpu {
         rx.recv()
             .map_err(DeviceError::MapLost)?
             .map_err(DeviceError::MapFailed)?;
-        let bytes = {
-            let view = readback
-                .get_mapped_range(..)
-                .map_err(DeviceError::MappedRange)?;
-            view.to_vec()
-        };
-        readback.unmap();
-        Ok(bytes)
+        let view = readback
+            .get_mapped_range(..size)
+            .map_err(DeviceError::MappedRange)?;
+        Ok(view.to_vec())
     }
 }

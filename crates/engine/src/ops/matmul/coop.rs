@@ -11,6 +11,7 @@
 //! kernels do. Used where the device enabled f16 cooperative matrices
 //! (`Engine::tensor_core_lanes`).
 
+pub use super::coop_tile::{CoopTile, TILE_VAR};
 use super::dispatch::Bias;
 use super::tile::conv_defs;
 use super::{Gemm, MatView, MatmulParams, Oriented};
@@ -22,8 +23,6 @@ use crate::tensor::{ConfigError, DType, Tensor, TensorError};
 
 const SOURCE: &str = include_str!("../../../../../shaders/matmul_coop.wgsl");
 
-/// Overrides the block layout: `WMxWN,TMxTN` (subgroups, tiles a subgroup).
-pub const TILE_VAR: &str = "VRAMLAB_COOP_TILE";
 /// How interior steps read A and B ([`Loads`]): `direct`, `staged` or
 /// `wide`; to compare them.
 pub const LOADS_VAR: &str = "VRAMLAB_COOP_LOADS";
@@ -162,65 +161,6 @@ fn settings() -> &'static (Staging, Option<CoopTile>) {
     })
 }
 
-/// How a workgroup covers its block of C: `wm`×`wn` subgroups, each holding
-/// `tm`×`tn` tiles of the matrix side.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CoopTile {
-    pub wm: u32,
-    pub wn: u32,
-    pub tm: u32,
-    pub tn: u32,
-}
-
-impl CoopTile {
-    /// `WMxWN,TMxTN`, each between 1 and 8.
-    pub fn parse(text: &str) -> Result<CoopTile, ConfigError> {
-        let bad = || {
-            ConfigError::Env {
-            var: TILE_VAR,
-            value: text.to_string(),
-            expected: "WMxWN,TMxTN: subgroups a workgroup and tiles a subgroup, each 1 to 8 (e.g. 2x2,4x4)",
-        }
-        };
-        let pair = |s: &str| -> Option<(u32, u32)> {
-            let (x, y) = s.trim().split_once('x')?;
-            let (x, y) = (x.trim().parse().ok()?, y.trim().parse().ok()?);
-            ((1..=8).contains(&x) && (1..=8).contains(&y)).then_some((x, y))
-        };
-        let (w, t) = text.split_once(',').ok_or_else(bad)?;
-        let ((wm, wn), (tm, tn)) = (pair(w).ok_or_else(bad)?, pair(t).ok_or_else(bad)?);
-        Ok(CoopTile { wm, wn, tm, tn })
-    }
-
-    /// The override in [`TILE_VAR`], if set.
-    pub fn from_env() -> Result<Option<CoopTile>, ConfigError> {
-        match std::env::var(TILE_VAR) {
-            Ok(v) if !v.trim().is_empty() => CoopTile::parse(&v).map(Some),
-            _ => Ok(None),
-        }
-    }
-
-    fn block(&self, side: u32) -> (usize, usize) {
-        (
-            (self.wm * self.tm * side) as usize,
-            (self.wn * self.tn * side) as usize,
-        )
-    }
-
-    fn invocations(&self, lanes: u32) -> u32 {
-        self.wm * self.wn * lanes
-    }
-
-    /// Workgroup memory in bytes: `buffers` copies of A's and B's staged
-    /// slices `depth` tiles deep (f16, rows padded by 8) and one f32 tile a
-    /// subgroup.
-    fn shared_bytes(&self, side: u32, depth: u32, buffers: u32) -> u32 {
-        let (bm, bn) = self.block(side);
-        let (bm, bn, kd) = (bm as u32, bn as u32, depth * side);
-        2 * buffers * (bm * (kd + 8) + kd * (bn + 8)) + 4 * self.wm * self.wn * side * side
-    }
-}
-
 /// The block layout for `g`: the override if set, else large blocks where
 /// they still give two workgroups for each of ~132 multiprocessors, smaller
 /// ones for small products; shrunk until the adapter's limits hold.
@@ -233,11 +173,7 @@ fn layout(
     chosen: Option<CoopTile>,
     limits: &wgpu::Limits,
 ) -> CoopTile {
-    let fits = |t: &CoopTile| {
-        t.invocations(lanes) <= limits.max_compute_invocations_per_workgroup
-            && t.invocations(lanes) <= limits.max_compute_workgroup_size_x
-            && t.shared_bytes(side, depth, buffers) <= limits.max_compute_workgroup_storage_size
-    };
+    let fits = |t: &CoopTile| fits(t, side, lanes, depth, buffers, limits);
     let wanted = chosen.unwrap_or_else(|| {
         // 16×16: 2×4 subgroups of 4×2 tiles (a 128×128 block, 256
         // invocations) ran f16 4096³ at 119.0 TFLOP/s on an H200 with
@@ -277,6 +213,93 @@ fn layout(
         tm: 1,
         tn: 1,
     })
+}
+
+/// Whether the adapter runs layout `t`: its invocations and its workgroup
+/// memory within the limits.
+fn fits(
+    t: &CoopTile,
+    side: u32,
+    lanes: u32,
+    depth: u32,
+    buffers: u32,
+    limits: &wgpu::Limits,
+) -> bool {
+    t.invocations(lanes) <= limits.max_compute_invocations_per_workgroup
+        && t.invocations(lanes) <= limits.max_compute_workgroup_size_x
+        && t.shared_bytes(side, depth, buffers) <= limits.max_compute_workgroup_storage_size
+}
+
+/// Layouts the tuner times for a product whose fixed layout is `default`
+/// (first): blocks from 32 to 256 a side, of 4 to 16 subgroups' worth of
+/// tiles, those the adapter runs (`fits`). On a CPU adapter (tuning there only when
+/// asked) none whose invocations run more loop iterations an entry than
+/// the default's, which the summed batch's loop budget was planned with.
+fn layout_candidates(
+    default: CoopTile,
+    fits: &dyn Fn(&CoopTile) -> bool,
+    iterations: &dyn Fn(&CoopTile) -> usize,
+    cpu: bool,
+) -> Vec<CoopTile> {
+    let tile = |wm, wn, tm, tn| CoopTile { wm, wn, tm, tn };
+    let mut v = vec![default];
+    // Rounds of up to 8 are timed while the budget lasts: the first holds
+    // the most different shapes (128×128, 64×128, 64×64, 128×64 blocks).
+    for t in [
+        tile(2, 4, 4, 2),
+        tile(4, 2, 2, 4),
+        tile(2, 2, 4, 4),
+        tile(2, 4, 2, 2),
+        tile(2, 2, 2, 2),
+        tile(1, 4, 4, 2),
+        tile(2, 2, 2, 4),
+        tile(4, 2, 2, 2),
+        tile(2, 2, 4, 2),
+        tile(4, 1, 2, 4),
+        tile(4, 4, 2, 2),
+        tile(2, 4, 2, 4),
+        tile(1, 2, 4, 4),
+        tile(2, 1, 4, 4),
+        tile(2, 2, 1, 2),
+        tile(2, 2, 1, 1),
+    ] {
+        let within = !cpu || iterations(&t) <= iterations(&default);
+        if within && fits(&t) && !v.contains(&t) {
+            v.push(t);
+        }
+    }
+    v
+}
+
+/// The tuner's shape class of a product on tensor cores: C's type, the
+/// operands' orientation, a summed batch, a bias, a K split, how interior
+/// steps load, and the sizes of M, N and the work (each factor of 4 its
+/// own class).
+fn class_key(g: &Gemm, out: Elem, bias: bool, splits: usize, loads: &str) -> String {
+    let log4 = |x: f64| (x.max(1.0).log2() / 2.0).floor() as i64;
+    let work = (g.m as f64) * (g.n as f64) * (g.k.max(1) as f64) * (g.batch.max(1) as f64);
+    let b = match g.implicit_b {
+        None if g.b.col_stride != 1 && g.n > 1 => "Bᵀ",
+        None => "B",
+        Some(c) if c.transposed => "im2colᵀ",
+        Some(_) => "im2col",
+    };
+    let a = if g.a.col_stride != 1 && g.k > 1 {
+        "Aᵀ"
+    } else {
+        "A"
+    };
+    format!(
+        "coop f16→{} {a}·{b}{}{}{} {loads} m4^{} n4^{} 4^{}",
+        out.name(),
+        if g.reduce_batch { " Σbatch" } else { "" },
+        if bias { " +bias" } else { "" },
+        if splits > 1 { " split" } else { "" },
+        log4(g.m as f64),
+        log4(g.n as f64),
+        log4(work),
+    )
+    .to_lowercase()
 }
 
 /// `(column-major, leading stride)` of a view the kernel reads by rows or
@@ -394,8 +417,21 @@ pub(crate) fn entry_iterations(
     let side = e.tensor_core_size().unwrap_or(8);
     let &(st, chosen) = settings();
     let tile = layout(g, side, lanes, st.depth, 1, chosen, &limits_of(e));
+    tile_iterations(g, &tile, side, lanes, step_of(e), splits, k_chunk)
+}
+
+/// [`entry_iterations`] for layout `tile`, `kd` of K a staged step.
+fn tile_iterations(
+    g: &Gemm,
+    tile: &CoopTile,
+    side: u32,
+    lanes: u32,
+    kd: usize,
+    splits: usize,
+    k_chunk: usize,
+) -> usize {
     let (bm, bn) = tile.block(side);
-    let (kd, nt) = (step_of(e), tile.invocations(lanes) as usize);
+    let nt = tile.invocations(lanes) as usize;
     let steps = chunk_depth(splits, k_chunk, g.k, kd).div_ceil(kd);
     steps * (2 + (bm * kd).div_ceil(nt) + 1 + (bn * kd).div_ceil(nt) + 1) + 2
 }
@@ -428,8 +464,60 @@ pub(crate) fn gemm_grouped(
     c: &Tensor,
     bias: Option<Bias>,
     group: usize,
+    split: (usize, usize),
+    lanes: u32,
+) -> Result<(), TensorError> {
+    gemm_grouped_with(g, a, b, c, bias, group, split, lanes, None)
+}
+
+/// `g` on tensor cores in layout `tile` (the tests' and the tuner's way
+/// to run each candidate), else as [`gemm`] chooses.
+#[doc(hidden)]
+pub fn gemm_on_layout(
+    g: &Gemm,
+    [a, b, c]: [&Tensor; 3],
+    tile: Option<CoopTile>,
+) -> Result<(), TensorError> {
+    let lanes = a
+        .engine()
+        .tensor_core_lanes()
+        .ok_or(TensorError::NotSupported {
+            op: "matmul_coop",
+            what: "this device has no f16 cooperative matrices",
+        })?;
+    gemm_grouped_with(g, a, b, c, None, g.batch.max(1), (1, g.k), lanes, tile)
+}
+
+/// Every layout the tuner may time for `g` on `e` (the fixed one first),
+/// before a CPU adapter's loop-budget filter: for the tests, which run each.
+#[doc(hidden)]
+pub fn candidate_layouts(g: &Gemm, e: &crate::tensor::Engine) -> Vec<CoopTile> {
+    let (Some(side), Some(lanes)) = (e.tensor_core_size(), e.tensor_core_lanes()) else {
+        return Vec::new();
+    };
+    let &(st, chosen) = settings();
+    // Two copies where prefetching asks for them: a layout that fits them
+    // fits one.
+    let buffers = if st.prefetch { st.buffers } else { 1 };
+    let limits = &*limits_of(e);
+    let fixed = layout(g, side, lanes, st.depth, buffers, chosen, limits);
+    let fits = |t: &CoopTile| fits(t, side, lanes, st.depth, buffers, limits);
+    layout_candidates(fixed, &fits, &|_| 0, false)
+}
+
+/// [`gemm_grouped`] in layout `forced`, else the [`TILE_VAR`] override,
+/// else the tuned layout where tiles are tuned, else the fixed one.
+#[allow(clippy::too_many_arguments)]
+fn gemm_grouped_with(
+    g: &Gemm,
+    a: &Tensor,
+    b: &Tensor,
+    c: &Tensor,
+    bias: Option<Bias>,
+    group: usize,
     (splits, k_chunk): (usize, usize),
     lanes: u32,
+    forced: Option<CoopTile>,
 ) -> Result<(), TensorError> {
     let u = |x: usize| x as u32;
     let e = a.engine();
@@ -463,7 +551,37 @@ pub(crate) fn gemm_grouped(
     let prefetch = wide && prefetch;
     let halves = wide && st.halves;
     let buffers = if prefetch { st.buffers } else { 1 };
-    let tile = layout(g, side, lanes, depth, buffers, chosen, limits);
+    let fixed = layout(g, side, lanes, depth, buffers, chosen, limits);
+    let tile = match forced {
+        Some(t) => t,
+        None if chosen.is_none() && super::tune::enabled(e) => {
+            let loads = match (direct, wide, prefetch) {
+                (true, _, _) => "direct",
+                (_, true, true) => "wide prefetch",
+                (_, true, false) => "wide",
+                _ => "staged",
+            };
+            let kd = (depth * side) as usize;
+            let iterations = |t: &CoopTile| tile_iterations(g, t, side, lanes, kd, splits, k_chunk);
+            let fits = |t: &CoopTile| fits(t, side, lanes, depth, buffers, limits);
+            let candidates = layout_candidates(fixed, &fits, &iterations, e.is_cpu_adapter());
+            let key = class_key(g, c.dtype().elem(), bias.is_some(), splits, loads);
+            let time = |probe: &crate::tensor::Engine, tiles: &[CoopTile]| {
+                time_layouts(
+                    probe,
+                    g,
+                    c.dtype(),
+                    bias,
+                    group,
+                    (splits, k_chunk),
+                    lanes,
+                    tiles,
+                )
+            };
+            super::tune::tuned_coop(e, &key, g, &candidates, &time).unwrap_or(fixed)
+        }
+        None => fixed,
+    };
     let (bm, bn) = tile.block(side);
     let (kd, nt) = ((depth * side) as usize, tile.invocations(lanes) as usize);
     let a_col = major(&o.a).is_some_and(|(col, _)| col);
@@ -547,6 +665,80 @@ pub(crate) fn gemm_grouped(
         Workgroups::Grid([u(g.n.div_ceil(bn)), u(g.m.div_ceil(bm)), u(z)]),
     )?;
     Ok(())
+}
+
+/// Seconds each of `tiles` takes for a product shaped as `g` on `probe`
+/// (the tuner's second device), on fresh operands laid out as `g`'s C is
+/// written (`group` entries summed a slot, `split` as given); `None` for
+/// one that failed, all `None` where the operands do not fit beside the
+/// run. With the kernels compiled ahead of the timing.
+#[allow(clippy::too_many_arguments)]
+fn time_layouts(
+    probe: &crate::tensor::Engine,
+    g: &Gemm,
+    out: DType,
+    bias: Option<Bias>,
+    group: usize,
+    split: (usize, usize),
+    lanes: u32,
+    tiles: &[CoopTile],
+) -> (Vec<Option<f64>>, usize) {
+    let shape = super::GemmShape::of(g, "tune");
+    let mut pg = shape.gemm();
+    pg.accumulate = g.accumulate;
+    pg.c_batch_stride = if g.c_batch_stride == 0 { 0 } else { g.m * g.n };
+    let group = group.clamp(1, g.batch.max(1));
+    let slots = if g.reduce_batch {
+        g.batch.div_ceil(group)
+    } else {
+        g.batch
+    };
+    let z = split.0.max(1) * slots.max(1);
+    let (na, nb, _) = shape.sizes();
+    let nc = (z - 1) * pg.c_batch_stride + g.m * g.n;
+    let filled = |n: usize, dt: DType, name: &str| {
+        Tensor::generated(probe, &[n.max(1)], dt, name, |n| vec![0.5; n])
+    };
+    let operands = (|| {
+        Ok::<_, TensorError>((
+            filled(na, DType::F16, "tune.a")?,
+            filled(nb, DType::F16, "tune.b")?,
+            filled(nc, out, "tune.c")?,
+            match bias {
+                Some(Bias::Rows(_)) => Some(filled(g.m, out, "tune.bias")?),
+                Some(Bias::Cols(_)) => Some(filled(g.n, out, "tune.bias")?),
+                None => None,
+            },
+        ))
+    })();
+    let Ok((a, b, c, bias_t)) = operands else {
+        probe.allocator().empty_cache();
+        return (vec![None; tiles.len()], 0);
+    };
+    let probe_bias = match (bias, bias_t.as_ref()) {
+        (Some(Bias::Rows(_)), Some(t)) => Some(Bias::Rows(t)),
+        (Some(Bias::Cols(_)), Some(t)) => Some(Bias::Cols(t)),
+        _ => None,
+    };
+    let run =
+        |t: CoopTile| gemm_grouped_with(&pg, &a, &b, &c, probe_bias, group, split, lanes, Some(t));
+    // Every candidate's kernel compiled ahead, several at once.
+    let mut compiled = 0;
+    if let Some(gpu) = probe.gpu() {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let mut kernels = Vec::new();
+        for &t in tiles {
+            kernels.extend(gpu.kernels_of(|| run(t)).1);
+        }
+        compiled = gpu.precompile(&kernels, threads);
+    }
+    let times = tiles
+        .iter()
+        .map(|&t| super::tune::best_seconds(probe, &|| run(t)))
+        .collect();
+    drop((a, b, c, bias_t));
+    probe.allocator().empty_cache();
+    (times, compiled)
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@
 
 mod budget;
 pub mod coop;
+pub mod coop_tile;
 mod dispatch;
 mod shapes;
 mod tile;
@@ -74,6 +75,17 @@ pub enum Target {
 /// `gpu` takes the GPU tile family on any adapter (CI runs the kernel
 /// tests through it on lavapipe); `auto` or unset, the adapter's own.
 pub const TILE_FAMILY_VAR: &str = "VRAMLAB_TILE_FAMILY";
+
+/// Every setting products read from the environment (tile family,
+/// tensor-core layout and staging, K splits, tuning); an error names a bad
+/// value and what it takes. The CLI checks them before any work.
+pub fn check_env() -> Result<(), crate::tensor::ConfigError> {
+    tile_family_forced()?;
+    coop::CoopTile::from_env()?;
+    coop::staging_from_env()?;
+    shapes::SplitTargets::from_env()?;
+    tune::check_settings()
+}
 
 /// Whether [`TILE_FAMILY_VAR`] asks for the GPU family; an error names a
 /// value it does not take.

@@ -19,6 +19,7 @@
 //! - `VRAMLAB_TUNE_BUDGET_MS`: time for one shape class (default 2000).
 //! - `VRAMLAB_TUNE_CANDIDATES`: the most tiles timed for one (default 24).
 
+use super::coop_tile::CoopTile;
 use super::tiles_gpu::{self, GpuLimits};
 use super::{gemm_bias, Gemm, GemmShape, MatmulKernel, Target, TileChoice, TileConfig};
 use crate::device::compose::Elem;
@@ -58,12 +59,9 @@ impl Mode {
     }
 }
 
-/// The settings, from the environment; an error names a bad value.
-pub fn check_env() -> Result<(), ConfigError> {
-    super::tile_family_forced()?;
-    super::coop::CoopTile::from_env()?;
-    super::coop::staging_from_env()?;
-    super::shapes::SplitTargets::from_env()?;
+/// The tuner's settings, from the environment; an error names a bad value
+/// (`matmul::check_env` checks them with the products' other settings).
+pub fn check_settings() -> Result<(), ConfigError> {
     Settings::from_env().map(|_| ())
 }
 
@@ -103,7 +101,7 @@ impl Settings {
     }
 
     /// Every setting at its default (what a library user with a bad
-    /// environment gets; the CLI refuses it first, see [`check_env`]).
+    /// environment gets; the CLI refuses it first, see [`check_settings`]).
     fn defaults() -> Settings {
         Settings {
             mode: Mode::Auto,
@@ -152,11 +150,39 @@ impl Entry {
     }
 }
 
+/// One tuned tensor-core shape class: the block layout that won.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CoopEntry {
+    pub wm: u32,
+    pub wn: u32,
+    pub tm: u32,
+    pub tn: u32,
+    pub gflops: f64,
+    /// The layouts timed, and the fixed layout's rate among them.
+    pub candidates: usize,
+    pub fixed_gflops: f64,
+}
+
+impl CoopEntry {
+    fn tile(&self) -> CoopTile {
+        CoopTile {
+            wm: self.wm,
+            wn: self.wn,
+            tm: self.tm,
+            tn: self.tn,
+        }
+    }
+}
+
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct CacheFile {
     version: u32,
     /// Adapter (name, backend, driver, ids) → shape class key → entry.
     adapters: BTreeMap<String, BTreeMap<String, Entry>>,
+    /// The same for tensor-core layouts (absent from files written before
+    /// they were tuned).
+    #[serde(default)]
+    coop: BTreeMap<String, BTreeMap<String, CoopEntry>>,
 }
 
 /// What tuning did in this process, for `bench --json` and the tests.
@@ -184,6 +210,7 @@ struct State {
     probes: BTreeMap<String, Engine>,
     /// Keys already answered in this process (and whether from timing).
     known: BTreeMap<(String, String), Option<TileConfig>>,
+    known_coop: BTreeMap<(String, String), Option<CoopTile>>,
     retune: bool,
     stats: Stats,
     warned: bool,
@@ -205,6 +232,7 @@ fn state() -> MutexGuard<'static, Option<State>> {
             file: None,
             probes: BTreeMap::new(),
             known: BTreeMap::new(),
+            known_coop: BTreeMap::new(),
             retune: false,
             warned: false,
         });
@@ -218,6 +246,7 @@ pub fn retune() {
     if let Some(s) = state().as_mut() {
         s.retune = true;
         s.known.clear();
+        s.known_coop.clear();
     }
 }
 
@@ -392,6 +421,139 @@ pub fn tuned(
     Some(tile)
 }
 
+/// Times `tiles` on the probe device, with how many kernels it compiled
+/// ahead: what [`tuned_coop`] asks of the product's own code.
+pub(crate) type TimeLayouts<'a> = dyn Fn(&Engine, &[CoopTile]) -> (Vec<Option<f64>>, usize) + 'a;
+
+/// The tensor-core layout a product of class `key` runs with on `e` when
+/// tiles are tuned, as [`tuned`] for tiles: from this process's answers,
+/// the cache file, or by timing `candidates` (the fixed layout first) in
+/// rounds while the budget lasts. `None` where tuning is off or no
+/// candidate could be timed (the fixed layout runs). Every layout adds
+/// each entry's K steps in the same order, so they give the same bits, and
+/// none allocates: what is allocated does not depend on the winner.
+pub(crate) fn tuned_coop(
+    e: &Engine,
+    key: &str,
+    g: &Gemm,
+    candidates: &[CoopTile],
+    time: &TimeLayouts<'_>,
+) -> Option<CoopTile> {
+    if !enabled(e) || candidates.is_empty() {
+        return None;
+    }
+    let adapter = adapter_key(e)?;
+    let mut guard = state();
+    let s = guard.as_mut()?;
+    let id = (adapter.clone(), key.to_string());
+    if let Some(known) = s.known_coop.get(&id) {
+        return *known;
+    }
+    if s.file.is_none() {
+        s.file = Some(read_cache(s.settings.path.as_ref()));
+    }
+    if !s.retune {
+        // A layout this adapter no longer offers is timed again.
+        let cached = s
+            .file
+            .as_ref()
+            .and_then(|f| f.coop.get(&adapter))
+            .and_then(|m| m.get(key))
+            .map(CoopEntry::tile)
+            .filter(|t| candidates.contains(t));
+        if let Some(t) = cached {
+            s.stats.from_cache += 1;
+            s.stats.choices.insert(key.to_string(), t.describe());
+            s.known_coop.insert(id, Some(t));
+            return Some(t);
+        }
+    }
+    let started = Instant::now();
+    let mut tiles = candidates.to_vec();
+    tiles.truncate(s.settings.max_candidates);
+    if !s.probes.contains_key(&adapter) {
+        let options = e.gpu()?.options.clone();
+        let probe = Engine::new(&options, AllocatorConfig::default()).ok()?;
+        s.probes.insert(adapter.clone(), probe);
+    }
+    let probe = s.probes.get(&adapter)?;
+    let flops = 2.0 * (g.m * g.n * g.k.max(1) * g.batch.max(1)) as f64;
+    eprint!(
+        "vramlab: tuning tensor-core layouts for {key} ({}×{}·K{} ×{}), {} candidates …",
+        g.m,
+        g.n,
+        g.k,
+        g.batch,
+        tiles.len()
+    );
+    let per_round = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(2, 8);
+    let (mut best, mut fixed_rate, mut timed, mut compiled) = (None, f64::NAN, 0, 0);
+    let mut first = 0;
+    while first < tiles.len() && (first == 0 || started.elapsed() <= s.settings.budget) {
+        let round = &tiles[first..(first + per_round).min(tiles.len())];
+        let (times, ahead) = time(probe, round);
+        compiled += ahead;
+        for (j, (t, secs)) in round.iter().zip(times).enumerate() {
+            let Some(secs) = secs else { continue };
+            timed += 1;
+            let rate = flops / secs / 1e9;
+            if first + j == 0 {
+                fixed_rate = rate;
+            }
+            if best.is_none_or(|(_, r)| rate > r) {
+                best = Some((*t, rate));
+            }
+        }
+        first += round.len();
+    }
+    s.stats.timed += timed;
+    s.stats.compiled_ahead += compiled;
+    let Some((tile, gflops)) = best else {
+        eprintln!(" none ran; the fixed layout runs");
+        s.known_coop.insert(id, None);
+        return None;
+    };
+    eprintln!(
+        " {} at {gflops:.1} GFLOP/s (fixed {} at {fixed_rate:.1}), {:.1} s",
+        tile.describe(),
+        candidates[0].describe(),
+        started.elapsed().as_secs_f64()
+    );
+    s.stats.tuned += 1;
+    s.stats.choices.insert(key.to_string(), tile.describe());
+    s.known_coop.insert(id, Some(tile));
+    let entry = CoopEntry {
+        wm: tile.wm,
+        wn: tile.wn,
+        tm: tile.tm,
+        tn: tile.tn,
+        gflops,
+        candidates: timed,
+        fixed_gflops: fixed_rate,
+    };
+    if let Some(file) = s.file.as_mut() {
+        file.coop
+            .entry(adapter.clone())
+            .or_default()
+            .insert(key.to_string(), entry.clone());
+    }
+    let merge = |f: &mut CacheFile| {
+        f.coop
+            .entry(adapter.clone())
+            .or_default()
+            .insert(key.to_string(), entry.clone());
+    };
+    if let Err(why) = write_merged(s.settings.path.as_ref(), &merge) {
+        if !s.warned {
+            eprintln!("vramlab: tuned tiles kept for this run only: {why}");
+            s.warned = true;
+        }
+    }
+    Some(tile)
+}
+
 #[allow(clippy::too_many_arguments)]
 fn time_candidates(
     s: &mut State,
@@ -525,12 +687,17 @@ fn time_one(
     bias: Option<&Tensor>,
     kernel: MatmulKernel,
 ) -> Option<f64> {
-    gemm_bias(g, a, b, c, bias, kernel).ok()?;
+    best_seconds(e, &|| gemm_bias(g, a, b, c, bias, kernel))
+}
+
+/// [`time_one`] for any `run` of dispatches on `e`.
+pub(crate) fn best_seconds(e: &Engine, run: &dyn Fn() -> Result<(), TensorError>) -> Option<f64> {
+    run().ok()?;
     e.synchronize().ok()?;
     let timing = e.start_timing();
     let mut best = f64::INFINITY;
     for _ in 0..3 {
-        best = best.min(seconds_of(e, g, [a, b, c], bias, kernel).ok()?);
+        best = best.min(seconds_with(e, run).ok()?);
     }
     if timing.is_some() {
         e.stop_timing().ok()?;
@@ -548,9 +715,13 @@ pub fn seconds_of(
     bias: Option<&Tensor>,
     kernel: MatmulKernel,
 ) -> Result<f64, crate::tensor::TensorError> {
+    seconds_with(e, &|| gemm_bias(g, a, b, c, bias, kernel))
+}
+
+fn seconds_with(e: &Engine, run: &dyn Fn() -> Result<(), TensorError>) -> Result<f64, TensorError> {
     e.take_dispatch_times()?;
     let t0 = Instant::now();
-    gemm_bias(g, a, b, c, bias, kernel)?;
+    run()?;
     e.synchronize()?;
     let wall = t0.elapsed().as_secs_f64();
     Ok(match e.take_dispatch_times()? {
@@ -595,32 +766,42 @@ fn replaceable(path: &std::path::Path) -> bool {
     }
 }
 
-/// Writes `key`'s entry: merged into the file as it is now (another run
-/// may have added entries), written whole to a temporary file and renamed
-/// over the old one, so a reader never sees half a file.
+/// Writes `key`'s tile entry into the file ([`write_merged`]).
 fn write_cache(
     path: Option<&PathBuf>,
     adapter: &str,
     key: &str,
     ours: Option<&CacheFile>,
 ) -> Result<(), TensorError> {
-    let Some(path) = path else {
-        return Err(TensorError::NoTuneCache);
-    };
     let Some(entry) = ours
         .and_then(|f| f.adapters.get(adapter))
         .and_then(|m| m.get(key))
     else {
-        return Ok(());
+        return match path {
+            Some(_) => Ok(()),
+            None => Err(TensorError::NoTuneCache),
+        };
+    };
+    write_merged(path, &|file: &mut CacheFile| {
+        file.adapters
+            .entry(adapter.to_string())
+            .or_default()
+            .insert(key.to_string(), entry.clone());
+    })
+}
+
+/// The cache file as it is now (another run may have added entries) with
+/// `merge` applied, written whole to a temporary file and renamed over the
+/// old one, so a reader never sees half a file.
+fn write_merged(path: Option<&PathBuf>, merge: &dyn Fn(&mut CacheFile)) -> Result<(), TensorError> {
+    let Some(path) = path else {
+        return Err(TensorError::NoTuneCache);
     };
     if !replaceable(path) {
         return Err(TensorError::NotATuneCache(path.clone()));
     }
     let mut file = read_cache(Some(path));
-    file.adapters
-        .entry(adapter.to_string())
-        .or_default()
-        .insert(key.to_string(), entry.clone());
+    merge(&mut file);
     let io = |path: &std::path::Path| {
         let path = path.to_path_buf();
         move |source| TensorError::Io { path, source }
