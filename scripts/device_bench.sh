@@ -9,7 +9,7 @@
 # and the lists of the tests, coop and prefetch steps, each entry's settings
 # joined by "+". AB_RUNS, AB_ITERS: the ab step's runs and rounds.
 # Every figure lands under $OUT: log.txt (everything printed) and one JSON
-# file per measurement. Each step has its own time limit, so one slow step
+# file per measurement, tarred into figures.tar at the end. Each step has its own time limit, so one slow step
 # cannot take the rest with it.
 set -uo pipefail
 STEPS=${1:-tests,bench,burn,torch,layouts,estimate,recorder,moretests,zoo}
@@ -97,7 +97,7 @@ fi
 
 if want bench; then
   step "vramlab bench (tuning on, the first run tunes)"
-  env ${BENCH_ENV//+/ } timeout $(limit 150) $V bench --sizes 2048,4096 --models simple-cnn --batch 64 --reps 10 --json \
+  env ${BENCH_ENV:+${BENCH_ENV//+/ }} timeout $(limit 150) $V bench --sizes 2048,4096 --models simple-cnn --batch 64 --reps 10 --json \
     > "$OUT/bench.json" 2> /tmp/bench.err
   echo "rc $?"; grep -v "^vramlab: tuning" /tmp/bench.err | tail -5
   python3 - "$OUT/bench.json" <<'PY'
@@ -276,3 +276,6 @@ if want zoo; then
   echo "rc $?"; tail -5 /tmp/zoo.err
 fi
 step "done"
+# The device tool returns at most 8 files: the JSON figures travel as one
+# tar beside log.txt.
+(cd "$OUT" && compgen -G "*.json" > /dev/null && tar cf figures.tar *.json && rm -f *.json)
