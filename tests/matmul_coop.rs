@@ -504,7 +504,9 @@ fn f16_products_on_tensor_cores_match_f64() {
 /// Every block layout the tuner may pick gives the fixed layout's bits
 /// (each entry's K steps are added in the same order) and matches f64:
 /// odd sizes staged, aligned ones on wide loads, a summed batch that
-/// accumulates into C, transposes, f16 and f32 C.
+/// accumulates into C, transposes, f16 and f32 C, a bias per row, and a
+/// summed batch in slots of two entries with K cut in three slices (each
+/// slot's slices then sum to its entries' products).
 #[test]
 fn every_layout_the_tuner_may_pick_gives_the_same_bits() {
     use vramlab::ops::matmul::coop::{candidate_layouts, gemm_on_layout};
@@ -516,16 +518,24 @@ fn every_layout_the_tuner_may_pick_gives_the_same_bits() {
     );
     let mut rng = Rng::new(33);
     let round = |v: Vec<f32>| -> Vec<f16> { v.into_iter().map(f16::from_f32).collect() };
-    for (m, n, k, batch, ta, tb, reduce, accumulate, out) in [
-        (37, 45, 29, 2, false, true, false, false, DType::F32),
-        (64, 96, 64, 1, false, false, false, false, DType::F32),
-        (40, 24, 53, 3, true, false, true, true, DType::F32),
-        (48, 72, 40, 2, false, false, false, false, DType::F16),
-    ] {
+    // m, n, k, batch, A and B transposed, summed batch, accumulate, C's
+    // type, a bias per row, entries a slot, K slices.
+    #[rustfmt::skip]
+    let cases = [
+        (37, 45, 29, 2, false, true, false, false, DType::F32, false, 2, 1),
+        (64, 96, 64, 1, false, false, false, false, DType::F32, false, 1, 1),
+        (40, 24, 53, 3, true, false, true, true, DType::F32, false, 3, 1),
+        (48, 72, 40, 2, false, false, false, false, DType::F16, true, 2, 1),
+        (24, 40, 61, 5, false, true, true, false, DType::F32, false, 2, 3),
+    ];
+    for (m, n, k, batch, ta, tb, reduce, accumulate, out, bias, group, splits) in cases {
         let a = round(rng.vec(batch * m * k));
         let b = round(rng.vec(batch * k * n));
-        let c_batch = if reduce { 1 } else { batch };
-        let c0 = round(rng.vec(c_batch * m * n));
+        let bias_v = round(rng.vec(m));
+        let slots = if reduce { batch.div_ceil(group) } else { batch };
+        // C's entries: slot q's K slice s at q·splits + s.
+        let entries = slots * splits;
+        let c0 = round(rng.vec(entries * m * n));
         let view = |rows, cols, t| MatView {
             batch_stride: rows * cols,
             ..MatView::dense(0, rows, cols, t)
@@ -546,13 +556,17 @@ fn every_layout_the_tuner_may_pick_gives_the_same_bits() {
                 view(k, n, false)
             },
             c_offset: 0,
-            c_batch_stride: if reduce { 0 } else { m * n },
+            c_batch_stride: if entries == 1 { 0 } else { m * n },
             accumulate,
             reduce_batch: reduce,
             implicit_b: None,
         };
-        let mut want = vec![0.0f64; c_batch * m * n];
+        // Each slot's product with its slices summed: the slot's entries
+        // (one entry unsummed) over all of K, plus C where it accumulates
+        // (into its first slice) and the bias.
+        let mut want = vec![0.0f64; slots * m * n];
         for bi in 0..batch {
+            let q = if reduce { bi / group } else { bi };
             for i in 0..m {
                 for j in 0..n {
                     let s: f64 = (0..k)
@@ -570,18 +584,21 @@ fn every_layout_the_tuner_may_pick_gives_the_same_bits() {
                             av.to_f64() * bv.to_f64()
                         })
                         .sum();
-                    let o = if reduce {
-                        i * n + j
-                    } else {
-                        bi * m * n + i * n + j
-                    };
-                    want[o] += s;
+                    want[q * m * n + i * n + j] += s;
                 }
             }
         }
-        if accumulate {
-            for (w, c) in want.iter_mut().zip(&c0) {
-                *w += c.to_f64();
+        for q in 0..slots {
+            for i in 0..m {
+                for j in 0..n {
+                    let o = q * m * n + i * n + j;
+                    if accumulate {
+                        want[o] += c0[q * splits * m * n + i * n + j].to_f64();
+                    }
+                    if bias {
+                        want[o] += bias_v[i].to_f64();
+                    }
+                }
             }
         }
         let layouts = candidate_layouts(&g, &e);
@@ -589,17 +606,9 @@ fn every_layout_the_tuner_may_pick_gives_the_same_bits() {
             Tensor::from_f16(&e, &a, &[a.len()], "a").unwrap(),
             Tensor::from_f16(&e, &b, &[b.len()], "b").unwrap(),
         );
-        if e.tensor_core_lanes().is_none() {
-            // Without tensor cores there is nothing to tune, and a layout
-            // asked for is refused, not run on something else.
-            assert!(layouts.is_empty(), "{layouts:?}");
-            let err = gemm_on_layout(&g, [&ta_, &tb_, &ta_], None).unwrap_err();
-            assert!(err.to_string().contains("cooperative matrices"), "{err}");
-            continue;
-        }
-        assert!(layouts.len() >= 4, "{layouts:?}");
-        let mut first: Option<Vec<u32>> = None;
-        for layout in layouts {
+        let tbias = Tensor::from_f16(&e, &bias_v, &[m], "bias").unwrap();
+        let split = (splits, k.div_ceil(splits));
+        let run = |layout| {
             let tc = match out {
                 DType::F16 => Tensor::from_f16(&e, &c0, &[c0.len()], "c").unwrap(),
                 _ => {
@@ -607,11 +616,34 @@ fn every_layout_the_tuner_may_pick_gives_the_same_bits() {
                     Tensor::from_slice(&e, &v, &[v.len()], "c").unwrap()
                 }
             };
-            gemm_on_layout(&g, [&ta_, &tb_, &tc], Some(layout)).unwrap();
-            let got = tc.to_vec().unwrap();
+            let bias_t = bias.then_some(&tbias);
+            gemm_on_layout(&g, [&ta_, &tb_, &tc], bias_t, group, split, layout).map(|()| tc)
+        };
+        if e.tensor_core_lanes().is_none() {
+            // Without tensor cores there is nothing to tune, and a layout
+            // asked for is refused, not run on something else.
+            assert!(layouts.is_empty(), "{layouts:?}");
+            let err = run(None).unwrap_err();
+            assert!(err.to_string().contains("cooperative matrices"), "{err}");
+            continue;
+        }
+        assert!(layouts.len() >= 4, "{layouts:?}");
+        let mut first: Option<Vec<u32>> = None;
+        for layout in layouts {
+            let got = run(Some(layout)).unwrap().to_vec().unwrap();
+            // Slot q's slices summed.
+            let summed: Vec<f32> = (0..slots * m * n)
+                .map(|o| {
+                    let (q, r) = (o / (m * n), o % (m * n));
+                    (0..splits).map(|s| got[(q * splits + s) * m * n + r]).sum()
+                })
+                .collect();
             let tol = if out == DType::F16 { 2e-3 } else { 1e-5 };
-            let err = normwise(&got, &want);
-            let what = format!("{m}×{n}·K{k} ×{batch} {out:?} in {}", layout.describe());
+            let err = normwise(&summed, &want);
+            let what = format!(
+                "{m}×{n}·K{k} ×{batch} {out:?} bias {bias} group {group} splits {splits} in {}",
+                layout.describe()
+            );
             assert!(err < tol, "{what}: {err}");
             let bits: Vec<u32> = got.iter().map(|x| x.to_bits()).collect();
             match &first {

@@ -130,8 +130,10 @@ fn tensor_core_layouts_are_tuned_cached_and_leave_memory_alone() {
     assert_eq!(second["tuning"]["timed"], 0, "{}", second["tuning"]);
     assert_eq!(second["tuning"]["from_cache"], tuning["tuned"]);
     assert_eq!(second["tuning"]["choices"], tuning["choices"]);
+    // A fresh cache: the measured step tunes as it runs.
+    let fresh = dir.join("fresh.json");
     let v = common::json_of(vramlab(
-        &cache,
+        &fresh,
         &[
             "estimate",
             "--model",
@@ -151,6 +153,8 @@ fn tensor_core_layouts_are_tuned_cached_and_leave_memory_alone() {
     ] {
         assert_eq!(v["estimate"][key], v["measured"][key], "{key}");
     }
+    let tuned = std::fs::read_to_string(&fresh).unwrap_or_default();
+    assert_eq!(tuned.contains("\"coop f16"), cores, "{tuned}");
     std::fs::remove_dir_all(&dir).ok();
 }
 

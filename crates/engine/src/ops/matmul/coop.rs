@@ -232,14 +232,15 @@ fn fits(
 
 /// Layouts the tuner times for a product whose fixed layout is `default`
 /// (first): blocks from 32 to 256 a side, of 4 to 16 subgroups' worth of
-/// tiles, those the adapter runs (`fits`). On a CPU adapter (tuning there only when
-/// asked) none whose invocations run more loop iterations an entry than
-/// the default's, which the summed batch's loop budget was planned with.
+/// tiles, those the adapter runs (`fits`). With a `budget` (a CPU
+/// adapter, tuning there only when asked) none whose invocations run more
+/// loop iterations an entry than it: the summed batch's loop budget was
+/// planned with the fixed layout's.
 fn layout_candidates(
     default: CoopTile,
     fits: &dyn Fn(&CoopTile) -> bool,
     iterations: &dyn Fn(&CoopTile) -> usize,
-    cpu: bool,
+    budget: Option<usize>,
 ) -> Vec<CoopTile> {
     let tile = |wm, wn, tm, tn| CoopTile { wm, wn, tm, tn };
     let mut v = vec![default];
@@ -263,7 +264,7 @@ fn layout_candidates(
         tile(2, 2, 1, 2),
         tile(2, 2, 1, 1),
     ] {
-        let within = !cpu || iterations(&t) <= iterations(&default);
+        let within = budget.is_none_or(|b| iterations(&t) <= b);
         if within && fits(&t) && !v.contains(&t) {
             v.push(t);
         }
@@ -275,22 +276,19 @@ fn layout_candidates(
 /// operands' orientation, a summed batch, a bias, a K split, how interior
 /// steps load, and the sizes of M, N and the work (each factor of 4 its
 /// own class).
-fn class_key(g: &Gemm, out: Elem, bias: bool, splits: usize, loads: &str) -> String {
-    let log4 = |x: f64| (x.max(1.0).log2() / 2.0).floor() as i64;
+fn class_key(
+    g: &Gemm,
+    out: Elem,
+    bias: bool,
+    splits: usize,
+    staging: &str,
+    fixed: CoopTile,
+) -> String {
+    use super::tune::log4;
     let work = (g.m as f64) * (g.n as f64) * (g.k.max(1) as f64) * (g.batch.max(1) as f64);
-    let b = match g.implicit_b {
-        None if g.b.col_stride != 1 && g.n > 1 => "Bᵀ",
-        None => "B",
-        Some(c) if c.transposed => "im2colᵀ",
-        Some(_) => "im2col",
-    };
-    let a = if g.a.col_stride != 1 && g.k > 1 {
-        "Aᵀ"
-    } else {
-        "A"
-    };
+    let (a, b) = super::tune::operand_names(g);
     format!(
-        "coop f16→{} {a}·{b}{}{}{} {loads} m4^{} n4^{} 4^{}",
+        "coop f16→{} {a}·{b}{}{}{} {staging} m4^{} n4^{} 4^{} fixed {}",
         out.name(),
         if g.reduce_batch { " Σbatch" } else { "" },
         if bias { " +bias" } else { "" },
@@ -298,6 +296,7 @@ fn class_key(g: &Gemm, out: Elem, bias: bool, splits: usize, loads: &str) -> Str
         log4(g.m as f64),
         log4(g.n as f64),
         log4(work),
+        fixed.describe(),
     )
     .to_lowercase()
 }
@@ -470,12 +469,17 @@ pub(crate) fn gemm_grouped(
     gemm_grouped_with(g, a, b, c, bias, group, split, lanes, None)
 }
 
-/// `g` on tensor cores in layout `tile` (the tests' and the tuner's way
-/// to run each candidate), else as [`gemm`] chooses.
+/// `g` on tensor cores in layout `tile`, else as [`gemm_grouped`]
+/// chooses: a bias per row, `group` entries a slot of a summed batch,
+/// `(splits, k_chunk)` K slices (C's entries then slot·splits + slice).
+/// The tests' way to run each layout the tuner may pick.
 #[doc(hidden)]
 pub fn gemm_on_layout(
     g: &Gemm,
     [a, b, c]: [&Tensor; 3],
+    bias_rows: Option<&Tensor>,
+    group: usize,
+    split: (usize, usize),
     tile: Option<CoopTile>,
 ) -> Result<(), TensorError> {
     let lanes = a
@@ -485,7 +489,12 @@ pub fn gemm_on_layout(
             op: "matmul_coop",
             what: "this device has no f16 cooperative matrices",
         })?;
-    gemm_grouped_with(g, a, b, c, None, g.batch.max(1), (1, g.k), lanes, tile)
+    let forced = tile.map(|tile| Forced {
+        tile,
+        aligned: true,
+    });
+    let bias = bias_rows.map(Bias::Rows);
+    gemm_grouped_with(g, a, b, c, bias, group, split, lanes, forced)
 }
 
 /// Every layout the tuner may time for `g` on `e` (the fixed one first),
@@ -502,7 +511,15 @@ pub fn candidate_layouts(g: &Gemm, e: &crate::tensor::Engine) -> Vec<CoopTile> {
     let limits = &*limits_of(e);
     let fixed = layout(g, side, lanes, st.depth, buffers, chosen, limits);
     let fits = |t: &CoopTile| fits(t, side, lanes, st.depth, buffers, limits);
-    layout_candidates(fixed, &fits, &|_| 0, false)
+    layout_candidates(fixed, &fits, &|_| 0, None)
+}
+
+/// A layout a run must take, and whether it may load aligned operands
+/// wide or direct (a probe run: not where the product it times cannot).
+#[derive(Clone, Copy)]
+struct Forced {
+    tile: CoopTile,
+    aligned: bool,
 }
 
 /// [`gemm_grouped`] in layout `forced`, else the [`TILE_VAR`] override,
@@ -517,7 +534,7 @@ fn gemm_grouped_with(
     group: usize,
     (splits, k_chunk): (usize, usize),
     lanes: u32,
-    forced: Option<CoopTile>,
+    forced: Option<Forced>,
 ) -> Result<(), TensorError> {
     let u = |x: usize| x as u32;
     let e = a.engine();
@@ -545,7 +562,11 @@ fn gemm_grouped_with(
     let group = group.clamp(1, g.batch.max(1));
     params.group = group as u32;
     let conv = g.implicit_b.as_ref();
-    let aligned = conv.is_none() && direct_ok(&o.a, a, g.batch) && direct_ok(&o.b, b, g.batch);
+    // A probe run loads as the product it times does, where it can.
+    let aligned = conv.is_none()
+        && direct_ok(&o.a, a, g.batch)
+        && direct_ok(&o.b, b, g.batch)
+        && forced.is_none_or(|f| f.aligned);
     let direct = aligned && loads == Loads::Direct;
     let wide = aligned && loads == Loads::Wide;
     let prefetch = wide && prefetch;
@@ -553,28 +574,37 @@ fn gemm_grouped_with(
     let buffers = if prefetch { st.buffers } else { 1 };
     let fixed = layout(g, side, lanes, depth, buffers, chosen, limits);
     let tile = match forced {
-        Some(t) => t,
+        Some(f) => f.tile,
         None if chosen.is_none() && super::tune::enabled(e) => {
-            let loads = match (direct, wide, prefetch) {
-                (true, _, _) => "direct",
-                (_, true, true) => "wide prefetch",
-                (_, true, false) => "wide",
-                _ => "staged",
+            let staging = match (direct, wide, prefetch) {
+                (true, _, _) => "direct".to_string(),
+                (_, true, pf) => format!(
+                    "wide{}{}{}",
+                    if pf { " prefetch" } else { "" },
+                    if halves { " halves" } else { "" },
+                    if buffers == 2 { " two copies" } else { "" },
+                ),
+                _ => "staged".to_string(),
             };
+            let staging = format!("{staging} {depth} deep");
             let kd = (depth * side) as usize;
             let iterations = |t: &CoopTile| tile_iterations(g, t, side, lanes, kd, splits, k_chunk);
+            // The loop budget was planned with the layout entry_iterations
+            // takes (one copy of workgroup memory).
+            let planned = layout(g, side, lanes, depth, 1, chosen, limits);
+            let budget = e.is_cpu_adapter().then(|| iterations(&planned));
             let fits = |t: &CoopTile| fits(t, side, lanes, depth, buffers, limits);
-            let candidates = layout_candidates(fixed, &fits, &iterations, e.is_cpu_adapter());
-            let key = class_key(g, c.dtype().elem(), bias.is_some(), splits, loads);
+            let candidates = layout_candidates(fixed, &fits, &iterations, budget);
+            let key = class_key(g, c.dtype().elem(), bias.is_some(), splits, &staging, fixed);
             let time = |probe: &crate::tensor::Engine, tiles: &[CoopTile]| {
                 time_layouts(
                     probe,
                     g,
-                    c.dtype(),
-                    bias,
+                    (c.dtype(), bias),
                     group,
                     (splits, k_chunk),
                     lanes,
+                    aligned,
                     tiles,
                 )
             };
@@ -676,11 +706,11 @@ fn gemm_grouped_with(
 fn time_layouts(
     probe: &crate::tensor::Engine,
     g: &Gemm,
-    out: DType,
-    bias: Option<Bias>,
+    (out, bias): (DType, Option<Bias>),
     group: usize,
     split: (usize, usize),
     lanes: u32,
+    aligned: bool,
     tiles: &[CoopTile],
 ) -> (Vec<Option<f64>>, usize) {
     let shape = super::GemmShape::of(g, "tune");
@@ -705,8 +735,8 @@ fn time_layouts(
             filled(nb, DType::F16, "tune.b")?,
             filled(nc, out, "tune.c")?,
             match bias {
-                Some(Bias::Rows(_)) => Some(filled(g.m, out, "tune.bias")?),
-                Some(Bias::Cols(_)) => Some(filled(g.n, out, "tune.bias")?),
+                Some(Bias::Rows(t)) => Some(filled(g.m, t.dtype(), "tune.bias")?),
+                Some(Bias::Cols(t)) => Some(filled(g.n, t.dtype(), "tune.bias")?),
                 None => None,
             },
         ))
@@ -720,8 +750,20 @@ fn time_layouts(
         (Some(Bias::Cols(_)), Some(t)) => Some(Bias::Cols(t)),
         _ => None,
     };
-    let run =
-        |t: CoopTile| gemm_grouped_with(&pg, &a, &b, &c, probe_bias, group, split, lanes, Some(t));
+    let run = |tile: CoopTile| {
+        let forced = Forced { tile, aligned };
+        gemm_grouped_with(
+            &pg,
+            &a,
+            &b,
+            &c,
+            probe_bias,
+            group,
+            split,
+            lanes,
+            Some(forced),
+        )
+    };
     // Every candidate's kernel compiled ahead, several at once.
     let mut compiled = 0;
     if let Some(gpu) = probe.gpu() {

@@ -183,6 +183,9 @@ struct CacheFile {
     /// they were tuned).
     #[serde(default)]
     coop: BTreeMap<String, BTreeMap<String, CoopEntry>>,
+    /// Fields of a later build's file, written back as read.
+    #[serde(flatten)]
+    other: BTreeMap<String, serde_json::Value>,
 }
 
 /// What tuning did in this process, for `bench --json` and the tests.
@@ -214,6 +217,25 @@ struct State {
     retune: bool,
     stats: Stats,
     warned: bool,
+}
+
+impl State {
+    /// The cache file's entries, read at the first ask.
+    fn file(&mut self) -> &CacheFile {
+        self.file
+            .get_or_insert_with(|| read_cache(self.settings.path.as_ref()))
+    }
+
+    /// The second device of `e`'s adapter that candidates run on, opened
+    /// at the first ask (a handle to it: engines share their state).
+    fn probe(&mut self, e: &Engine, adapter: &str) -> Option<Engine> {
+        if !self.probes.contains_key(adapter) {
+            let options = e.gpu()?.options.clone();
+            let probe = Engine::new(&options, AllocatorConfig::default()).ok()?;
+            self.probes.insert(adapter.to_string(), probe);
+        }
+        self.probes.get(adapter).cloned()
+    }
 }
 
 static STATE: Mutex<Option<State>> = Mutex::new(None);
@@ -282,19 +304,8 @@ fn adapter_key(e: &Engine) -> Option<String> {
 /// operands are transposed, bias, orientation and the work's size (each
 /// factor of 4 its own class), so a 64³ and a 4096³ product tune apart.
 fn class_key(g: &Gemm, choice: &TileChoice, elem: Elem, out: Elem, bias: bool) -> String {
-    let work = (g.m as f64) * (g.n as f64) * (g.k.max(1) as f64) * (g.batch as f64);
-    let size = (work.log2() / 2.0).floor() as i64;
-    let b = match g.implicit_b {
-        None if g.b.col_stride != 1 && g.n > 1 => "Bᵀ",
-        None => "B",
-        Some(c) if c.transposed => "im2colᵀ",
-        Some(_) => "im2col",
-    };
-    let a = if g.a.col_stride != 1 && g.k > 1 {
-        "Aᵀ"
-    } else {
-        "A"
-    };
+    let size = log4((g.m as f64) * (g.n as f64) * (g.k.max(1) as f64) * (g.batch as f64));
+    let (a, b) = operand_names(g);
     format!(
         "{:?} {}→{} {a}·{b}{}{}{} 4^{size}",
         choice.class,
@@ -305,6 +316,28 @@ fn class_key(g: &Gemm, choice: &TileChoice, elem: Elem, out: Elem, bias: bool) -
         if choice.transposed { " as Cᵀ" } else { "" },
     )
     .to_lowercase()
+}
+
+/// How a shape class names its operands: A or Aᵀ, and B, Bᵀ, an im2col
+/// or an im2colᵀ.
+pub(crate) fn operand_names(g: &Gemm) -> (&'static str, &'static str) {
+    let a = if g.a.col_stride != 1 && g.k > 1 {
+        "Aᵀ"
+    } else {
+        "A"
+    };
+    let b = match g.implicit_b {
+        None if g.b.col_stride != 1 && g.n > 1 => "Bᵀ",
+        None => "B",
+        Some(c) if c.transposed => "im2colᵀ",
+        Some(_) => "im2col",
+    };
+    (a, b)
+}
+
+/// A size's class: each factor of 4 its own.
+pub(crate) fn log4(x: f64) -> i64 {
+    (x.max(1.0).log2() / 2.0).floor() as i64
 }
 
 /// The tiles to time for `choice` on `e`: the fixed choice first, then the
@@ -379,14 +412,11 @@ pub fn tuned(
     if let Some(known) = s.known.get(&(adapter.clone(), key.clone())) {
         return *known;
     }
-    if s.file.is_none() {
-        s.file = Some(read_cache(s.settings.path.as_ref()));
-    }
     if !s.retune {
         let cached = s
-            .file
-            .as_ref()
-            .and_then(|f| f.adapters.get(&adapter))
+            .file()
+            .adapters
+            .get(&adapter)
             .and_then(|m| m.get(&key))
             .map(Entry::tile)
             .filter(|t| t.is_valid() && t.bk == choice.tile.bk);
@@ -446,18 +476,18 @@ pub(crate) fn tuned_coop(
     let mut guard = state();
     let s = guard.as_mut()?;
     let id = (adapter.clone(), key.to_string());
-    if let Some(known) = s.known_coop.get(&id) {
-        return *known;
-    }
-    if s.file.is_none() {
-        s.file = Some(read_cache(s.settings.path.as_ref()));
+    // An answer of this process stands only if it is still a candidate.
+    if let Some(&known) = s.known_coop.get(&id) {
+        if known.is_none_or(|t| candidates.contains(&t)) {
+            return known;
+        }
     }
     if !s.retune {
         // A layout this adapter no longer offers is timed again.
         let cached = s
-            .file
-            .as_ref()
-            .and_then(|f| f.coop.get(&adapter))
+            .file()
+            .coop
+            .get(&adapter)
             .and_then(|m| m.get(key))
             .map(CoopEntry::tile)
             .filter(|t| candidates.contains(t));
@@ -471,12 +501,7 @@ pub(crate) fn tuned_coop(
     let started = Instant::now();
     let mut tiles = candidates.to_vec();
     tiles.truncate(s.settings.max_candidates);
-    if !s.probes.contains_key(&adapter) {
-        let options = e.gpu()?.options.clone();
-        let probe = Engine::new(&options, AllocatorConfig::default()).ok()?;
-        s.probes.insert(adapter.clone(), probe);
-    }
-    let probe = s.probes.get(&adapter)?;
+    let probe = &s.probe(e, &adapter)?;
     let flops = 2.0 * (g.m * g.n * g.k.max(1) * g.batch.max(1)) as f64;
     eprint!(
         "vramlab: tuning tensor-core layouts for {key} ({}×{}·K{} ×{}), {} candidates …",
@@ -496,9 +521,10 @@ pub(crate) fn tuned_coop(
         let (times, ahead) = time(probe, round);
         compiled += ahead;
         for (j, (t, secs)) in round.iter().zip(times).enumerate() {
-            let Some(secs) = secs else { continue };
+            let Some(rate) = secs.map(|s| flops / s / 1e9).filter(|r| r.is_finite()) else {
+                continue;
+            };
             timed += 1;
-            let rate = flops / secs / 1e9;
             if first + j == 0 {
                 fixed_rate = rate;
             }
@@ -531,7 +557,12 @@ pub(crate) fn tuned_coop(
         tn: tile.tn,
         gflops,
         candidates: timed,
-        fixed_gflops: fixed_rate,
+        // JSON has no NaN: 0 where the fixed layout did not run.
+        fixed_gflops: if fixed_rate.is_finite() {
+            fixed_rate
+        } else {
+            0.0
+        },
     };
     if let Some(file) = s.file.as_mut() {
         file.coop
@@ -568,12 +599,7 @@ fn time_candidates(
     let started = Instant::now();
     let mut tiles = candidates(e, g, choice, out.is_16bit());
     tiles.truncate(s.settings.max_candidates);
-    if !s.probes.contains_key(adapter) {
-        let options = e.gpu()?.options.clone();
-        let probe = Engine::new(&options, AllocatorConfig::default()).ok()?;
-        s.probes.insert(adapter.to_string(), probe);
-    }
-    let probe = s.probes.get(adapter)?;
+    let probe = &s.probe(e, adapter)?;
     let shape = GemmShape::of(g, "tune");
     let pg = shape.gemm();
     let (na, nb, nc) = shape.sizes();
@@ -639,8 +665,11 @@ fn time_candidates(
             else {
                 continue;
             };
-            timed += 1;
             let rate = flops / secs / 1e9;
+            if !rate.is_finite() {
+                continue;
+            }
+            timed += 1;
             if first + j == 0 {
                 fixed_rate = rate;
             }
@@ -674,7 +703,12 @@ fn time_candidates(
         vec4: tile.vec4,
         gflops,
         candidates: timed,
-        fixed_gflops: fixed_rate,
+        // JSON has no NaN: 0 where the fixed tile did not run.
+        fixed_gflops: if fixed_rate.is_finite() {
+            fixed_rate
+        } else {
+            0.0
+        },
     })
 }
 
@@ -826,6 +860,29 @@ mod tests {
         assert_eq!(Mode::parse("0").unwrap(), Mode::Off);
         let e = Mode::parse("fast").unwrap_err().to_string();
         assert!(e.contains("auto, on or off"), "{e}");
+    }
+
+    /// A later build's fields (this build's tensor-core layouts, to the
+    /// build before it) survive a write by this one.
+    #[test]
+    fn fields_this_build_does_not_know_are_written_back() {
+        let dir = std::env::temp_dir().join(format!("vramlab-tune-later-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("tiles.json");
+        std::fs::write(
+            &p,
+            format!(r#"{{"version":{CACHE_VERSION},"adapters":{{}},"later":{{"gpu":[1,2]}}}}"#),
+        )
+        .unwrap();
+        write_merged(Some(&p), &|f: &mut CacheFile| {
+            f.coop.entry("gpu".into()).or_default();
+        })
+        .unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+        assert_eq!(v["later"], serde_json::json!({"gpu": [1, 2]}), "{v}");
+        assert!(v["coop"]["gpu"].is_object(), "{v}");
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[test]
