@@ -731,50 +731,7 @@ fn advise(
         .filter(|w| w.error.is_none())
         .min_by_key(|w| (w.ooms, w.peak_reserved_bytes));
     if let Some(best) = best {
-        let saved = base.peak_reserved_bytes as i128 - best.peak_reserved_bytes as i128;
-        // A run stops at its first refusal: only a setting with none is
-        // worth setting, and a lower peak bought by refusals is no saving.
-        if best.ooms == 0 && (base.ooms > 0 || saved > 0) {
-            let reserved = Mib(best.peak_reserved_bytes);
-            let what = match (saved > 0, base.ooms > 0) {
-                (true, true) => format!(
-                    "would have peaked {} lower and would not have run out of memory ({reserved} reserved)",
-                    Mib(saved as u64)
-                ),
-                (true, false) => format!(
-                    "would have peaked {} lower ({reserved} reserved)",
-                    Mib(saved as u64)
-                ),
-                (false, _) => {
-                    format!("would not have run out of memory ({reserved} reserved at its peak)")
-                }
-            };
-            out.push(format!(
-                "{} {what}: set PYTORCH_CUDA_ALLOC_CONF={}.",
-                best.setting, best.setting
-            ));
-        } else if best.ooms > 0 && best.ooms < base.ooms {
-            out.push(format!(
-                "{} runs out of memory less often ({} against {}) but still does, and a run stops at its first refusal: no single change tried avoids it.",
-                best.setting,
-                super::count(best.ooms, "time"),
-                base.ooms
-            ));
-        } else if saved > 0 && best.ooms == base.ooms && base.ooms > 0 {
-            // Lower, but refused as often: no row to recommend.
-            out.push(format!(
-                "{} would have peaked {} lower ({} reserved) but still runs out of memory {}, as the recorded settings do: no single change tried avoids it.",
-                best.setting,
-                Mib(saved as u64),
-                Mib(best.peak_reserved_bytes),
-                super::count(best.ooms, "time")
-            ));
-        } else {
-            out.push(format!(
-                "None of the single changes tried lowers the peak reserved{}: the recorded settings are already the best of them for this trace.",
-                if base.ooms > 0 { " or avoids running out of memory" } else { "" }
-            ));
-        }
+        out.push(setting_advice(base, best));
     }
     // The device's size, or the limit the recording ran under.
     match (floor, capacity.or(limit)) {
@@ -1051,6 +1008,108 @@ fn print_map(what: &str, m: &SegmentMap) {
         println!("    allocated by frame:");
         for (f, b) in &m.by_frame {
             println!("      {:>12}  {f}", Mib(*b).to_string());
+        }
+    }
+}
+
+/// The advice on allocator settings from the best single change tried
+/// (fewest refusals, then the lowest peak reserved) against the recorded
+/// settings. A run stops at its first refusal, so only a change with none
+/// is recommended: a lower peak bought by refusals is no saving.
+fn setting_advice(base: &WhatIf, best: &WhatIf) -> String {
+    let saved = base.peak_reserved_bytes as i128 - best.peak_reserved_bytes as i128;
+    if best.ooms == 0 && (base.ooms > 0 || saved > 0) {
+        let reserved = Mib(best.peak_reserved_bytes);
+        let what = match (saved > 0, base.ooms > 0) {
+            (true, true) => format!(
+                "would have peaked {} lower and would not have run out of memory ({reserved} reserved)",
+                Mib(saved as u64)
+            ),
+            (true, false) => format!(
+                "would have peaked {} lower ({reserved} reserved)",
+                Mib(saved as u64)
+            ),
+            (false, _) => {
+                format!("would not have run out of memory ({reserved} reserved at its peak)")
+            }
+        };
+        format!(
+            "{} {what}: set PYTORCH_CUDA_ALLOC_CONF={}.",
+            best.setting, best.setting
+        )
+    } else if best.ooms > 0 && best.ooms < base.ooms {
+        format!(
+            "{} runs out of memory less often ({} against {}) but still does, and a run stops at its first refusal: no single change tried avoids it.",
+            best.setting,
+            super::count(best.ooms, "time"),
+            base.ooms
+        )
+    } else if saved > 0 && best.ooms == base.ooms && base.ooms > 0 {
+        // Lower, but refused as often: no row to recommend.
+        format!(
+            "{} would have peaked {} lower ({} reserved) but still runs out of memory {}, as the recorded settings do: no single change tried avoids it.",
+            best.setting,
+            Mib(saved as u64),
+            Mib(best.peak_reserved_bytes),
+            super::count(best.ooms, "time")
+        )
+    } else {
+        format!(
+            "None of the single changes tried lowers the peak reserved{}: the recorded settings are already the best of them for this trace.",
+            if base.ooms > 0 { " or avoids running out of memory" } else { "" }
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn what_if(setting: &str, peak: u64, ooms: u64) -> WhatIf {
+        WhatIf {
+            setting: setting.to_string(),
+            peak_reserved_bytes: peak,
+            peak_allocated_bytes: peak / 2,
+            ooms,
+            equals_recording: None,
+            error: None,
+        }
+    }
+
+    /// Every combination of refusals (none, fewer, as many, more) and peaks
+    /// (lower, equal, higher): a setting is recommended exactly when it
+    /// runs with no refusal and saves memory or refusals; "less often" only
+    /// when it refuses fewer times but some; a saving is named only where
+    /// there is one; and no advice says a refused run would not run out.
+    #[test]
+    fn a_setting_is_recommended_only_when_it_never_runs_out() {
+        let mib = 1 << 20;
+        for base_ooms in 0..4u64 {
+            for best_ooms in 0..4u64 {
+                for base_peak in [64 * mib, 100 * mib] {
+                    for best_peak in [32 * mib, 64 * mib, 100 * mib, 128 * mib] {
+                        let base = what_if("recorded", base_peak, base_ooms);
+                        let best = what_if("expandable_segments:True", best_peak, best_ooms);
+                        let text = setting_advice(&base, &best);
+                        let case = format!("base {base_ooms} at {base_peak}, best {best_ooms} at {best_peak}: {text}");
+                        let recommends = text.contains("set PYTORCH_CUDA_ALLOC_CONF=");
+                        let wanted = best_ooms == 0 && (base_ooms > 0 || best_peak < base_peak);
+                        assert_eq!(recommends, wanted, "{case}");
+                        assert_eq!(
+                            text.contains("less often"),
+                            best_ooms > 0 && best_ooms < base_ooms,
+                            "{case}"
+                        );
+                        if text.contains("lower") && !text.contains("lowers") {
+                            assert!(best_peak < base_peak, "{case}");
+                        }
+                        if best_ooms > 0 {
+                            assert!(!text.contains("would not have run out"), "{case}");
+                        }
+                        assert!(!text.is_empty(), "{case}");
+                    }
+                }
+            }
         }
     }
 }
