@@ -274,8 +274,9 @@ fn layout_candidates(
 
 /// The tuner's shape class of a product on tensor cores: C's type, the
 /// operands' orientation, a summed batch, a bias, a K split, how interior
-/// steps load, and the sizes of M, N and the work (each factor of 4 its
-/// own class).
+/// steps load (`staging`), the sizes of M, N and the work (each factor of
+/// 4 its own class), and the fixed layout, whose loop budget bounds the
+/// candidates on a CPU adapter.
 fn class_key(
     g: &Gemm,
     out: Elem,
