@@ -511,29 +511,16 @@ pub(crate) fn tuned_coop(
         g.batch,
         tiles.len()
     );
-    let per_round = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .clamp(2, 8);
-    let (mut best, mut fixed_rate, mut timed, mut compiled) = (None, f64::NAN, 0, 0);
-    let mut first = 0;
-    while first < tiles.len() && (first == 0 || started.elapsed() <= s.settings.budget) {
-        let round = &tiles[first..(first + per_round).min(tiles.len())];
+    let mut compiled = 0;
+    let Rounds {
+        best,
+        fixed_rate,
+        timed,
+    } = time_in_rounds(&tiles, flops, started, s.settings.budget, &mut |round| {
         let (times, ahead) = time(probe, round);
         compiled += ahead;
-        for (j, (t, secs)) in round.iter().zip(times).enumerate() {
-            let Some(rate) = secs.map(|s| flops / s / 1e9).filter(|r| r.is_finite()) else {
-                continue;
-            };
-            timed += 1;
-            if first + j == 0 {
-                fixed_rate = rate;
-            }
-            if best.is_none_or(|(_, r)| rate > r) {
-                best = Some((*t, rate));
-            }
-        }
-        first += round.len();
-    }
+        times
+    });
     s.stats.timed += timed;
     s.stats.compiled_ahead += compiled;
     let Some((tile, gflops)) = best else {
@@ -632,9 +619,6 @@ fn time_candidates(
         g.batch,
         tiles.len()
     );
-    let mut best: Option<(TileConfig, f64)> = None;
-    let mut fixed_rate = f64::NAN;
-    let mut timed = 0;
     let kernel_for = |t: &TileConfig| {
         if choice.transposed {
             MatmulKernel::FixedTransposed(*t)
@@ -642,43 +626,28 @@ fn time_candidates(
             MatmulKernel::Fixed(*t)
         }
     };
-    // Candidates in rounds of as many as the host compiles at once (the
-    // fixed tile and one rival at least, 8 at most: should a driver compile
-    // one at a time, a round overruns the budget by a few compiles only),
-    // each round's kernels compiled together before any is timed, then
-    // rounds while the budget lasts.
+    // Each round's kernels compiled together before any is timed.
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let per_round = threads.clamp(2, 8);
-    let mut first = 0;
-    while first < tiles.len() && (first == 0 || started.elapsed() <= s.settings.budget) {
-        let round = &tiles[first..(first + per_round).min(tiles.len())];
+    let mut compiled = 0;
+    let Rounds {
+        best,
+        fixed_rate,
+        timed,
+    } = time_in_rounds(&tiles, flops, started, s.settings.budget, &mut |round| {
         if let Some(gpu) = probe.gpu() {
             let mut kernels = Vec::new();
             for t in round {
                 let run = || gemm_bias(&pg, &a, &b, &c, bias_t.as_ref(), kernel_for(t));
                 kernels.extend(gpu.kernels_of(run).1);
             }
-            s.stats.compiled_ahead += gpu.precompile(&kernels, threads);
+            compiled += gpu.precompile(&kernels, threads);
         }
-        for (j, t) in round.iter().enumerate() {
-            let Some(secs) = time_one(probe, &pg, [&a, &b, &c], bias_t.as_ref(), kernel_for(t))
-            else {
-                continue;
-            };
-            let rate = flops / secs / 1e9;
-            if !rate.is_finite() {
-                continue;
-            }
-            timed += 1;
-            if first + j == 0 {
-                fixed_rate = rate;
-            }
-            if best.is_none_or(|(_, r)| rate > r) {
-                best = Some((*t, rate));
-            }
-        }
-        first += round.len();
-    }
+        round
+            .iter()
+            .map(|t| time_one(probe, &pg, [&a, &b, &c], bias_t.as_ref(), kernel_for(t)))
+            .collect()
+    });
+    s.stats.compiled_ahead += compiled;
     drop((a, b, c, bias_t));
     probe.allocator().empty_cache();
     s.stats.timed += timed;
@@ -710,6 +679,56 @@ fn time_candidates(
             0.0
         },
     })
+}
+
+/// What timing candidates in rounds found: the fastest and its rate in
+/// GFLOP/s, the first (fixed) candidate's rate (NaN where it did not run),
+/// and how many ran.
+struct Rounds<T> {
+    best: Option<(T, f64)>,
+    fixed_rate: f64,
+    timed: usize,
+}
+
+/// Times `candidates` (the fixed one first) of a product of `flops` in
+/// rounds of as many as the host compiles at once, the fixed one and one
+/// rival at least, 8 at most (should a driver compile one at a time, a
+/// round overruns the budget by a few compiles only); rounds go on while
+/// `budget` since `started` lasts. `time` gives a round's seconds, `None`
+/// for one that failed; a rate that is not finite is not kept.
+fn time_in_rounds<T: Copy>(
+    candidates: &[T],
+    flops: f64,
+    started: Instant,
+    budget: Duration,
+    time: &mut dyn FnMut(&[T]) -> Vec<Option<f64>>,
+) -> Rounds<T> {
+    let per_round = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(2, 8);
+    let mut found = Rounds {
+        best: None,
+        fixed_rate: f64::NAN,
+        timed: 0,
+    };
+    let mut first = 0;
+    while first < candidates.len() && (first == 0 || started.elapsed() <= budget) {
+        let round = &candidates[first..(first + per_round).min(candidates.len())];
+        for (j, (t, secs)) in round.iter().zip(time(round)).enumerate() {
+            let Some(rate) = secs.map(|s| flops / s / 1e9).filter(|r| r.is_finite()) else {
+                continue;
+            };
+            found.timed += 1;
+            if first + j == 0 {
+                found.fixed_rate = rate;
+            }
+            if found.best.is_none_or(|(_, r)| rate > r) {
+                found.best = Some((*t, rate));
+            }
+        }
+        first += round.len();
+    }
+    found
 }
 
 /// The fastest of a warm-up and three runs, in seconds: device time where
