@@ -41,6 +41,57 @@ struct Ran {
     said_cores: bool,
 }
 
+/// A and B stored [batch, m, k] and [batch, k, n] from `off` (or [batch,
+/// k, m] and [batch, n, k] read transposed).
+fn views(m: usize, n: usize, k: usize, off: usize, ta: bool, tb: bool) -> (MatView, MatView) {
+    let view = |rows, cols, t| MatView {
+        batch_stride: rows * cols,
+        ..MatView::dense(off, rows, cols, t)
+    };
+    let a = if ta {
+        view(k, m, true)
+    } else {
+        view(m, k, false)
+    };
+    let b = if tb {
+        view(n, k, true)
+    } else {
+        view(k, n, false)
+    };
+    (a, b)
+}
+
+/// Entry `bi`'s product at (i, j) in f64, of operands stored as [`views`]
+/// lays them out.
+#[allow(clippy::too_many_arguments)]
+fn dot(
+    a: &[f16],
+    b: &[f16],
+    (m, n, k): (usize, usize, usize),
+    off: usize,
+    (ta, tb): (bool, bool),
+    bi: usize,
+    i: usize,
+    j: usize,
+) -> f64 {
+    let at = |x: &[f16], i: usize| x[off + i].to_f64();
+    (0..k)
+        .map(|l| {
+            let av = if ta {
+                at(a, bi * m * k + l * m + i)
+            } else {
+                at(a, bi * m * k + i * k + l)
+            };
+            let bv = if tb {
+                at(b, bi * k * n + j * k + l)
+            } else {
+                at(b, bi * k * n + l * n + j)
+            };
+            av * bv
+        })
+        .sum()
+}
+
 /// Runs `case` on the tiled kernel.
 fn run(e: &Engine, case: Case, rng: &mut Rng) -> Ran {
     let Case {
@@ -62,26 +113,14 @@ fn run(e: &Engine, case: Case, rng: &mut Rng) -> Ran {
     let c_batch = if reduce { 1 } else { batch };
     let c0 = rng.vec(c_batch * m * n);
     let bias_v = round(rng.vec(m));
-    let view = |rows, cols, t| MatView {
-        batch_stride: rows * cols,
-        ..MatView::dense(off, rows, cols, t)
-    };
-    // Stored [batch, m, k] (or [batch, k, m] read transposed), likewise B.
+    let (va, vb) = views(m, n, k, off, ta, tb);
     let g = Gemm {
         m,
         n,
         k,
         batch,
-        a: if ta {
-            view(k, m, true)
-        } else {
-            view(m, k, false)
-        },
-        b: if tb {
-            view(n, k, true)
-        } else {
-            view(k, n, false)
-        },
+        a: va,
+        b: vb,
         c_offset: 0,
         c_batch_stride: m * n,
         accumulate,
@@ -111,25 +150,11 @@ fn run(e: &Engine, case: Case, rng: &mut Rng) -> Ran {
         .map(|(_, t)| t.into_iter().map(|d| d.kernel).collect())
         .unwrap_or_default();
     e.stop_timing().unwrap();
-    let at = |x: &[f16], i: usize| x[off + i].to_f64();
     let mut want = vec![0.0; c_batch * m * n];
     for bi in 0..batch {
         for (i, bias_i) in bias_v.iter().enumerate() {
             for j in 0..n {
-                let mut s = 0.0;
-                for l in 0..k {
-                    let av = if ta {
-                        at(&a, bi * m * k + l * m + i)
-                    } else {
-                        at(&a, bi * m * k + i * k + l)
-                    };
-                    let bv = if tb {
-                        at(&b, bi * k * n + j * k + l)
-                    } else {
-                        at(&b, bi * k * n + l * n + j)
-                    };
-                    s += av * bv;
-                }
+                let s = dot(&a, &b, (m, n, k), off, (ta, tb), bi, i, j);
                 let o = if reduce {
                     i * n + j
                 } else {
@@ -536,25 +561,14 @@ fn every_layout_the_tuner_may_pick_gives_the_same_bits() {
         // C's entries: slot q's K slice s at q·splits + s.
         let entries = slots * splits;
         let c0 = round(rng.vec(entries * m * n));
-        let view = |rows, cols, t| MatView {
-            batch_stride: rows * cols,
-            ..MatView::dense(0, rows, cols, t)
-        };
+        let (va, vb) = views(m, n, k, 0, ta, tb);
         let g = Gemm {
             m,
             n,
             k,
             batch,
-            a: if ta {
-                view(k, m, true)
-            } else {
-                view(m, k, false)
-            },
-            b: if tb {
-                view(n, k, true)
-            } else {
-                view(k, n, false)
-            },
+            a: va,
+            b: vb,
             c_offset: 0,
             c_batch_stride: if entries == 1 { 0 } else { m * n },
             accumulate,
@@ -569,22 +583,7 @@ fn every_layout_the_tuner_may_pick_gives_the_same_bits() {
             let q = if reduce { bi / group } else { bi };
             for i in 0..m {
                 for j in 0..n {
-                    let s: f64 = (0..k)
-                        .map(|l| {
-                            let av = if ta {
-                                a[bi * m * k + l * m + i]
-                            } else {
-                                a[bi * m * k + i * k + l]
-                            };
-                            let bv = if tb {
-                                b[bi * k * n + j * k + l]
-                            } else {
-                                b[bi * k * n + l * n + j]
-                            };
-                            av.to_f64() * bv.to_f64()
-                        })
-                        .sum();
-                    want[q * m * n + i * n + j] += s;
+                    want[q * m * n + i * n + j] += dot(&a, &b, (m, n, k), 0, (ta, tb), bi, i, j);
                 }
             }
         }
