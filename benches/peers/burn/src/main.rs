@@ -5,7 +5,12 @@
 //! JSON object. Ratios are the figures to read; absolute times depend on
 //! the machine.
 //!
-//! `cargo run --release --manifest-path benches/peers/burn/Cargo.toml -- [--sizes 512,1024,2048] [--reps 5] [--batch 64] [--json]`
+//! Each product row is timed two ways: one product and a wait for it (a
+//! round trip to the device in every figure), and `--chain K` products
+//! issued back to back with one wait (the device's rate, as a training
+//! step keeps the queue full).
+//!
+//! `cargo run --release --manifest-path benches/peers/burn/Cargo.toml -- [--sizes 512,1024,2048] [--chain 8] [--reps 5] [--batch 64] [--json]`
 
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::loss::CrossEntropyLossConfig;
@@ -67,6 +72,7 @@ fn time_second(f: &mut impl FnMut()) -> f64 {
 
 struct Args {
     sizes: Vec<usize>,
+    chain: usize,
     reps: usize,
     batch: usize,
     json: bool,
@@ -75,6 +81,7 @@ struct Args {
 fn args() -> Result<Args, String> {
     let mut a = Args {
         sizes: vec![512, 1024, 2048],
+        chain: 8,
         reps: 5,
         batch: 64,
         json: false,
@@ -89,17 +96,18 @@ fn args() -> Result<Args, String> {
                     .map(|s| s.trim().parse().map_err(|e| format!("--sizes: {e}")))
                     .collect::<Result<_, _>>()?
             }
+            "--chain" => a.chain = value()?.parse().map_err(|e| format!("--chain: {e}"))?,
             "--reps" => a.reps = value()?.parse().map_err(|e| format!("--reps: {e}"))?,
             "--batch" => a.batch = value()?.parse().map_err(|e| format!("--batch: {e}"))?,
             "--json" => a.json = true,
             "--help" | "-h" => {
-                return Err("usage: vramlab-peer-burn [--sizes 512,1024,2048] [--reps 5] [--batch 64] [--json]".into())
+                return Err("usage: vramlab-peer-burn [--sizes 512,1024,2048] [--chain 8] [--reps 5] [--batch 64] [--json]\n  --chain K: also time K products issued back to back with one wait (1: only one product a wait)".into())
             }
             other => return Err(format!("unknown flag {other}; see --help")),
         }
     }
-    if a.reps == 0 || a.batch == 0 || a.sizes.contains(&0) {
-        return Err("--reps, --batch and every size must be at least 1".into());
+    if a.reps == 0 || a.batch == 0 || a.chain == 0 || a.sizes.contains(&0) {
+        return Err("--reps, --batch, --chain and every size must be at least 1".into());
     }
     Ok(a)
 }
@@ -134,7 +142,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     if !args.json {
-        println!("matmul {n0:>5}³: vramlab {alone:>8.2} GFLOP/s alone, before burn's device exists");
+        println!(
+            "matmul {n0:>5}³: vramlab {alone:>8.2} GFLOP/s alone, before burn's device exists"
+        );
     }
     for &n in &args.sizes {
         let flops = 2.0 * (n as f64).powi(3);
@@ -142,32 +152,49 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let b = Tensor::<2>::random([n, n], Distribution::Default, &device);
         let va = VTensor::from_slice(&engine, &rng.uniform(n * n, 1.0), &[n, n], "a")?;
         let vb = VTensor::from_slice(&engine, &rng.uniform(n * n, 1.0), &[n, n], "b")?;
-        let mut burn_run = || {
-            let c = a.clone().matmul(b.clone());
+        // `k` products issued back to back, all kept until the one wait (a
+        // result dropped before it could let an engine skip or reuse work).
+        let burn_run = |k: usize| {
+            let cs: Vec<_> = (0..k).map(|_| a.clone().matmul(b.clone())).collect();
             device.sync().expect("burn sync");
-            drop(c);
+            drop(cs);
         };
-        let mut vram_run = || {
-            let c = vramlab::ops::matmul::matmul(&va, &vb).expect("vramlab matmul");
+        let vram_run = |k: usize| {
+            let cs: Vec<_> = (0..k)
+                .map(|_| vramlab::ops::matmul::matmul(&va, &vb).expect("vramlab matmul"))
+                .collect();
             engine.synchronize().expect("vramlab sync");
-            drop(c);
+            drop(cs);
         };
-        burn_run();
-        vram_run();
-        let (mut tb, mut tv) = (Vec::new(), Vec::new());
-        for _ in 0..args.reps {
-            tb.push(time_second(&mut burn_run));
-            tv.push(time_second(&mut vram_run));
+        burn_run(1);
+        vram_run(1);
+        let chains: Vec<usize> = if args.chain > 1 {
+            vec![1, args.chain]
+        } else {
+            vec![1]
+        };
+        for k in chains {
+            let (mut tb, mut tv) = (Vec::new(), Vec::new());
+            for _ in 0..args.reps {
+                tb.push(time_second(&mut || burn_run(k)));
+                tv.push(time_second(&mut || vram_run(k)));
+            }
+            let work = flops * k as f64;
+            let (gb, gv) = (work / median(tb) / 1e9, work / median(tv) / 1e9);
+            if !args.json {
+                let how = if k == 1 {
+                    "one a wait".to_string()
+                } else {
+                    format!("{k} a wait")
+                };
+                println!(
+                    "matmul {n:>5}³ ({how:>10}): vramlab {gv:>8.2} GFLOP/s  burn {gb:>8.2} GFLOP/s  vramlab/burn {:.2}×",
+                    gv / gb
+                );
+            }
+            rows.push(serde_json::json!({"what": "matmul", "n": n, "chain": k,
+                "vramlab_gflops": gv, "burn_gflops": gb, "ratio": gv / gb}));
         }
-        let (gb, gv) = (flops / median(tb) / 1e9, flops / median(tv) / 1e9);
-        if !args.json {
-            println!(
-                "matmul {n:>5}³: vramlab {gv:>8.2} GFLOP/s  burn {gb:>8.2} GFLOP/s  vramlab/burn {:.2}×",
-                gv / gb
-            );
-        }
-        rows.push(serde_json::json!({"what": "matmul", "n": n,
-            "vramlab_gflops": gv, "burn_gflops": gb, "ratio": gv / gb}));
     }
 
     // SimpleConvNet step, batch N, Adam lr 1e-3, cross-entropy.
@@ -211,9 +238,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             sb / sv
         );
     }
-    rows.push(serde_json::json!({"what": "simple-cnn step", "batch": args.batch,
+    rows.push(
+        serde_json::json!({"what": "simple-cnn step", "batch": args.batch,
         "vramlab_seconds": sv, "burn_seconds": sb, "vramlab_all": tv, "burn_all": tb,
-        "speedup": sb / sv}));
+        "speedup": sb / sv}),
+    );
     if args.json {
         println!(
             "{}",
