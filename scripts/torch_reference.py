@@ -256,6 +256,52 @@ def grad_scaler_sequence(path):
         f.write("\n")
 
 
+def grad_scaler_fused(path):
+    """Optimizers under torch.amp.GradScaler through a fixed overflow pattern
+    (the first step overflows): the parameters, the state and the scale
+    after each step. Fused Adam and AdamW take `found_inf` on the device
+    (`_step_supports_amp_scaling`): their state is made on the skipped first
+    step, step counts back at 0; unfused ones are skipped by the host and make
+    none. Fused SGD with momentum is left out: its `empty_like` buffers from a
+    skipped first step are read as they are at the next (garbage), so the
+    unfused SGD's values are what vramlab's fused SGD is held to."""
+    pattern = [True, False, False, True, False]
+    grads = [[0.25, -1.5, 3.0], [0.5, 0.125, -2.0], [-1.0, 2.5, 0.75], [1.0, 1.0, 1.0],
+             [0.375, -0.25, 1.5]]
+    runs = {}
+    for name, make in (
+        ("adam-fused", lambda ps: torch.optim.Adam(ps, lr=0.1, fused=True)),
+        ("adamw-fused", lambda ps: torch.optim.AdamW(ps, lr=0.1, fused=True)),
+        ("adam", lambda ps: torch.optim.Adam(ps, lr=0.1, foreach=False)),
+        ("sgd", lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, foreach=False)),
+    ):
+        p = torch.nn.Parameter(torch.tensor([0.5, -1.0, 2.0]))
+        opt = make([p])
+        scaler = torch.amp.GradScaler("cpu")
+        steps = []
+        for bad, g in zip(pattern, grads):
+            scale = scaler.get_scale()
+            scaler.scale(torch.tensor(1.0))
+            scaled = [v * scale for v in g]
+            if bad:
+                scaled[1] = float("inf")
+            p.grad = torch.tensor(scaled)
+            scaler.step(opt)
+            scaler.update()
+            st = opt.state.get(p, {})
+            steps.append({
+                "param": p.detach().tolist(),
+                "state": sorted(st.keys()),
+                "step": float(st["step"]) if "step" in st else None,
+                "scale": scaler.get_scale(),
+            })
+        runs[name] = steps
+    with open(path, "w") as f:
+        json.dump({"overflow": pattern, "grads": grads, "lr": 0.1, "momentum": 0.9,
+                   "runs": runs, "torch": torch.__version__}, f, indent=1)
+        f.write("\n")
+
+
 def step_meta(model, opt_name, cfg, steps, **extra):
     """A fixture's metadata: the model, the optimizer and its hyper-parameters
     as `vramlab train` takes them, the steps, torch's version; then `extra`."""
@@ -276,6 +322,8 @@ def cmd_amp(a):
     os.makedirs(a.out, exist_ok=True)
     grad_scaler_sequence(f"{a.out}/grad_scaler.json")
     print(f"wrote {a.out}/grad_scaler.json")
+    grad_scaler_fused(f"{a.out}/grad_scaler_fused.json")
+    print(f"wrote {a.out}/grad_scaler_fused.json")
     for model, cfg in SMALL.items():
         for name, dtype in (("bf16", torch.bfloat16), ("f16", torch.float16)):
             half = model == "simple-cnn"

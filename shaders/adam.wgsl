@@ -18,7 +18,14 @@ struct Params {
 @group(0) @binding(1) var<storage, read_write> grad: array<{{T}}>;
 @group(0) @binding(2) var<storage, read_write> m: array<{{T}}>;
 @group(0) @binding(3) var<storage, read_write> v: array<{{T}}>;
+#if SKIP
+// GradScaler's inf/NaN flag (PyTorch's _fused_adam_ with found_inf): where
+// it is set the step changes nothing, decided on the device.
+@group(0) @binding(4) var<storage, read_write> found: array<u32>;
+@group(0) @binding(5) var<uniform> p: Params;
+#else
 @group(0) @binding(4) var<uniform> p: Params;
+#endif
 #accessors param grad m v
 #include prelude
 
@@ -43,6 +50,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     let w = flat_index(wid, nwg, lidx);
     let i = 2u * w;
     if (i >= p.n) { return; }
+#if SKIP
+    if (found[0] != 0u) { return; }
+#endif
     let a = step(i);
     let b = step(min(i + 1u, p.n - 1u));
     st2_param(w, vec2<f32>(a.x, b.x), p.n);

@@ -385,3 +385,182 @@ fn an_overflowing_step_is_skipped_and_halves_the_scale() {
     let moved: Vec<Vec<f32>> = t.store.iter().map(|p| p.value.to_vec().unwrap()).collect();
     assert_ne!(after, moved);
 }
+
+/// One step of `opt` as the trainer runs it under GradScaler: unscale, the
+/// update (skipped on the device by a fused optimizer, by the host
+/// otherwise), the flag read, `update`. Returns whether it skipped.
+fn scaled_step(
+    s: &mut GradScaler,
+    opt: &mut dyn vramlab::optim::Optimizer,
+    store: &mut ParamStore,
+) -> bool {
+    if opt.takes_found_inf() {
+        let found = s.unscale_on_device(store).unwrap().unwrap();
+        opt.step_unless_found(store, &found).unwrap();
+        let skipped = GradScaler::found(&found.to_vec().unwrap());
+        s.update(skipped);
+        if skipped {
+            opt.was_skipped().unwrap();
+        }
+        skipped
+    } else {
+        let skipped = s.unscale(store).unwrap();
+        s.update(skipped);
+        if !skipped {
+            opt.step(store).unwrap();
+        }
+        skipped
+    }
+}
+
+/// PyTorch's optimizers under GradScaler through an overflow pattern that
+/// starts with one (`scripts/torch_reference.py amp` →
+/// grad_scaler_fused.json). Fused Adam and AdamW take the flag on the
+/// device: state made on the skipped first step, its step count back at 0,
+/// later values as PyTorch's. The for-loop ones are skipped by the host
+/// and make no state then. Fused SGD is held to PyTorch's unfused values:
+/// PyTorch's own reads the unfilled buffers of a skipped first step.
+#[test]
+fn optimizers_skip_overflowing_steps_as_torchs_do() {
+    use vramlab::optim::OptimizerImpl::{ForLoop, Fused};
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/torch-amp/grad_scaler_fused.json");
+    let f: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let floats = |v: &serde_json::Value| -> Vec<f32> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap() as f32)
+            .collect()
+    };
+    let overflow: Vec<bool> = f["overflow"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_bool().unwrap())
+        .collect();
+    let grads: Vec<Vec<f32>> = f["grads"].as_array().unwrap().iter().map(floats).collect();
+    let e = engine();
+    for (run, kind, implementation, momentum) in [
+        ("adam-fused", OptimizerKind::Adam, Fused, None),
+        ("adamw-fused", OptimizerKind::Adamw, Fused, None),
+        ("adam", OptimizerKind::Adam, ForLoop, None),
+        ("sgd", OptimizerKind::Sgd, ForLoop, Some(0.9)),
+        ("sgd", OptimizerKind::Sgd, Fused, Some(0.9)),
+    ] {
+        let mut opt = OptimizerConfig::new(kind, Some(0.1), momentum, None)
+            .with_impl(implementation)
+            .build();
+        assert_eq!(opt.takes_found_inf(), implementation == Fused);
+        let mut s = GradScaler::default();
+        let mut store = ParamStore::new();
+        let p = Tensor::from_slice(&e, &[0.5, -1.0, 2.0], &[3], "p").unwrap();
+        let id = store.add("p", p);
+        let want = f["runs"][run].as_array().unwrap();
+        for (k, ((bad, g), w)) in overflow.iter().zip(&grads).zip(want).enumerate() {
+            let mut scaled: Vec<f32> = g.iter().map(|v| v * s.scale).collect();
+            if *bad {
+                scaled[1] = f32::INFINITY;
+            }
+            store.get_mut(id).grad = Some(Tensor::from_slice(&e, &scaled, &[3], "g").unwrap());
+            let skipped = scaled_step(&mut s, opt.as_mut(), &mut store);
+            let at = format!("{run} ({implementation:?}) step {k}");
+            assert_eq!(skipped, *bad, "{at}");
+            assert_eq!(s.scale as f64, w["scale"].as_f64().unwrap(), "{at}");
+            let got = store.get(id).value.to_vec().unwrap();
+            for (a, b) in got.iter().zip(floats(&w["param"])) {
+                assert!(
+                    (a - b).abs() <= 1e-6 * b.abs().max(1.0),
+                    "{at}: {got:?} vs {b}"
+                );
+            }
+            // State exists where PyTorch's does (sgd: PyTorch's fused SGD
+            // makes it on the skipped first step too).
+            let torch_state = !w["state"].as_array().unwrap().is_empty();
+            let made = torch_state || (run == "sgd" && implementation == Fused);
+            assert_eq!(opt.state_bytes() > 0, made, "{at}: state");
+        }
+    }
+}
+
+/// A fused optimizer under `--amp f16` skips on the device: an overflowing
+/// step leaves the weights as they were, makes the same allocations as a
+/// clean step (the state, as PyTorch's fused optimizers make it), so the
+/// estimate holds whether the device skips or not.
+#[test]
+fn fused_optimizers_skip_on_the_device_with_the_memory_of_a_clean_step() {
+    use vramlab::optim::OptimizerImpl;
+    for kind in [OptimizerKind::Adam, OptimizerKind::Sgd] {
+        let mut p = plan("mlp", 7, Mode::Train, Some(DType::F16));
+        p.optimizer =
+            OptimizerConfig::new(kind, None, Some(0.9), None).with_impl(OptimizerImpl::Fused);
+        let peaks = |scales: &[f32]| {
+            let e = engine();
+            let (mut t, b) = p.trainer(&e, 4).unwrap();
+            let mut out = Vec::new();
+            for &scale in scales {
+                t.scaler.as_mut().unwrap().scale = scale;
+                let before: Vec<Vec<f32>> =
+                    t.store.iter().map(|p| p.value.to_vec().unwrap()).collect();
+                let r = t.step(&b).unwrap();
+                let after: Vec<Vec<f32>> =
+                    t.store.iter().map(|p| p.value.to_vec().unwrap()).collect();
+                assert_eq!(r.skipped, scale > 1e20, "{kind:?} at scale {scale}");
+                assert_eq!(
+                    r.skipped,
+                    before == after,
+                    "{kind:?}: weights moved iff not skipped"
+                );
+                out.push((
+                    r.peak_allocated_bytes,
+                    r.allocated_bytes,
+                    t.optimizer.state_bytes(),
+                ));
+            }
+            (out, t.scaler.as_ref().unwrap().scale)
+        };
+        let (clean, _) = peaks(&[65536.0, 65536.0, 65536.0]);
+        let (skipping, last) = peaks(&[1e30, 65536.0, 1e30]);
+        assert_eq!(last, 5e29, "{kind:?}: the third step backed off");
+        assert_eq!(
+            clean, skipping,
+            "{kind:?}: (peak, allocated, state) by step"
+        );
+        // The estimate (one step, no values, so no skip) holds for the
+        // skipped first step.
+        let est = estimate(&p).unwrap();
+        let est_peak = analyze(&est.events, &est.layer_outputs).peak_allocated_bytes;
+        assert_eq!(est_peak, skipping[0].0, "{kind:?}");
+    }
+}
+
+/// The amp f16 step waits for the device as often as the f32 step where
+/// the optimizer is fused (the flag read with the loss), and once more
+/// otherwise (GradScaler's flag read mid-step, as PyTorch's unfused
+/// optimizers `.item()` it).
+#[test]
+fn a_fused_optimizer_spares_the_amp_step_its_mid_step_wait() {
+    use vramlab::optim::OptimizerImpl;
+    let waits = |amp: Option<DType>, implementation: OptimizerImpl| {
+        let e = engine();
+        let mut p = plan("mlp", 7, Mode::Train, amp);
+        p.optimizer = p.optimizer.with_impl(implementation);
+        let (mut t, b) = p.trainer(&e, 4).unwrap();
+        t.step(&b).unwrap();
+        let before = e.gpu().unwrap().host_waits();
+        let r = t.step(&b).unwrap();
+        assert!(!r.skipped);
+        e.gpu().unwrap().host_waits() - before
+    };
+    for implementation in [
+        OptimizerImpl::Fused,
+        OptimizerImpl::Foreach,
+        OptimizerImpl::ForLoop,
+    ] {
+        let f32_step = waits(None, implementation);
+        let amp_step = waits(Some(DType::F16), implementation);
+        let mid_step = (implementation != OptimizerImpl::Fused) as u64;
+        assert_eq!(amp_step, f32_step + mid_step, "{implementation:?}");
+    }
+}

@@ -4,7 +4,7 @@
 use crate::common;
 use common::*;
 use vramlab::ops::{elementwise, fill, matmul, relu};
-use vramlab::tensor::{Tensor, TensorError};
+use vramlab::tensor::{DType, Tensor, TensorError};
 
 const TOL: f64 = 1e-4;
 const SIZES: &[usize] = &[1, 7, 33, 257, 1000, 65_537];
@@ -72,6 +72,57 @@ fn reads_through_the_kept_buffer_return_the_latest_values() {
             "round {round}, n = {n}: {:?}",
             &got[..got.len().min(4)]
         );
+    }
+}
+
+/// Tensors read together (one wait where they fit the kept buffer side by
+/// side, one read each where not) return what each holds, whatever mix of
+/// sizes and dtypes, odd 16-bit lengths included; one wait for small ones.
+#[test]
+fn tensors_read_together_return_each_ones_values() {
+    let e = engine();
+    let mut rng = Rng::new(11);
+    let cases: [&[(usize, DType)]; 5] = [
+        &[(1, DType::F32), (1, DType::F32)],
+        &[(3, DType::F16), (5, DType::F32), (1, DType::Bf16)],
+        &[(1000, DType::F32), (97, DType::F32)],
+        &[(1, DType::F32), (2000, DType::F32)],
+        &[(7, DType::F16)],
+    ];
+    for (round, case) in cases.iter().enumerate() {
+        let tensors: Vec<Tensor> = case
+            .iter()
+            .map(|&(n, d)| {
+                let t = Tensor::from_slice(&e, &rng.vec(n), &[n], "x").unwrap();
+                vramlab::ops::cast::cast(&t, d, "x").unwrap()
+            })
+            .collect();
+        // Each its own value (exact in every dtype), written after a read
+        // of it: a stale or shifted read returns another.
+        let value = |i: usize| (round * 10 + i) as f32 + 0.5;
+        for (i, t) in tensors.iter().enumerate() {
+            assert_eq!(t.to_vec().unwrap().len(), case[i].0);
+            let src = fill::full(&e, &[case[i].0], value(i), "v").unwrap();
+            vramlab::ops::cast::cast_into(&src, t).unwrap();
+        }
+        let before = e.gpu().unwrap().host_waits();
+        let got = Tensor::read_together(&tensors.iter().collect::<Vec<_>>()).unwrap();
+        let waits = e.gpu().unwrap().host_waits() - before;
+        assert_eq!(got.len(), case.len());
+        for (i, g) in got.iter().enumerate() {
+            assert_eq!(g.len(), case[i].0, "round {round}, tensor {i}");
+            assert!(
+                g.iter().all(|&v| v == value(i)),
+                "round {round}, tensor {i}: {g:?}"
+            );
+        }
+        let bytes: usize = tensors.iter().map(|t| t.nbytes().div_ceil(4) * 4).sum();
+        let expected = if bytes <= 4096 {
+            1
+        } else {
+            tensors.len() as u64
+        };
+        assert_eq!(waits, expected, "round {round}: {bytes} bytes");
     }
 }
 

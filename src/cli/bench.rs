@@ -20,6 +20,7 @@ use crate::ops::matmul::tiles_gpu::{self, GpuLimits};
 use crate::ops::matmul::{
     choose_for, plan_split, Gemm, GemmShape, MatmulKernel, ShapeClass, Target, TileConfig,
 };
+use crate::optim::OptimizerImpl;
 use crate::profile::OpTimes;
 use crate::tensor::{DType, Engine, Tensor};
 use crate::train::{Mode, OptimizerConfig, OptimizerKind};
@@ -1212,9 +1213,20 @@ fn precision_step(
     let amps: Vec<Option<DType>> = std::iter::once(None)
         .chain(dtypes.iter().skip(1).map(|&d| Some(d)))
         .collect();
+    // Then f16 autocast with fused Adam, whose kernels take GradScaler's
+    // flag on the device (no wait mid-step), beside f32 with fused Adam.
+    let mut modes: Vec<(Option<DType>, OptimizerImpl)> = amps
+        .iter()
+        .map(|&a| (a, OptimizerImpl::default()))
+        .collect();
+    if amps.contains(&Some(DType::F16)) {
+        modes.push((None, OptimizerImpl::Fused));
+        modes.push((Some(DType::F16), OptimizerImpl::Fused));
+    }
     let mut runs = Vec::new();
-    for &amp in &amps {
-        let p = plan(&spec, args.batch, amp);
+    for &(amp, implementation) in &modes {
+        let mut p = plan(&spec, args.batch, amp);
+        p.optimizer = p.optimizer.with_impl(implementation);
         // The steady-state peak of this model alone (the three trainers
         // share the device here): two steps on a simulated device.
         let sim = Engine::simulated(AllocatorConfig::default(), None);
@@ -1248,11 +1260,14 @@ fn precision_step(
         args.batch
     ));
     let base = median(runs[0].2.clone());
-    for (amp, (_, _, secs, peak)) in amps.iter().zip(runs) {
+    for ((amp, implementation), (_, _, secs, peak)) in modes.iter().zip(runs) {
         let med = median(secs);
-        let mode = amp.map_or("f32".to_string(), |d| format!("amp {d}"));
+        let mut mode = amp.map_or("f32".to_string(), |d| format!("amp {d}"));
+        if *implementation == OptimizerImpl::Fused {
+            mode += ", fused Adam";
+        }
         ctx.say(format!(
-            "    {:<9} {:>9.1} ms  {:.2}× f32's speed  peak {:.2} MiB",
+            "    {:<20} {:>9.1} ms  {:.2}× f32's speed  peak {:.2} MiB",
             mode,
             med * 1e3,
             base / med,

@@ -271,10 +271,20 @@ fn mode_rows(
     Ok(rows)
 }
 
-/// Why a measured f16 step can differ from its estimate.
-fn skipped_note(skipped: usize, steps: usize) -> String {
+/// Why a measured f16 step can differ from its estimate; with a fused
+/// optimizer (which skips on the device, its state made as an update makes
+/// it, as PyTorch's fused optimizers do) why it does not.
+fn skipped_note(skipped: usize, steps: usize, fused: bool) -> String {
+    let head = format!(
+        "  note: the device's GradScaler skipped {skipped} of {steps} steps: a gradient overflowed f16 at the\n  current scale (65536 at first, as in PyTorch, whose first steps often skip too)"
+    );
+    if fused {
+        return format!(
+            "{head}. The fused\n  optimizer skipped on the device and made its state all the same, as PyTorch's fused\n  optimizers do, so the estimate (which has no values to overflow) holds."
+        );
+    }
     format!(
-        "  note: the device's GradScaler skipped {skipped} of {steps} steps: a gradient overflowed f16 at the\n  current scale (65536 at first, as in PyTorch, whose first steps often skip too), and a skipped\n  step allocates no optimizer state, so the device peaked lower. The estimate has no values to\n  overflow and assumes every step updates: the memory a run needs once the scale has settled."
+        "{head}, and a skipped\n  step allocates no optimizer state, so the device peaked lower. The estimate has no values to\n  overflow and assumes every step updates: the memory a run needs once the scale has settled.\n  With --optimizer-impl fused a skipped step makes the state too, and the estimate holds."
     )
 }
 
@@ -572,7 +582,8 @@ fn print_text(
                 m.peak_reserved_bytes,
             );
             if skipped > 0 {
-                println!("{}", skipped_note(skipped, args.steps));
+                let fused = plan.optimizer.takes_found_inf();
+                println!("{}", skipped_note(skipped, args.steps, fused));
             }
         }
     }

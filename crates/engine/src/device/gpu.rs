@@ -325,6 +325,8 @@ pub struct Gpu {
     bind_groups: Arc<BindGroupCache>,
     /// Dispatches that bound some tensor in more than one window.
     windowed: AtomicU64,
+    /// Times the host waited for the device (reads back and synchronizes).
+    waits: AtomicU64,
     pending: Mutex<Pending>,
     /// Commands before the first submit after a wait: `configured_submit`,
     /// or [`MAX_PENDING_COMMANDS`] while [`Gpu::hold_submits`] holds them.
@@ -495,6 +497,7 @@ impl Gpu {
             collect_on: AtomicBool::new(false),
             bind_groups,
             windowed: AtomicU64::new(0),
+            waits: AtomicU64::new(0),
             timer: Mutex::new(None),
             pending: Mutex::new(Pending {
                 encoder: None,
@@ -659,6 +662,12 @@ impl Gpu {
     /// Dispatches so far that bound a tensor in several windows.
     pub fn windowed_dispatches(&self) -> u64 {
         self.windowed.load(Ordering::Relaxed)
+    }
+
+    /// Times so far the host waited for the device: each read back (of
+    /// any number of ranges at once) and each synchronize.
+    pub fn host_waits(&self) -> u64 {
+        self.waits.load(Ordering::Relaxed)
     }
 
     /// Whether list ops take many tensors a dispatch ([`LIST_OPS_VAR`]).
@@ -828,6 +837,7 @@ impl Gpu {
     /// dispatch whose uniforms were staged before the wait is recorded
     /// after it.
     fn wait(&self, recycle: bool) -> Result<(), DeviceError> {
+        self.waits.fetch_add(1, Ordering::Relaxed);
         let submitted = self.flush_taking_arenas();
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
@@ -1247,6 +1257,49 @@ impl Gpu {
         Ok(bytes)
     }
 
+    /// Reads several small ranges back with one wait: copied side by side
+    /// into the kept readback buffer and mapped once, where they fit in it
+    /// (a step's loss and GradScaler's flag); else one read each.
+    pub fn download_many(
+        &self,
+        reads: &[(&BufferSlice, u64)],
+    ) -> Result<Vec<Vec<u8>>, DeviceError> {
+        let mut copies = Vec::with_capacity(reads.len());
+        let mut total = 0;
+        for (src, len) in reads {
+            let padded = len.div_ceil(wgpu::COPY_BUFFER_ALIGNMENT) * wgpu::COPY_BUFFER_ALIGNMENT;
+            let source = src.real()?;
+            let pieces = split(src.offset, padded, self.copy_limit(), source.piece());
+            match pieces.as_slice() {
+                [w] if *len > 0 => copies.push((source.buffer(w.buffer), w.offset, padded)),
+                _ => break,
+            }
+            total += padded;
+        }
+        let kept = (copies.len() == reads.len() && total <= SMALL_READBACK)
+            .then_some(self.small_readback.as_ref())
+            .flatten();
+        let Some((m, readback)) = kept.and_then(|m| Some((m, lock(m).take()?))) else {
+            return reads
+                .iter()
+                .map(|(src, len)| self.download(src, *len))
+                .collect();
+        };
+        let bytes = self.read_into(&copies, &readback)?;
+        readback.unmap();
+        *lock(m) = Some(readback);
+        let mut at = 0;
+        Ok(reads
+            .iter()
+            .zip(&copies)
+            .map(|((_, len), c)| {
+                let part = bytes[at as usize..(at + len) as usize].to_vec();
+                at += c.2;
+                part
+            })
+            .collect())
+    }
+
     fn read_back(
         &self,
         source: &wgpu::Buffer,
@@ -1271,7 +1324,7 @@ impl Gpu {
             })
         });
         // A failed read leaves the buffer unmapped or in doubt: dropped.
-        let bytes = self.read_into(source, offset, size, &readback)?;
+        let bytes = self.read_into(&[(source, offset, size)], &readback)?;
         readback.unmap();
         if let Some(m) = small {
             *lock(m) = Some(readback);
@@ -1288,18 +1341,21 @@ impl Gpu {
         })
     }
 
-    /// Copies `size` bytes at `offset` of `source` into the start of
-    /// `readback`, waits, and returns them (the buffer left mapped).
+    /// Copies each `(source, offset, size)` into `readback`, side by side
+    /// from its start, waits, and returns them (the buffer left mapped).
     fn read_into(
         &self,
-        source: &wgpu::Buffer,
-        offset: u64,
-        size: u64,
+        copies: &[(&wgpu::Buffer, u64, u64)],
         readback: &wgpu::Buffer,
     ) -> Result<Vec<u8>, DeviceError> {
+        let mut size = 0;
         self.with_encoder(|enc| {
-            enc.copy_buffer_to_buffer(source, offset, readback, 0, size);
+            for &(source, offset, len) in copies {
+                enc.copy_buffer_to_buffer(source, offset, readback, size, len);
+                size += len;
+            }
         });
+        self.waits.fetch_add(1, Ordering::Relaxed);
         let submitted = self.flush_taking_arenas();
         let (tx, rx) = std::sync::mpsc::channel();
         readback.map_async(wgpu::MapMode::Read, ..size, move |r| {

@@ -149,26 +149,33 @@ impl Adam {
     }
 
     /// `_fused_adam_`: one kernel per parameter, after `_foreach_add_` on
-    /// the step counts.
-    fn fused(&self, store: &ParamStore) -> Result<(), TensorError> {
+    /// the step counts; with `found`, each kernel returns where it is set.
+    fn fused(&self, store: &ParamStore, found: Option<&Tensor>) -> Result<(), TensorError> {
         let params = self.params(0);
+        let flag = found.map(Tensor::slice);
         for (w, g, s) in self.live(store) {
             if let Some(step) = &s.step {
                 fill::fill(step, self.step as f32)?;
             }
             let n = w.numel();
+            let slices = [
+                w.slice(),
+                g.slice(),
+                s.exp_avg.slice(),
+                s.exp_avg_sq.slice(),
+            ];
+            let mut parts = crate::ops::same_parts(w, &slices.each_ref());
+            let kernel = match &flag {
+                Some(f) => {
+                    parts.push((f, crate::device::Part::Whole));
+                    super::skipping_kernel("adam", ADAM, w.dtype())
+                }
+                None => crate::ops::typed_kernel("adam", ADAM, "main", w.dtype()),
+            };
             crate::ops::launch_flat(
                 w,
-                &crate::ops::typed_kernel("adam", ADAM, "main", w.dtype()),
-                &crate::ops::same_parts(
-                    w,
-                    &[
-                        &w.slice(),
-                        &g.slice(),
-                        &s.exp_avg.slice(),
-                        &s.exp_avg_sq.slice(),
-                    ],
-                ),
+                &kernel,
+                &parts,
                 bytemuck::bytes_of(&Params {
                     n: n as u32,
                     ..params
@@ -314,9 +321,43 @@ impl Optimizer for Adam {
         self.step += 1;
         self.init(store)?;
         match self.implementation {
-            OptimizerImpl::Fused => self.fused(store),
+            OptimizerImpl::Fused => self.fused(store, None),
             OptimizerImpl::Foreach => self.foreach(store),
             OptimizerImpl::ForLoop => self.for_loop(store),
         }
+    }
+
+    fn takes_found_inf(&self) -> bool {
+        self.implementation == OptimizerImpl::Fused
+    }
+
+    /// `_fused_adam` with GradScaler's flag: state made, step counts up,
+    /// each kernel skipping on the device where the flag is set.
+    fn step_unless_found(
+        &mut self,
+        store: &mut ParamStore,
+        found_inf: &Tensor,
+    ) -> Result<(), TensorError> {
+        if !self.takes_found_inf() {
+            return Err(TensorError::NotSupported {
+                op: "adam step with GradScaler's flag on the device",
+                what: "only the fused implementation takes it (--optimizer-impl fused)",
+            });
+        }
+        self.step += 1;
+        self.init(store)?;
+        self.fused(store, Some(found_inf))
+    }
+
+    /// `_foreach_sub_(state_steps, found_inf)`: the count back by one, on
+    /// the device too.
+    fn was_skipped(&mut self) -> Result<(), TensorError> {
+        self.step -= 1;
+        for s in self.state.iter().flatten() {
+            if let Some(step) = &s.step {
+                fill::fill(step, self.step as f32)?;
+            }
+        }
+        Ok(())
     }
 }

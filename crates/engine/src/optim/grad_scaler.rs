@@ -78,8 +78,27 @@ impl GradScaler {
     /// `scaler.unscale_(opt)`: divides every gradient by the scale in place
     /// and says whether any was inf or NaN (one readback of a flag).
     pub fn unscale(&self, store: &mut ParamStore) -> Result<bool, TensorError> {
+        match self.unscale_on_device(store)? {
+            Some(found) => Ok(GradScaler::found(&found.to_vec()?)),
+            None => Ok(false),
+        }
+    }
+
+    /// Whether a flag [`GradScaler::unscale_on_device`] wrote, read back,
+    /// is set: fill wrote 0.0 (bits 0); the kernel writes the integer 1.
+    pub fn found(flag: &[f32]) -> bool {
+        flag.first().is_some_and(|v| v.to_bits() != 0)
+    }
+
+    /// [`GradScaler::unscale`] without the read: its flag (one element, a
+    /// temporary) stays on the device for a fused optimizer to skip on, as
+    /// PyTorch's GradScaler hands `found_inf` to `_step_supports_amp_scaling`
+    /// optimizers. (PyTorch then only checks, with an inverse scale of 1,
+    /// and the fused kernel unscales: the same values, the scale being a
+    /// power of two.) None without parameters.
+    pub fn unscale_on_device(&self, store: &mut ParamStore) -> Result<Option<Tensor>, TensorError> {
         let Some(engine) = store.iter().next().map(|p| p.value.engine().clone()) else {
-            return Ok(false);
+            return Ok(None);
         };
         let found = Tensor::empty_as(
             &engine,
@@ -117,9 +136,7 @@ impl GradScaler {
             bytemuck::bytes_of(&params),
             &|t| unscale_one(t[0], &found, inv),
         )?;
-        // fill wrote 0.0 (bits 0); the kernel writes the integer 1.
-        let bits = found.to_vec()?[0].to_bits();
-        Ok(bits != 0)
+        Ok(Some(found))
     }
 
     /// `scaler.update()` after a step that found `found_inf`.

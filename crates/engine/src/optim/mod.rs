@@ -14,7 +14,8 @@ pub use implementation::OptimizerImpl;
 pub use sgd::Sgd;
 
 use crate::autograd::param::ParamStore;
-use crate::tensor::TensorError;
+use crate::device::Kernel;
+use crate::tensor::{DType, Tensor, TensorError};
 
 /// What the training loop needs of an optimizer.
 pub trait Optimizer {
@@ -24,4 +25,45 @@ pub trait Optimizer {
     fn state_bytes(&self) -> usize;
     /// One update of every parameter that has a gradient.
     fn step(&mut self, store: &mut ParamStore) -> Result<(), TensorError>;
+
+    /// Whether [`Optimizer::step_unless_found`] runs: the step takes
+    /// GradScaler's inf/NaN flag on the device, so the host does not wait
+    /// for it mid-step (PyTorch's `_step_supports_amp_scaling`: the fused
+    /// implementations).
+    fn takes_found_inf(&self) -> bool {
+        false
+    }
+
+    /// [`Optimizer::step`], changing nothing on the device where
+    /// `found_inf` (one element, written by [`GradScaler::unscale_on_device`])
+    /// is set. State is made either way, as PyTorch's fused optimizers make
+    /// it before their kernels read the flag.
+    fn step_unless_found(
+        &mut self,
+        store: &mut ParamStore,
+        found_inf: &Tensor,
+    ) -> Result<(), TensorError> {
+        let _ = (store, found_inf);
+        Err(TensorError::NotSupported {
+            op: "optimizer step with GradScaler's flag on the device",
+            what: "only the fused implementations take it (--optimizer-impl fused)",
+        })
+    }
+
+    /// The host's side of a step the device skipped, once the step's final
+    /// read has said so: counts that assumed an update go back by one.
+    fn was_skipped(&mut self) -> Result<(), TensorError> {
+        Ok(())
+    }
+}
+
+/// A fused optimizer kernel's variant that reads GradScaler's flag (the
+/// `SKIP` binding after the tensors) and returns where it is set.
+fn skipping_kernel(name: &str, source: &'static str, dtype: DType) -> Kernel {
+    Kernel::variant(
+        format!("{name}[{dtype} found_inf]"),
+        source,
+        "main",
+        crate::device::compose::Defs::elem(dtype.elem()).with("SKIP", 1u8),
+    )
 }

@@ -54,6 +54,13 @@ pub struct Sgd {
     pub nesterov: bool,
     pub implementation: OptimizerImpl,
     buffers: Vec<Option<Tensor>>,
+    /// Whether the momentum buffers hold a step's values: not yet after a
+    /// first step the device skipped (PyTorch's `_fused_sgd` made them with
+    /// `empty_like` and would read that garbage next; vramlab starts them
+    /// from the next step's gradients, as the unfused SGD does).
+    filled: bool,
+    /// Whether the last fused step was the one to fill them.
+    filling: bool,
 }
 
 impl Sgd {
@@ -67,6 +74,8 @@ impl Sgd {
             nesterov: false,
             implementation: OptimizerImpl::default(),
             buffers: Vec::new(),
+            filled: false,
+            filling: false,
         }
     }
 }
@@ -106,17 +115,21 @@ impl Sgd {
     }
 
     /// `_fused_sgd`: on the first step every momentum buffer is made
-    /// (`torch.empty_like`) before one kernel per parameter fills it.
-    fn fused(&mut self, store: &ParamStore) -> Result<(), TensorError> {
+    /// (`torch.empty_like`) before one kernel per parameter fills it; with
+    /// `found`, each kernel returns where it is set.
+    fn fused(&mut self, store: &ParamStore, found: Option<&Tensor>) -> Result<(), TensorError> {
         let has_momentum = self.momentum != 0.0;
-        let first = has_momentum && self.buffers.iter().all(Option::is_none);
-        if first {
+        if has_momentum && self.buffers.iter().all(Option::is_none) {
             for (i, p) in store.iter().enumerate() {
                 if p.grad.is_some() {
                     self.new_buffer(i, &p.value, &p.name)?;
                 }
             }
         }
+        let first = has_momentum && !self.filled;
+        self.filling = first;
+        self.filled = has_momentum;
+        let flag = found.map(Tensor::slice);
         for (i, p) in store.iter().enumerate() {
             let Some(g) = &p.grad else { continue };
             if has_momentum && self.buffers[i].is_none() {
@@ -141,14 +154,16 @@ impl Sgd {
                 dampening: self.dampening,
                 weight_decay: self.weight_decay,
             };
-            crate::ops::launch_flat(
-                &p.value,
-                &crate::ops::typed_kernel("sgd", SGD, "main", p.value.dtype()),
-                &crate::ops::same_parts(&p.value, &[&p.value.slice(), &g.slice(), &buf.slice()]),
-                bytemuck::bytes_of(&params),
-                n,
-                2,
-            )?;
+            let slices = [p.value.slice(), g.slice(), buf.slice()];
+            let mut parts = crate::ops::same_parts(&p.value, &slices.each_ref());
+            let kernel = match &flag {
+                Some(f) => {
+                    parts.push((f, crate::device::Part::Whole));
+                    super::skipping_kernel("sgd", SGD, p.value.dtype())
+                }
+                None => crate::ops::typed_kernel("sgd", SGD, "main", p.value.dtype()),
+            };
+            crate::ops::launch_flat(&p.value, &kernel, &parts, bytemuck::bytes_of(&params), n, 2)?;
         }
         Ok(())
     }
@@ -303,9 +318,41 @@ impl Optimizer for Sgd {
             grad_of("sgd", p)?;
         }
         match self.implementation {
-            OptimizerImpl::Fused => self.fused(store),
+            OptimizerImpl::Fused => self.fused(store, None),
             OptimizerImpl::Foreach => self.foreach(store),
             OptimizerImpl::ForLoop => self.for_loop(store),
         }
+    }
+
+    fn takes_found_inf(&self) -> bool {
+        self.implementation == OptimizerImpl::Fused
+    }
+
+    /// `_fused_sgd` with GradScaler's flag: buffers made, each kernel
+    /// skipping on the device where the flag is set.
+    fn step_unless_found(
+        &mut self,
+        store: &mut ParamStore,
+        found_inf: &Tensor,
+    ) -> Result<(), TensorError> {
+        if !self.takes_found_inf() {
+            return Err(TensorError::NotSupported {
+                op: "sgd step with GradScaler's flag on the device",
+                what: "only the fused implementation takes it (--optimizer-impl fused)",
+            });
+        }
+        self.buffers.resize_with(store.len(), || None);
+        for p in store.iter() {
+            grad_of("sgd", p)?;
+        }
+        self.fused(store, Some(found_inf))
+    }
+
+    /// A skipped filling step left the buffers unfilled: the next fills them.
+    fn was_skipped(&mut self) -> Result<(), TensorError> {
+        if self.filling {
+            self.filled = false;
+        }
+        Ok(())
     }
 }

@@ -279,8 +279,35 @@ impl Tensor {
 
     /// Reads the values back (waits for pending GPU work).
     pub fn to_vec(&self) -> Result<Vec<f32>, TensorError> {
-        let bytes = self.download()?;
-        Ok(match self.dtype {
+        Ok(self.decode(self.download()?))
+    }
+
+    /// Reads several tensors of one engine back with one wait where they
+    /// are small enough (a step's loss and GradScaler's flag): each wait
+    /// for the device costs a round trip.
+    pub fn read_together(tensors: &[&Tensor]) -> Result<Vec<Vec<f32>>, TensorError> {
+        let Some(first) = tensors.first() else {
+            return Ok(Vec::new());
+        };
+        let slices: Vec<_> = tensors.iter().map(|t| t.slice()).collect();
+        let reads: Vec<_> = slices
+            .iter()
+            .zip(tensors)
+            .map(|(s, t)| (s, t.nbytes().div_ceil(4) as u64 * 4))
+            .collect();
+        let parts = first.engine().download_many(&reads)?;
+        Ok(parts
+            .into_iter()
+            .zip(tensors)
+            .map(|(mut bytes, t)| {
+                bytes.truncate(t.nbytes());
+                t.decode(bytes)
+            })
+            .collect())
+    }
+
+    fn decode(&self, bytes: Vec<u8>) -> Vec<f32> {
+        match self.dtype {
             DType::F32 => bytemuck::pod_collect_to_vec(&bytes),
             DType::F16 => bytemuck::pod_collect_to_vec::<u8, half::f16>(&bytes)
                 .into_iter()
@@ -290,7 +317,7 @@ impl Tensor {
                 .into_iter()
                 .map(f32::from)
                 .collect(),
-        })
+        }
     }
 
     fn download(&self) -> Result<Vec<u8>, TensorError> {

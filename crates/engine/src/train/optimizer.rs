@@ -67,6 +67,13 @@ impl OptimizerConfig {
         }
     }
 
+    /// Whether its step takes GradScaler's flag on the device (the fused
+    /// implementations, as PyTorch's `_step_supports_amp_scaling`): a step
+    /// skipped there makes the state an update makes.
+    pub fn takes_found_inf(&self) -> bool {
+        self.implementation == crate::optim::OptimizerImpl::Fused
+    }
+
     /// The same optimizer, implemented as `implementation`.
     pub fn with_impl(self, implementation: OptimizerImpl) -> OptimizerConfig {
         OptimizerConfig {

@@ -182,17 +182,46 @@ impl Trainer {
         engine.mark_phase("optimizer");
         let step_op = format!("{}.step", self.optimizer.name());
         let optimizer = engine.scope(Category::OptimizerState, &step_op);
-        // scaler.step(opt): unscale, and step only if every gradient is finite.
+        // scaler.step(opt): unscale, and step only if every gradient is
+        // finite: decided by the host, which waits for the flag, or with a
+        // fused optimizer by its kernels (the flag read with the loss).
         let mut skipped = false;
-        if let Some(scaler) = self.scaler.as_mut() {
-            skipped = scaler.unscale(&mut self.store)?;
-            scaler.update(skipped);
-        }
-        if !skipped {
-            self.optimizer.step(&mut self.store)?;
+        let mut found_inf = None;
+        match self.scaler.as_mut() {
+            Some(scaler) if self.optimizer.takes_found_inf() => {
+                found_inf = scaler.unscale_on_device(&mut self.store)?;
+                match &found_inf {
+                    Some(found) => self.optimizer.step_unless_found(&mut self.store, found)?,
+                    None => self.optimizer.step(&mut self.store)?,
+                }
+            }
+            Some(scaler) => {
+                skipped = scaler.unscale(&mut self.store)?;
+                scaler.update(skipped);
+                if !skipped {
+                    self.optimizer.step(&mut self.store)?;
+                }
+            }
+            None => self.optimizer.step(&mut self.store)?,
         }
         drop(optimizer);
-        let mut record = self.finish(t0, logits, loss)?;
+        let outputs = StepOutputs {
+            logits: logits.tensor().clone(),
+            loss: loss.tensor().clone(),
+        };
+        drop((logits, loss));
+        let deferred = found_inf.is_some();
+        let mut record = self.finish_with(t0, outputs, found_inf)?;
+        if deferred {
+            // scaler.update(), after the step's one read.
+            skipped = record.skipped;
+            if let Some(scaler) = self.scaler.as_mut() {
+                scaler.update(skipped);
+            }
+            if skipped {
+                self.optimizer.was_skipped()?;
+            }
+        }
         record.grad_scale = grad_scale;
         record.skipped = skipped;
         Ok(record)
@@ -256,7 +285,7 @@ impl Trainer {
             op: "accumulate",
             what: "no micro-batches: give at least one",
         })?;
-        let mut record = self.finish_with(t0, outputs)?;
+        let mut record = self.finish_with(t0, outputs, None)?;
         record.loss = losses / k;
         Ok(record)
     }
@@ -300,17 +329,27 @@ impl Trainer {
             loss: loss.tensor().clone(),
         };
         drop((logits, loss));
-        self.finish_with(t0, outputs)
+        self.finish_with(t0, outputs, None)
     }
 
     /// Reads the step's figures with its outputs still bound, then keeps
-    /// them as the loop's names.
+    /// them as the loop's names. GradScaler's flag, where a fused optimizer
+    /// took it on the device, is read with the loss (one wait) and freed
+    /// before the memory is read, as `scaler.update()` drops PyTorch's.
     fn finish_with(
         &mut self,
         t0: Instant,
         outputs: StepOutputs,
+        found_inf: Option<Tensor>,
     ) -> Result<StepRecord, TensorError> {
-        let loss_value = outputs.loss.to_vec()?[0];
+        let (loss_value, skipped) = match found_inf {
+            Some(found) => {
+                let read = Tensor::read_together(&[&outputs.loss, &found])?;
+                drop(found);
+                (read[0][0], GradScaler::found(&read[1]))
+            }
+            None => (outputs.loss.to_vec()?[0], false),
+        };
         self.engine.synchronize()?;
         let a = self.engine.allocator();
         let record = StepRecord {
@@ -321,7 +360,7 @@ impl Trainer {
             peak_allocated_bytes: a.max_memory_allocated(),
             seconds: t0.elapsed().as_secs_f64(),
             grad_scale: None,
-            skipped: false,
+            skipped,
         };
         drop(a);
         self.held = Some(outputs);
