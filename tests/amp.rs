@@ -224,21 +224,29 @@ fn grad_scaler_follows_torchs_scale_sequence() {
     assert_eq!((s.scale, s.growth_tracker), (65536.0, 0));
 }
 
+/// A fixture `scripts/torch_reference.py amp` wrote.
+fn torch_amp_json(name: &str) -> serde_json::Value {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/torch-amp")
+        .join(name);
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn bools(v: &serde_json::Value) -> Vec<bool> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b.as_bool().unwrap())
+        .collect()
+}
+
 /// torch.amp.GradScaler's own scale sequence (`scripts/torch_reference.py
 /// amp` → grad_scaler.json: growth_interval 3, overflows at steps 1, 8 and
 /// 9), reproduced through the unscale kernel and `update`.
 #[test]
 fn grad_scaler_reproduces_torchs_recorded_sequence() {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/torch-amp/grad_scaler.json");
-    let f: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    let overflow: Vec<bool> = f["overflow"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_bool().unwrap())
-        .collect();
+    let f = torch_amp_json("grad_scaler.json");
+    let overflow = bools(&f["overflow"]);
     let want: Vec<f32> = f["scales"]
         .as_array()
         .unwrap()
@@ -423,10 +431,7 @@ fn scaled_step(
 #[test]
 fn optimizers_skip_overflowing_steps_as_torchs_do() {
     use vramlab::optim::OptimizerImpl::{ForLoop, Fused};
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/torch-amp/grad_scaler_fused.json");
-    let f: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let f = torch_amp_json("grad_scaler_fused.json");
     let floats = |v: &serde_json::Value| -> Vec<f32> {
         v.as_array()
             .unwrap()
@@ -434,12 +439,7 @@ fn optimizers_skip_overflowing_steps_as_torchs_do() {
             .map(|x| x.as_f64().unwrap() as f32)
             .collect()
     };
-    let overflow: Vec<bool> = f["overflow"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_bool().unwrap())
-        .collect();
+    let overflow = bools(&f["overflow"]);
     let grads: Vec<Vec<f32>> = f["grads"].as_array().unwrap().iter().map(floats).collect();
     let e = engine();
     for (run, kind, implementation, momentum) in [
@@ -493,8 +493,9 @@ fn fused_optimizers_skip_on_the_device_with_the_memory_of_a_clean_step() {
     use vramlab::optim::OptimizerImpl;
     for kind in [OptimizerKind::Adam, OptimizerKind::Sgd] {
         let mut p = plan("mlp", 7, Mode::Train, Some(DType::F16));
+        let momentum = (kind == OptimizerKind::Sgd).then_some(0.9);
         p.optimizer =
-            OptimizerConfig::new(kind, None, Some(0.9), None).with_impl(OptimizerImpl::Fused);
+            OptimizerConfig::new(kind, None, momentum, None).with_impl(OptimizerImpl::Fused);
         let peaks = |scales: &[f32]| {
             let e = engine();
             let (mut t, b) = p.trainer(&e, 4).unwrap();
@@ -562,5 +563,45 @@ fn a_fused_optimizer_spares_the_amp_step_its_mid_step_wait() {
         let amp_step = waits(Some(DType::F16), implementation);
         let mid_step = (implementation != OptimizerImpl::Fused) as u64;
         assert_eq!(amp_step, f32_step + mid_step, "{implementation:?}");
+    }
+}
+
+/// A fused SGD step with no gradient at all fills no momentum buffer: the
+/// next step with gradients is the first (buffer = gradient), whatever the
+/// memory its buffers are made in held, with the flag on the device or not.
+#[test]
+fn fused_sgd_fills_its_buffers_at_the_first_step_with_gradients() {
+    use vramlab::optim::OptimizerImpl;
+    for on_device in [false, true] {
+        let e = engine();
+        let mut opt = OptimizerConfig::new(OptimizerKind::Sgd, Some(0.1), Some(0.9), None)
+            .with_impl(OptimizerImpl::Fused)
+            .build();
+        let mut store = ParamStore::new();
+        let p = Tensor::from_slice(&e, &[0.5, -1.0, 2.0], &[3], "p").unwrap();
+        let id = store.add("p", p);
+        opt.step(&mut store).unwrap();
+        assert_eq!(opt.state_bytes(), 0, "no gradient, no buffer");
+        let g = Tensor::from_slice(&e, &[1.0, 2.0, 3.0], &[3], "g").unwrap();
+        store.get_mut(id).grad = Some(g);
+        // Freed blocks of the buffers' size, their bytes left for them (two:
+        // GradScaler's flag may take one).
+        let junk = |_| Tensor::from_slice(&e, &[1e6; 3], &[3], "junk").unwrap();
+        drop((0..2).map(junk).collect::<Vec<_>>());
+        if on_device {
+            let s = GradScaler {
+                scale: 1.0,
+                ..GradScaler::default()
+            };
+            let found = s.unscale_on_device(&mut store).unwrap().unwrap();
+            opt.step_unless_found(&mut store, &found).unwrap();
+        } else {
+            opt.step(&mut store).unwrap();
+        }
+        let got = store.get(id).value.to_vec().unwrap();
+        let want = [0.5 - 0.1, -1.0 - 0.2, 2.0 - 0.3f32];
+        for (a, b) in got.iter().zip(want) {
+            assert!((a - b).abs() < 1e-6, "on device {on_device}: {got:?}");
+        }
     }
 }

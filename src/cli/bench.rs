@@ -1227,8 +1227,8 @@ fn precision_step(
     for &(amp, implementation) in &modes {
         let mut p = plan(&spec, args.batch, amp);
         p.optimizer = p.optimizer.with_impl(implementation);
-        // The steady-state peak of this model alone (the three trainers
-        // share the device here): two steps on a simulated device.
+        // The steady-state peak of this model alone (the trainers share
+        // the device here): two steps on a simulated device.
         let sim = Engine::simulated(AllocatorConfig::default(), None);
         let profile = crate::estimate::run::run_steps(sim, &p, 0, 2)?;
         let peak =

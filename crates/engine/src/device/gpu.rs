@@ -1276,18 +1276,30 @@ impl Gpu {
             }
             total += padded;
         }
-        let kept = (copies.len() == reads.len() && total <= SMALL_READBACK)
-            .then_some(self.small_readback.as_ref())
-            .flatten();
-        let Some((m, readback)) = kept.and_then(|m| Some((m, lock(m).take()?))) else {
+        if reads.is_empty() {
+            return Ok(Vec::new());
+        }
+        if copies.len() < reads.len() || total > SMALL_READBACK {
             return reads
                 .iter()
                 .map(|(src, len)| self.download(src, *len))
                 .collect();
-        };
+        }
+        // The kept buffer where it is free, else one made as read_back
+        // makes it (kept afterwards where reuse is on).
+        let kept = self.small_readback.as_ref();
+        let readback = kept.and_then(|m| lock(m).take()).unwrap_or_else(|| {
+            self.readback_buffer(if kept.is_some() {
+                SMALL_READBACK
+            } else {
+                total
+            })
+        });
         let bytes = self.read_into(&copies, &readback)?;
         readback.unmap();
-        *lock(m) = Some(readback);
+        if let Some(m) = kept {
+            *lock(m) = Some(readback);
+        }
         let mut at = 0;
         Ok(reads
             .iter()

@@ -338,12 +338,10 @@ impl Optimizer for Adam {
         store: &mut ParamStore,
         found_inf: &Tensor,
     ) -> Result<(), TensorError> {
-        if !self.takes_found_inf() {
-            return Err(TensorError::NotSupported {
-                op: "adam step with GradScaler's flag on the device",
-                what: "only the fused implementation takes it (--optimizer-impl fused)",
-            });
-        }
+        super::fused_only(
+            self.implementation,
+            "adam step with GradScaler's flag on the device",
+        )?;
         self.step += 1;
         self.init(store)?;
         self.fused(store, Some(found_inf))

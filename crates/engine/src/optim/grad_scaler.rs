@@ -94,8 +94,9 @@ impl GradScaler {
     /// temporary) stays on the device for a fused optimizer to skip on, as
     /// PyTorch's GradScaler hands `found_inf` to `_step_supports_amp_scaling`
     /// optimizers. (PyTorch then only checks, with an inverse scale of 1,
-    /// and the fused kernel unscales: the same values, the scale being a
-    /// power of two.) None without parameters.
+    /// and the fused kernel unscales: the same values for a step that runs,
+    /// the scale being a power of two; after a skipped one PyTorch's `.grad`
+    /// stays scaled, vramlab's is unscaled.) None without parameters.
     pub fn unscale_on_device(&self, store: &mut ParamStore) -> Result<Option<Tensor>, TensorError> {
         let Some(engine) = store.iter().next().map(|p| p.value.engine().clone()) else {
             return Ok(None);

@@ -57,6 +57,18 @@ pub trait Optimizer {
     }
 }
 
+/// Refuses a step with GradScaler's flag on the device where
+/// `implementation` is not fused: only fused kernels take the flag.
+fn fused_only(implementation: OptimizerImpl, op: &'static str) -> Result<(), TensorError> {
+    if implementation == OptimizerImpl::Fused {
+        return Ok(());
+    }
+    Err(TensorError::NotSupported {
+        op,
+        what: "only the fused implementation takes it (--optimizer-impl fused)",
+    })
+}
+
 /// A fused optimizer kernel's variant that reads GradScaler's flag (the
 /// `SKIP` binding after the tensors) and returns where it is set.
 fn skipping_kernel(name: &str, source: &'static str, dtype: DType) -> Kernel {

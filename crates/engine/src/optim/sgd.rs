@@ -126,9 +126,11 @@ impl Sgd {
                 }
             }
         }
+        // A step with no gradient at all runs no kernel and fills nothing.
+        let runs = store.iter().any(|p| p.grad.is_some());
         let first = has_momentum && !self.filled;
-        self.filling = first;
-        self.filled = has_momentum;
+        self.filling = first && runs;
+        self.filled |= has_momentum && runs;
         let flag = found.map(Tensor::slice);
         for (i, p) in store.iter().enumerate() {
             let Some(g) = &p.grad else { continue };
@@ -335,12 +337,10 @@ impl Optimizer for Sgd {
         store: &mut ParamStore,
         found_inf: &Tensor,
     ) -> Result<(), TensorError> {
-        if !self.takes_found_inf() {
-            return Err(TensorError::NotSupported {
-                op: "sgd step with GradScaler's flag on the device",
-                what: "only the fused implementation takes it (--optimizer-impl fused)",
-            });
-        }
+        super::fused_only(
+            self.implementation,
+            "sgd step with GradScaler's flag on the device",
+        )?;
         self.buffers.resize_with(store.len(), || None);
         for p in store.iter() {
             grad_of("sgd", p)?;

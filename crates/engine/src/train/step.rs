@@ -192,7 +192,11 @@ impl Trainer {
                 found_inf = scaler.unscale_on_device(&mut self.store)?;
                 match &found_inf {
                     Some(found) => self.optimizer.step_unless_found(&mut self.store, found)?,
-                    None => self.optimizer.step(&mut self.store)?,
+                    // No parameters: nothing to flag.
+                    None => {
+                        self.optimizer.step(&mut self.store)?;
+                        scaler.update(false);
+                    }
                 }
             }
             Some(scaler) => {
