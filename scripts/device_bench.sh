@@ -193,7 +193,7 @@ fi
 
 if want ab; then
   RUNS=${AB_RUNS:-new new-amp new-submit0 new-bg0 new-lists-off new-split512 base}
-  step "SimpleConvNet batch 64, in turn: $RUNS (new: this build; -amp: its step under autocast f16, per kernel; -rb0: VRAMLAB_READBACK_REUSE=0; submit0, bg0, lists-off: VRAMLAB_SUBMIT_FIRST=0, VRAMLAB_BIND_GROUP_CACHE=0, VRAMLAB_LIST_OPS=off; split512: 512-workgroup K splits; base: the base build)"
+  step "SimpleConvNet batch 64, in turn: $RUNS (new: this build; -amp: its step under autocast f16, per kernel; -rb0: VRAMLAB_READBACK_REUSE=0; -fused: fused Adam, GradScaler's flag on the device; submit0, bg0, lists-off: VRAMLAB_SUBMIT_FIRST=0, VRAMLAB_BIND_GROUP_CACHE=0, VRAMLAB_LIST_OPS=off; split512: 512-workgroup K splits; base: the base build)"
   # Each build keeps its own tile cache (their cache versions may differ,
   # and each would retune over the other's), warmed up by one run first.
   # Base's mixed-precision rows are timed with the kernel timer on, this
@@ -225,6 +225,8 @@ if want ab; then
         new-amp) bin=$V; envs=""; flags="--amp f16 --no-precision" ;;
         new-rb0) bin=$V; envs="VRAMLAB_READBACK_REUSE=0" ;;
         new-amp-rb0) bin=$V; envs="VRAMLAB_READBACK_REUSE=0"; flags="--amp f16 --no-precision" ;;
+        new-fused) bin=$V; envs=""; flags="--optimizer-impl fused --no-precision" ;;
+        new-amp-fused) bin=$V; envs=""; flags="--amp f16 --optimizer-impl fused --no-precision" ;;
         new-split512) bin=$V; envs="$SPLIT"; cache=/tmp/tiles-split.json ;;
         new-submit0) bin=$V; envs="VRAMLAB_SUBMIT_FIRST=0" ;;
         new-bg0) bin=$V; envs="VRAMLAB_BIND_GROUP_CACHE=0" ;;
@@ -241,7 +243,7 @@ d = json.load(open(sys.argv[1]))
 m = d["models"][0]
 amp = {r["mode"]: r["speedup_vs_f32"] for r in d["precision"] if not r["what"].startswith("matmul")}
 o = d["dispatch_overhead"]
-print(f"{sys.argv[2]:<12} {'amp ' + m['amp'] if m.get('amp') else 'f32':<8} untimed {m['untimed_seconds_median'] * 1e3:.2f} ms  device {m['device_seconds_median'] * 1e3:.2f} ms"
+print(f"{sys.argv[2]:<14} {'amp ' + m['amp'] if m.get('amp') else 'f32':<8} {m.get('optimizer_impl', 'foreach'):<8} untimed {m['untimed_seconds_median'] * 1e3:.2f} ms  device {m['device_seconds_median'] * 1e3:.2f} ms"
       f"  host {m['host_seconds_median'] * 1e3:.2f} ms  dispatches {m['device_time']['dispatches']}"
       f"  amp f16 {amp.get('amp f16', 0):.2f}x f32  amp bf16 {amp.get('amp bf16', 0):.2f}x"
       f"  record {o['record_micros']:.2f} us/dispatch  round trip {o.get('round_trip_micros', 0):.1f} us  readback {o.get('readback_micros', 0):.1f} us")

@@ -444,3 +444,41 @@ fn a_shape_row_says_how_many_ops_it_stands_for() {
         "{shapes:?}"
     );
 }
+
+/// `bench --amp f16 --optimizer-impl fused`: the step's Adam is fused and
+/// takes GradScaler's flag on the device (its kernel's `found_inf`
+/// variant runs, no foreach phase does), and the JSON names the
+/// implementation.
+#[test]
+fn bench_times_the_fused_optimizer_step_under_autocast() {
+    let v = vramlab_json(vec![
+        "bench",
+        "--sizes",
+        "16",
+        "--models",
+        "mlp",
+        "--batch",
+        "2",
+        "--reps",
+        "1",
+        "--no-precision",
+        "--json",
+        "--amp",
+        "f16",
+        "--optimizer-impl",
+        "fused",
+    ]);
+    let m = &v["models"][0];
+    assert_eq!(m["optimizer_impl"], "fused", "{m}");
+    let kernels: Vec<&str> = m["device_time"]["kernels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["name"].as_str().unwrap())
+        .collect();
+    assert!(kernels.contains(&"adam[f32 found_inf]"), "{kernels:?}");
+    assert!(
+        !kernels.iter().any(|k| k.starts_with("adam_phases")),
+        "{kernels:?}"
+    );
+}

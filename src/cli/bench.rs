@@ -63,6 +63,12 @@ pub struct BenchArgs {
     /// as they are.
     #[arg(long, value_name = "f16|bf16", value_parser = super::args::parse_amp)]
     pub amp: Option<DType>,
+    /// The model steps' Adam as torch.optim implements it: foreach
+    /// (PyTorch's default on CUDA), for-loop or fused. Under `--amp f16`,
+    /// fused takes GradScaler's flag on the device, so the step has no
+    /// mid-step wait (the mixed-precision section times both anyway).
+    #[arg(long, value_enum, default_value = "foreach")]
+    pub optimizer_impl: OptimizerImpl,
     /// Skip the mixed-precision section (square matmul in f16 and bf16 beside
     /// f32; each model's step under autocast f16 / bf16 beside f32,
     /// interleaved rep by rep).
@@ -116,6 +122,8 @@ struct StepRow {
     batch: usize,
     /// The autocast dtype the step ran under (`--amp`), or null for f32.
     amp: Option<DType>,
+    /// Adam's implementation (`--optimizer-impl`).
+    optimizer_impl: OptimizerImpl,
     /// Wall clock of a step with the kernel timer on, and a wait.
     seconds_median: f64,
     seconds_all: Vec<f64>,
@@ -429,7 +437,7 @@ fn step_shapes(
 ) -> anyhow::Result<Vec<(GemmShape, usize)>> {
     let e = Engine::simulated(AllocatorConfig::default(), None);
     crate::ops::matmul::log_gemms(&e, true);
-    let (mut trainer, data) = plan(spec, batch, amp).trainer(&e, 0)?;
+    let (mut trainer, data) = plan(spec, batch, amp, OptimizerImpl::default()).trainer(&e, 0)?;
     trainer.step(&data)?;
     // Products of one shape from different ops (attention's q, k, v and
     // out projections) share a row, named by the first op and how many
@@ -467,11 +475,12 @@ fn step_shapes(
 
 /// One Adam training step of `spec` at `batch` (torch.optim's defaults),
 /// under autocast to `amp` where given.
-fn plan(spec: &ModelSpec, batch: usize, amp: Option<DType>) -> Plan {
+fn plan(spec: &ModelSpec, batch: usize, amp: Option<DType>, implementation: OptimizerImpl) -> Plan {
     Plan {
         model: spec.clone(),
         batch,
-        optimizer: OptimizerConfig::new(OptimizerKind::Adam, None, None, None),
+        optimizer: OptimizerConfig::new(OptimizerKind::Adam, None, None, None)
+            .with_impl(implementation),
         mode: Mode::Train,
         amp,
         dtype: crate::tensor::DType::F32,
@@ -814,9 +823,13 @@ fn model_step(
     spec: &ModelSpec,
 ) -> anyhow::Result<StepRow> {
     ctx.say(format!(
-        "\n{} step, batch {}, Adam{} (each product's share of the {}³ {} square's rate: the square timed beside it, rep by rep):",
+        "\n{} step, batch {}, Adam{}{} (each product's share of the {}³ {} square's rate: the square timed beside it, rep by rep):",
         spec.describe(),
         ctx.args.batch,
+        match ctx.args.optimizer_impl {
+            OptimizerImpl::Foreach => String::new(),
+            i => format!(" ({})", i.name()),
+        },
         ctx.args
             .amp
             .map(|d| format!(", autocast {d}"))
@@ -964,7 +977,7 @@ fn whole_step(
     shapes: Vec<ShapeRow>,
 ) -> anyhow::Result<StepRow> {
     let (e, args) = (&ctx.e, ctx.args);
-    let (mut t, data) = plan(spec, args.batch, args.amp).trainer(e, 0)?;
+    let (mut t, data) = plan(spec, args.batch, args.amp, args.optimizer_impl).trainer(e, 0)?;
     t.step(&data)?;
     e.take_dispatch_times()?;
     let (mut secs, mut untimed, mut device) = (Vec::new(), Vec::new(), Vec::new());
@@ -1028,6 +1041,7 @@ fn whole_step(
         model: name,
         batch: args.batch,
         amp: args.amp,
+        optimizer_impl: args.optimizer_impl,
         seconds_median: med,
         seconds_all: secs,
         untimed_seconds_all: untimed,
@@ -1225,8 +1239,7 @@ fn precision_step(
     }
     let mut runs = Vec::new();
     for &(amp, implementation) in &modes {
-        let mut p = plan(&spec, args.batch, amp);
-        p.optimizer = p.optimizer.with_impl(implementation);
+        let p = plan(&spec, args.batch, amp, implementation);
         // The steady-state peak of this model alone (the trainers share
         // the device here): two steps on a simulated device.
         let sim = Engine::simulated(AllocatorConfig::default(), None);
