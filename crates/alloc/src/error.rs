@@ -61,13 +61,19 @@ impl fmt::Display for OomReport {
             format_size(self.allocated),
             format_size(self.reserved.saturating_sub(self.allocated)),
         )?;
-        // What bounded it: the limit given, the device's size, or (neither)
-        // the 2^62 bytes a simulated device without a limit still stops at.
+        // What bounded it: the limit given, the device's size, the 2^62
+        // bytes a simulated device without a limit still stops at, or a GPU
+        // of a size wgpu does not report, which refused below that.
+        let past_model =
+            self.reserved.saturating_add(self.alloc_size) > super::constants::MAX_BYTES;
         let bound = match (self.limit, self.capacity) {
             (Some(_), _) => ", or raise --memory-limit",
             (None, Some(_)) => " (the device's memory is the bound)",
-            (None, None) => {
+            (None, None) if past_model => {
                 ": this device has no limit but the 2^62 bytes (4 EiB) vramlab models, so the sizes are probably far larger than meant"
+            }
+            (None, None) => {
+                " (the device refused it: its memory is full, and wgpu does not report its size). To see a step's peak before running it, give `vramlab estimate` the same flags and --capacity SIZE (this GPU's memory, as nvidia-smi or the vendor's tool shows it), or ask `vramlab max-batch --memory-limit SIZE` for the largest batch that fits"
             }
         };
         write!(
@@ -139,7 +145,8 @@ mod oom_advice {
     use super::OomReport;
 
     /// The advice names what bounded the request: the limit given, the
-    /// device's size, or the 2^62 bytes an unlimited simulated device stops at.
+    /// device's size, the 2^62 bytes an unlimited simulated device stops at,
+    /// or a GPU of unreported size that refused below them.
     #[test]
     fn the_advice_names_what_bounded_the_request() {
         let report = |limit, capacity| OomReport {
@@ -152,6 +159,29 @@ mod oom_advice {
             allocated: 0,
             reserved: 0,
         };
+        // Either side of the 2^62 bytes: past them only the model refuses.
+        let max = crate::constants::MAX_BYTES;
+        for (reserved, alloc_size) in [(512, max), (1 << 20, max - (1 << 20) + 512), (max, 512)] {
+            let r = OomReport {
+                alloc_size,
+                reserved,
+                ..report(None, None)
+            }
+            .to_string();
+            assert!(r.contains("2^62") && !r.contains("--capacity"), "{r}");
+        }
+        for (reserved, alloc_size) in [(0, 2 << 20), (80 << 30, 1 << 30), (max - 512, 512)] {
+            let r = OomReport {
+                alloc_size,
+                reserved,
+                ..report(None, None)
+            }
+            .to_string();
+            assert!(
+                !r.contains("2^62") && r.contains("--capacity") && r.contains("max-batch"),
+                "{r}"
+            );
+        }
         let limited = report(Some(1 << 20), None).to_string();
         assert!(limited.contains("raise --memory-limit"), "{limited}");
         let device = report(None, Some(1 << 30)).to_string();
@@ -159,10 +189,10 @@ mod oom_advice {
             !device.contains("--memory-limit") && device.contains("the device's memory"),
             "{device}"
         );
-        let unlimited = report(None, None).to_string();
+        let gpu = report(None, None).to_string();
         assert!(
-            !unlimited.contains("--memory-limit") && unlimited.contains("2^62"),
-            "{unlimited}"
+            !gpu.contains("raise --memory-limit") && gpu.contains("the device refused it"),
+            "{gpu}"
         );
     }
 }
