@@ -161,9 +161,10 @@ fn settings() -> &'static (Staging, Option<CoopTile>) {
     })
 }
 
-/// The block layout for `g`: the override if set, else large blocks where
-/// they still give two workgroups for each of ~132 multiprocessors, smaller
-/// ones for small products; shrunk until the adapter's limits hold.
+/// The block layout for `g`, staged `depth` deep in `buffers` copies: the
+/// override if set, else large blocks where they still give two workgroups
+/// for each of ~132 multiprocessors, smaller ones for small products;
+/// shrunk until the adapter's limits hold.
 fn layout(
     g: &Gemm,
     side: u32,
@@ -173,16 +174,15 @@ fn layout(
     chosen: Option<CoopTile>,
     limits: &wgpu::Limits,
 ) -> CoopTile {
-    let fits = |t: &CoopTile| fits(t, side, lanes, depth, buffers, limits);
+    let fits = |t: &CoopTile| fits(t, side, lanes, limits);
     let wanted = chosen.unwrap_or_else(|| {
         // 16×16: 2×4 subgroups of 4×2 tiles (a 128×128 block, 256
         // invocations) ran f16 4096³ at 119.0 TFLOP/s on an H200 with
         // prefetching, 2×2 of 4×4 at 96.9 (docs/tensor_cores.md).
-        let tile = |wm, wn, tm, tn| CoopTile { wm, wn, tm, tn };
         let (big, small) = if side >= 16 {
-            (tile(2, 4, 4, 2), tile(2, 2, 2, 2))
+            (CoopTile::new(2, 4, 4, 2), CoopTile::new(2, 2, 2, 2))
         } else {
-            (tile(2, 2, 2, 2), tile(2, 2, 1, 1))
+            (CoopTile::new(2, 2, 2, 2), CoopTile::new(2, 2, 1, 1))
         };
         let (bm, bn) = big.block(side);
         if g.m.div_ceil(bm) * g.n.div_ceil(bn) * g.batch >= 264 {
@@ -191,6 +191,7 @@ fn layout(
             small
         }
     });
+    let wanted = wanted.staged(depth, buffers);
     [
         wanted,
         CoopTile {
@@ -198,55 +199,39 @@ fn layout(
             tn: 1,
             ..wanted
         },
-        CoopTile {
-            wm: 1,
-            wn: 1,
-            tm: 1,
-            tn: 1,
-        },
+        CoopTile::new(1, 1, 1, 1).staged(depth, buffers),
     ]
     .into_iter()
     .find(fits)
-    .unwrap_or(CoopTile {
-        wm: 1,
-        wn: 1,
-        tm: 1,
-        tn: 1,
-    })
+    .unwrap_or(CoopTile::new(1, 1, 1, 1).staged(depth, buffers))
 }
 
 /// Whether the adapter runs layout `t`: its invocations and its workgroup
 /// memory within the limits.
-fn fits(
-    t: &CoopTile,
-    side: u32,
-    lanes: u32,
-    depth: u32,
-    buffers: u32,
-    limits: &wgpu::Limits,
-) -> bool {
+fn fits(t: &CoopTile, side: u32, lanes: u32, limits: &wgpu::Limits) -> bool {
     t.invocations(lanes) <= limits.max_compute_invocations_per_workgroup
         && t.invocations(lanes) <= limits.max_compute_workgroup_size_x
-        && t.shared_bytes(side, depth, buffers) <= limits.max_compute_workgroup_storage_size
+        && t.shared_bytes(side) <= limits.max_compute_workgroup_storage_size
 }
 
 /// Layouts the tuner times for a product whose fixed layout is `default`
 /// (first): blocks from 32 to 256 a side, of 4 to 16 subgroups' worth of
-/// tiles, those the adapter runs (`fits`). With a `budget` (a CPU
-/// adapter, tuning there only when asked) none whose invocations run more
-/// loop iterations an entry than it: the summed batch's loop budget was
-/// planned with the fixed layout's.
+/// tiles, staged as `default` is; after the first round, the fixed layout
+/// and the first other also staged each of `stagings` ((depth, copies)),
+/// since the best staging moves with the shape (docs/tensor_cores.md); those
+/// the adapter runs (`fits`). With a `budget` (a CPU adapter, tuning there
+/// only when asked) none whose invocations run more loop iterations an
+/// entry than it: the summed batch's loop budget was planned with the fixed
+/// layout's.
 fn layout_candidates(
     default: CoopTile,
+    stagings: &[(u32, u32)],
     fits: &dyn Fn(&CoopTile) -> bool,
     iterations: &dyn Fn(&CoopTile) -> usize,
     budget: Option<usize>,
 ) -> Vec<CoopTile> {
-    let tile = |wm, wn, tm, tn| CoopTile { wm, wn, tm, tn };
-    let mut v = vec![default];
-    // Rounds of up to 8 are timed while the budget lasts: the first holds
-    // the most different shapes (128×128, 64×128, 64×64, 128×64 blocks).
-    for t in [
+    let tile = CoopTile::new;
+    let layouts = [
         tile(2, 4, 4, 2),
         tile(4, 2, 2, 4),
         tile(2, 2, 4, 4),
@@ -263,7 +248,23 @@ fn layout_candidates(
         tile(2, 1, 4, 4),
         tile(2, 2, 1, 2),
         tile(2, 2, 1, 1),
-    ] {
+    ]
+    .map(|t| default.with_layout(t));
+    // Rounds of up to 8 are timed while the budget lasts: the first holds
+    // the most different shapes (128×128, 64×128, 64×64, 128×64 blocks).
+    let (first, rest) = layouts.split_at(7);
+    let second = layouts.iter().find(|t| !t.same_layout(&default)).copied();
+    let restaged = [Some(default), second]
+        .into_iter()
+        .flatten()
+        .flat_map(|t| stagings.iter().map(move |&(d, b)| t.staged(d, b)));
+    let mut v = vec![default];
+    for t in first
+        .iter()
+        .copied()
+        .chain(restaged)
+        .chain(rest.iter().copied())
+    {
         let within = budget.is_none_or(|b| iterations(&t) <= b);
         if within && fits(&t) && !v.contains(&t) {
             v.push(t);
@@ -420,19 +421,21 @@ pub(crate) fn entry_iterations(
     tile_iterations(g, &tile, side, lanes, step_of(e), splits, k_chunk)
 }
 
-/// [`entry_iterations`] for layout `tile`, `kd` of K a staged step.
+/// [`entry_iterations`] for layout `tile` (its own depth a staged step),
+/// K slices rounded to `step` as the product's are.
 fn tile_iterations(
     g: &Gemm,
     tile: &CoopTile,
     side: u32,
     lanes: u32,
-    kd: usize,
+    step: usize,
     splits: usize,
     k_chunk: usize,
 ) -> usize {
     let (bm, bn) = tile.block(side);
     let nt = tile.invocations(lanes) as usize;
-    let steps = chunk_depth(splits, k_chunk, g.k, kd).div_ceil(kd);
+    let kd = (tile.depth * side) as usize;
+    let steps = chunk_depth(splits, k_chunk, g.k, step).div_ceil(kd);
     steps * (2 + (bm * kd).div_ceil(nt) + 1 + (bn * kd).div_ceil(nt) + 1) + 2
 }
 
@@ -511,8 +514,21 @@ pub fn candidate_layouts(g: &Gemm, e: &crate::tensor::Engine) -> Vec<CoopTile> {
     let buffers = if st.prefetch { st.buffers } else { 1 };
     let limits = &*limits_of(e);
     let fixed = layout(g, side, lanes, st.depth, buffers, chosen, limits);
-    let fits = |t: &CoopTile| fits(t, side, lanes, st.depth, buffers, limits);
-    layout_candidates(fixed, &fits, &|_| 0, None)
+    let fits = |t: &CoopTile| fits(t, side, lanes, limits);
+    layout_candidates(fixed, &stagings(st.prefetch), &fits, &|_| 0, None)
+}
+
+/// The stagings ((depth, copies)) the tuner tries besides the fixed one:
+/// two tiles deep, and where wide steps prefetch two copies, one and two
+/// deep. On an H200 each lost on the square f16 4096³ in the fixed layout
+/// (81.0 and 68.0 TFLOP/s against 119.0), but two copies came within 10% in
+/// 2×4 of 4×4 (docs/tensor_cores.md); other shapes may differ.
+fn stagings(prefetch: bool) -> Vec<(u32, u32)> {
+    if prefetch {
+        vec![(2, 1), (1, 2), (2, 2)]
+    } else {
+        vec![(2, 1)]
+    }
 }
 
 /// A layout a run must take, and whether it may load aligned operands
@@ -587,15 +603,19 @@ fn gemm_grouped_with(
                 ),
                 _ => "staged".to_string(),
             };
-            let staging = format!("{staging} {depth} deep");
-            let kd = (depth * side) as usize;
-            let iterations = |t: &CoopTile| tile_iterations(g, t, side, lanes, kd, splits, k_chunk);
+            // The fixed staging, and that depth and copies are tuned too
+            // (classes tuned before they were are timed again).
+            let staging = format!("{staging} {depth} deep, staging tuned");
+            let step = step_of(e);
+            let iterations =
+                |t: &CoopTile| tile_iterations(g, t, side, lanes, step, splits, k_chunk);
             // The loop budget was planned with the layout entry_iterations
             // takes (one copy of workgroup memory).
             let planned = layout(g, side, lanes, depth, 1, chosen, limits);
             let budget = e.is_cpu_adapter().then(|| iterations(&planned));
-            let fits = |t: &CoopTile| fits(t, side, lanes, depth, buffers, limits);
-            let candidates = layout_candidates(fixed, &fits, &iterations, budget);
+            let fits = |t: &CoopTile| fits(t, side, lanes, limits);
+            let candidates =
+                layout_candidates(fixed, &stagings(prefetch), &fits, &iterations, budget);
             let key = class_key(g, c.dtype().elem(), bias.is_some(), splits, &staging, fixed);
             let time = |probe: &crate::tensor::Engine, tiles: &[CoopTile]| {
                 time_layouts(
@@ -613,6 +633,9 @@ fn gemm_grouped_with(
         }
         None => fixed,
     };
+    // Two copies only where wide steps prefetch (a forced candidate may
+    // ask for them elsewhere: it runs with one).
+    let (depth, buffers) = (tile.depth, if prefetch { tile.buffers } else { 1 });
     let (bm, bn) = tile.block(side);
     let (kd, nt) = ((depth * side) as usize, tile.invocations(lanes) as usize);
     let a_col = major(&o.a).is_some_and(|(col, _)| col);
@@ -792,12 +815,7 @@ mod tests {
     fn tile_override_parses_or_names_the_form() {
         assert_eq!(
             CoopTile::parse("2x2, 4x4").unwrap(),
-            CoopTile {
-                wm: 2,
-                wn: 2,
-                tm: 4,
-                tn: 4
-            }
+            CoopTile::new(2, 2, 4, 4)
         );
         for bad in ["2x2", "2x2,4", "0x2,4x4", "2x2,9x1", "axb,1x1"] {
             let e = CoopTile::parse(bad).unwrap_err().to_string();
@@ -836,6 +854,45 @@ mod tests {
             ..limits
         };
         let t = layout(&g(4096, 4096), 16, 32, 2, 1, None, &tight);
-        assert!(t.shared_bytes(16, 2, 1) <= 8192, "{t:?}");
+        assert_eq!((t.depth, t.buffers), (2, 1));
+        assert!(t.shared_bytes(16) <= 8192, "{t:?}");
+    }
+
+    /// The tuner's candidates: the fixed layout first, its staging kept by
+    /// every other layout, and the fixed layout and one other restaged in
+    /// each extra staging, within the 24 timed at most, none twice; each
+    /// within the limits and the loop budget.
+    #[test]
+    fn candidates_restage_two_layouts_within_the_limits() {
+        let limits = wgpu::Limits {
+            max_compute_workgroup_storage_size: 48 * 1024,
+            max_compute_invocations_per_workgroup: 1024,
+            max_compute_workgroup_size_x: 1024,
+            ..wgpu::Limits::default()
+        };
+        let fits = |t: &CoopTile| fits(t, 16, 32, &limits);
+        for fixed in [
+            CoopTile::new(2, 4, 4, 2),
+            CoopTile::new(2, 2, 2, 2).staged(2, 1),
+        ] {
+            for prefetch in [true, false] {
+                let extra = stagings(prefetch);
+                let v = layout_candidates(fixed, &extra, &fits, &|_| 0, None);
+                assert_eq!(v[0], fixed);
+                assert!(v.len() <= 24, "{}", v.len());
+                for (i, t) in v.iter().enumerate() {
+                    assert!(fits(t), "{t:?}");
+                    assert!(!v[..i].contains(t), "{t:?} twice");
+                }
+                // Two layouts, each in every extra staging but the fixed one.
+                let own = (fixed.depth, fixed.buffers);
+                let others = v.iter().filter(|t| (t.depth, t.buffers) != own).count();
+                let new = extra.iter().filter(|&&s| s != own).count();
+                assert_eq!(others, 2 * new, "{v:?}");
+                // A loop budget below every candidate's leaves the fixed one.
+                let none = layout_candidates(fixed, &extra, &fits, &|_| 10, Some(5));
+                assert_eq!(none, vec![fixed]);
+            }
+        }
     }
 }

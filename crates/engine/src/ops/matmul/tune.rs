@@ -150,27 +150,31 @@ impl Entry {
     }
 }
 
-/// One tuned tensor-core shape class: the block layout that won.
+/// One tuned tensor-core shape class: the block layout and staging that
+/// won (entries written before staging was tuned: one deep, one copy).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CoopEntry {
     pub wm: u32,
     pub wn: u32,
     pub tm: u32,
     pub tn: u32,
+    #[serde(default = "one")]
+    pub depth: u32,
+    #[serde(default = "one")]
+    pub buffers: u32,
     pub gflops: f64,
     /// The layouts timed, and the fixed layout's rate among them.
     pub candidates: usize,
     pub fixed_gflops: f64,
 }
 
+fn one() -> u32 {
+    1
+}
+
 impl CoopEntry {
     fn tile(&self) -> CoopTile {
-        CoopTile {
-            wm: self.wm,
-            wn: self.wn,
-            tm: self.tm,
-            tn: self.tn,
-        }
+        CoopTile::new(self.wm, self.wn, self.tm, self.tn).staged(self.depth, self.buffers)
     }
 }
 
@@ -542,6 +546,8 @@ pub(crate) fn tuned_coop(
         wn: tile.wn,
         tm: tile.tm,
         tn: tile.tn,
+        depth: tile.depth,
+        buffers: tile.buffers,
         gflops,
         candidates: timed,
         // JSON has no NaN: 0 where the fixed layout did not run.
