@@ -45,11 +45,6 @@ impl CoopTile {
         }
     }
 
-    /// Whether `other` has this block layout, however staged.
-    pub fn same_layout(&self, other: &CoopTile) -> bool {
-        (self.wm, self.wn, self.tm, self.tn) == (other.wm, other.wn, other.tm, other.tn)
-    }
-
     /// The same staging in another layout.
     pub fn with_layout(self, layout: CoopTile) -> CoopTile {
         layout.staged(self.depth, self.buffers)

@@ -151,30 +151,31 @@ impl Entry {
 }
 
 /// One tuned tensor-core shape class: the block layout and staging that
-/// won (entries written before staging was tuned: one deep, one copy).
+/// won. Fields this build does not know are kept and written back.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CoopEntry {
     pub wm: u32,
     pub wn: u32,
     pub tm: u32,
     pub tn: u32,
-    #[serde(default = "one")]
-    pub depth: u32,
-    #[serde(default = "one")]
-    pub buffers: u32,
+    /// Absent where a build from before staging was tuned rewrote the
+    /// entry (it drops fields it does not know): the class is timed again.
+    #[serde(default)]
+    pub depth: Option<u32>,
+    #[serde(default)]
+    pub buffers: Option<u32>,
     pub gflops: f64,
     /// The layouts timed, and the fixed layout's rate among them.
     pub candidates: usize,
     pub fixed_gflops: f64,
-}
-
-fn one() -> u32 {
-    1
+    #[serde(flatten)]
+    pub other: BTreeMap<String, serde_json::Value>,
 }
 
 impl CoopEntry {
-    fn tile(&self) -> CoopTile {
-        CoopTile::new(self.wm, self.wn, self.tm, self.tn).staged(self.depth, self.buffers)
+    /// The winner, where the entry names its staging.
+    fn tile(&self) -> Option<CoopTile> {
+        Some(CoopTile::new(self.wm, self.wn, self.tm, self.tn).staged(self.depth?, self.buffers?))
     }
 }
 
@@ -493,7 +494,7 @@ pub(crate) fn tuned_coop(
             .coop
             .get(&adapter)
             .and_then(|m| m.get(key))
-            .map(CoopEntry::tile)
+            .and_then(CoopEntry::tile)
             .filter(|t| candidates.contains(t));
         if let Some(t) = cached {
             s.stats.from_cache += 1;
@@ -546,8 +547,8 @@ pub(crate) fn tuned_coop(
         wn: tile.wn,
         tm: tile.tm,
         tn: tile.tn,
-        depth: tile.depth,
-        buffers: tile.buffers,
+        depth: Some(tile.depth),
+        buffers: Some(tile.buffers),
         gflops,
         candidates: timed,
         // JSON has no NaN: 0 where the fixed layout did not run.
@@ -556,6 +557,7 @@ pub(crate) fn tuned_coop(
         } else {
             0.0
         },
+        other: BTreeMap::new(),
     };
     if let Some(file) = s.file.as_mut() {
         file.coop
@@ -908,6 +910,25 @@ mod tests {
         assert_eq!(v["later"], serde_json::json!({"gpu": [1, 2]}), "{v}");
         assert!(v["coop"]["gpu"].is_object(), "{v}");
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// A tensor-core entry keeps fields it does not know, and one without
+    /// its staging (rewritten by a build from before staging was tuned)
+    /// names no winner, so its class is timed again.
+    #[test]
+    fn coop_entries_keep_later_fields_and_need_their_staging() {
+        let base = r#""wm":2,"wn":4,"tm":4,"tn":4,"gflops":1.5,"candidates":23,"fixed_gflops":1.0"#;
+        let old: CoopEntry = serde_json::from_str(&format!("{{{base}}}")).unwrap();
+        assert_eq!(old.tile(), None);
+        let text = format!(r#"{{{base},"depth":2,"buffers":2,"later":[1]}}"#);
+        let new: CoopEntry = serde_json::from_str(&text).unwrap();
+        assert_eq!(new.tile(), Some(CoopTile::new(2, 4, 4, 4).staged(2, 2)));
+        let back = serde_json::to_value(&new).unwrap();
+        assert_eq!(back["later"], serde_json::json!([1]), "{back}");
+        assert_eq!(
+            (back["depth"].as_u64(), back["buffers"].as_u64()),
+            (Some(2), Some(2))
+        );
     }
 
     #[test]
