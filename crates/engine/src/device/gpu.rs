@@ -1285,21 +1285,7 @@ impl Gpu {
                 .map(|(src, len)| self.download(src, *len))
                 .collect();
         }
-        // The kept buffer where it is free, else one made as read_back
-        // makes it (kept afterwards where reuse is on).
-        let kept = self.small_readback.as_ref();
-        let readback = kept.and_then(|m| lock(m).take()).unwrap_or_else(|| {
-            self.readback_buffer(if kept.is_some() {
-                SMALL_READBACK
-            } else {
-                total
-            })
-        });
-        let bytes = self.read_into(&copies, &readback)?;
-        readback.unmap();
-        if let Some(m) = kept {
-            *lock(m) = Some(readback);
-        }
+        let bytes = self.read_copies(&copies, total)?;
         let mut at = 0;
         Ok(reads
             .iter()
@@ -1318,25 +1304,31 @@ impl Gpu {
         offset: u64,
         size: u64,
     ) -> Result<Vec<u8>, DeviceError> {
-        // The kept buffer where the read is small and no other read holds
-        // it; else one of the read's size, dropped after it.
+        self.read_copies(&[(source, offset, size)], size)
+    }
+
+    /// Copies of `total` bytes in all, read side by side: through the kept
+    /// buffer where they fit in it and no other read holds it; else through
+    /// one made for them (kept afterwards where it is the kept one's size
+    /// and reuse is on), dropped after it.
+    fn read_copies(
+        &self,
+        copies: &[(&wgpu::Buffer, u64, u64)],
+        total: u64,
+    ) -> Result<Vec<u8>, DeviceError> {
         let small = self
             .small_readback
             .as_ref()
-            .filter(|_| size <= SMALL_READBACK);
-        let readback = match small {
-            Some(m) => lock(m).take(),
-            None => None,
-        }
-        .unwrap_or_else(|| {
+            .filter(|_| total <= SMALL_READBACK);
+        let readback = small.and_then(|m| lock(m).take()).unwrap_or_else(|| {
             self.readback_buffer(if small.is_some() {
                 SMALL_READBACK
             } else {
-                size
+                total
             })
         });
         // A failed read leaves the buffer unmapped or in doubt: dropped.
-        let bytes = self.read_into(&[(source, offset, size)], &readback)?;
+        let bytes = self.read_into(copies, &readback)?;
         readback.unmap();
         if let Some(m) = small {
             *lock(m) = Some(readback);

@@ -139,6 +139,12 @@ impl Adam {
         Ok(())
     }
 
+    /// What every step does first: the count up, the state made.
+    fn begin(&mut self, store: &ParamStore) -> Result<(), TensorError> {
+        self.step += 1;
+        self.init(store)
+    }
+
     /// The parameters that have a gradient, with it and their state.
     fn live<'a>(&'a self, store: &'a ParamStore) -> Vec<(&'a Tensor, &'a Tensor, &'a State)> {
         store
@@ -318,8 +324,7 @@ impl Optimizer for Adam {
     }
 
     fn step(&mut self, store: &mut ParamStore) -> Result<(), TensorError> {
-        self.step += 1;
-        self.init(store)?;
+        self.begin(store)?;
         match self.implementation {
             OptimizerImpl::Fused => self.fused(store, None),
             OptimizerImpl::Foreach => self.foreach(store),
@@ -328,7 +333,7 @@ impl Optimizer for Adam {
     }
 
     fn takes_found_inf(&self) -> bool {
-        self.implementation == OptimizerImpl::Fused
+        self.implementation.takes_found_inf()
     }
 
     /// `_fused_adam` with GradScaler's flag: state made, step counts up,
@@ -342,8 +347,7 @@ impl Optimizer for Adam {
             self.implementation,
             "adam step with GradScaler's flag on the device",
         )?;
-        self.step += 1;
-        self.init(store)?;
+        self.begin(store)?;
         self.fused(store, Some(found_inf))
     }
 

@@ -24,6 +24,13 @@ pub enum OptimizerImpl {
 }
 
 impl OptimizerImpl {
+    /// Whether the step takes GradScaler's inf/NaN flag on the device and
+    /// skips there (PyTorch's `_step_supports_amp_scaling`): the fused
+    /// kernels only.
+    pub fn takes_found_inf(self) -> bool {
+        self == OptimizerImpl::Fused
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             OptimizerImpl::Foreach => "foreach",

@@ -44,10 +44,10 @@ pub trait Optimizer {
         found_inf: &Tensor,
     ) -> Result<(), TensorError> {
         let _ = (store, found_inf);
-        Err(TensorError::NotSupported {
-            op: "optimizer step with GradScaler's flag on the device",
-            what: "only the fused implementations take it (--optimizer-impl fused)",
-        })
+        fused_only(
+            OptimizerImpl::default(),
+            "optimizer step with GradScaler's flag on the device",
+        )
     }
 
     /// The host's side of a step the device skipped, once the step's final
@@ -58,9 +58,9 @@ pub trait Optimizer {
 }
 
 /// Refuses a step with GradScaler's flag on the device where
-/// `implementation` is not fused: only fused kernels take the flag.
+/// `implementation` does not take it.
 fn fused_only(implementation: OptimizerImpl, op: &'static str) -> Result<(), TensorError> {
-    if implementation == OptimizerImpl::Fused {
+    if implementation.takes_found_inf() {
         return Ok(());
     }
     Err(TensorError::NotSupported {

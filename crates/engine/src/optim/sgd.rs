@@ -103,6 +103,16 @@ impl Sgd {
         )
     }
 
+    /// What every step does first: a slot for each parameter's buffer, and
+    /// every gradient checked.
+    fn begin(&mut self, store: &ParamStore) -> Result<(), TensorError> {
+        self.buffers.resize_with(store.len(), || None);
+        for p in store.iter() {
+            grad_of("sgd", p)?;
+        }
+        Ok(())
+    }
+
     /// A new momentum buffer for parameter `i` (its first step), unfilled.
     fn new_buffer(&mut self, i: usize, w: &Tensor, name: &str) -> Result<(), TensorError> {
         self.buffers[i] = Some(Tensor::empty(
@@ -315,10 +325,7 @@ impl Optimizer for Sgd {
     }
 
     fn step(&mut self, store: &mut ParamStore) -> Result<(), TensorError> {
-        self.buffers.resize_with(store.len(), || None);
-        for p in store.iter() {
-            grad_of("sgd", p)?;
-        }
+        self.begin(store)?;
         match self.implementation {
             OptimizerImpl::Fused => self.fused(store, None),
             OptimizerImpl::Foreach => self.foreach(store),
@@ -327,7 +334,7 @@ impl Optimizer for Sgd {
     }
 
     fn takes_found_inf(&self) -> bool {
-        self.implementation == OptimizerImpl::Fused
+        self.implementation.takes_found_inf()
     }
 
     /// `_fused_sgd` with GradScaler's flag: buffers made, each kernel
@@ -341,10 +348,7 @@ impl Optimizer for Sgd {
             self.implementation,
             "sgd step with GradScaler's flag on the device",
         )?;
-        self.buffers.resize_with(store.len(), || None);
-        for p in store.iter() {
-            grad_of("sgd", p)?;
-        }
+        self.begin(store)?;
         self.fused(store, Some(found_inf))
     }
 

@@ -293,16 +293,13 @@ impl Tensor {
         let reads: Vec<_> = slices
             .iter()
             .zip(tensors)
-            .map(|(s, t)| (s, t.nbytes().div_ceil(4) as u64 * 4))
+            .map(|(s, t)| (s, t.nbytes() as u64))
             .collect();
         let parts = first.engine().download_many(&reads)?;
         Ok(parts
             .into_iter()
             .zip(tensors)
-            .map(|(mut bytes, t)| {
-                bytes.truncate(t.nbytes());
-                t.decode(bytes)
-            })
+            .map(|(bytes, t)| t.decode(bytes))
             .collect())
     }
 

@@ -71,7 +71,7 @@ impl OptimizerConfig {
     /// implementations, as PyTorch's `_step_supports_amp_scaling`): a step
     /// skipped there makes the state an update makes.
     pub fn takes_found_inf(&self) -> bool {
-        self.implementation == crate::optim::OptimizerImpl::Fused
+        self.implementation.takes_found_inf()
     }
 
     /// The same optimizer, implemented as `implementation`.

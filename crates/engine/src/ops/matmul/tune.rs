@@ -456,6 +456,16 @@ pub fn tuned(
     Some(tile)
 }
 
+/// A rate as the cache file keeps it: JSON has no NaN, so 0 where the
+/// fixed candidate did not run.
+fn json_rate(rate: f64) -> f64 {
+    if rate.is_finite() {
+        rate
+    } else {
+        0.0
+    }
+}
+
 /// Times `tiles` on the probe device, with how many kernels it compiled
 /// ahead: what [`tuned_coop`] asks of the product's own code.
 pub(crate) type TimeLayouts<'a> = dyn Fn(&Engine, &[CoopTile]) -> (Vec<Option<f64>>, usize) + 'a;
@@ -551,12 +561,7 @@ pub(crate) fn tuned_coop(
         buffers: Some(tile.buffers),
         gflops,
         candidates: timed,
-        // JSON has no NaN: 0 where the fixed layout did not run.
-        fixed_gflops: if fixed_rate.is_finite() {
-            fixed_rate
-        } else {
-            0.0
-        },
+        fixed_gflops: json_rate(fixed_rate),
         other: BTreeMap::new(),
     };
     if let Some(file) = s.file.as_mut() {
@@ -680,12 +685,7 @@ fn time_candidates(
         vec4: tile.vec4,
         gflops,
         candidates: timed,
-        // JSON has no NaN: 0 where the fixed tile did not run.
-        fixed_gflops: if fixed_rate.is_finite() {
-            fixed_rate
-        } else {
-            0.0
-        },
+        fixed_gflops: json_rate(fixed_rate),
     })
 }
 
